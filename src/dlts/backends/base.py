@@ -1,0 +1,90 @@
+"""The ``ClusterBackend`` protocol: the only way the job manager touches the cluster.
+
+A backend runs *attempts*. Every object it creates is named from ``(job_id, attempt)`` so that a
+second ``launch`` of the same attempt is a no-op and a second ``terminate`` is harmless: a crash of the
+job manager between any two steps is finished by the next tick.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Mapping, Protocol, Sequence
+
+from dlts.scheduler.model import Placement
+
+
+class RunPhase(str, enum.Enum):
+    PENDING = "pending"  # created, not yet running (image pull, init)
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    GONE = "gone"  # the backend lost it: node died, object deleted by someone else
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    job_id: int
+    attempt: int
+    user: str
+    vc: str
+    type: str
+    image: str
+    command: str
+    placements: tuple[Placement, ...]
+    env: Mapping[str, str] = field(default_factory=dict)
+    preemptible: bool = False
+    ports: tuple[int, ...] = ()
+    ssh_public_keys: tuple[str, ...] = ()
+    log_path: str = ""  # where the attempt's stdout+stderr must end up
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What the backend knows about one attempt right now."""
+
+    job_id: int
+    attempt: int
+    phase: RunPhase
+    exit_code: int | None = None
+    started_at: float | None = None
+    finished_at: float | None = None
+    message: str = ""
+    node_lost: bool = False
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """A node as the backend sees it (node sync)."""
+
+    name: str
+    sku: str
+    gpus: int
+    cpu: float
+    memory_bytes: int
+    ib_domain: str = "default"
+    vc: str | None = None
+    ready: bool = True
+    unschedulable: bool = False
+
+
+class ClusterBackend(Protocol):
+    name: str
+
+    def launch(self, spec: LaunchSpec) -> None:
+        """Create the attempt's objects; do nothing if they already exist."""
+
+    def terminate(self, job_id: int, attempt: int, grace_s: float) -> None:
+        """SIGTERM now, kill after ``grace_s``; succeed if already gone."""
+
+    def observe(self) -> Sequence[Observed]:
+        """Every attempt the backend currently holds, in one call (one list, not one per job)."""
+
+    def forget(self, job_id: int, attempt: int) -> None:
+        """Release bookkeeping of a finished attempt (delete finished pods, reap records)."""
+
+    def nodes(self) -> Sequence[NodeInfo]:
+        """The nodes this backend can run work on."""
+
+    def close(self) -> None:
+        """Stop background work; running attempts keep running where the backend allows."""

@@ -1,0 +1,178 @@
+"""Values the scheduler core reads and the decisions it returns.
+
+Everything here is a frozen dataclass or an Enum: the job manager (and the simulator) build a
+``Snapshot`` from the database (or from a trace), hand it to ``decide(snapshot, now)`` and apply the
+returned ``Decision`` values. Nothing in this package touches a database, a clock, or the network.
+
+Units are in the names: ``memory_bytes``, ``max_time_s``, ``queue_time`` / ``started_at`` are seconds
+since the epoch (or since trace start in the simulator); the core only compares and subtracts them.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Mapping
+
+CPU_SKU = "cpu"  # the SKU name of CPU-only nodes and CPU-only requests
+
+
+class Policy(str, enum.Enum):
+    RF = "RF"
+    FIFO = "FIFO"
+
+
+class JobType(str, enum.Enum):
+    BATCH = "batch"
+    INTERACTIVE = "interactive"
+    DISTRIBUTED = "distributed"
+    INFERENCE = "inference"
+
+
+class WaitReason(str, enum.Enum):
+    """Why a pending job did not start in a pass (SCHEDULING.md "Every decision has a reason")."""
+
+    VC_QUOTA = "vc_quota"
+    USER_QUOTA = "user_quota"
+    INTERACTIVE_CAP = "interactive_cap"
+    CAPACITY = "capacity"
+    FRAGMENTATION = "fragmentation"
+    TOPOLOGY = "topology"
+    BLOCKED_BY = "blocked_by"  # rendered as "blocked_by:<id>"
+    APPROVAL = "approval"
+    NO_MATCHING_NODES = "no_matching_nodes"
+
+
+class StopReason(str, enum.Enum):
+    """Why the core asks for a running job to be stopped."""
+
+    WALL_TIME = "wall_time"
+    PREEMPTED = "preempted"
+    SCALE_DOWN = "scale_down"  # inference replicas above what capacity allows
+
+
+@dataclass(frozen=True)
+class SkuShape:
+    """What one node of a SKU has. ``gpus`` is 0 for the CPU-only SKU."""
+
+    name: str
+    gpus: int
+    cpu: float
+    memory_bytes: int
+
+
+@dataclass(frozen=True)
+class Node:
+    name: str
+    sku: str
+    gpus: int
+    cpu: float
+    memory_bytes: int
+    ib_domain: str = "default"
+    vc: str | None = None  # hard assignment: only this VC may use the node
+    schedulable: bool = True  # False when cordoned, unhealthy, in repair or lost
+
+
+@dataclass(frozen=True)
+class Vc:
+    name: str
+    # GPUs per SKU; for the CPU-only SKU the quota is cores (``cpu_quota``) and memory.
+    quota: Mapping[str, int]
+    policy: Policy = Policy.RF
+    max_job_time_s: int | None = None
+    max_interactive_gpus: int | None = None
+    user_gpu_quota: int | None = None
+    cpu_quota: float | None = None
+    memory_quota_bytes: int | None = None
+    allow_cpu_jobs_on_gpu_nodes: bool = False
+
+
+@dataclass(frozen=True)
+class Placement:
+    """One node's share of a job: which GPU indices, how many cores and bytes."""
+
+    node: str
+    gpu_indices: tuple[int, ...]
+    cpu: float
+    memory_bytes: int
+
+
+@dataclass(frozen=True)
+class Job:
+    """A job as the core sees it.
+
+    ``running`` jobs hold ``placements``; pending jobs have none. ``gpus`` is per node for
+    distributed jobs (``nodes`` > 0) and the total for every other type. ``max_time_s`` is the job's
+    own limit (None: the VC's current ``max_job_time_s`` applies).
+    """
+
+    id: int
+    vc: str
+    user: str
+    type: JobType
+    sku: str | None
+    gpus: int
+    cpu: float
+    memory_bytes: int
+    queue_time: float
+    priority: int = 100
+    preemptible: bool = False
+    nodes: int = 0
+    ib_domain_any: bool = False
+    max_time_s: int | None = None
+    running: bool = False
+    started_at: float | None = None
+    placements: tuple[Placement, ...] = ()
+    # inference: min_replicas non-preemptible, up to max_replicas more preemptible (scheduler issue)
+    min_replicas: int = 0
+    max_replicas: int = 0
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    skus: Mapping[str, SkuShape]
+    nodes: tuple[Node, ...]
+    vcs: Mapping[str, Vc]
+    jobs: tuple[Job, ...]  # pending (``running`` False) and running jobs, in any order
+
+
+# -- decisions --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Start:
+    job_id: int
+    placements: tuple[Placement, ...]
+
+
+@dataclass(frozen=True)
+class Stop:
+    job_id: int
+    reason: StopReason
+    for_job: int | None = None  # the job a preemption makes room for
+
+
+@dataclass(frozen=True)
+class Wait:
+    job_id: int
+    reason: WaitReason
+    detail: str = ""  # numbers for people: "VC vision uses 60 of 64 a100 GPUs; this job asks 8"
+    blocked_by: int | None = None
+    queue_position: int | None = None  # 1-based position in its VC's order this pass
+
+    @property
+    def reason_code(self) -> str:
+        if self.reason is WaitReason.BLOCKED_BY and self.blocked_by is not None:
+            return f"blocked_by:{self.blocked_by}"
+        return self.reason.value
+
+
+Decision = Start | Stop | Wait
+
+
+@dataclass(frozen=True)
+class Decisions:
+    starts: tuple[Start, ...] = ()
+    stops: tuple[Stop, ...] = ()
+    waits: tuple[Wait, ...] = ()
+    timings_s: Mapping[str, float] = field(default_factory=dict)  # phase name -> seconds
