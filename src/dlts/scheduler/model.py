@@ -126,6 +126,14 @@ class Job:
     # inference: min_replicas non-preemptible, up to max_replicas more preemptible (scheduler issue)
     min_replicas: int = 0
     max_replicas: int = 0
+    # A running job already told to stop (preempting, killing, pausing): it still holds its
+    # placements until it exits, is never chosen as a victim again, and its resources count as
+    # "coming free" when the core looks for room to reclaim.
+    stopping: bool = False
+    # Pending jobs the core schedules are approved; an unapproved job only gets reason ``approval``.
+    approved: bool = True
+    # A VC admin approved this job above the user's GPU quota, so ``user_quota`` no longer applies.
+    user_quota_approved: bool = False
 
 
 @dataclass(frozen=True)
@@ -134,6 +142,9 @@ class Snapshot:
     nodes: tuple[Node, ...]
     vcs: Mapping[str, Vc]
     jobs: tuple[Job, ...]  # pending (``running`` False) and running jobs, in any order
+    # Defaults for CPU-only requests that leave ``cpu`` / ``memory_bytes`` unset (<= 0).
+    cpu_job_default_cpu: float = 1.0
+    cpu_job_default_memory_bytes: int = 2 * 1024**3
 
 
 # -- decisions --------------------------------------------------------------------------------
@@ -141,8 +152,15 @@ class Snapshot:
 
 @dataclass(frozen=True)
 class Start:
+    """Start a pending job on ``placements``.
+
+    For an inference job that is already running, ``scale_up`` is True and ``placements`` are the
+    replicas to add (one Placement per replica).
+    """
+
     job_id: int
     placements: tuple[Placement, ...]
+    scale_up: bool = False
 
 
 @dataclass(frozen=True)
@@ -150,6 +168,9 @@ class Stop:
     job_id: int
     reason: StopReason
     for_job: int | None = None  # the job a preemption makes room for
+    # Inference scale-down: the replicas (placements of the running job) to remove. Empty means
+    # the whole job.
+    placements: tuple[Placement, ...] = ()
 
 
 @dataclass(frozen=True)

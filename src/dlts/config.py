@@ -1,0 +1,174 @@
+"""The one typed configuration object, layered: defaults < YAML file < ``DLTS_*`` environment.
+
+``load_settings()`` is called once at start-up by every process (API, managers, demo, CLI). A bad
+value stops start-up with a ``ConfigError`` that names the key and where it came from.
+
+The file is ``--config PATH``, else ``$DLTS_CONFIG``, else ``$DLTS_HOME/dlts.yaml`` when ``DLTS_HOME``
+is set, else ``/etc/dlts/dlts.yaml`` when it exists. With ``DLTS_HOME`` set (the demo), the database
+and logs default to that home, so a second terminal with the same ``DLTS_HOME`` talks to the same
+demo.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal, Mapping
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+ENV_PREFIX = "DLTS_"
+SYSTEM_CONFIG = Path("/etc/dlts/dlts.yaml")
+DEFAULT_HOME = Path(".dlts")
+
+
+class ConfigError(Exception):
+    """Start-up refused: the message names the key and says what is wrong."""
+
+
+class Settings(BaseModel):
+    """Every key of ``dlts.yaml``; the environment variable is ``DLTS_`` + the key in capitals."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # where the demo keeps its state; other paths default to places inside it
+    home: Path = DEFAULT_HOME
+    # SQLAlchemy URL: sqlite:///path for the demo, mysql+pymysql://user:pass@host/db in production
+    database_url: str = ""
+    # signs session cookies; required outside the demo and tests (no production default)
+    secret_key: str = ""
+    listen_host: str = "127.0.0.1"
+    listen_port: int = Field(5000, ge=1, le=65535)
+    # request bodies above this are refused with 413
+    max_body_bytes: int = Field(1024 * 1024, ge=1024)
+    # attempt logs: <log_dir>/<job id>/attempt-<n>.log
+    log_dir: Path | None = None
+    # cluster backend the job manager drives
+    backend: Literal["local", "kubernetes"] = "local"
+    # local backend: where run records (pid, exit code) of attempts live
+    run_dir: Path | None = None
+    # seconds between job manager ticks
+    tick_s: float = Field(1.0, gt=0, le=3600)
+    # SIGTERM, then this many seconds, then SIGKILL (kill, preemption, wall time)
+    preempt_grace_s: float = Field(30.0, ge=0, le=3600)
+    # CPU-only jobs without explicit cpu/memory get these
+    cpu_job_default_cpu: float = Field(1.0, gt=0)
+    cpu_job_default_memory_bytes: int = Field(2 * 1024**3, gt=0)
+    default_max_retries: int = Field(3, ge=0, le=100)
+    # demo on a GPU-less machine: pretend the local node has this many GPUs of demo_sku
+    demo_gpus: int = Field(0, ge=0, le=64)
+    demo_sku: str = "demo-gpu"
+    # Kubernetes backend
+    kubeconfig: Path | None = None
+    namespace: str = "dlts"
+    node_label_sku: str = "dlts.io/sku"
+    node_label_ib_domain: str = "dlts.io/ib-domain"
+    node_label_vc: str = "dlts.io/vc"
+    node_lost_after_s: float = Field(300.0, ge=0)
+    # DB janitor and allowlists
+    retention_days: int = Field(180, ge=1)
+    allow_ip_days: int = Field(30, ge=1)
+    # operator-customisable templates (Kubernetes objects, e-mails); None: the packaged ones
+    templates_dir: Path | None = None
+
+    @field_validator("database_url")
+    @classmethod
+    def _known_database(cls, value: str) -> str:
+        if value and not value.startswith(("sqlite:", "mysql+pymysql:", "mariadb+pymysql:")):
+            raise ValueError("must be sqlite:///PATH or mysql+pymysql://USER:PASS@HOST/DB")
+        return value
+
+    @field_validator("demo_sku")
+    @classmethod
+    def _sku_name(cls, value: str) -> str:
+        if not value or not value.replace("-", "").replace("_", "").isalnum() or value == "cpu":
+            raise ValueError("must be letters, digits, '-' or '_' and not 'cpu'")
+        return value
+
+    # -- derived paths -------------------------------------------------------------------------
+    @property
+    def effective_database_url(self) -> str:
+        return self.database_url or f"sqlite:///{(self.home / 'dlts.db').resolve()}"
+
+    @property
+    def effective_log_dir(self) -> Path:
+        return (self.log_dir or self.home / "logs").resolve()
+
+    @property
+    def effective_run_dir(self) -> Path:
+        return (self.run_dir or self.home / "run").resolve()
+
+
+def _read_file(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must be a mapping of key: value")
+    return data
+
+
+def _from_env(environ: Mapping[str, str]) -> dict[str, Any]:
+    known = {name.upper(): name for name in Settings.model_fields}
+    values: dict[str, Any] = {}
+    for key, raw in environ.items():
+        if not key.startswith(ENV_PREFIX) or key in ("DLTS_CONFIG", "DLTS_TEST_DATABASE_URL"):
+            continue
+        name = known.get(key[len(ENV_PREFIX) :])
+        if name is not None:
+            values[name] = raw
+    return values
+
+
+def config_path(explicit: str | os.PathLike[str] | None, environ: Mapping[str, str]) -> Path | None:
+    if explicit:
+        return Path(explicit)
+    if environ.get("DLTS_CONFIG"):
+        return Path(environ["DLTS_CONFIG"])
+    if environ.get("DLTS_HOME"):
+        candidate = Path(environ["DLTS_HOME"]) / "dlts.yaml"
+        return candidate if candidate.exists() else None
+    return SYSTEM_CONFIG if SYSTEM_CONFIG.exists() else None
+
+
+def load_settings(
+    config_file: str | os.PathLike[str] | None = None,
+    environ: Mapping[str, str] | None = None,
+    **overrides: Any,
+) -> Settings:
+    """Build the settings from defaults, the file, the environment and explicit overrides."""
+    environ = os.environ if environ is None else environ
+    values: dict[str, Any] = {}
+    if environ.get("DLTS_HOME"):
+        values["home"] = environ["DLTS_HOME"]
+    path = config_path(config_file, environ)
+    source = {"file": str(path)} if path else {}
+    if path is not None:
+        values.update(_read_file(path))
+    values.update(_from_env(environ))
+    values.update(overrides)
+    try:
+        return Settings(**values)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            key = ".".join(str(p) for p in err["loc"]) or "?"
+            origin = f"DLTS_{key.upper()}" if key.upper() in {k[5:] for k in environ if k.startswith(ENV_PREFIX)} else key
+            if err["type"] == "extra_forbidden":
+                problems.append(f"{origin}: unknown key (known keys: see docs/configuration.md)")
+            else:
+                problems.append(f"{origin}: {err['msg']} (got {err.get('input')!r})")
+        where = f" in {source['file']}" if source else ""
+        raise ConfigError(f"invalid configuration{where}: " + "; ".join(problems)) from None
+
+
+def require_production_secrets(settings: Settings) -> None:
+    """Refuse to serve a real database with an empty secret key."""
+    if settings.database_url.startswith(("mysql", "mariadb")) and len(settings.secret_key) < 16:
+        raise ConfigError("secret_key: must be set (16+ characters) when database_url is MySQL/MariaDB")

@@ -1,0 +1,14 @@
+"""All models, imported here so that Alembic and ``create_all`` see every table."""
+
+from dlts.models.access import AllowedIp, SshKey, StorageUsage
+from dlts.models.base import Base, iso, utcnow
+from dlts.models.identity import ApiToken, Group, GroupMember, Role, RoleBinding, User
+from dlts.models.job import ACTIVE, TERMINAL, TRANSITIONS, Job, JobAttempt, JobEvent, JobStatus, JobTemplate
+from dlts.models.node import Node, NodeFinding, NodeOrder, NodeState
+from dlts.models.vc import VirtualCluster
+
+__all__ = [
+    "ACTIVE", "TERMINAL", "TRANSITIONS", "AllowedIp", "ApiToken", "Base", "Group", "GroupMember", "Job",
+    "JobAttempt", "JobEvent", "JobStatus", "JobTemplate", "Node", "NodeFinding", "NodeOrder", "NodeState",
+    "Role", "RoleBinding", "SshKey", "StorageUsage", "User", "VirtualCluster", "iso", "utcnow",
+]

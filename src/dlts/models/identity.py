@@ -1,0 +1,83 @@
+"""Users, groups, role bindings and API tokens (the identity aggregate)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+
+import sqlalchemy as sa
+from sqlalchemy.orm import Mapped, mapped_column, relationship
+
+from dlts.models.base import Base, BigId, Timestamp, str_enum, utcnow
+
+
+class Role(str, enum.Enum):
+    CLUSTER_ADMIN = "cluster_admin"
+    VC_ADMIN = "vc_admin"
+    VC_MEMBER = "vc_member"
+
+
+class User(Base):
+    __tablename__ = "users"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    name: Mapped[str] = mapped_column(sa.String(64), unique=True)
+    email: Mapped[str | None] = mapped_column(sa.String(254))
+    # werkzeug/scrypt hash for the portal login; NULL: no password login
+    password_hash: Mapped[str | None] = mapped_column(sa.String(255))
+    # portal preferences (chosen job list columns, ...)
+    preferences: Mapped[dict] = mapped_column(sa.JSON, default=dict)
+    created_at: Mapped[dt.datetime] = mapped_column(Timestamp, default=utcnow)
+    disabled_at: Mapped[dt.datetime | None] = mapped_column(Timestamp)
+
+    tokens: Mapped[list["ApiToken"]] = relationship(back_populates="user", cascade="all, delete-orphan")
+
+
+class Group(Base):
+    __tablename__ = "groups"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    name: Mapped[str] = mapped_column(sa.String(64), unique=True)
+
+
+class GroupMember(Base):
+    __tablename__ = "group_members"
+
+    group_id: Mapped[int] = mapped_column(sa.ForeignKey("groups.id", ondelete="CASCADE"), primary_key=True)
+    user_id: Mapped[int] = mapped_column(sa.ForeignKey("users.id", ondelete="CASCADE"), primary_key=True)
+
+
+class RoleBinding(Base):
+    """Grants ``role`` to a user or a group, on one VC (VC roles) or the cluster (vc_id NULL)."""
+
+    __tablename__ = "role_bindings"
+    __table_args__ = (
+        sa.UniqueConstraint("role", "vc_id", "user_id", "group_id"),
+        sa.CheckConstraint("(user_id IS NULL) <> (group_id IS NULL)", name="one_subject"),
+        sa.Index("ix_role_bindings_user", "user_id"),
+        sa.Index("ix_role_bindings_group", "group_id"),
+    )
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    role: Mapped[Role] = mapped_column(str_enum(Role, 32))
+    vc_id: Mapped[int | None] = mapped_column(sa.ForeignKey("vcs.id", ondelete="CASCADE"))
+    user_id: Mapped[int | None] = mapped_column(sa.ForeignKey("users.id", ondelete="CASCADE"))
+    group_id: Mapped[int | None] = mapped_column(sa.ForeignKey("groups.id", ondelete="CASCADE"))
+
+
+class ApiToken(Base):
+    """A bearer token. Only its SHA-256 is stored; the token itself is shown once."""
+
+    __tablename__ = "api_tokens"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    user_id: Mapped[int] = mapped_column(sa.ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str] = mapped_column(sa.String(64), default="default")
+    token_hash: Mapped[str] = mapped_column(sa.String(64), unique=True)
+    prefix: Mapped[str] = mapped_column(sa.String(12))  # shown in lists so users can tell tokens apart
+    created_at: Mapped[dt.datetime] = mapped_column(Timestamp, default=utcnow)
+    expires_at: Mapped[dt.datetime | None] = mapped_column(Timestamp)
+    last_used_at: Mapped[dt.datetime | None] = mapped_column(Timestamp)
+    revoked_at: Mapped[dt.datetime | None] = mapped_column(Timestamp)
+
+    user: Mapped[User] = relationship(back_populates="tokens")

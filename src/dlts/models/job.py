@@ -1,0 +1,156 @@
+"""Jobs, their attempts and events, and the one table of allowed status transitions.
+
+Typed columns hold what is queried (status, VC, user, type, GPUs, SKU, priority, preemptible, queue
+time, timestamps); the rest of the submitted spec (env, ports, ssh, ...) is JSON in ``spec``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+
+import sqlalchemy as sa
+from sqlalchemy.orm import Mapped, mapped_column, relationship
+
+from dlts.models.base import Base, BigId, Timestamp, str_enum, utcnow
+
+
+class JobStatus(str, enum.Enum):
+    UNAPPROVED = "unapproved"
+    QUEUED = "queued"
+    SCHEDULING = "scheduling"
+    RUNNING = "running"
+    PAUSING = "pausing"
+    PAUSED = "paused"
+    KILLING = "killing"
+    KILLED = "killed"
+    FINISHED = "finished"
+    FAILED = "failed"
+    ERROR = "error"
+
+
+S = JobStatus
+TERMINAL = frozenset({S.KILLED, S.FINISHED, S.FAILED, S.ERROR})
+# statuses whose job holds (or may hold) cluster resources: the backend has objects for it
+ACTIVE = frozenset({S.SCHEDULING, S.RUNNING, S.PAUSING, S.KILLING})
+
+# from -> allowed targets. Every status write goes through this table (SCHEDULING.md lifecycle).
+TRANSITIONS: dict[JobStatus, frozenset[JobStatus]] = {
+    S.UNAPPROVED: frozenset({S.QUEUED, S.PAUSED, S.KILLED}),
+    S.QUEUED: frozenset({S.SCHEDULING, S.UNAPPROVED, S.PAUSED, S.KILLED, S.ERROR}),
+    # scheduling: the start decision is recorded, the backend is creating objects
+    S.SCHEDULING: frozenset({S.RUNNING, S.QUEUED, S.FINISHED, S.FAILED, S.KILLING, S.PAUSING, S.ERROR}),
+    S.RUNNING: frozenset({S.FINISHED, S.FAILED, S.QUEUED, S.KILLING, S.PAUSING, S.ERROR}),
+    S.PAUSING: frozenset({S.PAUSED, S.KILLING, S.ERROR}),
+    S.PAUSED: frozenset({S.QUEUED, S.UNAPPROVED, S.KILLED}),
+    S.KILLING: frozenset({S.KILLED, S.ERROR}),
+    S.KILLED: frozenset(),
+    S.FINISHED: frozenset(),
+    S.FAILED: frozenset(),
+    S.ERROR: frozenset(),
+}
+
+
+def transition_allowed(current: JobStatus, target: JobStatus) -> bool:
+    return target in TRANSITIONS[current]
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+    __table_args__ = (
+        # keyset listing: newest first, optionally filtered by one of these columns
+        sa.Index("ix_jobs_status_id", "status", "id"),
+        sa.Index("ix_jobs_vc_id", "vc_id", "id"),
+        sa.Index("ix_jobs_user_id", "user_id", "id"),
+        sa.Index("ix_jobs_vc_status_id", "vc_id", "status", "id"),
+        sa.Index("ix_jobs_finished_at", "finished_at"),
+    )
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    name: Mapped[str] = mapped_column(sa.String(128))
+    user_id: Mapped[int] = mapped_column(sa.ForeignKey("users.id"))
+    vc_id: Mapped[int] = mapped_column(sa.ForeignKey("vcs.id"))
+    type: Mapped[str] = mapped_column(sa.String(16))  # batch | interactive | distributed | inference
+    status: Mapped[JobStatus] = mapped_column(str_enum(JobStatus, 16), default=S.QUEUED)
+    # why the job waits (scheduler reason code) or why it ended (wall_time, killed_by_user, ...)
+    reason: Mapped[str | None] = mapped_column(sa.String(64))
+    reason_detail: Mapped[str | None] = mapped_column(sa.String(512))
+    queue_position: Mapped[int | None] = mapped_column(sa.Integer)
+    image: Mapped[str] = mapped_column(sa.String(512))
+    command: Mapped[str] = mapped_column(sa.Text)
+    sku: Mapped[str | None] = mapped_column(sa.String(64))
+    gpus: Mapped[int] = mapped_column(sa.Integer, default=0)  # per node for distributed jobs
+    nodes: Mapped[int] = mapped_column(sa.Integer, default=0)  # distributed jobs only
+    cpu: Mapped[float] = mapped_column(sa.Float)
+    memory_bytes: Mapped[int] = mapped_column(sa.BigInteger)
+    priority: Mapped[int] = mapped_column(sa.Integer, default=100)
+    preemptible: Mapped[bool] = mapped_column(sa.Boolean, default=False)
+    max_retries: Mapped[int] = mapped_column(sa.Integer, default=3)
+    retries_used: Mapped[int] = mapped_column(sa.Integer, default=0)
+    max_time_s: Mapped[int | None] = mapped_column(sa.Integer)
+    # the order key; kept on preemption and node loss so the job returns to the head of its queue
+    queue_time: Mapped[dt.datetime] = mapped_column(Timestamp, default=utcnow)
+    submitted_at: Mapped[dt.datetime] = mapped_column(Timestamp, default=utcnow)
+    started_at: Mapped[dt.datetime | None] = mapped_column(Timestamp)
+    finished_at: Mapped[dt.datetime | None] = mapped_column(Timestamp)
+    exit_code: Mapped[int | None] = mapped_column(sa.Integer)
+    attempt: Mapped[int] = mapped_column(sa.Integer, default=0)  # current (or last) attempt number
+    # the rest of the submitted spec: env, ports, ssh, ib_domain, replicas, ...
+    spec: Mapped[dict] = mapped_column(sa.JSON, default=dict)
+    updated_at: Mapped[dt.datetime] = mapped_column(Timestamp, default=utcnow, onupdate=utcnow)
+
+    user = relationship("User", lazy="joined")
+    vc = relationship("VirtualCluster", lazy="joined")
+
+
+class JobAttempt(Base):
+    """One run of a job: where it ran, how it ended, whether it spent a retry."""
+
+    __tablename__ = "job_attempts"
+    __table_args__ = (sa.UniqueConstraint("job_id", "number"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    job_id: Mapped[int] = mapped_column(sa.ForeignKey("jobs.id", ondelete="CASCADE"))
+    number: Mapped[int] = mapped_column(sa.Integer)
+    # [{"node": ..., "gpu_indices": [...], "cpu": ..., "memory_bytes": ...}]
+    placements: Mapped[list] = mapped_column(sa.JSON, default=list)
+    created_at: Mapped[dt.datetime] = mapped_column(Timestamp, default=utcnow)
+    started_at: Mapped[dt.datetime | None] = mapped_column(Timestamp)
+    ended_at: Mapped[dt.datetime | None] = mapped_column(Timestamp)
+    exit_code: Mapped[int | None] = mapped_column(sa.Integer)
+    # finished | failed | killed | preempted | node_lost | wall_time | launch_error | ...
+    end_reason: Mapped[str | None] = mapped_column(sa.String(64))
+    # set when the job manager asked the backend to stop this attempt (kill, pause, preemption)
+    stop_requested: Mapped[str | None] = mapped_column(sa.String(64))
+    spends_retry: Mapped[bool | None] = mapped_column(sa.Boolean)
+
+
+class JobEvent(Base):
+    """Append-only history: transitions, scheduler reasons, repair and insight messages."""
+
+    __tablename__ = "job_events"
+    __table_args__ = (sa.Index("ix_job_events_job_id_id", "job_id", "id"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    job_id: Mapped[int] = mapped_column(sa.ForeignKey("jobs.id", ondelete="CASCADE"))
+    at: Mapped[dt.datetime] = mapped_column(Timestamp, default=utcnow)
+    kind: Mapped[str] = mapped_column(sa.String(16))  # transition | reason | repair | insight
+    from_status: Mapped[str | None] = mapped_column(sa.String(16))
+    to_status: Mapped[str | None] = mapped_column(sa.String(16))
+    reason: Mapped[str | None] = mapped_column(sa.String(64))
+    message: Mapped[str | None] = mapped_column(sa.String(1024))
+    actor: Mapped[str | None] = mapped_column(sa.String(64))  # user name, or "scheduler"/"jobmanager"
+
+
+class JobTemplate(Base):
+    """A saved job spec a user reuses (personal, or shared with a VC)."""
+
+    __tablename__ = "job_templates"
+    __table_args__ = (sa.UniqueConstraint("user_id", "vc_id", "name"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    user_id: Mapped[int] = mapped_column(sa.ForeignKey("users.id", ondelete="CASCADE"))
+    vc_id: Mapped[int | None] = mapped_column(sa.ForeignKey("vcs.id", ondelete="CASCADE"))
+    name: Mapped[str] = mapped_column(sa.String(64))
+    spec: Mapped[dict] = mapped_column(sa.JSON, default=dict)
+    created_at: Mapped[dt.datetime] = mapped_column(Timestamp, default=utcnow)

@@ -1,0 +1,34 @@
+"""Virtual clusters: per-SKU quota, scheduling policy and limits, storage and pod policy."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import sqlalchemy as sa
+from sqlalchemy.orm import Mapped, mapped_column
+
+from dlts.models.base import Base, BigId, Timestamp, utcnow
+
+
+class VirtualCluster(Base):
+    __tablename__ = "vcs"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    name: Mapped[str] = mapped_column(sa.String(64), unique=True)
+    # {"a100": 64, ...}: GPUs per SKU (cluster admin)
+    quota: Mapped[dict] = mapped_column(sa.JSON, default=dict)
+    # cores and bytes for CPU-only work; NULL: in proportion to the GPU quota's node shapes
+    cpu_quota: Mapped[float | None] = mapped_column(sa.Float)
+    memory_quota_bytes: Mapped[int | None] = mapped_column(sa.BigInteger)
+    policy: Mapped[str] = mapped_column(sa.String(16), default="RF")
+    max_job_time_s: Mapped[int | None] = mapped_column(sa.Integer)
+    max_interactive_gpus: Mapped[int | None] = mapped_column(sa.Integer)
+    user_gpu_quota: Mapped[int | None] = mapped_column(sa.Integer)
+    allow_cpu_jobs_on_gpu_nodes: Mapped[bool] = mapped_column(sa.Boolean, default=True)
+    # privileged pod features this VC may use (cluster admin): {"privileged": false, "host_network": ...}
+    pod_policy: Mapped[dict] = mapped_column(sa.JSON, default=dict)
+    # {"lustre_dir": ..., "lustre_pool": ..., "mdt": 0 | "spread", "project_id": ..., "nfs": [...]}
+    storage: Mapped[dict] = mapped_column(sa.JSON, default=dict)
+    notice: Mapped[str | None] = mapped_column(sa.Text)  # banner VC admins set for members
+    created_at: Mapped[dt.datetime] = mapped_column(Timestamp, default=utcnow)
+    updated_at: Mapped[dt.datetime] = mapped_column(Timestamp, default=utcnow, onupdate=utcnow)

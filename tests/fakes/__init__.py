@@ -1,0 +1,1 @@
+"""Fakes for the seams ARCHITECTURE.md lists (Kubernetes API server, ...); tests and benchmarks only."""
