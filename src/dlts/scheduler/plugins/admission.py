@@ -1,0 +1,148 @@
+"""Filter plugins: approval, node match, VC quota, user quota, interactive cap.
+
+Each checks one rule against the pass state and returns a ``Rejection`` with numbers a person can
+act on, or None. Quotas count only non-preemptible work (preemptible jobs are opportunistic);
+an inference job's non-preemptible part is its ``min_replicas``.
+"""
+
+from __future__ import annotations
+
+from dlts.scheduler.framework import Rejection, register
+from dlts.scheduler.model import CPU_SKU, Job, JobType, Vc, WaitReason
+from dlts.scheduler.state import PassState, Request
+
+GIB = 1024**3
+
+
+def cpu_quota_cores(vc: Vc) -> float | None:
+    """Cores a VC is guaranteed on CPU-only nodes; None means no CPU quota is enforced."""
+    if vc.cpu_quota is not None:
+        return vc.cpu_quota
+    if CPU_SKU in vc.quota:
+        return float(vc.quota[CPU_SKU])
+    return None
+
+
+@register("filter", "approval")
+class Approval:
+    name = "approval"
+
+    def check(self, state: PassState, job: Job, req: Request | None, vc: Vc | None) -> Rejection | None:
+        if job.approved:
+            return None
+        return Rejection(WaitReason.APPROVAL, "waiting for a VC admin to approve this job", permanent=True)
+
+
+@register("filter", "node_match")
+class NodeMatch:
+    """Rejects jobs no schedulable node could ever hold as asked (unknown VC or SKU, a request
+    larger than any node, a VC with no node of the SKU). Cached per shape: the answer depends on
+    the inventory only, not on what is running."""
+
+    name = "node_match"
+
+    def check(self, state: PassState, job: Job, req: Request | None, vc: Vc | None) -> Rejection | None:
+        if vc is None:
+            return Rejection(WaitReason.NO_MATCHING_NODES, f"VC {job.vc!r} does not exist", permanent=True)
+        if req is None:
+            return Rejection(
+                WaitReason.NO_MATCHING_NODES,
+                f"SKU {job.sku!r} is not defined in this cluster (known: {', '.join(sorted(state.snapshot.skus))})",
+                permanent=True,
+            )
+        cache = state.node_match_cache
+        key = (job.vc, req.sku, req.gpus, req.cpu, req.memory_bytes, req.units, req.whole_node, req.same_domain)
+        if key in cache:
+            return cache[key]
+        placer = state.framework.placer_for(req)
+        result = placer.feasible(state, job, req, vc) if placer is not None else Rejection(
+            WaitReason.NO_MATCHING_NODES, "no placement rule handles this request", permanent=True
+        )
+        cache[key] = result
+        return result
+
+
+@register("filter", "vc_quota")
+class VcQuota:
+    """Guarantee: a VC's non-preemptible jobs together never use more than its quota per SKU."""
+
+    name = "vc_quota"
+
+    def check(self, state: PassState, job: Job, req: Request | None, vc: Vc | None) -> Rejection | None:
+        assert req is not None and vc is not None
+        core = state.core_units(job, req.units)
+        if core == 0:
+            return None
+        used = state.vc_used[job.vc]
+        if req.sku == CPU_SKU:
+            cores = cpu_quota_cores(vc)
+            ask = req.cpu * core
+            if cores is not None and used[CPU_SKU] + ask > cores + 1e-9:
+                return Rejection(
+                    WaitReason.VC_QUOTA,
+                    f"VC {vc.name} uses {used[CPU_SKU]:g} of {cores:g} CPU-only cores; this job asks {ask:g}",
+                )
+            if vc.memory_quota_bytes is not None:
+                mem = state.vc_used_memory[job.vc]
+                if mem + req.memory_bytes * core > vc.memory_quota_bytes:
+                    return Rejection(
+                        WaitReason.VC_QUOTA,
+                        f"VC {vc.name} uses {mem / GIB:.1f} of {vc.memory_quota_bytes / GIB:.1f} GiB on CPU-only "
+                        f"nodes; this job asks {req.memory_bytes * core / GIB:.1f}",
+                    )
+            return None
+        quota = vc.quota.get(req.sku, 0)
+        ask = req.gpus * core
+        if used[req.sku] + ask > quota:
+            return Rejection(
+                WaitReason.VC_QUOTA,
+                f"VC {vc.name} uses {used[req.sku]:g} of {quota} {req.sku} GPUs; this job asks {ask}",
+            )
+        return None
+
+
+@register("filter", "user_quota")
+class UserQuota:
+    """A user's non-preemptible GPUs in a VC above ``user_gpu_quota`` need a VC admin's approval.
+
+    The submit service marks such jobs ``unapproved`` when they arrive; this rule catches a job
+    that was under quota at submit time but would go over now, and lets through a job a VC admin
+    approved above quota (``user_quota_approved``)."""
+
+    name = "user_quota"
+
+    def check(self, state: PassState, job: Job, req: Request | None, vc: Vc | None) -> Rejection | None:
+        assert req is not None and vc is not None
+        if vc.user_gpu_quota is None or job.user_quota_approved or req.sku == CPU_SKU:
+            return None
+        ask = req.gpus * state.core_units(job, req.units)
+        if ask == 0:
+            return None
+        used = state.user_used[(job.vc, job.user)]
+        if used + ask > vc.user_gpu_quota:
+            return Rejection(
+                WaitReason.USER_QUOTA,
+                f"user {job.user} holds {used} of {vc.user_gpu_quota} non-preemptible GPUs allowed per user in "
+                f"VC {vc.name}; this job asks {ask}; a VC admin can approve it",
+            )
+        return None
+
+
+@register("filter", "interactive_cap")
+class InteractiveCap:
+    """Running interactive jobs of a VC never hold more than ``max_interactive_gpus``."""
+
+    name = "interactive_cap"
+
+    def check(self, state: PassState, job: Job, req: Request | None, vc: Vc | None) -> Rejection | None:
+        assert req is not None and vc is not None
+        if job.type is not JobType.INTERACTIVE or vc.max_interactive_gpus is None:
+            return None
+        used = state.interactive_used[job.vc]
+        ask = req.total_gpus
+        if used + ask > vc.max_interactive_gpus:
+            return Rejection(
+                WaitReason.INTERACTIVE_CAP,
+                f"interactive jobs of VC {vc.name} hold {used} of {vc.max_interactive_gpus} GPUs; this job asks {ask}",
+            )
+        return None

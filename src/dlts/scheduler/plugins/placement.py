@@ -1,0 +1,251 @@
+"""Place plugins: best-fit single-node GPU placement, CPU-only placement, whole-node gangs.
+
+Every plugin searches a VC's own hard-assigned pool before the shared one, so hard-assigned nodes
+are used (and count toward the VC's quota) first and never serve another VC. Unschedulable nodes
+are in no pool, so they are never chosen.
+"""
+
+from __future__ import annotations
+
+from dlts.scheduler.framework import Rejection, register
+from dlts.scheduler.model import CPU_SKU, Job, Placement, Vc, WaitReason
+from dlts.scheduler.state import NodeState, PassState, Pool, Request, best_run
+
+GIB = 1024**3
+
+
+def _fits_cpu_mem(ns: NodeState, req: Request) -> bool:
+    return ns.free_cpu + 1e-9 >= req.cpu and ns.free_memory_bytes >= req.memory_bytes
+
+
+def _place_units(state: PassState, req: Request, units: int, one) -> list[Placement] | None:
+    """Place ``units`` independent single-node units, reserving as it goes; all or nothing."""
+    taken: list[Placement] = []
+    for i in range(units):
+        p = one(record_failure=(i == 0))  # later failures saw tentatively taken capacity
+        if p is None:
+            state.unreserve(taken)
+            return None
+        state.reserve([p])
+        taken.append(p)
+    return taken
+
+
+@register("place", "best_fit")
+class BestFit:
+    """Single-node GPU jobs (and each inference replica): the node where the job fits with the
+    fewest free GPUs left, on a contiguous run of GPU indices (the shortest run that fits)."""
+
+    name = "best_fit"
+
+    def handles(self, req: Request) -> bool:
+        return req.sku != CPU_SKU and not req.whole_node
+
+    def feasible(self, state: PassState, job: Job, req: Request, vc: Vc) -> Rejection | None:
+        pools = state.pools_for(req.sku, job.vc)
+        for pool in pools:
+            for ns in pool.nodes:
+                if ns.node.gpus >= req.gpus and ns.node.cpu >= req.cpu and ns.node.memory_bytes >= req.memory_bytes:
+                    return None
+        if not pools:
+            detail = f"no schedulable {req.sku} node is open to VC {job.vc}"
+        else:
+            detail = (
+                f"no schedulable {req.sku} node open to VC {job.vc} has {req.gpus} GPUs, {req.cpu:g} cores and "
+                f"{req.memory_bytes / GIB:.1f} GiB"
+            )
+        return Rejection(WaitReason.NO_MATCHING_NODES, detail, permanent=True)
+
+    def _one(self, state: PassState, job: Job, req: Request, record_failure: bool) -> Placement | None:
+        g = req.gpus
+        for pool in state.pools_for(req.sku, job.vc):
+            key = ("gpu", pool.sku, pool.vc)
+            if state.fail_cache.known_to_fail(key, g, req.cpu, req.memory_bytes):
+                continue
+            if pool.free_gpus >= g:
+                for k in range(g, pool.max_gpus + 1):
+                    for ns in pool.buckets[k].values():
+                        if not _fits_cpu_mem(ns, req):
+                            continue
+                        start = best_run(ns.free_mask, ns.node.gpus, g)
+                        if start >= 0:
+                            return Placement(ns.name, tuple(range(start, start + g)), req.cpu, req.memory_bytes)
+            if record_failure:
+                state.fail_cache.record(key, g, req.cpu, req.memory_bytes)
+        return None
+
+    def place(self, state: PassState, job: Job, req: Request, vc: Vc, units: int) -> list[Placement] | None:
+        return _place_units(state, req, units, lambda record_failure: self._one(state, job, req, record_failure))
+
+    def explain(self, state: PassState, job: Job, req: Request, vc: Vc) -> Rejection:
+        pools = state.pools_for(req.sku, job.vc)
+        free = sum(p.free_gpus for p in pools)
+        free_cpu = sum(p.free_cpu for p in pools)
+        free_mem = sum(p.free_memory_bytes for p in pools)
+        need = req.total_gpus
+        per = f"{req.gpus} {req.sku} GPUs on one node" + (f" for each of {req.units} replicas" if req.units > 1 else "")
+        if free >= need and free_cpu + 1e-9 >= req.cpu * req.units and free_mem >= req.memory_bytes * req.units:
+            return Rejection(
+                WaitReason.FRAGMENTATION,
+                f"needs {per}; {free} {req.sku} GPUs are free but scattered across nodes",
+            )
+        return Rejection(WaitReason.CAPACITY, f"needs {per}; only {free} {req.sku} GPUs are free")
+
+
+@register("place", "cpu_only")
+class CpuOnly:
+    """CPU-only jobs: CPU-only nodes first (fewest cores left wins), then GPU nodes' spare cores
+    only if the VC allows it, so GPU nodes keep the cores their GPUs need."""
+
+    name = "cpu_only"
+
+    def handles(self, req: Request) -> bool:
+        return req.sku == CPU_SKU
+
+    def _pools(self, state: PassState, job: Job, vc: Vc) -> list[Pool]:
+        pools = state.pools_for(CPU_SKU, job.vc)
+        if vc.allow_cpu_jobs_on_gpu_nodes:
+            for (sku, owner), pool in sorted(state.pools.items(), key=lambda kv: (kv[0][1] is None, kv[0][0])):
+                if sku != CPU_SKU and owner in (None, job.vc):
+                    pools.append(pool)
+        return pools
+
+    def feasible(self, state: PassState, job: Job, req: Request, vc: Vc) -> Rejection | None:
+        for pool in self._pools(state, job, vc):
+            for ns in pool.nodes:
+                if ns.node.cpu >= req.cpu and ns.node.memory_bytes >= req.memory_bytes:
+                    return None
+        where = "CPU-only node" + ("" if not vc.allow_cpu_jobs_on_gpu_nodes else " or GPU node")
+        return Rejection(
+            WaitReason.NO_MATCHING_NODES,
+            f"no schedulable {where} open to VC {job.vc} has {req.cpu:g} cores and {req.memory_bytes / GIB:.1f} GiB",
+            permanent=True,
+        )
+
+    def _one(self, state: PassState, job: Job, req: Request, vc: Vc, record_failure: bool) -> Placement | None:
+        for pool in self._pools(state, job, vc):
+            key = ("cpu", pool.sku, pool.vc)
+            if state.fail_cache.known_to_fail(key, 0, req.cpu, req.memory_bytes):
+                continue
+            best: NodeState | None = None
+            for ns in pool.nodes:
+                if _fits_cpu_mem(ns, req) and (best is None or ns.free_cpu < best.free_cpu):
+                    best = ns
+            if best is not None:
+                return Placement(best.name, (), req.cpu, req.memory_bytes)
+            if record_failure:
+                state.fail_cache.record(key, 0, req.cpu, req.memory_bytes)
+        return None
+
+    def place(self, state: PassState, job: Job, req: Request, vc: Vc, units: int) -> list[Placement] | None:
+        return _place_units(state, req, units, lambda record_failure: self._one(state, job, req, vc, record_failure))
+
+    def explain(self, state: PassState, job: Job, req: Request, vc: Vc) -> Rejection:
+        pools = self._pools(state, job, vc)
+        free_cpu = sum(p.free_cpu for p in pools)
+        free_mem = sum(p.free_memory_bytes for p in pools)
+        if free_cpu + 1e-9 >= req.cpu * req.units and free_mem >= req.memory_bytes * req.units:
+            return Rejection(
+                WaitReason.FRAGMENTATION,
+                f"needs {req.cpu:g} cores and {req.memory_bytes / GIB:.1f} GiB on one node; {free_cpu:g} cores are "
+                "free but scattered across nodes",
+            )
+        return Rejection(
+            WaitReason.CAPACITY,
+            f"needs {req.cpu:g} cores and {req.memory_bytes / GIB:.1f} GiB; {free_cpu:g} cores and "
+            f"{free_mem / GIB:.1f} GiB are free",
+        )
+
+
+@register("place", "gang")
+class Gang:
+    """Distributed jobs: ``units`` whole nodes of one SKU, all or nothing, inside one IB domain
+    unless the job says ``ib_domain: any``. Among domains that can hold the gang, the one with the
+    fewest whole free nodes wins (packing keeps big domains whole for big gangs)."""
+
+    name = "gang"
+
+    def handles(self, req: Request) -> bool:
+        return req.whole_node
+
+    def _eligible(self, state: PassState, job: Job, req: Request) -> list[Pool]:
+        return state.pools_for(req.sku, job.vc)
+
+    def feasible(self, state: PassState, job: Job, req: Request, vc: Vc) -> Rejection | None:
+        per_domain: dict[str, int] = {}
+        for pool in self._eligible(state, job, req):
+            for ns in pool.nodes:
+                if ns.node.cpu >= req.cpu and ns.node.memory_bytes >= req.memory_bytes:
+                    per_domain[ns.node.ib_domain] = per_domain.get(ns.node.ib_domain, 0) + 1
+        total = sum(per_domain.values())
+        if total < req.units:
+            return Rejection(
+                WaitReason.NO_MATCHING_NODES,
+                f"needs {req.units} whole {req.sku} nodes; only {total} schedulable ones are open to VC {job.vc}",
+                permanent=True,
+            )
+        if req.same_domain and max(per_domain.values()) < req.units:
+            return Rejection(
+                WaitReason.TOPOLOGY,
+                f"needs {req.units} whole {req.sku} nodes in one IB domain; the largest domain open to VC {job.vc} "
+                f"has {max(per_domain.values())}; submit with ib_domain: any to span domains",
+                permanent=True,
+            )
+        return None
+
+    def _whole_nodes(self, pools: list[Pool], domain: str, req: Request) -> list[NodeState]:
+        out = []
+        for pool in pools:
+            for ns in pool.whole_by_domain.get(domain, {}).values():
+                if _fits_cpu_mem(ns, req):
+                    out.append(ns)
+        return out
+
+    def place(self, state: PassState, job: Job, req: Request, vc: Vc, units: int) -> list[Placement] | None:
+        pools = self._eligible(state, job, req)
+        key = ("gang", req.sku, job.vc, req.same_domain)
+        if state.fail_cache.known_to_fail(key, units, req.cpu, req.memory_bytes):
+            return None
+        domains = sorted({d for pool in pools for d in pool.whole_by_domain})
+        counts = {d: sum(len(p.whole_by_domain.get(d, ())) for p in pools) for d in domains}
+        chosen: list[NodeState] = []
+        if req.same_domain:
+            for d in sorted((d for d in domains if counts[d] >= units), key=lambda d: (counts[d], d)):
+                nodes = self._whole_nodes(pools, d, req)
+                if len(nodes) >= units:
+                    chosen = nodes[:units]
+                    break
+        else:
+            # Span as few domains as possible: the fullest domains first.
+            for d in sorted(domains, key=lambda d: (-counts[d], d)):
+                chosen.extend(self._whole_nodes(pools, d, req)[: units - len(chosen)])
+                if len(chosen) >= units:
+                    break
+            if len(chosen) < units:
+                chosen = []
+        if not chosen:
+            state.fail_cache.record(key, units, req.cpu, req.memory_bytes)
+            return None
+        placements = [
+            Placement(ns.name, tuple(range(ns.node.gpus)), req.cpu, req.memory_bytes) for ns in chosen
+        ]
+        state.reserve(placements)
+        return placements
+
+    def explain(self, state: PassState, job: Job, req: Request, vc: Vc) -> Rejection:
+        pools = self._eligible(state, job, req)
+        whole = sum(len(d) for p in pools for d in p.whole_by_domain.values())
+        free = sum(p.free_gpus for p in pools)
+        need = f"needs {req.units} whole {req.sku} nodes"
+        if req.same_domain and whole >= req.units:
+            best = max((sum(len(p.whole_by_domain.get(d, ())) for p in pools) for p in pools for d in p.whole_by_domain), default=0)
+            return Rejection(
+                WaitReason.TOPOLOGY,
+                f"{need} in one IB domain; {whole} are free but at most {best} in one domain",
+            )
+        if free >= req.units * req.gpus:
+            return Rejection(
+                WaitReason.FRAGMENTATION,
+                f"{need}; {free} {req.sku} GPUs are free but only {whole} nodes are wholly free",
+            )
+        return Rejection(WaitReason.CAPACITY, f"{need}; {whole} are wholly free, {free} {req.sku} GPUs free in all")

@@ -1,0 +1,43 @@
+"""Queue policies per VC: RF (runnable first) and FIFO.
+
+Both walk the VC's order; they differ only in what a job that does not fit does to the jobs behind
+it. Only non-preemptible jobs are ever blocked, and only by a non-preemptible job of the same VC.
+"""
+
+from __future__ import annotations
+
+from dlts.scheduler.framework import Rejection, VcQueue, register
+from dlts.scheduler.model import Job, Policy
+
+
+@register("policy", Policy.RF.value)
+class RunnableFirst:
+    """Start every job that fits; a job that does not fit is skipped (large jobs may starve; the
+    reason is recorded)."""
+
+    name = Policy.RF.value
+
+    def blocked_by(self, queue: VcQueue, job: Job) -> int | None:
+        return None
+
+    def on_wait(self, queue: VcQueue, job: Job, rejection: Rejection) -> None:
+        return None
+
+
+@register("policy", Policy.FIFO.value)
+class Fifo:
+    """The first non-preemptible job that does not fit blocks every later non-preemptible job of
+    its VC for the rest of the pass. Permanent rejections (no node could ever hold the job) do
+    not block: the VC would otherwise stall until someone deletes the job."""
+
+    name = Policy.FIFO.value
+
+    def blocked_by(self, queue: VcQueue, job: Job) -> int | None:
+        if job.preemptible:
+            return None
+        return queue.blocker
+
+    def on_wait(self, queue: VcQueue, job: Job, rejection: Rejection) -> None:
+        if job.preemptible or rejection.permanent or queue.blocker is not None:
+            return
+        queue.blocker = job.id

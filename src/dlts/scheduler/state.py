@@ -1,0 +1,373 @@
+"""The mutable working copy of the cluster that one scheduling pass reads and updates.
+
+``PassState`` is built from a ``Snapshot`` at the start of ``decide`` and thrown away at the end;
+nothing outside the pass ever sees it. It owns:
+
+* per-node free GPUs (a bit mask of stable indices), cores and bytes;
+* *pools*: the schedulable nodes of one SKU open to one VC (hard-assigned) or to every VC, with
+  nodes bucketed by free GPU count (best fit is "lowest bucket that fits") and, per IB domain, the
+  nodes whose GPUs are all free (gangs take whole nodes);
+* usage counters the admission rules read (VC non-preemptible use per SKU, per user, interactive);
+* *holdings*: what running jobs hold, as units the reclaim rule may free (a preemptible job, or one
+  extra replica of an inference job).
+
+Free capacity only ever shrinks during a pass (stops keep their resources until the job exits), so
+a request that failed once fails again for anything at least as large: ``FailureCache`` relies on
+that to keep a pass over 20,000 pending jobs fast.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+from dlts.scheduler.model import CPU_SKU, Job, JobType, Node, Placement, Snapshot, Vc
+
+
+@lru_cache(maxsize=None)
+def best_run(free_mask: int, n_gpus: int, want: int) -> int:
+    """Start index of the shortest run of >= ``want`` contiguous free GPUs, or -1.
+
+    Taking the shortest run that fits keeps longer runs whole for larger jobs (best fit inside a
+    node); ties go to the lowest index so placements are stable.
+    """
+    best_start, best_len = -1, n_gpus + 1
+    i = 0
+    while i < n_gpus:
+        if free_mask >> i & 1:
+            j = i
+            while j < n_gpus and free_mask >> j & 1:
+                j += 1
+            run = j - i
+            if want <= run < best_len:
+                best_start, best_len = i, run
+            i = j
+        else:
+            i += 1
+    return best_start
+
+
+def mask_of(indices: tuple[int, ...]) -> int:
+    m = 0
+    for i in indices:
+        m |= 1 << i
+    return m
+
+
+def indices_of(mask: int) -> tuple[int, ...]:
+    out = []
+    i = 0
+    while mask:
+        if mask & 1:
+            out.append(i)
+        mask >>= 1
+        i += 1
+    return tuple(out)
+
+
+@dataclass(eq=False, slots=True)
+class NodeState:
+    node: Node
+    full_mask: int
+    free_mask: int
+    free_gpus: int
+    free_cpu: float
+    free_memory_bytes: int
+    pool: Pool | None = None  # None for nodes that take no new work
+    holdings: list[Holding] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return self.node.name
+
+    @property
+    def whole_free(self) -> bool:
+        return self.free_mask == self.full_mask
+
+
+@dataclass(eq=False, slots=True)
+class Pool:
+    """Schedulable nodes of one SKU open to one VC (``vc`` set) or to every VC (``vc`` None)."""
+
+    sku: str
+    vc: str | None
+    max_gpus: int = 0
+    nodes: list[NodeState] = field(default_factory=list)
+    buckets: list[dict[str, NodeState]] = field(default_factory=list)
+    whole_by_domain: dict[str, dict[str, NodeState]] = field(default_factory=dict)
+    nodes_by_domain: dict[str, int] = field(default_factory=dict)
+    free_gpus: int = 0
+    free_cpu: float = 0.0
+    free_memory_bytes: int = 0
+
+    def add(self, ns: NodeState) -> None:
+        self.nodes.append(ns)
+        ns.pool = self
+        self.max_gpus = max(self.max_gpus, ns.node.gpus)
+        while len(self.buckets) <= self.max_gpus:
+            self.buckets.append({})
+        self.buckets[ns.free_gpus][ns.name] = ns
+        dom = ns.node.ib_domain
+        self.nodes_by_domain[dom] = self.nodes_by_domain.get(dom, 0) + 1
+        self.whole_by_domain.setdefault(dom, {})
+        if ns.whole_free:
+            self.whole_by_domain[dom][ns.name] = ns
+        self.free_gpus += ns.free_gpus
+        self.free_cpu += ns.free_cpu
+        self.free_memory_bytes += ns.free_memory_bytes
+
+
+@dataclass(eq=False, slots=True)
+class Holding:
+    """What one reclaimable unit holds: a whole running job, or one extra inference replica."""
+
+    job: Job
+    placements: tuple[Placement, ...]
+    replica: bool  # True: an inference replica above min_replicas (stopped as scale_down)
+    stopping: bool  # already told to stop: frees at no extra cost
+    claimed: bool = False  # taken by a reclaim earlier in this pass
+
+
+class FailureCache:
+    """Remembers requests that found no room in a pool during this pass.
+
+    Valid because free capacity never grows inside a pass: if (gpus, cpu, memory) did not fit,
+    nothing at least as large fits later in the same pass.
+    """
+
+    def __init__(self) -> None:
+        self._failed: dict[tuple, list[tuple[int, float, int]]] = defaultdict(list)
+
+    def known_to_fail(self, key: tuple, gpus: int, cpu: float, memory_bytes: int) -> bool:
+        for g, c, m in self._failed.get(key, ()):
+            if g <= gpus and c <= cpu and m <= memory_bytes:
+                return True
+        return False
+
+    def record(self, key: tuple, gpus: int, cpu: float, memory_bytes: int) -> None:
+        entries = self._failed[key]
+        if len(entries) < 16:  # a handful of shapes covers real queues; keep the check cheap
+            entries.append((gpus, cpu, memory_bytes))
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """The resolved shape of one placement unit of a job."""
+
+    sku: str  # CPU_SKU for CPU-only requests
+    gpus: int  # per unit (per node for gangs, per replica for inference)
+    cpu: float
+    memory_bytes: int
+    units: int  # placements needed together (gang nodes, inference min replicas, else 1)
+    whole_node: bool  # gangs take whole nodes
+    same_domain: bool  # gangs stay inside one IB domain unless the job says ``ib_domain: any``
+
+    @property
+    def total_gpus(self) -> int:
+        return self.gpus * self.units
+
+
+class PassState:
+    """Everything one pass of ``decide`` reads and mutates."""
+
+    def __init__(self, snapshot: Snapshot, now: float) -> None:
+        self.snapshot = snapshot
+        self.now = now
+        self.vcs: dict[str, Vc] = dict(snapshot.vcs)
+        self.nodes: dict[str, NodeState] = {}
+        self.pools: dict[tuple[str, str | None], Pool] = {}
+        # VC -> SKU -> non-preemptible GPUs (cores for CPU_SKU) held
+        self.vc_used: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+        self.vc_used_memory: dict[str, int] = defaultdict(int)  # CPU-only non-preemptible bytes
+        self.user_used: dict[tuple[str, str], int] = defaultdict(int)  # (vc, user) -> GPUs
+        self.interactive_used: dict[str, int] = defaultdict(int)  # vc -> GPUs
+        self.holdings: list[Holding] = []
+        self.stopped: set[int] = set()  # jobs told to stop in this pass
+        self.node_match_cache: dict[tuple, object] = {}
+        self.framework: Any = None  # the resolved plugins; set by ``decide``
+        self.fail_cache = FailureCache()
+        self.reclaim_fail_cache = FailureCache()
+        self._request_cache: dict[int, Request | None] = {}
+        self._build_nodes()
+        self._apply_running()
+
+    # -- building ------------------------------------------------------------------------------
+
+    def _build_nodes(self) -> None:
+        for node in self.snapshot.nodes:
+            full = (1 << node.gpus) - 1
+            ns = NodeState(node, full, full, node.gpus, float(node.cpu), int(node.memory_bytes))
+            self.nodes[node.name] = ns
+
+    def _apply_running(self) -> None:
+        for job in self.snapshot.jobs:
+            if not job.running:
+                continue
+            for p in job.placements:
+                ns = self.nodes.get(p.node)
+                if ns is None:  # node gone from the inventory: nothing left to account on it
+                    continue
+                m = mask_of(p.gpu_indices) & ns.full_mask & ns.free_mask
+                ns.free_mask &= ~m
+                ns.free_gpus = bin(ns.free_mask).count("1")
+                ns.free_cpu = ns.free_cpu - p.cpu
+                ns.free_memory_bytes = ns.free_memory_bytes - p.memory_bytes
+            self._count_usage(job, len(job.placements), sign=1)
+            self._add_holdings(job)
+        # Pools are built after running work is subtracted so buckets start right.
+        for ns in self.nodes.values():
+            if not ns.node.schedulable:
+                continue
+            key = (ns.node.sku, ns.node.vc)
+            pool = self.pools.get(key)
+            if pool is None:
+                pool = self.pools[key] = Pool(ns.node.sku, ns.node.vc)
+            pool.add(ns)
+
+    def _add_holdings(self, job: Job) -> None:
+        if job.type is JobType.INFERENCE:
+            core = max(1, job.min_replicas)
+            if len(job.placements) > core:
+                for p in job.placements[core:]:
+                    self._add_holding(Holding(job, (p,), True, job.stopping))
+            if job.preemptible or job.stopping:
+                self._add_holding(Holding(job, job.placements[:core], False, job.stopping))
+            return
+        if job.preemptible or job.stopping:
+            self._add_holding(Holding(job, job.placements, False, job.stopping))
+
+    def mark_stopping(self, job: Job) -> None:
+        """A stop decided in this pass: the job keeps its resources until it exits, but reclaim
+        may count them as coming free and it is never picked as a victim again."""
+        self.stopped.add(job.id)
+        found = False
+        for h in self.holdings:
+            if h.job.id == job.id:
+                h.stopping = True
+                found = True
+        if not found:
+            self._add_holding(Holding(job, job.placements, False, True))
+
+    def _add_holding(self, h: Holding) -> None:
+        self.holdings.append(h)
+        for p in h.placements:
+            ns = self.nodes.get(p.node)
+            if ns is not None:
+                ns.holdings.append(h)
+
+    # -- usage ---------------------------------------------------------------------------------
+
+    def core_units(self, job: Job, units: int) -> int:
+        """How many of ``units`` placements count as non-preemptible for quota."""
+        if job.preemptible:
+            return 0
+        if job.type is JobType.INFERENCE:
+            return min(units, max(1, job.min_replicas))
+        return units
+
+    def _count_usage(self, job: Job, units: int, sign: int) -> None:
+        req = self.request(job)
+        if req is None:
+            return
+        core = self.core_units(job, units)
+        if core:
+            if req.sku == CPU_SKU:
+                self.vc_used[job.vc][CPU_SKU] += sign * req.cpu * core
+                self.vc_used_memory[job.vc] += sign * req.memory_bytes * core
+            else:
+                self.vc_used[job.vc][req.sku] += sign * req.gpus * core
+                self.user_used[(job.vc, job.user)] += sign * req.gpus * core
+        if job.type is JobType.INTERACTIVE:
+            self.interactive_used[job.vc] += sign * req.gpus * units
+
+    def count_start(self, job: Job, units: int) -> None:
+        self._count_usage(job, units, sign=1)
+
+    # -- requests ------------------------------------------------------------------------------
+
+    def request(self, job: Job) -> Request | None:
+        """Resolve a job's shape (defaults for unset cpu/memory); None when its SKU is unknown."""
+        cached = self._request_cache.get(job.id, False)
+        if cached is not False:
+            return cached  # type: ignore[return-value]
+        req = self._resolve(job)
+        self._request_cache[job.id] = req
+        return req
+
+    def _resolve(self, job: Job) -> Request | None:
+        snap = self.snapshot
+        cpu_only = job.gpus <= 0 or job.sku in (None, CPU_SKU)
+        if cpu_only and job.type is not JobType.DISTRIBUTED:
+            cpu = job.cpu if job.cpu > 0 else snap.cpu_job_default_cpu
+            mem = job.memory_bytes if job.memory_bytes > 0 else snap.cpu_job_default_memory_bytes
+            units = max(1, job.min_replicas) if job.type is JobType.INFERENCE else 1
+            return Request(CPU_SKU, 0, cpu, mem, units, False, False)
+        shape = snap.skus.get(job.sku or "")
+        if shape is None:
+            return None
+        if job.type is JobType.DISTRIBUTED or job.nodes > 0:
+            gpus = shape.gpus  # a gang takes whole nodes, whatever per-node count was asked
+            cpu = job.cpu if job.cpu > 0 else shape.cpu
+            mem = job.memory_bytes if job.memory_bytes > 0 else shape.memory_bytes
+            return Request(shape.name, gpus, cpu, mem, max(1, job.nodes), True, not job.ib_domain_any)
+        share = job.gpus / shape.gpus if shape.gpus else 1.0
+        cpu = job.cpu if job.cpu > 0 else shape.cpu * share
+        mem = job.memory_bytes if job.memory_bytes > 0 else int(shape.memory_bytes * share)
+        units = max(1, job.min_replicas) if job.type is JobType.INFERENCE else 1
+        return Request(shape.name, job.gpus, cpu, mem, units, False, False)
+
+    # -- pools ---------------------------------------------------------------------------------
+
+    def pools_for(self, sku: str, vc: str) -> list[Pool]:
+        """Pools a job of ``vc`` may use, its own hard-assigned nodes first."""
+        out = []
+        own = self.pools.get((sku, vc))
+        if own is not None:
+            out.append(own)
+        shared = self.pools.get((sku, None))
+        if shared is not None:
+            out.append(shared)
+        return out
+
+    # -- taking and giving back ----------------------------------------------------------------
+
+    def take(self, ns: NodeState, mask: int, cpu: float, memory_bytes: int) -> None:
+        self._move(ns, ns.free_mask & ~mask, ns.free_cpu - cpu, ns.free_memory_bytes - memory_bytes)
+
+    def give(self, ns: NodeState, mask: int, cpu: float, memory_bytes: int) -> None:
+        self._move(ns, ns.free_mask | mask, ns.free_cpu + cpu, ns.free_memory_bytes + memory_bytes)
+
+    def _move(self, ns: NodeState, new_mask: int, new_cpu: float, new_mem: int) -> None:
+        pool = ns.pool
+        old_free = ns.free_gpus
+        was_whole = ns.whole_free
+        new_free = bin(new_mask).count("1")
+        if pool is not None:
+            pool.free_gpus += new_free - old_free
+            pool.free_cpu += new_cpu - ns.free_cpu
+            pool.free_memory_bytes += new_mem - ns.free_memory_bytes
+            if new_free != old_free:
+                del pool.buckets[old_free][ns.name]
+                pool.buckets[new_free][ns.name] = ns
+        ns.free_mask, ns.free_gpus, ns.free_cpu, ns.free_memory_bytes = (
+            new_mask,
+            new_free,
+            new_cpu,
+            new_mem,
+        )
+        if pool is not None and was_whole != ns.whole_free:
+            dom = pool.whole_by_domain[ns.node.ib_domain]
+            if ns.whole_free:
+                dom[ns.name] = ns
+            else:
+                del dom[ns.name]
+
+    def reserve(self, placements: list[Placement]) -> None:
+        for p in placements:
+            self.take(self.nodes[p.node], mask_of(p.gpu_indices), p.cpu, p.memory_bytes)
+
+    def unreserve(self, placements: list[Placement]) -> None:
+        for p in placements:
+            self.give(self.nodes[p.node], mask_of(p.gpu_indices), p.cpu, p.memory_bytes)
