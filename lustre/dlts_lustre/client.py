@@ -1,0 +1,248 @@
+"""Typed Lustre operations: each builds an argv (``cmd_*`` functions, also used by the planner), runs it
+through the ``Runner`` and parses the answer into a frozen dataclass.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from dlts_lustre.errors import LustreCommandError, LustreError
+from dlts_lustre.model import (GRACE_NOTIFY_S, DefaultQuota, DfReport, DirStripe, GraceTimes, Health, LustreVersion, Pool,
+                               ProjectInfo, QuotaKind, QuotaLimits, QuotaReport, StatsBlock, StripeLayout)
+from dlts_lustre.parsers import (parse_default_quota, parse_df_single, parse_getdirstripe, parse_getdirstripe_mdt,
+                                 parse_getstripe, parse_grace_times, parse_health, parse_pool_list,
+                                 parse_pool_members, parse_project, parse_quota, parse_stats, parse_version)
+from dlts_lustre.runner import CommandResult, Runner
+
+
+Argv = tuple[str, ...]
+OST_STATS_PARAM = "obdfilter.*.stats"
+MDT_STATS_PARAM = "mdt.*.md_stats"
+
+
+def ost_name(fsname: str, index: int) -> str:
+    return f"{fsname}-OST{index:04x}"
+
+
+# --- command builders (pure) -------------------------------------------------------------------------
+
+def cmd_setquota(kind: QuotaKind, ident: str, mount: str, limits: QuotaLimits, pool: str | None = None) -> Argv:
+    argv = ["lfs", "setquota", f"-{kind.value}", str(ident)]
+    if pool:
+        argv += ["--pool", pool]
+    argv += ["-b", str(limits.block_soft_kib), "-B", str(limits.block_hard_kib),
+             "-i", str(limits.inode_soft), "-I", str(limits.inode_hard), mount]
+    return tuple(argv)
+
+
+def cmd_set_default_quota(kind: QuotaKind, mount: str, limits: QuotaLimits) -> Argv:
+    return ("lfs", "setquota", kind.default_flag, "-b", str(limits.block_soft_kib), "-B",
+            str(limits.block_hard_kib), "-i", str(limits.inode_soft), "-I", str(limits.inode_hard), mount)
+
+
+def cmd_use_default_quota(kind: QuotaKind, ident: str, mount: str) -> Argv:
+    return ("lfs", "setquota", f"-{kind.value}", str(ident), "--default", mount)
+
+
+def _grace_arg(seconds: int) -> str:
+    return "notify" if seconds == GRACE_NOTIFY else str(seconds)
+
+
+GRACE_NOTIFY = GRACE_NOTIFY_S
+
+
+def cmd_set_grace(kind: QuotaKind, mount: str, block_grace_s: int, inode_grace_s: int,
+                  pool: str | None = None) -> Argv:
+    argv = ["lfs", "setquota", "-t", f"-{kind.value}"]
+    if pool:
+        argv += ["--pool", pool]
+    argv += ["-b", _grace_arg(block_grace_s), "-i", _grace_arg(inode_grace_s), mount]
+    return tuple(argv)
+
+
+def cmd_pool_new(fsname: str, pool: str) -> Argv:
+    return ("lctl", "pool_new", f"{fsname}.{pool}")
+
+
+def cmd_pool_add(fsname: str, pool: str, indices: Iterable[int]) -> Argv:
+    return ("lctl", "pool_add", f"{fsname}.{pool}", *(ost_name(fsname, i) for i in sorted(indices)))
+
+
+def cmd_pool_remove(fsname: str, pool: str, indices: Iterable[int]) -> Argv:
+    return ("lctl", "pool_remove", f"{fsname}.{pool}", *(ost_name(fsname, i) for i in sorted(indices)))
+
+
+def cmd_pool_destroy(fsname: str, pool: str) -> Argv:
+    return ("lctl", "pool_destroy", f"{fsname}.{pool}")
+
+
+def cmd_setstripe(path: str, *, pool: str | None = None, stripe_count: int | None = None,
+                  stripe_size: str | None = None) -> Argv:
+    argv = ["lfs", "setstripe"]
+    if pool:
+        argv += ["--pool", pool]
+    if stripe_count is not None:
+        argv += ["-c", str(stripe_count)]
+    if stripe_size is not None:
+        argv += ["-S", stripe_size]
+    return tuple(argv + [path])
+
+
+def cmd_mkdir(path: str, *, mdt_index: int | None = None, stripe_count: int | None = None,
+              hash_type: str | None = None) -> Argv:
+    argv = ["lfs", "mkdir"]
+    if stripe_count is not None:
+        argv += ["-c", str(stripe_count)]
+    if mdt_index is not None:
+        argv += ["-i", str(mdt_index)]
+    if hash_type is not None:
+        argv += ["-H", hash_type]
+    return tuple(argv + [path])
+
+
+def cmd_setdirstripe_default(path: str, *, stripe_count: int = 1, mdt_index: int = -1) -> Argv:
+    return ("lfs", "setdirstripe", "-D", "-c", str(stripe_count), "-i", str(mdt_index), path)
+
+
+def cmd_set_project(path: str, project_id: int) -> Argv:
+    return ("lfs", "project", "-p", str(project_id), "-s", "-r", path)
+
+
+# --- client ------------------------------------------------------------------------------------------
+
+class LustreClient:
+    """Typed operations over one ``Runner``. The tool version is detected once (``lfs --version``)."""
+
+    def __init__(self, runner: Runner | None = None, *, version: LustreVersion | None = None) -> None:
+        self.runner = runner or Runner()
+        self._version = version
+
+    # version
+    def version(self) -> LustreVersion:
+        if self._version is None:
+            self._version = parse_version(self.runner.run(("lfs", "--version")).stdout)
+        return self._version
+
+    def _read(self, argv: Sequence[str], ok_codes: Sequence[int] = (0,)) -> CommandResult:
+        return self.runner.run(argv, ok_codes=ok_codes)
+
+    def _write(self, argv: Sequence[str]) -> CommandResult:
+        return self.runner.run(argv, mutating=True)
+
+    def execute(self, argv: Sequence[str]) -> CommandResult:
+        """Run a mutating argv built by a ``cmd_*`` function (honours dry-run)."""
+        return self._write(argv)
+
+    # quotas
+    def quota(self, kind: QuotaKind, ident: str | int, mount: str, *, verbose: bool = False,
+              pool: str | None = None, delimited: bool = False) -> QuotaReport:
+        """``lfs quota``. ``delimited`` asks for ``-q --delimiter=,`` (2.16.52+ only); it drops the
+        lines that say whether an ID follows the defaults, so ``apply`` keeps the headered form."""
+        argv = ["lfs", "quota", f"-{kind.value}", str(ident)]
+        if delimited:
+            if not self.version().new_quota_header:
+                raise LustreError(f"lfs quota --delimiter needs Lustre 2.16.52+, this is {self.version()}")
+            argv[2:2] = ["-q", "--delimiter=,"]
+        if verbose:
+            argv.insert(2, "-v")
+        if pool:
+            argv += ["--pool", pool]
+        argv.append(mount)
+        return parse_quota(self._read(argv).stdout, kind=kind, delimiter="," if delimited else None)
+
+    def set_quota(self, kind: QuotaKind, ident: str | int, mount: str, limits: QuotaLimits,
+                  pool: str | None = None) -> CommandResult:
+        return self._write(cmd_setquota(kind, str(ident), mount, limits, pool))
+
+    def _require_defaults(self) -> None:
+        if not self.version().has_default_quotas:
+            raise LustreError(f"default quotas (-U/-G/-P) need Lustre 2.12+, this is {self.version()}")
+
+    def default_quota(self, kind: QuotaKind, mount: str) -> DefaultQuota:
+        self._require_defaults()
+        return parse_default_quota(self._read(("lfs", "quota", kind.default_flag, mount)).stdout, kind=kind)
+
+    def set_default_quota(self, kind: QuotaKind, mount: str, limits: QuotaLimits) -> CommandResult:
+        self._require_defaults()
+        return self._write(cmd_set_default_quota(kind, mount, limits))
+
+    def use_default_quota(self, kind: QuotaKind, ident: str | int, mount: str) -> CommandResult:
+        self._require_defaults()
+        return self._write(cmd_use_default_quota(kind, str(ident), mount))
+
+    def grace_times(self, kind: QuotaKind, mount: str, pool: str | None = None) -> GraceTimes:
+        argv = ["lfs", "quota", "-t", f"-{kind.value}"] + (["--pool", pool] if pool else []) + [mount]
+        return parse_grace_times(self._read(argv).stdout)
+
+    def set_grace_times(self, kind: QuotaKind, mount: str, block_grace_s: int, inode_grace_s: int,
+                        pool: str | None = None) -> CommandResult:
+        return self._write(cmd_set_grace(kind, mount, block_grace_s, inode_grace_s, pool))
+
+    # pools
+    def pools(self, fsname: str) -> tuple[str, ...]:
+        return parse_pool_list(self._read(("lctl", "pool_list", fsname)).stdout, fsname)
+
+    def pool(self, fsname: str, name: str) -> Pool:
+        return parse_pool_members(self._read(("lctl", "pool_list", f"{fsname}.{name}")).stdout, fsname, name)
+
+    def pool_new(self, fsname: str, name: str) -> CommandResult:
+        return self._write(cmd_pool_new(fsname, name))
+
+    def pool_add(self, fsname: str, name: str, indices: Iterable[int]) -> CommandResult:
+        return self._write(cmd_pool_add(fsname, name, indices))
+
+    def pool_remove(self, fsname: str, name: str, indices: Iterable[int]) -> CommandResult:
+        return self._write(cmd_pool_remove(fsname, name, indices))
+
+    def pool_destroy(self, fsname: str, name: str) -> CommandResult:
+        return self._write(cmd_pool_destroy(fsname, name))
+
+    # layout
+    def setstripe(self, path: str, *, pool: str | None = None, stripe_count: int | None = None,
+                  stripe_size: str | None = None) -> CommandResult:
+        return self._write(cmd_setstripe(path, pool=pool, stripe_count=stripe_count, stripe_size=stripe_size))
+
+    def getstripe(self, path: str) -> StripeLayout:
+        return parse_getstripe(self._read(("lfs", "getstripe", "-d", path)).stdout)
+
+    def mkdir(self, path: str, *, mdt_index: int | None = None, stripe_count: int | None = None,
+              hash_type: str | None = None) -> CommandResult:
+        return self._write(cmd_mkdir(path, mdt_index=mdt_index, stripe_count=stripe_count, hash_type=hash_type))
+
+    def setdirstripe_default(self, path: str, *, stripe_count: int = 1, mdt_index: int = -1) -> CommandResult:
+        return self._write(cmd_setdirstripe_default(path, stripe_count=stripe_count, mdt_index=mdt_index))
+
+    def getdirstripe(self, path: str, *, default: bool = False) -> DirStripe:
+        argv = ("lfs", "getdirstripe", "-D", path) if default else ("lfs", "getdirstripe", path)
+        return parse_getdirstripe(self._read(argv).stdout, default=default)
+
+    def dir_mdt(self, path: str) -> int:
+        return parse_getdirstripe_mdt(self._read(("lfs", "getdirstripe", "-m", path)).stdout)
+
+    def project(self, path: str) -> ProjectInfo:
+        return parse_project(self._read(("lfs", "project", "-d", path)).stdout)
+
+    def set_project(self, path: str, project_id: int) -> CommandResult:
+        return self._write(cmd_set_project(path, project_id))
+
+    # space, health, stats
+    def df(self, mount: str, *, inodes: bool = False, pool: str | None = None, fsname: str | None = None) -> DfReport:
+        argv = ["lfs", "df"] + (["-i"] if inodes else [])
+        if pool:
+            if not fsname:
+                raise ValueError("df by pool needs the filesystem name")
+            argv += ["--pool", f"{fsname}.{pool}"]
+        return parse_df_single(self._read(argv + [mount]).stdout, pool=pool)
+
+    def health(self) -> Health:
+        return parse_health(self._read(("lctl", "get_param", "-n", "health_check")).stdout)
+
+    def stats(self, param: str) -> tuple[StatsBlock, ...]:
+        """``lctl get_param PARAM`` for stats params; a param absent on this node gives no blocks."""
+        try:
+            result = self._read(("lctl", "get_param", param))
+        except LustreCommandError as exc:
+            # On a client or the wrong server role the param simply does not exist.
+            if "No such file or directory" in exc.stderr or "not found" in exc.stderr:
+                return ()
+            raise
+        return parse_stats(result.stdout)

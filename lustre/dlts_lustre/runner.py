@@ -1,0 +1,76 @@
+"""The only code that runs ``lfs`` and ``lctl``.
+
+Runs them through the ``sh`` package with a timeout and a set of accepted exit codes, turns every
+failure into a ``LustreCommandError`` naming the command, and in dry-run mode records mutating
+commands instead of running them (read-only commands still run, so a plan can be computed).
+"""
+from __future__ import annotations
+
+import logging
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import sh
+
+from dlts_lustre.errors import LustreCommandError
+
+log = logging.getLogger(__name__)
+
+TOOLS = frozenset({"lfs", "lctl"})
+DEFAULT_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    argv: tuple[str, ...]
+    exit_code: int
+    stdout: str
+    stderr: str
+    dry_run: bool = False
+
+
+@dataclass
+class Runner:
+    """Runs Lustre tools. ``dry_run`` records (and does not run) commands marked ``mutating``."""
+
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    dry_run: bool = False
+    recorded: list[tuple[str, ...]] = field(default_factory=list)
+    executed: list[tuple[str, ...]] = field(default_factory=list)
+
+    def run(self, argv: Sequence[str], *, mutating: bool = False, ok_codes: Sequence[int] = (0,),
+            timeout_s: float | None = None) -> CommandResult:
+        argv = tuple(str(a) for a in argv)
+        if not argv or argv[0] not in TOOLS:
+            raise ValueError(f"Runner only runs {sorted(TOOLS)}, not {argv[:1]}")
+        if mutating and self.dry_run:
+            self.recorded.append(argv)
+            log.info("dry-run: would run %s", " ".join(argv))
+            return CommandResult(argv, 0, "", "", dry_run=True)
+        # Resolve on every call: PATH may change (tests, modules loaded by the operator).
+        path = shutil.which(argv[0])
+        if path is None:
+            raise LustreCommandError(argv, exit_code=None,
+                                     reason=f"{argv[0]} not found on PATH; install the Lustre client utilities")
+        limit_s = self.timeout_s if timeout_s is None else timeout_s
+        log.debug("running %s", " ".join(argv))
+        try:
+            proc = sh.Command(path)(*argv[1:], _timeout=limit_s, _ok_code=list(ok_codes), _return_cmd=True,
+                                    _tty_out=False, _in="")
+        except sh.ErrorReturnCode as exc:
+            raise LustreCommandError(argv, exit_code=exc.exit_code, stderr=_text(exc.stderr),
+                                     stdout=_text(exc.stdout)) from None
+        except sh.TimeoutException:
+            raise LustreCommandError(argv, exit_code=None, timed_out=True,
+                                     reason=f"timed out after {limit_s:g} s") from None
+        except OSError as exc:
+            raise LustreCommandError(argv, exit_code=None, reason=str(exc)) from None
+        self.executed.append(argv)
+        return CommandResult(argv, proc.exit_code, _text(proc.stdout), _text(proc.stderr))
+
+
+def _text(data: bytes | str | None) -> str:
+    if data is None:
+        return ""
+    return data.decode("utf-8", "replace") if isinstance(data, bytes) else data
