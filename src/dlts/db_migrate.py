@@ -20,6 +20,8 @@ def alembic_config() -> Config:
 
 
 def upgrade(engine: sa.engine.Engine, revision: str = "head") -> None:
+    if revision == "head" and current_revision(engine) == head_revision():
+        return  # nothing to do: skip Alembic's start-up cost
     cfg = alembic_config()
     with engine.begin() as connection:
         cfg.attributes["connection"] = connection

@@ -1,0 +1,16 @@
+"""Cluster backends behind the ``ClusterBackend`` protocol; ``make_backend`` picks one from settings."""
+
+from __future__ import annotations
+
+from dlts.backends.base import ClusterBackend
+from dlts.config import Settings
+
+
+def make_backend(settings: Settings) -> ClusterBackend:
+    if settings.backend == "local":
+        from dlts.backends.local import LocalBackend
+
+        return LocalBackend(settings.effective_run_dir, demo_gpus=settings.demo_gpus, demo_sku=settings.demo_sku)
+    from dlts.backends.kubernetes import backend_from_settings
+
+    return backend_from_settings(settings)

@@ -14,6 +14,15 @@ from typing import Mapping, Protocol, Sequence
 from dlts.scheduler.model import Placement
 
 
+@dataclass(frozen=True)
+class RegistryCredential:
+    """Credentials for a private image registry (sent to the cluster as an image pull secret)."""
+
+    server: str
+    username: str
+    password: str
+
+
 class RunPhase(str, enum.Enum):
     PENDING = "pending"  # created, not yet running (image pull, init)
     RUNNING = "running"
@@ -37,6 +46,12 @@ class LaunchSpec:
     ports: tuple[int, ...] = ()
     ssh_public_keys: tuple[str, ...] = ()
     log_path: str = ""  # where the attempt's stdout+stderr must end up
+    registry_credentials: tuple[RegistryCredential, ...] = ()
+    # Privileged features the job asks for; a backend refuses those its VC's policy does not allow.
+    privileged: bool = False
+    host_network: bool = False
+    host_ipc: bool = False
+    host_paths: tuple[str, ...] = ()  # host directories mounted at the same path in the container
 
 
 @dataclass(frozen=True)
@@ -66,6 +81,7 @@ class NodeInfo:
     vc: str | None = None
     ready: bool = True
     unschedulable: bool = False
+    cordoned_by_dlts: bool = False  # DLTS cordoned it (so DLTS may uncordon it)
 
 
 class ClusterBackend(Protocol):

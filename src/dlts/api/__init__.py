@@ -1,0 +1,29 @@
+"""The REST API under /api/v1: flask-smorest blueprints, bearer auth, the error envelope.
+
+The OpenAPI document at /api/v1/openapi.json is generated from the marshmallow schemas that also
+validate the requests, so the two cannot drift.
+"""
+
+from __future__ import annotations
+
+from flask import Flask
+from flask_smorest import Api
+
+from dlts.api import errors, health, jobs, me
+
+
+def init_api(app: Flask) -> Api:
+    app.config.update(
+        API_TITLE="DLTS",
+        API_VERSION="v1",
+        OPENAPI_VERSION="3.0.3",
+        OPENAPI_URL_PREFIX="/api/v1",
+        OPENAPI_JSON_PATH="openapi.json",
+    )
+    api = Api(app, spec_kwargs={"info": {"description": "Deep Learning Training Service REST API"}})
+    api.spec.components.security_scheme("bearer", {"type": "http", "scheme": "bearer"})
+    for blueprint in (jobs.blp, me.blp):
+        api.register_blueprint(blueprint, url_prefix="/api/v1")
+    app.register_blueprint(health.bp)
+    errors.register(app)  # after Api(): our envelope replaces flask-smorest's error format
+    return api

@@ -1,0 +1,66 @@
+"""Every error leaves as ``{"error": {"code", "message", "details"}}``; no stack trace reaches a client."""
+
+from __future__ import annotations
+
+import logging
+
+from flask import Flask, jsonify
+from sqlalchemy.exc import DBAPIError, OperationalError
+from werkzeug.exceptions import HTTPException
+
+from dlts.errors import DltsError
+from dlts.extensions import db
+
+log = logging.getLogger(__name__)
+
+HTTP_CODES = {400: "invalid_input", 401: "unauthenticated", 403: "forbidden", 404: "not_found",
+              405: "method_not_allowed", 409: "wrong_state", 413: "body_too_large", 415: "unsupported_media_type",
+              422: "refused", 429: "too_many_requests"}
+
+
+def envelope(status: int, code: str, message: str, details: dict | None = None):
+    response = jsonify({"error": {"code": code, "message": message, "details": details or {}}})
+    response.status_code = status
+    return response
+
+
+def register(app: Flask) -> None:
+    @app.errorhandler(DltsError)
+    def _dlts(exc: DltsError):
+        db.session.rollback()
+        return envelope(exc.http_status, exc.code, exc.message, exc.details)
+
+    @app.errorhandler(HTTPException)
+    def _http(exc: HTTPException):
+        status = exc.code or 500
+        data = getattr(exc, "data", None) or {}
+        messages = data.get("messages")
+        if status == 422 and messages is not None:
+            # schema validation (webargs): name every field at fault
+            fields = {}
+            for location in messages.values():
+                fields.update(location if isinstance(location, dict) else {"_": location})
+            first = next(iter(fields.items()), ("body", ["is invalid"]))
+            text = first[1][0] if isinstance(first[1], list) and first[1] and isinstance(first[1][0], str) else str(first[1])
+            return envelope(400, "invalid_input", f"{first[0]}: {text}", {"fields": fields})
+        if status == 413:
+            limit = app.config.get("MAX_CONTENT_LENGTH")
+            return envelope(413, "body_too_large", f"The request body is larger than this server's limit of {limit} bytes.", {"limit_bytes": limit})
+        if status == 400:
+            return envelope(400, "invalid_input", "The request body is not valid JSON; send Content-Type: application/json with a JSON object.")
+        return envelope(status, HTTP_CODES.get(status, "error"), exc.description or exc.name)
+
+    @app.errorhandler(OperationalError)
+    @app.errorhandler(DBAPIError)
+    def _database(exc: Exception):
+        log.warning("database unavailable: %s", exc.__class__.__name__)
+        try:
+            db.session.rollback()
+        except Exception:  # the connection is gone; the pool replaces it on the next checkout
+            pass
+        return envelope(503, "database_unavailable", "The database is unreachable right now; retry in a few seconds.")
+
+    @app.errorhandler(Exception)
+    def _unexpected(exc: Exception):
+        log.exception("unhandled error")
+        return envelope(500, "internal_error", "Something went wrong on our side; it has been logged. Try again, and tell your operators if it persists.")

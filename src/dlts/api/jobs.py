@@ -1,0 +1,156 @@
+"""/api/v1/jobs: submit, list, read, kill/pause/resume/approve, log. Views parse, call one service, render."""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from flask import Response, stream_with_context
+from flask.views import MethodView
+from flask_smorest import Blueprint
+
+from dlts.api.auth import authenticate, principal
+from dlts.api.schemas import JobListArgs, JobPageSchema, JobSchema, JobSubmitSchema, LogArgs, LogSchema
+from dlts.app import settings_of
+from dlts.errors import InvalidInput
+from dlts.extensions import db
+from dlts.models import Job, JobAttempt, JobStatus, User, VirtualCluster, iso
+from dlts.repositories import jobs as job_repo
+from dlts.services import jobs as job_service
+from dlts.services.policy import Visibility
+
+blp = Blueprint("jobs", __name__, description="Training jobs")
+blp.before_request(authenticate)
+
+PUBLIC_FIELDS = ("id", "name", "user", "vc", "type", "status", "reason", "queue_position", "sku", "gpus", "nodes",
+                 "cpu", "memory_bytes", "preemptible", "submitted_at", "started_at", "finished_at")
+
+
+def job_dict(job: Job, visibility: Visibility, attempts: list[JobAttempt] | None = None) -> dict:
+    data = {
+        "id": job.id, "name": job.name, "user": job.user.name, "vc": job.vc.name, "type": job.type,
+        "status": job.status.value, "reason": job.reason, "reason_detail": job.reason_detail,
+        "queue_position": job.queue_position, "image": job.image, "command": job.command, "sku": job.sku,
+        "gpus": job.gpus, "nodes": job.nodes, "cpu": job.cpu, "memory_bytes": job.memory_bytes,
+        "priority": job.priority, "preemptible": job.preemptible, "max_retries": job.max_retries,
+        "retries_used": job.retries_used, "max_time_s": job.max_time_s,
+        "time_left_s": job_service.time_left_s(job, job.vc.max_job_time_s),
+        "submitted_at": iso(job.submitted_at), "queue_time": iso(job.queue_time),
+        "started_at": iso(job.started_at), "finished_at": iso(job.finished_at), "exit_code": job.exit_code,
+        "attempt": job.attempt, "env": job.spec.get("env", {}), "ports": job.spec.get("ports", []),
+        "ssh": job.spec.get("ssh", False), "visibility": visibility.value,
+    }
+    if attempts is not None:
+        data["attempts"] = [{
+            "number": a.number, "placements": a.placements, "started_at": iso(a.started_at),
+            "ended_at": iso(a.ended_at), "exit_code": a.exit_code, "end_reason": a.end_reason,
+            "spends_retry": a.spends_retry} for a in attempts]
+        current = next((a for a in attempts if a.number == job.attempt), None)
+        data["placements"] = current.placements if current and job.status.value in ("scheduling", "running", "pausing", "killing") else []
+    if visibility is Visibility.PUBLIC:
+        data = {k: v for k, v in data.items() if k in PUBLIC_FIELDS} | {"visibility": visibility.value}
+    return data
+
+
+def _attempts(job_id: int) -> list[JobAttempt]:
+    return list(db.session.scalars(sa.select(JobAttempt).where(JobAttempt.job_id == job_id).order_by(JobAttempt.number)))
+
+
+@blp.route("/jobs")
+class Jobs(MethodView):
+    @blp.arguments(JobListArgs, location="query")
+    @blp.response(200, JobPageSchema)
+    @blp.doc(security=[{"bearer": []}])
+    def get(self, args):
+        """List jobs you can see, newest first (keyset pagination)."""
+        who = principal()
+        visible = None
+        if not who.is_cluster_admin:
+            visible = list(db.session.scalars(sa.select(VirtualCluster.id).where(VirtualCluster.name.in_(who.vcs)))) if who.vcs else []
+        vc_id = user_id = None
+        if args.get("vc"):
+            vc_id = db.session.scalar(sa.select(VirtualCluster.id).where(VirtualCluster.name == args["vc"]))
+            if vc_id is None or (visible is not None and vc_id not in visible):
+                return {"items": [], "next_cursor": None}
+        if args.get("user"):
+            user_id = db.session.scalar(sa.select(User.id).where(User.name == args["user"]))
+            if user_id is None:
+                return {"items": [], "next_cursor": None}
+        statuses = [JobStatus(s.strip()) for s in args["status"].split(",")] if args.get("status") else []
+        before = job_repo.decode_cursor(args["cursor"]) if args.get("cursor") else None
+        limit = args["limit"]
+        rows = job_repo.list_jobs(db.session, visible_vc_ids=visible, user_id=user_id, vc_id=vc_id, statuses=statuses,
+                                  job_type=args.get("type"), before_id=before, limit=limit + 1)
+        page = rows[:limit]
+        from dlts.services.policy import job_visibility
+
+        items = [job_dict(j, job_visibility(who, j) or Visibility.PUBLIC) for j in page]
+        return {"items": items, "next_cursor": job_repo.encode_cursor(page[-1].id) if len(rows) > limit else None}
+
+    @blp.arguments(JobSubmitSchema)
+    @blp.response(201, JobSchema)
+    @blp.doc(security=[{"bearer": []}])
+    def post(self, body):
+        """Submit a job into a VC you belong to."""
+        memory = body.pop("memory")
+        body["ports"] = tuple(body["ports"])
+        job = job_service.submit(db.session, settings_of_app(), principal(),
+                                 job_service.JobRequest(memory_bytes=memory, **body))
+        return job_dict(job, Visibility.FULL, [])
+
+
+def settings_of_app():
+    from flask import current_app
+
+    return settings_of(current_app)
+
+
+@blp.route("/jobs/<int:job_id>")
+@blp.response(200, JobSchema)
+@blp.doc(security=[{"bearer": []}])
+def get_job(job_id: int):
+    """One job: status and reason, queue position, resources, placement, attempts."""
+    job, visibility = job_service.get(db.session, principal(), job_id)
+    return job_dict(job, visibility, _attempts(job.id) if visibility is Visibility.FULL else None)
+
+
+def _action(name: str, service):
+    @blp.route(f"/jobs/<int:job_id>/{name}", methods=["POST"], endpoint=f"job_{name}")
+    @blp.response(202, JobSchema)
+    @blp.doc(security=[{"bearer": []}], summary=f"{name.capitalize()} a job")
+    def view(job_id: int):
+        job = service(db.session, principal(), job_id)
+        return job_dict(job, Visibility.FULL)
+
+    return view
+
+
+kill_job = _action("kill", job_service.kill)
+pause_job = _action("pause", job_service.pause)
+resume_job = _action("resume", job_service.resume)
+approve_job = _action("approve", job_service.approve)
+
+
+@blp.route("/jobs/<int:job_id>/log")
+@blp.arguments(LogArgs, location="query")
+@blp.response(200, LogSchema)
+@blp.doc(security=[{"bearer": []}])
+def job_log(args, job_id: int):
+    """A slice of an attempt's log (follow with next_offset), or the whole file with download=1."""
+    settings = settings_of_app()
+    offset, limit = (0, 1) if args["download"] else (args["offset"], args["limit"])
+    job, number, data, size, path = job_service.read_log(db.session, settings, principal(), job_id,
+                                                         args.get("attempt"), offset, limit)
+    if args["download"]:
+        if not size:
+            raise InvalidInput(f"Job {job_id} has no log yet.", code="no_log")
+
+        def chunks():
+            with path.open("rb") as fh:
+                while block := fh.read(256 * 1024):
+                    yield block
+
+        return Response(stream_with_context(chunks()), mimetype="text/plain",
+                        headers={"Content-Disposition": f'attachment; filename="job-{job_id}-attempt-{number}.log"'})
+    next_offset = min(offset, size) + len(data)
+    return {"job_id": job.id, "attempt": number, "offset": offset, "next_offset": next_offset, "size": size,
+            "data": data.decode("utf-8", errors="replace"),
+            "complete": job_service.is_ended(job) and number == job.attempt and next_offset >= size}

@@ -1,0 +1,30 @@
+"""/api/v1/me: who am I, my roles, my VCs and my GPU use in each."""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from flask_smorest import Blueprint
+
+from dlts.api.auth import authenticate, principal
+from dlts.api.schemas import MeSchema
+from dlts.extensions import db
+from dlts.models import VirtualCluster
+from dlts.services.jobs import user_gpus_in_vc
+
+blp = Blueprint("me", __name__, description="The calling user")
+blp.before_request(authenticate)
+
+
+@blp.route("/me")
+@blp.response(200, MeSchema)
+@blp.doc(security=[{"bearer": []}])
+def me():
+    who = principal()
+    vcs = db.session.scalars(sa.select(VirtualCluster).where(VirtualCluster.name.in_(who.vcs)).order_by(VirtualCluster.name)) if who.vcs else []
+    return {
+        "name": who.name,
+        "cluster_admin": who.is_cluster_admin,
+        "vcs": [{"name": vc.name, "roles": sorted(r.value for r in who.vc_roles[vc.name]), "quota": vc.quota,
+                 "user_gpu_quota": vc.user_gpu_quota, "gpus_used": user_gpus_in_vc(db.session, who.user_id, vc.id)}
+                for vc in vcs],
+    }

@@ -1,0 +1,50 @@
+"""The Flask application factory: ``create_app(settings)`` for the API, the portal and tests.
+
+Nothing connects at import time. ``gunicorn 'dlts.app:create_app()'`` serves production (settings
+from ``/etc/dlts/dlts.yaml`` and ``DLTS_*``); the demo and the tests pass their own settings.
+"""
+
+from __future__ import annotations
+
+from flask import Flask
+
+from dlts.config import Settings, load_settings
+from dlts.extensions import db
+
+
+def create_app(settings: Settings | None = None) -> Flask:
+    settings = settings or load_settings()
+    app = Flask(__name__)
+    app.config.update(
+        SQLALCHEMY_DATABASE_URI=settings.effective_database_url,
+        SQLALCHEMY_ENGINE_OPTIONS=engine_options(settings.effective_database_url),
+        SECRET_KEY=settings.secret_key or None,
+        MAX_CONTENT_LENGTH=settings.max_body_bytes,
+        JSON_SORT_KEYS=False,
+    )
+    app.extensions["dlts_settings"] = settings
+    db.init_app(app)
+    if settings.effective_database_url.startswith("sqlite"):
+        from sqlalchemy import event
+
+        from dlts.db import engine_of, sqlite_pragmas
+
+        event.listen(engine_of(app), "connect", sqlite_pragmas)
+
+    from dlts.api import init_api
+
+    init_api(app)
+    return app
+
+
+def engine_options(url: str) -> dict:
+    if url.startswith("sqlite"):
+        # the demo's API threads and job manager thread share one file; wait for locks, don't fail
+        return {"connect_args": {"timeout": 30, "check_same_thread": False}}
+    # MariaDB: recover by itself after the server restarts; keep idle connections fresh
+    return {"pool_pre_ping": True, "pool_recycle": 3600, "pool_size": 10, "max_overflow": 20,
+            "connect_args": {"connect_timeout": 5, "read_timeout": 30, "write_timeout": 30}}
+
+
+def settings_of(app: Flask) -> Settings:
+    return app.extensions["dlts_settings"]

@@ -1,0 +1,481 @@
+"""The Kubernetes cluster backend: job attempts as pods, through the official ``kubernetes`` client.
+
+What this module owns:
+
+* ``launch``: the objects ``k8s_render`` produces (secrets, services, then one pod per placement,
+  each bound to its node with ``nodeName``), created idempotently: a name that already exists is
+  the object of this very attempt (names are deterministic), so a second launch creates nothing.
+* ``observe``: one list of our pods and one list of nodes per call, however many jobs run; pod
+  phases and container exit codes become ``Observed`` values; a pod whose node has been NotReady /
+  Unknown (or absent) for ``node_lost_after_s`` makes its attempt ``GONE`` with ``node_lost``.
+* ``terminate`` (kill, preemption) deletes with a grace period; deleting what is gone succeeds.
+* ``forget`` / ``collect_garbage``: removal of finished attempts and of orphans no DB row owns.
+* ``nodes`` (node sync), ``cordon`` / ``uncordon`` with an ownership annotation, so DLTS never
+  uncordons a node that someone else cordoned.
+* Failures of the API (5xx, 429, timeouts, refused connections) raise ``KubernetesUnavailable``
+  and start an exponential back-off during which calls fail fast without touching the API. Nothing
+  is ever concluded from a failed call: an attempt is never reported gone because a list failed.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+import json
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import urllib3
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+from kubernetes.client.exceptions import ApiException
+from kubernetes.utils import parse_quantity
+
+from dlts.backends.base import LaunchSpec, NodeInfo, Observed, RunPhase
+from dlts.backends.k8s_render import (
+    ANNOTATION_WORLD_SIZE,
+    GPU_RESOURCE,
+    LABEL_ATTEMPT,
+    LABEL_INDEX,
+    LABEL_JOB_ID,
+    MANAGED_SELECTOR,
+    LaunchRefused,
+    ManifestRenderer,
+    NfsVolume,
+    PrivilegedFeature,
+    RenderedAttempt,
+    RenderSettings,
+    TemplateError,
+    attempt_selector,
+)
+
+__all__ = [
+    "CordonResult", "KubernetesBackend", "KubernetesSettings", "KubernetesUnavailable", "LaunchRefused",
+    "NfsVolume", "NodeNotFound", "PrivilegedFeature", "TemplateError",
+]
+
+log = logging.getLogger(__name__)
+
+ANNOTATION_CORDONED_BY = "dlts.io/cordoned-by"
+ANNOTATION_CORDON_REASON = "dlts.io/cordon-reason"
+ANNOTATION_CORDONED_AT = "dlts.io/cordoned-at"
+CORDON_OWNER = "dlts"
+_MERGE = "application/strategic-merge-patch+json"
+
+
+@dataclass(frozen=True)
+class KubernetesSettings:
+    """What the cluster config says about Kubernetes (the lead's config maps onto this)."""
+
+    kubeconfig: str | None = None  # None: in-cluster service account
+    context: str | None = None
+    namespace: str = "default"
+    sku_label: str = "dlts.io/sku"
+    ib_domain_label: str = "dlts.io/ib-domain"
+    vc_label: str = "dlts.io/vc"
+    node_lost_after_s: float = 60.0
+    # An attempt launched by this process whose pods all vanished (someone deleted them) is
+    # reported GONE after this long; shorter would race the API's own propagation.
+    missing_after_s: float = 30.0
+    nfs_volumes: Mapping[str, tuple[NfsVolume, ...]] = field(default_factory=dict)  # VC ("*": all) -> volumes
+    privileged_policy: Mapping[str, frozenset[PrivilegedFeature]] = field(default_factory=dict)  # VC ("*": all)
+    templates_dir: str | None = None
+    init_image: str = "docker.io/library/debian:12"
+    master_port: int = 29500
+    termination_grace_s: int = 30
+    log_volume: NfsVolume | None = None
+    request_timeout_s: float = 10.0
+    backoff_initial_s: float = 1.0
+    backoff_max_s: float = 60.0
+
+    def render_settings(self) -> RenderSettings:
+        return RenderSettings(
+            namespace=self.namespace, templates_dir=self.templates_dir, init_image=self.init_image,
+            master_port=self.master_port, termination_grace_s=self.termination_grace_s,
+            nfs_volumes=self.nfs_volumes, privileged_policy=self.privileged_policy, log_volume=self.log_volume,
+        )
+
+
+class KubernetesUnavailable(RuntimeError):
+    """The API server did not answer usefully (error, timeout, back-off); retry on a later tick."""
+
+
+class NodeNotFound(LookupError):
+    pass
+
+
+class CordonResult(str, enum.Enum):
+    CORDONED = "cordoned"  # DLTS cordoned it now
+    ALREADY_CORDONED = "already_cordoned"  # DLTS had cordoned it before
+    CORDONED_BY_OTHERS = "cordoned_by_others"  # someone else's cordon: DLTS leaves it alone
+    UNCORDONED = "uncordoned"
+    NOT_CORDONED = "not_cordoned"
+
+
+def _ts(value: str | None) -> float | None:
+    if not value:
+        return None
+    return dt.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+
+
+def _ready_condition(node: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    for cond in (node.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == "Ready":
+            return cond
+    return None
+
+
+def _attempt_key(obj: Mapping[str, Any]) -> tuple[int, int] | None:
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    try:
+        return int(labels[LABEL_JOB_ID]), int(labels[LABEL_ATTEMPT])
+    except (KeyError, ValueError):
+        return None
+
+
+def _main_terminated(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+        if cs.get("name") == "job":
+            return (cs.get("state") or {}).get("terminated")
+    return None
+
+
+class KubernetesBackend:
+    """``ClusterBackend`` over a Kubernetes cluster. Thread-safe; one instance per managers process."""
+
+    name = "kubernetes"
+
+    def __init__(self, settings: KubernetesSettings, *, api_client: k8s.ApiClient | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.settings = settings
+        self.clock = clock
+        self.renderer = ManifestRenderer(settings.render_settings())
+        self._api_client = api_client or self._connect(settings)
+        self.core = k8s.CoreV1Api(self._api_client)
+        self._lock = threading.Lock()
+        self._failures = 0
+        self._retry_at = 0.0
+        self._launched: dict[tuple[int, int], float] = {}  # attempts this process launched -> when
+        self._terminating: set[tuple[int, int]] = set()
+        self._node_missing_since: dict[str, float] = {}
+        self.api_calls = 0  # every request sent (for the calls-per-tick measurement)
+
+    @staticmethod
+    def _connect(settings: KubernetesSettings) -> k8s.ApiClient:
+        cfg = k8s.Configuration()
+        try:
+            if settings.kubeconfig:
+                k8s_config.load_kube_config(config_file=settings.kubeconfig, context=settings.context,
+                                            client_configuration=cfg)
+            else:
+                k8s_config.load_incluster_config(client_configuration=cfg)
+        except k8s_config.ConfigException as exc:
+            where = settings.kubeconfig or "the in-cluster service account"
+            raise KubernetesUnavailable(f"cannot load Kubernetes credentials from {where}: {exc}; set the "
+                                        "cluster config's kubernetes.kubeconfig to a readable kubeconfig") from None
+        # One attempt per call: the back-off below decides when to try again, not urllib3.
+        cfg.retries = False
+        cfg.connection_pool_maxsize = 8
+        return k8s.ApiClient(cfg)
+
+    # -- calling the API ------------------------------------------------------------------------
+
+    def _call(self, fn: Callable[..., Any], *args: Any, ok: tuple[int, ...] = (), **kwargs: Any) -> Any:
+        """One API request; ``ok`` statuses return None instead of raising (404 on delete, 409 on create)."""
+        now = self.clock()
+        with self._lock:
+            if now < self._retry_at:
+                raise KubernetesUnavailable(
+                    f"Kubernetes API backing off after {self._failures} failed calls; next try in "
+                    f"{self._retry_at - now:.1f} s")
+            self.api_calls += 1
+        kwargs.setdefault("_request_timeout", self.settings.request_timeout_s)
+        try:
+            result = fn(*args, **kwargs)
+        except ApiException as exc:
+            if exc.status in ok:
+                self._succeeded()
+                return None
+            if exc.status in (0, 429) or exc.status >= 500:
+                self._failed(f"HTTP {exc.status} {exc.reason}")
+            self._succeeded()
+            raise
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            self._failed(f"{type(exc).__name__}: {exc}")
+        self._succeeded()
+        return result
+
+    def _failed(self, what: str) -> None:
+        with self._lock:
+            self._failures += 1
+            delay = min(self.settings.backoff_max_s, self.settings.backoff_initial_s * 2 ** (self._failures - 1))
+            self._retry_at = self.clock() + delay
+            failures = self._failures
+        log.warning("Kubernetes API call failed (%s); backing off %.1f s", what, delay)
+        raise KubernetesUnavailable(f"Kubernetes API call failed ({what}); {failures} in a row, retrying "
+                                    f"in {delay:.1f} s")
+
+    def _succeeded(self) -> None:
+        with self._lock:
+            self._failures = 0
+            self._retry_at = 0.0
+
+    def _list(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[dict]:
+        # Raw JSON: deserialising thousands of pods into models costs more than the request.
+        resp = self._call(fn, *args, _preload_content=False, **kwargs)
+        try:
+            return json.loads(resp.data)["items"] or []
+        except (ValueError, KeyError, TypeError) as exc:
+            self._failed(f"unreadable list response: {exc}")
+            raise  # unreachable: _failed raises
+
+    # -- ClusterBackend -------------------------------------------------------------------------
+
+    def render(self, spec: LaunchSpec) -> RenderedAttempt:
+        """The objects ``launch`` would create (raises ``LaunchRefused`` / ``TemplateError``)."""
+        return self.renderer.render(spec)
+
+    def launch(self, spec: LaunchSpec) -> None:
+        rendered = self.renderer.render(spec)
+        ns = self.settings.namespace
+        creators = {"Secret": self.core.create_namespaced_secret, "Service": self.core.create_namespaced_service,
+                    "Pod": self.core.create_namespaced_pod}
+        for doc in rendered.all():
+            # 409 AlreadyExists: the deterministic name belongs to this attempt, created by an
+            # earlier launch (e.g. before a restart); creating nothing twice is the point.
+            self._call(creators[doc["kind"]], ns, doc, ok=(409,))
+        with self._lock:
+            self._launched.setdefault((spec.job_id, spec.attempt), self.clock())
+
+    def terminate(self, job_id: int, attempt: int, grace_s: float) -> None:
+        with self._lock:
+            self._terminating.add((job_id, attempt))
+        self._call(self.core.delete_collection_namespaced_pod, self.settings.namespace,
+                   label_selector=attempt_selector(job_id, attempt),
+                   grace_period_seconds=max(0, int(round(grace_s))), _preload_content=False)
+
+    def forget(self, job_id: int, attempt: int) -> None:
+        self._delete_attempt(job_id, attempt, grace_s=0)
+        with self._lock:
+            self._launched.pop((job_id, attempt), None)
+            self._terminating.discard((job_id, attempt))
+
+    def _delete_attempt(self, job_id: int, attempt: int, grace_s: int) -> None:
+        ns, selector = self.settings.namespace, attempt_selector(job_id, attempt)
+        self._call(self.core.delete_collection_namespaced_pod, ns, label_selector=selector,
+                   grace_period_seconds=grace_s, _preload_content=False)
+        # Services have no deletecollection in core/v1 (before 1.31 clusters); delete by name.
+        for name in (f"dlts-{job_id}-{attempt}", f"dlts-{job_id}-{attempt}-ep"):
+            self._call(self.core.delete_namespaced_service, name, ns, ok=(404,), _preload_content=False)
+        self._call(self.core.delete_collection_namespaced_secret, ns, label_selector=selector,
+                   _preload_content=False)
+
+    def observe(self) -> Sequence[Observed]:
+        ns = self.settings.namespace
+        pods = self._list(self.core.list_namespaced_pod, ns, label_selector=MANAGED_SELECTOR)
+        nodes = {n["metadata"]["name"]: n for n in self._list(self.core.list_node)}
+        now = self.clock()
+        lost_nodes = self._lost_nodes(nodes, now)
+        groups: dict[tuple[int, int], list[dict]] = {}
+        for pod in pods:
+            key = _attempt_key(pod)
+            if key is not None:
+                groups.setdefault(key, []).append(pod)
+        out = [self._observe_attempt(key, group, lost_nodes, nodes.keys(), now)
+               for key, group in sorted(groups.items())]
+        with self._lock:
+            for key, launched_at in sorted(self._launched.items()):
+                if key not in groups and key not in self._terminating and now - launched_at >= self.settings.missing_after_s:
+                    out.append(Observed(key[0], key[1], RunPhase.GONE,
+                                        message="its pods were deleted outside DLTS"))
+        return out
+
+    def _lost_nodes(self, nodes: Mapping[str, Mapping[str, Any]], now: float) -> dict[str, str]:
+        """Nodes whose pods count as lost now, with the reason."""
+        lost: dict[str, str] = {}
+        after = self.settings.node_lost_after_s
+        for name, node in nodes.items():
+            self._node_missing_since.pop(name, None)
+            cond = _ready_condition(node)
+            if cond is None or cond.get("status") != "True":
+                since = _ts((cond or {}).get("lastTransitionTime")) or now
+                if now - since >= after:
+                    state = "Unknown" if cond is None else cond.get("status")
+                    lost[name] = f"node {name} has been Ready={state} for {now - since:.0f} s"
+        return lost
+
+    def _node_lost_reason(self, node: str, nodes_lost: Mapping[str, str], known: bool, now: float) -> str | None:
+        if node in nodes_lost:
+            return nodes_lost[node]
+        if not known:
+            since = self._node_missing_since.setdefault(node, now)
+            if now - since >= self.settings.node_lost_after_s:
+                return f"node {node} no longer exists"
+        return None
+
+    def _observe_attempt(self, key: tuple[int, int], pods: list[dict], lost_nodes: Mapping[str, str],
+                         node_names: Iterable[str], now: float) -> Observed:
+        job_id, attempt = key
+        pods.sort(key=lambda p: int(((p["metadata"].get("labels") or {}).get(LABEL_INDEX) or 0)))
+        expected = max(len(pods), int((pods[0]["metadata"].get("annotations") or {}).get(ANNOTATION_WORLD_SIZE, 1)))
+        phases = [(p.get("status") or {}).get("phase", "Pending") for p in pods]
+        starts = [t for t in (_ts((p.get("status") or {}).get("startTime")) for p in pods) if t is not None]
+        started_at = min(starts) if starts else None
+        finishes = [t for t in (_ts((_main_terminated(p) or {}).get("finishedAt")) for p in pods) if t is not None]
+        finished_at = max(finishes) if finishes else None
+
+        for pod, phase in zip(pods, phases):
+            if phase == "Failed":
+                term = _main_terminated(pod) or {}
+                status = pod.get("status") or {}
+                reason = term.get("reason") or status.get("reason") or "Failed"
+                msg = term.get("message") or status.get("message") or ""
+                return Observed(job_id, attempt, RunPhase.FAILED, exit_code=term.get("exitCode"),
+                                started_at=started_at, finished_at=finished_at or now,
+                                message=f"pod {pod['metadata']['name']}: {reason}" + (f": {msg}" if msg else ""))
+        if len(pods) == expected and all(ph == "Succeeded" for ph in phases):
+            return Observed(job_id, attempt, RunPhase.SUCCEEDED, exit_code=0, started_at=started_at,
+                            finished_at=finished_at or now)
+        node_names = set(node_names)
+        for pod in pods:
+            node = (pod.get("spec") or {}).get("nodeName") or ""
+            reason = self._node_lost_reason(node, lost_nodes, node in node_names, now) if node else None
+            if reason:
+                return Observed(job_id, attempt, RunPhase.GONE, started_at=started_at, node_lost=True,
+                                message=f"pod {pod['metadata']['name']}: {reason}")
+        terminating = any(p["metadata"].get("deletionTimestamp") for p in pods)
+        if len(pods) < expected and not terminating:
+            created = [_ts(p["metadata"].get("creationTimestamp")) or now for p in pods]
+            if now - max(created) >= self.settings.missing_after_s or any(ph != "Pending" for ph in phases):
+                return Observed(job_id, attempt, RunPhase.GONE, started_at=started_at,
+                                message=f"{expected - len(pods)} of its {expected} pods were deleted outside DLTS")
+            return Observed(job_id, attempt, RunPhase.PENDING, message=f"{len(pods)} of {expected} pods created")
+        if any(ph in ("Pending", "Unknown") for ph in phases):
+            waiting = _waiting_reason(pods)
+            return Observed(job_id, attempt, RunPhase.PENDING, started_at=started_at, message=waiting)
+        return Observed(job_id, attempt, RunPhase.RUNNING, started_at=started_at,
+                        message="terminating" if terminating else "")
+
+
+    # -- nodes ----------------------------------------------------------------------------------
+
+    def nodes(self) -> Sequence[NodeInfo]:
+        s = self.settings
+        out = []
+        for node in self._list(self.core.list_node):
+            meta, status = node["metadata"], node.get("status") or {}
+            labels = meta.get("labels") or {}
+            alloc = status.get("allocatable") or status.get("capacity") or {}
+            gpus = int(parse_quantity(alloc.get(GPU_RESOURCE, "0")))
+            cond = _ready_condition(node)
+            out.append(NodeInfo(
+                name=meta["name"],
+                sku=labels.get(s.sku_label) or ("cpu" if gpus == 0 else "unknown"),
+                gpus=gpus,
+                cpu=float(parse_quantity(alloc.get("cpu", "0"))),
+                memory_bytes=int(parse_quantity(alloc.get("memory", "0"))),
+                ib_domain=labels.get(s.ib_domain_label) or "default",
+                vc=labels.get(s.vc_label) or None,
+                ready=bool(cond and cond.get("status") == "True"),
+                unschedulable=bool((node.get("spec") or {}).get("unschedulable")),
+                cordoned_by_dlts=(meta.get("annotations") or {}).get(ANNOTATION_CORDONED_BY) == CORDON_OWNER,
+            ))
+        return out
+
+    def _read_node(self, name: str) -> dict:
+        resp = self._call(self.core.read_node, name, ok=(404,), _preload_content=False)
+        if resp is None:
+            raise NodeNotFound(f"node {name} does not exist in the Kubernetes cluster")
+        return json.loads(resp.data)
+
+    def _patch_node(self, name: str, node: Mapping[str, Any], patch: dict) -> bool:
+        """Patch guarded by the resourceVersion we read: False when the node changed meanwhile."""
+        patch.setdefault("metadata", {})["resourceVersion"] = node["metadata"]["resourceVersion"]
+        try:
+            self._call(self.core.patch_node, name, patch, _content_type=_MERGE, _preload_content=False)
+        except ApiException as exc:
+            if exc.status == 409:
+                return False
+            if exc.status == 404:
+                raise NodeNotFound(f"node {name} does not exist in the Kubernetes cluster") from None
+            raise
+        return True
+
+    def cordon(self, node: str, reason: str = "") -> CordonResult:
+        """Mark ``node`` unschedulable and record that DLTS did it (so only DLTS undoes it)."""
+        for _ in range(5):
+            obj = self._read_node(node)
+            annotations = obj["metadata"].get("annotations") or {}
+            if (obj.get("spec") or {}).get("unschedulable"):
+                if annotations.get(ANNOTATION_CORDONED_BY) == CORDON_OWNER:
+                    return CordonResult.ALREADY_CORDONED
+                return CordonResult.CORDONED_BY_OTHERS
+            patch = {"metadata": {"annotations": {
+                ANNOTATION_CORDONED_BY: CORDON_OWNER, ANNOTATION_CORDON_REASON: reason[:1024],
+                ANNOTATION_CORDONED_AT: dt.datetime.fromtimestamp(self.clock(), dt.timezone.utc).isoformat()}},
+                "spec": {"unschedulable": True}}
+            if self._patch_node(node, obj, patch):
+                return CordonResult.CORDONED
+        raise KubernetesUnavailable(f"node {node} kept changing while cordoning it; try again")
+
+    def uncordon(self, node: str) -> CordonResult:
+        """Undo a DLTS cordon; a cordon someone else set stays (``CORDONED_BY_OTHERS``)."""
+        for _ in range(5):
+            obj = self._read_node(node)
+            annotations = obj["metadata"].get("annotations") or {}
+            ours = annotations.get(ANNOTATION_CORDONED_BY) == CORDON_OWNER
+            stale = {k: None for k in (ANNOTATION_CORDONED_BY, ANNOTATION_CORDON_REASON, ANNOTATION_CORDONED_AT)
+                     if k in annotations}
+            if not (obj.get("spec") or {}).get("unschedulable"):
+                # Someone uncordoned it by hand: drop our stale marks so a later cordon by them
+                # is not mistaken for ours.
+                if stale and not self._patch_node(node, obj, {"metadata": {"annotations": stale}}):
+                    continue
+                return CordonResult.NOT_CORDONED
+            if not ours:
+                return CordonResult.CORDONED_BY_OTHERS
+            if self._patch_node(node, obj, {"metadata": {"annotations": stale}, "spec": {"unschedulable": None}}):
+                return CordonResult.UNCORDONED
+        raise KubernetesUnavailable(f"node {node} kept changing while uncordoning it; try again")
+
+    # -- garbage --------------------------------------------------------------------------------
+
+    def collect_garbage(self, live: Iterable[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
+        """Delete every DLTS object whose (job id, attempt) is not in ``live`` (the DB's live attempts).
+
+        The job manager calls it with the attempts the database says are starting or running;
+        anything else carrying our labels is an orphan (a crash between create and the DB write, a
+        DB restored from backup, a forgotten attempt). Returns the attempts removed.
+        """
+        live_set = {(int(j), int(a)) for j, a in live}
+        ns = self.settings.namespace
+        found: set[tuple[int, int]] = set()
+        for fn in (self.core.list_namespaced_pod, self.core.list_namespaced_service,
+                   self.core.list_namespaced_secret):
+            for obj in self._list(fn, ns, label_selector=MANAGED_SELECTOR):
+                key = _attempt_key(obj)
+                if key is not None:
+                    found.add(key)
+        orphans = tuple(sorted(found - live_set))
+        for job_id, attempt in orphans:
+            log.info("removing orphaned Kubernetes objects of job %s attempt %s", job_id, attempt)
+            self._delete_attempt(job_id, attempt, grace_s=self.settings.termination_grace_s)
+            with self._lock:
+                self._launched.pop((job_id, attempt), None)
+        return orphans
+
+    def close(self) -> None:
+        # Pods keep running: the next managers process adopts them through observe().
+        self._api_client.close()
+
+
+def _waiting_reason(pods: Sequence[Mapping[str, Any]]) -> str:
+    for pod in pods:
+        for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+            waiting = (cs.get("state") or {}).get("waiting")
+            if waiting and waiting.get("reason"):
+                return f"pod {pod['metadata']['name']}: {waiting['reason']}"
+    return ""

@@ -1,0 +1,261 @@
+"""The ``dlts`` command: demo, api, managers, db, user, vc, config (and sim, render when present).
+
+Every command reads the same layered settings (``--config``, ``DLTS_*``, ``DLTS_HOME``), so an operator
+can add users to a running demo from a second terminal with the same ``DLTS_HOME``. Errors print one
+line naming the field and exit non-zero; no traceback reaches the user.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from contextlib import contextmanager
+
+import click
+
+from dlts.config import ConfigError, Settings, load_settings
+from dlts.errors import DltsError
+
+
+class Context:
+    def __init__(self, config_file: str | None):
+        self.config_file = config_file
+        self._settings: Settings | None = None
+
+    @property
+    def settings(self) -> Settings:
+        if self._settings is None:
+            try:
+                self._settings = load_settings(self.config_file)
+            except ConfigError as exc:
+                raise click.ClickException(str(exc)) from None
+        return self._settings
+
+    @contextmanager
+    def session(self):
+        """A session on the configured database (schema upgraded on demand for the demo's SQLite)."""
+        from sqlalchemy.exc import OperationalError
+
+        from dlts import db_migrate
+        from dlts.app import create_app
+        from dlts.db import engine_of, session_factory
+
+        app = create_app(self.settings)
+        engine = engine_of(app)
+        try:
+            if self.settings.effective_database_url.startswith("sqlite"):
+                self.settings.home.mkdir(parents=True, exist_ok=True)
+                db_migrate.upgrade(engine)
+            with session_factory(app)() as session:
+                yield session
+        except DltsError as exc:
+            raise click.ClickException(exc.message) from None
+        except OperationalError as exc:
+            raise click.ClickException(f"cannot reach the database ({exc.orig}); check database_url") from None
+        finally:
+            engine.dispose()
+
+
+pass_ctx = click.make_pass_decorator(Context)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--config", "config_file", type=click.Path(dir_okay=False), envvar="DLTS_CONFIG",
+              help="YAML config file (default: $DLTS_HOME/dlts.yaml or /etc/dlts/dlts.yaml).")
+@click.option("-v", "--verbose", is_flag=True, help="Log debug messages.")
+@click.pass_context
+def main(ctx: click.Context, config_file: str | None, verbose: bool) -> None:
+    """DLTS: Deep Learning Training Service."""
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("alembic").setLevel(logging.DEBUG if verbose else logging.WARNING)
+    ctx.obj = Context(config_file)
+
+
+# -- services ---------------------------------------------------------------------------------
+
+@main.command()
+@click.option("--port", type=click.IntRange(0, 65535), help="API port (default: listen_port, 5000).")
+@click.option("--demo-gpus", type=click.IntRange(0, 64), help="Pretend the machine has N GPUs (no real GPU use).")
+@pass_ctx
+def demo(ctx: Context, port: int | None, demo_gpus: int | None) -> None:
+    """Run everything embedded: API, job manager, local jobs, SQLite under $DLTS_HOME."""
+    from dlts.demo import run_demo
+
+    settings = ctx.settings
+    updates = {k: v for k, v in {"listen_port": port, "demo_gpus": demo_gpus}.items() if v is not None}
+    run_demo(settings.model_copy(update=updates) if updates else settings)
+
+
+@main.command()
+@click.option("--workers", type=click.IntRange(1, 256), help="gunicorn workers (default: 2 x cores + 1).")
+@pass_ctx
+def api(ctx: Context, workers: int | None) -> None:
+    """Serve the REST API and portal under gunicorn on listen_host:listen_port."""
+    import multiprocessing
+
+    from gunicorn.app.base import BaseApplication
+
+    from dlts.app import create_app
+    from dlts.config import require_production_secrets
+
+    settings = ctx.settings
+    try:
+        require_production_secrets(settings)
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+
+    class Server(BaseApplication):
+        def load_config(self):
+            self.cfg.set("bind", f"{settings.listen_host}:{settings.listen_port}")
+            self.cfg.set("workers", workers or multiprocessing.cpu_count() * 2 + 1)
+            self.cfg.set("accesslog", "-")
+
+        def load(self):
+            return create_app(settings)
+
+    Server().run()
+
+
+@main.command()
+@pass_ctx
+def managers(ctx: Context) -> None:
+    """Run the job manager and the other periodic managers (exactly one per cluster)."""
+    from dlts.app import create_app
+    from dlts.backends import make_backend
+    from dlts.db import session_factory
+    from dlts.jobmanager import JobManager
+    from dlts.managers import Periodic, run_forever
+
+    settings = ctx.settings
+    app = create_app(settings)
+    manager = JobManager(session_factory(app), make_backend(settings), settings)
+    run_forever([Periodic("jobmanager.tick", settings.tick_s, manager.tick)])
+
+
+# -- database -----------------------------------------------------------------------------------
+
+@main.group()
+def db() -> None:
+    """Database schema."""
+
+
+@db.command("upgrade")
+@click.option("--revision", default="head", show_default=True)
+@pass_ctx
+def db_upgrade(ctx: Context, revision: str) -> None:
+    """Apply Alembic migrations up to REVISION."""
+    from sqlalchemy.exc import OperationalError
+
+    from dlts import db_migrate
+    from dlts.app import create_app
+    from dlts.db import engine_of
+
+    if ctx.settings.effective_database_url.startswith("sqlite"):
+        ctx.settings.home.mkdir(parents=True, exist_ok=True)
+    engine = engine_of(create_app(ctx.settings))
+    try:
+        db_migrate.upgrade(engine, revision)
+        click.echo(f"database at revision {db_migrate.current_revision(engine)}")
+    except OperationalError as exc:
+        raise click.ClickException(f"cannot reach the database ({exc.orig}); check database_url") from None
+
+
+# -- users and VCs --------------------------------------------------------------------------------
+
+@main.group()
+def user() -> None:
+    """Users and their API tokens."""
+
+
+@user.command("add")
+@click.argument("name")
+@click.option("--admin", is_flag=True, help="Make the user a cluster admin.")
+@click.option("--email")
+@pass_ctx
+def user_add(ctx: Context, name: str, admin: bool, email: str | None) -> None:
+    from dlts.services import admin as admin_service
+
+    with ctx.session() as session:
+        admin_service.add_user(session, name, admin=admin, email=email)
+    click.echo(f"user {name} added" + (" (cluster admin)" if admin else ""))
+
+
+@user.command("token")
+@click.argument("name")
+@click.option("--expires-days", type=click.IntRange(1, 3650))
+@click.option("--label", default="cli", show_default=True, help="Name shown in token lists.")
+@pass_ctx
+def user_token(ctx: Context, name: str, expires_days: int | None, label: str) -> None:
+    """Print a new API token for NAME (shown once; only its hash is stored)."""
+    from dlts.services import admin as admin_service
+
+    with ctx.session() as session:
+        click.echo(admin_service.new_token(session, name, label, expires_days))
+
+
+@main.group()
+def vc() -> None:
+    """Virtual clusters."""
+
+
+@vc.command("add")
+@click.argument("name")
+@click.option("--quota", "quota", multiple=True, metavar="SKU=GPUS", help="GPU quota per SKU; repeat for more SKUs.")
+@click.option("--policy", type=click.Choice(["RF", "FIFO"]), default="RF", show_default=True)
+@pass_ctx
+def vc_add(ctx: Context, name: str, quota: tuple[str, ...], policy: str) -> None:
+    from dlts.services import admin as admin_service
+
+    with ctx.session() as session:
+        admin_service.add_vc(session, name, admin_service.parse_quota(quota), policy=policy)
+    click.echo(f"VC {name} added")
+
+
+@vc.command("member")
+@click.argument("vc_name", metavar="VC")
+@click.argument("user_name", metavar="USER")
+@click.option("--admin", is_flag=True, help="Make the user an admin of the VC.")
+@pass_ctx
+def vc_member(ctx: Context, vc_name: str, user_name: str, admin: bool) -> None:
+    from dlts.services import admin as admin_service
+
+    with ctx.session() as session:
+        admin_service.add_member(session, vc_name, user_name, admin=admin)
+    click.echo(f"{user_name} is {'an admin' if admin else 'a member'} of VC {vc_name}")
+
+
+# -- configuration ------------------------------------------------------------------------------------
+
+@main.group()
+def config() -> None:
+    """Configuration."""
+
+
+@config.command("check")
+@pass_ctx
+def config_check(ctx: Context) -> None:
+    """Validate the configuration and print the effective values (secrets hidden)."""
+    settings = ctx.settings
+    for key, value in settings.model_dump().items():
+        shown = "***" if key == "secret_key" and value else value
+        if key == "database_url" and value and "@" in str(value):
+            shown = str(value).split("://")[0] + "://***@" + str(value).split("@", 1)[1]
+        click.echo(f"{key}: {shown}")
+
+
+def _register_optional() -> None:
+    """Commands from other parts of the tree, when present."""
+    for module, attr in (("dlts.sim.cli", "sim_command"), ("dlts.backends.render_cli", "render_command")):
+        try:
+            command = getattr(__import__(module, fromlist=[attr]), attr)
+        except (ImportError, AttributeError):
+            continue
+        main.add_command(command)
+
+
+_register_optional()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

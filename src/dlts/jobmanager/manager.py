@@ -1,0 +1,259 @@
+"""One job manager tick: observe the backend, reconcile, carry out requests, schedule, apply.
+
+Only this module (and the backends it drives) touches the cluster. Every step is safe to repeat:
+status writes are compare-and-set, backend objects are named from (job id, attempt), so a crash
+between any two steps is finished by the next tick.
+
+    1 observe   backend.observe() once: phases and exit codes of every attempt it holds
+    2 reconcile attempts that started or ended -> job transitions; orphans removed
+    3 requests  jobs users put in killing/pausing -> backend.terminate(grace)
+    4 decide    snapshot -> scheduler core -> starts, stops, waits
+    5 apply     starts -> attempt row + launch; stops -> terminate; waits -> reason + queue position
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import time
+from typing import Callable
+
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+from dlts.backends.base import ClusterBackend, LaunchSpec, Observed, RunPhase
+from dlts.config import Settings
+from dlts.jobmanager.snapshot import load_snapshot, placements_to_json
+from dlts.logs import attempt_log_path
+from dlts.models import ACTIVE, Job, JobAttempt, JobStatus, Node, SshKey, utcnow
+from dlts.repositories import jobs as job_repo
+from dlts.scheduler import decide
+from dlts.scheduler.model import Decisions, StopReason
+
+log = logging.getLogger(__name__)
+S = JobStatus
+ACTOR = "jobmanager"
+
+
+def _dt(epoch: float | None) -> dt.datetime | None:
+    return None if epoch is None else dt.datetime.fromtimestamp(epoch, dt.timezone.utc).replace(tzinfo=None)
+
+
+class JobManager:
+    def __init__(self, session_factory: Callable[[], Session], backend: ClusterBackend, settings: Settings,
+                 clock: Callable[[], float] = time.time):
+        self.session_factory = session_factory
+        self.backend = backend
+        self.settings = settings
+        self.clock = clock
+        self.last_decisions: Decisions | None = None
+
+    # -- the tick -------------------------------------------------------------------------------
+    def tick(self) -> Decisions:
+        session = self.session_factory()
+        try:
+            self.sync_nodes(session)
+            observed = {(o.job_id, o.attempt): o for o in self.backend.observe()}
+            self.reconcile(session, observed)
+            self.carry_out_requests(session, observed)
+            decisions = decide(load_snapshot(session), self.clock())
+            self.apply(session, decisions)
+            self.last_decisions = decisions
+            return decisions
+        except Exception:
+            session.rollback()
+            raise
+        finally:
+            session.close()
+
+    # -- nodes ------------------------------------------------------------------------------------
+    def sync_nodes(self, session: Session) -> None:
+        known = {n.name: n for n in session.scalars(sa.select(Node))}
+        seen = set()
+        for info in self.backend.nodes():
+            seen.add(info.name)
+            node = known.get(info.name)
+            if node is None:
+                session.add(Node(name=info.name, sku=info.sku, gpus=info.gpus, cpu=info.cpu, memory_bytes=info.memory_bytes,
+                                 ib_domain=info.ib_domain, vc=info.vc, ready=info.ready, backend=self.backend.name,
+                                 labels={}, metrics={}))
+                continue
+            changes = {"sku": info.sku, "gpus": info.gpus, "cpu": info.cpu, "memory_bytes": info.memory_bytes,
+                       "ib_domain": info.ib_domain, "vc": info.vc, "ready": info.ready and not info.unschedulable}
+            for key, value in changes.items():
+                if getattr(node, key) != value:
+                    setattr(node, key, value)
+        for name, node in known.items():
+            if name not in seen and node.backend == self.backend.name and node.ready:
+                node.ready = False
+        session.commit()
+
+    # -- reconcile ------------------------------------------------------------------------------
+    def reconcile(self, session: Session, observed: dict[tuple[int, int], Observed]) -> None:
+        active = list(session.scalars(sa.select(Job).where(Job.status.in_(ACTIVE))))
+        live = set()
+        for job in active:
+            key = (job.id, job.attempt)
+            live.add(key)
+            seen = observed.get(key)
+            attempt = session.scalar(sa.select(JobAttempt).where(JobAttempt.job_id == job.id, JobAttempt.number == job.attempt))
+            if seen is None:
+                if job.status is S.SCHEDULING and attempt is not None:
+                    self._launch(session, job, attempt)  # the launch was lost (crash after the decision)
+                elif job.status in (S.KILLING, S.PAUSING):
+                    self._ended(session, job, attempt, None)
+                elif job.status is S.RUNNING:
+                    self._ended(session, job, attempt, Observed(job.id, job.attempt, RunPhase.GONE, message="the backend lost the job"))
+                continue
+            if seen.phase is RunPhase.RUNNING and job.status is S.SCHEDULING:
+                started = _dt(seen.started_at) or utcnow()
+                if job_repo.set_status(session, job.id, S.SCHEDULING, S.RUNNING, actor=ACTOR, values={"started_at": started}):
+                    if attempt is not None:
+                        attempt.started_at = started
+                session.commit()
+            elif seen.phase in (RunPhase.SUCCEEDED, RunPhase.FAILED, RunPhase.GONE):
+                self._ended(session, job, attempt, seen)
+        # objects the backend holds that no live attempt explains: a crash left them, or the DB moved on
+        for key, seen in observed.items():
+            if key not in live:
+                if seen.phase in (RunPhase.PENDING, RunPhase.RUNNING):
+                    self.backend.terminate(key[0], key[1], 0)
+                else:
+                    self.backend.forget(*key)
+
+    def _ended(self, session: Session, job: Job, attempt: JobAttempt | None, seen: Observed | None) -> None:
+        """The attempt is over: decide what the job becomes, record the attempt, release the backend."""
+        now = utcnow()
+        code = seen.exit_code if seen else None
+        ended_at = _dt(seen.finished_at) if seen and seen.finished_at else now
+        requested = attempt.stop_requested if attempt else None
+        values = {"exit_code": code, "queue_position": None}
+        spends_retry = False
+        if job.status is S.KILLING:
+            target, reason = S.KILLED, job.reason or "killed"
+            values |= {"finished_at": now}
+        elif job.status is S.PAUSING:
+            target, reason = S.PAUSED, "paused"
+            values |= {"reason": "paused", "reason_detail": None}
+        elif requested == "preempted":
+            target, reason = S.QUEUED, "preempted"  # queue_time kept: back to the head of the queue
+            values |= {"reason": "preempted", "reason_detail": "preempted to make room for a non-preemptible job"}
+        elif seen is not None and seen.node_lost:
+            target, reason = S.QUEUED, "node_lost"
+            values |= {"reason": "node_lost", "reason_detail": seen.message or "the node was lost"}
+        elif seen is not None and seen.phase is RunPhase.SUCCEEDED:
+            target, reason = S.FINISHED, "finished"
+            values |= {"finished_at": ended_at, "reason": None, "reason_detail": None}
+        elif job.retries_used < job.max_retries:
+            target, reason, spends_retry = S.QUEUED, "retry", True
+            detail = f"attempt {job.attempt} failed (exit code {code}); retry {job.retries_used + 1} of {job.max_retries}"
+            values |= {"retries_used": job.retries_used + 1, "reason": "retry", "reason_detail": detail}
+        else:
+            target, reason = S.FAILED, "failed"
+            why = seen.message if seen and seen.message else f"exit code {code}"
+            values |= {"finished_at": ended_at, "reason": "failed", "reason_detail": why[:512]}
+        if job.started_at is None and seen is not None and seen.started_at:
+            values["started_at"] = _dt(seen.started_at)  # it ended before a tick saw it running
+        if not job_repo.set_status(session, job.id, job.status, target, actor=ACTOR, reason=reason,
+                                   message=seen.message if seen else None, values=values):
+            session.rollback()
+            return
+        if attempt is not None:
+            attempt.ended_at = ended_at
+            attempt.exit_code = code
+            attempt.end_reason = requested or reason
+            attempt.spends_retry = spends_retry
+            if attempt.started_at is None and seen is not None and seen.started_at:
+                attempt.started_at = _dt(seen.started_at)
+        session.commit()
+        self.backend.forget(job.id, job.attempt)
+
+    # -- user requests ----------------------------------------------------------------------------
+    def carry_out_requests(self, session: Session, observed: dict[tuple[int, int], Observed]) -> None:
+        for job in session.scalars(sa.select(Job).where(Job.status.in_([S.KILLING, S.PAUSING]))):
+            if (job.id, job.attempt) in observed:
+                self.backend.terminate(job.id, job.attempt, self.settings.preempt_grace_s)
+
+    # -- apply decisions ----------------------------------------------------------------------------
+    def apply(self, session: Session, decisions: Decisions) -> None:
+        for stop in decisions.stops:
+            self._stop(session, stop.job_id, stop.reason)
+        for start in decisions.starts:
+            self._start(session, start.job_id, start.placements)
+        self._record_waits(session, decisions)
+
+    def _start(self, session: Session, job_id: int, placements) -> None:
+        job = session.get(Job, job_id)
+        if job is None or job.status is not S.QUEUED:
+            return
+        number = job.attempt + 1
+        if not job_repo.set_status(session, job.id, S.QUEUED, S.SCHEDULING, actor="scheduler", reason="started",
+                                   message="placed on " + ", ".join(p.node for p in placements),
+                                   values={"attempt": number, "reason": None, "reason_detail": None, "queue_position": None}):
+            session.rollback()
+            return
+        attempt = JobAttempt(job_id=job.id, number=number, placements=placements_to_json(placements))
+        session.add(attempt)
+        session.commit()
+        session.refresh(job)
+        self._launch(session, job, attempt)
+
+    def _launch(self, session: Session, job: Job, attempt: JobAttempt) -> None:
+        keys = tuple(session.scalars(sa.select(SshKey.public_key).where(SshKey.user_id == job.user_id))) if job.spec.get("ssh") else ()
+        from dlts.jobmanager.snapshot import placements_from_json
+
+        spec = LaunchSpec(
+            job_id=job.id, attempt=attempt.number, user=job.user.name, vc=job.vc.name, type=job.type, image=job.image,
+            command=job.command, placements=placements_from_json(attempt.placements), env=dict(job.spec.get("env", {})),
+            preemptible=job.preemptible, ports=tuple(job.spec.get("ports", [])), ssh_public_keys=keys,
+            log_path=str(attempt_log_path(self.settings, job.id, attempt.number)),
+        )
+        try:
+            self.backend.launch(spec)
+        except Exception as exc:  # the backend refused: record it on the job, never lose it silently
+            log.exception("launch of job %s attempt %s failed", job.id, attempt.number)
+            session.rollback()
+            if job_repo.set_status(session, job.id, S.SCHEDULING, S.ERROR, actor=ACTOR, reason="launch_error",
+                                   message=str(exc)[:1024], values={"finished_at": utcnow(), "reason": "launch_error",
+                                                                    "reason_detail": str(exc)[:512]}):
+                attempt.end_reason, attempt.ended_at = "launch_error", utcnow()
+            session.commit()
+
+    def _stop(self, session: Session, job_id: int, reason: StopReason) -> None:
+        job = session.get(Job, job_id)
+        if job is None or job.status not in (S.SCHEDULING, S.RUNNING):
+            return
+        attempt = session.scalar(sa.select(JobAttempt).where(JobAttempt.job_id == job.id, JobAttempt.number == job.attempt))
+        if reason is StopReason.WALL_TIME:
+            limit = job.max_time_s or job.vc.max_job_time_s
+            if not job_repo.set_status(session, job.id, job.status, S.KILLING, actor="scheduler", reason="wall_time",
+                                       message=f"ran past its time limit of {limit} s",
+                                       values={"reason": "wall_time", "reason_detail": f"ran past its time limit of {limit} s"}):
+                session.rollback()
+                return
+        elif attempt is not None and attempt.stop_requested is None:
+            job_repo.add_event(session, job.id, "reason", reason=reason.value, actor="scheduler",
+                               message="preempted to make room for a non-preemptible job")
+        if attempt is not None and attempt.stop_requested is None:
+            attempt.stop_requested = reason.value
+        session.commit()
+        self.backend.terminate(job.id, job.attempt, self.settings.preempt_grace_s)
+
+    def _record_waits(self, session: Session, decisions: Decisions) -> None:
+        """Store each waiting job's reason and position; an event only when the reason changes."""
+        if not decisions.waits:
+            return
+        waits = {w.job_id: w for w in decisions.waits}
+        current = session.execute(sa.select(Job.id, Job.reason, Job.reason_detail, Job.queue_position)
+                                  .where(Job.id.in_(list(waits)), Job.status == S.QUEUED)).all()
+        for job_id, reason, detail, position in current:
+            wait = waits[job_id]
+            code = wait.reason_code
+            new_detail = (wait.detail or None) and wait.detail[:512]
+            if (reason, detail, position) == (code, new_detail, wait.queue_position):
+                continue
+            session.execute(sa.update(Job).where(Job.id == job_id, Job.status == S.QUEUED)
+                            .values(reason=code, reason_detail=new_detail, queue_position=wait.queue_position))
+            if reason != code:
+                job_repo.add_event(session, job_id, "reason", reason=code, message=new_detail, actor="scheduler")
+        session.commit()

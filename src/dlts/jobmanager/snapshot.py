@@ -1,0 +1,61 @@
+"""Build the scheduler's ``Snapshot`` from the database in a handful of queries."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+from dlts.models import ACTIVE, Job, JobAttempt, JobStatus, Node, VirtualCluster
+from dlts.repositories.cluster import sku_shapes
+from dlts.scheduler import model as core
+
+
+def epoch(value: dt.datetime | None) -> float | None:
+    return None if value is None else value.replace(tzinfo=dt.timezone.utc).timestamp()
+
+
+def placements_from_json(rows: list) -> tuple[core.Placement, ...]:
+    return tuple(core.Placement(p["node"], tuple(p["gpu_indices"]), float(p["cpu"]), int(p["memory_bytes"])) for p in rows or [])
+
+
+def placements_to_json(placements) -> list[dict]:
+    return [{"node": p.node, "gpu_indices": list(p.gpu_indices), "cpu": p.cpu, "memory_bytes": p.memory_bytes} for p in placements]
+
+
+def load_snapshot(session: Session) -> core.Snapshot:
+    vcs = {}
+    vc_names = {}
+    for vc in session.scalars(sa.select(VirtualCluster)):
+        vc_names[vc.id] = vc.name
+        vcs[vc.name] = core.Vc(
+            name=vc.name, quota={k: int(v) for k, v in (vc.quota or {}).items()},
+            policy=core.Policy(vc.policy), max_job_time_s=vc.max_job_time_s,
+            max_interactive_gpus=vc.max_interactive_gpus, user_gpu_quota=vc.user_gpu_quota,
+            cpu_quota=vc.cpu_quota, memory_quota_bytes=vc.memory_quota_bytes,
+            allow_cpu_jobs_on_gpu_nodes=vc.allow_cpu_jobs_on_gpu_nodes,
+        )
+    nodes = tuple(
+        core.Node(n.name, n.sku, n.gpus, n.cpu, n.memory_bytes, n.ib_domain, n.vc, n.schedulable)
+        for n in session.scalars(sa.select(Node).order_by(Node.name))
+    )
+    rows = session.execute(
+        sa.select(Job, JobAttempt)
+        .outerjoin(JobAttempt, sa.and_(JobAttempt.job_id == Job.id, JobAttempt.number == Job.attempt))
+        .where(Job.status.in_([JobStatus.QUEUED, *ACTIVE]))
+    ).all()
+    jobs = []
+    for job, attempt in rows:
+        running = job.status in ACTIVE
+        started = epoch(job.started_at) if job.status is not JobStatus.SCHEDULING else epoch(attempt.created_at if attempt else None)
+        jobs.append(core.Job(
+            id=job.id, vc=vc_names[job.vc_id], user=job.user.name, type=core.JobType(job.type), sku=job.sku,
+            gpus=job.gpus, cpu=job.cpu, memory_bytes=job.memory_bytes, queue_time=epoch(job.queue_time) or 0.0,
+            priority=job.priority, preemptible=job.preemptible, nodes=job.nodes,
+            ib_domain_any=(job.spec or {}).get("ib_domain") == "any", max_time_s=job.max_time_s,
+            running=running, started_at=started if running else None,
+            placements=placements_from_json(attempt.placements) if (running and attempt) else (),
+            min_replicas=(job.spec or {}).get("min_replicas", 0), max_replicas=(job.spec or {}).get("max_replicas", 0),
+        ))
+    return core.Snapshot(skus=sku_shapes(session), nodes=nodes, vcs=vcs, jobs=tuple(jobs))

@@ -1,0 +1,296 @@
+"""Job use-cases: submit, kill, pause, resume, approve, read. No Flask; each owns its transaction.
+
+They validate (with actionable messages that state the numbers), check the rules in
+``services.policy`` and write rows. They never call the cluster backend: the job manager acts on
+what they write at its next tick.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping
+
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+from dlts.config import Settings
+from dlts.errors import InvalidInput, NotFound, Refused, WrongState
+from dlts.logs import attempt_log_path
+from dlts.models import ACTIVE, TERMINAL, Job, JobStatus, utcnow
+from dlts.repositories import jobs as job_repo
+from dlts.repositories.cluster import sku_shapes, vc_by_name
+from dlts.scheduler.model import CPU_SKU, SkuShape
+from dlts.services import policy
+from dlts.services.auth import Principal
+
+S = JobStatus
+JOB_TYPES = ("batch", "interactive", "distributed", "inference")
+# statuses whose non-preemptible GPUs count against a user's quota inside a VC
+HOLDS_USER_QUOTA = (S.QUEUED, S.SCHEDULING, S.RUNNING, S.PAUSING, S.KILLING)
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    """A validated ``POST /jobs`` body (shape and types checked by the API schema)."""
+
+    vc: str
+    image: str
+    command: str
+    name: str = ""
+    type: str = "batch"
+    gpus: int = 0
+    sku: str | None = None
+    cpu: float | None = None
+    memory_bytes: int | None = None
+    nodes: int = 0
+    preemptible: bool = False
+    max_retries: int | None = None
+    max_time_s: int | None = None
+    priority: int = 100
+    env: Mapping[str, str] = field(default_factory=dict)
+    ports: tuple[int, ...] = ()
+    ssh: bool = False
+    ib_domain: str | None = None  # "any": a distributed job may span IB domains
+    min_replicas: int = 0
+    max_replicas: int = 0
+
+
+def _choose_sku(req: JobRequest, quota: Mapping[str, int], shapes: Mapping[str, SkuShape]) -> str:
+    gpu_skus = sorted(s for s, shape in shapes.items() if shape.gpus > 0)
+    if req.sku:
+        if req.sku not in shapes:
+            known = ", ".join(sorted(shapes)) or "none yet"
+            raise InvalidInput(f"SKU {req.sku!r} does not exist in this cluster; known SKUs: {known}.",
+                               code="unknown_sku", details={"field": "sku"})
+        return req.sku
+    if req.gpus == 0 and req.type != "distributed":
+        return CPU_SKU
+    in_quota = [s for s in gpu_skus if quota.get(s, 0) > 0]
+    candidates = in_quota or gpu_skus
+    if len(candidates) == 1:
+        return candidates[0]
+    if not candidates:
+        raise Refused("This cluster has no GPU nodes; submit with gpus: 0 for a CPU-only job.",
+                      code="no_gpu_nodes", details={"field": "gpus"})
+    raise InvalidInput(f"Say which GPU type with sku: one of {', '.join(candidates)}.",
+                       code="sku_required", details={"field": "sku"})
+
+
+def _resources(req: JobRequest, sku: str, shape: SkuShape | None, settings: Settings) -> tuple[int, float, int]:
+    """GPUs (per node for distributed jobs), cores and bytes, with SCHEDULING.md's defaults."""
+    gpus = req.gpus
+    if req.type == "distributed":
+        if req.nodes < 1:
+            raise InvalidInput("A distributed job needs nodes >= 1 (whole nodes).", code="nodes_required", details={"field": "nodes"})
+        if shape is None or shape.gpus == 0:
+            raise InvalidInput("A distributed job takes whole GPU nodes; name a GPU sku.", details={"field": "sku"})
+        if gpus not in (0, shape.gpus):
+            raise InvalidInput(f"A distributed job takes whole nodes: gpus is per node and must be {shape.gpus} on {sku} nodes (or leave it out).",
+                               code="gpus_not_whole_node", details={"field": "gpus", "expected": shape.gpus})
+        return shape.gpus, req.cpu or shape.cpu, req.memory_bytes or shape.memory_bytes
+    if req.nodes:
+        raise InvalidInput("nodes is only for distributed jobs; leave it out or use type: distributed.", details={"field": "nodes"})
+    if sku == CPU_SKU or gpus == 0:
+        if gpus:
+            raise InvalidInput("CPU-only nodes have no GPUs; set gpus: 0 or pick a GPU sku.", details={"field": "gpus"})
+        return 0, req.cpu or settings.cpu_job_default_cpu, req.memory_bytes or settings.cpu_job_default_memory_bytes
+    assert shape is not None
+    if gpus > shape.gpus:
+        raise Refused(f"A {sku} node has {shape.gpus} GPUs; this job asks {gpus} on one node. Ask for at most {shape.gpus}, or use type: distributed with whole nodes.",
+                      code="gpus_exceed_node", details={"field": "gpus", "max": shape.gpus})
+    share = gpus / shape.gpus
+    cpu = req.cpu if req.cpu is not None else round(shape.cpu * share, 3)
+    memory = req.memory_bytes if req.memory_bytes is not None else int(shape.memory_bytes * share)
+    if cpu > shape.cpu or memory > shape.memory_bytes:
+        raise Refused(f"A {sku} node has {shape.cpu:g} cores and {shape.memory_bytes} bytes of memory; this job asks {cpu:g} cores and {memory} bytes.",
+                      code="resources_exceed_node", details={"field": "cpu" if cpu > shape.cpu else "memory"})
+    return gpus, cpu, memory
+
+
+def user_gpus_in_vc(session: Session, user_id: int, vc_id: int, exclude_job: int | None = None) -> int:
+    total = sa.func.coalesce(sa.func.sum(sa.case((Job.nodes > 0, Job.gpus * Job.nodes), else_=Job.gpus)), 0)
+    query = sa.select(total).where(Job.user_id == user_id, Job.vc_id == vc_id, Job.preemptible.is_(False),
+                                   Job.status.in_(HOLDS_USER_QUOTA))
+    if exclude_job is not None:
+        query = query.where(Job.id != exclude_job)
+    return int(session.scalar(query) or 0)
+
+
+def _needs_approval(session: Session, job: Job, user_gpu_quota: int | None) -> str | None:
+    if job.preemptible or user_gpu_quota is None:
+        return None
+    asked = job.gpus * max(job.nodes, 1)
+    used = user_gpus_in_vc(session, job.user_id, job.vc_id, exclude_job=job.id)
+    if used + asked <= user_gpu_quota:
+        return None
+    return (f"{job.user.name} already holds {used} non-preemptible GPUs in VC {job.vc.name}; with this job's {asked} "
+            f"that is above the per-user quota of {user_gpu_quota}. A VC admin must approve it.")
+
+
+def submit(session: Session, settings: Settings, principal: Principal, req: JobRequest) -> Job:
+    policy.require_vc_member(principal, req.vc)
+    vc = vc_by_name(session, req.vc)
+    if vc is None:  # a cluster admin naming a VC that does not exist
+        raise NotFound(f"VC {req.vc!r} does not exist.", code="vc_not_found", details={"field": "vc"})
+    if req.type not in JOB_TYPES:
+        raise InvalidInput(f"type must be one of {', '.join(JOB_TYPES)}.", details={"field": "type"})
+    policy.check_priority(principal, vc.name, req.priority)
+    policy.check_max_time(principal, vc.name, req.max_time_s, vc.max_job_time_s)
+    shapes = sku_shapes(session)
+    sku = _choose_sku(req, vc.quota or {}, shapes)
+    gpus, cpu, memory = _resources(req, sku, shapes.get(sku), settings)
+    total_gpus = gpus * max(req.nodes, 1)
+    quota = int((vc.quota or {}).get(sku, 0))
+    if sku != CPU_SKU and not req.preemptible and total_gpus > quota:
+        raise Refused(f"VC {vc.name} has {quota} {sku} GPUs; this job asks {total_gpus}. Ask for at most {quota}, or mark it preemptible.",
+                      code="quota_exceeds_vc", details={"field": "gpus", "quota": quota, "asked": total_gpus, "sku": sku})
+    if req.type == "interactive" and vc.max_interactive_gpus is not None and total_gpus > vc.max_interactive_gpus:
+        raise Refused(f"VC {vc.name} allows at most {vc.max_interactive_gpus} GPUs for interactive jobs; this job asks {total_gpus}.",
+                      code="interactive_cap_exceeded", details={"field": "gpus", "max": vc.max_interactive_gpus})
+    spec = {"env": dict(req.env), "ports": list(req.ports), "ssh": req.ssh}
+    if req.ib_domain:
+        spec["ib_domain"] = req.ib_domain
+    if req.type == "inference":
+        spec["min_replicas"], spec["max_replicas"] = req.min_replicas, max(req.max_replicas, req.min_replicas)
+    now = utcnow()
+    job = Job(
+        name=req.name or (req.command.split()[0][:128] if req.command.split() else "job"),
+        user_id=principal.user_id, vc_id=vc.id, type=req.type, status=S.QUEUED, image=req.image,
+        command=req.command, sku=None if sku == CPU_SKU and gpus == 0 else sku, gpus=gpus, nodes=req.nodes,
+        cpu=cpu, memory_bytes=memory, priority=req.priority, preemptible=req.preemptible,
+        max_retries=settings.default_max_retries if req.max_retries is None else req.max_retries,
+        max_time_s=req.max_time_s, queue_time=now, submitted_at=now, spec=spec,
+    )
+    session.add(job)
+    session.flush()
+    job_repo.add_event(session, job.id, "transition", message="submitted", actor=principal.name)
+    why = _needs_approval(session, job, vc.user_gpu_quota)
+    if why:
+        job_repo.set_status(session, job.id, S.QUEUED, S.UNAPPROVED, actor="policy", reason="user_quota", message=why,
+                            values={"reason": "user_quota", "reason_detail": why[:512]})
+    session.commit()
+    session.refresh(job)
+    return job
+
+
+def get(session: Session, principal: Principal, job_id: int) -> tuple[Job, policy.Visibility]:
+    job = session.get(Job, job_id)
+    return job, policy.require_visible(principal, job, job_id)  # type: ignore[return-value]
+
+
+def _load_for_change(session: Session, principal: Principal, job_id: int, action: str) -> Job:
+    job = session.get(Job, job_id)
+    policy.require_visible(principal, job, job_id)
+    assert job is not None
+    if action == "approve":
+        policy.require_approve(principal, job)
+    else:
+        policy.require_manage(principal, job, action)
+    return job
+
+
+def _cas(session: Session, job: Job, target: JobStatus, actor: str, reason: str, values: dict | None = None) -> None:
+    if not job_repo.set_status(session, job.id, job.status, target, actor=actor, reason=reason, values=values):
+        session.rollback()
+        raise WrongState(f"Job {job.id} changed state while you acted on it; reload and try again.", code="concurrent_change")
+
+
+def kill(session: Session, principal: Principal, job_id: int) -> Job:
+    job = _load_for_change(session, principal, job_id, "kill")
+    if job.status is S.KILLING:
+        return job  # already on its way out: asking twice is not an error
+    if job.status in (S.UNAPPROVED, S.QUEUED, S.PAUSED):
+        _cas(session, job, S.KILLED, principal.name, "killed_by_user",
+             {"finished_at": utcnow(), "reason": "killed_by_user", "reason_detail": f"killed by {principal.name}", "queue_position": None})
+    elif job.status in (S.SCHEDULING, S.RUNNING, S.PAUSING):
+        _cas(session, job, S.KILLING, principal.name, "killed_by_user",
+             {"reason": "killed_by_user", "reason_detail": f"killed by {principal.name}"})
+    else:
+        raise WrongState(f"Job {job.id} is {job.status.value}; only jobs that have not ended can be killed.",
+                         code="job_already_ended", details={"status": job.status.value})
+    session.commit()
+    session.refresh(job)
+    return job
+
+
+def pause(session: Session, principal: Principal, job_id: int) -> Job:
+    job = _load_for_change(session, principal, job_id, "pause")
+    if job.status in (S.UNAPPROVED, S.QUEUED):
+        _cas(session, job, S.PAUSED, principal.name, "paused_by_user", {"reason": "paused", "reason_detail": None, "queue_position": None})
+    elif job.status in (S.SCHEDULING, S.RUNNING):
+        _cas(session, job, S.PAUSING, principal.name, "paused_by_user")
+    elif job.status in (S.PAUSING, S.PAUSED):
+        return job
+    else:
+        raise WrongState(f"Job {job.id} is {job.status.value}; only waiting or running jobs can be paused.",
+                         code="wrong_state", details={"status": job.status.value})
+    session.commit()
+    session.refresh(job)
+    return job
+
+
+def resume(session: Session, principal: Principal, job_id: int) -> Job:
+    """A resumed job re-enters approval: over the user quota it waits for a VC admin again."""
+    job = _load_for_change(session, principal, job_id, "resume")
+    if job.status is not S.PAUSED:
+        raise WrongState(f"Job {job.id} is {job.status.value}; only paused jobs can be resumed.",
+                         code="wrong_state", details={"status": job.status.value})
+    why = _needs_approval(session, job, job.vc.user_gpu_quota)
+    if why:
+        _cas(session, job, S.UNAPPROVED, principal.name, "user_quota", {"reason": "user_quota", "reason_detail": why[:512]})
+    else:
+        _cas(session, job, S.QUEUED, principal.name, "resumed", {"reason": None, "reason_detail": None})
+    session.commit()
+    session.refresh(job)
+    return job
+
+
+def approve(session: Session, principal: Principal, job_id: int) -> Job:
+    job = _load_for_change(session, principal, job_id, "approve")
+    if job.status is not S.UNAPPROVED:
+        raise WrongState(f"Job {job.id} is {job.status.value}; only unapproved jobs can be approved.",
+                         code="wrong_state", details={"status": job.status.value})
+    _cas(session, job, S.QUEUED, principal.name, "approved", {"reason": None, "reason_detail": f"approved by {principal.name}"})
+    session.commit()
+    session.refresh(job)
+    return job
+
+
+def read_log(session: Session, settings: Settings, principal: Principal, job_id: int,
+             attempt: int | None, offset: int, limit: int) -> tuple[Job, int, bytes, int, Path]:
+    """``limit`` bytes of an attempt's log from ``offset``; returns (job, attempt, data, size, path)."""
+    job = session.get(Job, job_id)
+    policy.require_visible(principal, job, job_id)
+    assert job is not None
+    policy.require_manage(principal, job, "read the log of")
+    number = attempt or job.attempt
+    if number < 1 or number > max(job.attempt, 0):
+        if job.attempt == 0:
+            return job, 0, b"", 0, Path()
+        raise InvalidInput(f"Job {job.id} has attempts 1-{job.attempt}.", details={"field": "attempt"})
+    path = attempt_log_path(settings, job.id, number)
+    try:
+        with path.open("rb") as fh:
+            size = fh.seek(0, 2)
+            fh.seek(min(offset, size))
+            data = fh.read(limit)
+    except FileNotFoundError:
+        return job, number, b"", 0, path
+    return job, number, data, size, path
+
+
+def is_ended(job: Job) -> bool:
+    return job.status in TERMINAL
+
+
+def holds_resources(job: Job) -> bool:
+    return job.status in ACTIVE
+
+
+def time_left_s(job: Job, vc_limit_s: int | None, now: dt.datetime | None = None) -> float | None:
+    limit = job.max_time_s or vc_limit_s
+    if limit is None or job.started_at is None or job.status in TERMINAL:
+        return None
+    return max(0.0, limit - ((now or utcnow()) - job.started_at).total_seconds())

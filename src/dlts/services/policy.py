@@ -1,0 +1,81 @@
+"""Authorisation rules of API.md, in one place. Services call these; views never decide access.
+
+Visibility of a job: ``FULL`` for its owner, its VC's admins and cluster admins; ``PUBLIC`` (name,
+user, status, resources) for other members of its VC; ``None`` for everybody else, which the caller
+turns into 404 so that ids do not leak.
+"""
+
+from __future__ import annotations
+
+import enum
+
+from dlts.errors import Forbidden, NotFound, Refused
+from dlts.models import Job
+from dlts.services.auth import Principal
+
+MEMBER_MAX_PRIORITY = 100
+VC_ADMIN_MAX_PRIORITY = 1000
+
+
+class Visibility(enum.Enum):
+    FULL = "full"
+    PUBLIC = "public"
+
+
+def job_visibility(principal: Principal, job: Job) -> Visibility | None:
+    vc = job.vc.name
+    if job.user_id == principal.user_id or principal.is_vc_admin(vc):
+        return Visibility.FULL
+    if principal.is_vc_member(vc):
+        return Visibility.PUBLIC
+    return None
+
+
+def require_visible(principal: Principal, job: Job | None, job_id: int) -> Visibility:
+    visibility = job_visibility(principal, job) if job is not None else None
+    if visibility is None:
+        raise NotFound(f"Job {job_id} does not exist or is not in a VC you belong to.", code="job_not_found")
+    return visibility
+
+
+def require_manage(principal: Principal, job: Job, action: str) -> None:
+    """Owner, VC admin of the job's VC, or cluster admin (kill, pause, resume, log, patch)."""
+    visibility = require_visible(principal, job, job.id)
+    if visibility is not Visibility.FULL:
+        raise Forbidden(f"Only the job's owner ({job.user.name}) or an admin of VC {job.vc.name} may {action} job {job.id}.")
+
+
+def require_approve(principal: Principal, job: Job) -> None:
+    require_visible(principal, job, job.id)
+    if not principal.is_vc_admin(job.vc.name):
+        raise Forbidden(f"Only an admin of VC {job.vc.name} may approve job {job.id}; ask one of them.", code="approval_requires_vc_admin")
+
+
+def require_vc_member(principal: Principal, vc_name: str) -> None:
+    if not principal.is_vc_member(vc_name):
+        raise NotFound(f"VC {vc_name!r} does not exist or you are not a member of it. Your VCs: {', '.join(principal.vcs) or 'none'}.", code="vc_not_found", details={"field": "vc"})
+
+
+def require_cluster_admin(principal: Principal, what: str) -> None:
+    if not principal.is_cluster_admin:
+        raise Forbidden(f"Only a cluster admin may {what}.")
+
+
+def check_priority(principal: Principal, vc_name: str, priority: int) -> None:
+    limit = VC_ADMIN_MAX_PRIORITY if principal.is_vc_admin(vc_name) else MEMBER_MAX_PRIORITY
+    if not 1 <= priority <= limit:
+        raise Refused(
+            f"Priority {priority} is out of range: you may set 1-{limit} in VC {vc_name}"
+            + ("" if limit == VC_ADMIN_MAX_PRIORITY else "; VC admins may set up to 1000") + ".",
+            code="priority_out_of_range", details={"field": "priority", "max": limit},
+        )
+
+
+def check_max_time(principal: Principal, vc_name: str, max_time_s: int | None, vc_limit_s: int | None) -> None:
+    if max_time_s is None or vc_limit_s is None or principal.is_vc_admin(vc_name):
+        return
+    if max_time_s > vc_limit_s:
+        raise Refused(
+            f"max_time_s {max_time_s} is above VC {vc_name}'s limit of {vc_limit_s} s; ask for at most {vc_limit_s} or ask a VC admin.",
+            code="max_time_exceeds_vc", details={"field": "max_time_s", "max": vc_limit_s},
+        )
