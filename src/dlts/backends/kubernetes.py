@@ -99,6 +99,31 @@ class KubernetesSettings:
         )
 
 
+def settings_from_config(config: Any, **extra: Any) -> KubernetesSettings:
+    """Map the cluster config (``dlts.config.Settings``) onto ``KubernetesSettings``.
+
+    Keys the config does not carry (NFS volumes, privilege policy, init image) keep their defaults
+    unless given in ``extra``.
+    """
+    def get(name: str, default: Any) -> Any:
+        value = getattr(config, name, None)
+        return default if value is None else value
+
+    base = KubernetesSettings()
+    values: dict[str, Any] = {
+        "kubeconfig": str(config.kubeconfig) if getattr(config, "kubeconfig", None) else None,
+        "namespace": get("namespace", base.namespace),
+        "sku_label": get("node_label_sku", base.sku_label),
+        "ib_domain_label": get("node_label_ib_domain", base.ib_domain_label),
+        "vc_label": get("node_label_vc", base.vc_label),
+        "node_lost_after_s": float(get("node_lost_after_s", base.node_lost_after_s)),
+        "templates_dir": str(config.templates_dir) if getattr(config, "templates_dir", None) else None,
+        "termination_grace_s": int(get("preempt_grace_s", base.termination_grace_s)),
+    }
+    values.update(extra)
+    return KubernetesSettings(**values)
+
+
 class KubernetesUnavailable(RuntimeError):
     """The API server did not answer usefully (error, timeout, back-off); retry on a later tick."""
 

@@ -1,0 +1,1058 @@
+"""A stateful stand-in for the Kubernetes API server, served over real HTTP on loopback.
+
+No real API server can be installed on the machines DLTS is built and tested on, so the
+Kubernetes backend is tested against this one with the *official* ``kubernetes`` client talking
+HTTP through an ordinary kubeconfig. What it owns:
+
+* the core/v1 resources the backend uses: namespaces, pods (+ ``/status``), services, secrets,
+  events, nodes (+ ``/status``); create, get, list, replace, patch (JSON merge, strategic merge,
+  JSON patch) and delete;
+* the API semantics the backend relies on, as the real server implements them: label selectors
+  (equality, set-based, existence, ``!=``/``notin`` matching objects *without* the key), field
+  selectors, ``resourceVersion`` preconditions (409 Conflict when stale), 409 AlreadyExists,
+  404 NotFound, 422 Invalid for bad names/labels, 401 without the bearer token, all as real
+  ``Status`` objects; graceful pod deletion (``deletionTimestamp`` first, removal by the kubelet);
+* a simulated kubelet (``FakeKubelet``) that moves pods Pending -> Running -> Succeeded/Failed
+  according to a tiny script in the pod's command (see "Script convention" below), freezes pods on
+  a node that is NotReady, and marks nodes NotReady on request;
+* instrumentation for tests and benchmarks: per-verb request counters, injected errors and delays.
+
+Script convention (what the fake kubelet runs)
+-----------------------------------------------
+The kubelet reads the *first* container's shell command: the value of its env variable
+``DLTS_COMMAND`` when present (DLTS passes the user's command that way), else the last element of
+``command + args``. It is split into statements on ``;``, ``&&``, ``||`` and newlines and
+interpreted as:
+
+* ``sleep N`` (seconds, may be fractional): the container keeps running N more seconds of the fake
+  clock; ``sleep infinity`` runs until the pod is deleted;
+* ``exit N``: the container exits with code N (statements after it are not run);
+* ``false`` sets the status to 1, ``true`` and anything else set it to 0 (the last statement's
+  status is the exit code, as with ``sh``).
+
+So ``sleep 5; exit 3`` runs 5 s then fails with 3; ``python train.py`` succeeds at once.
+A pod annotation ``fake.dlts.io/start-delay-s`` delays Pending -> Running (image pull time).
+
+Time is a ``FakeClock`` that tests advance explicitly; ``FakeKubelet.tick()`` applies what is due.
+Limits (documented, not hidden): no watch (the backend lists), no ``limit``/``continue`` paging,
+no admission beyond the validations named above, one API group (core/v1).
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import datetime as dt
+import json
+import re
+import threading
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, Callable
+from urllib.parse import parse_qs, unquote, urlsplit
+
+import yaml
+
+NAMESPACED = {"pods": "Pod", "services": "Service", "secrets": "Secret", "events": "Event"}
+CLUSTER_SCOPED = {"nodes": "Node", "namespaces": "Namespace"}
+KINDS = {**NAMESPACED, **CLUSTER_SCOPED}
+
+_DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_DNS1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+_LABEL_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+
+
+def rfc3339(t: float) -> str:
+    return dt.datetime.fromtimestamp(t, tz=dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class FakeClock:
+    """Seconds since the epoch that only move when a test says so (thread-safe)."""
+
+    def __init__(self, start: float = 1_800_000_000.0) -> None:
+        self._now = start
+        self._lock = threading.Lock()
+
+    def __call__(self) -> float:
+        with self._lock:
+            return self._now
+
+    def advance(self, seconds: float) -> float:
+        with self._lock:
+            self._now += seconds
+            return self._now
+
+
+class ApiError(Exception):
+    """Raised inside the server; rendered as a Kubernetes ``Status`` object."""
+
+    def __init__(self, code: int, reason: str, message: str, details: dict | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.reason = reason
+        self.message = message
+        self.details = details or {}
+
+    def status(self) -> dict:
+        return {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": self.message,
+            "reason": self.reason,
+            "details": self.details,
+            "code": self.code,
+        }
+
+
+def _bad_request(message: str) -> ApiError:
+    return ApiError(400, "BadRequest", message)
+
+
+# -- label and field selectors ------------------------------------------------------------------
+
+
+def _valid_qualified_name(key: str) -> bool:
+    prefix, _, name = key.rpartition("/")
+    if "/" in key and (not prefix or len(prefix) > 253 or not _DNS1123_SUBDOMAIN.match(prefix)):
+        return False
+    return 0 < len(name) <= 63 and bool(_LABEL_NAME.match(name))
+
+
+def _valid_label_value(value: str) -> bool:
+    return len(value) <= 63 and bool(_LABEL_VALUE.match(value))
+
+
+@dataclass(frozen=True)
+class Requirement:
+    key: str
+    op: str  # "=", "!=", "in", "notin", "exists", "!", "gt", "lt"
+    values: tuple[str, ...] = ()
+
+    def matches(self, labels: dict[str, str]) -> bool:
+        present = self.key in labels
+        value = labels.get(self.key)
+        if self.op in ("=", "in"):
+            return present and value in self.values
+        if self.op in ("!=", "notin"):
+            return not present or value not in self.values
+        if self.op == "exists":
+            return present
+        if self.op == "!":
+            return not present
+        if not present:
+            return False
+        try:
+            number = int(value)  # type: ignore[arg-type]
+        except ValueError:
+            return False
+        bound = int(self.values[0])
+        return number > bound if self.op == "gt" else number < bound
+
+
+_TOKEN = re.compile(r"\s*(==|!=|=|!|\(|\)|,|<|>|[^\s=!(),<>]+)")
+
+
+def parse_label_selector(text: str) -> tuple[Requirement, ...]:
+    """Parse a label selector with the grammar of k8s.io/apimachinery/pkg/labels.Parse."""
+    tokens: list[str] = []
+    pos = 0
+    while pos < len(text):
+        if text[pos:].strip() == "":
+            break
+        m = _TOKEN.match(text, pos)
+        if not m:
+            raise _bad_request(f"unable to parse requirement: {text!r}")
+        tokens.append(m.group(1))
+        pos = m.end()
+    reqs: list[Requirement] = []
+    i = 0
+
+    def expect_key(tok: str) -> str:
+        if not _valid_qualified_name(tok):
+            raise _bad_request(
+                f"unable to parse requirement: invalid label key {tok!r}: name part must consist of "
+                "alphanumeric characters, '-', '_' or '.'"
+            )
+        return tok
+
+    def expect_value(tok: str) -> str:
+        if not _valid_label_value(tok):
+            raise _bad_request(f"unable to parse requirement: invalid label value: {tok!r}")
+        return tok
+
+    while i < len(tokens):
+        tok = tokens[i]
+        if tok == "!":
+            if i + 1 >= len(tokens):
+                raise _bad_request("unable to parse requirement: found '', expected: identifier")
+            reqs.append(Requirement(expect_key(tokens[i + 1]), "!"))
+            i += 2
+        else:
+            key = expect_key(tok)
+            nxt = tokens[i + 1] if i + 1 < len(tokens) else ","
+            if nxt == ",":
+                reqs.append(Requirement(key, "exists"))
+                i += 1
+            elif nxt in ("=", "==", "!="):
+                value = ""
+                j = i + 2
+                if j < len(tokens) and tokens[j] not in (",",):
+                    value = expect_value(tokens[j])
+                    j += 1
+                reqs.append(Requirement(key, "!=" if nxt == "!=" else "=", (value,)))
+                i = j
+            elif nxt in ("in", "notin"):
+                if i + 2 >= len(tokens) or tokens[i + 2] != "(":
+                    raise _bad_request(f"unable to parse requirement: found {tokens[i+2:i+3]}, expected: '('")
+                j = i + 3
+                values: list[str] = []
+                while j < len(tokens) and tokens[j] != ")":
+                    if tokens[j] != ",":
+                        values.append(expect_value(tokens[j]))
+                    j += 1
+                if j >= len(tokens):
+                    raise _bad_request("unable to parse requirement: found '', expected: ')'")
+                reqs.append(Requirement(key, nxt, tuple(values)))
+                i = j + 1
+            elif nxt in ("<", ">"):
+                if i + 2 >= len(tokens) or not re.fullmatch(r"-?\d+", tokens[i + 2]):
+                    raise _bad_request("unable to parse requirement: for 'Gt', 'Lt' operators, the value must be an integer")
+                reqs.append(Requirement(key, "gt" if nxt == ">" else "lt", (tokens[i + 2],)))
+                i += 3
+            else:
+                raise _bad_request(f"unable to parse requirement: found {nxt!r}, expected: in, notin, =, ==, !=, gt, lt")
+        if i < len(tokens):
+            if tokens[i] != ",":
+                raise _bad_request(f"unable to parse requirement: found {tokens[i]!r}, expected: ','")
+            i += 1
+            if i >= len(tokens):
+                raise _bad_request("unable to parse requirement: found '', expected: identifier")
+    return tuple(reqs)
+
+
+_FIELDS: dict[str, Callable[[dict], str]] = {
+    "metadata.name": lambda o: o["metadata"].get("name", ""),
+    "metadata.namespace": lambda o: o["metadata"].get("namespace", ""),
+    "spec.nodeName": lambda o: (o.get("spec") or {}).get("nodeName", ""),
+    "status.phase": lambda o: (o.get("status") or {}).get("phase", ""),
+    "spec.unschedulable": lambda o: str(bool((o.get("spec") or {}).get("unschedulable"))).lower(),
+}
+
+
+def parse_field_selector(text: str, resource: str) -> list[tuple[str, bool, str]]:
+    out = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        m = re.fullmatch(r"([A-Za-z.]+)\s*(==|!=|=)\s*(.*)", part)
+        if not m:
+            raise _bad_request(f"invalid selector: {part!r}; can't understand {part!r}")
+        field, op, value = m.groups()
+        if field not in _FIELDS:
+            raise _bad_request(f'"{field}" is not a known field selector: only "{", ".join(_FIELDS)}"')
+        out.append((field, op == "!=", value))
+    return out
+
+
+# -- patches ------------------------------------------------------------------------------------
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    result = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = merge_patch(result.get(key), value)
+    return result
+
+
+# Merge keys of the list fields we care about (from the Kubernetes OpenAPI x-kubernetes-patch-merge-key).
+_MERGE_KEYS = {
+    "containers": "name", "initContainers": "name", "env": "name", "volumes": "name",
+    "volumeMounts": "mountPath", "ports": "containerPort", "conditions": "type",
+    "taints": "key", "imagePullSecrets": "name", "containerStatuses": "name",
+}
+
+
+def strategic_merge_patch(target: Any, patch: Any, field: str = "") -> Any:
+    """Strategic merge patch for the fields the fake knows merge keys for (others: replace)."""
+    if isinstance(patch, list):
+        key = _MERGE_KEYS.get(field)
+        if key and isinstance(target, list) and all(isinstance(p, dict) and key in p for p in patch):
+            merged = [copy.deepcopy(t) for t in target]
+            for item in patch:
+                for idx, existing in enumerate(merged):
+                    if isinstance(existing, dict) and existing.get(key) == item[key]:
+                        if item.get("$patch") == "delete":
+                            merged.pop(idx)
+                        else:
+                            merged[idx] = strategic_merge_patch(existing, item)
+                        break
+                else:
+                    if item.get("$patch") != "delete":
+                        merged.append(copy.deepcopy(item))
+            return merged
+        return copy.deepcopy(patch)
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    result = dict(target) if isinstance(target, dict) else {}
+    for k, value in patch.items():
+        if k == "$patch":
+            continue
+        if value is None:
+            result.pop(k, None)
+        else:
+            result[k] = strategic_merge_patch(result.get(k), value, k)
+    return result
+
+
+def _json_pointer(path: str) -> list[str]:
+    if not path.startswith("/"):
+        raise ApiError(422, "Invalid", f"json patch path must start with '/': {path!r}")
+    return [p.replace("~1", "/").replace("~0", "~") for p in path[1:].split("/")]
+
+
+def json_patch(target: dict, ops: list) -> dict:
+    """RFC 6902 JSON patch (add, remove, replace, test)."""
+    doc = copy.deepcopy(target)
+    for op in ops:
+        parts = _json_pointer(op.get("path", ""))
+        parent: Any = doc
+        for p in parts[:-1]:
+            parent = parent[int(p)] if isinstance(parent, list) else parent.setdefault(p, {})
+        last = parts[-1]
+        kind = op.get("op")
+        if kind == "test":
+            current = parent[int(last)] if isinstance(parent, list) else parent.get(last)
+            if current != op.get("value"):
+                raise ApiError(422, "Invalid", f"the server rejected our request due to an error in our request: test failed at {op['path']}")
+        elif kind in ("add", "replace"):
+            if isinstance(parent, list):
+                idx = len(parent) if last == "-" else int(last)
+                if kind == "add":
+                    parent.insert(idx, op["value"])
+                else:
+                    parent[idx] = op["value"]
+            else:
+                if kind == "replace" and last not in parent:
+                    raise ApiError(422, "Invalid", f"replace operation does not apply: doc is missing path: {op['path']}")
+                parent[last] = op["value"]
+        elif kind == "remove":
+            if isinstance(parent, list):
+                parent.pop(int(last))
+            elif last in parent:
+                del parent[last]
+            else:
+                raise ApiError(422, "Invalid", f"remove operation does not apply: doc is missing path: {op['path']}")
+        else:
+            raise ApiError(422, "Invalid", f"unsupported json patch op {kind!r}")
+    return doc
+
+
+# -- the store ----------------------------------------------------------------------------------
+
+
+class Store:
+    """All objects, keyed by (resource, namespace, name); every write bumps resourceVersion."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self.clock = clock
+        self.lock = threading.RLock()
+        self.objects: dict[tuple[str, str, str], dict] = {}
+        self.revision = 1
+        self.created = Counter()  # resource -> successful creations (for "created nothing twice")
+        for ns in ("default", "kube-system"):
+            self._put("namespaces", "", self._new_meta({"metadata": {"name": ns}}, "namespaces", ""))
+
+    def _bump(self) -> str:
+        self.revision += 1
+        return str(self.revision)
+
+    def _new_meta(self, obj: dict, resource: str, namespace: str) -> dict:
+        obj = copy.deepcopy(obj)
+        obj["apiVersion"] = "v1"
+        obj["kind"] = KINDS[resource]
+        meta = obj.setdefault("metadata", {})
+        meta.pop("deletionTimestamp", None)
+        meta["uid"] = str(uuid.uuid4())
+        meta["creationTimestamp"] = rfc3339(self.clock())
+        meta["resourceVersion"] = self._bump()
+        if namespace:
+            meta["namespace"] = namespace
+        else:
+            meta.pop("namespace", None)
+        return obj
+
+    def _put(self, resource: str, namespace: str, obj: dict) -> None:
+        self.objects[(resource, namespace, obj["metadata"]["name"])] = obj
+
+    def get(self, resource: str, namespace: str, name: str) -> dict:
+        with self.lock:
+            obj = self.objects.get((resource, namespace, name))
+            if obj is None:
+                raise not_found(resource, name)
+            return copy.deepcopy(obj)
+
+    def list(self, resource: str, namespace: str | None, label_selector: str = "",
+             field_selector: str = "") -> dict:
+        reqs = parse_label_selector(label_selector) if label_selector else ()
+        fields = parse_field_selector(field_selector, resource) if field_selector else []
+        with self.lock:
+            items = []
+            for (res, ns, _), obj in self.objects.items():
+                if res != resource or (namespace is not None and ns != namespace):
+                    continue
+                labels = obj["metadata"].get("labels") or {}
+                if not all(r.matches(labels) for r in reqs):
+                    continue
+                if not all((_FIELDS[f](obj) == v) != neg for f, neg, v in fields):
+                    continue
+                items.append(copy.deepcopy(obj))
+            items.sort(key=lambda o: (o["metadata"].get("namespace", ""), o["metadata"]["name"]))
+            return {
+                "apiVersion": "v1",
+                "kind": f"{KINDS[resource]}List",
+                "metadata": {"resourceVersion": str(self.revision)},
+                "items": items,
+            }
+
+    def create(self, resource: str, namespace: str, body: dict) -> dict:
+        name = (body.get("metadata") or {}).get("name")
+        if not name and (body.get("metadata") or {}).get("generateName"):
+            name = body["metadata"]["generateName"] + uuid.uuid4().hex[:5]
+            body = merge_patch(body, {"metadata": {"name": name}})
+        validate(resource, body)
+        with self.lock:
+            if namespace and ("namespaces", "", namespace) not in self.objects:
+                raise ApiError(404, "NotFound", f'namespaces "{namespace}" not found',
+                               {"name": namespace, "kind": "namespaces"})
+            if (resource, namespace, name) in self.objects:
+                raise ApiError(409, "AlreadyExists", f'{resource} "{name}" already exists',
+                               {"name": name, "kind": resource})
+            obj = self._new_meta(body, resource, namespace)
+            if resource == "pods":
+                obj["spec"].setdefault("restartPolicy", "Always")
+                obj["spec"].setdefault("terminationGracePeriodSeconds", 30)
+                status: dict[str, Any] = {"phase": "Pending", "conditions": []}
+                if obj["spec"].get("nodeName"):
+                    status["conditions"].append({"type": "PodScheduled", "status": "True",
+                                                 "lastTransitionTime": rfc3339(self.clock())})
+                obj["status"] = status
+            if resource == "services":
+                obj["spec"].setdefault("type", "ClusterIP")
+                if obj["spec"].get("clusterIP") != "None":
+                    obj["spec"]["clusterIP"] = f"10.96.{self.revision % 250}.{self.revision // 250 % 250 + 1}"
+                if obj["spec"]["type"] == "NodePort":
+                    for i, port in enumerate(obj["spec"].get("ports") or []):
+                        port.setdefault("nodePort", 30000 + (self.revision * 7 + i) % 2767)
+            self._put(resource, namespace, obj)
+            self.created[resource] += 1
+            return copy.deepcopy(obj)
+
+    def replace(self, resource: str, namespace: str, name: str, body: dict, subresource: str = "") -> dict:
+        with self.lock:
+            current = self.objects.get((resource, namespace, name))
+            if current is None:
+                raise not_found(resource, name)
+            sent_rv = (body.get("metadata") or {}).get("resourceVersion")
+            if sent_rv and sent_rv != current["metadata"]["resourceVersion"]:
+                raise conflict(resource, name)
+            if subresource == "status":
+                new = copy.deepcopy(current)
+                new["status"] = copy.deepcopy(body.get("status") or {})
+            else:
+                new = copy.deepcopy(body)
+                new["status"] = copy.deepcopy(current.get("status"))
+                meta = new.setdefault("metadata", {})
+                for keep in ("uid", "creationTimestamp", "namespace", "deletionTimestamp",
+                             "deletionGracePeriodSeconds"):
+                    if keep in current["metadata"]:
+                        meta[keep] = current["metadata"][keep]
+                meta["name"] = name
+                new["apiVersion"], new["kind"] = "v1", KINDS[resource]
+                validate(resource, new)
+            return self._commit(resource, namespace, new)
+
+    def patch(self, resource: str, namespace: str, name: str, patch: Any, content_type: str,
+              subresource: str = "") -> dict:
+        with self.lock:
+            current = self.objects.get((resource, namespace, name))
+            if current is None:
+                raise not_found(resource, name)
+            if "json-patch" in content_type:
+                if not isinstance(patch, list):
+                    raise _bad_request("json patch body must be a list of operations")
+                new = json_patch(current, patch)
+            elif not isinstance(patch, dict):
+                raise _bad_request("patch body must be a JSON object")
+            elif "strategic-merge-patch" in content_type:
+                new = strategic_merge_patch(current, patch)
+            elif "merge-patch" in content_type:
+                new = merge_patch(current, patch)
+            else:
+                raise ApiError(415, "UnsupportedMediaType", f"the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/strategic-merge-patch+json; got {content_type}")
+            # A resourceVersion inside a patch is a precondition (optimistic concurrency).
+            sent_rv = (new.get("metadata") or {}).get("resourceVersion")
+            if sent_rv != current["metadata"]["resourceVersion"]:
+                raise conflict(resource, name)
+            for keep in ("uid", "creationTimestamp", "name", "namespace", "deletionTimestamp"):
+                if keep in current["metadata"]:
+                    new["metadata"][keep] = current["metadata"][keep]
+            if subresource == "status":
+                spec_side = copy.deepcopy(current)
+                spec_side["status"] = new.get("status")
+                new = spec_side
+            elif "status" in current:
+                new["status"] = current["status"]
+            validate(resource, new)
+            return self._commit(resource, namespace, new)
+
+    def _commit(self, resource: str, namespace: str, new: dict) -> dict:
+        new["metadata"]["resourceVersion"] = self._bump()
+        self._put(resource, namespace, new)
+        return copy.deepcopy(new)
+
+    def delete(self, resource: str, namespace: str, name: str, grace_s: int | None,
+               preconditions: dict | None = None) -> dict:
+        with self.lock:
+            current = self.objects.get((resource, namespace, name))
+            if current is None:
+                raise not_found(resource, name)
+            pre = preconditions or {}
+            if pre.get("resourceVersion") and pre["resourceVersion"] != current["metadata"]["resourceVersion"]:
+                raise ApiError(409, "Conflict", f"Operation cannot be fulfilled on {resource} \"{name}\": "
+                               f"Precondition failed: ResourceVersion in precondition: {pre['resourceVersion']}, "
+                               f"ResourceVersion in object meta: {current['metadata']['resourceVersion']}",
+                               {"name": name, "kind": resource})
+            if pre.get("uid") and pre["uid"] != current["metadata"]["uid"]:
+                raise ApiError(409, "Conflict", f"Operation cannot be fulfilled on {resource} \"{name}\": "
+                               "Precondition failed: UID mismatch", {"name": name, "kind": resource})
+            if resource == "pods":
+                phase = current["status"].get("phase")
+                graceful = (current["spec"].get("nodeName") and phase not in ("Succeeded", "Failed"))
+                if grace_s is None:
+                    grace_s = int(current["spec"].get("terminationGracePeriodSeconds", 30))
+                if graceful and grace_s > 0:
+                    meta = current["metadata"]
+                    if "deletionTimestamp" not in meta or grace_s < meta.get("deletionGracePeriodSeconds", 1 << 30):
+                        meta["deletionTimestamp"] = rfc3339(self.clock() + grace_s)
+                        meta["deletionGracePeriodSeconds"] = grace_s
+                        meta["resourceVersion"] = self._bump()
+                    return copy.deepcopy(current)
+            del self.objects[(resource, namespace, name)]
+            self._bump()
+            return copy.deepcopy(current)
+
+    def delete_collection(self, resource: str, namespace: str, label_selector: str, field_selector: str,
+                          grace_s: int | None) -> dict:
+        """DELETE on a collection: every matching object, each as a single delete would (a list back)."""
+        with self.lock:
+            matching = self.list(resource, namespace if resource in NAMESPACED else None,
+                                 label_selector, field_selector)
+            items = []
+            for obj in matching["items"]:
+                try:
+                    items.append(self.delete(resource, namespace, obj["metadata"]["name"], grace_s))
+                except ApiError:
+                    pass
+            return {"apiVersion": "v1", "kind": matching["kind"], "metadata": {"resourceVersion": str(self.revision)},
+                    "items": items}
+
+    # internal writes (controllers) -------------------------------------------------------------
+
+    def update_internal(self, resource: str, namespace: str, name: str, fn: Callable[[dict], None]) -> None:
+        with self.lock:
+            obj = self.objects.get((resource, namespace, name))
+            if obj is None:
+                return
+            fn(obj)
+            obj["metadata"]["resourceVersion"] = self._bump()
+
+    def remove_internal(self, resource: str, namespace: str, name: str) -> None:
+        with self.lock:
+            if self.objects.pop((resource, namespace, name), None) is not None:
+                self._bump()
+
+
+def not_found(resource: str, name: str) -> ApiError:
+    return ApiError(404, "NotFound", f'{resource} "{name}" not found', {"name": name, "kind": resource})
+
+
+def conflict(resource: str, name: str) -> ApiError:
+    return ApiError(409, "Conflict", f'Operation cannot be fulfilled on {resource} "{name}": the object has '
+                    "been modified; please apply your changes to the latest version and try again",
+                    {"name": name, "kind": resource})
+
+
+def _invalid(resource: str, name: str, causes: list[tuple[str, str]]) -> ApiError:
+    msg = "; ".join(f"{field}: {text}" for field, text in causes)
+    return ApiError(422, "Invalid", f'{KINDS[resource]} "{name}" is invalid: {msg}',
+                    {"name": name, "kind": KINDS[resource],
+                     "causes": [{"reason": "FieldValueInvalid", "message": t, "field": f} for f, t in causes]})
+
+
+def validate(resource: str, obj: dict) -> None:
+    """The subset of apiserver validation whose absence would hide backend bugs."""
+    meta = obj.get("metadata") or {}
+    name = meta.get("name") or ""
+    causes: list[tuple[str, str]] = []
+    if resource == "services":
+        if not (len(name) <= 63 and _DNS1035_LABEL.match(name)):
+            causes.append(("metadata.name", f"Invalid value: {name!r}: a DNS-1035 label must consist of lower case "
+                           "alphanumeric characters or '-', start with an alphabetic character, and end with an "
+                           "alphanumeric character"))
+    elif resource != "events":
+        if not (len(name) <= 253 and _DNS1123_SUBDOMAIN.match(name)):
+            causes.append(("metadata.name", f"Invalid value: {name!r}: a lowercase RFC 1123 subdomain must consist "
+                           "of lower case alphanumeric characters, '-' or '.'"))
+    for key, value in (meta.get("labels") or {}).items():
+        if not _valid_qualified_name(str(key)):
+            causes.append((f"metadata.labels", f"Invalid value: {key!r}: name part must consist of alphanumeric characters"))
+        if not isinstance(value, str) or not _valid_label_value(value):
+            causes.append((f"metadata.labels", f"Invalid value: {value!r}: a valid label must be an empty string or "
+                           "consist of alphanumeric characters, '-', '_' or '.', and must start and end with an "
+                           "alphanumeric character (max 63 characters)"))
+    for key in (meta.get("annotations") or {}):
+        if not _valid_qualified_name(str(key)):
+            causes.append(("metadata.annotations", f"Invalid value: {key!r}"))
+    if resource == "pods":
+        spec = obj.get("spec") or {}
+        containers = spec.get("containers") or []
+        if not containers:
+            causes.append(("spec.containers", "Required value"))
+        for field, group in (("spec.initContainers", spec.get("initContainers") or []), ("spec.containers", containers)):
+            for i, c in enumerate(group):
+                if not c.get("name") or not _DNS1123_LABEL.match(c["name"]):
+                    causes.append((f"{field}[{i}].name", f"Invalid value: {c.get('name')!r}"))
+                if not c.get("image"):
+                    causes.append((f"{field}[{i}].image", "Required value"))
+                res = c.get("resources") or {}
+                for rname, qty in (res.get("requests") or {}).items():
+                    if "/" in rname and not rname.startswith("kubernetes.io/") and (res.get("limits") or {}).get(rname) != qty:
+                        causes.append((f"{field}[{i}].resources.requests[{rname}]",
+                                       f"Invalid value: {qty!r}: must be equal to {rname} limit"))
+    if resource == "secrets":
+        for key, value in (obj.get("data") or {}).items():
+            try:
+                base64.b64decode(value, validate=True)
+            except Exception:
+                causes.append((f"data[{key}]", "Invalid value: illegal base64 data"))
+    if causes:
+        raise _invalid(resource, name, causes)
+
+
+# -- the simulated kubelet ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Script:
+    duration_s: float  # inf: runs until deleted
+    exit_code: int
+
+
+def parse_script(command: str) -> Script:
+    """Interpret the script convention described in the module docstring."""
+    duration = 0.0
+    code = 0
+    for stmt in re.split(r";|&&|\|\||\n", command):
+        words = stmt.split()
+        if not words:
+            continue
+        if words[0] == "sleep" and len(words) > 1:
+            if words[1] == "infinity":
+                return Script(float("inf"), 0)
+            try:
+                duration += float(words[1])
+            except ValueError:
+                pass
+            code = 0
+        elif words[0] == "exit":
+            try:
+                code = int(words[1]) if len(words) > 1 else code
+            except ValueError:
+                code = 2
+            return Script(duration, code & 0xFF)
+        elif words[0] == "false":
+            code = 1
+        else:
+            code = 0
+    return Script(duration, code)
+
+
+def _container_script(container: dict) -> str:
+    for env in container.get("env") or []:
+        if env.get("name") == "DLTS_COMMAND" and "value" in env:
+            return env["value"]
+    argv = list(container.get("command") or []) + list(container.get("args") or [])
+    return argv[-1] if argv else ""
+
+
+def _condition(obj: dict, ctype: str) -> dict | None:
+    for c in (obj.get("status") or {}).get("conditions") or []:
+        if c.get("type") == ctype:
+            return c
+    return None
+
+
+def _set_condition(obj: dict, ctype: str, status: str, now: float, reason: str = "", message: str = "") -> None:
+    conds = obj.setdefault("status", {}).setdefault("conditions", [])
+    for c in conds:
+        if c.get("type") == ctype:
+            if c.get("status") != status:
+                c["lastTransitionTime"] = rfc3339(now)
+            c.update(status=status, reason=reason, message=message, lastHeartbeatTime=rfc3339(now))
+            return
+    conds.append({"type": ctype, "status": status, "reason": reason, "message": message,
+                  "lastTransitionTime": rfc3339(now), "lastHeartbeatTime": rfc3339(now)})
+
+
+class FakeKubelet:
+    """Runs pods on the fake nodes: one ``tick()`` applies every transition due at the clock's now."""
+
+    def __init__(self, store: Store, clock: Callable[[], float]) -> None:
+        self.store = store
+        self.clock = clock
+        self._started: dict[str, tuple[float, Script]] = {}  # pod uid -> (start time, script)
+
+    def node_ready(self, node_name: str) -> bool:
+        try:
+            node = self.store.get("nodes", "", node_name)
+        except ApiError:
+            return False
+        cond = _condition(node, "Ready")
+        return bool(cond and cond.get("status") == "True")
+
+    def tick(self) -> None:
+        now = self.clock()
+        with self.store.lock:
+            pods = [o for (res, _, _), o in list(self.store.objects.items()) if res == "pods"]
+            ready = {name: self.node_ready(name) for name in {(p.get("spec") or {}).get("nodeName") for p in pods} if name}
+            for pod in pods:
+                self._step(pod, now, ready)
+
+    def _event(self, pod: dict, reason: str, message: str, etype: str = "Normal") -> None:
+        ns = pod["metadata"]["namespace"]
+        name = f"{pod['metadata']['name']}.{uuid.uuid4().hex[:12]}"
+        body = {"metadata": {"name": name}, "type": etype, "reason": reason, "message": message,
+                "involvedObject": {"kind": "Pod", "name": pod["metadata"]["name"], "namespace": ns,
+                                   "uid": pod["metadata"]["uid"]},
+                "firstTimestamp": rfc3339(self.clock()), "lastTimestamp": rfc3339(self.clock()), "count": 1,
+                "source": {"component": "kubelet", "host": pod["spec"].get("nodeName", "")}}
+        self.store.create("events", ns, body)
+
+    def _step(self, pod: dict, now: float, ready: dict[str, bool]) -> None:
+        meta, spec, status = pod["metadata"], pod["spec"], pod["status"]
+        ns, name, uid = meta["namespace"], meta["name"], meta["uid"]
+        node = spec.get("nodeName")
+        if not node:
+            return
+        if not ready.get(node, False):
+            # The node controller marks pods on an unreachable node not ready; nothing else moves.
+            cond = _condition(pod, "Ready")
+            if status.get("phase") == "Running" and (cond is None or cond.get("status") != "False"):
+                self.store.update_internal("pods", ns, name, lambda o: _set_condition(
+                    o, "Ready", "False", now, "NodeLost", f"node {node} is not ready"))
+            return
+        if meta.get("deletionTimestamp"):
+            if status.get("phase") == "Running":
+                self._event(pod, "Killing", "Stopping container " + spec["containers"][0]["name"])
+            self._started.pop(uid, None)
+            self.store.remove_internal("pods", ns, name)
+            return
+        phase = status.get("phase")
+        if phase == "Pending":
+            delay = float((meta.get("annotations") or {}).get("fake.dlts.io/start-delay-s", 0))
+            created = dt.datetime.strptime(meta["creationTimestamp"], "%Y-%m-%dT%H:%M:%SZ").replace(
+                tzinfo=dt.timezone.utc).timestamp()
+            if now < created + delay:
+                return
+            script = parse_script(_container_script(spec["containers"][0]))
+            self._started[uid] = (now, script)
+
+            def run(o: dict) -> None:
+                st = o["status"]
+                st.update(phase="Running", startTime=rfc3339(now), hostIP="192.168.0.1",
+                          podIP=f"10.244.{len(self._started) % 250}.{len(self._started) // 250 % 250 + 2}")
+                st["initContainerStatuses"] = [
+                    {"name": c["name"], "image": c["image"], "imageID": "", "ready": False, "restartCount": 0,
+                     "state": {"terminated": {"exitCode": 0, "reason": "Completed", "startedAt": rfc3339(now),
+                                              "finishedAt": rfc3339(now)}}}
+                    for c in o["spec"].get("initContainers") or []]
+                st["containerStatuses"] = [
+                    {"name": c["name"], "image": c["image"], "imageID": "", "ready": True, "restartCount": 0,
+                     "started": True, "state": {"running": {"startedAt": rfc3339(now)}}}
+                    for c in o["spec"]["containers"]]
+                _set_condition(o, "Ready", "True", now)
+
+            self.store.update_internal("pods", ns, name, run)
+            self._event(pod, "Started", "Started container " + spec["containers"][0]["name"])
+            phase = "Running"
+        if phase == "Running":
+            started, script = self._started.get(uid, (now, Script(float("inf"), 0)))
+            if now < started + script.duration_s:
+                return
+
+            def finish(o: dict) -> None:
+                st = o["status"]
+                st["phase"] = "Succeeded" if script.exit_code == 0 else "Failed"
+                for cs in st.get("containerStatuses") or []:
+                    cs["ready"] = False
+                    cs["started"] = False
+                    cs["state"] = {"terminated": {
+                        "exitCode": script.exit_code, "reason": "Completed" if script.exit_code == 0 else "Error",
+                        "startedAt": rfc3339(started), "finishedAt": rfc3339(now)}}
+                _set_condition(o, "Ready", "False", now, "PodCompleted")
+
+            self._started.pop(uid, None)
+            self.store.update_internal("pods", ns, name, finish)
+
+
+# -- HTTP ---------------------------------------------------------------------------------------
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: "_HttpServer"
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - keep test output quiet
+        pass
+
+    def _send(self, code: int, body: dict) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _body(self) -> Any:
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        if not raw:
+            return None
+        try:
+            if "yaml" in (self.headers.get("Content-Type") or ""):
+                return yaml.safe_load(raw)
+            return json.loads(raw)
+        except ValueError as exc:
+            raise _bad_request(f"the body of the request could not be decoded: {exc}") from None
+
+    def _dispatch(self, method: str) -> None:
+        api: FakeKubeApiServer = self.server.api
+        try:
+            if api.token and self.headers.get("Authorization") != f"Bearer {api.token}":
+                raise ApiError(401, "Unauthorized", "Unauthorized")
+            parts = urlsplit(self.path)
+            query = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
+            segs = [unquote(s) for s in parts.path.strip("/").split("/") if s]
+            if segs in (["version"],):
+                self._send(200, {"major": "1", "minor": "30", "gitVersion": "v1.30.0-dlts-fake"})
+                return
+            if segs[:2] != ["api", "v1"]:
+                raise ApiError(404, "NotFound", "the server could not find the requested resource")
+            segs = segs[2:]
+            namespace: str | None = None
+            if len(segs) >= 3 and segs[0] == "namespaces" and segs[2] in NAMESPACED:
+                namespace = segs[1]
+                segs = segs[2:]
+            if not segs or segs[0] not in KINDS or (segs[0] in NAMESPACED and namespace is None and method != "GET"):
+                raise ApiError(404, "NotFound", "the server could not find the requested resource")
+            resource = segs[0]
+            name = segs[1] if len(segs) > 1 else None
+            sub = segs[2] if len(segs) > 2 else ""
+            if sub not in ("", "status"):
+                raise ApiError(404, "NotFound", "the server could not find the requested resource")
+            ns = namespace or ""
+            verb = {"GET": "get" if name else "list", "POST": "create", "PUT": "update",
+                    "PATCH": "patch", "DELETE": "delete" if name else "deletecollection"}[method]
+            api.record(verb, resource)
+            api.before_request(verb, resource)
+            store = api.store
+            if method == "GET" and name is None:
+                if query.get("watch") in ("true", "1"):
+                    raise ApiError(405, "MethodNotAllowed", "watch is not implemented by the DLTS fake API server")
+                self._send(200, store.list(resource, namespace if resource in NAMESPACED else None,
+                                           query.get("labelSelector", ""), query.get("fieldSelector", "")))
+            elif method == "GET":
+                self._send(200, store.get(resource, ns, name))
+            elif method == "POST" and name is None:
+                body = self._body()
+                if not isinstance(body, dict):
+                    raise _bad_request("the body of the request must be an object")
+                if body.get("kind") not in (None, KINDS[resource]):
+                    raise _bad_request(f"the kind of the body ({body.get('kind')}) does not match {KINDS[resource]}")
+                if resource in NAMESPACED and (body.get("metadata") or {}).get("namespace") not in (None, ns):
+                    raise _bad_request("the namespace of the provided object does not match the namespace sent on the request")
+                self._send(201, store.create(resource, ns, body))
+            elif method == "PUT" and name:
+                self._send(200, store.replace(resource, ns, name, self._body() or {}, sub))
+            elif method == "PATCH" and name:
+                self._send(200, store.patch(resource, ns, name, self._body(),
+                                            self.headers.get("Content-Type") or "", sub))
+            elif method == "DELETE" and name is None:
+                opts = self._body() or {}
+                grace = opts.get("gracePeriodSeconds", query.get("gracePeriodSeconds"))
+                self._send(200, store.delete_collection(resource, ns, query.get("labelSelector", ""),
+                                                        query.get("fieldSelector", ""),
+                                                        None if grace is None else int(grace)))
+            elif method == "DELETE" and name:
+                opts = self._body() or {}
+                grace = opts.get("gracePeriodSeconds", query.get("gracePeriodSeconds"))
+                obj = store.delete(resource, ns, name, None if grace is None else int(grace), opts.get("preconditions"))
+                self._send(200, obj)
+            else:
+                raise ApiError(405, "MethodNotAllowed", f"{method} is not supported on {self.path}")
+        except ApiError as exc:
+            self._send(exc.code, exc.status())
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        except Exception as exc:  # a bug in the fake must surface as a 500 with the message, not a hang
+            self._send(500, ApiError(500, "InternalError", f"fake apiserver bug: {exc!r}").status())
+
+    def do_GET(self) -> None:
+        self._dispatch("GET")
+
+    def do_POST(self) -> None:
+        self._dispatch("POST")
+
+    def do_PUT(self) -> None:
+        self._dispatch("PUT")
+
+    def do_PATCH(self) -> None:
+        self._dispatch("PATCH")
+
+    def do_DELETE(self) -> None:
+        self._dispatch("DELETE")
+
+
+class _HttpServer(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    api: "FakeKubeApiServer"
+
+
+class FakeKubeApiServer:
+    """Start with ``with FakeKubeApiServer() as api:``; ``api.write_kubeconfig(path)`` for the client."""
+
+    def __init__(self, clock: FakeClock | None = None, token: str = "dlts-test-token") -> None:
+        self.clock = clock or FakeClock()
+        self.token = token
+        self.store = Store(self.clock)
+        self.kubelet = FakeKubelet(self.store, self.clock)
+        self.requests: Counter[tuple[str, str]] = Counter()
+        self._faults: list[tuple[int, set[str] | None]] = []
+        self.delay_s = 0.0
+        self._lock = threading.Lock()
+        self._http = _HttpServer(("127.0.0.1", 0), _Handler)
+        self._http.api = self
+        self._thread: threading.Thread | None = None
+
+    # lifecycle
+    @property
+    def url(self) -> str:
+        host, port = self._http.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def start(self) -> "FakeKubeApiServer":
+        self._thread = threading.Thread(target=self._http.serve_forever, name="fake-kube-apiserver", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._http.shutdown()
+        self._http.server_close()
+
+    def __enter__(self) -> "FakeKubeApiServer":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def write_kubeconfig(self, path: Path, namespace: str = "default") -> Path:
+        cfg = {
+            "apiVersion": "v1", "kind": "Config", "current-context": "fake",
+            "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
+            "users": [{"name": "dlts", "user": {"token": self.token}}],
+            "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "dlts", "namespace": namespace}}],
+        }
+        path.write_text(yaml.safe_dump(cfg))
+        return path
+
+    # instrumentation
+    def record(self, verb: str, resource: str) -> None:
+        with self._lock:
+            self.requests[(verb, resource)] += 1
+
+    def reset_counts(self) -> None:
+        with self._lock:
+            self.requests.clear()
+
+    def total_requests(self) -> int:
+        with self._lock:
+            return sum(self.requests.values())
+
+    def fail_next(self, count: int, code: int = 503, verbs: set[str] | None = None) -> None:
+        """The next ``count`` matching requests answer ``code`` (a real Status) instead of working."""
+        with self._lock:
+            self._faults.extend([(code, verbs)] * count)
+
+    def before_request(self, verb: str, resource: str) -> None:
+        if self.delay_s:
+            time.sleep(self.delay_s)
+        with self._lock:
+            for i, (code, verbs) in enumerate(self._faults):
+                if verbs is None or verb in verbs:
+                    self._faults.pop(i)
+                    reason = HTTPStatus(code).phrase.replace(" ", "")
+                    raise ApiError(code, reason, f"injected fault: {HTTPStatus(code).phrase}")
+
+    # helpers for tests (they go straight to the store, like a cluster admin would through kubectl)
+    def add_node(self, name: str, *, gpus: int = 8, cpu: str = "96", memory: str = "900Gi",
+                 labels: dict[str, str] | None = None, ready: bool = True, unschedulable: bool = False,
+                 annotations: dict[str, str] | None = None) -> dict:
+        allocatable = {"cpu": cpu, "memory": memory, "pods": "110"}
+        if gpus:
+            allocatable["nvidia.com/gpu"] = str(gpus)
+        now = self.clock()
+        body = {"metadata": {"name": name, "labels": labels or {}, "annotations": annotations or {}},
+                "spec": {"unschedulable": unschedulable} if unschedulable else {},
+                "status": {"capacity": dict(allocatable), "allocatable": allocatable,
+                           "conditions": [{"type": "Ready", "status": "True" if ready else "False",
+                                           "reason": "KubeletReady" if ready else "KubeletNotReady",
+                                           "lastTransitionTime": rfc3339(now), "lastHeartbeatTime": rfc3339(now)}]}}
+        return self.store.create("nodes", "", body)
+
+    def set_node_ready(self, name: str, ready: bool, status: str | None = None) -> None:
+        """Flip a node's Ready condition (``status`` "Unknown" is what the node controller writes when
+        the kubelet stops posting)."""
+        value = status or ("True" if ready else "False")
+        self.store.update_internal("nodes", "", name, lambda o: _set_condition(
+            o, "Ready", value, self.clock(), "KubeletReady" if value == "True" else "NodeStatusUnknown"))
+
+    def remove_node(self, name: str) -> None:
+        self.store.remove_internal("nodes", "", name)
+
+    def pods(self, namespace: str = "default", selector: str = "") -> list[dict]:
+        return self.store.list("pods", namespace, selector)["items"]
+
+    def objects(self, resource: str, namespace: str | None = "default", selector: str = "") -> list[dict]:
+        return self.store.list(resource, namespace if resource in NAMESPACED else None, selector)["items"]
+
+    def run_until_idle(self, seconds: float, step_s: float = 1.0) -> None:
+        """Advance the clock ``seconds`` in steps, ticking the kubelet at each step."""
+        end = self.clock() + seconds
+        self.kubelet.tick()
+        while self.clock() < end:
+            self.clock.advance(min(step_s, end - self.clock()))
+            self.kubelet.tick()
