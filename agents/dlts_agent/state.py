@@ -1,0 +1,100 @@
+"""The agent's persisted state: one JSON file in ``state_dir``, replaced atomically.
+
+It holds what must survive a restart so that nothing is counted or done twice:
+the kernel-log cursor together with the XID counts it produced (one file, one rename: a line is
+either counted and its cursor saved, or neither), recent XID events for the detection window, the
+time of each GPU's last successful reset, and the result of every repair order by id.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+import threading
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+STATE_VERSION = 1
+MAX_ORDERS_KEPT = 500
+
+
+class AgentState:
+    def __init__(self, path: str | None) -> None:
+        self.path = path  # None = in memory only (--once)
+        self.lock = threading.RLock()
+        self.kmsg_boot_id: str = ""
+        self.kmsg_seq: int = -1
+        self.journal_cursor: str = ""
+        self.xid_counts: dict[tuple[str, int, str], int] = {}
+        self.fell_off_bus_counts: dict[str, int] = {}
+        self.recent_xids: list[dict[str, Any]] = []
+        self.gpu_reset_at: dict[str, float] = {}  # bus id -> wall time of the last successful reset
+        self.orders: dict[str, dict[str, Any]] = {}  # order id -> result (see actions.OrderResult)
+        self.load_error: str | None = None
+
+    @classmethod
+    def load(cls, path: str | None) -> "AgentState":
+        st = cls(path)
+        if path is None or not os.path.exists(path):
+            return st
+        try:
+            with open(path, encoding="utf-8") as f:
+                data = json.load(f)
+            st._from_json(data)
+        except (OSError, ValueError, TypeError, KeyError) as e:
+            # A corrupt state file must not stop the agent; starting over may recount old kernel
+            # lines once, which is better than exporting nothing.
+            st = cls(path)
+            st.load_error = f"{path}: unreadable state ({e}); starting with empty state"
+            log.warning("%s", st.load_error)
+        return st
+
+    def _from_json(self, data: dict[str, Any]) -> None:
+        if data.get("version") != STATE_VERSION:
+            raise ValueError(f"state version {data.get('version')!r}, expected {STATE_VERSION}")
+        kmsg = data.get("kmsg", {})
+        self.kmsg_boot_id = str(kmsg.get("boot_id", ""))
+        self.kmsg_seq = int(kmsg.get("seq", -1))
+        self.journal_cursor = str(data.get("journal_cursor", ""))
+        self.xid_counts = {(str(b), int(x), str(s)): int(n) for b, x, s, n in data.get("xid_counts", [])}
+        self.fell_off_bus_counts = {str(k): int(v) for k, v in data.get("fell_off_bus_counts", {}).items()}
+        self.recent_xids = [dict(e) for e in data.get("recent_xids", [])]
+        self.gpu_reset_at = {str(k): float(v) for k, v in data.get("gpu_reset_at", {}).items()}
+        self.orders = {str(k): dict(v) for k, v in data.get("orders", {}).items()}
+
+    def to_json(self) -> dict[str, Any]:
+        with self.lock:
+            orders = dict(sorted(self.orders.items(), key=lambda kv: kv[1].get("finished_at") or 0)[-MAX_ORDERS_KEPT:])
+            return {
+                "version": STATE_VERSION,
+                "kmsg": {"boot_id": self.kmsg_boot_id, "seq": self.kmsg_seq},
+                "journal_cursor": self.journal_cursor,
+                "xid_counts": [[b, x, s, n] for (b, x, s), n in sorted(self.xid_counts.items())],
+                "fell_off_bus_counts": dict(self.fell_off_bus_counts),
+                "recent_xids": list(self.recent_xids),
+                "gpu_reset_at": dict(self.gpu_reset_at),
+                "orders": orders,
+            }
+
+    def save(self) -> None:
+        if self.path is None:
+            return
+        data = json.dumps(self.to_json(), sort_keys=True).encode()
+        directory = os.path.dirname(self.path) or "."
+        os.makedirs(directory, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".state.", dir=directory)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())  # the cursor must not point past counts that were lost
+            os.replace(tmp, self.path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
