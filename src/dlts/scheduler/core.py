@@ -145,9 +145,11 @@ class _Pass:
 
     def _reclaim(self, job: Job, req: Request, vc, rej: Rejection) -> Rejection:
         for plugin in self.fw.preempt:
-            victims = plugin.find(self.state, job, req, vc)
-            if victims is None:
+            plan = plugin.find(self.state, job, req, vc)
+            if plan is None:
                 continue
+            victims = plan.victims
+            self.state.reserve_free_part(plan.placements)
             for h in victims:
                 h.claimed = True
             new = [h for h in victims if not h.stopping]

@@ -48,6 +48,16 @@ class VcQueue:
     blocker: int | None = None  # FIFO: the first non-preemptible job that did not fit
 
 
+@dataclass(frozen=True)
+class ReclaimPlan:
+    """What a preempt plugin found: the holdings to free (already-stopping ones included) and
+    the placements the job will take once they have exited. The free part of those placements is
+    reserved for the rest of the pass so opportunistic work cannot take it meanwhile."""
+
+    victims: list[Holding]
+    placements: list[Placement]
+
+
 class SortPlugin(Protocol):
     name: str
 
@@ -93,8 +103,8 @@ class PlacePlugin(Protocol):
 class PreemptPlugin(Protocol):
     name: str
 
-    def find(self, state: PassState, job: Job, req: Request, vc: Vc) -> list[Holding] | None:
-        """The holdings to free (already-stopping ones included) or None when no set makes room."""
+    def find(self, state: PassState, job: Job, req: Request, vc: Vc) -> ReclaimPlan | None:
+        """The room to make, or None when no set of reclaimable work makes room."""
         ...
 
 

@@ -368,6 +368,14 @@ class PassState:
         for p in placements:
             self.take(self.nodes[p.node], mask_of(p.gpu_indices), p.cpu, p.memory_bytes)
 
+    def reserve_free_part(self, placements: list[Placement]) -> None:
+        """Take what is free now of planned placements whose rest is still held by victims."""
+        for p in placements:
+            ns = self.nodes[p.node]
+            cpu = min(p.cpu, max(ns.free_cpu, 0.0))
+            mem = min(p.memory_bytes, max(ns.free_memory_bytes, 0))
+            self.take(ns, mask_of(p.gpu_indices) & ns.free_mask, cpu, mem)
+
     def unreserve(self, placements: list[Placement]) -> None:
         for p in placements:
             self.give(self.nodes[p.node], mask_of(p.gpu_indices), p.cpu, p.memory_bytes)

@@ -93,6 +93,15 @@ class VcQuota:
             return None
         quota = vc.quota.get(req.sku, 0)
         ask = req.gpus * core
+        if ask > quota:
+            # Larger than the whole quota: no amount of waiting helps until the quota grows, so
+            # it must not stall a FIFO queue behind it.
+            return Rejection(
+                WaitReason.VC_QUOTA,
+                f"this job asks {ask} non-preemptible {req.sku} GPUs, more than VC {vc.name}'s whole quota of "
+                f"{quota}; ask for fewer, submit it preemptible, or have the quota raised",
+                permanent=True,
+            )
         if used[req.sku] + ask > quota:
             return Rejection(
                 WaitReason.VC_QUOTA,

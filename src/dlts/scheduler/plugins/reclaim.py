@@ -11,8 +11,8 @@ two jobs never count on the same room.
 
 from __future__ import annotations
 
-from dlts.scheduler.framework import register
-from dlts.scheduler.model import CPU_SKU, Job, Vc
+from dlts.scheduler.framework import ReclaimPlan, register
+from dlts.scheduler.model import CPU_SKU, Job, Placement, Vc
 from dlts.scheduler.plugins.placement import CpuOnly
 from dlts.scheduler.state import Holding, NodeState, PassState, Pool, Request, best_run, mask_of
 
@@ -47,7 +47,7 @@ def _set_cost(new: list[Holding]) -> tuple:
 class Reclaim:
     name = "reclaim"
 
-    def find(self, state: PassState, job: Job, req: Request, vc: Vc) -> list[Holding] | None:
+    def find(self, state: PassState, job: Job, req: Request, vc: Vc) -> ReclaimPlan | None:
         key = ("reclaim", req.sku, job.vc, req.whole_node, req.same_domain, req.units)
         if state.reclaim_fail_cache.known_to_fail(key, req.gpus, req.cpu, req.memory_bytes):
             return None
@@ -75,9 +75,10 @@ class Reclaim:
 
     # -- single-node units (jobs, replicas, CPU-only) ----------------------------------------------
 
-    def _units(self, state: PassState, pools: list[Pool], req: Request) -> list[Holding] | None:
+    def _units(self, state: PassState, pools: list[Pool], req: Request) -> ReclaimPlan | None:
         overlay: dict[str, Free] = {}
         chosen: list[Holding] = []
+        plan: list[Placement] = []
         chosen_ids: set[int] = set()
         all_nodes = [ns for pool in pools for ns in pool.nodes]
         with_holdings = [ns for ns in all_nodes if ns.holdings]
@@ -114,7 +115,8 @@ class Reclaim:
             start = best_run(f[0], ns.node.gpus, req.gpus) if req.gpus else 0
             used = ((1 << req.gpus) - 1) << start if req.gpus else 0
             overlay[ns.name] = [f[0] & ~used, f[1] - req.cpu, f[2] - req.memory_bytes]
-        return chosen
+            plan.append(Placement(ns.name, tuple(range(start, start + req.gpus)), req.cpu, req.memory_bytes))
+        return ReclaimPlan(chosen, plan)
 
     def _node_option(
         self, ns: NodeState, free: Free, req: Request, taken: set[int]
@@ -151,7 +153,7 @@ class Reclaim:
 
     # -- gangs of whole nodes ------------------------------------------------------------------
 
-    def _gang(self, state: PassState, pools: list[Pool], req: Request) -> list[Holding] | None:
+    def _gang(self, state: PassState, pools: list[Pool], req: Request) -> ReclaimPlan | None:
         groups: dict[str, list[tuple[tuple, NodeState, list[Holding]]]] = {}
         for pool in pools:
             for ns in pool.nodes:
@@ -177,5 +179,9 @@ class Reclaim:
             victims = list(picked.values())
             cost = _set_cost([h for h in victims if not h.stopping])
             if best is None or (cost, group) < best[:2]:
-                best = (cost, group, victims)
+                plan = [
+                    Placement(ns.name, tuple(range(ns.node.gpus)), req.cpu, req.memory_bytes)
+                    for _, ns, _ in options[: req.units]
+                ]
+                best = (cost, group, ReclaimPlan(victims, plan))
         return None if best is None else best[2]

@@ -1,0 +1,418 @@
+"""The discrete-event replay behind ``dlts sim``.
+
+Simulated time advances from event to event (a submit, a job's end, a wall-time deadline, the end
+of a preemption grace period). Passes of the real core (``dlts.scheduler.decide``) run at multiples
+of ``tick_s``: the first tick at or after each event, never in between, exactly as the live job
+manager only acts on its ticks. A job runs for its ``duration_s``; a preempted job loses its work
+and is requeued keeping its queue time (its submit time), so it sorts back to the head.
+
+With ``preempt_grace_s`` 0 a stop takes effect at once and the pass is repeated at the same instant
+(so the job a preemption made room for starts in the same tick); with a grace period the victims
+hold their resources, marked ``stopping``, until the grace ends.
+
+The result is the RESULT.json document of SCHEDULING.md, plus what a reader needs to re-check
+every rule from it alone: the cluster itself, each job's request, and for inference jobs one row per
+replica.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import Counter
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable
+
+from dlts.scheduler import Decisions, Job, JobType, Placement, Snapshot, StopReason, decide
+from dlts.scheduler.plugins.walltime import effective_limit_s
+from dlts.sim.inputs import Cluster, TraceJob
+
+PassHook = Callable[[Snapshot, Decisions, float], None]
+MAX_ROUNDS_PER_TICK = 4  # repeated passes at one instant after immediate stops
+
+
+@dataclass
+class SimJob:
+    spec: TraceJob
+    state: str = "submitted"  # submitted -> queued -> running -> finished | killed (queued again if preempted)
+    start_s: float | None = None
+    end_s: float | None = None
+    attempts: list[dict] = field(default_factory=list)
+    replicas: list[dict] = field(default_factory=list)  # inference: one row per replica lifetime
+    wait_reasons: Counter = field(default_factory=Counter)
+    placements: list[Placement] = field(default_factory=list)
+    started_at: float | None = None
+    stopping_until: float | None = None
+    stop_reason: str | None = None
+    attempt_no: int = 0
+    job: Job | None = None  # the core's view, rebuilt only when something changed
+
+    @property
+    def id(self) -> int:
+        return self.spec.id
+
+
+class Simulation:
+    def __init__(self, cluster: Cluster, trace: list[TraceJob], on_pass: PassHook | None = None) -> None:
+        self.cluster = cluster
+        self.trace = sorted(trace, key=lambda j: (j.submit_s, j.id))
+        self.jobs: dict[int, SimJob] = {t.id: SimJob(t) for t in self.trace}
+        self.on_pass = on_pass
+        self.pending: dict[int, SimJob] = {}
+        self.running: dict[int, SimJob] = {}
+        self.events: list[tuple[float, int, str, int, int]] = []  # (time, seq, kind, job, attempt)
+        self._seq = 0
+        self.passes = 0
+        self.preemptions = 0
+        self.scale_downs = 0
+        self.last_event_s = 0.0
+        self.completed = 0  # jobs finished or killed
+
+    # -- events ----------------------------------------------------------------------------------
+
+    def _push(self, t: float, kind: str, job_id: int, attempt: int) -> None:
+        self._seq += 1
+        heapq.heappush(self.events, (t, self._seq, kind, job_id, attempt))
+
+    def run(self, progress: Callable[[int], None] | None = None) -> dict:
+        tick = self.cluster.tick_s
+        submit_i = 0
+        n = len(self.trace)
+        done_before = 0
+        while True:
+            nxt = math.inf
+            if submit_i < n:
+                nxt = self.trace[submit_i].submit_s
+            while self.events and self._stale(self.events[0]):
+                heapq.heappop(self.events)
+            if self.events:
+                nxt = min(nxt, self.events[0][0])
+            if nxt == math.inf:
+                break
+            now = math.ceil(nxt / tick - 1e-9) * tick
+            # Events up to the pass, in time order, at their own instants.
+            while self.events and self.events[0][0] <= now:
+                t, _, kind, job_id, attempt = heapq.heappop(self.events)
+                if not self._stale((t, 0, kind, job_id, attempt)):
+                    self._event(t, kind, job_id)
+            while submit_i < n and self.trace[submit_i].submit_s <= now:
+                sj = self.jobs[self.trace[submit_i].id]
+                sj.state = "queued"
+                sj.job = self._pending_job(sj)
+                self.pending[sj.id] = sj
+                submit_i += 1
+            for _ in range(MAX_ROUNDS_PER_TICK):
+                if not self._pass(now):
+                    break
+            if progress is not None and self.completed != done_before:
+                progress(self.completed - done_before)
+                done_before = self.completed
+        return self.result()
+
+    def _stale(self, ev: tuple) -> bool:
+        _, _, kind, job_id, attempt = ev
+        sj = self.jobs[job_id]
+        return sj.attempt_no != attempt or sj.state != "running"
+
+    def _event(self, t: float, kind: str, job_id: int) -> None:
+        sj = self.jobs[job_id]
+        self.last_event_s = max(self.last_event_s, t)
+        if kind == "end":
+            self._end(sj, t, "finished", "finished")
+        elif kind == "stopped":  # a grace period ran out
+            reason = sj.stop_reason or "preempted"
+            if reason == "wall_time":
+                self._end(sj, t, "killed", "wall_time")
+            else:
+                self._requeue(sj, t)
+
+    # -- one pass --------------------------------------------------------------------------------
+
+    def _snapshot(self) -> Snapshot:
+        jobs = [sj.job for sj in self.pending.values()] + [sj.job for sj in self.running.values()]
+        c = self.cluster
+        return Snapshot(c.skus, c.nodes, c.vcs, tuple(jobs))  # type: ignore[arg-type]
+
+    def _pass(self, now: float) -> bool:
+        """One pass; True when it stopped something at once (so another pass at ``now`` may start
+        the job the room was made for)."""
+        if not self.pending and not any(self._may_grow(sj) for sj in self.running.values()):
+            if not self._deadline_due(now):
+                return False
+        snap = self._snapshot()
+        d = decide(snap, now)
+        self.passes += 1
+        if self.on_pass is not None:
+            self.on_pass(snap, d, now)
+        immediate = False
+        for stop in d.stops:
+            sj = self.running[stop.job_id]
+            if stop.reason is StopReason.SCALE_DOWN and stop.placements:
+                self.scale_downs += 1
+                self._scale_down(sj, now, stop.placements)
+                immediate = True
+                continue
+            reason = stop.reason.value
+            if stop.reason is StopReason.PREEMPTED:
+                self.preemptions += 1
+            if self.cluster.preempt_grace_s > 0:
+                sj.stop_reason = reason
+                sj.stopping_until = now + self.cluster.preempt_grace_s
+                sj.job = replace(sj.job, stopping=True)  # type: ignore[arg-type]
+                self._push(sj.stopping_until, "stopped", sj.id, sj.attempt_no)
+            elif reason == "wall_time":
+                self._end(sj, now, "killed", "wall_time")
+                immediate = True
+            else:
+                self._requeue(sj, now)
+                immediate = True
+        for start in d.starts:
+            if start.scale_up:
+                self._scale_up(self.running[start.job_id], now, start.placements)
+            else:
+                self._start(self.pending.pop(start.job_id), now, start.placements)
+        started = {s.job_id for s in d.starts}
+        for w in d.waits:
+            if w.job_id not in started:
+                self.jobs[w.job_id].wait_reasons[w.reason.value] += 1
+        return immediate and bool(self.pending)
+
+    def _may_grow(self, sj: SimJob) -> bool:
+        s = sj.spec
+        return s.type is JobType.INFERENCE and len(sj.placements) < s.max_replicas and sj.stopping_until is None
+
+    def _deadline_due(self, now: float) -> bool:
+        for sj in self.running.values():
+            limit = effective_limit_s(sj.job, self.cluster.vcs.get(sj.spec.vc))  # type: ignore[arg-type]
+            if limit is not None and sj.stopping_until is None and now - (sj.started_at or 0) >= limit:
+                return True
+        return False
+
+    # -- applying decisions ---------------------------------------------------------------------
+
+    def _pending_job(self, sj: SimJob) -> Job:
+        s = sj.spec
+        return Job(
+            id=s.id,
+            vc=s.vc,
+            user=s.user,
+            type=s.type,
+            sku=s.sku,
+            gpus=s.gpus,
+            cpu=0.0,
+            memory_bytes=0,
+            queue_time=s.submit_s,  # kept across preemptions: a requeued job goes back to the head
+            priority=s.priority,
+            preemptible=s.preemptible,
+            nodes=s.nodes,
+            ib_domain_any=False,
+            max_time_s=s.max_time_s,
+            min_replicas=s.min_replicas,
+            max_replicas=s.max_replicas,
+        )
+
+    def _start(self, sj: SimJob, now: float, placements: tuple[Placement, ...]) -> None:
+        sj.state = "running"
+        sj.attempt_no += 1
+        sj.started_at = now
+        sj.stopping_until = None
+        sj.stop_reason = None
+        if sj.start_s is None:
+            sj.start_s = now
+        sj.placements = list(placements)
+        sj.job = replace(sj.job, running=True, started_at=now, placements=tuple(placements), stopping=False)  # type: ignore[arg-type]
+        sj.attempts.append(
+            {
+                "start_s": now,
+                "end_s": None,
+                "nodes": _nodes_of(placements),
+                "gpus": _gpus_of(placements),
+                "reason": None,
+            }
+        )
+        if sj.spec.type is JobType.INFERENCE:
+            core = max(1, sj.spec.min_replicas)
+            for i, p in enumerate(placements):
+                sj.replicas.append(_replica(p, now, core=i < core and not sj.spec.preemptible))
+        self.running[sj.id] = sj
+        self._push(now + sj.spec.duration_s, "end", sj.id, sj.attempt_no)
+        limit = effective_limit_s(sj.job, self.cluster.vcs.get(sj.spec.vc))  # type: ignore[arg-type]
+        if limit is not None and limit < sj.spec.duration_s:
+            # Wake the loop for the pass that kills it (the core decides; this only schedules a pass).
+            self._push(now + limit, "deadline", sj.id, sj.attempt_no)
+
+    def _scale_up(self, sj: SimJob, now: float, placements: tuple[Placement, ...]) -> None:
+        sj.placements.extend(placements)
+        sj.job = replace(sj.job, placements=tuple(sj.placements))  # type: ignore[arg-type]
+        for p in placements:
+            sj.replicas.append(_replica(p, now, core=False))
+
+    def _scale_down(self, sj: SimJob, now: float, placements: tuple[Placement, ...]) -> None:
+        for p in placements:
+            sj.placements.remove(p)
+            for r in sj.replicas:
+                if r["end_s"] is None and r["node"] == p.node and r["gpus"] == list(p.gpu_indices) and not r["core"]:
+                    r["end_s"], r["reason"] = now, "scale_down"
+                    break
+        sj.job = replace(sj.job, placements=tuple(sj.placements))  # type: ignore[arg-type]
+
+    def _close(self, sj: SimJob, t: float, reason: str) -> None:
+        att = sj.attempts[-1]
+        att["end_s"], att["reason"] = t, reason
+        for r in sj.replicas:
+            if r["end_s"] is None:
+                r["end_s"], r["reason"] = t, reason
+        del self.running[sj.id]
+        sj.placements = []
+        sj.started_at = None
+        sj.stopping_until = None
+        self.last_event_s = max(self.last_event_s, t)
+
+    def _end(self, sj: SimJob, t: float, state: str, reason: str) -> None:
+        self._close(sj, t, reason)
+        sj.state = state
+        sj.end_s = t
+        self.completed += 1
+        sj.attempt_no += 1  # invalidates its pending events
+
+    def _requeue(self, sj: SimJob, t: float) -> None:
+        self._close(sj, t, "preempted")
+        sj.state = "queued"
+        sj.attempt_no += 1
+        sj.job = self._pending_job(sj)
+        self.pending[sj.id] = sj
+
+    # -- result ----------------------------------------------------------------------------------
+
+    def result(self) -> dict:
+        return build_result(self)
+
+
+def _nodes_of(placements) -> list[str]:
+    out: list[str] = []
+    for p in placements:
+        if p.node not in out:
+            out.append(p.node)
+    return out
+
+
+def _gpus_of(placements) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {}
+    for p in placements:
+        out.setdefault(p.node, []).extend(p.gpu_indices)
+    return {k: sorted(v) for k, v in out.items()}
+
+
+def _replica(p: Placement, now: float, core: bool) -> dict:
+    return {"start_s": now, "end_s": None, "node": p.node, "gpus": list(p.gpu_indices), "core": core, "reason": None}
+
+
+def _percentile(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    values = sorted(values)
+    k = max(0, math.ceil(q * len(values)) - 1)
+    return values[k]
+
+
+def _gpu_seconds(sj: SimJob) -> float:
+    if sj.spec.type is JobType.INFERENCE:
+        return sum(len(r["gpus"]) * (r["end_s"] - r["start_s"]) for r in sj.replicas if r["end_s"] is not None)
+    total = 0.0
+    for a in sj.attempts:
+        if a["end_s"] is not None:
+            total += sum(len(v) for v in a["gpus"].values()) * (a["end_s"] - a["start_s"])
+    return total
+
+
+def build_result(sim: Simulation) -> dict[str, Any]:
+    c = sim.cluster
+    jobs_out = []
+    waits: list[float] = []
+    jcts: list[float] = []
+    by_vc: dict[str, dict[str, Any]] = {
+        name: {"jobs": 0, "started": 0, "finished": 0, "killed": 0, "waits": [], "gpu_seconds": 0.0, "preemptions": 0}
+        for name in c.vcs
+    }
+    makespan = 0.0
+    for sj in sorted(sim.jobs.values(), key=lambda j: j.id):
+        s = sj.spec
+        limit = effective_limit_s(sj.job, c.vcs.get(s.vc)) if sj.job is not None else None
+        row: dict[str, Any] = {
+            "id": s.id,
+            "vc": s.vc,
+            "user": s.user,
+            "type": s.type.value,
+            "sku": s.sku,
+            "gpus": s.gpus,
+            "nodes": s.nodes,
+            "priority": s.priority,
+            "preemptible": s.preemptible,
+            "duration_s": s.duration_s,
+            "max_time_s": s.max_time_s,
+            "effective_max_time_s": limit,
+            "submit_s": s.submit_s,
+            "start_s": sj.start_s,
+            "end_s": sj.end_s,
+            "state": sj.state if sj.state != "submitted" else "queued",
+            "attempts": sj.attempts,
+            "wait_reasons": dict(sorted(sj.wait_reasons.items())),
+        }
+        if s.type is JobType.INFERENCE:
+            row["min_replicas"], row["max_replicas"] = s.min_replicas, s.max_replicas
+            row["replicas"] = sj.replicas
+        jobs_out.append(row)
+        v = by_vc[s.vc]
+        v["jobs"] += 1
+        v["preemptions"] += sum(1 for a in sj.attempts if a["reason"] == "preempted")
+        v["gpu_seconds"] += _gpu_seconds(sj)
+        if sj.start_s is not None:
+            v["started"] += 1
+            waits.append(sj.start_s - s.submit_s)
+            v["waits"].append(sj.start_s - s.submit_s)
+        if sj.end_s is not None:
+            jcts.append(sj.end_s - s.submit_s)
+            makespan = max(makespan, sj.end_s)
+            v["finished" if sj.state == "finished" else "killed"] += 1
+    total_gpus = sum(n.gpus for n in c.nodes)
+    gpu_seconds = sum(v["gpu_seconds"] for v in by_vc.values())
+    for v in by_vc.values():
+        w = v.pop("waits")
+        v["avg_wait_s"] = sum(w) / len(w) if w else 0.0
+        v["p95_wait_s"] = _percentile(w, 0.95)
+        v["gpu_hours"] = round(v.pop("gpu_seconds") / 3600, 3)
+    summary = {
+        "makespan_s": makespan,
+        "avg_wait_s": sum(waits) / len(waits) if waits else 0.0,
+        "p95_wait_s": _percentile(waits, 0.95),
+        "avg_jct_s": sum(jcts) / len(jcts) if jcts else 0.0,
+        "gpu_utilization": gpu_seconds / (total_gpus * makespan) if total_gpus and makespan else 0.0,
+        "preemptions": sim.preemptions,
+        "scale_downs": sim.scale_downs,
+        "jobs": len(jobs_out),
+        "finished": sum(1 for j in jobs_out if j["state"] == "finished"),
+        "killed": sum(1 for j in jobs_out if j["state"] == "killed"),
+        "never_finished": sum(1 for j in jobs_out if j["state"] not in ("finished", "killed")),
+        "passes": sim.passes,
+        "by_vc": by_vc,
+    }
+    cluster = {
+        "tick_s": c.tick_s,
+        "preempt_grace_s": c.preempt_grace_s,
+        "skus": {k: {"gpus": v.gpus, "cpu": v.cpu, "memory_bytes": v.memory_bytes} for k, v in c.skus.items()},
+        "nodes": [
+            {"name": n.name, "sku": n.sku, "gpus": n.gpus, "ib_domain": n.ib_domain, "vc": n.vc, "schedulable": n.schedulable}
+            for n in c.nodes
+        ],
+        "vcs": {
+            k: {
+                "quota": dict(v.quota),
+                "policy": v.policy.value,
+                "max_job_time_s": v.max_job_time_s,
+                "max_interactive_gpus": v.max_interactive_gpus,
+                "user_gpu_quota": v.user_gpu_quota,
+            }
+            for k, v in c.vcs.items()
+        },
+    }
+    return {"jobs": jobs_out, "summary": summary, "cluster": cluster}

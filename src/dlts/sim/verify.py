@@ -1,0 +1,208 @@
+"""Re-check the scheduling rules on a RESULT.json alone.
+
+``check_result(result)`` returns a list of violations (empty when every rule held). It reads only
+the document ``dlts sim`` writes: the cluster it echoes, each job's request, attempts and (for
+inference) replicas. Checked:
+
+* no node over capacity: GPU indices held at one instant never overlap and exist on the node;
+  unschedulable nodes and other VCs' hard-assigned nodes are never used;
+* no VC's non-preemptible GPUs above its quota per SKU at any instant;
+* a VC's running interactive GPUs never above ``max_interactive_gpus``;
+* gangs are whole nodes, the asked number, in one IB domain;
+* FIFO: a non-preemptible job never starts while an earlier one of its FIFO VC waits (unless the
+  earlier one could never run: reasons ``no_matching_nodes``, ``topology`` or a request above the
+  VC's whole quota);
+* only preemptible work is preempted, and a preempted job is requeued (a later attempt, or still
+  queued at the end);
+* wall time: killed jobs ran at least their limit and at most a tick (plus grace) longer;
+  finished jobs never ran more than a tick past it.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+EPS = 1e-6
+
+
+def _holdings(job: dict) -> list[tuple[float, float, str, list[int], bool]]:
+    """(start, end, node, gpu indices, counts-as-non-preemptible) of everything a job held."""
+    out = []
+    if job["type"] == "inference":
+        for r in job.get("replicas", []):
+            out.append((r["start_s"], r["end_s"], r["node"], r["gpus"], bool(r["core"])))
+        return out
+    for a in job["attempts"]:
+        for node, idx in a["gpus"].items():
+            out.append((a["start_s"], a["end_s"], node, idx, not job["preemptible"]))
+    return out
+
+
+def _sweep_max(intervals: list[tuple[float, float, int]]) -> tuple[int, float]:
+    """Largest sum of amounts held at one instant (ends before starts at equal times)."""
+    events = []
+    for s, e, amount in intervals:
+        events.append((s, 1, amount))
+        events.append((e if e is not None else float("inf"), 0, -amount))
+    events.sort()
+    cur = best = 0
+    at = 0.0
+    for t, _, delta in events:
+        cur += delta
+        if cur > best:
+            best, at = cur, t
+    return best, at
+
+
+def check_result(result: dict[str, Any]) -> list[str]:
+    out: list[str] = []
+    cluster = result["cluster"]
+    nodes = {n["name"]: n for n in cluster["nodes"]}
+    vcs = cluster["vcs"]
+    tick = float(cluster["tick_s"])
+    grace = float(cluster.get("preempt_grace_s", 0))
+    jobs = result["jobs"]
+
+    per_node: dict[str, list[tuple[float, float, int, list[int]]]] = defaultdict(list)
+    quota_use: dict[tuple[str, str], list[tuple[float, float, int]]] = defaultdict(list)
+    interactive: dict[str, list[tuple[float, float, int]]] = defaultdict(list)
+
+    for job in jobs:
+        jid = job["id"]
+        for s, e, node, idx, core in _holdings(job):
+            n = nodes.get(node)
+            if n is None:
+                out.append(f"job {jid} placed on unknown node {node}")
+                continue
+            if not n["schedulable"]:
+                out.append(f"job {jid} placed on unschedulable node {node}")
+            if n["vc"] is not None and n["vc"] != job["vc"]:
+                out.append(f"job {jid} of VC {job['vc']} placed on node {node} hard-assigned to VC {n['vc']}")
+            if any(i < 0 or i >= n["gpus"] for i in idx):
+                out.append(f"job {jid} holds GPU indices {idx} that node {node} ({n['gpus']} GPUs) lacks")
+            per_node[node].append((s, e, jid, idx))
+            if core and job["sku"] and n["gpus"]:
+                quota_use[(job["vc"], n["sku"])].append((s, e, len(idx)))
+            if job["type"] == "interactive":
+                interactive[job["vc"]].append((s, e, len(idx)))
+        prev_end = None
+        for a in job["attempts"]:
+            if a["start_s"] + EPS < job["submit_s"]:
+                out.append(f"job {jid} started at {a['start_s']} before its submit at {job['submit_s']}")
+            if prev_end is not None and a["start_s"] + EPS < prev_end:
+                out.append(f"job {jid} has overlapping attempts")
+            prev_end = a["end_s"]
+        _check_gang(job, nodes, out)
+        _check_preemption(job, out)
+        _check_wall_time(job, tick, grace, out)
+
+    for node, held in per_node.items():
+        held.sort(key=lambda h: (h[0], h[1] if h[1] is not None else float("inf")))
+        active: list[tuple[float, float, int, list[int]]] = []
+        for s, e, jid, idx in held:
+            active = [h for h in active if h[1] is None or h[1] > s + EPS]
+            busy = {i for h in active for i in h[3]}
+            clash = busy & set(idx)
+            if clash:
+                others = sorted({h[2] for h in active if set(h[3]) & clash})
+                out.append(f"node {node} over capacity at {s}: job {jid} and job(s) {others} hold GPUs {sorted(clash)}")
+            active.append((s, e, jid, idx))
+
+    for (vc, sku), intervals in quota_use.items():
+        quota = vcs[vc]["quota"].get(sku, 0)
+        peak, at = _sweep_max(intervals)
+        if peak > quota:
+            out.append(f"VC {vc} held {peak} non-preemptible {sku} GPUs at {at}, above its quota {quota}")
+    for vc, intervals in interactive.items():
+        cap = vcs[vc]["max_interactive_gpus"]
+        if cap is None:
+            continue
+        peak, at = _sweep_max(intervals)
+        if peak > cap:
+            out.append(f"VC {vc} held {peak} interactive GPUs at {at}, above its cap {cap}")
+
+    _check_fifo(jobs, vcs, out)
+    return out
+
+
+def _check_gang(job: dict, nodes: dict, out: list[str]) -> None:
+    if job["type"] != "distributed":
+        return
+    for a in job["attempts"]:
+        used = a["nodes"]
+        if len(set(used)) != job["nodes"]:
+            out.append(f"gang job {job['id']} got {len(set(used))} nodes, asked {job['nodes']}")
+        domains = {nodes[n]["ib_domain"] for n in used if n in nodes}
+        if len(domains) > 1:
+            out.append(f"gang job {job['id']} spans IB domains {sorted(domains)}")
+        for n in used:
+            if n in nodes and sorted(a["gpus"].get(n, [])) != list(range(nodes[n]["gpus"])):
+                out.append(f"gang job {job['id']} holds only part of node {n}")
+
+
+def _check_preemption(job: dict, out: list[str]) -> None:
+    atts = job["attempts"]
+    for i, a in enumerate(atts):
+        if a["reason"] != "preempted":
+            continue
+        if not job["preemptible"]:
+            out.append(f"non-preemptible job {job['id']} was preempted at {a['end_s']}")
+        if i == len(atts) - 1 and job["state"] != "queued":
+            out.append(f"job {job['id']} was preempted at {a['end_s']} and never requeued")
+    for r in job.get("replicas", []):
+        if r["reason"] == "scale_down" and r["core"]:
+            out.append(f"inference job {job['id']} lost a min_replicas replica to scale-down")
+
+
+def _check_wall_time(job: dict, tick: float, grace: float, out: list[str]) -> None:
+    limit = job.get("effective_max_time_s")
+    for a in job["attempts"]:
+        if a["end_s"] is None:
+            continue
+        ran = a["end_s"] - a["start_s"]
+        if a["reason"] == "wall_time":
+            if limit is None or ran + EPS < limit:
+                out.append(f"job {job['id']} killed for wall time after {ran}s, limit {limit}")
+            elif ran > limit + tick + grace + EPS:
+                out.append(f"job {job['id']} ran {ran}s, more than a tick past its limit {limit}")
+        elif limit is not None and ran > limit + tick + EPS:
+            out.append(f"job {job['id']} ran {ran}s, more than a tick past its limit {limit}")
+
+
+def _never_fits(job: dict, vcs: dict) -> bool:
+    """Whether nothing but a config change could start the job (then FIFO does not block on it).
+
+    A RESULT does not say whether a ``topology`` or ``no_matching_nodes`` wait was permanent; a job
+    that never ran with only those reasons is taken as such. ``vc_quota`` counts only when the job
+    asks more than the whole quota."""
+    reasons = set(job["wait_reasons"]) - {"blocked_by"}
+    if "vc_quota" in reasons:
+        per = job["gpus"] * max(1, job["nodes"])
+        if job["type"] == "inference":
+            per = job["gpus"] * max(1, job.get("min_replicas") or 1)
+        if not job["sku"] or per <= vcs[job["vc"]]["quota"].get(job["sku"], 0):
+            return False
+    return True
+
+
+def _check_fifo(jobs: list[dict], vcs: dict, out: list[str]) -> None:
+    by_vc: dict[str, list[dict]] = defaultdict(list)
+    for j in jobs:
+        if vcs[j["vc"]]["policy"] == "FIFO" and not j["preemptible"]:
+            by_vc[j["vc"]].append(j)
+    never = {"no_matching_nodes", "topology", "vc_quota"}
+    for vc, js in by_vc.items():
+        js.sort(key=lambda j: (-j["priority"], j["submit_s"], j["id"]))
+        earlier: list[tuple[float, float, int]] = []  # (submit, first start or inf, id)
+        for j in js:
+            for a in j["attempts"][:1]:
+                t = a["start_s"]
+                for sub, start, eid in earlier:
+                    if sub <= t + EPS and start > t + EPS:
+                        out.append(f"FIFO VC {vc}: job {j['id']} started at {t} while earlier job {eid} waited")
+                        break
+            own = set(j["wait_reasons"]) - {"blocked_by"}
+            if j["start_s"] is None and own and own <= never and _never_fits(j, vcs):
+                continue  # could never run: does not block
+            earlier.append((j["submit_s"], j["start_s"] if j["start_s"] is not None else float("inf"), j["id"]))
