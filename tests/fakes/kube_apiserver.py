@@ -837,8 +837,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
     def _body(self) -> Any:
-        length = int(self.headers.get("Content-Length") or 0)
-        raw = self.rfile.read(length) if length else b""
+        raw = self._raw
         if not raw:
             return None
         try:
@@ -850,6 +849,10 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _dispatch(self, method: str) -> None:
         api: FakeKubeApiServer = self.server.api
+        # Read the whole body first: an error answered before reading it would leave it in the
+        # keep-alive stream and corrupt the next request.
+        length = int(self.headers.get("Content-Length") or 0)
+        self._raw = self.rfile.read(length) if length else b""
         try:
             if api.token and self.headers.get("Authorization") != f"Bearer {api.token}":
                 raise ApiError(401, "Unauthorized", "Unauthorized")
@@ -965,7 +968,7 @@ class FakeKubeApiServer:
         return f"http://{host}:{port}"
 
     def start(self) -> "FakeKubeApiServer":
-        self._thread = threading.Thread(target=self._http.serve_forever, name="fake-kube-apiserver", daemon=True)
+        self._thread = threading.Thread(target=self._http.serve_forever, args=(0.02,), name="fake-kube-apiserver", daemon=True)
         self._thread.start()
         return self
 

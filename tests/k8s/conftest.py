@@ -1,0 +1,68 @@
+"""Fixtures for the Kubernetes backend tests: a fake API server on loopback, the real client through
+a kubeconfig, a fake clock shared by the server's kubelet and the backend, and spec builders."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:  # tests.fakes is imported as a package from the repository root
+    sys.path.insert(0, str(ROOT))
+
+from dlts.backends.base import LaunchSpec  # noqa: E402
+from dlts.backends.kubernetes import KubernetesBackend, KubernetesSettings  # noqa: E402
+from dlts.scheduler.model import Placement  # noqa: E402
+from tests.fakes.kube_apiserver import FakeClock, FakeKubeApiServer  # noqa: E402
+
+GIB = 1024**3
+NODES = ("n1", "n2", "n3", "n4")
+
+
+@pytest.fixture
+def api():
+    with FakeKubeApiServer(FakeClock()) as server:
+        for i, name in enumerate(NODES):
+            server.add_node(name, gpus=8, cpu="96", memory="900Gi",
+                            labels={"dlts.io/sku": "a100", "dlts.io/ib-domain": f"pod{i // 2}"})
+        yield server
+
+
+@pytest.fixture
+def kubeconfig(api, tmp_path) -> Path:
+    return api.write_kubeconfig(tmp_path / "kubeconfig")
+
+
+@pytest.fixture
+def make_backend(api, kubeconfig):
+    made: list[KubernetesBackend] = []
+
+    def make(**overrides) -> KubernetesBackend:
+        settings = KubernetesSettings(kubeconfig=str(kubeconfig), namespace="default", node_lost_after_s=60,
+                                      **overrides)
+        backend = KubernetesBackend(settings, clock=api.clock)
+        made.append(backend)
+        return backend
+
+    yield make
+    for backend in made:
+        backend.close()
+
+
+@pytest.fixture
+def backend(make_backend) -> KubernetesBackend:
+    return make_backend()
+
+
+def placement(node: str, gpus: int = 1, cpu: float = 8.0, memory_bytes: int = 64 * GIB) -> Placement:
+    return Placement(node=node, gpu_indices=tuple(range(gpus)), cpu=cpu, memory_bytes=memory_bytes)
+
+
+def make_spec(job_id: int = 1, attempt: int = 1, *, command: str = "sleep 10", nodes: tuple[str, ...] = ("n1",),
+              gpus: int = 1, type: str = "batch", **kw) -> LaunchSpec:
+    values = dict(job_id=job_id, attempt=attempt, user="alice", vc="vision", type=type, image="pytorch/pytorch:2.3",
+                  command=command, placements=tuple(placement(n, gpus) for n in nodes))
+    values.update(kw)
+    return LaunchSpec(**values)
