@@ -8,22 +8,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from lustre_fixtures import load_fixture
 
 HERE = Path(__file__).parent
-FIXTURES = HERE / "fixtures"
 FAKEBIN = HERE / "fakebin"
-
-
-def load_fixture(name: str) -> str:
-    """A recorded output without its provenance header.
-
-    Fixture files start with ``#`` lines saying where the output came from (a capture, or built from the
-    documented format); the parsers never see them.
-    """
-    lines = (FIXTURES / name).read_text().splitlines(keepends=True)
-    while lines and lines[0].startswith("#"):
-        lines.pop(0)
-    return "".join(lines)
 
 
 @pytest.fixture
