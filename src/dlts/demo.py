@@ -107,6 +107,7 @@ def run_demo(settings: Settings) -> None:
     click.echo("Ctrl-C stops the demo (running jobs are stopped and requeued at the next start).", err=False)
     ticker.start()
     signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, _interrupt)
     try:
         server.serve_forever()
     except KeyboardInterrupt:

@@ -1,8 +1,9 @@
-"""The DLTS init: PID 1 of a job (``python -m dlts.backends.dlts_init [--exit-file F] -- CMD ...``).
+"""The DLTS init: PID 1 of a job (``python -I -S dlts_init.py [--exit-file F] -- CMD ...``).
 
 It starts CMD in a process group of its own, forwards SIGTERM/SIGINT/SIGHUP/SIGQUIT to that whole
 group, reaps every zombie that lands on it (it makes itself a child subreaper), and exits with the
-child's code (128 + N when the child died of signal N). The code is also written atomically to
+child's code (128 + N when the child died of signal N). Standard library only: it runs as a script
+so that it starts in milliseconds. The code is also written atomically to
 ``--exit-file`` so the job manager learns it even after a restart of its own.
 """
 

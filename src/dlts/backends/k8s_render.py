@@ -159,8 +159,15 @@ MANAGED_SELECTOR = f"{MANAGED_BY_LABEL}={MANAGED_BY}"
 
 # -- YAML-safe rendering ------------------------------------------------------------------------
 
-# Characters PyYAML refuses in a stream, even inside quotes; JSON leaves them raw.
-_YAML_UNPRINTABLE = re.compile("[\x7f-\x84\x86-\x9f\ufffe\uffff]")
+# Everything beyond printable ASCII is written as a YAML escape: PyYAML refuses some characters
+# in a stream even inside quotes (C1 controls, U+FFFE), drops a BOM, and JSON's own \\u escapes
+# would split astral characters into surrogate halves that YAML does not rejoin.
+_NON_ASCII = re.compile("[^\x20-\x7e]")
+
+
+def _yaml_escape(match: re.Match[str]) -> str:
+    code = ord(match.group(0))
+    return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
 
 
 def yaml_literal(value: Any) -> str:
@@ -182,7 +189,7 @@ def yaml_literal(value: Any) -> str:
         raise TemplateError(f"cannot render {type(value).__name__} value into a manifest: {exc}") from None
     if any(0xD800 <= ord(ch) <= 0xDFFF for ch in text):
         raise LaunchRefused("text contains an unpaired UTF-16 surrogate; send valid Unicode")
-    return _YAML_UNPRINTABLE.sub(lambda m: f"\\u{ord(m.group(0)):04x}", text)
+    return _NON_ASCII.sub(_yaml_escape, text)
 
 
 def _environment(templates_dir: str | None) -> jinja2.Environment:

@@ -77,9 +77,11 @@ class KubernetesSettings:
     ib_domain_label: str = "dlts.io/ib-domain"
     vc_label: str = "dlts.io/vc"
     node_lost_after_s: float = 60.0
-    # An attempt launched by this process whose pods all vanished (someone deleted them) is
-    # reported GONE after this long; shorter would race the API's own propagation.
+    # A distributed attempt missing some of its pods is reported GONE once its newest pod is this
+    # old (a launch interrupted half-way is completed by the job manager before that).
     missing_after_s: float = 30.0
+    # observe() reuses a node list fetched this recently (by nodes() in the same tick).
+    node_list_reuse_s: float = 1.0
     nfs_volumes: Mapping[str, tuple[NfsVolume, ...]] = field(default_factory=dict)  # VC ("*": all) -> volumes
     privileged_policy: Mapping[str, frozenset[PrivilegedFeature]] = field(default_factory=dict)  # VC ("*": all)
     templates_dir: str | None = None
@@ -183,8 +185,7 @@ class KubernetesBackend:
         self._lock = threading.Lock()
         self._failures = 0
         self._retry_at = 0.0
-        self._launched: dict[tuple[int, int], float] = {}  # attempts this process launched -> when
-        self._terminating: set[tuple[int, int]] = set()
+        self._nodes_cache: tuple[float, list[dict]] | None = None
         self._node_missing_since: dict[str, float] = {}
         self.api_calls = 0  # every request sent (for the calls-per-tick measurement)
 
@@ -272,21 +273,16 @@ class KubernetesBackend:
             # 409 AlreadyExists: the deterministic name belongs to this attempt, created by an
             # earlier launch (e.g. before a restart); creating nothing twice is the point.
             self._call(creators[doc["kind"]], ns, doc, ok=(409,))
-        with self._lock:
-            self._launched.setdefault((spec.job_id, spec.attempt), self.clock())
 
     def terminate(self, job_id: int, attempt: int, grace_s: float) -> None:
-        with self._lock:
-            self._terminating.add((job_id, attempt))
         self._call(self.core.delete_collection_namespaced_pod, self.settings.namespace,
                    label_selector=attempt_selector(job_id, attempt),
                    grace_period_seconds=max(0, int(round(grace_s))), _preload_content=False)
 
     def forget(self, job_id: int, attempt: int) -> None:
+        # Grace 0: a finished pod goes at once; a pod stuck on a lost node is force-removed so
+        # that it does not hold the name (and the GPUs, once the node returns).
         self._delete_attempt(job_id, attempt, grace_s=0)
-        with self._lock:
-            self._launched.pop((job_id, attempt), None)
-            self._terminating.discard((job_id, attempt))
 
     def _delete_attempt(self, job_id: int, attempt: int, grace_s: int) -> None:
         ns, selector = self.settings.namespace, attempt_selector(job_id, attempt)
@@ -301,7 +297,7 @@ class KubernetesBackend:
     def observe(self) -> Sequence[Observed]:
         ns = self.settings.namespace
         pods = self._list(self.core.list_namespaced_pod, ns, label_selector=MANAGED_SELECTOR)
-        nodes = {n["metadata"]["name"]: n for n in self._list(self.core.list_node)}
+        nodes = {n["metadata"]["name"]: n for n in self._node_list(reuse=True)}
         now = self.clock()
         lost_nodes = self._lost_nodes(nodes, now)
         groups: dict[tuple[int, int], list[dict]] = {}
@@ -309,14 +305,10 @@ class KubernetesBackend:
             key = _attempt_key(pod)
             if key is not None:
                 groups.setdefault(key, []).append(pod)
-        out = [self._observe_attempt(key, group, lost_nodes, nodes.keys(), now)
-               for key, group in sorted(groups.items())]
-        with self._lock:
-            for key, launched_at in sorted(self._launched.items()):
-                if key not in groups and key not in self._terminating and now - launched_at >= self.settings.missing_after_s:
-                    out.append(Observed(key[0], key[1], RunPhase.GONE,
-                                        message="its pods were deleted outside DLTS"))
-        return out
+        # An attempt with no pods at all is absent here; the job manager knows which attempts it
+        # launched and decides (relaunch a lost create, or count a running one as gone).
+        return [self._observe_attempt(key, group, lost_nodes, nodes.keys(), now)
+                for key, group in sorted(groups.items())]
 
     def _lost_nodes(self, nodes: Mapping[str, Mapping[str, Any]], now: float) -> dict[str, str]:
         """Nodes whose pods count as lost now, with the reason."""
@@ -390,7 +382,7 @@ class KubernetesBackend:
     def nodes(self) -> Sequence[NodeInfo]:
         s = self.settings
         out = []
-        for node in self._list(self.core.list_node):
+        for node in self._node_list(reuse=False):
             meta, status = node["metadata"], node.get("status") or {}
             labels = meta.get("labels") or {}
             alloc = status.get("allocatable") or status.get("capacity") or {}
@@ -409,6 +401,18 @@ class KubernetesBackend:
                 cordoned_by_dlts=(meta.get("annotations") or {}).get(ANNOTATION_CORDONED_BY) == CORDON_OWNER,
             ))
         return out
+
+    def _node_list(self, reuse: bool) -> list[dict]:
+        """List nodes; ``observe`` reuses the list ``nodes()`` fetched moments before in the same tick."""
+        now = self.clock()
+        with self._lock:
+            cached = self._nodes_cache
+        if reuse and cached is not None and 0 <= now - cached[0] <= self.settings.node_list_reuse_s:
+            return cached[1]
+        items = self._list(self.core.list_node)
+        with self._lock:
+            self._nodes_cache = (now, items)
+        return items
 
     def _read_node(self, name: str) -> dict:
         resp = self._call(self.core.read_node, name, ok=(404,), _preload_content=False)
@@ -488,8 +492,6 @@ class KubernetesBackend:
         for job_id, attempt in orphans:
             log.info("removing orphaned Kubernetes objects of job %s attempt %s", job_id, attempt)
             self._delete_attempt(job_id, attempt, grace_s=self.settings.termination_grace_s)
-            with self._lock:
-                self._launched.pop((job_id, attempt), None)
         return orphans
 
     def close(self) -> None:

@@ -26,6 +26,8 @@ import psutil
 from dlts.backends.base import LaunchSpec, NodeInfo, Observed, RunPhase
 
 log = logging.getLogger(__name__)
+INIT_SCRIPT = Path(__file__).with_name("dlts_init.py")
+INIT_KILL_AFTER_S = 5.0  # after the SIGKILL deadline, how long the init gets to record the exit
 
 
 def detect_gpus() -> tuple[str, int] | None:
@@ -99,7 +101,9 @@ class LocalBackend:
         (run / "spec.json").write_text(json.dumps({"command": spec.command, "log": str(log_path)}))
         with open(log_path, "ab") as out:
             child = subprocess.Popen(
-                [sys.executable, "-m", "dlts.backends.dlts_init", "--exit-file", str(run / "exit"), "--",
+                # -I -S: the init needs only the standard library and must install its signal
+                # handlers within milliseconds, before anyone can send it SIGTERM
+                [sys.executable, "-I", "-S", str(INIT_SCRIPT), "--exit-file", str(run / "exit"), "--",
                  "/bin/sh", "-c", spec.command],
                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
                 cwd=str(log_path.parent), start_new_session=True, close_fds=True,
@@ -167,7 +171,21 @@ class LocalBackend:
         except (FileNotFoundError, ValueError):
             return
         if now >= deadline:
-            self._signal_group(proc.pid, signal.SIGKILL)
+            self._kill_tree(proc, include_init=now >= deadline + INIT_KILL_AFTER_S)
+
+    @staticmethod
+    def _kill_tree(proc: psutil.Process, include_init: bool) -> None:
+        """SIGKILL the job's processes; the init then reaps them and records 137. The init itself
+        only when it did not finish by then (it should never need it)."""
+        try:
+            victims = proc.children(recursive=True) + ([proc] if include_init else [])
+        except psutil.Error:
+            return
+        for victim in victims:
+            try:
+                victim.kill()
+            except psutil.Error:
+                pass
 
     @staticmethod
     def _signal_group(pid: int, sig: int) -> None:
@@ -187,7 +205,7 @@ class LocalBackend:
         if not (run / "kill_at").exists():
             (run / "kill_at").write_text(str(self.clock() + grace_s))
         if grace_s <= 0:
-            self._signal_group(proc.pid, signal.SIGKILL)
+            self._kill_tree(proc, include_init=False)
         else:
             # the init forwards SIGTERM to the job's process group
             self._signal_group(proc.pid, signal.SIGTERM)
@@ -222,7 +240,7 @@ class LocalBackend:
             if (run / "stopped").exists():
                 proc, _ = self._process(run)
                 if proc is not None:
-                    self._signal_group(proc.pid, signal.SIGKILL)
+                    self._kill_tree(proc, include_init=False)
         self._reap()
         return stopped
 

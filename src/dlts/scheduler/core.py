@@ -100,7 +100,7 @@ class _Pass:
 
     def _wait(self, job: Job, rej: Rejection) -> None:
         self.waits.append(
-            Wait(job.id, rej.reason, rej.detail, rej.blocked_by, self.positions.get(job.id))
+            Wait(job.id, rej.reason, rej.detail, rej.blocked_by, self.positions.get(job.id), rej.permanent)
         )
 
     def _assign(self, job: Job) -> None:

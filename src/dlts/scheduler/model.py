@@ -180,6 +180,9 @@ class Wait:
     detail: str = ""  # numbers for people: "VC vision uses 60 of 64 a100 GPUs; this job asks 8"
     blocked_by: int | None = None
     queue_position: int | None = None  # 1-based position in its VC's order this pass
+    # Nothing but a change of configuration (quota, nodes, the job's own request) lets it start;
+    # such a job does not block a FIFO queue.
+    permanent: bool = False
 
     @property
     def reason_code(self) -> str:

@@ -1,0 +1,151 @@
+"""Shared fixtures: settings, a migrated database (SQLite, or MariaDB via DLTS_TEST_DATABASE_URL),
+the Flask app and client, users with tokens, and a live server (real HTTP + job manager + local backend).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from werkzeug.serving import make_server
+
+from dlts import db_migrate
+from dlts.app import create_app
+from dlts.config import Settings
+from dlts.db import engine_of, session_factory
+from dlts.models import Base, Node
+from dlts.services import admin
+
+TEST_DATABASE_URL = os.environ.get("DLTS_TEST_DATABASE_URL", "")
+IS_MYSQL = TEST_DATABASE_URL.startswith(("mysql", "mariadb"))
+
+
+@pytest.fixture(scope="session")
+def migrated_template(tmp_path_factory) -> str:
+    """Run the real Alembic migrations once per session; tests start from that schema."""
+    if IS_MYSQL:
+        engine = sa.create_engine(TEST_DATABASE_URL)
+        with engine.begin() as conn:
+            conn.execute(sa.text("SET FOREIGN_KEY_CHECKS=0"))
+            for table in sa.inspect(conn).get_table_names():
+                conn.execute(sa.text(f"DROP TABLE `{table}`"))
+            conn.execute(sa.text("SET FOREIGN_KEY_CHECKS=1"))
+        db_migrate.upgrade(engine)
+        engine.dispose()
+        return TEST_DATABASE_URL
+    path = tmp_path_factory.mktemp("template") / "template.db"
+    engine = sa.create_engine(f"sqlite:///{path}")
+    db_migrate.upgrade(engine)
+    engine.dispose()
+    return str(path)
+
+
+@pytest.fixture
+def database_url(migrated_template, tmp_path) -> str:
+    if IS_MYSQL:
+        engine = sa.create_engine(TEST_DATABASE_URL)
+        with engine.begin() as conn:
+            conn.execute(sa.text("SET FOREIGN_KEY_CHECKS=0"))
+            for table in reversed(Base.metadata.sorted_tables):
+                conn.execute(sa.text(f"DELETE FROM `{table.name}`"))
+            conn.execute(sa.text("SET FOREIGN_KEY_CHECKS=1"))
+        engine.dispose()
+        return TEST_DATABASE_URL
+    path = tmp_path / "dlts.db"
+    shutil.copy(migrated_template, path)
+    return f"sqlite:///{path}"
+
+
+@pytest.fixture
+def settings(tmp_path, database_url) -> Settings:
+    return Settings(home=tmp_path / "home", database_url=database_url, secret_key="test-secret-key-0123456789",
+                    tick_s=0.2, preempt_grace_s=2.0, demo_gpus=4, demo_sku="demo-gpu", max_body_bytes=64 * 1024)
+
+
+@pytest.fixture
+def app(settings):
+    settings.home.mkdir(parents=True, exist_ok=True)
+    application = create_app(settings)
+    application.testing = True
+    yield application
+    engine_of(application).dispose()
+
+
+@pytest.fixture
+def client(app):
+    return app.test_client()
+
+
+@pytest.fixture
+def sessions(app):
+    return session_factory(app)
+
+
+@dataclass
+class World:
+    """A small cluster: VC vision (a100 quota), users with tokens and roles."""
+
+    tokens: dict[str, str]
+
+    def auth(self, user: str) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.tokens[user]}"}
+
+
+@pytest.fixture
+def world(sessions) -> World:
+    """admin (cluster admin), vcadmin (admin of vision), alice and bob (members of vision),
+    carol (member of nlp only). Node: the local machine registered by the job manager later."""
+    tokens = {}
+    with sessions() as s:
+        admin.add_vc(s, "vision", {"demo-gpu": 4}, cpu_quota=64, memory_quota_bytes=256 * 2**30)
+        admin.add_vc(s, "nlp", {"demo-gpu": 2})
+        for name in ("admin", "vcadmin", "alice", "bob", "carol"):
+            admin.add_user(s, name, admin=(name == "admin"))
+            tokens[name] = admin.new_token(s, name, "test")
+        admin.add_member(s, "vision", "vcadmin", admin=True)
+        admin.add_member(s, "vision", "alice")
+        admin.add_member(s, "vision", "bob")
+        admin.add_member(s, "nlp", "carol")
+        if s.scalar(sa.select(Node.id).where(Node.name == "testnode")) is None:
+            s.add(Node(name="testnode", sku="demo-gpu", gpus=4, cpu=8, memory_bytes=32 * 2**30, ib_domain="local",
+                       labels={}, metrics={}))
+        s.commit()
+    return World(tokens)
+
+
+@dataclass
+class LiveServer:
+    url: str
+    manager: object
+    backend: object
+
+    def tick(self, times: int = 1):
+        for _ in range(times):
+            self.manager.tick()
+
+
+@pytest.fixture
+def live(app, settings, sessions):
+    """The API over real HTTP on loopback, a job manager with the local backend (ticked by the test)."""
+    from dlts.backends.local import LocalBackend
+    from dlts.jobmanager import JobManager
+
+    backend = LocalBackend(settings.effective_run_dir, node_name="testnode", demo_gpus=4, demo_sku="demo-gpu")
+    manager = JobManager(sessions, backend, settings)
+    with sessions() as s:
+        manager.sync_nodes(s)
+    server = make_server("127.0.0.1", 0, app, threaded=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield LiveServer(f"http://127.0.0.1:{server.server_port}", manager, backend)
+    server.shutdown()
+    backend.shutdown_running(1)
+
+
+def repo_root() -> Path:
+    return Path(__file__).resolve().parent.parent
