@@ -287,7 +287,8 @@ def to_model(doc: Mapping[str, Any], template: str) -> Any:
     if model is None:
         raise TemplateError(f"template {template} produced kind {kind!r}; expected one of {sorted(_MODELS)}")
     try:
-        return model.from_dict(dict(doc))
+        # model_validate, not from_dict: from_dict silently drops unknown keys (a typo in a template).
+        return model.model_validate(dict(doc))
     except (pydantic.ValidationError, TypeError, ValueError) as exc:
         raise TemplateError(f"template {template} produced an invalid {kind}: {exc}") from None
 
