@@ -48,7 +48,7 @@ class Agent:
         nvml_lib: Any = None,
         persistent: bool = True,
         clock: Callable[[], float] = time.time,
-        lustre_probe: Callable[[], str] | None = None,
+        lustre_client: Callable[[], Any] | None = None,
     ) -> None:
         self.cfg = cfg
         self.clock = clock
@@ -79,7 +79,7 @@ class Agent:
         if cc.nfs.enabled and cc.nfs.mounts:
             self.collectors["nfs"] = NfsCollector(cc.nfs.mounts, cc.nfs.timeout_s, paths.proc)
         if cc.lustre.enabled:
-            self.collectors["lustre"] = LustreCollector(lustre_probe)
+            self.collectors["lustre"] = LustreCollector(lustre_client)
         if cc.jobs.enabled:
             self.collectors["jobs"] = JobsCollector(paths.proc)
         self._lock = threading.Lock()

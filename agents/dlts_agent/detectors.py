@@ -128,7 +128,7 @@ def detect(
                 "lustre",
                 A.INVESTIGATE,
                 f"Lustre client health_check says {lustre.health_text!r}",
-                {"health_check": lustre.health_text},
+                {"health_check": lustre.health_text, "unhealthy_devices": list(lustre.unhealthy_devices)},
             )
         )
     findings.sort(key=lambda f: (_SEVERITY_ORDER[f.severity], f.device, f.code.value))

@@ -298,6 +298,25 @@ def _nfs_families(mounts: tuple[NfsMountSample, ...]) -> Iterator[Metric]:
 
 def _lustre_families(s: LustreSample) -> Iterator[Metric]:
     yield _g("dlts_node_lustre_healthy", "1 if lctl health_check says healthy.", 1 if s.healthy else 0)
+    rd = CounterMetricFamily(
+        "dlts_node_lustre_target_read_bytes", "Bytes this client read from the target.", labels=["target"]
+    )
+    wr = CounterMetricFamily(
+        "dlts_node_lustre_target_write_bytes", "Bytes this client wrote to the target.", labels=["target"]
+    )
+    ops = CounterMetricFamily(
+        "dlts_node_lustre_target_operations",
+        "Client operations on the target, by kind.",
+        labels=["target", "operation"],
+    )
+    for t in s.targets:
+        if t.read_bytes is not None:
+            rd.add_metric([t.target], t.read_bytes)
+        if t.write_bytes is not None:
+            wr.add_metric([t.target], t.write_bytes)
+        for op, n in sorted(t.operations.items()):
+            ops.add_metric([t.target, op], n)
+    yield from (rd, wr, ops)
 
 
 def _jobs_families(jobs: JobsSample) -> Iterator[Metric]:

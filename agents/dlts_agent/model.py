@@ -196,9 +196,19 @@ class NfsMountSample:
 
 
 @dataclass(frozen=True)
+class LustreTargetSample:
+    target: str  # "fs-OST0000-osc-ffff..." as lctl names the client's view of the OST
+    read_bytes: int | None
+    write_bytes: int | None
+    operations: Mapping[str, int]  # counter name -> samples
+
+
+@dataclass(frozen=True)
 class LustreSample:
     healthy: bool
     health_text: str
+    unhealthy_devices: tuple[str, ...] = ()
+    targets: tuple[LustreTargetSample, ...] = ()
 
 
 @dataclass(frozen=True)
