@@ -40,4 +40,4 @@ class Fifo:
     def on_wait(self, queue: VcQueue, job: Job, rejection: Rejection) -> None:
         if job.preemptible or rejection.permanent or queue.blocker is not None:
             return
-        return None
+        queue.blocker = job.id

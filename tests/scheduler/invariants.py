@@ -1,0 +1,130 @@
+"""Invariants every pass of ``decide`` must keep, checked on (snapshot, decisions, now) alone."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from dlts.scheduler import CPU_SKU, Decisions, JobType, Policy, Snapshot, StopReason, WaitReason
+from dlts.scheduler.plugins.walltime import effective_limit_s
+
+
+def check_pass(snap: Snapshot, d: Decisions, now: float) -> None:
+    jobs = {j.id: j for j in snap.jobs}
+    nodes = {n.name: n for n in snap.nodes}
+    pending = [j for j in snap.jobs if not j.running]
+    starts = {s.job_id: s for s in d.starts}
+    waits = {w.job_id: w for w in d.waits}
+
+    # Every pending job either starts or gets exactly one reason; nothing else starts.
+    assert len(starts) == len(d.starts) and len(waits) == len(d.waits)
+    for j in pending:
+        assert (j.id in starts) != (j.id in waits), f"job {j.id}: start xor wait"
+    for s in d.starts:
+        j = jobs[s.job_id]
+        assert s.scale_up == j.running, f"job {j.id}: scale_up only for running jobs"
+        if j.running:
+            assert j.type is JobType.INFERENCE
+
+    # Holdings after the pass: running placements (stops keep theirs until exit) plus starts.
+    held: dict[str, list[tuple[int, tuple[int, ...], float, int]]] = defaultdict(list)
+    for j in snap.jobs:
+        for p in j.placements:
+            held[p.node].append((j.id, p.gpu_indices, p.cpu, p.memory_bytes))
+    for s in d.starts:
+        j = jobs[s.job_id]
+        for p in s.placements:
+            n = nodes[p.node]
+            assert n.schedulable, f"job {j.id} placed on unschedulable node {n.name}"
+            assert n.vc in (None, j.vc), f"job {j.id} of VC {j.vc} on node {n.name} of VC {n.vc}"
+            if j.gpus > 0 and j.sku not in (None, CPU_SKU):
+                assert n.sku == j.sku, f"job {j.id} asked {j.sku}, got {n.sku}"
+            idx = p.gpu_indices
+            if idx:
+                assert list(idx) == list(range(idx[0], idx[0] + len(idx))), f"job {j.id}: indices not contiguous"
+            held[p.node].append((j.id, idx, p.cpu, p.memory_bytes))
+        if j.type is JobType.DISTRIBUTED and not j.running:
+            assert len({p.node for p in s.placements}) == j.nodes == len(s.placements)
+            for p in s.placements:
+                assert p.gpu_indices == tuple(range(nodes[p.node].gpus)), f"gang {j.id} holds part of {p.node}"
+            if not j.ib_domain_any:
+                assert len({nodes[p.node].ib_domain for p in s.placements}) == 1, f"gang {j.id} spans domains"
+        if j.type is JobType.INFERENCE and not j.running:
+            assert len(s.placements) >= max(1, j.min_replicas)
+        if j.type is JobType.INFERENCE:
+            assert len(s.placements) + len(j.placements) <= max(j.max_replicas, max(1, j.min_replicas))
+    for name, items in held.items():
+        n = nodes.get(name)
+        if n is None:
+            continue
+        seen: set[int] = set()
+        for jid, idx, _, _ in items:
+            assert all(0 <= i < n.gpus for i in idx), f"job {jid}: index beyond node {name}"
+            assert not seen & set(idx), f"node {name}: GPU {sorted(seen & set(idx))} held twice"
+            seen |= set(idx)
+        assert sum(c for _, _, c, _ in items) <= n.cpu + 1e-6, f"node {name} cores over capacity"
+        assert sum(m for _, _, _, m in items) <= n.memory_bytes, f"node {name} memory over capacity"
+
+    # VC guarantee and interactive cap, counted after the pass.
+    core_use: dict[tuple[str, str], int] = defaultdict(int)
+    interactive: dict[str, int] = defaultdict(int)
+    for j in snap.jobs:
+        placements = list(j.placements) + list(starts[j.id].placements if j.id in starts else ())
+        gpus = [len(p.gpu_indices) for p in placements]
+        if not j.preemptible and j.sku and j.gpus > 0:
+            core = gpus[: max(1, j.min_replicas)] if j.type is JobType.INFERENCE else gpus
+            core_use[(j.vc, j.sku)] += sum(core)
+        if j.type is JobType.INTERACTIVE:
+            interactive[j.vc] += sum(gpus)
+    for (vc, sku), used in core_use.items():
+        assert used <= snap.vcs[vc].quota.get(sku, 0), f"VC {vc} non-preemptible {sku} GPUs {used} over quota"
+    for vc, used in interactive.items():
+        cap = snap.vcs[vc].max_interactive_gpus
+        assert cap is None or used <= cap, f"VC {vc} interactive GPUs {used} over cap {cap}"
+
+    # FIFO: after the first non-preemptible job that waits for a non-permanent reason, every later
+    # non-preemptible job of that VC waits blocked by it.
+    for vc in snap.vcs.values():
+        if vc.policy is not Policy.FIFO:
+            continue
+        order = sorted(
+            (j for j in pending if j.vc == vc.name and not j.preemptible and j.approved),
+            key=lambda j: (-j.priority, j.queue_time, j.id),
+        )
+        blocker = None
+        for j in order:
+            if blocker is not None:
+                assert j.id in waits and waits[j.id].blocked_by == blocker, f"FIFO: job {j.id} not blocked by {blocker}"
+            elif j.id in waits and not waits[j.id].permanent:
+                blocker = j.id
+
+    # Stops: wall time exactly when due; preemption only of preemptible work, for a waiting
+    # non-preemptible job; scale-down only of replicas above min_replicas.
+    stopped = defaultdict(set)
+    for s in d.stops:
+        j = jobs[s.job_id]
+        assert j.running and not j.stopping, f"stop of job {j.id} that is not running or already stopping"
+        stopped[j.id].add(s.reason)
+        if s.reason is StopReason.PREEMPTED:
+            assert j.preemptible, f"non-preemptible job {j.id} preempted"
+        if s.reason is StopReason.SCALE_DOWN:
+            core = max(1, j.min_replicas)
+            for p in s.placements:
+                assert p in j.placements[core:], f"scale-down of job {j.id} touches a min_replicas replica"
+        if s.reason in (StopReason.PREEMPTED, StopReason.SCALE_DOWN):
+            target = jobs[s.for_job]
+            assert not target.preemptible and not target.running
+            assert waits[s.for_job].reason is WaitReason.CAPACITY
+    for j in snap.jobs:
+        if not j.running or j.stopping or j.started_at is None:
+            continue
+        limit = effective_limit_s(j, snap.vcs.get(j.vc))
+        due = limit is not None and now - j.started_at >= limit
+        assert due == (StopReason.WALL_TIME in stopped[j.id]), f"job {j.id}: wall-time stop iff due"
+
+    # Queue positions are 1..n per VC.
+    per_vc: dict[str, list[int]] = defaultdict(list)
+    for w in d.waits:
+        if w.queue_position is not None:
+            per_vc[jobs[w.job_id].vc].append(w.queue_position)
+    for vc, positions in per_vc.items():
+        assert len(positions) == len(set(positions)), f"VC {vc}: duplicate queue positions"

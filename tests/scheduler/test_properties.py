@@ -1,0 +1,115 @@
+"""Property-based tests: random clusters and job streams, invariants after every pass.
+
+Hypothesis draws a small cluster (two GPU SKUs and CPU-only nodes over up to three IB domains, some
+nodes hard-assigned or unschedulable), a few VCs with random policies, quotas and caps, and a
+stream of jobs of every type. The stream is replayed through the simulator, and after each pass
+``check_pass`` asserts the invariants on the snapshot and decisions; at the end the RESULT.json
+checker must agree. Preempted jobs must come back with their original queue time.
+"""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from dlts.scheduler import JobType, Node, Policy, Vc
+from dlts.sim.engine import Simulation
+from dlts.sim.inputs import Cluster, TraceJob
+from dlts.sim.verify import check_result
+
+from .builders import SKUS
+from .invariants import check_pass
+
+
+@st.composite
+def clusters(draw) -> Cluster:
+    n_vcs = draw(st.integers(1, 3))
+    vc_names = [f"vc{i}" for i in range(n_vcs)]
+    domains = [f"pod{i}" for i in range(draw(st.integers(1, 3)))]
+    nodes = []
+    for sku, count in (("a100", draw(st.integers(1, 5))), ("v100", draw(st.integers(0, 4))), ("cpu", draw(st.integers(0, 2)))):
+        shape = SKUS[sku]
+        for k in range(count):
+            nodes.append(
+                Node(
+                    f"{sku}-{k}",
+                    sku,
+                    shape.gpus,
+                    shape.cpu,
+                    shape.memory_bytes,
+                    draw(st.sampled_from(domains)),
+                    draw(st.sampled_from([None, None, None] + vc_names)),
+                    draw(st.sampled_from([True, True, True, True, False])),
+                )
+            )
+    vcs = {}
+    for name in vc_names:
+        vcs[name] = Vc(
+            name,
+            {"a100": draw(st.integers(0, 32)), "v100": draw(st.integers(0, 12))},
+            draw(st.sampled_from(list(Policy))),
+            draw(st.sampled_from([None, 3000, 20000])),
+            draw(st.sampled_from([None, 0, 2, 8])),
+            draw(st.sampled_from([None, 4, 16])),
+            allow_cpu_jobs_on_gpu_nodes=draw(st.booleans()),
+        )
+    return Cluster(dict(SKUS), tuple(nodes), vcs, tick_s=10.0, preempt_grace_s=draw(st.sampled_from([0.0, 0.0, 30.0])))
+
+
+@st.composite
+def traces(draw, cluster: Cluster) -> list[TraceJob]:
+    jobs = []
+    for i in range(1, draw(st.integers(1, 25)) + 1):
+        jtype = draw(st.sampled_from(list(JobType)))
+        sku = draw(st.sampled_from(["a100", "v100", None]))
+        per_node = SKUS[sku].gpus if sku else 0
+        gpus = draw(st.integers(1, per_node)) if sku else 0
+        nodes = 0
+        if jtype is JobType.DISTRIBUTED:
+            if sku is None:
+                sku, per_node = "a100", 8
+            gpus, nodes = per_node, draw(st.integers(1, 3))
+        min_r = draw(st.integers(1, 2)) if jtype is JobType.INFERENCE else 0
+        jobs.append(
+            TraceJob(
+                id=i,
+                submit_s=float(draw(st.integers(0, 4000))),
+                vc=draw(st.sampled_from(sorted(cluster.vcs))),
+                user=draw(st.sampled_from(["ann", "bob"])),
+                type=jtype,
+                sku=sku,
+                gpus=gpus,
+                nodes=nodes,
+                duration_s=float(draw(st.integers(30, 6000))),
+                max_time_s=draw(st.sampled_from([None, None, 600, 4000])),
+                priority=draw(st.sampled_from([50, 100, 100, 200])),
+                preemptible=draw(st.booleans()),
+                min_replicas=min_r,
+                max_replicas=min_r + draw(st.integers(0, 2)) if min_r else 0,
+            )
+        )
+    return jobs
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_invariants_hold_after_every_pass(data) -> None:
+    cluster = data.draw(clusters())
+    trace = data.draw(traces(cluster))
+    submit = {t.id: t.submit_s for t in trace}
+    passes = []
+
+    def hook(snap, decisions, now):
+        check_pass(snap, decisions, now)
+        for j in snap.jobs:
+            assert j.queue_time == submit[j.id], f"job {j.id} lost its queue time"
+        passes.append(now)
+
+    result = Simulation(cluster, trace, on_pass=hook).run()
+    assert check_result(result) == []
+    assert passes == sorted(passes)
+    # Nothing is lost: every job either ran to an end or is still queued with a reason.
+    for job in result["jobs"]:
+        assert job["state"] in ("finished", "killed", "queued")
+        if job["state"] == "queued":
+            assert job["wait_reasons"], f"job {job['id']} never started and never got a reason"
