@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path, PurePosixPath
-from typing import Any, Literal, Union
+from typing import Any, Union
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -139,7 +139,7 @@ class VcStorage(_Strict):
     directory: str = Field(min_length=1, description="path relative to the mount, e.g. vcs/vision")
     pool: str
     osts: tuple[int, ...]
-    mdt: Union[int, Literal["spread"]] = 0
+    mdt: Union[int, str] = 0
     dir_stripe_count: int | None = Field(None, ge=2)
     stripe_count: int | None = Field(None, ge=-1)
     project_id: int | None = Field(None, ge=1, le=4294967294)
@@ -164,12 +164,14 @@ class VcStorage(_Strict):
             raise ValueError("pool names are 1-15 characters from [A-Za-z0-9_-] and not none/ignore/inherit")
         return value
 
-    @field_validator("mdt")
+    @field_validator("mdt", mode="before")
     @classmethod
-    def _mdt(cls, value: int | str) -> int | str:
-        if isinstance(value, int) and value < 0:
-            raise ValueError("mdt is an MDT index >= 0 or 'spread'")
-        return value
+    def _mdt(cls, value: Any) -> int | str:
+        if value == SPREAD:
+            return SPREAD
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            return value
+        raise ValueError(f"mdt is an MDT index (0, 1, ...) or 'spread', not {value!r}")
 
     @field_validator("directory")
     @classmethod
@@ -232,7 +234,10 @@ def _validation_message(exc: ValidationError, source: str) -> str:
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
             msg = "unknown key (check the spelling; see docs/lustre.md)"
-        lines.append(f"  {_loc(err['loc'])}: {msg}")
+        where = _loc(err["loc"])
+        # Cross-field checks at the top level already name their keys (vcs[1].pool ...).
+        lines.append(f"  {msg}" if where == "(top level)" and re.match(r"^[a-z_]+(\[\d+\])?\.", msg)
+                     else f"  {where}: {msg}")
     return f"invalid policy {source}:\n" + "\n".join(dict.fromkeys(lines))
 
 

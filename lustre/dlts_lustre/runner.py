@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -55,19 +56,39 @@ class Runner:
                                      reason=f"{argv[0]} not found on PATH; install the Lustre client utilities")
         limit_s = self.timeout_s if timeout_s is None else timeout_s
         log.debug("running %s", " ".join(argv))
+        # The deadline is a Timer that kills the child: sh's own _timeout polls every 0.1 s, which
+        # would add 0.1 s to each of the dozens of short lfs calls an apply makes.
+        expired = threading.Event()
         try:
-            proc = sh.Command(path)(*argv[1:], _timeout=limit_s, _ok_code=list(ok_codes), _return_cmd=True,
+            proc = sh.Command(path)(*argv[1:], _bg=True, _bg_exc=False, _ok_code=list(ok_codes),
                                     _tty_out=False, _in="")
-        except sh.ErrorReturnCode as exc:
-            raise LustreCommandError(argv, exit_code=exc.exit_code, stderr=_text(exc.stderr),
-                                     stdout=_text(exc.stdout)) from None
-        except sh.TimeoutException:
-            raise LustreCommandError(argv, exit_code=None, timed_out=True,
-                                     reason=f"timed out after {limit_s:g} s") from None
         except OSError as exc:
             raise LustreCommandError(argv, exit_code=None, reason=str(exc)) from None
+
+        def expire() -> None:
+            expired.set()
+            try:
+                proc.kill()
+            except (OSError, sh.SignalException):  # already gone
+                pass
+
+        timer = threading.Timer(limit_s, expire)
+        timer.daemon = True
+        timer.start()
+        try:
+            proc.wait()
+        except sh.ErrorReturnCode as exc:
+            if expired.is_set():
+                raise LustreCommandError(argv, exit_code=None, timed_out=True, stderr=_text(exc.stderr),
+                                         reason=f"timed out after {limit_s:g} s") from None
+            raise LustreCommandError(argv, exit_code=exc.exit_code, stderr=_text(exc.stderr),
+                                     stdout=_text(exc.stdout)) from None
+        finally:
+            timer.cancel()
+        if expired.is_set():  # killed right as it finished
+            raise LustreCommandError(argv, exit_code=None, timed_out=True, reason=f"timed out after {limit_s:g} s")
         self.executed.append(argv)
-        return CommandResult(argv, proc.exit_code, _text(proc.stdout), _text(proc.stderr))
+        return CommandResult(argv, int(proc.exit_code or 0), _text(proc.stdout), _text(proc.stderr))
 
 
 def _text(data: bytes | str | None) -> str:

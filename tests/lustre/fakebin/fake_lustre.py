@@ -615,6 +615,13 @@ def dispatch(tool: str, args: list[str], state: dict) -> str:
     raise Fail(2, f"lctl: unknown command '{sub}'")
 
 
+READS = {"quota", "df", "getstripe", "getdirstripe", "pool_list", "get_param", "--version"}
+
+
+def is_read(tool: str, args: list[str]) -> bool:
+    return bool(args) and (args[0] in READS or (args[0] == "project" and "-d" in args))
+
+
 def main() -> int:
     tool, args = sys.argv[1], sys.argv[2:]
     if not STATE_DIR:
@@ -637,7 +644,8 @@ def main() -> int:
         return exc.rc
     if key in state.get("raw", {}):
         out = state["raw"][key]
-    save(state)
+    if not is_read(tool, args):
+        save(state)  # reads never change state, even where a handler filled in defaults
     sys.stdout.write(out)
     return 0
 
