@@ -944,6 +944,13 @@ class _HttpServer(ThreadingHTTPServer):
     allow_reuse_address = True
     api: "FakeKubeApiServer"
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        import sys
+
+        if isinstance(sys.exc_info()[1], (ConnectionResetError, BrokenPipeError)):
+            return  # a client went away (closed pool, timed-out request): not a server fault
+        super().handle_error(request, client_address)
+
 
 class FakeKubeApiServer:
     """Start with ``with FakeKubeApiServer() as api:``; ``api.write_kubeconfig(path)`` for the client."""

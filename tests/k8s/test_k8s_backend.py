@@ -318,3 +318,13 @@ def test_a_vc_allowed_privileges_gets_them(api, make_backend):
     assert {"name": "host-0", "hostPath": {"path": "/data", "type": "Directory"}} in pod["spec"]["volumes"]
     with pytest.raises(LaunchRefused, match="privileged"):
         backend.launch(make_spec(42, privileged=True))
+
+
+def test_a_half_created_attempt_is_hidden_until_relaunched_then_gone_if_never(api, backend):
+    backend.launch(make_spec(50, type="distributed", nodes=("n1", "n2"), command="sleep infinity"))
+    api.store.remove_internal("pods", "default", "dlts-50-1-1")
+    api.kubelet.tick()
+    assert (50, 1) not in by_key(backend.observe())  # the job manager relaunches what it does not see
+    api.clock.advance(31)
+    seen = by_key(backend.observe())[(50, 1)]
+    assert seen.phase is RunPhase.GONE and not seen.node_lost and "1 of its 2 pods" in seen.message

@@ -307,8 +307,9 @@ class KubernetesBackend:
                 groups.setdefault(key, []).append(pod)
         # An attempt with no pods at all is absent here; the job manager knows which attempts it
         # launched and decides (relaunch a lost create, or count a running one as gone).
-        return [self._observe_attempt(key, group, lost_nodes, nodes.keys(), now)
-                for key, group in sorted(groups.items())]
+        observed = (self._observe_attempt(key, group, lost_nodes, nodes.keys(), now)
+                    for key, group in sorted(groups.items()))
+        return [o for o in observed if o is not None]
 
     def _lost_nodes(self, nodes: Mapping[str, Mapping[str, Any]], now: float) -> dict[str, str]:
         """Nodes whose pods count as lost now, with the reason."""
@@ -334,7 +335,7 @@ class KubernetesBackend:
         return None
 
     def _observe_attempt(self, key: tuple[int, int], pods: list[dict], lost_nodes: Mapping[str, str],
-                         node_names: Iterable[str], now: float) -> Observed:
+                         node_names: Iterable[str], now: float) -> Observed | None:
         job_id, attempt = key
         pods.sort(key=lambda p: int(((p["metadata"].get("labels") or {}).get(LABEL_INDEX) or 0)))
         expected = max(len(pods), int((pods[0]["metadata"].get("annotations") or {}).get(ANNOTATION_WORLD_SIZE, 1)))
@@ -366,10 +367,12 @@ class KubernetesBackend:
         terminating = any(p["metadata"].get("deletionTimestamp") for p in pods)
         if len(pods) < expected and not terminating:
             created = [_ts(p["metadata"].get("creationTimestamp")) or now for p in pods]
-            if now - max(created) >= self.settings.missing_after_s or any(ph != "Pending" for ph in phases):
+            if now - max(created) >= self.settings.missing_after_s:
                 return Observed(job_id, attempt, RunPhase.GONE, started_at=started_at,
                                 message=f"{expected - len(pods)} of its {expected} pods were deleted outside DLTS")
-            return Observed(job_id, attempt, RunPhase.PENDING, message=f"{len(pods)} of {expected} pods created")
+            # A launch interrupted half-way (crash, API error): report nothing, so that the job
+            # manager re-issues the launch, which creates only the missing pods.
+            return None
         if any(ph in ("Pending", "Unknown") for ph in phases):
             waiting = _waiting_reason(pods)
             return Observed(job_id, attempt, RunPhase.PENDING, started_at=started_at, message=waiting)
