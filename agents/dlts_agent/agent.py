@@ -93,6 +93,8 @@ class Agent:
         )
         self.reporter: Reporter | None = None
         self._orders: queue.Queue[Any] = queue.Queue()
+        self.exporter_port: int | None = None
+        self.ready = threading.Event()  # set once the first collection is served
 
     # -- collection -----------------------------------------------------------------------------
 
@@ -197,6 +199,7 @@ class Agent:
             from prometheus_client.exposition import start_http_server
 
             server, _t = start_http_server(self.cfg.exporter.port, self.cfg.exporter.listen_address, self.registry)
+            self.exporter_port = server.server_port
             log.info("exporter listening on %s:%d", self.cfg.exporter.listen_address, server.server_port)
         else:
             server = None
@@ -206,6 +209,7 @@ class Agent:
         for t in threads:
             t.start()
         sd_notify("READY=1")
+        self.ready.set()
         try:
             while not stop.wait(self.cfg.interval_s):
                 self.collect_once()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import stat
 import textwrap
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ from dlts_agent.config import AgentConfig, config_from_mapping
 
 FIXTURES = Path(__file__).parent / "fixtures"
 BOOT_ID = "4c6b5a4e-0d51-4d0a-9a55-5d0f0c8c1a01"
-BTIME = 1_795_000_000
+BTIME = int(time.time()) - 3600  # booted an hour ago, so recorded XIDs are inside the 2 h window
 
 MEMINFO = """\
 MemTotal:       24683116 kB
