@@ -244,17 +244,27 @@ def config_check(ctx: Context) -> None:
         click.echo(f"{key}: {shown}")
 
 
-def _register_optional() -> None:
-    """Commands from other parts of the tree, when present."""
-    for module, attr in (("dlts.sim.cli", "sim_command"), ("dlts.backends.render_cli", "render_command")):
-        try:
-            command = getattr(__import__(module, fromlist=[attr]), attr)
-        except (ImportError, AttributeError):
-            continue
-        main.add_command(command)
+def _register_subsystem_commands() -> None:
+    """`dlts sim` (the scheduler's trace replayer) and `dlts render` (needs the k8s extra)."""
+    import importlib.util
+
+    from dlts.sim.cli import sim_command
+
+    main.add_command(sim_command)
+    if importlib.util.find_spec("kubernetes") is not None:
+        from dlts.backends.render_cli import render_command
+
+        main.add_command(render_command)
+        return
+
+    @main.command("render", context_settings={"ignore_unknown_options": True}, add_help_option=False)
+    @click.argument("args", nargs=-1, type=click.UNPROCESSED)
+    def render_unavailable(args) -> None:
+        """Print the Kubernetes objects of a job (needs: pip install 'dlts[k8s]')."""
+        raise click.ClickException("dlts render needs the Kubernetes client: pip install 'dlts[k8s]'")
 
 
-_register_optional()
+_register_subsystem_commands()
 
 
 if __name__ == "__main__":

@@ -102,7 +102,7 @@ def run_demo(settings: Settings) -> None:
     click.echo(f"DLTS demo {'created' if created else 'resumed'} in {home}")
     click.echo(f"  node {node.name}: {gpus}, {node.cpu:g} cores; VC 'default' gets all of it")
     click.echo(f"  API:   {url}/api/v1   (OpenAPI: {url}/api/v1/openapi.json)")
-    click.echo(f"  admin token: {home / 'demo-token'}   alice's token: {home / 'alice-token'}")
+    click.echo(f"  admin API token: {(home / 'demo-token').read_text().strip()}   (also in {home / 'demo-token'}; alice's in {home / 'alice-token'})")
     click.echo(f"  try:   curl -H \"Authorization: Bearer $(cat {home / 'alice-token'})\" {url}/api/v1/me")
     click.echo("Ctrl-C stops the demo (running jobs are stopped and requeued at the next start).", err=False)
     ticker.start()

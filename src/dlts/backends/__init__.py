@@ -11,6 +11,6 @@ def make_backend(settings: Settings) -> ClusterBackend:
         from dlts.backends.local import LocalBackend
 
         return LocalBackend(settings.effective_run_dir, demo_gpus=settings.demo_gpus, demo_sku=settings.demo_sku)
-    from dlts.backends.kubernetes import backend_from_settings
+    from dlts.backends.kubernetes import KubernetesBackend, settings_from_config
 
-    return backend_from_settings(settings)
+    return KubernetesBackend(settings_from_config(settings))
