@@ -24,7 +24,7 @@ def wheel(tmp_path_factory) -> Path:
 
 def test_the_wheel_holds_every_package_the_migrations_and_the_templates(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
-    for top, tree in TREES.items():
+    for tree in TREES.values():
         for init in tree.rglob("__init__.py"):
             if "__pycache__" in init.parts:
                 continue
