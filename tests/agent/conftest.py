@@ -90,16 +90,29 @@ class FakeNode:
         data = b"".join(f"{k}={v}".encode() + b"\0" for k, v in env.items())
         self.write(f"proc/{pid}/environ", data)
 
-    def add_ib_port(self, dev: str, port: int, *, state: str = "4: ACTIVE", phys: str = "5: LinkUp",
-                    rate: str = "200 Gb/sec (4X HDR)", counters: dict[str, str] | None = None,
-                    link_layer: str = "InfiniBand") -> None:
+    def add_ib_port(
+        self,
+        dev: str,
+        port: int,
+        *,
+        state: str = "4: ACTIVE",
+        phys: str = "5: LinkUp",
+        rate: str = "200 Gb/sec (4X HDR)",
+        counters: dict[str, str] | None = None,
+        link_layer: str = "InfiniBand",
+    ) -> None:
         base = f"sys/class/infiniband/{dev}/ports/{port}"
         self.write(f"{base}/state", state + "\n")
         self.write(f"{base}/phys_state", phys + "\n")
         self.write(f"{base}/rate", rate + "\n")
         self.write(f"{base}/link_layer", link_layer + "\n")
-        defaults = {"port_xmit_data": "1000", "port_rcv_data": "2500", "symbol_error": "0", "link_downed": "1",
-                    "port_rcv_errors": "0"}
+        defaults = {
+            "port_xmit_data": "1000",
+            "port_rcv_data": "2500",
+            "symbol_error": "0",
+            "link_downed": "1",
+            "port_rcv_errors": "0",
+        }
         for name, value in {**defaults, **(counters or {})}.items():
             self.write(f"{base}/counters/{name}", value + "\n")
 
@@ -115,7 +128,9 @@ class FakeNode:
 
 def make_fake_node(root: Path) -> FakeNode:
     node = FakeNode(root)
-    node.write("proc/stat", textwrap.dedent(f"""\
+    node.write(
+        "proc/stat",
+        textwrap.dedent(f"""\
         cpu  56472 0 25099 91063 790 0 568 1046 3 0
         cpu0 25794 0 11868 48609 399 0 223 505 2 0
         cpu1 30678 0 13231 42454 391 0 345 541 1 0
@@ -123,7 +138,8 @@ def make_fake_node(root: Path) -> FakeNode:
         ctxt 123456
         btime {BTIME}
         processes 4567
-        """))
+        """),
+    )
     node.write("proc/meminfo", MEMINFO)
     node.write("proc/loadavg", "0.52 0.61 0.70 2/345 6789\n")
     node.write("proc/net/dev", NET_DEV)

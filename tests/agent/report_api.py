@@ -60,7 +60,7 @@ class ReportAPI:
                 auth = self.headers.get("Authorization", "")
                 if not auth.startswith("Bearer "):
                     return self._error(401, "unauthenticated", "send Authorization: Bearer <node token>")
-                if api.tokens.get(node) != auth[len("Bearer "):]:
+                if api.tokens.get(node) != auth[len("Bearer ") :]:
                     return self._error(403, "forbidden", f"this token may not report for node {node}")
                 if api.status_override:
                     return self._error(api.status_override, "unavailable", "database unreachable")

@@ -27,8 +27,9 @@ def test_reset_gpu_accepts_index_uuid_or_bus_id(node, command_log, target):
 
 
 def test_reset_gpu_refuses_a_gpu_a_job_is_using(node, command_log):
-    node.add_process(4242, {"DLTS_JOB_ID": "1234", "DLTS_USER": "alice", "DLTS_VC": "vision",
-                            "CUDA_VISIBLE_DEVICES": "3"})
+    node.add_process(
+        4242, {"DLTS_JOB_ID": "1234", "DLTS_USER": "alice", "DLTS_VC": "vision", "CUDA_VISIBLE_DEVICES": "3"}
+    )
     result = agent_on(node).executor.execute({"id": "r1", "action": "reset_gpu", "target": "3"})
     assert result.status is OrderStatus.REJECTED and "job 1234 (alice)" in result.message
     assert logged_commands(command_log) == []
@@ -65,11 +66,16 @@ def test_a_failing_reset_reports_nvidia_smis_words(node, command_log, monkeypatc
 
 def test_dry_run_says_what_it_would_do_and_does_nothing(node, command_log):
     agent = agent_on(node)
-    results = [agent.executor.execute({"id": f"d{i}", "action": a, "target": t, "dry_run": True})
-               for i, (a, t) in enumerate([("reset_gpu", "3"), ("restart_service", "nvidia-fabricmanager"),
-                                            ("reboot", ""), ("drop_caches", "")])]
+    results = [
+        agent.executor.execute({"id": f"d{i}", "action": a, "target": t, "dry_run": True})
+        for i, (a, t) in enumerate(
+            [("reset_gpu", "3"), ("restart_service", "nvidia-fabricmanager"), ("reboot", ""), ("drop_caches", "")]
+        )
+    ]
     assert [r.status for r in results] == [OrderStatus.DRY_RUN] * 4
-    assert results[0].message.startswith(f"would run nvidia-smi --gpu-reset -i {UUID3}".replace("nvidia-smi", agent.cfg.actions.nvidia_smi))
+    assert results[0].message.startswith(
+        f"would run nvidia-smi --gpu-reset -i {UUID3}".replace("nvidia-smi", agent.cfg.actions.nvidia_smi)
+    )
     assert "systemctl restart nvidia-fabricmanager.service" in results[1].message
     assert logged_commands(command_log) == []
     assert (node.proc / "sys/vm/drop_caches").read_text() == "0\n"
@@ -81,7 +87,9 @@ def test_an_order_id_is_carried_out_once_even_across_restarts(node, command_log)
     again = agent.executor.execute({"id": "r1", "action": "reset_gpu", "target": "3"})
     assert again == first
     restarted = agent_on(node)  # a new process reads the persisted results
-    assert restarted.executor.execute({"id": "r1", "action": "reset_gpu", "target": "3"}).status is OrderStatus.SUCCEEDED
+    assert (
+        restarted.executor.execute({"id": "r1", "action": "reset_gpu", "target": "3"}).status is OrderStatus.SUCCEEDED
+    )
     assert len(logged_commands(command_log)) == 1
 
 
@@ -92,8 +100,13 @@ def test_a_successful_reset_clears_that_gpus_xid_findings(node, command_log):
     agent.executor.execute({"id": "r1", "action": "reset_gpu", "target": "3"})
     agent.collect_once()
     assert agent.latest().findings == ()
-    assert agent.registry.get_sample_value("dlts_gpu_xid_errors_total", {
-        "gpu": "3", "uuid": UUID3, "bus_id": "0000:4e:00.0", "xid": "48", "source": "kernel"}) == 1  # history stays
+    assert (
+        agent.registry.get_sample_value(
+            "dlts_gpu_xid_errors_total",
+            {"gpu": "3", "uuid": UUID3, "bus_id": "0000:4e:00.0", "xid": "48", "source": "kernel"},
+        )
+        == 1
+    )  # history stays
 
 
 def test_restart_service_only_for_allowed_units(node, command_log):
@@ -129,13 +142,16 @@ def test_drop_caches_writes_the_tunable(node, command_log):
     assert (node.proc / "sys/vm/drop_caches").read_text() == "3\n"
 
 
-@pytest.mark.parametrize("order, message", [
-    ({"id": "m1", "action": "format_disks"}, "unknown action 'format_disks'"),
-    ({"action": "reboot"}, "order.id must be"),
-    ({"id": "m2", "action": "reboot", "dry_run": "yes"}, "dry_run and force must be true or false"),
-    ({"id": "m3", "action": "reset_gpu", "target": ["3"]}, "target must be a string"),
-    (["not", "an", "object"], "must be a JSON object"),
-])
+@pytest.mark.parametrize(
+    "order, message",
+    [
+        ({"id": "m1", "action": "format_disks"}, "unknown action 'format_disks'"),
+        ({"action": "reboot"}, "order.id must be"),
+        ({"id": "m2", "action": "reboot", "dry_run": "yes"}, "dry_run and force must be true or false"),
+        ({"id": "m3", "action": "reset_gpu", "target": ["3"]}, "target must be a string"),
+        (["not", "an", "object"], "must be a JSON object"),
+    ],
+)
 def test_malformed_orders_are_rejected_with_a_reason(node, command_log, order, message):
     result = agent_on(node).executor.execute(order)
     assert result.status is OrderStatus.REJECTED and message in result.message

@@ -91,11 +91,26 @@ def test_nfs_stale_handle_is_not_responsive(node: FakeNode):
 
 
 def test_jobs_are_found_from_environ_and_linked_to_gpus(node: FakeNode):
-    node.add_process(4242, {"DLTS_JOB_ID": "1234", "DLTS_USER": "alice", "DLTS_VC": "vision",
-                            "DLTS_PREEMPTIBLE": "true", "CUDA_VISIBLE_DEVICES": "0,1"})
-    node.add_process(4243, {"DLTS_JOB_ID": "1235", "DLTS_USER": "bob", "DLTS_VC": "nlp",
-                            "NVIDIA_VISIBLE_DEVICES": "GPU-a1000003-5c1e-4b3a-9f00-000000000003",
-                            "CUDA_VISIBLE_DEVICES": "0"})  # container-relative index: ignored
+    node.add_process(
+        4242,
+        {
+            "DLTS_JOB_ID": "1234",
+            "DLTS_USER": "alice",
+            "DLTS_VC": "vision",
+            "DLTS_PREEMPTIBLE": "true",
+            "CUDA_VISIBLE_DEVICES": "0,1",
+        },
+    )
+    node.add_process(
+        4243,
+        {
+            "DLTS_JOB_ID": "1235",
+            "DLTS_USER": "bob",
+            "DLTS_VC": "nlp",
+            "NVIDIA_VISIBLE_DEVICES": "GPU-a1000003-5c1e-4b3a-9f00-000000000003",
+            "CUDA_VISIBLE_DEVICES": "0",
+        },
+    )  # container-relative index: ignored
     node.add_process(4244, {"PATH": "/usr/bin"})
     sample, errors = JobsCollector(str(node.proc)).collect()
     assert errors == []
@@ -109,14 +124,36 @@ def test_gpu_metrics_carry_the_job_labels(node: FakeNode):
     lib = healthy_8xa100()
     lib.gpus[5].pids = [5555]  # NVML's own pid list wins over environment hints
     node.add_process(5555, {"DLTS_JOB_ID": "77", "DLTS_USER": "carol", "DLTS_VC": "speech", "DLTS_PREEMPTIBLE": "0"})
-    node.add_process(4242, {"DLTS_JOB_ID": "1234", "DLTS_USER": "alice", "DLTS_VC": "vision",
-                            "DLTS_PREEMPTIBLE": "1", "CUDA_VISIBLE_DEVICES": "0"})
+    node.add_process(
+        4242,
+        {
+            "DLTS_JOB_ID": "1234",
+            "DLTS_USER": "alice",
+            "DLTS_VC": "vision",
+            "DLTS_PREEMPTIBLE": "1",
+            "CUDA_VISIBLE_DEVICES": "0",
+        },
+    )
     agent = Agent(agent_config(node), nvml_lib=lib)
     agent.collect_once()
-    g0 = {"gpu": "0", "uuid": lib.gpus[0].uuid, "bus_id": "0000:07:00.0", "job_id": "1234", "user": "alice",
-          "vc": "vision", "preemptible": "true"}
-    g5 = {"gpu": "5", "uuid": lib.gpus[5].uuid, "bus_id": "0000:90:00.0", "job_id": "77", "user": "carol",
-          "vc": "speech", "preemptible": "false"}
+    g0 = {
+        "gpu": "0",
+        "uuid": lib.gpus[0].uuid,
+        "bus_id": "0000:07:00.0",
+        "job_id": "1234",
+        "user": "alice",
+        "vc": "vision",
+        "preemptible": "true",
+    }
+    g5 = {
+        "gpu": "5",
+        "uuid": lib.gpus[5].uuid,
+        "bus_id": "0000:90:00.0",
+        "job_id": "77",
+        "user": "carol",
+        "vc": "speech",
+        "preemptible": "false",
+    }
     assert agent.registry.get_sample_value("dlts_gpu_utilization_ratio", g0) == pytest.approx(0.87)
     assert agent.registry.get_sample_value("dlts_gpu_utilization_ratio", g5) == pytest.approx(0.87)
     assert agent.registry.get_sample_value("dlts_node_jobs") == 2
@@ -158,8 +195,11 @@ def test_lustre_health_and_per_target_client_stats():
 
 
 def test_lustre_unhealthy_is_a_finding(node: FakeNode):
-    agent = Agent(agent_config(node), nvml_lib=healthy_8xa100(),
-                  lustre_client=lambda: FakeLustreClient("device dltsfs-OST0012 reported unhealthy\nNOT HEALTHY\n"))
+    agent = Agent(
+        agent_config(node),
+        nvml_lib=healthy_8xa100(),
+        lustre_client=lambda: FakeLustreClient("device dltsfs-OST0012 reported unhealthy\nNOT HEALTHY\n"),
+    )
     agent.collect_once()
     (f,) = agent.latest().findings
     assert f.code is FindingCode.LUSTRE_UNHEALTHY and f.evidence["unhealthy_devices"] == ["dltsfs-OST0012"]
@@ -230,8 +270,11 @@ MALFORMED = [
 def test_malformed_input_raises_that_collectors_error_metric_only(node: FakeNode, collector, corrupt, status):
     node.add_mount("/mnt/home")
     corrupt(node)
-    agent = Agent(agent_config(node, collectors={"nfs": {"mounts": ["/mnt/home"]}}), nvml_lib=healthy_8xa100(),
-                  lustre_client=lambda: FakeLustreClient("" if collector == "lustre" else "healthy"))
+    agent = Agent(
+        agent_config(node, collectors={"nfs": {"mounts": ["/mnt/home"]}}),
+        nvml_lib=healthy_8xa100(),
+        lustre_client=lambda: FakeLustreClient("" if collector == "lustre" else "healthy"),
+    )
     agent.collect_once()
     results = agent.latest().collection.results
     assert results[collector].status is status

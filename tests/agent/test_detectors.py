@@ -34,38 +34,71 @@ def gpu(**kw) -> GpuSample:
 
 
 def ecc(cv=0, ca=0, uv=0, ua=0) -> dict:
-    return {("corrected", "volatile"): cv, ("corrected", "aggregate"): ca, ("uncorrected", "volatile"): uv,
-            ("uncorrected", "aggregate"): ua}
+    return {
+        ("corrected", "volatile"): cv,
+        ("corrected", "aggregate"): ca,
+        ("uncorrected", "volatile"): uv,
+        ("uncorrected", "aggregate"): ua,
+    }
 
 
 GPU_CASES = [
     ("a healthy GPU has no finding", gpu(ecc_errors=ecc()), []),
-    ("one uncorrected volatile ECC error asks for a reset", gpu(ecc_errors=ecc(uv=1)),
-     [(C.GPU_ECC_UNCORRECTED, S.CRITICAL, A.RESET_GPU)]),
-    ("uncorrected errors only in the aggregate (old, InfoROM) count are not current",
-     gpu(ecc_errors=ecc(ua=7)), []),
-    ("a huge corrected total since driver load is critical",
-     gpu(ecc_errors=ecc(cv=50_000_001)), [(C.GPU_ECC_CORRECTED_TOTAL, S.CRITICAL, A.RESET_GPU)]),
+    (
+        "one uncorrected volatile ECC error asks for a reset",
+        gpu(ecc_errors=ecc(uv=1)),
+        [(C.GPU_ECC_UNCORRECTED, S.CRITICAL, A.RESET_GPU)],
+    ),
+    ("uncorrected errors only in the aggregate (old, InfoROM) count are not current", gpu(ecc_errors=ecc(ua=7)), []),
+    (
+        "a huge corrected total since driver load is critical",
+        gpu(ecc_errors=ecc(cv=50_000_001)),
+        [(C.GPU_ECC_CORRECTED_TOTAL, S.CRITICAL, A.RESET_GPU)],
+    ),
     ("a large corrected aggregate alone is not a finding (totals, not rates)", gpu(ecc_errors=ecc(ca=10**9)), []),
-    ("pending row remap asks for a reset", gpu(row_remap_pending=True), [(C.GPU_ROW_REMAP_PENDING, S.CRITICAL, A.RESET_GPU)]),
-    ("row remap failure asks for a ticket", gpu(row_remap_failure=True), [(C.GPU_ROW_REMAP_FAILURE, S.CRITICAL, A.TICKET)]),
-    ("more than 512 uncorrectable remapped rows asks for a ticket", gpu(remapped_rows_uncorrectable=513),
-     [(C.GPU_ROW_REMAP_UNCORRECTABLE, S.CRITICAL, A.TICKET)]),
+    (
+        "pending row remap asks for a reset",
+        gpu(row_remap_pending=True),
+        [(C.GPU_ROW_REMAP_PENDING, S.CRITICAL, A.RESET_GPU)],
+    ),
+    (
+        "row remap failure asks for a ticket",
+        gpu(row_remap_failure=True),
+        [(C.GPU_ROW_REMAP_FAILURE, S.CRITICAL, A.TICKET)],
+    ),
+    (
+        "more than 512 uncorrectable remapped rows asks for a ticket",
+        gpu(remapped_rows_uncorrectable=513),
+        [(C.GPU_ROW_REMAP_UNCORRECTABLE, S.CRITICAL, A.TICKET)],
+    ),
     ("exactly 10 retired pages is still fine", gpu(retired_pages_single_bit=6, retired_pages_double_bit=4), []),
-    ("11 retired pages is critical", gpu(retired_pages_single_bit=7, retired_pages_double_bit=4),
-     [(C.GPU_RETIRED_PAGES, S.CRITICAL, A.TICKET)]),
-    ("a full retirement table with one pending is an RMA",
-     gpu(retired_pages_single_bit=40, retired_pages_double_bit=22, retired_pages_pending=True),
-     [(C.GPU_RETIREMENT_TABLE_FULL, S.CRITICAL, A.TICKET), (C.GPU_RETIRED_PAGES_PENDING, S.WARNING, A.REBOOT)]),
-    ("a pending retirement alone asks for a reboot", gpu(retired_pages_single_bit=1, retired_pages_double_bit=0,
-                                                         retired_pages_pending=True),
-     [(C.GPU_RETIRED_PAGES_PENDING, S.WARNING, A.REBOOT)]),
+    (
+        "11 retired pages is critical",
+        gpu(retired_pages_single_bit=7, retired_pages_double_bit=4),
+        [(C.GPU_RETIRED_PAGES, S.CRITICAL, A.TICKET)],
+    ),
+    (
+        "a full retirement table with one pending is an RMA",
+        gpu(retired_pages_single_bit=40, retired_pages_double_bit=22, retired_pages_pending=True),
+        [(C.GPU_RETIREMENT_TABLE_FULL, S.CRITICAL, A.TICKET), (C.GPU_RETIRED_PAGES_PENDING, S.WARNING, A.REBOOT)],
+    ),
+    (
+        "a pending retirement alone asks for a reboot",
+        gpu(retired_pages_single_bit=1, retired_pages_double_bit=0, retired_pages_pending=True),
+        [(C.GPU_RETIRED_PAGES_PENDING, S.WARNING, A.REBOOT)],
+    ),
     ("NOT_SUPPORTED everywhere (None) is no data, not a finding", gpu(), []),
-    ("recovery action DRAIN_AND_RESET asks for a reset", gpu(recovery_action=4),
-     [(C.GPU_RECOVERY_ACTION, S.CRITICAL, A.RESET_GPU)]),
+    (
+        "recovery action DRAIN_AND_RESET asks for a reset",
+        gpu(recovery_action=4),
+        [(C.GPU_RECOVERY_ACTION, S.CRITICAL, A.RESET_GPU)],
+    ),
     ("recovery action 0 is none", gpu(recovery_action=0), []),
-    ("a lost GPU asks for a reboot and nothing else", gpu(lost=True, lost_reason="GPU is lost", row_remap_pending=True),
-     [(C.GPU_LOST, S.CRITICAL, A.REBOOT)]),
+    (
+        "a lost GPU asks for a reboot and nothing else",
+        gpu(lost=True, lost_reason="GPU is lost", row_remap_pending=True),
+        [(C.GPU_LOST, S.CRITICAL, A.REBOOT)],
+    ),
 ]
 
 
@@ -74,12 +107,15 @@ def test_gpu_rules(case, sample, expected):
     assert [(f.code, f.severity, f.action) for f in detect_gpu(sample, None, 0.0, T)] == expected
 
 
-@pytest.mark.parametrize("prev, cur, dt_s, expect_rate_finding", [
-    (1000, 1000 + 3000, 600, True),      # 18,000/h > 10,000/h
-    (1000, 1000 + 1000, 600, False),     # 6,000/h
-    (1000, 10, 600, False),              # driver reloaded: counter went down, no rate
-    (None, 5000, 600, False),            # no previous reading
-])
+@pytest.mark.parametrize(
+    "prev, cur, dt_s, expect_rate_finding",
+    [
+        (1000, 1000 + 3000, 600, True),  # 18,000/h > 10,000/h
+        (1000, 1000 + 1000, 600, False),  # 6,000/h
+        (1000, 10, 600, False),  # driver reloaded: counter went down, no rate
+        (None, 5000, 600, False),  # no previous reading
+    ],
+)
 def test_corrected_ecc_is_judged_as_a_rate(prev, cur, dt_s, expect_rate_finding):
     previous = gpu(ecc_errors=ecc(cv=prev)) if prev is not None else None
     found = detect_gpu(gpu(ecc_errors=ecc(cv=cur)), previous, dt_s, T)
@@ -109,8 +145,11 @@ XID_CASES = [
     ("XID 109 repeating asks for a reset", [ev(109)] * 3, (S.WARNING, A.RESET_GPU)),
     ("XID 119 asks for a reset", [ev(119)], (S.CRITICAL, A.RESET_GPU)),
     ("an unknown XID is investigated", [ev(4242)], (S.WARNING, A.INVESTIGATE)),
-    ("the same XID from the kernel and NVML counts once", [ev(109), ev(109, source="nvml"), ev(109),
-                                                          ev(109, source="nvml")], (S.WARNING, A.WATCH)),
+    (
+        "the same XID from the kernel and NVML counts once",
+        [ev(109), ev(109, source="nvml"), ev(109), ev(109, source="nvml")],
+        (S.WARNING, A.WATCH),
+    ),
 ]
 
 
@@ -144,16 +183,25 @@ def port(state, name="mlx5_0"):
 
 def test_ib_port_not_active_is_a_finding():
     assert [f.device for f in detect_ib([port("ACTIVE"), port("DOWN", "mlx5_1"), port("INIT", "mlx5_2")])] == [
-        "mlx5_1/1", "mlx5_2/1"]
+        "mlx5_1/1",
+        "mlx5_2/1",
+    ]
 
 
 def test_nfs_hung_and_not_mounted():
-    found = detect_nfs([NfsMountSample("/a", True, True, 0.01), NfsMountSample("/b", True, False, None, "nfs4"),
-                        NfsMountSample("/c", False, False, None)])
+    found = detect_nfs(
+        [
+            NfsMountSample("/a", True, True, 0.01),
+            NfsMountSample("/b", True, False, None, "nfs4"),
+            NfsMountSample("/c", False, False, None),
+        ]
+    )
     assert [(f.code, f.device) for f in found] == [(C.NFS_HUNG, "/b"), (C.NFS_NOT_MOUNTED, "/c")]
 
 
-@pytest.mark.parametrize("used_ratio, expected", [(0.5, None), (0.90, S.WARNING), (0.96, S.WARNING), (0.97, S.CRITICAL)])
+@pytest.mark.parametrize(
+    "used_ratio, expected", [(0.5, None), (0.90, S.WARNING), (0.96, S.WARNING), (0.97, S.CRITICAL)]
+)
 def test_disk_nearly_full_thresholds(used_ratio, expected):
     size = 10**12
     used = int(size * used_ratio)

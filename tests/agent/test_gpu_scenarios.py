@@ -28,11 +28,20 @@ def test_healthy_8xa100_reads_every_gpu_and_finds_nothing(node):
     assert gpus[0].bus_id == "0000:07:00.0" and gpus[0].power_watts == 312.0
     assert gpus[0].utilization_ratio == pytest.approx(0.87)
     assert agent.latest().findings == ()
-    labels = {"gpu": "0", "uuid": gpus[0].uuid, "bus_id": "0000:07:00.0", "job_id": "", "user": "", "vc": "",
-              "preemptible": ""}
+    labels = {
+        "gpu": "0",
+        "uuid": gpus[0].uuid,
+        "bus_id": "0000:07:00.0",
+        "job_id": "",
+        "user": "",
+        "vc": "",
+        "preemptible": "",
+    }
     r = agent.registry
     assert r.get_sample_value("dlts_gpu_memory_total_bytes", labels) == 80 * 1024**3
-    assert r.get_sample_value("dlts_gpu_ecc_errors_total", {**labels, "type": "uncorrected", "counter": "volatile"}) == 0
+    assert (
+        r.get_sample_value("dlts_gpu_ecc_errors_total", {**labels, "type": "uncorrected", "counter": "volatile"}) == 0
+    )
     assert r.get_sample_value("dlts_gpu_row_remap_pending", labels) == 0
     assert r.get_sample_value("dlts_gpu_retired_pages", {**labels, "cause": "single_bit"}) is None  # A100: no data
     assert r.get_sample_value("dlts_node_collector_success", {"collector": "gpu"}) == 1
@@ -69,8 +78,15 @@ def test_more_than_ten_retired_pages_on_a_v100(node):
     assert codes(agent) == {("gpu_retired_pages", "gpu2", "ticket"), ("gpu_retired_pages_pending", "gpu2", "reboot")}
     f = next(f for f in agent.latest().findings if f.code is FindingCode.GPU_RETIRED_PAGES)
     assert f.evidence["single_bit"] == 11 and f.evidence["double_bit"] == 3
-    labels = {"gpu": "2", "uuid": "GPU-v1000002-5c1e-4b3a-9f00-000000000002", "bus_id": "0000:47:00.0",
-              "job_id": "", "user": "", "vc": "", "preemptible": ""}
+    labels = {
+        "gpu": "2",
+        "uuid": "GPU-v1000002-5c1e-4b3a-9f00-000000000002",
+        "bus_id": "0000:47:00.0",
+        "job_id": "",
+        "user": "",
+        "vc": "",
+        "preemptible": "",
+    }
     assert agent.registry.get_sample_value("dlts_gpu_retired_pages", {**labels, "cause": "double_bit"}) == 3
     assert agent.registry.get_sample_value("dlts_gpu_row_remap_pending", labels) is None  # V100: no remapper
 
@@ -83,9 +99,13 @@ def test_gpu_fallen_off_the_bus_is_reported_not_fatal(node):
     assert ("gpu_count_low", "node", "reboot") in codes(agent)
     count_low = next(f for f in snap.findings if f.code is FindingCode.GPU_COUNT_LOW)
     assert count_low.evidence == {"expected": 8, "nvml_count": 8, "usable": 7, "lost": [5]}
-    assert agent.registry.get_sample_value(
-        "dlts_gpu_lost", {"gpu": "5", "uuid": "", "bus_id": "", "job_id": "", "user": "", "vc": "", "preemptible": ""}
-    ) == 1
+    assert (
+        agent.registry.get_sample_value(
+            "dlts_gpu_lost",
+            {"gpu": "5", "uuid": "", "bus_id": "", "job_id": "", "user": "", "vc": "", "preemptible": ""},
+        )
+        == 1
+    )
 
 
 def test_a_gpu_lost_after_start_keeps_its_identity(node):
@@ -102,10 +122,22 @@ def test_not_supported_everywhere_gives_absent_metrics_and_no_findings(node):
     g = agent.latest().collection.sample("gpu").gpus[0]
     assert g.temperature_celsius is None and g.ecc_errors == {} and g.row_remap_pending is None
     assert agent.latest().findings == ()
-    labels = {"gpu": "0", "uuid": g.uuid, "bus_id": "0000:01:00.0", "job_id": "", "user": "", "vc": "",
-              "preemptible": ""}
-    for name in ("dlts_gpu_temperature_celsius", "dlts_gpu_power_watts", "dlts_gpu_row_remap_pending",
-                 "dlts_gpu_recovery_action", "dlts_gpu_utilization_ratio"):
+    labels = {
+        "gpu": "0",
+        "uuid": g.uuid,
+        "bus_id": "0000:01:00.0",
+        "job_id": "",
+        "user": "",
+        "vc": "",
+        "preemptible": "",
+    }
+    for name in (
+        "dlts_gpu_temperature_celsius",
+        "dlts_gpu_power_watts",
+        "dlts_gpu_row_remap_pending",
+        "dlts_gpu_recovery_action",
+        "dlts_gpu_utilization_ratio",
+    ):
         assert agent.registry.get_sample_value(name, labels) is None, name
     assert agent.registry.get_sample_value("dlts_gpu_lost", labels) == 0
 
@@ -136,12 +168,24 @@ def test_recovery_action_field_maps_to_an_action(node):
     agent = run_agent(node, "", lib=lib)
     f = agent.latest().findings[0]
     assert (f.code, f.device, f.action, f.evidence["name"]) == (
-        FindingCode.GPU_RECOVERY_ACTION, "gpu7", RecommendedAction.REBOOT, "NODE_REBOOT")
+        FindingCode.GPU_RECOVERY_ACTION,
+        "gpu7",
+        RecommendedAction.REBOOT,
+        "NODE_REBOOT",
+    )
 
 
 def test_every_scenario_is_named_and_readable():
-    assert set(SCENARIOS) == {"healthy-8xa100", "dbe-gpu3", "remap-pending", "remap-failure", "retired-pages",
-                              "fallen-off-bus", "not-supported", "init-failure"}
+    assert set(SCENARIOS) == {
+        "healthy-8xa100",
+        "dbe-gpu3",
+        "remap-pending",
+        "remap-failure",
+        "retired-pages",
+        "fallen-off-bus",
+        "not-supported",
+        "init-failure",
+    }
     for name in SCENARIOS:
         n = Nvml(scenario(name))
         if name == "init-failure":
@@ -160,9 +204,16 @@ def test_real_pynvml_without_a_driver_is_unavailable_not_a_crash():
         Nvml(pynvml).read()
 
 
-@pytest.mark.parametrize("raw, expected", [
-    ("00000000:4E:00.0", "0000:4e:00.0"), ("PCI:0000:65:00", "0000:65:00.0"), ("0000:b7:00.1", "0000:b7:00.1"),
-    (b"00000000:07:00.0", "0000:07:00.0"), ("65:00.0", "0000:65:00.0"), (None, None),
-])
+@pytest.mark.parametrize(
+    "raw, expected",
+    [
+        ("00000000:4E:00.0", "0000:4e:00.0"),
+        ("PCI:0000:65:00", "0000:65:00.0"),
+        ("0000:b7:00.1", "0000:b7:00.1"),
+        (b"00000000:07:00.0", "0000:07:00.0"),
+        ("65:00.0", "0000:65:00.0"),
+        (None, None),
+    ],
+)
 def test_bus_ids_from_nvml_and_the_kernel_normalise_to_one_form(raw, expected):
     assert normalize_bus_id(raw) == expected

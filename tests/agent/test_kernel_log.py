@@ -17,13 +17,19 @@ from dlts_agent.state import AgentState
 @pytest.mark.parametrize(
     "line, expected",
     [
-        ("NVRM: Xid (PCI:0000:65:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.",
-         ("0000:65:00.0", 79)),
-        ("NVRM: Xid (PCI:0000:4e:00): 63, Row Remapper: New row marked for remapping, reset gpu to activate.",
-         ("0000:4e:00.0", 63)),  # no pid= at all
+        (
+            "NVRM: Xid (PCI:0000:65:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.",
+            ("0000:65:00.0", 79),
+        ),
+        (
+            "NVRM: Xid (PCI:0000:4e:00): 63, Row Remapper: New row marked for remapping, reset gpu to activate.",
+            ("0000:4e:00.0", 63),
+        ),  # no pid= at all
         ("NVRM: Xid (PCI:0000:07:00): 13, pid=4411, name=train.py, Graphics Exception", ("0000:07:00.0", 13)),
-        ("NVRM: Xid (0000:b7:00): 119, pid=1, name=x, Timeout after 6s of waiting for RPC response",
-         ("0000:b7:00.0", 119)),
+        (
+            "NVRM: Xid (0000:b7:00): 119, pid=1, name=x, Timeout after 6s of waiting for RPC response",
+            ("0000:b7:00.0", 119),
+        ),
         ("NVRM: GPU 0000:87:00.0: GPU has fallen off the bus.", ("0000:87:00.0", None)),
         ("NVRM: loading NVIDIA UNIX x86_64 Kernel Module  550.127.05", None),
         ("usb 1-1: new high-speed USB device", None),
@@ -129,11 +135,19 @@ def test_unreadable_kernel_log_is_reported_and_nvml_events_still_count(node: Fak
 def test_journal_source_uses_and_persists_the_cursor(node: FakeNode, command_log, monkeypatch):
     monkeypatch.setenv("DLTS_FAKE_JOURNAL", str(FIXTURES / "journal_kernel.jsonl"))
     st = AgentState(None)
-    c = XidCollector(st, source="journal", journalctl=str(FAKEBIN / "journalctl"), proc_root=str(node.proc),
-                     clock=lambda: 1795000020.0)
+    c = XidCollector(
+        st,
+        source="journal",
+        journalctl=str(FAKEBIN / "journalctl"),
+        proc_root=str(node.proc),
+        clock=lambda: 1795000020.0,
+    )
     sample, errors = c.collect()
-    assert sample.counts == {("0000:4e:00.0", 48, "kernel"): 1, ("0000:87:00.0", 79, "kernel"): 1,
-                             ("0000:07:00.0", 13, "kernel"): 1}
+    assert sample.counts == {
+        ("0000:4e:00.0", 48, "kernel"): 1,
+        ("0000:87:00.0", 79, "kernel"): 1,
+        ("0000:07:00.0", 13, "kernel"): 1,
+    }
     assert any("malformed" in e for e in errors)
     assert st.journal_cursor == "s=1a;i=103;b=4c6b;m=4;t=5f3;x=4"
     c.collect()
@@ -146,10 +160,16 @@ def test_agent_exports_xid_counter_with_gpu_labels(node: FakeNode):
     node.kmsg.write_text((FIXTURES / "kmsg_xid.txt").read_text())
     agent = Agent(agent_config(node), nvml_lib=healthy_8xa100())
     agent.collect_once()
-    v = agent.registry.get_sample_value("dlts_gpu_xid_errors_total", {
-        "gpu": "3", "uuid": "GPU-a1000003-5c1e-4b3a-9f00-000000000003", "bus_id": "0000:4e:00.0", "xid": "48",
-        "source": "kernel"})
+    v = agent.registry.get_sample_value(
+        "dlts_gpu_xid_errors_total",
+        {
+            "gpu": "3",
+            "uuid": "GPU-a1000003-5c1e-4b3a-9f00-000000000003",
+            "bus_id": "0000:4e:00.0",
+            "xid": "48",
+            "source": "kernel",
+        },
+    )
     assert v == 1.0
     assert agent.registry.get_sample_value("dlts_gpu_fell_off_bus_messages_total", {"bus_id": "0000:b7:00.0"}) == 1
     assert agent.latest().collection.status("xid") is CollectorStatus.OK
-

@@ -23,16 +23,34 @@ TOKEN = "nt_gpu-node-01_3f9c2b7a"
 
 
 def reporting_agent(node: FakeNode, api: ReportAPI, lib=None, **overrides) -> Agent:
-    cfg = agent_config(node, report={"enabled": True, "api_url": api.url, "node_token_file": str(node.root / "tok"),
-                                     "interval_s": 0.2, "backoff_initial_s": 0.1, "backoff_max_s": 0.4,
-                                     "timeout_s": 2}, **overrides)
+    cfg = agent_config(
+        node,
+        report={
+            "enabled": True,
+            "api_url": api.url,
+            "node_token_file": str(node.root / "tok"),
+            "interval_s": 0.2,
+            "backoff_initial_s": 0.1,
+            "backoff_max_s": 0.4,
+            "timeout_s": 2,
+        },
+        **overrides,
+    )
     (node.root / "tok").write_text(TOKEN + "\n")
     return Agent(cfg, nvml_lib=lib or healthy_8xa100())
 
 
 def make_reporter(agent: Agent, token: str = TOKEN) -> Reporter:
-    agent.reporter = Reporter(agent.cfg.report, agent.node, token, agent.latest, agent.executor,
-                              submit_orders=agent.submit_orders, boot_id=agent.boot_id(), rng=random.Random(7))
+    agent.reporter = Reporter(
+        agent.cfg.report,
+        agent.node,
+        token,
+        agent.latest,
+        agent.executor,
+        submit_orders=agent.submit_orders,
+        boot_id=agent.boot_id(),
+        rng=random.Random(7),
+    )
     return agent.reporter
 
 
@@ -42,16 +60,32 @@ def test_report_wire_format_is_the_documented_contract(node: FakeNode):
         agent.collect_once()
         assert make_reporter(agent).report_once() == []
         (body,) = api.reports
-    assert set(body) == {"schema_version", "node", "agent_version", "heartbeat_at", "collected_at", "boot_id",
-                         "collectors", "findings", "metrics", "order_results"}
+    assert set(body) == {
+        "schema_version",
+        "node",
+        "agent_version",
+        "heartbeat_at",
+        "collected_at",
+        "boot_id",
+        "collectors",
+        "findings",
+        "metrics",
+        "order_results",
+    }
     assert body["schema_version"] == 1 and body["node"] == "gpu-node-01"
     assert body["heartbeat_at"].endswith("Z") and body["boot_id"]
     assert body["collectors"]["gpu"] == {"status": "ok", "errors": []}
     f = next(f for f in body["findings"] if f["code"] == "gpu_ecc_uncorrected")
-    assert f == {"code": "gpu_ecc_uncorrected", "severity": "critical", "device": "gpu3",
-                 "gpu_uuid": "GPU-a1000003-5c1e-4b3a-9f00-000000000003", "bus_id": "0000:4e:00.0",
-                 "recommended_action": "reset_gpu", "message": f["message"],
-                 "evidence": {"uncorrected_volatile": 2, "threshold": 0}}
+    assert f == {
+        "code": "gpu_ecc_uncorrected",
+        "severity": "critical",
+        "device": "gpu3",
+        "gpu_uuid": "GPU-a1000003-5c1e-4b3a-9f00-000000000003",
+        "bus_id": "0000:4e:00.0",
+        "recommended_action": "reset_gpu",
+        "message": f["message"],
+        "evidence": {"uncorrected_volatile": 2, "threshold": 0},
+    }
     assert body["metrics"]["gpu_count"] == 8 and len(body["metrics"]["gpus"]) == 8
     assert body["order_results"] == []
 
@@ -112,8 +146,14 @@ def test_results_are_resent_until_the_api_accepts_them(node: FakeNode):
 
 
 def test_backoff_grows_to_the_cap_with_jitter():
-    rep = Reporter(ReportConfig(enabled=True, api_url="http://127.0.0.1:1", backoff_initial_s=2, backoff_max_s=60),
-                   "n", "t", lambda: None, None, rng=random.Random(1))
+    rep = Reporter(
+        ReportConfig(enabled=True, api_url="http://127.0.0.1:1", backoff_initial_s=2, backoff_max_s=60),
+        "n",
+        "t",
+        lambda: None,
+        None,
+        rng=random.Random(1),
+    )
     waits = [rep.backoff_s(n) for n in range(1, 9)]
     for n, w in enumerate(waits, 1):
         d = min(60, 2 * 2 ** (n - 1))
@@ -125,8 +165,9 @@ def test_api_down_then_up_the_agent_keeps_exporting_and_sends_only_the_latest_st
     api = ReportAPI({"gpu-node-01": TOKEN})
     api.delay_s = 1.5  # a hung API: every request takes 1.5 s
     with api:
-        agent = reporting_agent(node, api, exporter={"enabled": True, "listen_address": "127.0.0.1", "port": 0},
-                                interval_s=0.2)
+        agent = reporting_agent(
+            node, api, exporter={"enabled": True, "listen_address": "127.0.0.1", "port": 0}, interval_s=0.2
+        )
         stop = threading.Event()
         t = threading.Thread(target=agent.run, args=(stop,), daemon=True)
         t.start()
