@@ -33,6 +33,24 @@ SUITE = "bookworm"
 MIRROR = "http://deb.debian.org/debian"
 IMAGE_SIZE = "6G"
 
+
+def _accelerator() -> str:
+    """KVM when it can boot a stock Debian kernel, else TCG (full emulation, slower but faithful).
+
+    Some hosts expose /dev/kvm through PVM (kvm_pvm), a paravirtual hypervisor for nested setups
+    that only boots guest kernels built for it: a stock kernel hangs silently right after the
+    decompressor. Such hosts get TCG.
+    """
+    forced = os.environ.get("DLTS_CI_QEMU_ACCEL")
+    if forced:
+        return forced
+    if not os.access("/dev/kvm", os.R_OK | os.W_OK) or Path("/sys/module/kvm_pvm").exists():
+        return "tcg,thread=multi"
+    return "kvm"
+
+
+ACCEL = _accelerator()
+
 # Packages baked into the image. The first block makes a bootable, SSH-reachable systemd machine;
 # the second block is what the mariadb, dlts_control and dlts_agent roles install, pre-seeded so
 # that the converge does not spend CI minutes downloading them (the roles still assert them with
@@ -218,8 +236,8 @@ class DebianVM:
         )
         cmd = [
             "qemu-system-x86_64",
-            "-accel", "kvm",
-            "-cpu", "host",
+            "-accel", ACCEL,
+            "-cpu", "max",
             "-smp", "2",
             "-m", str(self.memory_mib),
             "-nodefaults",
