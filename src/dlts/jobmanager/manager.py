@@ -56,7 +56,7 @@ class JobManager:
             observed = {(o.job_id, o.attempt): o for o in self.backend.observe()}
             self.reconcile(session, observed)
             self.carry_out_requests(session, observed)
-            decisions = decide(load_snapshot(session), self.clock())
+            decisions = decide(load_snapshot(session, self.settings), self.clock())
             self.apply(session, decisions)
             self.last_decisions = decisions
             return decisions

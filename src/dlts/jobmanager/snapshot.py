@@ -7,6 +7,7 @@ import datetime as dt
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
+from dlts.config import Settings
 from dlts.models import ACTIVE, Job, JobAttempt, JobStatus, Node, VirtualCluster
 from dlts.repositories.cluster import sku_shapes
 from dlts.scheduler import model as core
@@ -24,7 +25,7 @@ def placements_to_json(placements) -> list[dict]:
     return [{"node": p.node, "gpu_indices": list(p.gpu_indices), "cpu": p.cpu, "memory_bytes": p.memory_bytes} for p in placements]
 
 
-def load_snapshot(session: Session) -> core.Snapshot:
+def load_snapshot(session: Session, settings: Settings) -> core.Snapshot:
     vcs = {}
     vc_names = {}
     for vc in session.scalars(sa.select(VirtualCluster)):
@@ -58,4 +59,6 @@ def load_snapshot(session: Session) -> core.Snapshot:
             placements=placements_from_json(attempt.placements) if (running and attempt) else (),
             min_replicas=(job.spec or {}).get("min_replicas", 0), max_replicas=(job.spec or {}).get("max_replicas", 0),
         ))
-    return core.Snapshot(skus=sku_shapes(session), nodes=nodes, vcs=vcs, jobs=tuple(jobs))
+    return core.Snapshot(skus=sku_shapes(session), nodes=nodes, vcs=vcs, jobs=tuple(jobs),
+                         cpu_job_default_cpu=settings.cpu_job_default_cpu,
+                         cpu_job_default_memory_bytes=settings.cpu_job_default_memory_bytes)
