@@ -15,7 +15,7 @@ from prometheus_client.registry import Collector
 
 from dlts_lustre.client import MDT_STATS_PARAM, OST_STATS_PARAM, LustreClient
 from dlts_lustre.errors import LustreError
-from dlts_lustre.model import DfReport, StatsBlock
+from dlts_lustre.model import DfReport, Rate, StatsBlock
 from dlts_lustre.parsers import compute_rates
 from dlts_lustre.parsers._common import decode_target
 from dlts_lustre.units import KIB
@@ -56,6 +56,7 @@ class LustreCollector(Collector):
         self.sections = tuple(sections)
         self.clock = clock
         self._previous_stats: dict[str, tuple[StatsBlock, ...]] = {}
+        self._last_rates: dict[str, dict[tuple[str, str], Rate]] = {}
 
     def describe(self) -> Iterator[Metric]:
         return iter(())  # do not run lfs at registration time
@@ -150,8 +151,16 @@ class LustreCollector(Collector):
     def _stats(self, section: str) -> list[Metric]:
         param = OST_STATS_PARAM if section == "ost_stats" else MDT_STATS_PARAM
         blocks = self.client.stats(param)
-        previous = self._previous_stats.get(section, ())
+        previous = {b.param: b for b in self._previous_stats.get(section, ())}
         self._previous_stats[section] = blocks
+        # A target whose snapshot did not move (two scrapes within the same tick) keeps its last rates.
+        moved = {b.target for b in blocks
+                 if b.param in previous and b.snapshot_time_s != previous[b.param].snapshot_time_s}
+        present = {b.target for b in blocks}
+        rates = {key: r for key, r in self._last_rates.get(section, {}).items()
+                 if key[0] in present and key[0] not in moved}
+        rates.update({(r.target, r.counter): r for r in compute_rates(previous.values(), blocks)})
+        self._last_rates[section] = rates
         ops = CounterMetricFamily("dlts_lustre_ops", "Operations served by the target (lctl stats samples)",
                                   labels=["target", "op"])
         io = CounterMetricFamily("dlts_lustre_io_bytes", "Bytes read/written by the target",
@@ -165,7 +174,7 @@ class LustreCollector(Collector):
                 ops.add_metric([block.target, name], float(counter.samples))
                 if counter.unit == "bytes" and counter.total is not None and name in ("read_bytes", "write_bytes"):
                     io.add_metric([block.target, name.removesuffix("_bytes")], float(counter.total))
-        for r in compute_rates(previous, blocks):
+        for _, r in sorted(rates.items()):
             rate.add_metric([r.target, r.counter], r.ops_per_s)
             if r.bytes_per_s is not None and r.counter in ("read_bytes", "write_bytes"):
                 io_rate.add_metric([r.target, r.counter.removesuffix("_bytes")], r.bytes_per_s)

@@ -197,6 +197,7 @@ def test_df_blocks_flags_inactive_and_hex_indices():
     by_index = {t.index: t for t in r.osts()}
     assert sorted(by_index) == [0, 1, 2, 3, 10]
     assert not by_index[2].active and by_index[2].mount == "/mnt/dltsfs"
+    assert by_index[2].uuid == "dltsfs-OST0002_UUID"
     assert by_index[3].flags == frozenset({TargetFlag.DEGRADED, TargetFlag.NO_CREATE})
     assert by_index[10].flags == frozenset({TargetFlag.READ_ONLY}) and by_index[10].uuid == "dltsfs-OST000a_UUID"
     assert by_index[0].total == 3771392000 and by_index[0].available == 3528448000

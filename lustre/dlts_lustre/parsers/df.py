@@ -86,5 +86,15 @@ def parse_df_single(text: str, pool: str | None = None) -> DfReport:
         raise LustreParseError(WHAT, f"expected one filesystem, found {len(reports)}")
     report = reports[0]
     mount = report.summary.mount if report.summary else next((t.mount for t in report.targets if t.mount), "")
-    targets = tuple(t if t.active else DfRow(**{**t.__dict__, "mount": mount}) for t in report.targets)
+    fsnames = {decode_target(t.uuid, WHAT)[2] for t in report.targets if t.active}
+    fsname = next(iter(fsnames)) if len(fsnames) == 1 else None
+
+    def complete(row: DfRow) -> DfRow:
+        # "OST0003 : inactive device" carries no filesystem name; give it the full UUID of its siblings.
+        uuid = row.uuid
+        if fsname and not uuid.startswith(f"{fsname}-"):
+            uuid = f"{fsname}-{row.kind.value}{row.index:04x}_UUID"
+        return DfRow(**{**row.__dict__, "mount": mount, "uuid": uuid})
+
+    targets = tuple(t if t.active else complete(t) for t in report.targets)
     return DfReport(inodes=report.inodes, targets=targets, summary=report.summary, pool=pool)
