@@ -79,3 +79,39 @@ def check_max_time(principal: Principal, vc_name: str, max_time_s: int | None, v
             f"max_time_s {max_time_s} is above VC {vc_name}'s limit of {vc_limit_s} s; ask for at most {vc_limit_s} or ask a VC admin.",
             code="max_time_exceeds_vc", details={"field": "max_time_s", "max": vc_limit_s},
         )
+
+
+# -- VCs, nodes, per-user material ------------------------------------------------------------------
+
+def require_vc_visible(principal: Principal, vc_name: str) -> None:
+    """Members see their VCs; anybody else gets 404 so that VC names do not leak."""
+    if not principal.is_vc_member(vc_name):
+        raise NotFound(f"VC {vc_name[:64]!r} does not exist or you are not a member of it.", code="vc_not_found")
+
+
+def require_vc_settings_change(principal: Principal, vc_name: str, cluster_fields: set[str], vc_fields: bool) -> None:
+    """VC admins change policy and limits; only cluster admins change quota (GPUs, cores, bytes)."""
+    if cluster_fields and not principal.is_cluster_admin:
+        raise Forbidden(f"Only a cluster admin may change {', '.join(sorted(cluster_fields))} of VC {vc_name}; "
+                        "VC admins may change policy, max_job_time_s, max_interactive_gpus, user_gpu_quota and notice.",
+                        code="quota_requires_cluster_admin")
+    if vc_fields and not principal.is_vc_admin(vc_name):
+        raise Forbidden(f"Only an admin of VC {vc_name} may change its settings.", code="requires_vc_admin")
+
+
+def can_see_node_details(principal: Principal) -> bool:
+    return principal.is_cluster_admin
+
+
+def require_self_or_cluster_admin(principal: Principal, user_name: str, what: str) -> None:
+    if user_name != principal.name and not principal.is_cluster_admin:
+        raise Forbidden(f"Only a cluster admin may {what} of another user ({user_name[:64]}).")
+
+
+def check_patch(principal: Principal, job: Job, priority: int | None, max_time_s: int | None) -> None:
+    """PATCH /jobs/{id}: owner (priority up to 100) or VC admin (up to 1000)."""
+    require_manage(principal, job, "change")
+    if priority is not None:
+        check_priority(principal, job.vc.name, priority)
+    if max_time_s is not None:
+        check_max_time(principal, job.vc.name, max_time_s, job.vc.max_job_time_s)

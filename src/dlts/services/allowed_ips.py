@@ -1,0 +1,112 @@
+"""Allowed IPs: the addresses a user may reach job endpoints from, each expiring after allow_ip_days.
+
+Entries are IPv4/IPv6 addresses or CIDR networks, validated with ``ipaddress`` and stored in their
+canonical form (``10.1.2.3/32``, ``2001:db8::/48``). Adding an entry that exists renews its expiry.
+A user manages their own entries; a cluster admin manages anyone's. The allowlist manager (another
+managers entry) reads ``active_entries`` to program the firewall.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+from dataclasses import dataclass
+
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+from dlts.config import Settings
+from dlts.errors import InvalidInput, NotFound, Refused
+from dlts.models import AllowedIp, User, iso, utcnow
+from dlts.services import policy
+from dlts.services.auth import Principal
+
+MAX_ENTRIES_PER_USER = 64
+# wider than these would open endpoints to a large part of the internet
+MIN_PREFIX = {4: 8, 6: 32}
+
+
+@dataclass(frozen=True)
+class AllowedIpView:
+    id: int
+    user: str
+    cidr: str
+    created_at: str | None
+    expires_at: str | None
+    renewed: bool = False
+
+
+def parse_cidr(text: str) -> str:
+    if not isinstance(text, str) or not text.strip() or len(text) > 64:
+        raise InvalidInput("ip must be an IPv4/IPv6 address or a CIDR network such as 203.0.113.7 or 2001:db8::/48.",
+                           details={"field": "ip"})
+    try:
+        network = ipaddress.ip_network(text.strip(), strict=True)
+    except ValueError as exc:
+        if "has host bits set" in str(exc):
+            suggestion = ipaddress.ip_network(text.strip(), strict=False)
+            raise InvalidInput(f"{text.strip()} has host bits set; did you mean {suggestion}?", details={"field": "ip", "suggestion": str(suggestion)}) from None
+        raise InvalidInput(f"{text.strip()[:64]!r} is not an IPv4/IPv6 address or CIDR network (e.g. 203.0.113.7, 198.51.100.0/24, 2001:db8::/48).",
+                           details={"field": "ip"}) from None
+    if network.prefixlen < MIN_PREFIX[network.version]:
+        raise Refused(f"{network} is too wide: allow at most a /{MIN_PREFIX[network.version]} network for IPv{network.version}.",
+                      code="network_too_wide", details={"field": "ip", "min_prefix": MIN_PREFIX[network.version]})
+    return str(network) if network.num_addresses > 1 else f"{network.network_address}/{network.prefixlen}"
+
+
+def _user(session: Session, principal: Principal, user_name: str | None, what: str) -> User:
+    name = user_name or principal.name
+    policy.require_self_or_cluster_admin(principal, name, what)
+    user = session.scalar(sa.select(User).where(User.name == name))
+    if user is None:
+        raise NotFound(f"No user named {name[:64]!r}.", code="user_not_found")
+    return user
+
+
+def list_entries(session: Session, principal: Principal, user_name: str | None = None, *, include_expired: bool = False) -> list[AllowedIpView]:
+    user = _user(session, principal, user_name, "read the allowed IPs")
+    query = sa.select(AllowedIp).where(AllowedIp.user_id == user.id).order_by(AllowedIp.id)
+    if not include_expired:
+        query = query.where(AllowedIp.expires_at > utcnow())
+    return [AllowedIpView(r.id, user.name, r.cidr, iso(r.created_at), iso(r.expires_at)) for r in session.scalars(query)]
+
+
+def add_entry(session: Session, settings: Settings, principal: Principal, ip: str, user_name: str | None = None) -> AllowedIpView:
+    cidr = parse_cidr(ip)
+    user = _user(session, principal, user_name, "change the allowed IPs")
+    now = utcnow()
+    expires = now + dt.timedelta(days=settings.allow_ip_days)
+    row = session.scalar(sa.select(AllowedIp).where(AllowedIp.user_id == user.id, AllowedIp.cidr == cidr))
+    if row is not None:
+        row.expires_at = expires
+        session.commit()
+        return AllowedIpView(row.id, user.name, cidr, iso(row.created_at), iso(expires), renewed=True)
+    count = session.scalar(sa.select(sa.func.count(AllowedIp.id)).where(AllowedIp.user_id == user.id, AllowedIp.expires_at > now))
+    if count >= MAX_ENTRIES_PER_USER:
+        raise Refused(f"{user.name} has {count} allowed IPs, the most allowed is {MAX_ENTRIES_PER_USER}; delete one first.",
+                      code="too_many_allowed_ips", details={"max": MAX_ENTRIES_PER_USER})
+    row = AllowedIp(user_id=user.id, cidr=cidr, created_at=now, expires_at=expires)
+    session.add(row)
+    session.commit()
+    return AllowedIpView(row.id, user.name, cidr, iso(row.created_at), iso(row.expires_at))
+
+
+def delete_entry(session: Session, principal: Principal, entry_id: int) -> None:
+    row = session.get(AllowedIp, entry_id)
+    if row is None or (row.user_id != principal.user_id and not principal.is_cluster_admin):
+        raise NotFound(f"No allowed IP with id {entry_id} that you may delete.", code="allowed_ip_not_found")
+    session.delete(row)
+    session.commit()
+
+
+def active_entries(session: Session, now: dt.datetime | None = None) -> list[tuple[str, str]]:
+    """(user, cidr) of every entry not yet expired: what the firewall must allow now."""
+    rows = session.execute(sa.select(User.name, AllowedIp.cidr).join(User, User.id == AllowedIp.user_id)
+                           .where(AllowedIp.expires_at > (now or utcnow())).order_by(User.name, AllowedIp.cidr))
+    return [(u, c) for u, c in rows]
+
+
+def purge_expired(session: Session, now: dt.datetime | None = None) -> int:
+    result = session.execute(sa.delete(AllowedIp).where(AllowedIp.expires_at <= (now or utcnow())))
+    session.commit()
+    return int(result.rowcount or 0)

@@ -1,0 +1,91 @@
+"""Cluster status: capacity and use per SKU and per VC, and the GPU fragmentation histogram.
+
+The histogram counts, per SKU, how many schedulable nodes have 0, 1, ..., N GPUs free: a cluster
+with 40 free GPUs spread one per node cannot start an 8-GPU job, and this is where that shows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+from dlts.models import Node, VirtualCluster, utcnow, iso
+from dlts.repositories import usage as usage_repo
+from dlts.scheduler.model import CPU_SKU
+
+
+@dataclass(frozen=True)
+class SkuStatus:
+    sku: str
+    nodes: int
+    nodes_schedulable: int
+    gpus: int
+    gpus_schedulable: int
+    gpus_used: int
+    gpus_free: int  # on schedulable nodes
+    cpu: float
+    cpu_used: float
+    memory_bytes: int
+    memory_used_bytes: int
+    # free GPUs per node -> number of schedulable nodes; keys "0".."N"
+    fragmentation: dict[str, int]
+
+
+@dataclass(frozen=True)
+class VcStatus:
+    vc: str
+    quota: dict[str, int]
+    gpus_used: dict[str, int]  # non-preemptible, by SKU
+    preemptible_gpus_used: dict[str, int]
+    gpus_queued: dict[str, int]
+    jobs_running: int
+
+
+@dataclass(frozen=True)
+class ClusterStatus:
+    at: str | None
+    skus: list[SkuStatus]
+    vcs: list[VcStatus]
+
+
+def status(session: Session) -> ClusterStatus:
+    nodes = list(session.scalars(sa.select(Node).order_by(Node.name)))
+    used = usage_repo.node_use(session)
+    skus: list[SkuStatus] = []
+    for sku in sorted({n.sku for n in nodes}):
+        of_sku = [n for n in nodes if n.sku == sku]
+        schedulable = [n for n in of_sku if n.schedulable]
+        gpus_per_node = max((n.gpus for n in of_sku), default=0)
+        histogram = {str(i): 0 for i in range(gpus_per_node + 1)} if sku != CPU_SKU else {}
+        free_total = 0
+        for n in schedulable:
+            free = max(0, n.gpus - len(used[n.name].gpu_indices) if n.name in used else n.gpus)
+            free_total += free
+            if sku != CPU_SKU:
+                histogram[str(free)] = histogram.get(str(free), 0) + 1
+        skus.append(SkuStatus(
+            sku=sku, nodes=len(of_sku), nodes_schedulable=len(schedulable), gpus=sum(n.gpus for n in of_sku),
+            gpus_schedulable=sum(n.gpus for n in schedulable),
+            gpus_used=sum(len(used[n.name].gpu_indices) for n in of_sku if n.name in used), gpus_free=free_total,
+            cpu=sum(n.cpu for n in of_sku), cpu_used=round(sum(used[n.name].cpu for n in of_sku if n.name in used), 3),
+            memory_bytes=sum(n.memory_bytes for n in of_sku),
+            memory_used_bytes=sum(used[n.name].memory_bytes for n in of_sku if n.name in used),
+            fragmentation=histogram,
+        ))
+    use = usage_repo.active_use(session)
+    queued = usage_repo.queued_gpus(session)
+    vcs = []
+    for vc in session.scalars(sa.select(VirtualCluster).order_by(VirtualCluster.name)):
+        rows = [r for r in use if r.vc == vc.name]
+        plain: dict[str, int] = {}
+        pre: dict[str, int] = {}
+        for r in rows:
+            target = pre if r.preemptible else plain
+            key = r.sku or CPU_SKU
+            target[key] = target.get(key, 0) + r.gpus
+        vcs.append(VcStatus(vc.name, {k: int(v) for k, v in (vc.quota or {}).items()}, plain, pre,
+                            {sku or CPU_SKU: g for (name, sku), g in queued.items() if name == vc.name},
+                            sum(r.jobs for r in rows)))
+    return ClusterStatus(iso(utcnow()), skus, vcs)

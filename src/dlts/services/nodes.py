@@ -1,0 +1,279 @@
+"""Nodes: read (capacity, use, health, repair state and history), cordon/uncordon, repair orders,
+node tokens, and the node agent's report (docs/agent.md).
+
+Cordon and repair are real: the job manager's snapshot only places work on ``schedulable`` nodes
+(ready and ``in_service``), and repair orders are ``node_orders`` rows that the agent receives in the
+response to its next report and answers with ``order_results`` in a later one.
+
+Node tokens are per node, stored as SHA-256 in ``nodes.agent_token_hash``; a token may report for
+its own node only (another node's token, or a wrong one: 403).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hmac
+import secrets
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+from dlts.errors import Forbidden, InvalidInput, NotFound, Unauthenticated, WrongState
+from dlts.models import Node, NodeFinding, NodeOrder, NodeState, iso, utcnow
+from dlts.repositories import usage as usage_repo
+from dlts.services import policy
+from dlts.services.auth import Principal, hash_token
+
+NODE_TOKEN_PREFIX = "dltsn_"
+REPAIR_ACTIONS = ("reset_gpu", "restart_service", "reboot", "drop_caches")
+NEEDS_TARGET = {"reset_gpu": "the GPU index or UUID", "restart_service": "the service name"}
+# agent result status -> order status
+RESULT_STATUS = {"succeeded": "done", "dry_run": "done", "failed": "failed", "rejected": "failed", "in_progress": "sent"}
+SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
+HISTORY_ROWS = 50
+
+
+@dataclass(frozen=True)
+class NodeView:
+    name: str
+    sku: str
+    gpus: int
+    gpus_used: int
+    gpus_free: int
+    cpu: float
+    cpu_used: float
+    memory_bytes: int
+    memory_used_bytes: int
+    ib_domain: str
+    vc: str | None
+    state: str
+    ready: bool
+    schedulable: bool
+    health: str
+    repair_state: str | None
+    last_heartbeat_at: str | None
+    # cluster admins only (None for everybody else)
+    details: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class FindingIn:
+    code: str
+    severity: str
+    device: str | None = None
+    action: str | None = None
+    evidence: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class OrderResultIn:
+    id: str
+    status: str
+    message: str = ""
+    raw: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Report:
+    node: str
+    agent_version: str
+    heartbeat_at: str | None
+    boot_id: str
+    findings: list[FindingIn]
+    metrics: Mapping[str, Any]
+    collectors: Mapping[str, Any]
+    order_results: list[OrderResultIn]
+
+
+def _view(node: Node, use: usage_repo.NodeUse | None, details: dict | None) -> NodeView:
+    gpus_used = len(use.gpu_indices) if use else 0
+    return NodeView(
+        name=node.name, sku=node.sku, gpus=node.gpus, gpus_used=gpus_used, gpus_free=max(0, node.gpus - gpus_used),
+        cpu=node.cpu, cpu_used=round(use.cpu, 3) if use else 0.0, memory_bytes=node.memory_bytes,
+        memory_used_bytes=use.memory_bytes if use else 0, ib_domain=node.ib_domain, vc=node.vc, state=node.state.value,
+        ready=node.ready, schedulable=node.schedulable, health=node.health, repair_state=node.repair_state,
+        last_heartbeat_at=iso(node.last_heartbeat_at), details=details,
+    )
+
+
+def _details(session: Session, node: Node, use: usage_repo.NodeUse | None) -> dict[str, Any]:
+    findings = session.scalars(sa.select(NodeFinding).where(NodeFinding.node_id == node.id)
+                               .order_by(NodeFinding.id.desc()).limit(HISTORY_ROWS))
+    orders = session.scalars(sa.select(NodeOrder).where(NodeOrder.node_id == node.id)
+                             .order_by(NodeOrder.id.desc()).limit(HISTORY_ROWS))
+    return {
+        "labels": node.labels or {}, "metrics": node.metrics or {}, "backend": node.backend,
+        "has_agent_token": node.agent_token_hash is not None, "job_ids": list(use.job_ids) if use else [],
+        "gpu_indices_used": sorted(use.gpu_indices) if use else [],
+        "findings": [{"id": f.id, "code": f.code, "severity": f.severity, "device": f.device, "action": f.action,
+                      "evidence": f.evidence, "first_seen_at": iso(f.first_seen_at), "last_seen_at": iso(f.last_seen_at),
+                      "cleared_at": iso(f.cleared_at)} for f in findings],
+        "orders": [_order_json(o) | {"status": o.status, "result": o.result, "created_by": o.created_by,
+                                     "created_at": iso(o.created_at), "completed_at": iso(o.completed_at)} for o in orders],
+    }
+
+
+def _order_json(order: NodeOrder) -> dict[str, Any]:
+    """An order as the agent reads it (docs/agent.md)."""
+    return {"id": str(order.id), "action": order.action, "target": order.target or "", "dry_run": order.dry_run,
+            "reason": (order.result or {}).get("reason", "")}
+
+
+def list_nodes(session: Session, principal: Principal) -> list[NodeView]:
+    use = usage_repo.node_use(session)
+    detailed = policy.can_see_node_details(principal)
+    return [_view(n, use.get(n.name), _details(session, n, use.get(n.name)) if detailed else None)
+            for n in session.scalars(sa.select(Node).order_by(Node.name))]
+
+
+def _node(session: Session, name: str) -> Node:
+    node = session.scalar(sa.select(Node).where(Node.name == name))
+    if node is None:
+        raise NotFound(f"No node named {name[:253]!r}.", code="node_not_found")
+    return node
+
+
+def get_node(session: Session, principal: Principal, name: str) -> NodeView:
+    node = _node(session, name)
+    use = usage_repo.node_use(session).get(node.name)
+    return _view(node, use, _details(session, node, use) if policy.can_see_node_details(principal) else None)
+
+
+def cordon(session: Session, principal: Principal, name: str) -> NodeView:
+    """No new work on the node; running jobs stay. Idempotent."""
+    policy.require_cluster_admin(principal, "cordon a node")
+    node = _node(session, name)
+    if node.state is NodeState.IN_SERVICE:
+        node.state = NodeState.CORDONED
+        session.commit()
+    return get_node(session, principal, name)
+
+
+def uncordon(session: Session, principal: Principal, name: str) -> NodeView:
+    policy.require_cluster_admin(principal, "uncordon a node")
+    node = _node(session, name)
+    if node.state is NodeState.LOST:
+        raise WrongState(f"Node {name} is lost (no heartbeat); it returns to service when its agent reports again.",
+                         code="node_lost")
+    if node.state is not NodeState.IN_SERVICE:
+        node.state = NodeState.IN_SERVICE
+        if node.repair_state in ("ordered", "sent"):
+            node.repair_state = "cancelled"
+        session.commit()
+    return get_node(session, principal, name)
+
+
+def repair(session: Session, principal: Principal, name: str, action: str, target: str | None = None,
+           dry_run: bool = False, reason: str = "") -> dict[str, Any]:
+    """Order a repair action; the agent receives it with its next report. A real order takes the node
+    out of service (``in_repair``) until the agent reports success."""
+    policy.require_cluster_admin(principal, "order a node repair")
+    if action not in REPAIR_ACTIONS:
+        raise InvalidInput(f"action must be one of {', '.join(REPAIR_ACTIONS)}.", details={"field": "action"})
+    if action in NEEDS_TARGET and not target:
+        raise InvalidInput(f"{action} needs target: {NEEDS_TARGET[action]}.", details={"field": "target"})
+    node = _node(session, name)
+    busy = session.scalar(sa.select(sa.func.count(NodeOrder.id)).where(
+        NodeOrder.node_id == node.id, NodeOrder.status.in_(["pending", "sent"]), NodeOrder.dry_run.is_(False)))
+    if busy and not dry_run:
+        raise WrongState(f"Node {name} already has {busy} repair order(s) in flight; wait for the agent's result.",
+                         code="repair_in_progress")
+    order = NodeOrder(node_id=node.id, action=action, target=target or None, dry_run=dry_run, status="pending",
+                      result={"reason": reason[:500]} if reason else {}, created_by=principal.name)
+    session.add(order)
+    if not dry_run:
+        node.state = NodeState.IN_REPAIR
+        node.repair_state = "ordered"
+    session.commit()
+    return _order_json(order) | {"status": order.status, "node": node.name}
+
+
+# -- node tokens and the agent's report ---------------------------------------------------------
+
+def issue_node_token(session: Session, name: str) -> str:
+    """A new token for the node's agent (replaces the old one); shown once, stored hashed."""
+    node = _node(session, name)
+    token = NODE_TOKEN_PREFIX + secrets.token_urlsafe(32)
+    node.agent_token_hash = hash_token(token)
+    session.commit()
+    return token
+
+
+def authenticate_node(session: Session, name: str, header: str | None) -> Node:
+    if not header or not header.startswith("Bearer "):
+        raise Unauthenticated("Send 'Authorization: Bearer <node token>'; create one with `dlts node token NODE`.")
+    node = session.scalar(sa.select(Node).where(Node.name == name))
+    digest = hash_token(header[len("Bearer "):].strip())
+    if node is None or node.agent_token_hash is None or not hmac.compare_digest(node.agent_token_hash, digest):
+        raise Forbidden(f"This token may not report for node {name[:253]}; issue one with `dlts node token {name[:253]}`.",
+                        code="wrong_node_token")
+    return node
+
+
+def _health(findings: list[FindingIn]) -> str:
+    worst = max((SEVERITY_RANK.get(f.severity, 0) for f in findings), default=0)
+    return {0: "ok", 1: "warning", 2: "critical"}[worst]
+
+
+def record_report(session: Session, node: Node, report: Report) -> list[dict[str, Any]]:
+    """Store heartbeat, health, findings history and order results; return the orders to carry out."""
+    if report.node != node.name:
+        raise InvalidInput(f"The report names node {report.node[:253]!r} but was posted for {node.name}.", details={"field": "node"})
+    now = utcnow()
+    node.last_heartbeat_at = now
+    node.health = _health(report.findings)
+    node.metrics = {"agent_version": report.agent_version, "boot_id": report.boot_id, "heartbeat_at": report.heartbeat_at,
+                    "collectors": dict(report.collectors), **dict(report.metrics)}
+    if node.state is NodeState.LOST:
+        node.state = NodeState.IN_SERVICE
+    open_rows = {(f.code, f.device or ""): f for f in session.scalars(
+        sa.select(NodeFinding).where(NodeFinding.node_id == node.id, NodeFinding.cleared_at.is_(None)))}
+    seen = set()
+    for f in report.findings:
+        key = (f.code, f.device or "")
+        if key in seen:
+            continue
+        seen.add(key)
+        row = open_rows.get(key)
+        if row is None:
+            session.add(NodeFinding(node_id=node.id, code=f.code, severity=f.severity, device=f.device, evidence=dict(f.evidence),
+                                    action=f.action, first_seen_at=now, last_seen_at=now))
+        else:
+            row.last_seen_at, row.severity, row.evidence, row.action = now, f.severity, dict(f.evidence), f.action
+    for key, row in open_rows.items():
+        if key not in seen:
+            row.cleared_at = now  # gone from this report: the condition cleared
+    for result in report.order_results:
+        order = session.get(NodeOrder, int(result.id)) if result.id.isdigit() else None
+        if order is None or order.node_id != node.id or order.status in ("done", "failed"):
+            continue  # unknown, another node's, or already recorded (results are re-sent until a 2xx)
+        order.status = RESULT_STATUS.get(result.status, "failed")
+        order.result = {**(order.result or {}), "agent": dict(result.raw)}
+        if order.status in ("done", "failed"):
+            order.completed_at = now
+            if not order.dry_run:
+                node.repair_state = "done" if order.status == "done" else "failed"
+                if order.status == "done" and node.state is NodeState.IN_REPAIR:
+                    node.state = NodeState.IN_SERVICE
+    orders = list(session.scalars(sa.select(NodeOrder).where(NodeOrder.node_id == node.id, NodeOrder.status.in_(["pending", "sent"]),
+                                                             NodeOrder.completed_at.is_(None)).order_by(NodeOrder.id).limit(20)))
+    for order in orders:
+        if order.status == "pending":
+            order.status = "sent"
+            if not order.dry_run:
+                node.repair_state = "sent"
+    session.commit()
+    return [_order_json(o) for o in orders]
+
+
+def mark_lost(session: Session, after_s: float, now: dt.datetime | None = None) -> list[str]:
+    """Nodes whose agent reported once but not for ``after_s``: state lost (not schedulable)."""
+    cutoff = (now or utcnow()) - dt.timedelta(seconds=after_s)
+    nodes = list(session.scalars(sa.select(Node).where(Node.last_heartbeat_at.is_not(None), Node.last_heartbeat_at < cutoff,
+                                                       Node.state != NodeState.LOST)))
+    for node in nodes:
+        node.state = NodeState.LOST
+    session.commit()
+    return [n.name for n in nodes]

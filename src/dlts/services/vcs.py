@@ -1,0 +1,284 @@
+"""VC use-cases: read (quota, usage per SKU, per-user use), create, delete, change settings and quota.
+
+No Flask: the API and the portal call these. Rules (who may change what) are in ``services.policy``.
+
+Quota: a cluster admin sets GPUs per SKU. CPU and memory follow in proportion to the SKU's node
+shape (GPUs / GPUs per node x cores and bytes per node), as the 2020 system did; ``cpu_quota`` and
+``memory_quota_bytes`` override the derived totals (``None`` goes back to derived). VC admins change
+policy, wall time, interactive cap, per-user quota and the notice. Every change writes a
+``vc_events`` row; the job manager reads the VC table on each tick, so changes apply on the next one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+from dlts.errors import InvalidInput, NotFound, Refused, WrongState
+from dlts.models import TERMINAL, Job, Node, Role, RoleBinding, User, VirtualCluster, iso
+from dlts.repositories import usage as usage_repo
+from dlts.repositories import vc_events
+from dlts.repositories.cluster import sku_shapes
+from dlts.scheduler.model import CPU_SKU, SkuShape
+from dlts.services import policy
+from dlts.services.admin import NAME_RE
+from dlts.services.auth import Principal
+
+POLICIES = ("RF", "FIFO")
+VC_ADMIN_FIELDS = ("policy", "max_job_time_s", "max_interactive_gpus", "user_gpu_quota", "notice")
+CLUSTER_ADMIN_FIELDS = ("quota", "cpu_quota", "memory_quota_bytes")
+MAX_QUOTA_GPUS = 1_000_000
+
+
+@dataclass(frozen=True)
+class SkuQuota:
+    sku: str
+    gpus: int
+    cpu: float  # in proportion to the node shape
+    memory_bytes: int
+    gpus_used: int  # non-preemptible GPUs of active jobs (what the quota guarantees)
+    preemptible_gpus_used: int
+    gpus_queued: int
+
+
+@dataclass(frozen=True)
+class UserUse:
+    user: str
+    jobs: int
+    gpus: int
+    preemptible_gpus: int
+    cpu: float
+    memory_bytes: int
+
+
+@dataclass(frozen=True)
+class VcView:
+    name: str
+    policy: str
+    quota: dict[str, int]
+    skus: list[SkuQuota]
+    cpu_quota: float
+    cpu_quota_source: str  # derived | override
+    memory_quota_bytes: int
+    memory_quota_source: str
+    max_job_time_s: int | None
+    max_interactive_gpus: int | None
+    user_gpu_quota: int | None
+    notice: str | None
+    users: list[UserUse]
+    admins: list[str]
+    members: list[str]
+    created_at: str | None
+    updated_at: str | None
+
+
+@dataclass(frozen=True)
+class VcEventView:
+    id: int
+    vc: str
+    at: str | None
+    actor: str
+    field: str
+    old: Any
+    new: Any
+
+
+@dataclass(frozen=True)
+class VcSpec:
+    """A new VC (cluster admin)."""
+
+    name: str
+    quota: Mapping[str, int] = field(default_factory=dict)
+    policy: str = "RF"
+    cpu_quota: float | None = None
+    memory_quota_bytes: int | None = None
+    max_job_time_s: int | None = None
+    max_interactive_gpus: int | None = None
+    user_gpu_quota: int | None = None
+    notice: str | None = None
+
+
+def derived_cpu_memory(quota: Mapping[str, int], shapes: Mapping[str, SkuShape]) -> tuple[float, int]:
+    """Cores and bytes that go with a GPU quota: each SKU's share of whole-node cores and memory."""
+    cpu, memory = 0.0, 0
+    for sku, gpus in quota.items():
+        shape = shapes.get(sku)
+        if shape is None or shape.gpus <= 0:
+            continue
+        cpu += shape.cpu * gpus / shape.gpus
+        memory += int(shape.memory_bytes * gpus / shape.gpus)
+    return round(cpu, 3), memory
+
+
+def _members(session: Session, vc_id: int) -> tuple[list[str], list[str]]:
+    rows = session.execute(
+        sa.select(RoleBinding.role, User.name).join(User, User.id == RoleBinding.user_id).where(RoleBinding.vc_id == vc_id)
+    ).all()
+    admins = sorted({name for role, name in rows if role is Role.VC_ADMIN})
+    members = sorted({name for role, name in rows if role in (Role.VC_MEMBER, Role.VC_ADMIN)})
+    return admins, members
+
+
+def _view(session: Session, vc: VirtualCluster, shapes: Mapping[str, SkuShape],
+          use: list[usage_repo.UseRow], queued: Mapping[tuple[str, str | None], int]) -> VcView:
+    quota = {k: int(v) for k, v in (vc.quota or {}).items()}
+    skus = []
+    for sku in sorted(set(quota) | {r.sku or CPU_SKU for r in use if r.vc == vc.name and r.gpus}):
+        cpu, memory = derived_cpu_memory({sku: quota.get(sku, 0)}, shapes)
+        rows = [r for r in use if r.vc == vc.name and (r.sku or CPU_SKU) == sku]
+        skus.append(SkuQuota(sku, quota.get(sku, 0), cpu, memory,
+                             sum(r.gpus for r in rows if not r.preemptible), sum(r.gpus for r in rows if r.preemptible),
+                             queued.get((vc.name, sku), 0)))
+    users: dict[str, list[usage_repo.UseRow]] = {}
+    for r in use:
+        if r.vc == vc.name:
+            users.setdefault(r.user, []).append(r)
+    derived_cpu, derived_memory = derived_cpu_memory(quota, shapes)
+    admins, members = _members(session, vc.id)
+    return VcView(
+        name=vc.name, policy=vc.policy, quota=quota, skus=skus,
+        cpu_quota=vc.cpu_quota if vc.cpu_quota is not None else derived_cpu,
+        cpu_quota_source="override" if vc.cpu_quota is not None else "derived",
+        memory_quota_bytes=vc.memory_quota_bytes if vc.memory_quota_bytes is not None else derived_memory,
+        memory_quota_source="override" if vc.memory_quota_bytes is not None else "derived",
+        max_job_time_s=vc.max_job_time_s, max_interactive_gpus=vc.max_interactive_gpus,
+        user_gpu_quota=vc.user_gpu_quota, notice=vc.notice,
+        users=[UserUse(u, sum(r.jobs for r in rows), sum(r.gpus for r in rows if not r.preemptible),
+                       sum(r.gpus for r in rows if r.preemptible), round(sum(r.cpu for r in rows), 3),
+                       sum(r.memory_bytes for r in rows)) for u, rows in sorted(users.items())],
+        admins=admins, members=members, created_at=iso(vc.created_at), updated_at=iso(vc.updated_at),
+    )
+
+
+def _load(session: Session, principal: Principal, name: str) -> VirtualCluster:
+    policy.require_vc_visible(principal, name)
+    vc = session.scalar(sa.select(VirtualCluster).where(VirtualCluster.name == name))
+    if vc is None:
+        raise NotFound(f"VC {name!r} does not exist" + ("." if principal.is_cluster_admin else " or you are not a member of it."),
+                       code="vc_not_found")
+    return vc
+
+
+def list_vcs(session: Session, principal: Principal) -> list[VcView]:
+    """The VCs the principal belongs to (every VC for a cluster admin), by name."""
+    query = sa.select(VirtualCluster).order_by(VirtualCluster.name)
+    names = None
+    if not principal.is_cluster_admin:
+        names = principal.vcs
+        query = query.where(VirtualCluster.name.in_(names) if names else sa.false())
+    vcs = list(session.scalars(query))
+    shapes = sku_shapes(session)
+    use = usage_repo.active_use(session, names)
+    queued = usage_repo.queued_gpus(session, names)
+    return [_view(session, vc, shapes, use, queued) for vc in vcs]
+
+
+def get_vc(session: Session, principal: Principal, name: str) -> VcView:
+    vc = _load(session, principal, name)
+    return _view(session, vc, sku_shapes(session), usage_repo.active_use(session, [vc.name]),
+                 usage_repo.queued_gpus(session, [vc.name]))
+
+
+def _sku_capacity(session: Session) -> dict[str, int]:
+    rows = session.execute(sa.select(Node.sku, sa.func.sum(Node.gpus)).group_by(Node.sku))
+    return {sku: int(total or 0) for sku, total in rows}
+
+
+def _check_quota(session: Session, vc_name: str, quota: Mapping[str, Any]) -> dict[str, int]:
+    capacity = _sku_capacity(session)
+    checked: dict[str, int] = {}
+    for sku, gpus in quota.items():
+        if not isinstance(gpus, int) or isinstance(gpus, bool) or not 0 <= gpus <= MAX_QUOTA_GPUS:
+            raise InvalidInput(f"quota.{sku} must be a whole number of GPUs between 0 and {MAX_QUOTA_GPUS}.",
+                               details={"field": f"quota.{sku}"})
+        if sku == CPU_SKU:
+            raise InvalidInput("CPU-only work is limited by cpu_quota and memory_quota_bytes, not by a GPU quota on 'cpu'.",
+                               details={"field": "quota.cpu"})
+        if sku not in capacity:
+            known = ", ".join(sorted(s for s in capacity if s != CPU_SKU)) or "none yet"
+            raise InvalidInput(f"SKU {sku!r} does not exist in this cluster; known GPU SKUs: {known}.",
+                               code="unknown_sku", details={"field": f"quota.{sku}"})
+        if gpus > capacity[sku]:
+            raise Refused(f"The cluster has {capacity[sku]} {sku} GPUs; quota {gpus} for VC {vc_name} asks more. "
+                          f"Set at most {capacity[sku]}, or add {sku} nodes first.",
+                          code="quota_exceeds_cluster", details={"field": f"quota.{sku}", "capacity": capacity[sku], "asked": gpus})
+        if gpus:
+            checked[sku] = gpus
+    return checked
+
+
+def _check_settings(changes: Mapping[str, Any]) -> None:
+    if "policy" in changes and changes["policy"] not in POLICIES:
+        raise InvalidInput(f"policy must be one of {', '.join(POLICIES)}.", details={"field": "policy"})
+    for key, low, high in (("max_job_time_s", 60, 366 * 86400), ("max_interactive_gpus", 0, MAX_QUOTA_GPUS),
+                           ("user_gpu_quota", 0, MAX_QUOTA_GPUS), ("cpu_quota", 0, 10**7),
+                           ("memory_quota_bytes", 0, 2**62)):
+        value = changes.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high):
+            raise InvalidInput(f"{key} must be a number between {low} and {high}, or null for no limit.", details={"field": key})
+    if changes.get("notice") is not None and (not isinstance(changes["notice"], str) or len(changes["notice"]) > 2000):
+        raise InvalidInput("notice must be text of at most 2000 characters.", details={"field": "notice"})
+
+
+def create_vc(session: Session, principal: Principal, spec: VcSpec) -> VcView:
+    policy.require_cluster_admin(principal, "create a VC")
+    if not NAME_RE.match(spec.name):
+        raise InvalidInput(f"VC name {spec.name[:70]!r} must start with a lowercase letter and use a-z, 0-9, '.', '_' or '-' (at most 64).",
+                           details={"field": "name"})
+    settings = {k: getattr(spec, k) for k in VC_ADMIN_FIELDS + ("cpu_quota", "memory_quota_bytes")}
+    _check_settings(settings)
+    quota = _check_quota(session, spec.name, spec.quota)
+    if session.scalar(sa.select(VirtualCluster.id).where(VirtualCluster.name == spec.name)) is not None:
+        raise WrongState(f"VC {spec.name!r} already exists; change it with PATCH /vcs/{spec.name}.", code="vc_exists")
+    vc = VirtualCluster(name=spec.name, quota=quota, pod_policy={}, storage={}, **settings)
+    session.add(vc)
+    vc_events.record(session, spec.name, principal.name, "created", None, {"quota": quota, **settings})
+    session.commit()
+    return get_vc(session, principal, spec.name)
+
+
+def delete_vc(session: Session, principal: Principal, name: str) -> None:
+    """Refused while the VC has jobs that have not ended; ended jobs (and their history) go with it."""
+    policy.require_cluster_admin(principal, "delete a VC")
+    vc = _load(session, principal, name)
+    open_jobs = session.scalar(sa.select(sa.func.count(Job.id)).where(Job.vc_id == vc.id, Job.status.not_in(list(TERMINAL))))
+    if open_jobs:
+        raise WrongState(f"VC {name} still has {open_jobs} jobs that have not ended; kill them or wait, then delete the VC.",
+                         code="vc_has_jobs", details={"jobs": int(open_jobs)})
+    # attempts and events go by ON DELETE CASCADE
+    session.execute(sa.delete(Job).where(Job.vc_id == vc.id).execution_options(synchronize_session=False))
+    vc_events.record(session, name, principal.name, "deleted", {"quota": vc.quota}, None)
+    session.delete(vc)
+    session.commit()
+
+
+def update_vc(session: Session, principal: Principal, name: str, changes: Mapping[str, Any]) -> VcView:
+    """Apply ``changes`` (only the keys present); each changed value is recorded as a VC event."""
+    vc = _load(session, principal, name)
+    unknown = set(changes) - set(VC_ADMIN_FIELDS) - set(CLUSTER_ADMIN_FIELDS)
+    if unknown:
+        raise InvalidInput(f"unknown VC setting {sorted(unknown)[0]!r}; settable: {', '.join(VC_ADMIN_FIELDS + CLUSTER_ADMIN_FIELDS)}.",
+                           details={"field": sorted(unknown)[0]})
+    policy.require_vc_settings_change(principal, name, set(changes) & set(CLUSTER_ADMIN_FIELDS), bool(set(changes) & set(VC_ADMIN_FIELDS)))
+    _check_settings(changes)
+    values = dict(changes)
+    if "quota" in values:
+        if not isinstance(values["quota"], Mapping):
+            raise InvalidInput("quota must be an object of SKU: GPUs, e.g. {\"a100\": 64}.", details={"field": "quota"})
+        values["quota"] = _check_quota(session, name, values["quota"])
+    for key, new in values.items():
+        old = getattr(vc, key)
+        if old != new:
+            vc_events.record(session, name, principal.name, key, old, new)
+            setattr(vc, key, new)
+    session.commit()
+    return get_vc(session, principal, name)
+
+
+def events(session: Session, principal: Principal, name: str, *, before_id: int | None = None, limit: int = 50) -> list[VcEventView]:
+    _load(session, principal, name)
+    return [VcEventView(e.id, e.vc, iso(e.at), e.actor, e.field, e.old_value, e.new_value)
+            for e in vc_events.list_events(session, name, before_id=before_id, limit=limit)]
