@@ -48,6 +48,7 @@ class _Pass:
         self.waits: list[Wait] = []
         self.queues: dict[str, VcQueue] = {}
         self.positions: dict[int, int] = {}
+        self._queue_cache: dict[str, tuple] = {}
 
     @contextmanager
     def _phase(self, name: str) -> Iterator[None]:
@@ -103,11 +104,18 @@ class _Pass:
             Wait(job.id, rej.reason, rej.detail, rej.blocked_by, self.positions.get(job.id), rej.permanent)
         )
 
+    def _queue(self, vc_name: str):
+        """The VC's queue state and policy plugin, resolved once per pass."""
+        got = self._queue_cache.get(vc_name)
+        if got is None:
+            vc = self.state.vcs.get(vc_name)
+            policy = self.fw.policy.get(vc.policy.value if vc is not None else "", self.fw.policy.get("RF"))
+            got = self._queue_cache[vc_name] = (vc, self.queues.setdefault(vc_name, VcQueue(vc_name)), policy)
+        return got
+
     def _assign(self, job: Job) -> None:
         st, fw = self.state, self.fw
-        vc = st.vcs.get(job.vc)
-        queue = self.queues.setdefault(job.vc, VcQueue(job.vc))
-        policy = fw.policy.get(vc.policy.value if vc is not None else "", fw.policy.get("RF"))
+        vc, queue, policy = self._queue(job.vc)
         if policy is not None and job.approved:
             blocker = policy.blocked_by(queue, job)
             if blocker is not None:
@@ -151,7 +159,7 @@ class _Pass:
             victims = plan.victims
             self.state.reserve_free_part(plan.placements)
             for h in victims:
-                h.claimed = True
+                self.state.claim(h)
             new = [h for h in victims if not h.stopping]
             for h in new:
                 if h.replica:

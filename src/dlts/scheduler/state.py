@@ -77,10 +77,14 @@ class NodeState:
     free_memory_bytes: int
     pool: Pool | None = None  # None for nodes that take no new work
     holdings: list[Holding] = field(default_factory=list)
+    # GPUs on this node held by unclaimed holdings: with ``free_gpus`` an upper bound on what
+    # reclaim could free here, so most nodes are ruled out without looking at their jobs.
+    reclaim_gpus: int = 0
+    victim_order: list[Holding] | None = None  # holdings sorted for reclaim, built on first use
+    name: str = ""  # the node's name, copied for the hot loops
 
-    @property
-    def name(self) -> str:
-        return self.node.name
+    def __post_init__(self) -> None:
+        self.name = self.node.name
 
     @property
     def whole_free(self) -> bool:
@@ -101,6 +105,13 @@ class Pool:
     free_gpus: int = 0
     free_cpu: float = 0.0
     free_memory_bytes: int = 0
+    _memo: dict[tuple, object] = field(default_factory=dict)
+
+    def memo(self, key: tuple, compute):
+        """Per-pass memo of answers that depend on the pool's inventory only (not on use)."""
+        if key not in self._memo:
+            self._memo[key] = compute()
+        return self._memo[key]
 
     def add(self, ns: NodeState) -> None:
         self.nodes.append(ns)
@@ -128,6 +139,7 @@ class Holding:
     replica: bool  # True: an inference replica above min_replicas (stopped as scale_down)
     stopping: bool  # already told to stop: frees at no extra cost
     claimed: bool = False  # taken by a reclaim earlier in this pass
+    shares: dict[str, tuple[int, float, int]] | None = None  # per node (mask, cores, bytes), lazily
 
 
 class FailureCache:
@@ -184,12 +196,13 @@ class PassState:
         self.user_used: dict[tuple[str, str], int] = defaultdict(int)  # (vc, user) -> GPUs
         self.interactive_used: dict[str, int] = defaultdict(int)  # vc -> GPUs
         self.holdings: list[Holding] = []
+        self.holdings_by_job: dict[int, list[Holding]] = defaultdict(list)
         self.stopped: set[int] = set()  # jobs told to stop in this pass
         self.node_match_cache: dict[tuple, object] = {}
         self.framework: Any = None  # the resolved plugins; set by ``decide``
         self.fail_cache = FailureCache()
         self.reclaim_fail_cache = FailureCache()
-        self._request_cache: dict[int, Request | None] = {}
+        self._request_cache: dict[tuple, Request | None] = {}
         self._build_nodes()
         self._apply_running()
 
@@ -242,20 +255,30 @@ class PassState:
         """A stop decided in this pass: the job keeps its resources until it exits, but reclaim
         may count them as coming free and it is never picked as a victim again."""
         self.stopped.add(job.id)
-        found = False
-        for h in self.holdings:
-            if h.job.id == job.id:
-                h.stopping = True
-                found = True
+        found = self.holdings_by_job.get(job.id, ())
+        for h in found:
+            h.stopping = True
         if not found:
             self._add_holding(Holding(job, job.placements, False, True))
 
     def _add_holding(self, h: Holding) -> None:
         self.holdings.append(h)
+        self.holdings_by_job[h.job.id].append(h)
         for p in h.placements:
             ns = self.nodes.get(p.node)
             if ns is not None:
                 ns.holdings.append(h)
+                ns.reclaim_gpus += len(p.gpu_indices)
+
+    def claim(self, h: Holding) -> None:
+        """Reserve a holding for one reclaim; nobody else may count on it this pass."""
+        if h.claimed:
+            return
+        h.claimed = True
+        for p in h.placements:
+            ns = self.nodes.get(p.node)
+            if ns is not None:
+                ns.reclaim_gpus -= len(p.gpu_indices)
 
     # -- usage ---------------------------------------------------------------------------------
 
@@ -288,12 +311,15 @@ class PassState:
     # -- requests ------------------------------------------------------------------------------
 
     def request(self, job: Job) -> Request | None:
-        """Resolve a job's shape (defaults for unset cpu/memory); None when its SKU is unknown."""
-        cached = self._request_cache.get(job.id, False)
+        """Resolve a job's shape (defaults for unset cpu/memory); None when its SKU is unknown.
+
+        Cached by shape, not by job: 20,000 pending jobs come in a few dozen shapes."""
+        key = (job.type, job.sku, job.gpus, job.cpu, job.memory_bytes, job.nodes, job.ib_domain_any, job.min_replicas)
+        cached = self._request_cache.get(key, False)
         if cached is not False:
             return cached  # type: ignore[return-value]
         req = self._resolve(job)
-        self._request_cache[job.id] = req
+        self._request_cache[key] = req
         return req
 
     def _resolve(self, job: Job) -> Request | None:

@@ -51,7 +51,7 @@ class NodeMatch:
                 permanent=True,
             )
         cache = state.node_match_cache
-        key = (job.vc, req.sku, req.gpus, req.cpu, req.memory_bytes, req.units, req.whole_node, req.same_domain)
+        key = (job.vc, id(req))  # requests are interned per shape for the pass
         if key in cache:
             return cache[key]
         placer = state.framework.placer_for(req)

@@ -44,9 +44,14 @@ class BestFit:
     def feasible(self, state: PassState, job: Job, req: Request, vc: Vc) -> Rejection | None:
         pools = state.pools_for(req.sku, job.vc)
         for pool in pools:
-            for ns in pool.nodes:
-                if ns.node.gpus >= req.gpus and ns.node.cpu >= req.cpu and ns.node.memory_bytes >= req.memory_bytes:
-                    return None
+            if pool.memo(
+                ("fits", req.gpus, req.cpu, req.memory_bytes),
+                lambda pool=pool: any(
+                    ns.node.gpus >= req.gpus and ns.node.cpu >= req.cpu and ns.node.memory_bytes >= req.memory_bytes
+                    for ns in pool.nodes
+                ),
+            ):
+                return None
         if not pools:
             detail = f"no schedulable {req.sku} node is open to VC {job.vc}"
         else:
@@ -157,6 +162,14 @@ class CpuOnly:
         )
 
 
+def _domain_counts(pool: Pool, req: Request) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for ns in pool.nodes:
+        if ns.node.cpu >= req.cpu and ns.node.memory_bytes >= req.memory_bytes:
+            out[ns.node.ib_domain] = out.get(ns.node.ib_domain, 0) + 1
+    return out
+
+
 @register("place", "gang")
 class Gang:
     """Distributed jobs: ``units`` whole nodes of one SKU, all or nothing, inside one IB domain
@@ -174,9 +187,9 @@ class Gang:
     def feasible(self, state: PassState, job: Job, req: Request, vc: Vc) -> Rejection | None:
         per_domain: dict[str, int] = {}
         for pool in self._eligible(state, job, req):
-            for ns in pool.nodes:
-                if ns.node.cpu >= req.cpu and ns.node.memory_bytes >= req.memory_bytes:
-                    per_domain[ns.node.ib_domain] = per_domain.get(ns.node.ib_domain, 0) + 1
+            counts = pool.memo(("domains", req.cpu, req.memory_bytes), lambda pool=pool: _domain_counts(pool, req))
+            for dom, k in counts.items():  # type: ignore[attr-defined]
+                per_domain[dom] = per_domain.get(dom, 0) + k
         total = sum(per_domain.values())
         if total < req.units:
             return Rejection(

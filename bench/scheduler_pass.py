@@ -1,0 +1,203 @@
+"""Scheduling-pass benchmark: one ``decide`` over a large synthetic snapshot, and ``dlts sim``
+over a 10,000-job trace.
+
+    .venv/bin/python bench/scheduler_pass.py            # the curve 2k/200 .. 20k/2000, then the sim
+    .venv/bin/python bench/scheduler_pass.py --only 20000 2000 --repeat 5
+
+The full-size snapshot: 20,000 pending jobs, 2,000 nodes of 8 GPUs in 4 SKUs and 20 IB domains,
+50 VCs whose quotas split each SKU's GPUs; 10 % of pending jobs preemptible, 5 % distributed
+(2-4 whole nodes), the rest batch/interactive/inference of 1-8 GPUs. Half the GPUs are already
+held by running jobs (a fifth of them preemptible), so a pass both places and rejects, with
+reclaim, FIFO blocking and every reason. Smaller points scale nodes, domains and VCs with it.
+
+Each point runs in a fresh process so its peak RSS (``ru_maxrss``) is its own. A pass is timed
+as the median of ``--repeat`` runs; placements/s is the GPU placements the pass made divided by
+that median.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from dlts.scheduler import Job, JobType, Node, Placement, Policy, SkuShape, Snapshot, Vc, decide
+
+GIB = 1024**3
+SKUS = {name: SkuShape(name, 8, 96.0, 1024 * GIB) for name in ("a100", "h100", "v100", "l40s")}
+CURVE = [(2_000, 200), (5_000, 500), (10_000, 1_000), (20_000, 2_000)]
+HERE = Path(__file__).resolve().parent
+
+
+def build_snapshot(n_jobs: int, n_nodes: int, seed: int = 42) -> Snapshot:
+    rng = random.Random(seed)
+    n_domains = max(2, n_nodes // 100)
+    n_vcs = max(5, n_nodes // 40)
+    sku_names = list(SKUS)
+    nodes = []
+    for i in range(n_nodes):
+        sku = sku_names[i % len(sku_names)]
+        nodes.append(Node(f"n{i:05d}", sku, 8, 96.0, 1024 * GIB, f"ib{(i // len(sku_names)) % n_domains:02d}"))
+    vc_names = [f"vc{i:02d}" for i in range(n_vcs)]
+    per_sku_gpus = {s: 8 * sum(1 for n in nodes if n.sku == s) for s in sku_names}
+    vcs = {
+        name: Vc(
+            name,
+            {s: per_sku_gpus[s] // n_vcs for s in sku_names},
+            Policy.FIFO if k % 3 == 0 else Policy.RF,
+            max_job_time_s=7 * 86400,
+            max_interactive_gpus=16,
+            user_gpu_quota=64,
+        )
+        for k, name in enumerate(vc_names)
+    }
+    jobs: list[Job] = []
+    jid = 0
+    # Running work: fill about half of the GPUs, node by node, with 1-8 GPU jobs.
+    for node in nodes[: n_nodes // 2]:
+        free = 8
+        while free > 0:
+            g = min(free, rng.choice([1, 2, 4, 8]))
+            start = 8 - free
+            jid += 1
+            vc = vc_names[jid % n_vcs]
+            jobs.append(
+                Job(
+                    id=jid,
+                    vc=vc,
+                    user=f"u{jid % 40}",
+                    type=JobType.BATCH,
+                    sku=node.sku,
+                    gpus=g,
+                    cpu=12.0 * g,
+                    memory_bytes=128 * GIB * g,
+                    queue_time=0.0,
+                    preemptible=rng.random() < 0.2,
+                    running=True,
+                    started_at=float(rng.randint(0, 3600)),
+                    placements=(Placement(node.name, tuple(range(start, start + g)), 12.0 * g, 128 * GIB * g),),
+                )
+            )
+            free -= g
+    for _ in range(n_jobs):
+        jid += 1
+        vc = rng.choice(vc_names)
+        r = rng.random()
+        common = dict(
+            id=jid,
+            vc=vc,
+            user=f"u{rng.randrange(40)}",
+            sku=rng.choice(sku_names),
+            cpu=0.0,
+            memory_bytes=0,
+            queue_time=float(rng.randint(0, 100_000)),
+            priority=rng.choice([100, 100, 100, 200, 50]),
+            preemptible=rng.random() < 0.10,
+        )
+        if r < 0.05:
+            jobs.append(Job(type=JobType.DISTRIBUTED, gpus=8, nodes=rng.choice([2, 3, 4]), **common))
+        elif r < 0.10:
+            jobs.append(Job(type=JobType.INTERACTIVE, gpus=rng.choice([1, 2]), **common))
+        elif r < 0.13:
+            jobs.append(Job(type=JobType.INFERENCE, gpus=1, min_replicas=1, max_replicas=3, **common))
+        else:
+            jobs.append(Job(type=JobType.BATCH, gpus=rng.choice([1, 1, 2, 4, 8]), **common))
+    return Snapshot(SKUS, tuple(nodes), vcs, tuple(jobs))
+
+
+def one_point(n_jobs: int, n_nodes: int, repeat: int) -> dict:
+    t0 = time.perf_counter()
+    snap = build_snapshot(n_jobs, n_nodes)
+    build_s = time.perf_counter() - t0
+    times, last = [], None
+    for _ in range(repeat):
+        t = time.perf_counter()
+        last = decide(snap, 200_000.0)
+        times.append(time.perf_counter() - t)
+    assert last is not None
+    median = statistics.median(times)
+    placements = sum(len(s.placements) for s in last.starts)
+    reasons: dict[str, int] = {}
+    for w in last.waits:
+        reasons[w.reason.value] = reasons.get(w.reason.value, 0) + 1
+    return {
+        "pending": n_jobs,
+        "nodes": n_nodes,
+        "running": sum(1 for j in snap.jobs if j.running),
+        "build_s": round(build_s, 3),
+        "pass_median_s": round(median, 4),
+        "pass_all_s": [round(t, 4) for t in times],
+        "starts": len(last.starts),
+        "placements": placements,
+        "placements_per_s": round(placements / median, 1),
+        "stops": len(last.stops),
+        "waits": len(last.waits),
+        "reasons": reasons,
+        "phases_s": {k: round(v, 4) for k, v in last.timings_s.items()},
+        "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+    }
+
+
+def run_point(n_jobs: int, n_nodes: int, repeat: int) -> dict:
+    out = subprocess.run(
+        [sys.executable, __file__, "--only", str(n_jobs), str(n_nodes), "--repeat", str(repeat), "--json"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return json.loads(out.stdout)
+
+
+def sim_point(jobs: int) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        subprocess.run(
+            [sys.executable, str(HERE / "traces" / "generate.py"), "--scenario", "steady", "--jobs", str(jobs), "--out-dir", tmp],
+            check=True,
+            capture_output=True,
+        )
+        t = time.perf_counter()
+        proc = subprocess.run(
+            [sys.executable, "-m", "dlts.sim", "--cluster", f"{tmp}/cluster.yaml", "--trace", f"{tmp}/steady.csv", "--out", f"{tmp}/r.json"],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        wall = time.perf_counter() - t
+        summary = json.loads(Path(f"{tmp}/r.json").read_text())["summary"]
+    return {"jobs": jobs, "wall_s": round(wall, 2), "passes": summary["passes"], "output": proc.stdout.strip()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--only", nargs=2, type=int, metavar=("PENDING", "NODES"), help="one point, in this process")
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--json", action="store_true", help="print the point as JSON (used by the curve)")
+    ap.add_argument("--no-sim", action="store_true", help="skip the 10,000-job dlts sim run")
+    args = ap.parse_args()
+    if args.only:
+        point = one_point(args.only[0], args.only[1], args.repeat)
+        print(json.dumps(point) if args.json else json.dumps(point, indent=1))
+        return
+    print(f"{'pending':>8} {'nodes':>6} {'running':>8} {'pass_s':>8} {'placed':>7} {'placements/s':>13} {'stops':>6} {'peak_RSS_MiB':>13}")
+    for n_jobs, n_nodes in CURVE:
+        p = run_point(n_jobs, n_nodes, args.repeat)
+        print(
+            f"{p['pending']:>8} {p['nodes']:>6} {p['running']:>8} {p['pass_median_s']:>8.3f} {p['placements']:>7} "
+            f"{p['placements_per_s']:>13.0f} {p['stops']:>6} {p['peak_rss_mib']:>13.1f}"
+        )
+        print(f"         phases: {p['phases_s']}  reasons: {p['reasons']}", flush=True)
+    if not args.no_sim:
+        s = sim_point(10_000)
+        print(f"dlts sim, 10,000 jobs of the steady example trace: {s['wall_s']} s wall ({s['passes']} passes)")
+        print(f"         {s['output']}")
+
+
+if __name__ == "__main__":
+    main()
