@@ -406,7 +406,7 @@ class Store:
             return copy.deepcopy(obj)
 
     def list(self, resource: str, namespace: str | None, label_selector: str = "",
-             field_selector: str = "") -> dict:
+             field_selector: str = "", copy_items: bool = True) -> dict:
         reqs = parse_label_selector(label_selector) if label_selector else ()
         fields = parse_field_selector(field_selector, resource) if field_selector else []
         with self.lock:
@@ -419,7 +419,7 @@ class Store:
                     continue
                 if not all((_FIELDS[f](obj) == v) != neg for f, neg, v in fields):
                     continue
-                items.append(copy.deepcopy(obj))
+                items.append(copy.deepcopy(obj) if copy_items else obj)
             items.sort(key=lambda o: (o["metadata"].get("namespace", ""), o["metadata"]["name"]))
             return {
                 "apiVersion": "v1",
@@ -427,6 +427,13 @@ class Store:
                 "metadata": {"resourceVersion": str(self.revision)},
                 "items": items,
             }
+
+    def list_json(self, resource: str, namespace: str | None, label_selector: str = "",
+                  field_selector: str = "") -> bytes:
+        """The list response serialised under the lock (no copies: the HTTP path's hot spot)."""
+        with self.lock:
+            return json.dumps(self.list(resource, namespace, label_selector, field_selector,
+                                        copy_items=False)).encode()
 
     def create(self, resource: str, namespace: str, body: dict) -> dict:
         name = (body.get("metadata") or {}).get("name")
@@ -835,8 +842,8 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - keep test output quiet
         pass
 
-    def _send(self, code: int, body: dict) -> None:
-        data = json.dumps(body).encode()
+    def _send(self, code: int, body: dict | bytes) -> None:
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
         self.send_response(code)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
@@ -892,8 +899,8 @@ class _Handler(BaseHTTPRequestHandler):
             if method == "GET" and name is None:
                 if query.get("watch") in ("true", "1"):
                     raise ApiError(405, "MethodNotAllowed", "watch is not implemented by the DLTS fake API server")
-                self._send(200, store.list(resource, namespace if resource in NAMESPACED else None,
-                                           query.get("labelSelector", ""), query.get("fieldSelector", "")))
+                self._send(200, store.list_json(resource, namespace if resource in NAMESPACED else None,
+                                                query.get("labelSelector", ""), query.get("fieldSelector", "")))
             elif method == "GET":
                 self._send(200, store.get(resource, ns, name))
             elif method == "POST" and name is None:

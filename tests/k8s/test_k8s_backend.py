@@ -328,3 +328,17 @@ def test_a_half_created_attempt_is_hidden_until_relaunched_then_gone_if_never(ap
     api.clock.advance(31)
     seen = by_key(backend.observe())[(50, 1)]
     assert seen.phase is RunPhase.GONE and not seen.node_lost and "1 of its 2 pods" in seen.message
+
+
+def test_a_refusal_by_the_api_server_is_a_launch_refusal_with_its_message(api, backend):
+    api.fail_next(1, 403, verbs={"create"})
+    with pytest.raises(LaunchRefused, match="Kubernetes refused Pod dlts-60-1-0: injected fault: Forbidden"):
+        backend.launch(make_spec(60))
+    backend.launch(make_spec(60))  # no back-off for a refusal: the API is up
+    assert len(api.pods()) == 1
+
+
+def test_an_unexpected_refusal_elsewhere_is_unavailability_with_the_message(api, backend):
+    api.fail_next(1, 403, verbs={"list"})
+    with pytest.raises(KubernetesUnavailable, match="HTTP 403.*Forbidden"):
+        backend.observe()

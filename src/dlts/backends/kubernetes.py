@@ -209,8 +209,15 @@ class KubernetesBackend:
 
     # -- calling the API ------------------------------------------------------------------------
 
-    def _call(self, fn: Callable[..., Any], *args: Any, ok: tuple[int, ...] = (), **kwargs: Any) -> Any:
-        """One API request; ``ok`` statuses return None instead of raising (404 on delete, 409 on create)."""
+    def _call(self, fn: Callable[..., Any], *args: Any, ok: tuple[int, ...] = (),
+              passthrough: tuple[int, ...] = (), **kwargs: Any) -> Any:
+        """One API request.
+
+        ``ok`` statuses return None (404 on delete, 409 on create); ``passthrough`` statuses are
+        re-raised as ``ApiException`` for the caller to interpret; 5xx, 429, 401 and transport
+        errors start the back-off; any other refusal becomes ``KubernetesUnavailable`` with the
+        server's message.
+        """
         now = self.clock()
         with self._lock:
             if now < self._retry_at:
@@ -225,10 +232,13 @@ class KubernetesBackend:
             if exc.status in ok:
                 self._succeeded()
                 return None
-            if exc.status in (0, 429) or exc.status >= 500:
-                self._failed(f"HTTP {exc.status} {exc.reason}")
+            if exc.status in (0, 401, 429) or exc.status >= 500:
+                self._failed(f"HTTP {exc.status} {_status_message(exc)}")
             self._succeeded()
-            raise
+            if exc.status in passthrough:
+                raise
+            raise KubernetesUnavailable(f"Kubernetes refused the request (HTTP {exc.status}): "
+                                        f"{_status_message(exc)}") from None
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             self._failed(f"{type(exc).__name__}: {exc}")
         self._succeeded()
@@ -272,7 +282,11 @@ class KubernetesBackend:
         for doc in rendered.all():
             # 409 AlreadyExists: the deterministic name belongs to this attempt, created by an
             # earlier launch (e.g. before a restart); creating nothing twice is the point.
-            self._call(creators[doc["kind"]], ns, doc, ok=(409,))
+            try:
+                self._call(creators[doc["kind"]], ns, doc, ok=(409,), passthrough=(400, 403, 422))
+            except ApiException as exc:  # admission (quota, pod security) or validation said no
+                raise LaunchRefused(f"Kubernetes refused {doc['kind']} {doc['metadata']['name']}: "
+                                    f"{_status_message(exc)}") from None
 
     def terminate(self, job_id: int, attempt: int, grace_s: float) -> None:
         self._call(self.core.delete_collection_namespaced_pod, self.settings.namespace,
@@ -427,7 +441,8 @@ class KubernetesBackend:
         """Patch guarded by the resourceVersion we read: False when the node changed meanwhile."""
         patch.setdefault("metadata", {})["resourceVersion"] = node["metadata"]["resourceVersion"]
         try:
-            self._call(self.core.patch_node, name, patch, _content_type=_MERGE, _preload_content=False)
+            self._call(self.core.patch_node, name, patch, passthrough=(404, 409), _content_type=_MERGE,
+                       _preload_content=False)
         except ApiException as exc:
             if exc.status == 409:
                 return False
@@ -500,6 +515,13 @@ class KubernetesBackend:
     def close(self) -> None:
         # Pods keep running: the next managers process adopts them through observe().
         self._api_client.close()
+
+
+def _status_message(exc: ApiException) -> str:
+    try:
+        return str(json.loads(exc.body)["message"])
+    except (TypeError, ValueError, KeyError):
+        return str(exc.reason or "")
 
 
 def _waiting_reason(pods: Sequence[Mapping[str, Any]]) -> str:
