@@ -234,7 +234,7 @@ def collect_status(client: LustreClient, mount: str, *, users: list[str], top: i
             entry["total_kib"] = sum(t.total for t in pool_df.osts() if t.active)
             entry["free_kib"] = sum(t.available for t in pool_df.osts() if t.active)
         pools.append(entry)
-    usage = []
+    usage: list[dict[str, Any]] = []
     delimited = version.new_quota_header  # cheaper, headerless form where the tool has it
     for ident in dict.fromkeys(users):
         report = client.quota(QuotaKind.USER, ident, mount, delimited=delimited)

@@ -6,13 +6,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from dlts_lustre.errors import LustreCommandError, LustreError
-from dlts_lustre.model import (GRACE_NOTIFY_S, DefaultQuota, DfReport, DirStripe, GraceTimes, Health, LustreVersion, Pool,
-                               ProjectInfo, QuotaKind, QuotaLimits, QuotaReport, StatsBlock, StripeLayout)
+from dlts_lustre.model import (GRACE_NOTIFY_S, DefaultQuota, DfReport, DirStripe, GraceTimes, Health,
+                               LustreVersion, Pool, ProjectInfo, QuotaKind, QuotaLimits, QuotaReport, StatsBlock, StripeLayout)
 from dlts_lustre.parsers import (parse_default_quota, parse_df_single, parse_getdirstripe, parse_getdirstripe_mdt,
                                  parse_getstripe, parse_grace_times, parse_health, parse_pool_list,
                                  parse_pool_members, parse_project, parse_quota, parse_stats, parse_version)
 from dlts_lustre.runner import CommandResult, Runner
-
 
 Argv = tuple[str, ...]
 OST_STATS_PARAM = "obdfilter.*.stats"
@@ -44,10 +43,7 @@ def cmd_use_default_quota(kind: QuotaKind, ident: str, mount: str) -> Argv:
 
 
 def _grace_arg(seconds: int) -> str:
-    return "notify" if seconds == GRACE_NOTIFY else str(seconds)
-
-
-GRACE_NOTIFY = GRACE_NOTIFY_S
+    return "notify" if seconds == GRACE_NOTIFY_S else str(seconds)
 
 
 def cmd_set_grace(kind: QuotaKind, mount: str, block_grace_s: int, inode_grace_s: int,

@@ -35,7 +35,7 @@ class GraceStatus:
     remaining_s: int | None = None
 
     @classmethod
-    def not_started(cls) -> "GraceStatus":
+    def not_started(cls) -> GraceStatus:
         return cls(GraceState.NOT_STARTED)
 
 

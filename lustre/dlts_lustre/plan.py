@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
@@ -288,21 +288,15 @@ def _grace(seconds: int) -> str:
     return "notify" if seconds < 0 else format_grace_s(seconds)
 
 
-def _ranges(indices) -> str:
-    items = sorted(indices)
-    parts = []
-    start = prev = None
-    for i in items:
-        if start is None:
-            start = prev = i
-        elif i == prev + 1:
-            prev = i
+def _ranges(indices: Iterable[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``"0-2,5"`` for messages."""
+    runs: list[list[int]] = []
+    for i in sorted(indices):
+        if runs and i == runs[-1][1] + 1:
+            runs[-1][1] = i
         else:
-            parts.append(f"{start}" if start == prev else f"{start}-{prev}")
-            start = prev = i
-    if start is not None:
-        parts.append(f"{start}" if start == prev else f"{start}-{prev}")
-    return ",".join(parts)
+            runs.append([i, i])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
 
 
 def build_plan(policy: Policy, client: c.LustreClient,
@@ -319,8 +313,8 @@ def apply_plan(plan: Plan, client: c.LustreClient, *, force: bool = False) -> Ap
         try:
             client.execute(action.argv)
         except LustreCommandError as exc:
-            exc.args = (f"{exc} (action {len(executed) + 1} of {len(plan.actions)}: {action.description}; "
-                        f"{len(executed)} earlier action(s) were applied, re-run apply after fixing)",)
+            exc.args = ((f"{exc} (action {len(executed) + 1} of {len(plan.actions)}: {action.description}; "
+                        f"{len(executed)} earlier action(s) were applied, re-run apply after fixing)"),)
             raise
         executed.append(action)
     return ApplyResult(plan=plan, executed=tuple(executed), dry_run=client.runner.dry_run)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path, PurePosixPath
-from typing import Any, Union
+from typing import Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -54,7 +54,7 @@ class Limits(_Strict):
         return _size(value)
 
     @model_validator(mode="after")
-    def _hard_over_soft(self) -> "Limits":
+    def _hard_over_soft(self) -> Limits:
         if self.block_hard and self.block_soft > self.block_hard:
             raise ValueError("block_soft must not exceed block_hard")
         if self.inode_hard and self.inode_soft > self.inode_hard:
@@ -100,7 +100,7 @@ class UserQuota(_Strict):
     reset_to_default: tuple[str, ...] = ()
 
     @model_validator(mode="after")
-    def _no_conflict(self) -> "UserQuota":
+    def _no_conflict(self) -> UserQuota:
         both = sorted(set(self.overrides) & set(self.reset_to_default))
         if both:
             raise ValueError(f"users both in overrides and reset_to_default: {', '.join(both)}")
@@ -139,7 +139,7 @@ class VcStorage(_Strict):
     directory: str = Field(min_length=1, description="path relative to the mount, e.g. vcs/vision")
     pool: str
     osts: tuple[int, ...]
-    mdt: Union[int, str] = 0
+    mdt: int | str = 0
     dir_stripe_count: int | None = Field(None, ge=2)
     stripe_count: int | None = Field(None, ge=-1)
     project_id: int | None = Field(None, ge=1, le=4294967294)
@@ -182,7 +182,7 @@ class VcStorage(_Strict):
         return str(path)
 
     @model_validator(mode="after")
-    def _quota_needs_project(self) -> "VcStorage":
+    def _quota_needs_project(self) -> VcStorage:
         if self.project_quota is not None and self.project_id is None:
             raise ValueError("project_quota needs project_id")
         return self
@@ -196,7 +196,7 @@ class Policy(_Strict):
     vcs: tuple[VcStorage, ...] = ()
 
     @model_validator(mode="after")
-    def _unique(self) -> "Policy":
+    def _unique(self) -> Policy:
         for key in ("name", "directory", "pool"):
             seen: dict[Any, int] = {}
             for i, vc in enumerate(self.vcs):

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dlts_lustre.errors import LustreParseError
-from dlts_lustre.model import GRACE_NOTIFY_S, GraceState, HealthState, QuotaKind, TargetFlag, TargetKind
+from dlts_lustre.model import GRACE_NOTIFY_S, GraceState, HealthState, QuotaKind, TargetFlag
 from dlts_lustre.parsers import (compute_rates, parse_default_quota, parse_df, parse_df_single, parse_getdirstripe,
                                  parse_getdirstripe_mdt, parse_getstripe, parse_grace_times, parse_health,
                                  parse_pool_list, parse_pool_members, parse_project, parse_quota, parse_stats,
@@ -121,16 +121,16 @@ def test_quota_for_the_wrong_kind_is_an_error():
 @pytest.mark.parametrize("text, message", [
     ("", "empty output"),
     ("Disk quotas for usr bob (uid 1):\n     /mnt 1 2 3 - 4 5 6 -\n", "before the Filesystem header"),
-    ("Disk quotas for usr bob (uid 1):\n Filesystem kbytes quota limit grace files quota limit grace\n"
-     "   /mnt 1 2 3 -\n", "expected 8 values"),
-    ("Disk quotas for usr bob (uid 1):\n Filesystem kbytes quota limit grace files quota limit grace\n"
-     "   /mnt 1 x 3 - 4 5 6 -\n", "not a number"),
-    ("Disk quotas for usr bob (uid 1):\n Filesystem kbytes quota limit grace files quota limit grace\n"
-     "   /mnt 1 2 3 soon 4 5 6 -\n", "bad grace"),
-    ("Disk quotas for usr bob (uid 1):\n Filesystem kbytes quota limit grace files quota limit grace\n"
-     "/a/very/long/mount/point\n", "ends after wrapped name"),
-    ("Disk quotas for usr bob (uid 1):\n Filesystem kbytes quota limit grace files quota limit grace\n"
-     "/a/very/long/mount/point\nDisk quotas for usr bob (uid 1):\n", "numbers expected"),
+    (("Disk quotas for usr bob (uid 1):\n Filesystem kbytes quota limit grace files quota limit grace\n"
+     "   /mnt 1 2 3 -\n"), "expected 8 values"),
+    (("Disk quotas for usr bob (uid 1):\n Filesystem kbytes quota limit grace files quota limit grace\n"
+     "   /mnt 1 x 3 - 4 5 6 -\n"), "not a number"),
+    (("Disk quotas for usr bob (uid 1):\n Filesystem kbytes quota limit grace files quota limit grace\n"
+     "   /mnt 1 2 3 soon 4 5 6 -\n"), "bad grace"),
+    (("Disk quotas for usr bob (uid 1):\n Filesystem kbytes quota limit grace files quota limit grace\n"
+     "/a/very/long/mount/point\n"), "ends after wrapped name"),
+    (("Disk quotas for usr bob (uid 1):\n Filesystem kbytes quota limit grace files quota limit grace\n"
+     "/a/very/long/mount/point\nDisk quotas for usr bob (uid 1):\n"), "numbers expected"),
     ("Disk quotas for usr bob (uid 1):\n Filesystem kbytes colour\n", "unknown header column"),
     ("Disk quotas for usr bob (uid 1):\n Filesystem kbytes quota limit grace files quota limit grace\n",
      "no quota row"),

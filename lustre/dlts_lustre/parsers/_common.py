@@ -34,4 +34,4 @@ def human_to_kib(token: str, what: str, line: str, line_no: int) -> int:
     if not match:
         raise LustreParseError(what, f"expected a size, got {token!r}", line=line, line_no=line_no)
     number, suffix = match.groups()
-    return int(round(float(number) * _HUMAN_KIB[suffix.upper()]))
+    return round(float(number) * _HUMAN_KIB[suffix.upper()])

@@ -167,8 +167,8 @@ def lfs_quota(state: dict, args: list[str]) -> str:
         lines = [f"Disk default {word} quota:",
                  "     Filesystem  bquota  blimit  bgrace  iquota  ilimit  igrace"]
         if len(mount) > 15 and not new_format(state):
-            lines += [f"{mount}", f"{'':15} {d['bs']:>7} {d['bh']:>7} {fmt_grace(g['b']):>7} {d['is']:>7} "
-                      f"{d['ih']:>7} {fmt_grace(g['i']):>7}"]
+            lines += [f"{mount}", (f"{'':15} {d['bs']:>7} {d['bh']:>7} {fmt_grace(g['b']):>7} {d['is']:>7} "
+                      f"{d['ih']:>7} {fmt_grace(g['i']):>7}")]
         else:
             lines.append(f"{mount:>15} {d['bs']:>7} {d['bh']:>7} {fmt_grace(g['b']):>7} {d['is']:>7} "
                          f"{d['ih']:>7} {fmt_grace(g['i']):>7}")
@@ -261,7 +261,7 @@ def check_soft_hard(limits: dict) -> None:
 def lfs_setquota(state: dict, args: list[str]) -> str:
     if args and args[0] == "-t":
         kind = args[1][1]
-        limits, rest = parse_limit_opts(args[2:])
+        limits, _ = parse_limit_opts(args[2:])
         g = state.setdefault("grace", {}).setdefault(kind, {"b": 604800, "i": 604800})
         if "bs" in limits:
             g["b"] = grace_s(limits["bs"])
@@ -272,7 +272,7 @@ def lfs_setquota(state: dict, args: list[str]) -> str:
         if version_tuple(state) < (2, 12, 0):
             raise Fail(22, f"lfs setquota: invalid option -- '{args[0][1]}'")
         kind = args[0][1].lower()
-        raw, rest = parse_limit_opts(args[1:])
+        raw, _ = parse_limit_opts(args[1:])
         limits = {k: size_kib(v) if k in ("bs", "bh") else int(v) for k, v in raw.items()}
         check_soft_hard(limits)
         state.setdefault("defaults", {}).setdefault(kind, {"bs": 0, "bh": 0, "is": 0, "ih": 0}).update(limits)
@@ -280,7 +280,7 @@ def lfs_setquota(state: dict, args: list[str]) -> str:
     if len(args) < 3 or args[0] not in ("-u", "-g", "-p"):
         raise Fail(2, "lfs setquota: usage: setquota {-u|-g|-p} ID [-b ..] [-B ..] [-i ..] [-I ..] MOUNT")
     kind, ident = args[0][1], args[1]
-    name, num = resolve_id(state, kind, ident)
+    _, num = resolve_id(state, kind, ident)
     rest_args = args[2:]
     pool = None
     if rest_args[:1] == ["--pool"]:
@@ -290,7 +290,7 @@ def lfs_setquota(state: dict, args: list[str]) -> str:
         rec["explicit"] = False
         rec.update({"bs": 0, "bh": 0, "is": 0, "ih": 0})
         return ""
-    raw, rest = parse_limit_opts(rest_args)
+    raw, _ = parse_limit_opts(rest_args)
     limits = {k: size_kib(v) if k in ("bs", "bh") else int(v) for k, v in raw.items()}
     check_soft_hard(limits)
     if pool:
@@ -470,7 +470,7 @@ def lfs_setstripe(state: dict, args: list[str]) -> str:
 
 
 def lfs_getstripe(state: dict, args: list[str]) -> str:
-    opts, rest = parse_opts(args, set(), {"-d"})
+    _, rest = parse_opts(args, set(), {"-d"})
     rec = dir_rec(state, rest[0])
     layout = rec["layout"]
     if layout is None:
