@@ -127,10 +127,18 @@ def managers(ctx: Context) -> None:
     from dlts.jobmanager import JobManager
     from dlts.managers import Periodic, run_forever
 
+    from dlts.managers.janitor import DEFAULT_BATCH_ROWS, DEFAULT_PAUSE_S, Janitor
+
     settings = ctx.settings
     app = create_app(settings)
-    manager = JobManager(session_factory(app), make_backend(settings), settings)
-    run_forever([Periodic("jobmanager.tick", settings.tick_s, manager.tick)])
+    sessions = session_factory(app)
+    manager = JobManager(sessions, make_backend(settings), settings)
+    janitor = Janitor(sessions, settings.retention_days,
+                      batch_rows=getattr(settings, "janitor_batch_rows", DEFAULT_BATCH_ROWS),
+                      pause_s=getattr(settings, "janitor_pause_s", DEFAULT_PAUSE_S),
+                      log_dir=settings.effective_log_dir)
+    run_forever([Periodic("jobmanager.tick", settings.tick_s, manager.tick),
+                 Periodic("janitor.purge", 3600.0, janitor.run)])
 
 
 # -- database -----------------------------------------------------------------------------------
@@ -226,6 +234,22 @@ def vc_member(ctx: Context, vc_name: str, user_name: str, admin: bool) -> None:
 
 
 # -- configuration ------------------------------------------------------------------------------------
+
+@main.group()
+def node() -> None:
+    """Nodes and their agents."""
+
+
+@node.command("token")
+@click.argument("name")
+@pass_ctx
+def node_token(ctx: Context, name: str) -> None:
+    """Print a new agent token for node NAME (shown once; replaces the old one; only its hash is stored)."""
+    from dlts.services import nodes as node_service
+
+    with ctx.session() as session:
+        click.echo(node_service.issue_node_token(session, name))
+
 
 @main.group()
 def config() -> None:

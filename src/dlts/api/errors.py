@@ -60,6 +60,11 @@ def register(app: Flask) -> None:
             pass
         return envelope(503, "database_unavailable", "The database is unreachable right now; retry in a few seconds.")
 
+    @app.errorhandler(RecursionError)
+    def _too_deep(exc: RecursionError):
+        # json.loads recurses per nesting level: a body of 100k "[" ends here, not in a 500
+        return envelope(400, "invalid_input", "The JSON body is nested too deeply; send a flat object as documented.")
+
     @app.errorhandler(Exception)
     def _unexpected(exc: Exception):
         log.exception("unhandled error")

@@ -8,7 +8,9 @@ from flask.views import MethodView
 from flask_smorest import Blueprint
 
 from dlts.api.auth import authenticate, principal
-from dlts.api.schemas import JobListArgs, JobPageSchema, JobSchema, JobSubmitSchema, LogArgs, LogSchema
+from dlts.api import pagination
+from dlts.api.schemas import (AttemptPageSchema, BatchResponseSchema, EventPageSchema, JobBatchSchema, JobListArgs,
+                              JobPageSchema, JobPatchSchema, JobSchema, JobSubmitSchema, LogArgs, LogSchema, PageArgs)
 from dlts.app import settings_of
 from dlts.errors import InvalidInput
 from dlts.extensions import db
@@ -104,12 +106,63 @@ def settings_of_app():
 
 
 @blp.route("/jobs/<int:job_id>")
-@blp.response(200, JobSchema)
+class OneJob(MethodView):
+    @blp.response(200, JobSchema)
+    @blp.doc(security=[{"bearer": []}])
+    def get(self, job_id: int):
+        """One job: status and reason, queue position, resources, placement, attempts."""
+        job, visibility = job_service.get(db.session, principal(), job_id)
+        return job_dict(job, visibility, _attempts(job.id) if visibility is Visibility.FULL else None)
+
+    @blp.arguments(JobPatchSchema)
+    @blp.response(200, JobSchema)
+    @blp.doc(security=[{"bearer": []}])
+    def patch(self, body, job_id: int):
+        """Change priority (owner: up to 100, VC admin: up to 1000) or max_time_s; applies at the next tick."""
+        job = job_service.patch(db.session, principal(), job_id, body)
+        return job_dict(job, Visibility.FULL)
+
+
+@blp.route("/jobs:batch", methods=["POST"])
+@blp.arguments(JobBatchSchema)
+@blp.response(200, BatchResponseSchema)
 @blp.doc(security=[{"bearer": []}])
-def get_job(job_id: int):
-    """One job: status and reason, queue position, resources, placement, attempts."""
-    job, visibility = job_service.get(db.session, principal(), job_id)
-    return job_dict(job, visibility, _attempts(job.id) if visibility is Visibility.FULL else None)
+def batch(body):
+    """Kill, pause, resume or approve many jobs: one result per id, never all-or-nothing."""
+    results = job_service.batch(db.session, principal(), body["action"], body["ids"])
+    ok = sum(1 for r in results if r.ok)
+    return {"action": body["action"], "results": results, "succeeded": ok, "failed": len(results) - ok}
+
+
+@blp.route("/jobs/<int:job_id>/events")
+@blp.arguments(PageArgs, location="query")
+@blp.response(200, EventPageSchema)
+@blp.doc(security=[{"bearer": []}])
+def job_events(args, job_id: int):
+    """Transitions, scheduler reasons, repair and insight messages, newest first."""
+    before = pagination.decode_int("e", args.get("cursor"))
+    visibility, rows = job_service.events(db.session, principal(), job_id, before_id=before, limit=args["limit"] + 1)
+    page = rows[: args["limit"]]
+    items = [{"id": e.id, "at": iso(e.at), "kind": e.kind, "from_status": e.from_status, "to_status": e.to_status,
+              "reason": e.reason, "message": e.message, "actor": e.actor} for e in page]
+    if visibility is Visibility.PUBLIC:
+        items = [{k: v for k, v in item.items() if k not in ("message", "actor")} for item in items]
+    return {"items": items, "next_cursor": pagination.encode("e", page[-1].id) if len(rows) > args["limit"] else None}
+
+
+@blp.route("/jobs/<int:job_id>/attempts")
+@blp.arguments(PageArgs, location="query")
+@blp.response(200, AttemptPageSchema)
+@blp.doc(security=[{"bearer": []}])
+def job_attempts(args, job_id: int):
+    """Retry history, oldest first: where each attempt ran and how it ended."""
+    after = pagination.decode_int("a", args.get("cursor")) or 0
+    visibility, rows = job_service.attempts(db.session, principal(), job_id, after_number=after, limit=args["limit"] + 1)
+    page = rows[: args["limit"]]
+    items = [{"number": a.number, "placements": a.placements if visibility is Visibility.FULL else [],
+              "started_at": iso(a.started_at), "ended_at": iso(a.ended_at), "exit_code": a.exit_code,
+              "end_reason": a.end_reason, "spends_retry": a.spends_retry} for a in page]
+    return {"items": items, "next_cursor": pagination.encode("a", page[-1].number) if len(rows) > args["limit"] else None}
 
 
 def _action(name: str, service):

@@ -166,3 +166,309 @@ class MeSchema(Schema):
     name = fields.String()
     cluster_admin = fields.Boolean()
     vcs = fields.List(fields.Dict())
+
+
+# -- shared ----------------------------------------------------------------------------------------
+
+def _nonneg(max_value: int) -> validate.Range:
+    return validate.Range(0, max_value)
+
+
+class PageArgs(Schema):
+    limit = fields.Integer(load_default=50, validate=validate.Range(1, 500))
+    cursor = fields.String(validate=validate.Length(max=64))
+
+
+# -- jobs: patch, batch, events, attempts -------------------------------------------------------------
+
+class JobPatchSchema(Schema):
+    priority = fields.Integer(strict=True, validate=validate.Range(1, 1000),
+                              metadata={"description": "owners up to 100, VC admins up to 1000"})
+    max_time_s = fields.Integer(strict=True, allow_none=True, validate=validate.Range(1, 366 * 86400),
+                                metadata={"description": "null: the VC's limit"})
+
+
+class JobBatchSchema(Schema):
+    action = fields.String(required=True, validate=validate.OneOf(["kill", "pause", "resume", "approve"]))
+    ids = fields.List(fields.Integer(strict=True, validate=validate.Range(1, 2**62)), required=True,
+                      validate=validate.Length(1, 500))
+
+
+class BatchResultSchema(Schema):
+    id = fields.Integer()
+    ok = fields.Boolean()
+    http_status = fields.Integer()
+    status = fields.String(allow_none=True, metadata={"description": "the job's status after the action"})
+    code = fields.String(allow_none=True)
+    message = fields.String(allow_none=True)
+
+
+class BatchResponseSchema(Schema):
+    action = fields.String()
+    results = fields.List(fields.Nested(BatchResultSchema))
+    succeeded = fields.Integer()
+    failed = fields.Integer()
+
+
+class EventSchema(Schema):
+    id = fields.Integer()
+    at = fields.String(allow_none=True)
+    kind = fields.String()
+    from_status = fields.String(allow_none=True)
+    to_status = fields.String(allow_none=True)
+    reason = fields.String(allow_none=True)
+    message = fields.String(allow_none=True)
+    actor = fields.String(allow_none=True)
+
+
+class EventPageSchema(Schema):
+    items = fields.List(fields.Nested(EventSchema))
+    next_cursor = fields.String(allow_none=True)
+
+
+class AttemptPageSchema(Schema):
+    items = fields.List(fields.Nested(AttemptSchema))
+    next_cursor = fields.String(allow_none=True)
+
+
+# -- VCs -----------------------------------------------------------------------------------------------
+
+SKU_NAME = fields.String(validate=validate.Length(1, 64))
+QUOTA = fields.Dict(keys=SKU_NAME, values=fields.Integer(strict=True, validate=_nonneg(1_000_000)),
+                    validate=validate.Length(max=64), metadata={"description": "GPUs per SKU, e.g. {\"a100\": 64}"})
+
+
+class VcSettingsFields(Schema):
+    policy = fields.String(validate=validate.OneOf(["RF", "FIFO"]))
+    max_job_time_s = fields.Integer(strict=True, allow_none=True, validate=validate.Range(60, 366 * 86400))
+    max_interactive_gpus = fields.Integer(strict=True, allow_none=True, validate=_nonneg(1_000_000))
+    user_gpu_quota = fields.Integer(strict=True, allow_none=True, validate=_nonneg(1_000_000))
+    notice = fields.String(allow_none=True, validate=validate.Length(max=2000))
+    quota = QUOTA
+    cpu_quota = fields.Float(allow_none=True, validate=validate.Range(0, 10**7),
+                             metadata={"description": "cores; null: in proportion to the GPU quota"})
+    memory_quota_bytes = Memory(allow_none=True, metadata={"description": "bytes or '16Gi'; null: in proportion"})
+
+
+class VcCreateSchema(VcSettingsFields):
+    name = fields.String(required=True, validate=validate.Length(1, 64))
+
+
+class VcPatchSchema(VcSettingsFields):
+    pass
+
+
+class SkuQuotaSchema(Schema):
+    sku = fields.String()
+    gpus = fields.Integer()
+    cpu = fields.Float()
+    memory_bytes = fields.Integer()
+    gpus_used = fields.Integer()
+    preemptible_gpus_used = fields.Integer()
+    gpus_queued = fields.Integer()
+
+
+class UserUseSchema(Schema):
+    user = fields.String()
+    jobs = fields.Integer()
+    gpus = fields.Integer()
+    preemptible_gpus = fields.Integer()
+    cpu = fields.Float()
+    memory_bytes = fields.Integer()
+
+
+class VcSchema(Schema):
+    name = fields.String()
+    policy = fields.String()
+    quota = fields.Dict(keys=fields.String(), values=fields.Integer())
+    skus = fields.List(fields.Nested(SkuQuotaSchema))
+    cpu_quota = fields.Float()
+    cpu_quota_source = fields.String()
+    memory_quota_bytes = fields.Integer()
+    memory_quota_source = fields.String()
+    max_job_time_s = fields.Integer(allow_none=True)
+    max_interactive_gpus = fields.Integer(allow_none=True)
+    user_gpu_quota = fields.Integer(allow_none=True)
+    notice = fields.String(allow_none=True)
+    users = fields.List(fields.Nested(UserUseSchema))
+    admins = fields.List(fields.String())
+    members = fields.List(fields.String())
+    created_at = fields.String(allow_none=True)
+    updated_at = fields.String(allow_none=True)
+
+
+class VcPageSchema(Schema):
+    items = fields.List(fields.Nested(VcSchema))
+    next_cursor = fields.String(allow_none=True)
+
+
+class VcEventSchema(Schema):
+    id = fields.Integer()
+    vc = fields.String()
+    at = fields.String(allow_none=True)
+    actor = fields.String()
+    field = fields.String()
+    old = fields.Raw(allow_none=True)
+    new = fields.Raw(allow_none=True)
+
+
+class VcEventPageSchema(Schema):
+    items = fields.List(fields.Nested(VcEventSchema))
+    next_cursor = fields.String(allow_none=True)
+
+
+# -- SSH keys, allowed IPs ----------------------------------------------------------------------------
+
+class SshKeyCreateSchema(Schema):
+    public_key = fields.String(required=True, validate=validate.Length(1, 16384),
+                               metadata={"description": "one OpenSSH public key line: 'ssh-ed25519 AAAA... comment'"})
+    name = fields.String(validate=validate.Length(1, 128))
+
+
+class SshKeySchema(Schema):
+    id = fields.Integer()
+    name = fields.String()
+    key_type = fields.String()
+    bits = fields.Integer(allow_none=True)
+    fingerprint = fields.String()
+    public_key = fields.String()
+    created_at = fields.String(allow_none=True)
+
+
+class SshKeyListSchema(Schema):
+    items = fields.List(fields.Nested(SshKeySchema))
+    next_cursor = fields.String(allow_none=True, metadata={"description": "always null: at most 50 keys per user"})
+
+
+class AllowedIpCreateSchema(Schema):
+    ip = fields.String(required=True, validate=validate.Length(1, 64), metadata={"description": "IPv4/IPv6 address or CIDR"})
+    user = fields.String(validate=validate.Length(1, 64), metadata={"description": "cluster admins: another user's list"})
+
+
+class AllowedIpArgs(Schema):
+    user = fields.String(validate=validate.Length(1, 64))
+
+
+class AllowedIpSchema(Schema):
+    id = fields.Integer()
+    user = fields.String()
+    cidr = fields.String()
+    created_at = fields.String(allow_none=True)
+    expires_at = fields.String(allow_none=True)
+    renewed = fields.Boolean()
+
+
+class AllowedIpListSchema(Schema):
+    items = fields.List(fields.Nested(AllowedIpSchema))
+    next_cursor = fields.String(allow_none=True, metadata={"description": "always null: at most 64 entries per user"})
+
+
+# -- nodes, cluster, storage ----------------------------------------------------------------------------
+
+class NodeSchema(Schema):
+    name = fields.String()
+    sku = fields.String()
+    gpus = fields.Integer()
+    gpus_used = fields.Integer()
+    gpus_free = fields.Integer()
+    cpu = fields.Float()
+    cpu_used = fields.Float()
+    memory_bytes = fields.Integer()
+    memory_used_bytes = fields.Integer()
+    ib_domain = fields.String()
+    vc = fields.String(allow_none=True)
+    state = fields.String()
+    ready = fields.Boolean()
+    schedulable = fields.Boolean()
+    health = fields.String()
+    repair_state = fields.String(allow_none=True)
+    last_heartbeat_at = fields.String(allow_none=True)
+    details = fields.Dict(allow_none=True, metadata={"description": "cluster admins only: findings, orders, metrics, labels, jobs"})
+
+
+class NodePageSchema(Schema):
+    items = fields.List(fields.Nested(NodeSchema))
+    next_cursor = fields.String(allow_none=True)
+
+
+class NodeRepairSchema(Schema):
+    action = fields.String(required=True, validate=validate.OneOf(["reset_gpu", "restart_service", "reboot", "drop_caches"]))
+    target = fields.String(validate=validate.Length(1, 128), metadata={"description": "GPU index/UUID or service name"})
+    dry_run = fields.Boolean(load_default=False)
+    reason = fields.String(load_default="", validate=validate.Length(max=500))
+
+
+class NodeOrderSchema(Schema):
+    id = fields.String()
+    node = fields.String()
+    action = fields.String()
+    target = fields.String()
+    dry_run = fields.Boolean()
+    reason = fields.String()
+    status = fields.String()
+
+
+class ReportFindingSchema(Schema):
+    code = fields.String(required=True, validate=validate.Length(1, 64))
+    severity = fields.String(required=True, validate=validate.OneOf(["info", "warning", "critical"]))
+    device = fields.String(allow_none=True, validate=validate.Length(max=64))
+    gpu_uuid = fields.String(allow_none=True, validate=validate.Length(max=128))
+    bus_id = fields.String(allow_none=True, validate=validate.Length(max=64))
+    recommended_action = fields.String(allow_none=True, validate=validate.Length(max=64))
+    message = fields.String(allow_none=True, validate=validate.Length(max=2000))
+    evidence = fields.Dict(load_default=dict)
+
+
+class ReportOrderResultSchema(Schema):
+    id = fields.String(required=True, validate=validate.Length(1, 128))
+    action = fields.String(validate=validate.Length(max=64))
+    target = fields.String(allow_none=True, validate=validate.Length(max=128))
+    status = fields.String(required=True, validate=validate.OneOf(["succeeded", "failed", "rejected", "dry_run", "in_progress"]))
+    message = fields.String(allow_none=True, validate=validate.Length(max=4000))
+    dry_run = fields.Boolean()
+    started_at = fields.String(allow_none=True, validate=validate.Length(max=64))
+    finished_at = fields.String(allow_none=True, validate=validate.Length(max=64))
+
+
+class NodeReportSchema(Schema):
+    schema_version = fields.Integer(required=True, strict=True, validate=validate.Equal(1))
+    node = fields.String(required=True, validate=validate.Length(1, 253))
+    agent_version = fields.String(load_default="", validate=validate.Length(max=64))
+    heartbeat_at = fields.String(allow_none=True, validate=validate.Length(max=64))
+    collected_at = fields.String(allow_none=True, validate=validate.Length(max=64))
+    boot_id = fields.String(load_default="", validate=validate.Length(max=128))
+    collectors = fields.Dict(keys=fields.String(validate=validate.Length(max=64)), values=fields.Dict(), load_default=dict,
+                             validate=validate.Length(max=64))
+    findings = fields.List(fields.Nested(ReportFindingSchema), load_default=list, validate=validate.Length(max=1000))
+    metrics = fields.Dict(load_default=dict)
+    order_results = fields.List(fields.Nested(ReportOrderResultSchema), load_default=list, validate=validate.Length(max=100))
+
+
+class NodeReportResponseSchema(Schema):
+    orders = fields.List(fields.Dict())
+
+
+class ClusterStatusSchema(Schema):
+    at = fields.String(allow_none=True)
+    skus = fields.List(fields.Dict(), metadata={"description": "capacity, use and fragmentation histogram per SKU"})
+    vcs = fields.List(fields.Dict(), metadata={"description": "quota and use per VC"})
+
+
+class StorageArgs(Schema):
+    format = fields.String(load_default="json", validate=validate.OneOf(["json", "csv"]))
+    mount = fields.String(validate=validate.Length(1, 255))
+    vc = fields.String(validate=validate.Length(1, 64))
+    user = fields.String(validate=validate.Length(1, 64))
+
+
+class StorageRowSchema(Schema):
+    mount = fields.String()
+    vc = fields.String(allow_none=True)
+    user = fields.String(allow_none=True)
+    bytes_used = fields.Integer()
+    files = fields.Integer(allow_none=True)
+
+
+class StorageUsageSchema(Schema):
+    scanned_at = fields.String(allow_none=True, metadata={"description": "null: no scan has run yet"})
+    rows = fields.List(fields.Nested(StorageRowSchema))

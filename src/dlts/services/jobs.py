@@ -294,3 +294,99 @@ def time_left_s(job: Job, vc_limit_s: int | None, now: dt.datetime | None = None
     if limit is None or job.started_at is None or job.status in TERMINAL:
         return None
     return max(0.0, limit - ((now or utcnow()) - job.started_at).total_seconds())
+
+
+# -- change, batch, history ---------------------------------------------------------------------
+
+def patch(session: Session, principal: Principal, job_id: int, changes: Mapping[str, int | None]) -> Job:
+    """Change ``priority`` and/or ``max_time_s``; the scheduler reads them at its next tick."""
+    job = session.get(Job, job_id)
+    policy.require_visible(principal, job, job_id)
+    assert job is not None
+    if not changes:
+        raise InvalidInput("Send priority and/or max_time_s.", details={"field": "body"})
+    policy.check_patch(principal, job, changes.get("priority"), changes.get("max_time_s"))
+    if job.status in TERMINAL:
+        raise WrongState(f"Job {job.id} is {job.status.value}; an ended job cannot be changed.",
+                         code="job_already_ended", details={"status": job.status.value})
+    said = []
+    values = {}
+    for key in ("priority", "max_time_s"):
+        if key in changes and getattr(job, key) != changes[key]:
+            said.append(f"{key} {getattr(job, key)} -> {changes[key]}")
+            values[key] = changes[key]
+    if values:
+        # guarded on the status we read, so a job that ended meanwhile is not changed
+        result = session.execute(sa.update(Job).where(Job.id == job.id, Job.status == job.status)
+                                 .values(updated_at=utcnow(), **values).execution_options(synchronize_session=False))
+        if result.rowcount != 1:
+            session.rollback()
+            raise WrongState(f"Job {job.id} changed state while you acted on it; reload and try again.", code="concurrent_change")
+        job_repo.add_event(session, job.id, "change", reason="patched", message="; ".join(said), actor=principal.name)
+        session.commit()
+        session.refresh(job)
+    return job
+
+
+BATCH_ACTIONS = {"kill": kill, "pause": pause, "resume": resume, "approve": approve}
+
+
+@dataclass(frozen=True)
+class BatchResult:
+    id: int
+    ok: bool
+    http_status: int
+    status: str | None = None
+    code: str | None = None
+    message: str | None = None
+
+
+def batch(session: Session, principal: Principal, action: str, ids: list[int]) -> list[BatchResult]:
+    """Apply ``action`` to each id in its own transaction; one bad id never fails the others."""
+    from dlts.errors import DltsError
+
+    if action not in BATCH_ACTIONS:
+        raise InvalidInput(f"action must be one of {', '.join(BATCH_ACTIONS)}.", details={"field": "action"})
+    results = []
+    seen = set()
+    for job_id in ids:
+        if job_id in seen:
+            continue  # asking twice in one batch is asking once
+        seen.add(job_id)
+        try:
+            job = BATCH_ACTIONS[action](session, principal, job_id)
+            results.append(BatchResult(job_id, True, 202, job.status.value))
+        except DltsError as exc:
+            session.rollback()
+            results.append(BatchResult(job_id, False, exc.http_status, None, exc.code, exc.message))
+    return results
+
+
+PUBLIC_EVENT_KINDS = ("transition",)
+
+
+def events(session: Session, principal: Principal, job_id: int, *, before_id: int | None = None,
+           limit: int = 50) -> tuple[policy.Visibility, list]:
+    """Newest first. Other members of the VC see transitions only, without messages or actors."""
+    from dlts.models import JobEvent
+
+    job = session.get(Job, job_id)
+    visibility = policy.require_visible(principal, job, job_id)
+    query = sa.select(JobEvent).where(JobEvent.job_id == job_id).order_by(JobEvent.id.desc()).limit(limit)
+    if visibility is policy.Visibility.PUBLIC:
+        query = query.where(JobEvent.kind.in_(PUBLIC_EVENT_KINDS))
+    if before_id is not None:
+        query = query.where(JobEvent.id < before_id)
+    return visibility, list(session.scalars(query))
+
+
+def attempts(session: Session, principal: Principal, job_id: int, *, after_number: int = 0,
+             limit: int = 50) -> tuple[policy.Visibility, list]:
+    """Oldest first (retry history reads forward)."""
+    from dlts.models import JobAttempt
+
+    job = session.get(Job, job_id)
+    visibility = policy.require_visible(principal, job, job_id)
+    rows = session.scalars(sa.select(JobAttempt).where(JobAttempt.job_id == job_id, JobAttempt.number > after_number)
+                           .order_by(JobAttempt.number).limit(limit))
+    return visibility, list(rows)

@@ -121,11 +121,17 @@ def _order_json(order: NodeOrder) -> dict[str, Any]:
             "reason": (order.result or {}).get("reason", "")}
 
 
-def list_nodes(session: Session, principal: Principal) -> list[NodeView]:
+def list_nodes(session: Session, principal: Principal, *, after_name: str | None = None, limit: int | None = None) -> list[NodeView]:
+    """Nodes by name (keyset by name); details (findings, orders, metrics) for cluster admins only."""
+    query = sa.select(Node).order_by(Node.name)
+    if after_name is not None:
+        query = query.where(Node.name > after_name)
+    if limit is not None:
+        query = query.limit(limit)
     use = usage_repo.node_use(session)
     detailed = policy.can_see_node_details(principal)
     return [_view(n, use.get(n.name), _details(session, n, use.get(n.name)) if detailed else None)
-            for n in session.scalars(sa.select(Node).order_by(Node.name))]
+            for n in session.scalars(query)]
 
 
 def _node(session: Session, name: str) -> Node:

@@ -162,15 +162,20 @@ def _load(session: Session, principal: Principal, name: str) -> VirtualCluster:
     return vc
 
 
-def list_vcs(session: Session, principal: Principal) -> list[VcView]:
-    """The VCs the principal belongs to (every VC for a cluster admin), by name."""
+def list_vcs(session: Session, principal: Principal, *, after_name: str | None = None, limit: int | None = None) -> list[VcView]:
+    """The VCs the principal belongs to (every VC for a cluster admin), by name; keyset by name."""
     query = sa.select(VirtualCluster).order_by(VirtualCluster.name)
+    if after_name is not None:
+        query = query.where(VirtualCluster.name > after_name)
+    if limit is not None:
+        query = query.limit(limit)
     names = None
     if not principal.is_cluster_admin:
         names = principal.vcs
         query = query.where(VirtualCluster.name.in_(names) if names else sa.false())
     vcs = list(session.scalars(query))
     shapes = sku_shapes(session)
+    names = [vc.name for vc in vcs]
     use = usage_repo.active_use(session, names)
     queued = usage_repo.queued_gpus(session, names)
     return [_view(session, vc, shapes, use, queued) for vc in vcs]

@@ -1,0 +1,67 @@
+"""/api/v1/me/ssh-keys and /api/v1/me/allowed-ips: the caller's SSH keys and allowed IPs."""
+
+from __future__ import annotations
+
+from flask import current_app
+from flask.views import MethodView
+from flask_smorest import Blueprint
+
+from dlts.api.auth import authenticate, principal
+from dlts.api.schemas import (AllowedIpArgs, AllowedIpCreateSchema, AllowedIpListSchema, AllowedIpSchema,
+                              SshKeyCreateSchema, SshKeyListSchema, SshKeySchema)
+from dlts.app import settings_of
+from dlts.extensions import db
+from dlts.services import allowed_ips, ssh_keys
+
+blp = Blueprint("access", __name__, description="Your SSH keys and allowed IPs")
+blp.before_request(authenticate)
+SECURITY = [{"bearer": []}]
+
+
+@blp.route("/me/ssh-keys")
+class SshKeys(MethodView):
+    @blp.response(200, SshKeyListSchema)
+    @blp.doc(security=SECURITY)
+    def get(self):
+        """Your SSH public keys (injected into every job you run)."""
+        return {"items": ssh_keys.list_keys(db.session, principal()), "next_cursor": None}
+
+    @blp.arguments(SshKeyCreateSchema)
+    @blp.response(201, SshKeySchema)
+    @blp.doc(security=SECURITY)
+    def post(self, body):
+        """Add an OpenSSH public key (ed25519, ECDSA, RSA >= 2048 bits); duplicates are refused."""
+        return ssh_keys.add_key(db.session, principal(), body["public_key"], body.get("name"))
+
+
+@blp.route("/me/ssh-keys/<int:key_id>", methods=["DELETE"])
+@blp.response(204)
+@blp.doc(security=SECURITY)
+def delete_ssh_key(key_id: int):
+    """Remove one of your SSH keys."""
+    ssh_keys.delete_key(db.session, principal(), key_id)
+
+
+@blp.route("/me/allowed-ips")
+class AllowedIps(MethodView):
+    @blp.arguments(AllowedIpArgs, location="query")
+    @blp.response(200, AllowedIpListSchema)
+    @blp.doc(security=SECURITY)
+    def get(self, args):
+        """Your allowed IPs that have not expired (cluster admins: ?user=NAME for anyone's)."""
+        return {"items": allowed_ips.list_entries(db.session, principal(), args.get("user")), "next_cursor": None}
+
+    @blp.arguments(AllowedIpCreateSchema)
+    @blp.response(201, AllowedIpSchema)
+    @blp.doc(security=SECURITY)
+    def post(self, body):
+        """Allow an IPv4/IPv6 address or CIDR for allow_ip_days; adding one again renews it."""
+        return allowed_ips.add_entry(db.session, settings_of(current_app), principal(), body["ip"], body.get("user"))
+
+
+@blp.route("/me/allowed-ips/<int:entry_id>", methods=["DELETE"])
+@blp.response(204)
+@blp.doc(security=SECURITY)
+def delete_allowed_ip(entry_id: int):
+    """Remove an allowed IP (yours; cluster admins: anyone's)."""
+    allowed_ips.delete_entry(db.session, principal(), entry_id)

@@ -1,0 +1,40 @@
+"""/api/v1/cluster/status and /api/v1/storage/usage: cluster-wide reads for any signed-in user."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+from flask import Response
+from flask_smorest import Blueprint
+
+from dlts.api.auth import authenticate
+from dlts.api.schemas import ClusterStatusSchema, StorageArgs, StorageUsageSchema
+from dlts.extensions import db
+from dlts.services import cluster as cluster_service
+from dlts.services import storage as storage_service
+
+blp = Blueprint("cluster", __name__, description="Cluster status and storage usage")
+blp.before_request(authenticate)
+SECURITY = [{"bearer": []}]
+
+
+@blp.route("/cluster/status")
+@blp.response(200, ClusterStatusSchema)
+@blp.doc(security=SECURITY)
+def cluster_status():
+    """Capacity and use per SKU and VC; per SKU, how many nodes have 0..N GPUs free."""
+    return asdict(cluster_service.status(db.session))
+
+
+@blp.route("/storage/usage")
+@blp.arguments(StorageArgs, location="query")
+@blp.response(200, StorageUsageSchema, content_type="application/json")
+@blp.alt_response(200, content_type="text/csv", success=True, description="with ?format=csv")
+@blp.doc(security=SECURITY)
+def storage_usage(args):
+    """The last storage scan: bytes and files by mount, VC and user (?format=csv for a spreadsheet)."""
+    report = storage_service.last_scan(db.session, mount=args.get("mount"), vc=args.get("vc"), user=args.get("user"))
+    if args["format"] == "csv":
+        return Response(storage_service.to_csv(report), mimetype="text/csv",
+                        headers={"Content-Disposition": 'attachment; filename="storage-usage.csv"'})
+    return report

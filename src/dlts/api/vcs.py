@@ -1,0 +1,70 @@
+"""/api/v1/vcs: virtual clusters (quota, usage per SKU, per-user use, policy, limits) and their history."""
+
+from __future__ import annotations
+
+from flask.views import MethodView
+from flask_smorest import Blueprint
+
+from dlts.api import pagination
+from dlts.api.auth import authenticate, principal
+from dlts.api.schemas import PageArgs, VcCreateSchema, VcEventPageSchema, VcPageSchema, VcPatchSchema, VcSchema
+from dlts.extensions import db
+from dlts.services import vcs as vc_service
+
+blp = Blueprint("vcs", __name__, description="Virtual clusters")
+blp.before_request(authenticate)
+SECURITY = [{"bearer": []}]
+
+
+@blp.route("/vcs")
+class Vcs(MethodView):
+    @blp.arguments(PageArgs, location="query")
+    @blp.response(200, VcPageSchema)
+    @blp.doc(security=SECURITY)
+    def get(self, args):
+        """The VCs you belong to (all of them for a cluster admin), by name."""
+        after = pagination.decode("v", args.get("cursor"))
+        items = vc_service.list_vcs(db.session, principal(), after_name=after, limit=args["limit"] + 1)
+        page = items[: args["limit"]]
+        return {"items": page, "next_cursor": pagination.encode("v", page[-1].name) if len(items) > args["limit"] else None}
+
+    @blp.arguments(VcCreateSchema)
+    @blp.response(201, VcSchema)
+    @blp.doc(security=SECURITY)
+    def post(self, body):
+        """Create a VC (cluster admin)."""
+        return vc_service.create_vc(db.session, principal(), vc_service.VcSpec(**body))
+
+
+@blp.route("/vcs/<string:name>")
+class Vc(MethodView):
+    @blp.response(200, VcSchema)
+    @blp.doc(security=SECURITY)
+    def get(self, name: str):
+        """One VC: quota and use per SKU, per-user use, policy and limits (members)."""
+        return vc_service.get_vc(db.session, principal(), name)
+
+    @blp.arguments(VcPatchSchema)
+    @blp.response(200, VcSchema)
+    @blp.doc(security=SECURITY)
+    def patch(self, body, name: str):
+        """Change settings (VC admin: policy and limits; cluster admin: quota). Applies at the next tick."""
+        return vc_service.update_vc(db.session, principal(), name, body)
+
+    @blp.response(204)
+    @blp.doc(security=SECURITY)
+    def delete(self, name: str):
+        """Delete a VC with no unfinished jobs (cluster admin)."""
+        vc_service.delete_vc(db.session, principal(), name)
+
+
+@blp.route("/vcs/<string:name>/events")
+@blp.arguments(PageArgs, location="query")
+@blp.response(200, VcEventPageSchema)
+@blp.doc(security=SECURITY)
+def vc_events(args, name: str):
+    """Who changed which setting of the VC, newest first."""
+    before = pagination.decode_int("ve", args.get("cursor"))
+    items = vc_service.events(db.session, principal(), name, before_id=before, limit=args["limit"] + 1)
+    page = items[: args["limit"]]
+    return {"items": page, "next_cursor": pagination.encode("ve", page[-1].id) if len(items) > args["limit"] else None}
