@@ -34,6 +34,9 @@ def create_app(settings: Settings | None = None) -> Flask:
     from dlts.api import init_api
 
     init_api(app)
+    from dlts.portal import init_portal
+
+    init_portal(app)
     return app
 
 

@@ -1,0 +1,191 @@
+"""The portal blueprint and what every page shares: the logged-in principal, CSRF, errors, filters.
+
+Sessions are Flask's signed cookie (HttpOnly, SameSite=Lax) holding the user id only; the principal
+and its roles are read from the database on every request, so a revoked role or a disabled user takes
+effect at once. Every POST is checked against the Flask-WTF CSRF token before any view runs.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import functools
+import math
+from typing import Any, Callable
+
+import sqlalchemy as sa
+from flask import Blueprint, Flask, abort, flash, g, redirect, render_template, request, session, url_for
+from flask_wtf.csrf import CSRFError, generate_csrf, validate_csrf
+from wtforms.validators import ValidationError
+
+from dlts.errors import DltsError
+from dlts.extensions import db
+from dlts.models import JobStatus, VirtualCluster, utcnow
+from dlts.services.auth import Principal
+from dlts.services.portal_auth import LoginLimiter, principal_for_session
+
+bp = Blueprint("portal", __name__, template_folder="templates", static_folder="static",
+               static_url_path="/portal-static")
+
+SESSION_USER = "uid"
+# how the status badge looks: (CSS class, plain words for screen readers and tooltips)
+STATUS_STYLE = {
+    JobStatus.UNAPPROVED: "st-wait", JobStatus.QUEUED: "st-wait", JobStatus.SCHEDULING: "st-run",
+    JobStatus.RUNNING: "st-run", JobStatus.PAUSING: "st-pause", JobStatus.PAUSED: "st-pause",
+    JobStatus.KILLING: "st-stop", JobStatus.KILLED: "st-stop", JobStatus.FINISHED: "st-ok",
+    JobStatus.FAILED: "st-bad", JobStatus.ERROR: "st-bad",
+}
+
+
+def install(app: Flask) -> None:
+    app.config.setdefault("SESSION_COOKIE_HTTPONLY", True)
+    app.config.setdefault("SESSION_COOKIE_SAMESITE", "Lax")
+    app.config.setdefault("SESSION_COOKIE_NAME", "dlts_session")
+    app.config.setdefault("PERMANENT_SESSION_LIFETIME", dt.timedelta(hours=12))
+    app.config.setdefault("WTF_CSRF_TIME_LIMIT", 12 * 3600)
+    app.extensions["dlts_login_limiter"] = LoginLimiter()
+    app.jinja_env.globals.update(csrf_token=generate_csrf, status_class=status_class)
+    app.jinja_env.filters.update(when=fmt_when, ago=fmt_ago, duration=fmt_duration, size=fmt_bytes, gpus=fmt_gpus)
+
+
+def login_limiter() -> LoginLimiter:
+    from flask import current_app
+
+    return current_app.extensions["dlts_login_limiter"]
+
+
+# -- authentication -------------------------------------------------------------------------------
+
+@bp.before_request
+def _load_principal() -> Any:
+    g.principal = None
+    user_id = session.get(SESSION_USER)
+    if user_id is not None:
+        g.principal = principal_for_session(db.session, int(user_id))
+        if g.principal is None:
+            session.clear()
+    if request.method == "POST":
+        try:
+            validate_csrf(request.form.get("csrf_token"))
+        except ValidationError as exc:
+            raise CSRFError(str(exc)) from None
+    return None
+
+
+def principal() -> Principal:
+    return g.principal
+
+
+def login_required(view: Callable) -> Callable:
+    @functools.wraps(view)
+    def wrapper(*args, **kwargs):
+        if g.get("principal") is None:
+            return redirect(url_for("portal.login", next=request.full_path if request.method == "GET" else None))
+        return view(*args, **kwargs)
+
+    return wrapper
+
+
+def admin_only_404(view: Callable) -> Callable:
+    """Pages only cluster admins may know of: everybody else gets the same 404 as a wrong URL."""
+
+    @functools.wraps(view)
+    def wrapper(*args, **kwargs):
+        if not principal().is_cluster_admin:
+            abort(404)
+        return view(*args, **kwargs)
+
+    return login_required(wrapper)
+
+
+def back(default_endpoint: str, **values: Any):
+    """Redirect to the page the form came from when it is ours, else to ``default_endpoint``."""
+    target = request.form.get("next") or ""
+    if target.startswith("/") and not target.startswith("//"):
+        return redirect(target)
+    return redirect(url_for(default_endpoint, **values))
+
+
+def flash_error(exc: DltsError) -> None:
+    flash(exc.message, "error")
+
+
+@bp.context_processor
+def _layout() -> dict[str, Any]:
+    who = g.get("principal")
+    notices: list[tuple[str, str]] = []
+    if who is not None and who.vcs:
+        notices = [(name, text) for name, text in db.session.execute(
+            sa.select(VirtualCluster.name, VirtualCluster.notice)
+            .where(VirtualCluster.name.in_(who.vcs), VirtualCluster.notice.is_not(None), VirtualCluster.notice != ""))]
+    return {"me": who, "vc_notices": notices}
+
+
+# -- errors as pages ------------------------------------------------------------------------------
+
+@bp.app_errorhandler(CSRFError)
+def _csrf(exc: CSRFError):
+    return render_template("error.html", status=400, title="The form expired",
+                           message="This form was open too long or came from another site. Go back, reload the page and send it again."), 400
+
+
+@bp.errorhandler(DltsError)
+def _dlts_error(exc: DltsError):
+    db.session.rollback()
+    titles = {401: "Please log in", 403: "Not allowed", 404: "Not found", 409: "Not possible now", 422: "Refused",
+              429: "Slow down"}
+    return render_template("error.html", status=exc.http_status, title=titles.get(exc.http_status, "Cannot do that"),
+                           message=exc.message), exc.http_status
+
+
+@bp.errorhandler(404)
+def _not_found(exc):
+    return render_template("error.html", status=404, title="Not found",
+                           message="There is no such page, or it is not one you may see."), 404
+
+
+# -- template filters -------------------------------------------------------------------------------
+
+def status_class(status: JobStatus | str) -> str:
+    return STATUS_STYLE.get(JobStatus(status), "st-wait")
+
+
+def fmt_when(value: dt.datetime | None) -> str:
+    """UTC, to the second; blank when the moment has not happened (never 1970)."""
+    return "" if value is None else value.strftime("%Y-%m-%d %H:%M:%S")
+
+
+def fmt_duration(seconds: float | None) -> str:
+    if seconds is None:
+        return ""
+    seconds = int(math.ceil(seconds))
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}d {hours}h"
+    if hours:
+        return f"{hours}h {minutes:02d}m"
+    if minutes:
+        return f"{minutes}m {secs:02d}s"
+    return f"{secs}s"
+
+
+def fmt_ago(value: dt.datetime | None) -> str:
+    if value is None:
+        return ""
+    return fmt_duration((utcnow() - value).total_seconds()) + " ago"
+
+
+def fmt_bytes(value: int | float | None) -> str:
+    if value is None:
+        return ""
+    size = float(value)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if abs(size) < 1024 or unit == "PiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} PiB"
+
+
+def fmt_gpus(value: int | None) -> str:
+    return "" if value is None else str(value)

@@ -1,0 +1,133 @@
+"""The submit form: HTML form fields -> the API's own submit schema -> ``JobRequest``.
+
+The form is validated by the same marshmallow schema as ``POST /api/v1/jobs`` (one set of rules);
+this module only turns form strings into the types that schema expects and maps every error back to
+the form field it belongs to.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from marshmallow import ValidationError
+from werkzeug.datastructures import MultiDict
+
+from dlts.api.schemas import JobSubmitSchema
+from dlts.services.jobs import JobRequest
+
+INT_FIELDS = ("gpus", "nodes", "max_retries", "priority")
+FLOAT_FIELDS = ("cpu",)
+BOOL_FIELDS = ("preemptible", "ssh")
+TEXT_FIELDS = ("name", "vc", "type", "image", "command", "sku", "memory")
+# the API's field names -> the form's input names where they differ
+FORM_NAME = {"max_time_s": "max_time_h", "memory_bytes": "memory"}
+
+
+@dataclass
+class SubmitForm:
+    """What the user typed (re-rendered on error) and the errors by field name."""
+
+    values: dict[str, Any]
+    errors: dict[str, str] = field(default_factory=dict)
+
+    def add_error(self, name: str, message: str) -> None:
+        name = FORM_NAME.get(name, name)
+        self.errors.setdefault(name if name in self.values or name in ("env", "ports") else "_form", message)
+
+
+def form_values(form: Mapping[str, Any] | MultiDict) -> dict[str, Any]:
+    values = {k: (form.get(k) or "").strip() for k in TEXT_FIELDS + INT_FIELDS + FLOAT_FIELDS + ("max_time_h", "env", "ports")}
+    for name in BOOL_FIELDS:
+        values[name] = form.get(name) in ("on", "true", "1", True)
+    values["command"] = (form.get("command") or "").strip()
+    values["env"] = (form.get("env") or "").replace("\r\n", "\n").strip()
+    return values
+
+
+def spec_values(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """A saved template's spec -> form values."""
+    values = form_values({})
+    for key, value in spec.items():
+        if key in values:
+            values[key] = value
+    return values
+
+
+def _parse_env(text: str, form: SubmitForm) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        key, sep, value = line.partition("=")
+        if not sep or not key.strip():
+            form.add_error("env", f"Line {number}: write NAME=value, one per line.")
+            continue
+        env[key.strip()] = value
+    return env
+
+
+def parse(form_data: Mapping[str, Any] | MultiDict) -> tuple[SubmitForm, JobRequest | None]:
+    """Validate the submitted form; a JobRequest when it is well-formed (policy checks come later)."""
+    form = SubmitForm(form_values(form_data))
+    v = form.values
+    body: dict[str, Any] = {"name": v["name"], "vc": v["vc"], "image": v["image"], "command": v["command"],
+                            "type": v["type"] or "batch", "preemptible": v["preemptible"], "ssh": v["ssh"]}
+    for name in INT_FIELDS:
+        if v[name] != "":
+            try:
+                body[name] = int(v[name])
+            except ValueError:
+                form.add_error(name, "Enter a whole number.")
+    if v["cpu"] != "":
+        try:
+            body["cpu"] = float(v["cpu"])
+        except ValueError:
+            form.add_error("cpu", "Enter a number of cores, e.g. 4 or 0.5.")
+    if v["max_time_h"] != "":
+        try:
+            hours = float(v["max_time_h"])
+            body["max_time_s"] = int(round(hours * 3600))
+            if body["max_time_s"] < 1:
+                form.add_error("max_time_h", "Enter a positive number of hours, or leave it empty.")
+        except ValueError:
+            form.add_error("max_time_h", "Enter hours as a number, e.g. 2 or 0.5.")
+    for name in ("sku", "memory"):
+        if v[name]:
+            body[name] = v[name]
+    body["env"] = _parse_env(v["env"], form)
+    if v["ports"]:
+        try:
+            body["ports"] = [int(p) for p in v["ports"].replace(",", " ").split()]
+        except ValueError:
+            form.add_error("ports", "List port numbers separated by spaces or commas.")
+    if form.errors:
+        return form, None
+    try:
+        loaded = JobSubmitSchema().load(body)
+    except ValidationError as exc:
+        for name, messages in exc.messages.items():
+            text = messages[0] if isinstance(messages, list) and messages and isinstance(messages[0], str) else str(messages)
+            if isinstance(messages, dict):  # env: {"KEY": {"key": [...]}} -> the first message inside
+                text = _first_text(messages)
+            form.add_error(str(name), text[:300])
+        return form, None
+    memory = loaded.pop("memory")
+    loaded["ports"] = tuple(loaded["ports"])
+    return form, JobRequest(memory_bytes=memory, **loaded)
+
+
+def _first_text(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and value:
+        return _first_text(value[0])
+    if isinstance(value, dict) and value:
+        return _first_text(next(iter(value.values())))
+    return "is invalid"
+
+
+def template_spec(values: Mapping[str, Any]) -> dict[str, Any]:
+    """Form values worth saving in a template (as typed, so the form re-renders them exactly)."""
+    keep = TEXT_FIELDS + INT_FIELDS + FLOAT_FIELDS + BOOL_FIELDS + ("max_time_h", "env", "ports")
+    return {k: values[k] for k in keep if k in values and values[k] not in ("", None)}

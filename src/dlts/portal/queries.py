@@ -1,0 +1,71 @@
+"""Read queries of portal pages that no service offers: the jobs list in both sort orders (the
+repository's ``list_jobs`` is newest-first only) and booked GPU-hours per user for a month.
+
+Keyset pagination on the primary key in either direction: ``boundary`` is the last id of the
+previous page, so a deep page costs the same as the first one (every filter below has an index that
+ends in ``id``).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from typing import Sequence
+
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+from dlts.models import Job, JobAttempt, JobStatus, User, VirtualCluster
+
+
+def list_jobs(session: Session, *, visible_vc_ids: Sequence[int] | None, user_id: int | None, vc_id: int | None,
+              statuses: Sequence[JobStatus], job_type: str | None, boundary: int | None, oldest_first: bool,
+              limit: int) -> list[Job]:
+    query = sa.select(Job).order_by(Job.id.asc() if oldest_first else Job.id.desc()).limit(limit)
+    if visible_vc_ids is not None:
+        query = query.where(Job.vc_id.in_(visible_vc_ids) if visible_vc_ids else sa.false())
+    if user_id is not None:
+        query = query.where(Job.user_id == user_id)
+    if vc_id is not None:
+        query = query.where(Job.vc_id == vc_id)
+    if statuses:
+        query = query.where(Job.status.in_(statuses))
+    if job_type:
+        query = query.where(Job.type == job_type)
+    if boundary is not None:
+        query = query.where(Job.id > boundary if oldest_first else Job.id < boundary)
+    return list(session.scalars(query))
+
+
+@dataclass(frozen=True)
+class GpuHours:
+    user: str
+    vc: str
+    jobs: int
+    booked_gpu_h: float  # GPUs held x hours, inside the month
+
+
+def gpu_hours(session: Session, month_start: dt.datetime, *, vc_names: Sequence[str] | None,
+              now: dt.datetime) -> list[GpuHours]:
+    """GPU-hours booked per user and VC in the month: each attempt's GPUs x its time inside the month.
+
+    Booked time comes from ``job_attempts`` (start, end, placed GPU indices); an attempt still running
+    counts up to ``now``. Idle time needs GPU utilisation samples, which the monitoring issue stores.
+    """
+    month_end = (month_start.replace(day=28) + dt.timedelta(days=4)).replace(day=1)
+    query = (sa.select(User.name, VirtualCluster.name, Job.id, JobAttempt.placements, JobAttempt.started_at, JobAttempt.ended_at)
+             .join(Job, Job.id == JobAttempt.job_id).join(User, User.id == Job.user_id)
+             .join(VirtualCluster, VirtualCluster.id == Job.vc_id)
+             .where(JobAttempt.started_at.is_not(None), JobAttempt.started_at < month_end,
+                    sa.or_(JobAttempt.ended_at.is_(None), JobAttempt.ended_at > month_start)))
+    if vc_names is not None:
+        query = query.where(VirtualCluster.name.in_(vc_names) if vc_names else sa.false())
+    totals: dict[tuple[str, str], list] = {}
+    for user, vc, job_id, placements, started, ended in session.execute(query):
+        gpus = sum(len(p.get("gpu_indices") or []) for p in placements or [])
+        begin, end = max(started, month_start), min(ended or now, month_end, now)
+        hours = max(0.0, (end - begin).total_seconds() / 3600)
+        entry = totals.setdefault((user, vc), [set(), 0.0])
+        entry[0].add(job_id)
+        entry[1] += gpus * hours
+    return [GpuHours(user, vc, len(ids), round(h, 2)) for (user, vc), (ids, h) in sorted(totals.items())]

@@ -1,0 +1,91 @@
+"""Login, logout and the "My API tokens" page."""
+
+from __future__ import annotations
+
+from flask import current_app, flash, redirect, render_template, request, session, url_for
+
+from dlts.errors import DltsError, Unauthenticated
+from dlts.extensions import db
+from dlts.portal.core import SESSION_USER, bp, flash_error, login_limiter, login_required, principal
+from dlts.services import portal_auth
+from dlts.services.portal_auth import TooManyAttempts
+
+
+def _safe_next(target: str | None) -> str:
+    if target and target.startswith("/") and not target.startswith("//"):
+        return target
+    return url_for("portal.jobs")
+
+
+@bp.route("/")
+def home():
+    if principal() is None:
+        return redirect(url_for("portal.login"))
+    return redirect(url_for("portal.jobs"))
+
+
+@bp.route("/login", methods=["GET", "POST"])
+def login():
+    if not current_app.secret_key:
+        return render_template("error.html", status=503, title="Portal not configured",
+                               message="The portal needs secret_key in dlts.yaml (or DLTS_SECRET_KEY) to sign session cookies."), 503
+    next_url = request.values.get("next")
+    if request.method == "GET":
+        if principal() is not None:
+            return redirect(_safe_next(next_url))
+        return render_template("login.html", next=next_url, user_name="")
+    user_name = request.form.get("username", "").strip()[:64]
+    password = request.form.get("password", "")
+    keys = (f"user:{user_name.lower()}", f"ip:{request.remote_addr}")
+    limiter = login_limiter()
+    try:
+        limiter.check(*keys)
+        who = portal_auth.authenticate_password(db.session, user_name, password)
+    except TooManyAttempts as exc:
+        return render_template("login.html", next=next_url, user_name=user_name, error=exc.message), 429
+    except Unauthenticated as exc:
+        limiter.failed(*keys)
+        return render_template("login.html", next=next_url, user_name=user_name, error=exc.message), 401
+    limiter.succeeded(keys[0])
+    session.clear()  # a fresh session on login: no fixation of a cookie set before it
+    session[SESSION_USER] = who.user_id
+    session.permanent = True
+    return redirect(_safe_next(next_url))
+
+
+@bp.route("/logout", methods=["POST"])
+def logout():
+    session.clear()
+    flash("You are logged out.", "info")
+    return redirect(url_for("portal.login"))
+
+
+@bp.route("/tokens", methods=["GET", "POST"])
+@login_required
+def tokens():
+    new_token = None
+    status = 200
+    if request.method == "POST":
+        days = request.form.get("expires_days", "").strip()
+        try:
+            if days and not days.isdigit():
+                raise portal_auth.InvalidInput("Expiry must be a whole number of days, or empty.", details={"field": "expires_days"})
+            new_token = portal_auth.create_token(db.session, principal(), request.form.get("label", ""),
+                                                 int(days) if days else None)
+        except DltsError as exc:
+            db.session.rollback()
+            flash_error(exc)
+            status = exc.http_status
+    rows = portal_auth.list_tokens(db.session, principal())
+    # shown once, on this response only; the page must not be cached by the browser
+    response = current_app.make_response((render_template("tokens.html", tokens=rows, new_token=new_token), status))
+    response.headers["Cache-Control"] = "no-store"
+    return response
+
+
+@bp.route("/tokens/<int:token_id>/revoke", methods=["POST"])
+@login_required
+def revoke_token(token_id: int):
+    token = portal_auth.revoke_token(db.session, principal(), token_id)
+    flash(f"Token {token.name} ({token.prefix}...) revoked; programs using it now get 401.", "info")
+    return redirect(url_for("portal.tokens"))

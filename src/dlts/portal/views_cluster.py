@@ -1,0 +1,169 @@
+"""Cluster status, the VC page with its settings tab, the quota grid (cluster admins), storage, GPU hours."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import sqlalchemy as sa
+from flask import Response, flash, redirect, render_template, request, url_for
+
+from dlts.errors import DltsError, InvalidInput
+from dlts.extensions import db
+from dlts.models import JobStatus, Node, VirtualCluster, utcnow
+from dlts.portal import queries
+from dlts.repositories.usage import node_use
+from dlts.portal.core import admin_only_404, bp, flash_error, login_required, principal
+from dlts.services import cluster as cluster_service
+from dlts.services import storage as storage_service
+from dlts.services import vcs as vc_service
+
+S = JobStatus
+SETTING_HELP = {
+    "policy": "RF lets a smaller job that fits start before a bigger one that waits; FIFO starts jobs strictly in submission order.",
+    "max_job_time_s": "Jobs running longer than this are stopped; members may not ask for more.",
+    "max_interactive_gpus": "Interactive jobs of the VC together may hold at most this many GPUs.",
+    "user_gpu_quota": "A member holding more non-preemptible GPUs than this needs a VC admin to approve each further job.",
+    "notice": "A banner every member of the VC sees on every page (empty: none).",
+}
+
+
+@bp.route("/cluster")
+@login_required
+def cluster():
+    status = cluster_service.status(db.session)
+    who = principal()
+    nodes = list(db.session.scalars(sa.select(Node).order_by(Node.sku, Node.name)))
+    used = node_use(db.session)
+    return render_template("cluster.html", status=status, nodes=nodes, used=used, details=who.is_cluster_admin)
+
+
+# -- virtual clusters ---------------------------------------------------------------------------------
+
+def _int_or_none(name: str) -> int | None:
+    raw = request.form.get(name, "").strip()
+    if raw == "":
+        return None
+    if not raw.isdigit():
+        raise InvalidInput(f"{name} must be a whole number, or empty for no limit.", details={"field": name})
+    return int(raw)
+
+
+@bp.route("/vcs/<name>", methods=["GET"])
+@login_required
+def vc(name: str):
+    who = principal()
+    view = vc_service.get_vc(db.session, who, name)
+    vc_id = db.session.scalar(sa.select(VirtualCluster.id).where(VirtualCluster.name == name))
+    running = queries.list_jobs(db.session, visible_vc_ids=None, user_id=None, vc_id=vc_id,
+                                statuses=[S.SCHEDULING, S.RUNNING, S.PAUSING, S.KILLING], job_type=None, boundary=None,
+                                oldest_first=False, limit=100)
+    waiting = queries.list_jobs(db.session, visible_vc_ids=None, user_id=None, vc_id=vc_id,
+                                statuses=[S.UNAPPROVED, S.QUEUED], job_type=None, boundary=None, oldest_first=True, limit=100)
+    return render_template("vc.html", vc=view, running=running, waiting=waiting, tab="overview",
+                           can_edit=who.is_vc_admin(name))
+
+
+@bp.route("/vcs/<name>/settings", methods=["GET", "POST"])
+@login_required
+def vc_settings(name: str):
+    who = principal()
+    view = vc_service.get_vc(db.session, who, name)
+    if not who.is_vc_admin(name):
+        return render_template("error.html", status=403, title="Not allowed",
+                               message=f"Only an admin of VC {name} may change its settings."), 403
+    errors: dict[str, str] = {}
+    status = 200
+    if request.method == "POST":
+        try:
+            hours = request.form.get("max_job_time_h", "").strip()
+            try:
+                max_time_s = int(round(float(hours) * 3600)) if hours else None
+            except ValueError:
+                raise InvalidInput("Max job time is a number of hours, or empty for no limit.",
+                                   details={"field": "max_job_time_s"}) from None
+            changes = {"policy": request.form.get("policy", ""), "max_job_time_s": max_time_s,
+                       "max_interactive_gpus": _int_or_none("max_interactive_gpus"),
+                       "user_gpu_quota": _int_or_none("user_gpu_quota"),
+                       "notice": request.form.get("notice", "").strip() or None}
+            view = vc_service.update_vc(db.session, who, name, changes)
+            flash(f"Settings of VC {name} saved; the scheduler uses them from its next pass.", "ok")
+            return redirect(url_for("portal.vc_settings", name=name))
+        except DltsError as exc:
+            db.session.rollback()
+            errors[str(exc.details.get("field", "_form"))] = exc.message
+            status = exc.http_status
+    return render_template("vc_settings.html", vc=view, tab="settings", can_edit=True, errors=errors,
+                           help=SETTING_HELP, form=request.form if request.method == "POST" else None), status
+
+
+# -- quota admin (cluster admins only; 404 for everybody else) ----------------------------------------
+
+@bp.route("/admin/quotas", methods=["GET", "POST"])
+@admin_only_404
+def quotas():
+    who = principal()
+    errors: list[str] = []
+    if request.method == "POST":
+        changed = 0
+        for view in vc_service.list_vcs(db.session, who):
+            quota: dict[str, int] = {}
+            bad = False
+            for key, raw in request.form.items():
+                prefix = f"q:{view.name}:"
+                if not key.startswith(prefix) or not raw.strip():
+                    continue
+                if not raw.strip().isdigit():
+                    errors.append(f"VC {view.name}, {key[len(prefix):]}: {raw[:20]!r} is not a whole number of GPUs.")
+                    bad = True
+                    continue
+                if int(raw):
+                    quota[key[len(prefix):]] = int(raw)
+            if bad or quota == view.quota:
+                continue
+            try:
+                vc_service.update_vc(db.session, who, view.name, {"quota": quota})
+                changed += 1
+            except DltsError as exc:
+                db.session.rollback()
+                errors.append(f"VC {view.name}: {exc.message}")
+        if changed:
+            flash(f"Quota of {changed} VC{'s' if changed != 1 else ''} saved.", "ok")
+        if not errors:
+            return redirect(url_for("portal.quotas"))
+    status = cluster_service.status(db.session)
+    views = vc_service.list_vcs(db.session, who)
+    skus = [s for s in status.skus if s.gpus > 0]
+    totals = {s.sku: sum(v.quota.get(s.sku, 0) for v in views) for s in skus}
+    return render_template("quotas.html", vcs=views, skus=skus, totals=totals, errors=errors), 400 if errors else 200
+
+
+# -- storage and GPU hours ------------------------------------------------------------------------------
+
+@bp.route("/storage")
+@login_required
+def storage():
+    report = storage_service.last_scan(db.session)
+    if request.args.get("format") == "csv":
+        stamp = (report.scanned_at or "none").replace(":", "").replace("-", "")[:15]
+        return Response(storage_service.to_csv(report), mimetype="text/csv",
+                        headers={"Content-Disposition": f'attachment; filename="storage-usage-{stamp}.csv"'})
+    by_vc: dict[str, int] = {}
+    for row in report.rows:
+        if row.vc and not row.user:
+            by_vc[row.vc] = by_vc.get(row.vc, 0) + row.bytes_used
+    return render_template("storage.html", report=report, by_vc=by_vc)
+
+
+@bp.route("/gpu-hours")
+@login_required
+def gpu_hours():
+    who = principal()
+    today = utcnow()
+    try:
+        month = dt.datetime.strptime(request.args.get("month", today.strftime("%Y-%m")), "%Y-%m")
+    except ValueError:
+        flash("Month must look like 2026-11; showing this month.", "error")
+        month = today.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+    vcs = None if who.is_cluster_admin else who.vcs
+    rows = queries.gpu_hours(db.session, month, vc_names=vcs, now=today)
+    return render_template("gpu_hours.html", rows=rows, month=month.strftime("%Y-%m"))

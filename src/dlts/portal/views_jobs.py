@@ -1,0 +1,331 @@
+"""Jobs pages: the list (filters, keyset pages, chosen columns, batch actions), details with the log
+viewer, the submit form with templates, and the single-job actions."""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from flask import Response, abort, current_app, flash, jsonify, redirect, render_template, request, stream_with_context, url_for
+
+from dlts.app import settings_of
+from dlts.errors import DltsError, InvalidInput
+from dlts.extensions import db
+from dlts.models import ACTIVE, TERMINAL, Job, JobAttempt, JobEvent, JobStatus, User, VirtualCluster
+from dlts.portal import forms, queries
+from dlts.portal.core import back, bp, flash_error, login_required, principal
+from dlts.repositories import jobs as job_repo
+from dlts.repositories.cluster import sku_shapes
+from dlts.services import cluster as cluster_service
+from dlts.services import job_templates
+from dlts.services import jobs as job_service
+from dlts.services import portal_auth
+from dlts.services.jobs import JOB_TYPES
+from dlts.services.policy import Visibility, job_visibility
+
+S = JobStatus
+PAGE_SIZE = 50
+# column id -> header; "status" and "id" are always shown
+COLUMNS = {
+    "name": "Name", "user": "User", "vc": "VC", "type": "Type", "queue": "Queue #", "gpus": "GPUs",
+    "sku": "SKU", "preemptible": "Preemptible", "priority": "Priority", "submitted": "Submitted",
+    "started": "Started", "finished": "Finished", "timeout": "Time left",
+}
+DEFAULT_COLUMNS = ("name", "user", "vc", "queue", "gpus", "preemptible", "submitted", "started", "finished", "timeout")
+STATUS_GROUPS = {"active": [S.UNAPPROVED, S.QUEUED, S.SCHEDULING, S.RUNNING, S.PAUSING, S.PAUSED, S.KILLING],
+                 "waiting": [S.UNAPPROVED, S.QUEUED], "ended": sorted(TERMINAL, key=lambda s: s.value)}
+ACTIONS = {"kill": job_service.kill, "pause": job_service.pause, "resume": job_service.resume,
+           "approve": job_service.approve}
+MAX_BATCH = 200
+
+
+def _visible_vc_ids(scope: str) -> list[int] | None:
+    who = principal()
+    if who.is_cluster_admin and scope == "all":
+        return None
+    if not who.vcs:
+        return []
+    return list(db.session.scalars(sa.select(VirtualCluster.id).where(VirtualCluster.name.in_(who.vcs))))
+
+
+def _columns() -> list[str]:
+    user = db.session.get(User, principal().user_id)
+    chosen = (user.preferences or {}).get("job_columns")
+    if not isinstance(chosen, list):
+        return list(DEFAULT_COLUMNS)
+    return [c for c in COLUMNS if c in chosen]
+
+
+@bp.route("/jobs")
+@login_required
+def jobs():
+    who = principal()
+    args = request.args
+    scope = args.get("scope", "mine")
+    if scope not in ("mine", "vc", "all") or (scope == "all" and not who.is_cluster_admin):
+        scope = "mine"
+    status = args.get("status", "")
+    statuses: list[JobStatus] = []
+    if status in STATUS_GROUPS:
+        statuses = STATUS_GROUPS[status]
+    elif status:
+        try:
+            statuses = [JobStatus(status)]
+        except ValueError:
+            flash(f"Unknown status {status[:20]!r}; showing all.", "error")
+            status = ""
+    job_type = args.get("type") if args.get("type") in JOB_TYPES else None
+    oldest_first = args.get("order") == "oldest"
+    visible = None if scope == "mine" else _visible_vc_ids(scope)
+    user_id: int | None = who.user_id if scope == "mine" else None
+    vc_id = None
+    empty = False
+    if args.get("vc"):
+        vc_id = db.session.scalar(sa.select(VirtualCluster.id).where(VirtualCluster.name == args["vc"]))
+        empty = vc_id is None or (visible is not None and vc_id not in visible) or (
+            scope == "mine" and args["vc"] not in who.vcs and not who.is_cluster_admin)
+    if args.get("user") and scope != "mine":
+        user_id = db.session.scalar(sa.select(User.id).where(User.name == args["user"]))
+        empty = empty or user_id is None
+    cursor = args.get("cursor")
+    try:
+        boundary = job_repo.decode_cursor(cursor) if cursor else None
+    except InvalidInput as exc:
+        flash_error(exc)
+        boundary = None
+    rows: list[Job] = []
+    if not empty:
+        rows = queries.list_jobs(db.session, visible_vc_ids=visible, user_id=user_id, vc_id=vc_id, statuses=statuses,
+                                 job_type=job_type, boundary=boundary, oldest_first=oldest_first, limit=PAGE_SIZE + 1)
+    page = rows[:PAGE_SIZE]
+    next_cursor = job_repo.encode_cursor(page[-1].id) if len(rows) > PAGE_SIZE else None
+    items = [(j, job_visibility(who, j) or Visibility.PUBLIC,
+              job_service.time_left_s(j, j.vc.max_job_time_s)) for j in page]
+    filters = {k: v for k, v in {"scope": scope, "status": status, "vc": args.get("vc", ""), "user": args.get("user", ""),
+                                 "type": job_type or "", "order": "oldest" if oldest_first else ""}.items() if v}
+    vc_names = list(db.session.scalars(sa.select(VirtualCluster.name).order_by(VirtualCluster.name))) if who.is_cluster_admin else who.vcs
+    return render_template("jobs.html", items=items, columns=_columns(), all_columns=COLUMNS, filters=filters,
+                           scope=scope, next_cursor=next_cursor, first_page=cursor is None, statuses=list(JobStatus),
+                           status_groups=STATUS_GROUPS, job_types=JOB_TYPES, vc_names=vc_names, oldest_first=oldest_first)
+
+
+@bp.route("/jobs/columns", methods=["POST"])
+@login_required
+def job_columns():
+    chosen = [c for c in request.form.getlist("columns") if c in COLUMNS]
+    portal_auth.save_preference(db.session, principal(), "job_columns", chosen)
+    return back("portal.jobs")
+
+
+@bp.route("/jobs/batch", methods=["POST"])
+@login_required
+def jobs_batch():
+    """Step 1 (no ``confirm``): list the chosen jobs and ask. Step 2: act on each, report each result."""
+    action = request.form.get("action", "")
+    if action not in ACTIONS:
+        flash("Choose an action: kill, pause, resume or approve.", "error")
+        return back("portal.jobs")
+    ids = sorted({int(i) for i in request.form.getlist("ids") if i.isdigit()})[:MAX_BATCH]
+    if not ids:
+        flash("Tick the jobs to act on first.", "error")
+        return back("portal.jobs")
+    who = principal()
+    if not request.form.get("confirm"):
+        found = {j.id: j for j in db.session.scalars(sa.select(Job).where(Job.id.in_(ids)))}
+        listed = [(i, found.get(i)) for i in ids]
+        listed = [(i, j if j is not None and job_visibility(who, j) is not None else None) for i, j in listed]
+        return render_template("batch_confirm.html", action=action, listed=listed, next=request.form.get("next", ""))
+    results = []
+    for job_id in ids:
+        try:
+            job = ACTIONS[action](db.session, who, job_id)
+            results.append((job_id, True, f"now {job.status.value}"))
+        except DltsError as exc:
+            db.session.rollback()
+            results.append((job_id, False, exc.message))
+    return render_template("batch_result.html", action=action, results=results, next=request.form.get("next", ""))
+
+
+# -- one job --------------------------------------------------------------------------------------
+
+@bp.route("/jobs/<int:job_id>")
+@login_required
+def job(job_id: int):
+    who = principal()
+    job, visibility = job_service.get(db.session, who, job_id)
+    full = visibility is Visibility.FULL
+    attempts = list(db.session.scalars(sa.select(JobAttempt).where(JobAttempt.job_id == job.id).order_by(JobAttempt.number))) if full else []
+    events = list(db.session.scalars(sa.select(JobEvent).where(JobEvent.job_id == job.id).order_by(JobEvent.id.desc()).limit(200))) if full else []
+    current = next((a for a in attempts if a.number == job.attempt), None)
+    placements = current.placements if current is not None and job.status in ACTIVE else []
+    vc_admin = who.is_vc_admin(job.vc.name)
+    actions = []
+    if full:
+        if job.status not in TERMINAL and job.status is not S.KILLING:
+            actions.append("kill")
+        if job.status in (S.UNAPPROVED, S.QUEUED, S.SCHEDULING, S.RUNNING):
+            actions.append("pause")
+        if job.status is S.PAUSED:
+            actions.append("resume")
+        if job.status is S.UNAPPROVED and vc_admin:
+            actions.append("approve")
+    ssh_keys = []
+    if full and job.spec.get("ssh"):
+        from dlts.services import ssh_keys as ssh_key_service
+
+        ssh_keys = ssh_key_service.list_keys(db.session, who) if job.user_id == who.user_id else []
+    return render_template(
+        "job.html", job=job, full=full, attempts=attempts, events=events, placements=placements, actions=actions,
+        messages=[e for e in events if e.kind in ("insight", "repair")], vc_admin=vc_admin,
+        can_patch=full and job.status not in TERMINAL and hasattr(job_service, "update"),
+        time_left_s=job_service.time_left_s(job, job.vc.max_job_time_s), ended=job.status in TERMINAL,
+        ssh_keys=ssh_keys)
+
+
+@bp.route("/jobs/<int:job_id>/<action>", methods=["POST"])
+@login_required
+def job_action(job_id: int, action: str):
+    if action not in ACTIONS:
+        abort(404)
+    try:
+        job = ACTIONS[action](db.session, principal(), job_id)
+        flash(f"Job {job_id}: {action} requested; it is now {job.status.value}.", "ok")
+    except DltsError as exc:
+        db.session.rollback()
+        if exc.http_status == 404:
+            raise
+        flash_error(exc)
+    return back("portal.job", job_id=job_id)
+
+
+@bp.route("/jobs/<int:job_id>/settings", methods=["POST"])
+@login_required
+def job_settings(job_id: int):
+    """Change priority / max time (owner within member limits, VC admin beyond), via the jobs service."""
+    update = getattr(job_service, "update", None)
+    if update is None:
+        abort(404)
+    try:
+        priority = request.form.get("priority", "").strip()
+        hours = request.form.get("max_time_h", "").strip()
+        changes = {}
+        if priority:
+            changes["priority"] = int(priority)
+        if hours:
+            changes["max_time_s"] = int(round(float(hours) * 3600))
+        update(db.session, principal(), job_id, **changes)
+        flash(f"Job {job_id} updated.", "ok")
+    except ValueError:
+        flash("Priority is a whole number and max time a number of hours.", "error")
+    except DltsError as exc:
+        db.session.rollback()
+        flash_error(exc)
+    return redirect(url_for("portal.job", job_id=job_id))
+
+
+@bp.route("/jobs/<int:job_id>/log.json")
+@login_required
+def job_log(job_id: int):
+    """A slice of the log from ``offset`` for the viewer's polling (JSON; same rules as the API)."""
+    try:
+        offset = max(0, int(request.args.get("offset", "0")))
+        attempt = int(request.args["attempt"]) if request.args.get("attempt") else None
+    except ValueError:
+        return jsonify({"error": "offset and attempt are whole numbers"}), 400
+    try:
+        job, number, data, size, _path = job_service.read_log(db.session, settings_of(current_app), principal(), job_id,
+                                                              attempt, offset, 256 * 1024)
+    except DltsError as exc:
+        db.session.rollback()
+        return jsonify({"error": exc.message}), exc.http_status
+    next_offset = min(offset, size) + len(data)
+    return jsonify({"attempt": number, "data": data.decode("utf-8", errors="replace"), "next_offset": next_offset,
+                    "size": size, "status": job.status.value,
+                    "complete": job.status in TERMINAL and number == job.attempt and next_offset >= size})
+
+
+@bp.route("/jobs/<int:job_id>/log")
+@login_required
+def job_log_download(job_id: int):
+    """The attempt's whole log as a file, streamed."""
+    attempt = request.args.get("attempt", "")
+    job, number, _data, size, path = job_service.read_log(db.session, settings_of(current_app), principal(), job_id,
+                                                          int(attempt) if attempt.isdigit() else None, 0, 1)
+    if not size:
+        flash(f"Job {job_id} has no log yet.", "error")
+        return redirect(url_for("portal.job", job_id=job_id))
+
+    def chunks():
+        with path.open("rb") as fh:
+            while block := fh.read(256 * 1024):
+                yield block
+
+    return Response(stream_with_context(chunks()), mimetype="text/plain",
+                    headers={"Content-Disposition": f'attachment; filename="job-{job.id}-attempt-{number}.log"'})
+
+
+# -- submit ---------------------------------------------------------------------------------------
+
+def _submit_context(form: forms.SubmitForm) -> dict:
+    who = principal()
+    vc_names = list(db.session.scalars(sa.select(VirtualCluster.name).order_by(VirtualCluster.name))) if who.is_cluster_admin else who.vcs
+    vc_name = form.values.get("vc") or (vc_names[0] if vc_names else "")
+    shapes = sku_shapes(db.session)
+    status = cluster_service.status(db.session)
+    # what each of the user's VCs has left per SKU, so they can pick a size that starts now
+    remaining: dict[str, dict[str, tuple[int, int]]] = {}
+    for vc_status in status.vcs:
+        if vc_status.vc in vc_names:
+            remaining[vc_status.vc] = {sku: (quota, quota - vc_status.gpus_used.get(sku, 0))
+                                       for sku, quota in sorted(vc_status.quota.items())}
+    return {"form": form, "vc_names": vc_names, "vc_name": vc_name, "shapes": shapes, "sku_status": status.skus,
+            "remaining": remaining, "job_types": JOB_TYPES,
+            "templates": job_templates.visible_templates(db.session, who),
+            "defaults": settings_of(current_app)}
+
+
+@bp.route("/submit", methods=["GET", "POST"])
+@login_required
+def submit():
+    who = principal()
+    if request.method == "GET":
+        values = forms.form_values({})
+        if request.args.get("template", "").isdigit():
+            template = job_templates.get_template(db.session, who, int(request.args["template"]))
+            values = forms.spec_values(template.spec)
+            flash(f"Loaded template {template.name}.", "info")
+        elif request.args.get("vc"):
+            values["vc"] = request.args["vc"]
+        values.setdefault("type", "batch")
+        return render_template("submit.html", **_submit_context(forms.SubmitForm(values)))
+    form, req = forms.parse(request.form)
+    if request.form.get("save_template"):
+        try:
+            template = job_templates.save_template(db.session, who, request.form.get("template_name", ""),
+                                                   forms.template_spec(form.values),
+                                                   form.values["vc"] if request.form.get("share") else None)
+            flash(f"Saved template {template.name}" + (f", shared with VC {form.values['vc']}." if template.vc_id else "."), "ok")
+        except DltsError as exc:
+            db.session.rollback()
+            form.errors["template_name"] = exc.message
+        return render_template("submit.html", **_submit_context(form)), 400 if form.errors.get("template_name") else 200
+    if req is None:
+        return render_template("submit.html", **_submit_context(form)), 400
+    try:
+        job = job_service.submit(db.session, settings_of(current_app), who, req)
+    except DltsError as exc:
+        db.session.rollback()
+        form.add_error(str(exc.details.get("field", "_form")), exc.message)
+        return render_template("submit.html", **_submit_context(form)), exc.http_status
+    flash(f"Job {job.id} submitted; it is {job.status.value}.", "ok")
+    return redirect(url_for("portal.job", job_id=job.id))
+
+
+@bp.route("/templates/<int:template_id>/delete", methods=["POST"])
+@login_required
+def delete_template(template_id: int):
+    try:
+        job_templates.delete_template(db.session, principal(), template_id)
+        flash("Template deleted.", "ok")
+    except DltsError as exc:
+        db.session.rollback()
+        flash_error(exc)
+    return redirect(url_for("portal.submit"))
