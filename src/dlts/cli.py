@@ -202,6 +202,23 @@ def user_token(ctx: Context, name: str, expires_days: int | None, label: str) ->
         click.echo(admin_service.new_token(session, name, label, expires_days))
 
 
+@user.command("password")
+@click.argument("name")
+@click.option("--random", "generate", is_flag=True, help="Generate a random password and print it once.")
+@pass_ctx
+def user_password(ctx: Context, name: str, generate: bool) -> None:
+    """Set NAME's portal password (asked twice, or --random); stored only as a scrypt hash."""
+    from dlts.services import portal_auth
+
+    if generate:
+        password = portal_auth.random_password()
+    else:
+        password = click.prompt(f"New portal password for {name}", hide_input=True, confirmation_prompt=True)
+    with ctx.session() as session:
+        portal_auth.set_password(session, name, password)
+    click.echo(f"password of {name} set" + (f": {password}" if generate else ""))
+
+
 @main.group()
 def vc() -> None:
     """Virtual clusters."""

@@ -3,7 +3,9 @@
 SQLite under ``$DLTS_HOME`` (default ``./.dlts``), the API on 127.0.0.1, the job manager in a thread,
 jobs as local processes. The first start creates the cluster admin ``admin`` and the user ``alice``
 in VC ``default`` whose quota is this machine's capacity, and writes their API tokens to
-``$DLTS_HOME/demo-token`` and ``$DLTS_HOME/alice-token``. State survives restarts.
+``$DLTS_HOME/demo-token`` and ``$DLTS_HOME/alice-token``, and gives both random portal passwords,
+printed once and kept in ``$DLTS_HOME/demo-credentials`` (``user:password`` lines, mode 600). State
+survives restarts.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from dlts.config import Settings
 from dlts.db import engine_of, session_factory
 from dlts.jobmanager import JobManager
 from dlts.models import User
-from dlts.services import admin
+from dlts.services import admin, portal_auth
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +60,13 @@ def bootstrap(session, backend: LocalBackend, home: Path) -> bool:
     admin.add_member(session, "default", "admin", admin=True)
     _write_secret(home / "demo-token", admin.new_token(session, "admin", "demo"))
     _write_secret(home / "alice-token", admin.new_token(session, "alice", "demo"))
+    # portal logins: random passwords, shown once at this first start and kept in demo-credentials
+    lines = []
+    for name in ("admin", "alice"):
+        password = portal_auth.random_password()
+        portal_auth.set_password(session, name, password)
+        lines.append(f"{name}:{password}")
+    _write_secret(home / "demo-credentials", "\n".join(lines))
     return True
 
 
@@ -103,6 +112,10 @@ def run_demo(settings: Settings) -> None:
     click.echo(f"  node {node.name}: {gpus}, {node.cpu:g} cores; VC 'default' gets all of it")
     click.echo(f"  API:   {url}/api/v1   (OpenAPI: {url}/api/v1/openapi.json)")
     click.echo(f"  admin API token: {(home / 'demo-token').read_text().strip()}   (also in {home / 'demo-token'}; alice's in {home / 'alice-token'})")
+    click.echo(f"  portal: {url}/   logins (user:password) in {home / 'demo-credentials'}")
+    if created:
+        for line in (home / "demo-credentials").read_text().split():
+            click.echo(f"    {line}")
     click.echo(f"  try:   curl -H \"Authorization: Bearer $(cat {home / 'alice-token'})\" {url}/api/v1/me")
     click.echo("Ctrl-C stops the demo (running jobs are stopped and requeued at the next start).", err=False)
     ticker.start()
