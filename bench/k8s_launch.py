@@ -30,10 +30,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from dlts.backends.base import LaunchSpec  # noqa: E402
-from dlts.backends.kubernetes import KubernetesBackend, KubernetesSettings  # noqa: E402
-from dlts.scheduler.model import Placement  # noqa: E402
-from tests.fakes.kube_apiserver import FakeClock, FakeKubeApiServer  # noqa: E402
+from dlts.backends.base import LaunchSpec
+from dlts.backends.kubernetes import KubernetesBackend, KubernetesSettings
+from dlts.scheduler.model import Placement
+from tests.fakes.kube_apiserver import FakeClock, FakeKubeApiServer
 
 GIB = 1024**3
 

@@ -50,11 +50,12 @@ import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Self
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import yaml
@@ -71,7 +72,7 @@ _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 
 
 def rfc3339(t: float) -> str:
-    return dt.datetime.fromtimestamp(t, tz=dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return dt.datetime.fromtimestamp(t, tz=dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class FakeClock:
@@ -617,20 +618,19 @@ def validate(resource: str, obj: dict) -> None:
     causes: list[tuple[str, str]] = []
     if resource == "services":
         if not (len(name) <= 63 and _DNS1035_LABEL.match(name)):
-            causes.append(("metadata.name", f"Invalid value: {name!r}: a DNS-1035 label must consist of lower case "
-                           "alphanumeric characters or '-', start with an alphabetic character, and end with an "
-                           "alphanumeric character"))
-    elif resource != "events":
-        if not (len(name) <= 253 and _DNS1123_SUBDOMAIN.match(name)):
-            causes.append(("metadata.name", f"Invalid value: {name!r}: a lowercase RFC 1123 subdomain must consist "
-                           "of lower case alphanumeric characters, '-' or '.'"))
+            causes.append(("metadata.name", (f"Invalid value: {name!r}: a DNS-1035 label must consist of lower "
+                                             "case alphanumeric characters or '-', start with an alphabetic "
+                                             "character, and end with an alphanumeric character")))
+    elif resource != "events" and not (len(name) <= 253 and _DNS1123_SUBDOMAIN.match(name)):
+        causes.append(("metadata.name", (f"Invalid value: {name!r}: a lowercase RFC 1123 subdomain must consist "
+                                         "of lower case alphanumeric characters, '-' or '.'")))
     for key, value in (meta.get("labels") or {}).items():
         if not _valid_qualified_name(str(key)):
-            causes.append((f"metadata.labels", f"Invalid value: {key!r}: name part must consist of alphanumeric characters"))
+            causes.append(("metadata.labels", f"Invalid value: {key!r}: name part must consist of alphanumeric characters"))
         if not isinstance(value, str) or not _valid_label_value(value):
-            causes.append((f"metadata.labels", f"Invalid value: {value!r}: a valid label must be an empty string or "
-                           "consist of alphanumeric characters, '-', '_' or '.', and must start and end with an "
-                           "alphanumeric character (max 63 characters)"))
+            causes.append(("metadata.labels", (f"Invalid value: {value!r}: a valid label must be an empty string "
+                                               "or consist of alphanumeric characters, '-', '_' or '.', and must "
+                                               "start and end with an alphanumeric character (max 63 characters)")))
     for key in (meta.get("annotations") or {}):
         if not _valid_qualified_name(str(key)):
             causes.append(("metadata.annotations", f"Invalid value: {key!r}"))
@@ -654,7 +654,7 @@ def validate(resource: str, obj: dict) -> None:
         for key, value in (obj.get("data") or {}).items():
             try:
                 base64.b64decode(value, validate=True)
-            except Exception:
+            except (ValueError, TypeError):
                 causes.append((f"data[{key}]", "Invalid value: illegal base64 data"))
     if causes:
         raise _invalid(resource, name, causes)
@@ -782,7 +782,7 @@ class FakeKubelet:
         if phase == "Pending":
             delay = float((meta.get("annotations") or {}).get("fake.dlts.io/start-delay-s", 0))
             created = dt.datetime.strptime(meta["creationTimestamp"], "%Y-%m-%dT%H:%M:%SZ").replace(
-                tzinfo=dt.timezone.utc).timestamp()
+                tzinfo=dt.UTC).timestamp()
             if now < created + delay:
                 return
             script = parse_script(_container_script(spec["containers"][0]))
@@ -831,7 +831,7 @@ class FakeKubelet:
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
-    server: "_HttpServer"
+    server: _HttpServer
 
     def setup(self) -> None:
         super().setup()
@@ -839,7 +839,7 @@ class _Handler(BaseHTTPRequestHandler):
         # ACK add ~40 ms to every response.
         self.request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - keep test output quiet
+    def log_message(self, format: str, *args: Any) -> None:
         pass
 
     def _send(self, code: int, body: dict | bytes) -> None:
@@ -934,7 +934,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(exc.code, exc.status())
         except (BrokenPipeError, ConnectionResetError):
             pass
-        except Exception as exc:  # a bug in the fake must surface as a 500 with the message, not a hang
+        except Exception as exc:  # noqa: BLE001 - a bug in the fake must surface as a 500, not a hang
             self._send(500, ApiError(500, "InternalError", f"fake apiserver bug: {exc!r}").status())
 
     def do_GET(self) -> None:
@@ -956,7 +956,7 @@ class _Handler(BaseHTTPRequestHandler):
 class _HttpServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
-    api: "FakeKubeApiServer"
+    api: FakeKubeApiServer
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         import sys
@@ -988,7 +988,7 @@ class FakeKubeApiServer:
         host, port = self._http.server_address[:2]
         return f"http://{host}:{port}"
 
-    def start(self) -> "FakeKubeApiServer":
+    def start(self) -> Self:
         self._thread = threading.Thread(target=self._http.serve_forever, args=(0.02,), name="fake-kube-apiserver", daemon=True)
         self._thread.start()
         return self
@@ -997,7 +997,7 @@ class FakeKubeApiServer:
         self._http.shutdown()
         self._http.server_close()
 
-    def __enter__(self) -> "FakeKubeApiServer":
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

@@ -12,10 +12,10 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # tests.fakes is imported as a package from the repository root
     sys.path.insert(0, str(ROOT))
 
-from dlts.backends.base import LaunchSpec  # noqa: E402
-from dlts.backends.kubernetes import KubernetesBackend, KubernetesSettings  # noqa: E402
-from dlts.scheduler.model import Placement  # noqa: E402
-from tests.fakes.kube_apiserver import FakeClock, FakeKubeApiServer  # noqa: E402
+from dlts.backends.base import LaunchSpec
+from dlts.backends.kubernetes import KubernetesBackend, KubernetesSettings
+from dlts.scheduler.model import Placement
+from tests.fakes.kube_apiserver import FakeClock, FakeKubeApiServer
 
 GIB = 1024**3
 NODES = ("n1", "n2", "n3", "n4")
@@ -62,7 +62,8 @@ def placement(node: str, gpus: int = 1, cpu: float = 8.0, memory_bytes: int = 64
 
 def make_spec(job_id: int = 1, attempt: int = 1, *, command: str = "sleep 10", nodes: tuple[str, ...] = ("n1",),
               gpus: int = 1, type: str = "batch", **kw) -> LaunchSpec:
-    values = dict(job_id=job_id, attempt=attempt, user="alice", vc="vision", type=type, image="pytorch/pytorch:2.3",
-                  command=command, placements=tuple(placement(n, gpus) for n in nodes))
+    values = {"job_id": job_id, "attempt": attempt, "user": "alice", "vc": "vision", "type": type,
+              "image": "pytorch/pytorch:2.3", "command": command,
+              "placements": tuple(placement(n, gpus) for n in nodes)}
     values.update(kw)
     return LaunchSpec(**values)

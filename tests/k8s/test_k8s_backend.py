@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from conftest import GIB, make_spec
 
 from dlts.backends.base import RunPhase
-from dlts.backends.kubernetes import CordonResult, KubernetesUnavailable, NodeNotFound
 from dlts.backends.k8s_render import LaunchRefused
-
-from conftest import GIB, make_spec
+from dlts.backends.kubernetes import CordonResult, KubernetesUnavailable, NodeNotFound
 
 
 def env_of(pod: dict) -> dict[str, str]:

@@ -11,15 +11,22 @@ from pathlib import Path
 import pytest
 import yaml
 from click.testing import CliRunner
-from hypothesis import HealthCheck, given, settings, strategies as st
+from conftest import GIB, make_spec
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from dlts.backends.base import RegistryCredential
 from dlts.backends.k8s_render import (
-    DEFAULT_TEMPLATES_DIR, LaunchRefused, ManifestRenderer, NfsVolume, PrivilegedFeature, RenderSettings,
-    TemplateError, label_value, render_yaml,
+    DEFAULT_TEMPLATES_DIR,
+    LaunchRefused,
+    ManifestRenderer,
+    NfsVolume,
+    PrivilegedFeature,
+    RenderSettings,
+    TemplateError,
+    label_value,
+    render_yaml,
 )
-
-from conftest import GIB, make_spec, placement
 
 GOLDEN = Path(__file__).parent / "golden"
 LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")

@@ -17,9 +17,10 @@ import enum
 import hashlib
 import json
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 import jinja2
 import pydantic
@@ -281,7 +282,7 @@ def check_pod_policy(pod: Mapping[str, Any], allowed: frozenset[PrivilegedFeatur
             raise LaunchRefused(f"the pod would use {feature.value} ({where}), which its VC's policy does not allow")
 
 
-_MODELS = {"Pod": k8s.V1Pod, "Service": k8s.V1Service, "Secret": k8s.V1Secret}
+_MODELS: dict[str, type[pydantic.BaseModel]] = {"Pod": k8s.V1Pod, "Service": k8s.V1Service, "Secret": k8s.V1Secret}
 
 
 def to_model(doc: Mapping[str, Any], template: str) -> Any:

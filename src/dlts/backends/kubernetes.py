@@ -25,8 +25,9 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 import urllib3
 from kubernetes import client as k8s
@@ -145,7 +146,7 @@ class CordonResult(str, enum.Enum):
 def _ts(value: str | None) -> float | None:
     if not value:
         return None
-    return dt.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    return dt.datetime.fromisoformat(value).timestamp()  # Python 3.11 reads the trailing Z
 
 
 def _ready_condition(node: Mapping[str, Any]) -> Mapping[str, Any] | None:
@@ -277,7 +278,7 @@ class KubernetesBackend:
     def launch(self, spec: LaunchSpec) -> None:
         rendered = self.renderer.render(spec)
         ns = self.settings.namespace
-        creators = {"Secret": self.core.create_namespaced_secret, "Service": self.core.create_namespaced_service,
+        creators: dict[str, Callable[..., Any]] = {"Secret": self.core.create_namespaced_secret, "Service": self.core.create_namespaced_service,
                     "Pod": self.core.create_namespaced_pod}
         for doc in rendered.all():
             # 409 AlreadyExists: the deterministic name belongs to this attempt, created by an
@@ -291,7 +292,7 @@ class KubernetesBackend:
     def terminate(self, job_id: int, attempt: int, grace_s: float) -> None:
         self._call(self.core.delete_collection_namespaced_pod, self.settings.namespace,
                    label_selector=attempt_selector(job_id, attempt),
-                   grace_period_seconds=max(0, int(round(grace_s))), _preload_content=False)
+                   grace_period_seconds=max(0, round(grace_s)), _preload_content=False)
 
     def forget(self, job_id: int, attempt: int) -> None:
         # Grace 0: a finished pod goes at once; a pod stuck on a lost node is force-removed so
@@ -351,7 +352,7 @@ class KubernetesBackend:
     def _observe_attempt(self, key: tuple[int, int], pods: list[dict], lost_nodes: Mapping[str, str],
                          node_names: Iterable[str], now: float) -> Observed | None:
         job_id, attempt = key
-        pods.sort(key=lambda p: int(((p["metadata"].get("labels") or {}).get(LABEL_INDEX) or 0)))
+        pods.sort(key=lambda p: int((p["metadata"].get("labels") or {}).get(LABEL_INDEX) or 0))
         expected = max(len(pods), int((pods[0]["metadata"].get("annotations") or {}).get(ANNOTATION_WORLD_SIZE, 1)))
         phases = [(p.get("status") or {}).get("phase", "Pending") for p in pods]
         starts = [t for t in (_ts((p.get("status") or {}).get("startTime")) for p in pods) if t is not None]
@@ -462,7 +463,7 @@ class KubernetesBackend:
                 return CordonResult.CORDONED_BY_OTHERS
             patch = {"metadata": {"annotations": {
                 ANNOTATION_CORDONED_BY: CORDON_OWNER, ANNOTATION_CORDON_REASON: reason[:1024],
-                ANNOTATION_CORDONED_AT: dt.datetime.fromtimestamp(self.clock(), dt.timezone.utc).isoformat()}},
+                ANNOTATION_CORDONED_AT: dt.datetime.fromtimestamp(self.clock(), dt.UTC).isoformat()}},
                 "spec": {"unschedulable": True}}
             if self._patch_node(node, obj, patch):
                 return CordonResult.CORDONED
@@ -519,7 +520,7 @@ class KubernetesBackend:
 
 def _status_message(exc: ApiException) -> str:
     try:
-        return str(json.loads(exc.body)["message"])
+        return str(json.loads(exc.body or "")["message"])
     except (TypeError, ValueError, KeyError):
         return str(exc.reason or "")
 

@@ -13,7 +13,12 @@ from pathlib import Path
 import click
 
 from dlts.backends.base import LaunchSpec
-from dlts.backends.k8s_render import LaunchRefused, ManifestRenderer, TemplateError, render_yaml
+from dlts.backends.k8s_render import (
+    LaunchRefused,
+    ManifestRenderer,
+    TemplateError,
+    render_yaml,
+)
 from dlts.backends.kubernetes import KubernetesSettings, settings_from_config
 from dlts.scheduler.model import Placement
 
