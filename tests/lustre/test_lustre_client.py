@@ -111,3 +111,27 @@ def test_df_by_pool_and_health_and_missing_stats(fake_lustre):
     assert [t.index for t in df.osts()] == [4, 5] and df.pool == "p1"
     assert client.health().healthy
     assert client.stats("obdfilter.*.stats") == ()  # not an OSS: no such param, no error
+
+
+def test_per_pool_quota_and_grace(fake_lustre):
+    mount = str(fake_lustre.mount)
+    client = LustreClient()
+    client.pool_new("dltsfs", "flash")
+    client.pool_add("dltsfs", "flash", range(0, 2))  # indices or a range
+    client.set_quota(QuotaKind.USER, "alice", mount, QuotaLimits(GIB, 2 * GIB, 0, 0), pool="flash")
+    pooled = client.quota(QuotaKind.USER, "alice", mount, pool="flash")
+    assert pooled.pool == "flash" and pooled.total.block_hard_kib == 2 * GIB
+    assert client.quota(QuotaKind.USER, "alice", mount).total.block_hard_kib == 0  # filesystem-wide unchanged
+    client.set_grace_times(QuotaKind.USER, mount, 3600, 7200, pool="flash")
+    assert fake_lustre.calls()[-1] == ["lfs", "setquota", "-t", "-u", "--pool", "flash", "-b", "3600", "-i", "7200",
+                                       mount]
+    pooled_grace = client.grace_times(QuotaKind.USER, mount, pool="flash")
+    assert (pooled_grace.block_grace_s, pooled_grace.inode_grace_s) == (3600, 7200)
+    assert client.grace_times(QuotaKind.USER, mount).block_grace_s == 604800
+
+
+def test_verbose_target_rows_parse_at_both_formats(fake_lustre_any):
+    fake_lustre_any.update(lambda s: s["osts"][3].update(active=False))
+    report = LustreClient().quota(QuotaKind.USER, "bob", str(fake_lustre_any.mount), verbose=True)
+    assert [t.inactive for t in report.targets].count(True) == 1
+    assert report.targets[0].uuid == "dltsfs-MDT0000_UUID"

@@ -154,7 +154,8 @@ def lfs_quota(state: dict, args: list[str]) -> str:
         i += 1
     if rest and rest[0] == "-t":
         kind = rest[1][1]
-        g = state.get("grace", {}).get(kind, {"b": 604800, "i": 604800})
+        table = state.get("pool_grace", {}).get(pool, {}) if pool else state.get("grace", {})
+        g = table.get(kind, {"b": 604800, "i": 604800})
         return f"Block grace time: {fmt_grace(g['b'])}; Inode grace time: {fmt_grace(g['i'])}\n"
     if rest and rest[0] in ("-U", "-G", "-P"):
         if version_tuple(state) < (2, 12, 0):
@@ -213,17 +214,22 @@ def lfs_quota(state: dict, args: list[str]) -> str:
         lines.append(f"{mount:>15} {row}")
     if verbose:
         fs = state["fsname"]
+
+        def target_row(uuid: str, cells: list) -> list[str]:
+            numbers = " ".join(f"{c:>7}" for c in cells)
+            # Before 2.16.52 a name longer than 15 characters goes on its own line.
+            return [f"{uuid} {numbers}"] if new else [uuid, f"{'':15} {numbers}"]
+
         for mdt in state["mdts"]:
-            uuid = f"{fs}-MDT{mdt['index']:04x}_UUID"
             inodes = rec["used_inodes"] if mdt["index"] == 0 else 0
-            lines += [uuid, f"{'':15} {'0':>7} {'-':>7} {'0':>7} {'-':>7} {inodes:>7} {'-':>7} {'0':>7} {'-':>7}"]
+            lines += target_row(f"{fs}-MDT{mdt['index']:04x}_UUID", [0, "-", 0, "-", inodes, "-", 0, "-"])
         for ost in state["osts"]:
             uuid = f"{fs}-OST{ost['index']:04x}_UUID"
             if not ost.get("active", True):
                 lines.append(uuid + "[inact]")
                 continue
             share = rec["used_kib"] // max(1, len(state["osts"]))
-            lines += [uuid, f"{'':15} {share:>7} {'-':>7} {'0':>7} {'-':>7} {'-':>7} {'-':>7} {'-':>7} {'-':>7}"]
+            lines += target_row(uuid, [share, "-", 0, "-", "-", "-", "-", "-"])
         lines.append("Total allocated inode limit: 0, total allocated block limit: 0")
     if uses_default:
         if lim["bs"] or lim["bh"]:
@@ -261,8 +267,13 @@ def check_soft_hard(limits: dict) -> None:
 def lfs_setquota(state: dict, args: list[str]) -> str:
     if args and args[0] == "-t":
         kind = args[1][1]
-        limits, _ = parse_limit_opts(args[2:])
-        g = state.setdefault("grace", {}).setdefault(kind, {"b": 604800, "i": 604800})
+        rest_t = args[2:]
+        grace_table = state.setdefault("grace", {})
+        if rest_t[:1] == ["--pool"]:
+            grace_table = state.setdefault("pool_grace", {}).setdefault(rest_t[1], {})
+            rest_t = rest_t[2:]
+        limits, _ = parse_limit_opts(rest_t)
+        g = grace_table.setdefault(kind, {"b": 604800, "i": 604800})
         if "bs" in limits:
             g["b"] = grace_s(limits["bs"])
         if "is" in limits:
