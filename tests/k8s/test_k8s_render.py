@@ -250,3 +250,18 @@ def test_dlts_render_rejects_a_file_that_is_not_json(tmp_path):
     job.write_text("{nope")
     result = _cli(["--job", str(job), "--user", "a", "--nodes", "n1"], tmp_path)
     assert result.exit_code == 1 and "not valid JSON" in result.output
+
+
+def test_the_vc_policy_and_storage_from_the_database_apply():
+    spec = make_spec(11, host_network=True, vc_pod_policy={"host_network": True, "privileged": False},
+                     nfs_volumes=({"server": "10.0.0.5", "path": "/vision", "mount_path": "/data", "read_only": True},))
+    [pod] = ManifestRenderer(RenderSettings()).render(spec).pods
+    assert pod["spec"]["hostNetwork"] is True
+    assert {"name": "nfs-0-vc0", "nfs": {"server": "10.0.0.5", "path": "/vision", "readOnly": True}} in pod["spec"]["volumes"]
+    assert {"name": "nfs-0-vc0", "mountPath": "/data", "readOnly": True} in pod["spec"]["containers"][0]["volumeMounts"]
+    with pytest.raises(LaunchRefused, match="privileged"):
+        ManifestRenderer(RenderSettings()).render(make_spec(11, privileged=True, vc_pod_policy={"privileged": False}))
+    with pytest.raises(TemplateError, match="host_netwrk"):
+        ManifestRenderer(RenderSettings()).render(make_spec(11, vc_pod_policy={"host_netwrk": True}))
+    with pytest.raises(TemplateError, match="mount_path"):
+        ManifestRenderer(RenderSettings()).render(make_spec(11, nfs_volumes=({"server": "s", "path": "/p"},)))

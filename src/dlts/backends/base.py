@@ -52,6 +52,10 @@ class LaunchSpec:
     host_network: bool = False
     host_ipc: bool = False
     host_paths: tuple[str, ...] = ()  # host directories mounted at the same path in the container
+    # The VC's admin-set policy and storage (``VirtualCluster.pod_policy`` / ``storage["nfs"]``), added
+    # to what the backend's own configuration allows and mounts for the VC.
+    vc_pod_policy: Mapping[str, bool] = field(default_factory=dict)  # {"host_network": True, ...}
+    nfs_volumes: tuple[Mapping[str, object], ...] = ()  # {"server", "path", "mount_path", "read_only"?, "name"?}
 
 
 @dataclass(frozen=True)

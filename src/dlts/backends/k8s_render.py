@@ -115,7 +115,8 @@ class LaunchRefused(ValueError):
 
 
 class TemplateError(RuntimeError):
-    """An operator template does not render into a valid object; fix the template."""
+    """Operator configuration is wrong: a template that does not render into a valid object, or a
+    VC's pod policy / storage entry DLTS cannot read. Fix the configuration, not the job."""
 
 
 @dataclass(frozen=True)
@@ -214,9 +215,31 @@ def _environment(templates_dir: str | None) -> jinja2.Environment:
 # -- validation of inputs -----------------------------------------------------------------------
 
 
-def _policy(settings: RenderSettings, vc: str) -> frozenset[PrivilegedFeature]:
-    return frozenset(settings.privileged_policy.get(vc, frozenset())) | frozenset(
+def _policy(settings: RenderSettings, spec: LaunchSpec) -> frozenset[PrivilegedFeature]:
+    allowed = set(settings.privileged_policy.get(spec.vc, frozenset())) | set(
         settings.privileged_policy.get("*", frozenset()))
+    known = {f.value: f for f in PrivilegedFeature}
+    for key, value in spec.vc_pod_policy.items():
+        if key not in known:
+            raise TemplateError(f"VC {spec.vc}'s pod policy names {key!r}; known features: {', '.join(sorted(known))}")
+        if value is True:
+            allowed.add(known[key])
+    return frozenset(allowed)
+
+
+def _spec_volumes(spec: LaunchSpec) -> tuple[NfsVolume, ...]:
+    out = []
+    for i, entry in enumerate(spec.nfs_volumes):
+        try:
+            server, path, mount = (str(entry[k]) for k in ("server", "path", "mount_path"))
+        except KeyError as exc:
+            raise TemplateError(f"VC {spec.vc}'s storage nfs entry {i} lacks {exc.args[0]!r}; "
+                                "each needs server, path and mount_path") from None
+        if not mount.startswith("/") or not path.startswith("/"):
+            raise TemplateError(f"VC {spec.vc}'s storage nfs entry {i}: path and mount_path must be absolute")
+        out.append(NfsVolume(str(entry.get("name") or f"vc{i}"), server, path, mount,
+                             bool(entry.get("read_only", False))))
+    return tuple(out)
 
 
 def _check_spec(spec: LaunchSpec, allowed: frozenset[PrivilegedFeature]) -> None:
@@ -337,7 +360,7 @@ class ManifestRenderer:
 
     def render(self, spec: LaunchSpec) -> RenderedAttempt:
         s = self.settings
-        allowed = _policy(s, spec.vc)
+        allowed = _policy(s, spec)
         _check_spec(spec, allowed)
         base = attempt_name(spec.job_id, spec.attempt)
         distributed = spec.type == "distributed"
@@ -400,8 +423,10 @@ class ManifestRenderer:
         if spec.ssh_public_keys:
             volumes.append({"name": "dlts-ssh", "secret": {"secretName": names["ssh_secret"], "defaultMode": 0o444}})
             mounts.append({"name": "dlts-ssh", "mountPath": SSH_DIR, "readOnly": True})
-        for i, nfs in enumerate(_volumes_for(s, spec.vc)):
-            vname = f"nfs-{i}-{label_value(nfs.name).lower()}"[:63].strip("-._")
+        for i, nfs in enumerate(_volumes_for(s, spec.vc) + _spec_volumes(spec)):
+            # Volume names are DNS labels; the configured name may not be one.
+            vname = f"nfs-{i}-" + re.sub(r"[^a-z0-9-]+", "-", nfs.name.lower()).strip("-")[:40]
+            vname = vname.rstrip("-")
             volumes.append({"name": vname, "nfs": {"server": nfs.server, "path": nfs.path, "readOnly": nfs.read_only}})
             mounts.append({"name": vname, "mountPath": nfs.mount_path, "readOnly": nfs.read_only})
         log_path = ""
