@@ -247,8 +247,8 @@ def create_vc(session: Session, principal: Principal, spec: VcSpec) -> VcView:
 
 def delete_vc(session: Session, principal: Principal, name: str) -> None:
     """Refused while the VC has jobs that have not ended; ended jobs (and their history) go with it."""
+    vc = _load(session, principal, name)  # 404 first: non-members do not learn that it exists
     policy.require_cluster_admin(principal, "delete a VC")
-    vc = _load(session, principal, name)
     open_jobs = session.scalar(sa.select(sa.func.count(Job.id)).where(Job.vc_id == vc.id, Job.status.not_in(list(TERMINAL))))
     if open_jobs:
         raise WrongState(f"VC {name} still has {open_jobs} jobs that have not ended; kill them or wait, then delete the VC.",
