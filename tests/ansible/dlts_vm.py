@@ -11,7 +11,7 @@ forward:
 * ``DebianVM`` boots that image read-only behind a qcow2 overlay (each test gets a fresh disk),
   waits for SSH, and kills qemu on exit.
 
-Run ``python tests/ansible/vm.py build`` to warm the cache by hand.
+Run ``python tests/ansible/dlts_vm.py build`` to warm the cache by hand.
 """
 
 from __future__ import annotations
@@ -314,5 +314,5 @@ class DebianVM:
 
 if __name__ == "__main__":
     if sys.argv[1:] != ["build"]:
-        sys.exit("usage: vm.py build")
+        sys.exit("usage: dlts_vm.py build")
     print(build_image().root)

@@ -1,0 +1,198 @@
+"""validate_inventory: each broken inventory fails fast with the message an operator needs.
+
+Every case copies the Vagrant lab inventory, breaks one thing, runs ansible/validate.yml and asserts
+the failure and its message. validate.yml only asserts on the controller, so no host is contacted.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Callable
+
+import pytest
+import yaml
+from ansible_helpers import EXAMPLE_SECRETS, INVENTORIES, run_playbook
+
+
+class Inventory:
+    """A writable copy of an inventory with small YAML editing helpers."""
+
+    def __init__(self, root: Path):
+        self.root = root
+
+    def load(self, relative: str) -> dict:
+        path = self.root / relative
+        return yaml.safe_load(path.read_text()) if path.exists() else {}
+
+    def save(self, relative: str, data: dict) -> None:
+        path = self.root / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(yaml.safe_dump(data, sort_keys=False))
+
+    def edit(self, relative: str, change: Callable[[dict], None]) -> None:
+        data = self.load(relative)
+        change(data)
+        self.save(relative, data)
+
+    def edit_groups(self, change: Callable[[dict], None]) -> None:
+        self.edit("hosts.yml", lambda data: change(data["all"]["children"]))
+
+    def set(self, relative: str, key: str, value) -> None:
+        self.edit(relative, lambda data: data.__setitem__(key, value))
+
+
+@pytest.fixture
+def lab(tmp_path) -> Inventory:
+    root = tmp_path / "inventory"
+    shutil.copytree(INVENTORIES["vagrant"], root)
+    return Inventory(root)
+
+
+def _validate(inventory: Inventory, tmp_path: Path, playbook: str = "validate.yml", extra_vars=None):
+    return run_playbook(playbook, inventory.root, extra_vars=extra_vars, tmp_path=tmp_path)
+
+
+def _pool_with_missing_ost(inv: Inventory) -> None:
+    inv.edit("group_vars/all/lustre.yml", lambda d: d["lustre_pools"].append({"name": "ghost", "osts": [1, 7]}))
+
+
+def _duplicate_ost_index(inv: Inventory) -> None:
+    inv.edit_groups(lambda g: g["lustre_oss"]["hosts"].update({"worker1": None}))
+    inv.set("host_vars/worker1.yml", "lustre_osts", [{"index": 1, "device": "/dev/vdb"}])
+    inv.edit("host_vars/worker1.yml", lambda d: d.update(dlts_node_sku="lab-cpu"))
+
+
+CASES = {
+    "no managers group": (
+        lambda inv: inv.edit_groups(lambda g: g.pop("dlts_managers")),
+        "The inventory has no hosts in group 'dlts_managers'",
+    ),
+    "two managers hosts": (
+        lambda inv: inv.edit_groups(lambda g: g["dlts_managers"]["hosts"].update({"worker1": None})),
+        "Group 'dlts_managers' must hold exactly one host (found 2: control, worker1)",
+    ),
+    "lustre enabled without object storage servers": (
+        lambda inv: inv.edit_groups(lambda g: g.pop("lustre_oss")),
+        "no hosts in group 'lustre_oss', which dlts_deploy_lustre: true needs",
+    ),
+    "feature toggle that is not a boolean": (
+        lambda inv: inv.set("group_vars/all/cluster.yml", "dlts_deploy_nfs", "sometimes"),
+        'dlts_deploy_nfs must be set to true or false in group_vars/all/cluster.yml (found "sometimes")',
+    ),
+    "database password missing from the vault": (
+        lambda inv: inv.edit("group_vars/all/vault.yml", lambda d: d.pop("vault_dlts_db_password")),
+        "dlts_db_password must be a secret string of at least 16 characters",
+    ),
+    "secret key too short": (
+        lambda inv: inv.set("group_vars/all/vault.yml", "vault_dlts_secret_key", "short"),
+        "of length 5",
+    ),
+    "listen port that is not an integer": (
+        lambda inv: inv.set("group_vars/all/dlts.yml", "dlts_listen_port", "5000x"),
+        'dlts_listen_port must be an integer between 1 and 65535 (found "5000x")',
+    ),
+    "unknown backend": (
+        lambda inv: inv.set("group_vars/all/dlts.yml", "dlts_backend", "slurm"),
+        "dlts_backend must be 'kubernetes' or 'local' (found \"slurm\")",
+    ),
+    "version written as a YAML number": (
+        lambda inv: inv.set("group_vars/all/dlts.yml", "dlts_version", 0.1),
+        "dlts_version must be a quoted version string",
+    ),
+    "even number of control-plane hosts": (
+        lambda inv: inv.edit_groups(lambda g: g["kube_control_plane"]["hosts"].update({"mds1": None})),
+        "Group 'kube_control_plane' has 2 hosts; etcd needs an odd number",
+    ),
+    "worker without a SKU label": (
+        lambda inv: inv.edit("host_vars/worker1.yml", lambda d: d.pop("dlts_node_sku")),
+        "Worker worker1 needs dlts_node_sku",
+    ),
+    "worker hard-assigned to an unknown virtual cluster": (
+        lambda inv: inv.set("host_vars/worker2.yml", "dlts_node_vc", "nope"),
+        'Worker worker2 is assigned to virtual cluster "nope", which dlts_vcs does not define (known: research, product)',
+    ),
+    "OST pool naming an OST index no OSS provides": (
+        _pool_with_missing_ost,
+        'OST pool "ghost" names OST indices [7] that no OSS provides (provided: [0, 1])',
+    ),
+    "OST index provided twice": (
+        _duplicate_ost_index,
+        "OST indices must be unique across the OSS hosts; found [0, 1, 1] (duplicated: [1])",
+    ),
+    "MDT indices without MDT 0": (
+        lambda inv: inv.set("host_vars/mds1.yml", "lustre_mdts", [{"index": 1, "device": "/dev/vdb"}]),
+        "MDT indices must be unique across the MDS hosts and include 0",
+    ),
+    "virtual cluster on an MDT that does not exist": (
+        lambda inv: inv.edit("group_vars/all/dlts.yml", lambda d: d["dlts_vcs"][1].update(lustre_mdt=5)),
+        "Virtual cluster product uses pool \"product\" and MDT 5",
+    ),
+    "file system name longer than Lustre allows": (
+        lambda inv: inv.set("group_vars/all/lustre.yml", "lustre_fsname", "muchtoolongname"),
+        'lustre_fsname must be 1 to 8 letters, digits or underscores (mkfs.lustre\'s limit), found "muchtoolongname"',
+    ),
+    "user quota with an unknown key": (
+        lambda inv: inv.edit("group_vars/all/lustre.yml", lambda d: d["lustre_user_quota"]["default"].update(blocks=5)),
+        "lustre_user_quota.default takes block_soft and block_hard",
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def broken_results(tmp_path_factory):
+    """Run every broken case once, in parallel (each is one ansible-playbook process)."""
+
+    def run(case: str):
+        tmp = tmp_path_factory.mktemp(case.replace(" ", "-"))
+        inventory = Inventory(tmp / "inventory")
+        shutil.copytree(INVENTORIES["vagrant"], inventory.root)
+        CASES[case][0](inventory)
+        return case, _validate(inventory, tmp)
+
+    with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:
+        return dict(pool.map(run, CASES))
+
+
+@pytest.mark.parametrize("case", list(CASES), ids=[c.replace(" ", "-") for c in CASES])
+def test_broken_inventory_fails_with_a_clear_message(case, broken_results):
+    result = broken_results[case]
+    output = " ".join((result.stdout + result.stderr).split())
+    assert result.returncode != 0, output[-3000:]
+    assert CASES[case][1] in output, output[-3000:]
+
+
+def test_lab_inventory_passes(lab, tmp_path):
+    result = _validate(lab, tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:]
+
+
+def test_switching_lustre_off_drops_its_groups_from_the_requirements(lab, tmp_path):
+    lab.edit_groups(lambda g: [g.pop(name) for name in ("lustre_mgs", "lustre_mds", "lustre_oss")])
+    lab.set("group_vars/all/cluster.yml", "dlts_deploy_lustre", False)
+    result = _validate(lab, tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:]
+
+
+def test_example_inventory_refuses_its_placeholder_secrets(tmp_path):
+    result = run_playbook("validate.yml", INVENTORIES["example"], tmp_path=tmp_path)
+    output = " ".join(result.stdout.split())
+    assert result.returncode != 0
+    assert "dlts_db_password must be a secret string of at least 16 characters (it still holds the example value" in output
+
+
+def test_example_inventory_passes_once_the_vault_is_filled(tmp_path):
+    result = run_playbook("validate.yml", INVENTORIES["example"], extra_vars=EXAMPLE_SECRETS, tmp_path=tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:]
+
+
+def test_site_playbook_touches_no_host_when_the_inventory_is_broken(lab, tmp_path):
+    lab.edit_groups(lambda g: g.pop("mariadb"))
+    result = _validate(lab, tmp_path, playbook="site.yml")
+    assert result.returncode != 0
+    assert "The inventory has no hosts in group 'mariadb'" in " ".join(result.stdout.split())
+    # The lab's addresses are unreachable from here: any attempt to touch a host would show up.
+    assert "PLAY [Prepare every host]" not in result.stdout
+    assert "UNREACHABLE" not in result.stdout
