@@ -21,7 +21,13 @@ from dataclasses import asdict, dataclass
 from typing import Any, Callable, Mapping, Protocol
 
 from dlts_agent.config import ActionsConfig
-from dlts_agent.model import AgentSnapshot, CollectorStatus, GpuReadout, GpuSample, JobsSample
+from dlts_agent.model import (
+    AgentSnapshot,
+    CollectorStatus,
+    GpuReadout,
+    GpuSample,
+    JobsSample,
+)
 from dlts_agent.state import AgentState
 
 log = logging.getLogger("dlts_agent.actions")

@@ -29,7 +29,7 @@ from dlts_agent.collectors.xid import XidCollector
 from dlts_agent.config import AgentConfig, read_node_token
 from dlts_agent.detectors import detect
 from dlts_agent.kernel_log import read_boot_id
-from dlts_agent.metrics import make_registry, write_textfile
+from dlts_agent.metrics import make_registry, render_bytes, serve_metrics, write_textfile
 from dlts_agent.model import AgentSnapshot, Collection, CollectorResult, CollectorStatus
 from dlts_agent.nvml import Nvml
 from dlts_agent.reporter import Reporter
@@ -88,6 +88,7 @@ class Agent:
         self._errors_total: dict[str, int] = {}
         self._last_success: dict[str, float] = {}
         self.registry = make_registry(self.latest)
+        self._rendered: tuple[Any, bytes] | None = None  # (cache key, exposition text)
         self.executor = ActionExecutor(
             cfg.actions, self.state, self.latest, proc_root=paths.proc, clock=clock, boot_id=self.boot_id
         )
@@ -118,6 +119,22 @@ class Agent:
                 self.reporter.status(),
             )
         return snap
+
+    def render(self) -> bytes:
+        """The exposition text of the latest snapshot, rendered once per collection (and per change
+        of the reporter's status), however many scrapers ask."""
+        snap = self.latest()
+        if snap is None:
+            return b""
+        key = (snap.collection.time_s, snap.report)
+        with self._lock:
+            cached = self._rendered
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        body = render_bytes(snap)
+        with self._lock:
+            self._rendered = (key, body)
+        return body
 
     def collect_once(self) -> AgentSnapshot:
         now = self.clock()
@@ -151,7 +168,7 @@ class Agent:
             )
         if self.cfg.exporter.textfile_path:
             try:
-                write_textfile(self.cfg.exporter.textfile_path, self.registry)
+                write_textfile(self.cfg.exporter.textfile_path, self.render())
             except OSError as e:
                 log.error("cannot write %s: %s", self.cfg.exporter.textfile_path, e)
         return snap
@@ -196,9 +213,7 @@ class Agent:
         self.collect_once()  # the first scrape must see data, and READY means "measuring"
         threads: list[threading.Thread] = []
         if self.cfg.exporter.enabled:
-            from prometheus_client.exposition import start_http_server
-
-            server, _t = start_http_server(self.cfg.exporter.port, self.cfg.exporter.listen_address, self.registry)
+            server = serve_metrics(self.cfg.exporter.listen_address, self.cfg.exporter.port, self.render)
             self.exporter_port = server.server_port
             log.info("exporter listening on %s:%d", self.cfg.exporter.listen_address, server.server_port)
         else:

@@ -7,7 +7,6 @@ Every key and its default is documented in docs/agent.md and agents/dlts-agent.y
 from __future__ import annotations
 
 import dataclasses
-import ipaddress
 import os
 import socket
 import types
@@ -257,6 +256,8 @@ def _validate_api_url(report: ReportConfig) -> None:
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ConfigError(f"report.api_url: expected https://HOST[:PORT], got {url!r}")
     if parts.scheme == "http" and not report.allow_insecure_http:
+        import ipaddress
+
         host = parts.hostname
         try:
             loopback = ipaddress.ip_address(host).is_loopback

@@ -10,10 +10,15 @@ textfile collector rejects them). GPU series carry ``gpu, uuid, bus_id`` and the
 from __future__ import annotations
 
 import json
-from typing import Any, Callable, Iterator
+import os
+import threading
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import CollectorRegistry
+
+if TYPE_CHECKING:
+    from http.server import ThreadingHTTPServer
 
 from dlts_agent.model import (
     AgentSnapshot,
@@ -116,16 +121,16 @@ def _agent_families(snap: AgentSnapshot) -> Iterator[Metric]:
         findings.add_metric([code, sev], n)
     yield findings
     if snap.report is not None:
-        r = snap.report
+        rep = snap.report
         rep_ok = GaugeMetricFamily(
             "dlts_node_report_last_success_timestamp_seconds",
             "Wall-clock time of the last report the API accepted (0 = never).",
         )
-        rep_ok.add_metric([], r.last_success_s or 0)
+        rep_ok.add_metric([], rep.last_success_s or 0)
         rep_fail = CounterMetricFamily("dlts_node_report_failures", "Reports that failed, since the agent started.")
-        rep_fail.add_metric([], r.failures_total)
+        rep_fail.add_metric([], rep.failures_total)
         orders = CounterMetricFamily("dlts_node_orders_executed", "Repair orders executed, since the agent started.")
-        orders.add_metric([], r.orders_executed_total)
+        orders.add_metric([], rep.orders_executed_total)
         yield from (rep_ok, rep_fail, orders)
 
 
@@ -138,9 +143,9 @@ def _host_families(h: HostSample) -> Iterator[Metric]:
     yield _g("dlts_node_memory_total_bytes", "Physical memory.", h.memory_total_bytes)
     yield _g("dlts_node_memory_available_bytes", "Memory available without swapping.", h.memory_available_bytes)
     load = GaugeMetricFamily("dlts_node_load_average", "Load average.", labels=["period"])
-    for period, v in (("1m", h.load1), ("5m", h.load5), ("15m", h.load15)):
-        if v is not None:
-            load.add_metric([period], v)
+    for period, avg in (("1m", h.load1), ("5m", h.load5), ("15m", h.load15)):
+        if avg is not None:
+            load.add_metric([period], avg)
     yield load
     size = GaugeMetricFamily("dlts_node_filesystem_size_bytes", "Filesystem size.", labels=["mount"])
     free = GaugeMetricFamily("dlts_node_filesystem_free_bytes", "Filesystem space free.", labels=["mount"])
@@ -358,17 +363,71 @@ def make_registry(get: Callable[[], AgentSnapshot | None]) -> CollectorRegistry:
 
 
 def render_prom(snap: AgentSnapshot) -> str:
+    return render_bytes(snap).decode()
+
+
+def render_bytes(snap: AgentSnapshot) -> bytes:
     from prometheus_client.exposition import generate_latest
 
-    return generate_latest(make_registry(lambda: snap)).decode()
+    return generate_latest(make_registry(lambda: snap))
 
 
-def write_textfile(path: str, registry: CollectorRegistry) -> None:
-    """Atomic: prometheus_client writes PATH.<pid>.<thread> (not *.prom, so never read half-written)
-    and renames it over PATH."""
-    from prometheus_client.exposition import write_to_textfile
+def write_textfile(path: str, body: bytes) -> None:
+    """Atomic for node_exporter's textfile collector: write ``.PATH.tmp`` (not ``*.prom``, so never
+    read half-written) in the same directory, then rename it over PATH."""
+    directory, name = os.path.split(path)
+    tmp = os.path.join(directory, f".{name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(body)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
 
-    write_to_textfile(path, registry)
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def serve_metrics(address: str, port: int, render: Callable[[], bytes]) -> "ThreadingHTTPServer":
+    """A read-only HTTP endpoint: GET/HEAD ``/metrics`` (and ``/``). Any other method gets 501 from
+    the standard library handler; nothing on this port can change the node. A thread per request,
+    so a slow client cannot hold up Prometheus; each is cut off after ``timeout`` seconds.
+    """
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Handler(BaseHTTPRequestHandler):
+        server_version = "dlts-agent"
+        timeout = 10
+
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+            pass
+
+        def _reply(self, with_body: bool) -> None:
+            if self.path.split("?", 1)[0] not in ("/metrics", "/"):
+                self.send_error(404, "only /metrics is served here")
+                return
+            body = render()
+            self.send_response(200)
+            self.send_header("Content-Type", CONTENT_TYPE)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            if with_body:
+                self.wfile.write(body)
+
+        def do_GET(self) -> None:
+            self._reply(True)
+
+        def do_HEAD(self) -> None:
+            self._reply(False)
+
+    server = ThreadingHTTPServer((address, port), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, name="exporter", daemon=True).start()
+    return server
 
 
 # ---------------------------------------------------------------------------------------------

@@ -34,6 +34,7 @@ class AgentState:
         self.gpu_reset_at: dict[str, float] = {}  # bus id -> wall time of the last successful reset
         self.orders: dict[str, dict[str, Any]] = {}  # order id -> result (see actions.OrderResult)
         self.load_error: str | None = None
+        self._saved: bytes | None = None  # what the file holds: skip identical rewrites (and fsyncs)
 
     @classmethod
     def load(cls, path: str | None) -> "AgentState":
@@ -83,6 +84,8 @@ class AgentState:
         if self.path is None:
             return
         data = json.dumps(self.to_json(), sort_keys=True).encode()
+        if data == self._saved:
+            return
         directory = os.path.dirname(self.path) or "."
         os.makedirs(directory, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".state.", dir=directory)
@@ -92,6 +95,7 @@ class AgentState:
                 f.flush()
                 os.fsync(f.fileno())  # the cursor must not point past counts that were lost
             os.replace(tmp, self.path)
+            self._saved = data
         except BaseException:
             try:
                 os.unlink(tmp)

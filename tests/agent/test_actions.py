@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 from conftest import FakeNode, agent_config, logged_commands
-
 from dlts_agent.actions import OrderStatus
 from dlts_agent.agent import Agent
 from dlts_agent.fake_nvml import fallen_off_bus, healthy_8xa100

@@ -8,7 +8,6 @@ import time
 
 import pytest
 from conftest import FakeNode, agent_config
-
 from dlts_agent.agent import Agent
 from dlts_agent.collectors.base import run_collector
 from dlts_agent.collectors.host import HostCollector

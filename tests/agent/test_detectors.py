@@ -5,23 +5,36 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-
 from dlts_agent.config import Thresholds
-from dlts_agent.detectors import XID_RULES, detect, detect_disk, detect_gpu, detect_ib, detect_nfs, detect_xid
+from dlts_agent.detectors import (
+    XID_RULES,
+    detect,
+    detect_disk,
+    detect_gpu,
+    detect_ib,
+    detect_nfs,
+    detect_xid,
+)
 from dlts_agent.model import (
     Collection,
     CollectorResult,
     CollectorStatus,
     FilesystemSample,
-    FindingCode as C,
     GpuReadout,
     GpuSample,
     HostSample,
     IbPortSample,
     NfsMountSample,
-    RecommendedAction as A,
-    Severity as S,
     XidEvent,
+)
+from dlts_agent.model import (
+    FindingCode as C,
+)
+from dlts_agent.model import (
+    RecommendedAction as A,
+)
+from dlts_agent.model import (
+    Severity as S,
 )
 
 T = Thresholds()

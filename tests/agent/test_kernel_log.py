@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 from conftest import BTIME, FAKEBIN, FIXTURES, FakeNode, agent_config
-
 from dlts_agent.agent import Agent
 from dlts_agent.collectors.xid import XidCollector
 from dlts_agent.fake_nvml import healthy_8xa100
