@@ -1,0 +1,158 @@
+"""POST /nodes/{name}/report: node tokens, heartbeat, health, findings history, orders and results;
+cordon/uncordon/repair; and end to end, the real agent reporter (dlts_agent) over HTTP."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import sqlalchemy as sa
+from click.testing import CliRunner
+
+from dlts.models import Node, NodeFinding, NodeOrder, NodeState
+from dlts.services import nodes as node_service
+from .helpers import assert_envelope
+
+
+@pytest.fixture
+def node_token(sessions) -> str:
+    with sessions() as s:
+        return node_service.issue_node_token(s, "testnode")
+
+
+def report(findings=(), order_results=(), node="testnode"):
+    return {"schema_version": 1, "node": node, "agent_version": "1.0", "heartbeat_at": "2026-11-29T20:00:00.000Z",
+            "collected_at": "2026-11-29T20:00:00.000Z", "boot_id": "b1",
+            "collectors": {"gpu": {"status": "ok", "errors": []}}, "findings": list(findings),
+            "metrics": {"gpu_count": 4, "load1": 0.5}, "order_results": list(order_results)}
+
+
+ECC = {"code": "gpu_ecc_uncorrected", "severity": "critical", "device": "gpu3", "gpu_uuid": "GPU-3", "bus_id": "0000:3b:00.0",
+       "recommended_action": "reset_gpu", "message": "2 uncorrected ECC errors", "evidence": {"count": 2}}
+
+
+def test_tokens_missing_wrong_or_of_another_node_are_refused(client, world, sessions, node_token):
+    assert_envelope(client.post("/api/v1/nodes/testnode/report", json=report()), 401)
+    assert_envelope(client.post("/api/v1/nodes/testnode/report", json=report(), headers={"Authorization": "Bearer dltsn_wrong"}),
+                    403, "wrong_node_token")
+    with sessions() as s:
+        s.add(Node(name="other", sku="demo-gpu", gpus=4, cpu=8, memory_bytes=2**30, ib_domain="x", labels={}, metrics={}))
+        s.commit()
+        other = node_service.issue_node_token(s, "other")
+    assert_envelope(client.post("/api/v1/nodes/testnode/report", json=report(), headers={"Authorization": f"Bearer {other}"}), 403)
+    # a valid token with a body naming another node
+    assert_envelope(client.post("/api/v1/nodes/testnode/report", json=report(node="other"),
+                                headers={"Authorization": f"Bearer {node_token}"}), 400)
+    assert_envelope(client.post("/api/v1/nodes/nosuch/report", json=report(node="nosuch"),
+                                headers={"Authorization": f"Bearer {node_token}"}), 403)
+
+
+def test_a_new_token_replaces_the_old_one_and_the_cli_issues_it(client, world, sessions, settings, node_token, monkeypatch):
+    from dlts.cli import main
+
+    monkeypatch.setenv("DLTS_DATABASE_URL", settings.database_url)
+    result = CliRunner().invoke(main, ["node", "token", "testnode"])
+    assert result.exit_code == 0, result.output
+    fresh = result.output.strip()
+    assert fresh.startswith("dltsn_")
+    assert client.post("/api/v1/nodes/testnode/report", json=report(), headers={"Authorization": f"Bearer {fresh}"}).status_code == 200
+    assert_envelope(client.post("/api/v1/nodes/testnode/report", json=report(), headers={"Authorization": f"Bearer {node_token}"}), 403)
+    bad = CliRunner().invoke(main, ["node", "token", "nosuch"])
+    assert bad.exit_code != 0 and "No node named" in bad.output
+
+
+def test_findings_history_health_and_heartbeat(client, world, sessions, node_token):
+    auth = {"Authorization": f"Bearer {node_token}"}
+    assert client.post("/api/v1/nodes/testnode/report", json=report([ECC]), headers=auth).get_json() == {"orders": []}
+    node = client.get("/api/v1/nodes/testnode", headers=world.auth("admin")).get_json()
+    assert node["health"] == "critical" and node["last_heartbeat_at"] is not None
+    assert node["details"]["metrics"]["gpu_count"] == 4
+    finding = node["details"]["findings"][0]
+    assert (finding["code"], finding["device"], finding["cleared_at"]) == ("gpu_ecc_uncorrected", "gpu3", None)
+    assert finding["evidence"]["message"] == "2 uncorrected ECC errors"
+    client.post("/api/v1/nodes/testnode/report", json=report([ECC]), headers=auth)
+    with sessions() as s:
+        assert s.scalar(sa.select(sa.func.count(NodeFinding.id))) == 1  # the same finding again: one row, seen later
+    client.post("/api/v1/nodes/testnode/report", json=report([]), headers=auth)
+    node = client.get("/api/v1/nodes/testnode", headers=world.auth("admin")).get_json()
+    assert node["health"] == "ok" and node["details"]["findings"][0]["cleared_at"] is not None
+
+
+def test_repair_orders_are_sent_once_results_recorded_and_the_node_returns_to_service(client, world, sessions, node_token):
+    auth = {"Authorization": f"Bearer {node_token}"}
+    order = client.post("/api/v1/nodes/testnode/repair", json={"action": "reset_gpu", "target": "3", "reason": "ECC"},
+                        headers=world.auth("admin"))
+    assert order.status_code == 202, order.get_json()
+    order_id = order.get_json()["id"]
+    node = client.get("/api/v1/nodes/testnode", headers=world.auth("bob")).get_json()
+    assert (node["state"], node["schedulable"], node["repair_state"]) == ("in_repair", False, "ordered")
+    assert_envelope(client.post("/api/v1/nodes/testnode/repair", json={"action": "reboot"}, headers=world.auth("admin")),
+                    409, "repair_in_progress")
+    assert_envelope(client.post("/api/v1/nodes/testnode/repair", json={"action": "reset_gpu"}, headers=world.auth("admin")), 400)
+    orders = client.post("/api/v1/nodes/testnode/report", json=report(), headers=auth).get_json()["orders"]
+    assert orders == [{"id": order_id, "action": "reset_gpu", "target": "3", "dry_run": False, "reason": "ECC"}]
+    result = {"id": order_id, "action": "reset_gpu", "target": "3", "status": "succeeded", "message": "reset gpu 3",
+              "dry_run": False, "started_at": "2026-11-29T20:00:01.000Z", "finished_at": "2026-11-29T20:00:02.000Z"}
+    assert client.post("/api/v1/nodes/testnode/report", json=report(order_results=[result]), headers=auth).get_json() == {"orders": []}
+    # the agent re-sends a result until it sees a 2xx: recorded once
+    client.post("/api/v1/nodes/testnode/report", json=report(order_results=[result | {"status": "failed"}]), headers=auth)
+    with sessions() as s:
+        row = s.get(NodeOrder, int(order_id))
+        assert (row.status, row.result["agent"]["message"]) == ("done", "reset gpu 3")
+        node = s.scalar(sa.select(Node).where(Node.name == "testnode"))
+        assert (node.state, node.repair_state) == (NodeState.IN_SERVICE, "done")
+
+
+def test_cordon_and_uncordon_change_what_the_scheduler_may_use(client, world, sessions, settings):
+    from dlts.jobmanager.snapshot import load_snapshot
+
+    assert client.post("/api/v1/nodes/testnode/cordon", headers=world.auth("admin")).get_json()["state"] == "cordoned"
+    with sessions() as s:
+        assert [n.schedulable for n in load_snapshot(s, settings).nodes if n.name == "testnode"] == [False]
+    assert client.post("/api/v1/nodes/testnode/cordon", headers=world.auth("admin")).status_code == 200  # idempotent
+    assert client.post("/api/v1/nodes/testnode/uncordon", headers=world.auth("admin")).get_json()["schedulable"] is True
+    assert_envelope(client.post("/api/v1/nodes/nosuch/cordon", headers=world.auth("admin")), 404, "node_not_found")
+
+
+def test_the_real_agent_reporter_talks_to_the_real_api(live, world, sessions):
+    """dlts_agent's Reporter and ActionExecutor against the API served over HTTP: findings arrive, a
+    dry-run order travels to the agent, and its result comes back and is stored."""
+    from dlts_agent.actions import ActionExecutor
+    from dlts_agent.config import ActionsConfig, ReportConfig
+    from dlts_agent.model import (AgentSnapshot, Collection, Finding, FindingCode, RecommendedAction, Severity)
+    from dlts_agent.reporter import Reporter
+    from dlts_agent.state import AgentState
+
+    with sessions() as s:
+        token = node_service.issue_node_token(s, "testnode")
+    finding = Finding(FindingCode.GPU_ECC_UNCORRECTED, Severity.CRITICAL, "gpu1", RecommendedAction.RESET_GPU,
+                      "uncorrected ECC errors on GPU 1", {"count": 3}, gpu_uuid="GPU-1", bus_id="0000:1b:00.0")
+    snapshot = AgentSnapshot("testnode", "e2e", Collection(time.time(), {}), (finding,), {}, {})
+    ran: list = []
+    executor = ActionExecutor(ActionsConfig(), AgentState(None), lambda: snapshot,
+                              runner=lambda argv, timeout_s: ran.append(argv) or (0, ""))
+    cfg = ReportConfig(enabled=True, api_url=live.url, timeout_s=5)
+    reporter = Reporter(cfg, "testnode", token, lambda: snapshot, executor, boot_id="boot-1")
+    assert reporter.report_once() == []
+    with sessions() as s:
+        node = s.scalar(sa.select(Node).where(Node.name == "testnode"))
+        assert node.health == "critical" and node.last_heartbeat_at is not None and node.metrics["agent_version"] == "e2e"
+        assert [(f.code, f.device) for f in s.scalars(sa.select(NodeFinding))] == [("gpu_ecc_uncorrected", "gpu1")]
+    admin = {"Authorization": f"Bearer {world.tokens['admin']}"}
+    import requests
+
+    order = requests.post(f"{live.url}/api/v1/nodes/testnode/repair", json={"action": "drop_caches", "dry_run": True},
+                          headers=admin, timeout=5).json()
+    orders = reporter.report_once()
+    assert [o["id"] for o in orders] == [order["id"]]
+    results = [executor.execute(o) for o in orders]
+    assert results[0].status.value == "dry_run" and ran == []  # dry run: nothing executed
+    assert reporter.report_once() == []
+    with sessions() as s:
+        row = s.get(NodeOrder, int(order["id"]))
+        assert row.status == "done" and row.result["agent"]["status"] == "dry_run"
+    bad = Reporter(cfg, "testnode", "dltsn_wrong", lambda: snapshot, None)
+    from dlts_agent.reporter import ReportError
+
+    with pytest.raises(ReportError, match="HTTP 403"):
+        bad.report_once()
