@@ -152,12 +152,19 @@ def _limit(value: int | None, size: bool) -> str:
     return human_kib(value) if size else str(value)
 
 
-def _entry_row(name: str, e: QuotaEntry) -> list[str]:
+def _entry_row(name: str, e: QuotaEntry, *, target: bool = False) -> list[str]:
     used = _limit(e.block_used_kib, True) if e.block_used_kib else ("0" if e.block_used_kib == 0 else "-")
-    return [name, used + ("*" if e.block_over_limit else ""), _limit(e.block_soft_kib, True),
-            _limit(e.block_hard_kib, True), _grace_text(e.block_grace),
+
+    def limit(value: int | None, size: bool) -> str:
+        # On a target row the limit column is the share granted to that target: 0 means none granted.
+        if target and value == 0:
+            return "0"
+        return _limit(value, size)
+
+    return [name, used + ("*" if e.block_over_limit else ""), limit(e.block_soft_kib, True),
+            limit(e.block_hard_kib, True), _grace_text(e.block_grace),
             ("-" if e.inode_used is None else str(e.inode_used)) + ("*" if e.inode_over_limit else ""),
-            _limit(e.inode_soft, False), _limit(e.inode_hard, False), _grace_text(e.inode_grace)]
+            limit(e.inode_soft, False), limit(e.inode_hard, False), _grace_text(e.inode_grace)]
 
 
 def _table(rows: list[list[str]]) -> list[str]:
@@ -173,7 +180,8 @@ def quota_text(report: QuotaReport) -> list[str]:
     rows = [["target", "used", "soft", "hard", "grace", "files", "soft", "hard", "grace"],
             _entry_row(report.mount, report.total)]
     for t in report.targets:
-        rows.append([t.uuid, "inactive", "", "", "", "", "", "", ""] if t.entry is None else _entry_row(t.uuid, t.entry))
+        rows.append([t.uuid, "inactive", "", "", "", "", "", "", ""] if t.entry is None
+                    else _entry_row(t.uuid, t.entry, target=True))
     lines += _table(rows)
     if report.uses_default_block or report.uses_default_file:
         parts = [p for p, on in (("block", report.uses_default_block), ("file", report.uses_default_file)) if on]
