@@ -79,3 +79,14 @@ def as_user(app, portal_world):
         return portal
 
     return make
+
+
+@pytest.fixture
+def anon(app, portal_world):
+    """``anon()``: a test client that is not logged in."""
+    return lambda: PortalClient(app.test_client())
+
+
+@pytest.fixture
+def passwords() -> dict[str, str]:
+    return PASSWORDS

@@ -37,11 +37,9 @@ STATUS_STYLE = {
 
 
 def install(app: Flask) -> None:
-    app.config.setdefault("SESSION_COOKIE_HTTPONLY", True)
-    app.config.setdefault("SESSION_COOKIE_SAMESITE", "Lax")
-    app.config.setdefault("SESSION_COOKIE_NAME", "dlts_session")
-    app.config.setdefault("PERMANENT_SESSION_LIFETIME", dt.timedelta(hours=12))
-    app.config.setdefault("WTF_CSRF_TIME_LIMIT", 12 * 3600)
+    # Flask's defaults are SameSite unset and a 31-day session: the portal wants a working day
+    app.config.update(SESSION_COOKIE_HTTPONLY=True, SESSION_COOKIE_SAMESITE="Lax", SESSION_COOKIE_NAME="dlts_session",
+                      PERMANENT_SESSION_LIFETIME=dt.timedelta(hours=12), WTF_CSRF_TIME_LIMIT=12 * 3600)
     app.extensions["dlts_login_limiter"] = LoginLimiter()
     app.jinja_env.globals.update(csrf_token=generate_csrf, status_class=status_class)
     app.jinja_env.filters.update(when=fmt_when, ago=fmt_ago, duration=fmt_duration, size=fmt_bytes, gpus=fmt_gpus)
