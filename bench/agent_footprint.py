@@ -118,13 +118,21 @@ def main() -> int:
     agent_cmd = [str(Path(sys.executable).parent / "dlts-agent"), "--config", str(tmp / "agent.yaml")]
     if args.agent_nvml != "real":
         agent_cmd += ["--fake-nvml", args.agent_nvml]
-    ne_cmd = [args.node_exporter, f"--web.listen-address=127.0.0.1:{ne_port}", "--no-collector.systemd",
-              f"--collector.textfile.directory={textfile_dir}"]
+    ne_cmd = [
+        args.node_exporter,
+        f"--web.listen-address=127.0.0.1:{ne_port}",
+        "--no-collector.systemd",
+        f"--collector.textfile.directory={textfile_dir}",
+    ]
     log = open(tmp / "exporters.log", "wb")
-    procs = [subprocess.Popen(ne_cmd, stdout=log, stderr=subprocess.STDOUT),
-             subprocess.Popen(agent_cmd, stdout=log, stderr=subprocess.STDOUT)]
-    targets = [Target("node_exporter", procs[0], f"http://127.0.0.1:{ne_port}/metrics"),
-               Target("dlts-agent", procs[1], f"http://127.0.0.1:{agent_port}/metrics")]
+    procs = [
+        subprocess.Popen(ne_cmd, stdout=log, stderr=subprocess.STDOUT),
+        subprocess.Popen(agent_cmd, stdout=log, stderr=subprocess.STDOUT),
+    ]
+    targets = [
+        Target("node_exporter", procs[0], f"http://127.0.0.1:{ne_port}/metrics"),
+        Target("dlts-agent", procs[1], f"http://127.0.0.1:{agent_port}/metrics"),
+    ]
     try:
         for t in targets:
             wait_ready(t.url)
@@ -176,15 +184,25 @@ def main() -> int:
         "rss_max": a["rss_max_mib"] / ne["rss_max_mib"],
         "scrape_p99": a["scrape_p99_ms"] / ne["scrape_p99_ms"],
     }
-    out = {"duration_s": args.duration_s, "interval_s": args.interval_s, "agent_nvml": args.agent_nvml,
-           "cpu_count": os.cpu_count(), "results": results, "ratios_agent_over_node_exporter": ratios,
-           "goal_met": {"cpu": ratios["cpu_per_scrape"] <= 1.0, "rss": ratios["rss_max"] <= 1.5}}
-    print(f"{'':14} {'scrapes':>7} {'lines':>6} {'CPU ms/scrape':>13} {'RSS med MiB':>11} {'RSS max MiB':>11} "
-          f"{'scrape med ms':>13} {'scrape p99 ms':>13}")
+    out = {
+        "duration_s": args.duration_s,
+        "interval_s": args.interval_s,
+        "agent_nvml": args.agent_nvml,
+        "cpu_count": os.cpu_count(),
+        "results": results,
+        "ratios_agent_over_node_exporter": ratios,
+        "goal_met": {"cpu": ratios["cpu_per_scrape"] <= 1.0, "rss": ratios["rss_max"] <= 1.5},
+    }
+    print(
+        f"{'':14} {'scrapes':>7} {'lines':>6} {'CPU ms/scrape':>13} {'RSS med MiB':>11} {'RSS max MiB':>11} "
+        f"{'scrape med ms':>13} {'scrape p99 ms':>13}"
+    )
     for name, r in results.items():
-        print(f"{name:14} {r['scrapes']:7d} {r['lines_per_scrape']:6d} {r['cpu_s_per_scrape'] * 1e3:13.2f} "
-              f"{r['rss_median_mib']:11.1f} {r['rss_max_mib']:11.1f} {r['scrape_median_ms']:13.2f} "
-              f"{r['scrape_p99_ms']:13.2f}")
+        print(
+            f"{name:14} {r['scrapes']:7d} {r['lines_per_scrape']:6d} {r['cpu_s_per_scrape'] * 1e3:13.2f} "
+            f"{r['rss_median_mib']:11.1f} {r['rss_max_mib']:11.1f} {r['scrape_median_ms']:13.2f} "
+            f"{r['scrape_p99_ms']:13.2f}"
+        )
     print("agent / node_exporter: " + ", ".join(f"{k} {v:.2f}x" for k, v in ratios.items()))
     print(f"goal (CPU <= 1.0x, RSS <= 1.5x): {out['goal_met']}")
     if args.json:

@@ -153,7 +153,22 @@ class Nvml:
             self._handles.append(h)
             if h is not None:
                 self._handle_index[_handle_key(h)] = i
+                self._learn_identity(i, h)
         self._register_events()
+
+    def _learn_identity(self, index: int, h: Any) -> None:
+        """uuid, bus id and name, so XID events and lost GPUs can be named even without read()."""
+        try:
+            uuid = self._opt(self.lib.nvmlDeviceGetUUID, h)
+            pci = self._opt(self.lib.nvmlDeviceGetPciInfo, h)
+            name = self._opt(self.lib.nvmlDeviceGetName, h)
+        except _GpuLost:
+            return
+        self._known[index] = (
+            _text(uuid) if uuid is not None else None,
+            normalize_bus_id(getattr(pci, "busId", None)) if pci is not None else None,
+            _text(name) if name is not None else None,
+        )
 
     # -- reading --------------------------------------------------------------------------------
 

@@ -4,7 +4,6 @@ their arguments. NVML is faked at its seam with ``dlts_agent.fake_nvml`` scenari
 
 from __future__ import annotations
 
-import os
 import stat
 import textwrap
 import time
@@ -198,6 +197,3 @@ def command_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def logged_commands(log: Path) -> list[str]:
     return log.read_text().splitlines() if log.exists() else []
-
-
-__all__ = ["FakeNode", "agent_config", "logged_commands", "FIXTURES", "BOOT_ID", "BTIME", "os"]

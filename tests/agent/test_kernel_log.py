@@ -172,3 +172,14 @@ def test_agent_exports_xid_counter_with_gpu_labels(node: FakeNode):
     assert v == 1.0
     assert agent.registry.get_sample_value("dlts_gpu_fell_off_bus_messages_total", {"bus_id": "0000:b7:00.0"}) == 1
     assert agent.latest().collection.status("xid") is CollectorStatus.OK
+
+
+def test_nvml_xid_events_are_taken_even_with_the_gpu_collector_off(node: FakeNode):
+    lib = healthy_8xa100()
+    agent = Agent(agent_config(node, collectors={"gpu": {"enabled": False}}), nvml_lib=lib)
+    agent.collect_once()
+    lib.inject_xid(7, 79)
+    agent.collect_once()
+    xid = agent.latest().collection.sample("xid")
+    assert xid.counts == {("0000:bd:00.0", 79, "nvml"): 1}
+    assert [f.code.value for f in agent.latest().findings] == ["gpu_xid"]

@@ -21,7 +21,7 @@ from dlts_agent.kernel_log import (
     read_boot_time_s,
 )
 from dlts_agent.model import XidEvent, XidSample
-from dlts_agent.nvml import Nvml
+from dlts_agent.nvml import Nvml, NvmlUnavailable
 from dlts_agent.state import AgentState
 
 MAX_RECENT = 2000
@@ -70,6 +70,10 @@ class XidCollector:
         else:
             readable = False
         if self.nvml is not None:
+            try:
+                self.nvml.start()  # normally the gpu collector has; not if it is switched off
+            except NvmlUnavailable:
+                pass  # the gpu collector (if on) reports why; the kernel log still works
             for index, bus, xid in self.nvml.poll_xid_events():
                 new_events.append(XidEvent(now, bus, xid, "nvml", f"NVML XID event {xid} on GPU {index}", boot_id))
         with self.state.lock:
