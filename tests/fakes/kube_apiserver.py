@@ -34,7 +34,10 @@ So ``sleep 5; exit 3`` runs 5 s then fails with 3; ``python train.py`` succeeds 
 A pod annotation ``fake.dlts.io/start-delay-s`` delays Pending -> Running (image pull time).
 
 Time is a ``FakeClock`` that tests advance explicitly; ``FakeKubelet.tick()`` applies what is due.
-Limits (documented, not hidden): no watch (the backend lists), no ``limit``/``continue`` paging,
+Watches stream JSON-line events (ADDED, MODIFIED, DELETED, BOOKMARK; ERROR with 410 Expired for a
+compacted resourceVersion) over chunked HTTP until ``timeoutSeconds``.
+
+Limits (documented, not hidden): no ``limit``/``continue`` paging,
 no admission beyond the validations named above, one API group (core/v1).
 """
 
@@ -49,7 +52,7 @@ import socket
 import threading
 import time
 import uuid
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from http import HTTPStatus
@@ -368,14 +371,19 @@ def json_patch(target: dict, ops: list) -> dict:
 class Store:
     """All objects, keyed by (resource, namespace, name); every write bumps resourceVersion."""
 
-    def __init__(self, clock: Callable[[], float]) -> None:
+    def __init__(self, clock: Callable[[], float], history_max: int = 100_000) -> None:
         self.clock = clock
         self.lock = threading.RLock()
         self.objects: dict[tuple[str, str, str], dict] = {}
         self.revision = 1
         self.created = Counter()  # resource -> successful creations (for "created nothing twice")
+        # Watch history: (revision, event type, resource, namespace, object JSON). Bounded, like
+        # etcd's compaction: a watch from a revision older than what is kept gets 410 Gone.
+        self.history: deque[tuple[int, str, str, str, dict, str]] = deque(maxlen=history_max)
+        self.changed = threading.Condition(self.lock)
+        self.stopping = False
         for ns in ("default", "kube-system"):
-            self._put("namespaces", "", self._new_meta({"metadata": {"name": ns}}, "namespaces", ""))
+            self._put("namespaces", "", self._new_meta({"metadata": {"name": ns}}, "namespaces", ""), "ADDED")
 
     def _bump(self) -> str:
         self.revision += 1
@@ -396,8 +404,24 @@ class Store:
             meta.pop("namespace", None)
         return obj
 
-    def _put(self, resource: str, namespace: str, obj: dict) -> None:
+    def _put(self, resource: str, namespace: str, obj: dict, event: str = "MODIFIED") -> None:
         self.objects[(resource, namespace, obj["metadata"]["name"])] = obj
+        self._record(event, resource, namespace, obj)
+
+    def _record(self, event: str, resource: str, namespace: str, obj: dict) -> None:
+        """Append a watch event for ``obj`` at the current revision and wake the watchers."""
+        if event == "DELETED":
+            obj = dict(obj, metadata=dict(obj["metadata"], resourceVersion=str(self.revision)))
+        labels = dict(obj["metadata"].get("labels") or {})
+        with self.lock:
+            self.history.append((self.revision, event, resource, namespace, labels, json.dumps(obj)))
+            self.changed.notify_all()
+
+    def oldest_watchable(self) -> int:
+        """The oldest resourceVersion a watch may start from (older ones are compacted away)."""
+        if len(self.history) < (self.history.maxlen or 0):
+            return 0
+        return self.history[0][0] - 1
 
     def get(self, resource: str, namespace: str, name: str) -> dict:
         with self.lock:
@@ -465,7 +489,7 @@ class Store:
                 if obj["spec"]["type"] == "NodePort":
                     for i, port in enumerate(obj["spec"].get("ports") or []):
                         port.setdefault("nodePort", 30000 + (self.revision * 7 + i) % 2767)
-            self._put(resource, namespace, obj)
+            self._put(resource, namespace, obj, "ADDED")
             self.created[resource] += 1
             return copy.deepcopy(obj)
 
@@ -558,9 +582,11 @@ class Store:
                         meta["deletionTimestamp"] = rfc3339(self.clock() + grace_s)
                         meta["deletionGracePeriodSeconds"] = grace_s
                         meta["resourceVersion"] = self._bump()
+                        self._record("MODIFIED", resource, namespace, current)
                     return copy.deepcopy(current)
             del self.objects[(resource, namespace, name)]
             self._bump()
+            self._record("DELETED", resource, namespace, current)
             return copy.deepcopy(current)
 
     def delete_collection(self, resource: str, namespace: str, label_selector: str, field_selector: str,
@@ -587,11 +613,14 @@ class Store:
                 return
             fn(obj)
             obj["metadata"]["resourceVersion"] = self._bump()
+            self._record("MODIFIED", resource, namespace, obj)
 
     def remove_internal(self, resource: str, namespace: str, name: str) -> None:
         with self.lock:
-            if self.objects.pop((resource, namespace, name), None) is not None:
+            obj = self.objects.pop((resource, namespace, name), None)
+            if obj is not None:
                 self._bump()
+                self._record("DELETED", resource, namespace, obj)
 
 
 def not_found(resource: str, name: str) -> ApiError:
@@ -893,12 +922,15 @@ class _Handler(BaseHTTPRequestHandler):
             ns = namespace or ""
             verb = {"GET": "get" if name else "list", "POST": "create", "PUT": "update",
                     "PATCH": "patch", "DELETE": "delete" if name else "deletecollection"}[method]
+            if verb == "list" and query.get("watch") in ("true", "1"):
+                verb = "watch"
             api.record(verb, resource)
             api.before_request(verb, resource)
             store = api.store
             if method == "GET" and name is None:
                 if query.get("watch") in ("true", "1"):
-                    raise ApiError(405, "MethodNotAllowed", "watch is not implemented by the DLTS fake API server")
+                    self._watch(resource, namespace if resource in NAMESPACED else None, query)
+                    return
                 self._send(200, store.list_json(resource, namespace if resource in NAMESPACED else None,
                                                 query.get("labelSelector", ""), query.get("fieldSelector", "")))
             elif method == "GET":
@@ -936,6 +968,68 @@ class _Handler(BaseHTTPRequestHandler):
             pass
         except Exception as exc:  # noqa: BLE001 - a bug in the fake must surface as a 500, not a hang
             self._send(500, ApiError(500, "InternalError", f"fake apiserver bug: {exc!r}").status())
+
+    def _chunk(self, data: bytes) -> None:
+        self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+        self.wfile.flush()
+
+    def _watch(self, resource: str, namespace: str | None, query: dict[str, str]) -> None:
+        """A watch: events after ``resourceVersion`` as JSON lines, until ``timeoutSeconds``.
+
+        ``resourceVersion`` unset or "0" starts with synthetic ADDED events for what exists now;
+        one older than the kept history gets an ERROR event carrying a 410 Expired Status, as
+        the real server does, and the client must list again.
+        """
+        store = self.server.api.store
+        reqs = parse_label_selector(query.get("labelSelector", ""))
+        timeout_s = min(float(query.get("timeoutSeconds") or 1800), 3600.0)
+        deadline = time.monotonic() + timeout_s
+        bookmarks = query.get("allowWatchBookmarks") in ("true", "1")
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        lines: list[bytes] = []
+        with store.lock:
+            since = query.get("resourceVersion") or "0"
+            if since == "0":
+                for obj in store.list(resource, namespace, query.get("labelSelector", ""),
+                                      query.get("fieldSelector", ""), copy_items=False)["items"]:
+                    lines.append(json.dumps({"type": "ADDED", "object": obj}).encode() + b"\n")
+                last = store.revision
+            else:
+                last = int(since)
+                if last < store.oldest_watchable():
+                    gone = ApiError(410, "Expired", f"too old resource version: {last} ({store.oldest_watchable()})")
+                    lines.append(json.dumps({"type": "ERROR", "object": gone.status()}).encode() + b"\n")
+                    deadline = 0.0
+        try:
+            for line in lines:
+                self._chunk(line)
+            last_bookmark = time.monotonic()
+            while time.monotonic() < deadline and not store.stopping:
+                with store.lock:
+                    pending = [e for e in store.history if e[0] > last]
+                    if not pending:
+                        store.changed.wait(timeout=min(0.2, max(0.0, deadline - time.monotonic())))
+                        pending = [e for e in store.history if e[0] > last]
+                    if pending:
+                        last = pending[-1][0]
+                    current = store.revision
+                out = [f'{{"type": "{etype}", "object": {obj}}}\n'.encode()
+                       for _rv, etype, res, ns, labels, obj in pending
+                       if res == resource and (namespace is None or ns == namespace)
+                       and all(r.matches(labels) for r in reqs)]
+                if not out and bookmarks and time.monotonic() - last_bookmark > 1.0:
+                    out = [json.dumps({"type": "BOOKMARK", "object": {
+                        "kind": KINDS[resource], "apiVersion": "v1",
+                        "metadata": {"resourceVersion": str(max(last, current))}}}).encode() + b"\n"]
+                    last_bookmark = time.monotonic()
+                for line in out:
+                    self._chunk(line)
+            self._chunk(b"")
+        except (BrokenPipeError, ConnectionResetError, OSError):
+            self.close_connection = True
 
     def do_GET(self) -> None:
         self._dispatch("GET")
@@ -994,6 +1088,9 @@ class FakeKubeApiServer:
         return self
 
     def stop(self) -> None:
+        with self.store.lock:
+            self.store.stopping = True
+            self.store.changed.notify_all()
         self._http.shutdown()
         self._http.server_close()
 

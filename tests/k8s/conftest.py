@@ -4,6 +4,7 @@ a kubeconfig, a fake clock shared by the server's kubelet and the backend, and s
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -67,3 +68,18 @@ def make_spec(job_id: int = 1, attempt: int = 1, *, command: str = "sleep 10", n
               "placements": tuple(placement(n, gpus) for n in nodes)}
     values.update(kw)
     return LaunchSpec(**values)
+
+
+def caught_up(api, backend, timeout_s: float = 5.0) -> None:
+    """Wait until the backend's pod watch (if it has one) has applied every pod event so far."""
+    if backend._watch is None:
+        return
+    with api.store.lock:
+        target = max((rv for rv, _e, res, _ns, _l, _o in api.store.history if res == "pods"), default=0)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        rv = backend._watch.resource_version
+        if backend._watch.snapshot() is not None and rv is not None and int(rv) >= target:
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"watch stuck at {backend._watch.resource_version}, server at {target}")

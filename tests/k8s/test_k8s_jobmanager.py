@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import sqlalchemy as sa
+from conftest import caught_up
 
 from dlts.backends.kubernetes import KubernetesUnavailable
 from dlts.jobmanager import JobManager
@@ -33,9 +34,10 @@ def cluster(sessions):
 
 
 class Harness:
-    def __init__(self, api, sessions, settings, make_backend):
-        self.api, self.sessions, self.settings, self.make_backend = api, sessions, settings, make_backend
-        self.backend = make_backend()
+    def __init__(self, api, sessions, settings, make_backend, watch: bool):
+        self.api, self.sessions, self.settings = api, sessions, settings
+        self.make_backend = lambda: make_backend(watch=watch)
+        self.backend = self.make_backend()
         self.manager = JobManager(sessions, self.backend, settings, clock=api.clock)
 
     def restart(self) -> None:
@@ -58,6 +60,10 @@ class Harness:
             self.api.run_until_idle(seconds)
         else:
             self.api.kubelet.tick()
+        self.manager_tick()
+
+    def manager_tick(self) -> None:
+        caught_up(self.api, self.backend)  # with a watch: let the pod events arrive first
         self.manager.tick()
 
     def job(self, job_id: int) -> Job:
@@ -74,9 +80,9 @@ class Harness:
             return rows
 
 
-@pytest.fixture
-def h(api, cluster, settings, make_backend) -> Harness:
-    harness = Harness(api, cluster, settings, make_backend)
+@pytest.fixture(params=["list", "watch"])
+def h(request, api, cluster, settings, make_backend) -> Harness:
+    harness = Harness(api, cluster, settings, make_backend, watch=request.param == "watch")
     with cluster() as s:
         harness.manager.sync_nodes(s)
     return harness
@@ -132,12 +138,12 @@ def test_kill_terminates_with_grace(h):
     h.tick()
     h.kill(job_id)
     h.api.reset_counts()
-    h.manager.tick()  # carries out the kill: delete with the grace period
+    h.manager_tick()  # carries out the kill: delete with the grace period
     [pod] = h.api.pods()
     assert pod["metadata"]["deletionGracePeriodSeconds"] == int(h.settings.preempt_grace_s)
     assert h.job(job_id).status is S.KILLING
     h.tick()  # the kubelet stops it; the manager sees it gone
-    h.manager.tick()
+    h.manager_tick()
     assert h.job(job_id).status is S.KILLED
 
 
@@ -165,10 +171,10 @@ def test_node_lost_requeues_at_the_head_without_spending_a_retry(h):
     node = h.attempts(job_id)[0].placements[0]["node"]
     h.api.set_node_ready(node, False, status="Unknown")
     h.api.clock.advance(30)
-    h.manager.tick()
+    h.manager_tick()
     assert h.job(job_id).status is S.RUNNING  # a short blip is not a loss
     h.api.clock.advance(31)
-    h.manager.tick()  # attempt 1 ends node_lost; the job goes back to the head and restarts elsewhere
+    h.manager_tick()  # attempt 1 ends node_lost; the job goes back to the head and restarts elsewhere
     job = h.job(job_id)
     first, second = h.attempts(job_id)
     assert first.end_reason == "node_lost" and first.spends_retry is False
@@ -185,7 +191,7 @@ def objects_created(api) -> dict[str, int]:
 
 def test_a_restart_between_create_and_observe_creates_nothing_twice(h):
     job_id = h.submit(type="distributed", nodes=2, gpus=8, command="sleep 5", ssh=True)
-    h.manager.tick()  # decides and creates the objects, then "crashes" before observing
+    h.manager_tick()  # decides and creates the objects, then "crashes" before observing
     created = objects_created(h.api)
     assert created["pods"] == 2 and created["services"] == 1
     h.restart()
@@ -208,7 +214,7 @@ def test_a_crash_in_the_middle_of_a_launch_is_completed_without_duplicates(h, mo
 
     monkeypatch.setattr(h.backend.core, "create_namespaced_pod", create_then_die)
     with pytest.raises(KeyboardInterrupt):
-        h.manager.tick()
+        h.manager_tick()
     assert [p["metadata"]["name"] for p in h.api.pods()] == [f"dlts-{job_id}-1-0"]
     h.restart()
     h.tick()  # the half-made attempt is not reported, so the manager launches it again
@@ -227,7 +233,7 @@ def test_a_crash_before_the_create_is_finished_by_the_next_manager(h, monkeypatc
 
     monkeypatch.setattr(h.backend, "launch", crash)
     with pytest.raises(KeyboardInterrupt):
-        h.manager.tick()
+        h.manager_tick()
     assert h.job(job_id).status is S.SCHEDULING and h.api.pods() == []
     h.restart()
     h.tick()
@@ -255,7 +261,7 @@ def test_an_api_outage_loses_no_state(h):
     h.tick()
     h.api.fail_next(1, 503)
     with pytest.raises(KubernetesUnavailable):
-        h.manager.tick()
+        h.manager_tick()
     assert h.job(job_id).status is S.RUNNING
     h.tick(4)
     assert h.job(job_id).status is S.FINISHED
@@ -266,7 +272,7 @@ def test_an_api_outage_loses_no_state(h):
 def test_a_transient_error_during_launch_is_retried_not_fatal(h):
     job_id = h.submit(command="sleep 1")
     h.api.fail_next(1, 503, verbs={"create"})
-    h.manager.tick()
+    h.manager_tick()
     h.api.clock.advance(5)
     h.tick()
     assert h.job(job_id).status in (S.SCHEDULING, S.RUNNING)

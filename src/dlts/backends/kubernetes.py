@@ -52,6 +52,7 @@ from dlts.backends.k8s_render import (
     TemplateError,
     attempt_selector,
 )
+from dlts.backends.k8s_watch import PodWatch
 
 __all__ = [
     "CordonResult", "KubernetesBackend", "KubernetesSettings", "KubernetesUnavailable", "LaunchRefused",
@@ -83,6 +84,9 @@ class KubernetesSettings:
     missing_after_s: float = 30.0
     # observe() reuses a node list fetched this recently (by nodes() in the same tick).
     node_list_reuse_s: float = 1.0
+    # Keep the pods in memory from one list + a watch instead of listing them every tick.
+    watch: bool = False
+    watch_timeout_s: float = 300.0
     nfs_volumes: Mapping[str, tuple[NfsVolume, ...]] = field(default_factory=dict)  # VC ("*": all) -> volumes
     privileged_policy: Mapping[str, frozenset[PrivilegedFeature]] = field(default_factory=dict)  # VC ("*": all)
     templates_dir: str | None = None
@@ -189,6 +193,16 @@ class KubernetesBackend:
         self._nodes_cache: tuple[float, list[dict]] | None = None
         self._node_missing_since: dict[str, float] = {}
         self.api_calls = 0  # every request sent (for the calls-per-tick measurement)
+        self._watch: PodWatch | None = None
+        if settings.watch:
+            self._watch = PodWatch(self.core, settings.namespace, MANAGED_SELECTOR,
+                                   watch_timeout_s=settings.watch_timeout_s,
+                                   request_timeout_s=settings.request_timeout_s, on_request=self._count_request)
+            self._watch.start()
+
+    def _count_request(self) -> None:
+        with self._lock:
+            self.api_calls += 1
 
     @staticmethod
     def _connect(settings: KubernetesSettings) -> k8s.ApiClient:
@@ -284,10 +298,13 @@ class KubernetesBackend:
             # 409 AlreadyExists: the deterministic name belongs to this attempt, created by an
             # earlier launch (e.g. before a restart); creating nothing twice is the point.
             try:
-                self._call(creators[doc["kind"]], ns, doc, ok=(409,), passthrough=(400, 403, 422))
+                created = self._call(creators[doc["kind"]], ns, doc, ok=(409,), passthrough=(400, 403, 422),
+                                     _preload_content=False)
             except ApiException as exc:  # admission (quota, pod security) or validation said no
                 raise LaunchRefused(f"Kubernetes refused {doc['kind']} {doc['metadata']['name']}: "
                                     f"{_status_message(exc)}") from None
+            if created is not None and doc["kind"] == "Pod" and self._watch is not None:
+                self._watch.remember(json.loads(created.data))
 
     def terminate(self, job_id: int, attempt: int, grace_s: float) -> None:
         self._call(self.core.delete_collection_namespaced_pod, self.settings.namespace,
@@ -298,6 +315,9 @@ class KubernetesBackend:
         # Grace 0: a finished pod goes at once; a pod stuck on a lost node is force-removed so
         # that it does not hold the name (and the GPUs, once the node returns).
         self._delete_attempt(job_id, attempt, grace_s=0)
+        if self._watch is not None:  # gone now; do not report it again before the DELETED event
+            prefix = f"dlts-{job_id}-{attempt}-"
+            self._watch.forget({n for n in self._watch.names() if n.startswith(prefix)})
 
     def _delete_attempt(self, job_id: int, attempt: int, grace_s: int) -> None:
         ns, selector = self.settings.namespace, attempt_selector(job_id, attempt)
@@ -311,7 +331,9 @@ class KubernetesBackend:
 
     def observe(self) -> Sequence[Observed]:
         ns = self.settings.namespace
-        pods = self._list(self.core.list_namespaced_pod, ns, label_selector=MANAGED_SELECTOR)
+        pods = self._watch.snapshot() if self._watch is not None else None
+        if pods is None:  # no watch, or it cannot be trusted right now
+            pods = self._list(self.core.list_namespaced_pod, ns, label_selector=MANAGED_SELECTOR)
         nodes = {n["metadata"]["name"]: n for n in self._node_list(reuse=True)}
         now = self.clock()
         lost_nodes = self._lost_nodes(nodes, now)
@@ -515,6 +537,8 @@ class KubernetesBackend:
 
     def close(self) -> None:
         # Pods keep running: the next managers process adopts them through observe().
+        if self._watch is not None:
+            self._watch.stop()
         self._api_client.close()
 
 
