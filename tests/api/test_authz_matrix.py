@@ -145,7 +145,7 @@ def test_the_table_covers_every_api_route(app):
     for rule in app.url_map.iter_rules():
         if not rule.rule.startswith("/api/v1/") or rule.rule.endswith("openapi.json"):
             continue
-        path = re.sub(r"<(?:\w+:)?(\w+)>", lambda m: {"job_id": "{job}", "key_id": "{key}", "entry_id": "{ip}"}.get(
+        path = re.sub(r"<(?:[^:>]+:)?(\w+)>", lambda m: {"job_id": "{job}", "key_id": "{key}", "entry_id": "{ip}"}.get(
             m.group(1), "{vc}" if "vcs" in rule.rule else "testnode"), rule.rule)
         for method in rule.methods - {"HEAD", "OPTIONS"}:
             assert (method, path) in covered, f"{method} {rule.rule} has no row in the authorisation table"

@@ -34,7 +34,7 @@ class SshKeys(MethodView):
         return ssh_keys.add_key(db.session, principal(), body["public_key"], body.get("name"))
 
 
-@blp.route("/me/ssh-keys/<int:key_id>", methods=["DELETE"])
+@blp.route("/me/ssh-keys/<int(max=4611686018427387904):key_id>", methods=["DELETE"])
 @blp.response(204)
 @blp.doc(security=SECURITY)
 def delete_ssh_key(key_id: int):
@@ -59,7 +59,7 @@ class AllowedIps(MethodView):
         return allowed_ips.add_entry(db.session, settings_of(current_app), principal(), body["ip"], body.get("user"))
 
 
-@blp.route("/me/allowed-ips/<int:entry_id>", methods=["DELETE"])
+@blp.route("/me/allowed-ips/<int(max=4611686018427387904):entry_id>", methods=["DELETE"])
 @blp.response(204)
 @blp.doc(security=SECURITY)
 def delete_allowed_ip(entry_id: int):

@@ -105,7 +105,7 @@ def settings_of_app():
     return settings_of(current_app)
 
 
-@blp.route("/jobs/<int:job_id>")
+@blp.route("/jobs/<int(max=4611686018427387904):job_id>")
 class OneJob(MethodView):
     @blp.response(200, JobSchema)
     @blp.doc(security=[{"bearer": []}])
@@ -134,7 +134,7 @@ def batch(body):
     return {"action": body["action"], "results": results, "succeeded": ok, "failed": len(results) - ok}
 
 
-@blp.route("/jobs/<int:job_id>/events")
+@blp.route("/jobs/<int(max=4611686018427387904):job_id>/events")
 @blp.arguments(PageArgs, location="query")
 @blp.response(200, EventPageSchema)
 @blp.doc(security=[{"bearer": []}])
@@ -150,7 +150,7 @@ def job_events(args, job_id: int):
     return {"items": items, "next_cursor": pagination.encode("e", page[-1].id) if len(rows) > args["limit"] else None}
 
 
-@blp.route("/jobs/<int:job_id>/attempts")
+@blp.route("/jobs/<int(max=4611686018427387904):job_id>/attempts")
 @blp.arguments(PageArgs, location="query")
 @blp.response(200, AttemptPageSchema)
 @blp.doc(security=[{"bearer": []}])
@@ -166,7 +166,7 @@ def job_attempts(args, job_id: int):
 
 
 def _action(name: str, service):
-    @blp.route(f"/jobs/<int:job_id>/{name}", methods=["POST"], endpoint=f"job_{name}")
+    @blp.route(f"/jobs/<int(max=4611686018427387904):job_id>/{name}", methods=["POST"], endpoint=f"job_{name}")
     @blp.response(202, JobSchema)
     @blp.doc(security=[{"bearer": []}], summary=f"{name.capitalize()} a job")
     def view(job_id: int):
@@ -182,7 +182,7 @@ resume_job = _action("resume", job_service.resume)
 approve_job = _action("approve", job_service.approve)
 
 
-@blp.route("/jobs/<int:job_id>/log")
+@blp.route("/jobs/<int(max=4611686018427387904):job_id>/log")
 @blp.arguments(LogArgs, location="query")
 @blp.response(200, LogSchema)
 @blp.doc(security=[{"bearer": []}])

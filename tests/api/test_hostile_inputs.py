@@ -1,0 +1,136 @@
+"""Hostile inputs: oversize bodies, deep JSON, huge strings, wrong types, SQL-ish strings, unicode,
+negative and enormous numbers, unknown VCs and SKUs. Each gets a clear 4xx with the envelope, and
+nothing is written."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import sqlalchemy as sa
+
+from dlts.models import Job, JobEvent, SshKey, VirtualCluster
+from .helpers import assert_envelope, job_count
+
+JOB = {"vc": "vision", "image": "debian:12", "command": "true"}
+
+CASES = [
+    ("unknown field", JOB | {"gpus_please": 4}, 400, "gpus_please"),
+    ("gpus as a string", JOB | {"gpus": "4"}, 400, "gpus"),
+    ("gpus as a float", JOB | {"gpus": 1.5}, 400, "gpus"),
+    ("gpus as true", JOB | {"gpus": True}, 400, "gpus"),
+    ("negative gpus", JOB | {"gpus": -1}, 400, "gpus"),
+    ("enormous gpus", JOB | {"gpus": 10**40}, 400, "gpus"),
+    ("enormous priority", JOB | {"priority": 2**63}, 400, "priority"),
+    ("NaN cpu", None, 400, "cpu"),
+    ("infinite memory", JOB | {"memory": "1e999"}, 400, "memory"),
+    ("negative memory", JOB | {"memory": -5}, 400, "memory"),
+    ("huge command", JOB | {"command": "x" * 20000}, 400, "command"),
+    ("huge vc name", JOB | {"vc": "v" * 5000}, 400, "vc"),
+    ("env as a list", JOB | {"env": ["A=1"]}, 400, "env"),
+    ("env name injection", JOB | {"env": {"A;rm -rf /": "1"}}, 400, "env"),
+    ("ports out of range", JOB | {"ports": [0, 70000]}, 400, "ports"),
+    ("a list body", [JOB], 400, None),
+    ("a string body", "hello", 400, None),
+    ("null vc", JOB | {"vc": None}, 400, "vc"),
+    ("SQL in the VC name", JOB | {"vc": "vision' OR '1'='1"}, 404, "vc"),
+    ("SQL comment in the VC name", JOB | {"vc": "vision; DROP TABLE jobs; --"}, 404, "vc"),
+    ("unicode VC name", JOB | {"vc": "визия\u202e"}, 404, "vc"),
+    ("unknown SKU", JOB | {"gpus": 1, "sku": "h100"}, 400, "sku"),
+    ("more GPUs than the VC has", JOB | {"gpus": 4, "type": "distributed", "nodes": 3}, 422, "gpus"),
+    ("NUL in a string", JOB | {"image": "debian\x00:12"}, None, None),
+]
+
+
+@pytest.mark.parametrize("name,body,status,field", CASES, ids=[c[0] for c in CASES])
+def test_hostile_job_submissions_are_refused_and_nothing_is_written(client, world, sessions, name, body, status, field):
+    before = job_count(sessions)
+    if body is None:  # Python's json accepts NaN; a hostile client can send it
+        data = json.dumps(JOB | {"cpu": float("nan")})
+        response = client.post("/api/v1/jobs", data=data, content_type="application/json", headers=world.auth("alice"))
+    else:
+        response = client.post("/api/v1/jobs", json=body, headers=world.auth("alice"))
+    if status is None:  # accepted or refused, but never a 5xx, and the stored value is exactly what was sent
+        assert response.status_code in (201, 400), response.get_data(as_text=True)
+        return
+    error = assert_envelope(response, status)
+    if field:
+        assert field in json.dumps(error), error
+    assert job_count(sessions) == before
+
+
+def test_quota_refusal_states_the_numbers(client, world):
+    error = assert_envelope(client.post("/api/v1/jobs", json=JOB | {"gpus": 4, "type": "distributed", "nodes": 2},
+                                        headers=world.auth("alice")), 422, "quota_exceeds_vc")
+    assert "VC vision has 4 demo-gpu GPUs; this job asks 8" in error["message"] and "preemptible" in error["message"]
+
+
+def test_deeply_nested_json_is_a_400_not_a_crash(client, world, sessions):
+    deep = "[" * 20000 + "]" * 20000
+    response = client.post("/api/v1/jobs", data=deep, content_type="application/json", headers=world.auth("alice"))
+    assert_envelope(response, 400)
+    nested = '{"vc": "vision", "image": "x", "command": "true", "env": ' + '{"a":' * 5000 + "1" + "}" * 5000 + "}"
+    assert_envelope(client.post("/api/v1/jobs", data=nested, content_type="application/json", headers=world.auth("alice")), 400)
+    assert job_count(sessions) == 0
+
+
+def test_oversize_bodies_are_413_on_every_writing_endpoint(client, world, settings, sessions):
+    big = {"public_key": "ssh-ed25519 " + "A" * settings.max_body_bytes}
+    for method, path in (("POST", "/api/v1/me/ssh-keys"), ("POST", "/api/v1/vcs"), ("PATCH", "/api/v1/vcs/vision"),
+                         ("POST", "/api/v1/jobs:batch"), ("POST", "/api/v1/nodes/testnode/report")):
+        response = client.open(path, method=method, json=big, headers=world.auth("admin"))
+        assert response.status_code in (413, 403), (path, response.status_code)  # the node report authenticates first
+        if path != "/api/v1/nodes/testnode/report":
+            assert_envelope(response, 413, "body_too_large")
+    with sessions() as s:
+        assert s.scalar(sa.select(sa.func.count(SshKey.id))) == 0
+
+
+def test_malformed_json_and_wrong_content_types(client, world):
+    assert_envelope(client.post("/api/v1/jobs", data="{not json", content_type="application/json", headers=world.auth("alice")), 400)
+    response = client.post("/api/v1/jobs", data="vc=vision", content_type="application/x-www-form-urlencoded", headers=world.auth("alice"))
+    assert 400 <= response.status_code < 500
+
+
+@pytest.mark.parametrize("query", ["limit=0", "limit=501", "limit=-1", "limit=abc", "status=exploded", "type=nuke",
+                                   "cursor=%27%20OR%201%3D1", "cursor=" + "A" * 100, "vc=%00", "user=' OR 1=1 --"])
+def test_hostile_list_queries(client, world, query):
+    response = client.get(f"/api/v1/jobs?{query}", headers=world.auth("alice"))
+    if query.startswith(("vc=", "user=")):
+        assert response.status_code == 200 and response.get_json()["items"] == []
+    else:
+        assert_envelope(response, 400)
+
+
+@pytest.mark.parametrize("body", [
+    {"quota": {"demo-gpu": -1}}, {"quota": {"demo-gpu": 10**30}}, {"quota": {"x" * 100: 1}}, {"quota": ["demo-gpu"]},
+    {"quota": {"demo-gpu": "4"}}, {"max_job_time_s": -5}, {"user_gpu_quota": 1.5}, {"notice": "n" * 3000},
+    {"policy": "RF'; DROP TABLE vcs; --"}, {"name": "renamed"},
+])
+def test_hostile_vc_changes_are_refused_and_nothing_changes(client, world, sessions, body):
+    with sessions() as s:
+        before = s.scalar(sa.select(VirtualCluster).where(VirtualCluster.name == "vision"))
+        snapshot = (before.quota, before.policy, before.max_job_time_s, before.user_gpu_quota, before.notice)
+    assert_envelope(client.patch("/api/v1/vcs/vision", json=body, headers=world.auth("admin")), 400)
+    with sessions() as s:
+        after = s.scalar(sa.select(VirtualCluster).where(VirtualCluster.name == "vision"))
+        assert (after.quota, after.policy, after.max_job_time_s, after.user_gpu_quota, after.notice) == snapshot
+        assert s.scalar(sa.text("SELECT count(*) FROM vc_events")) == 0
+
+
+def test_unknown_ids_and_names_are_404_with_the_envelope(client, world):
+    auth = world.auth("admin")
+    for path in ("/api/v1/jobs/99999999", "/api/v1/jobs/99999999/events", "/api/v1/vcs/nosuch", "/api/v1/nodes/nosuch",
+                 "/api/v1/nothing-here"):
+        assert_envelope(client.get(path, headers=auth), 404)
+    assert_envelope(client.get("/api/v1/jobs/18446744073709551616", headers=auth), 404)
+    assert_envelope(client.delete("/api/v1/me/ssh-keys/5", headers=auth), 404)
+
+
+def test_nothing_is_written_by_refused_batches(client, world, sessions):
+    assert_envelope(client.post("/api/v1/jobs:batch", json={"action": "kill", "ids": ["1; DROP TABLE jobs"]},
+                                headers=world.auth("alice")), 400)
+    assert_envelope(client.post("/api/v1/jobs:batch", json={"action": "kill", "ids": []}, headers=world.auth("alice")), 400)
+    with sessions() as s:
+        assert s.scalar(sa.select(sa.func.count(JobEvent.id))) == 0
+        assert s.scalar(sa.select(sa.func.count(Job.id))) == 0

@@ -1,0 +1,60 @@
+"""The DB janitor: jobs that ended before the retention cutoff go, with attempts, events and logs, in
+batches of ``batch_rows`` with a pause between; young, unfinished and recent jobs stay."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+import sqlalchemy as sa
+
+from dlts.managers.janitor import Janitor
+from dlts.models import Job, JobAttempt, JobEvent, JobStatus, utcnow
+from .helpers import make_job
+
+
+def age(sessions, job_id: int, days: float) -> None:
+    with sessions() as s:
+        s.execute(sa.update(Job).where(Job.id == job_id).values(finished_at=utcnow() - dt.timedelta(days=days)))
+        s.commit()
+
+
+def test_old_ended_jobs_are_purged_in_batches_with_their_history_and_logs(sessions, settings, world):
+    old = [make_job(sessions, settings, "alice", status=JobStatus.FINISHED) for _ in range(7)]
+    young = make_job(sessions, settings, "alice", status=JobStatus.FINISHED)
+    waiting = make_job(sessions, settings, "bob")
+    for job_id in old:
+        age(sessions, job_id, 40)
+        log = settings.effective_log_dir / str(job_id)
+        log.mkdir(parents=True)
+        (log / "attempt-1.log").write_text("hello\n")
+    age(sessions, young, 10)
+    pauses: list[float] = []
+    janitor = Janitor(sessions, retention_days=30, batch_rows=3, pause_s=0.25, log_dir=settings.effective_log_dir,
+                      sleep=pauses.append)
+    result = janitor.run()
+    assert (result.jobs, result.attempts, result.batches) == (7, 7, 3)
+    assert result.events == 7 * 4  # submitted + scheduling + running + finished
+    assert pauses == [0.25, 0.25]  # between batches, not after the last
+    with sessions() as s:
+        assert sorted(s.scalars(sa.select(Job.id))) == sorted([young, waiting])
+        assert s.scalar(sa.select(sa.func.count(JobEvent.id)).where(JobEvent.job_id.in_(old))) == 0
+        assert s.scalar(sa.select(sa.func.count(JobAttempt.id)).where(JobAttempt.job_id.in_(old))) == 0
+    assert not any((settings.effective_log_dir / str(j)).exists() for j in old)
+    assert janitor.run().jobs == 0  # nothing left: a second pass changes nothing
+
+
+def test_max_batches_bounds_one_pass_and_the_next_continues(sessions, settings, world):
+    jobs = [make_job(sessions, settings, "alice", status=JobStatus.FINISHED) for _ in range(5)]
+    for job_id in jobs:
+        age(sessions, job_id, 400)
+    janitor = Janitor(sessions, retention_days=180, batch_rows=2, pause_s=0, max_batches=1)
+    assert janitor.run().jobs == 2
+    assert janitor.run().jobs == 2
+    assert janitor.run().jobs == 1
+
+
+@pytest.mark.parametrize("kwargs", [{"retention_days": 0}, {"retention_days": 1, "batch_rows": 0}, {"retention_days": 1, "pause_s": -1}])
+def test_bad_settings_are_refused(sessions, kwargs):
+    with pytest.raises(ValueError):
+        Janitor(sessions, **kwargs)
