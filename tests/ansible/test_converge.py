@@ -1,0 +1,205 @@
+"""A real converge of mariadb, dlts_control and dlts_agent into a disposable Debian 12 VM.
+
+The VM boots from a debootstrapped image (dlts_vm.py: cached under /var/cache/dlts-ci/, real
+systemd, reached over SSH on a loopback port forward). ansible/dlts-services.yml runs twice: the
+first run must succeed, the second must report changed=0. Then the services must answer through
+the forwarded ports: the API's /readyz through nginx and TLS, and the agent's Prometheus metrics.
+
+The dlts distribution comes from this checkout: its wheel plus every dependency go into a
+wheelhouse that the roles copy to the VM and install with no package index (the offline path the
+roles support for production too).
+"""
+
+from __future__ import annotations
+
+import configparser
+import hashlib
+import json
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+import urllib3
+import yaml
+from ansible_helpers import REPO, run_playbook, tool
+from dlts_vm import CACHE_ROOT, DebianVM, build_image, missing_host_tools
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+API_HTTPS_PORT = 443
+AGENT_METRICS_PORT = 9445
+
+
+def _dlts_version() -> str:
+    parser = configparser.ConfigParser()
+    parser.read(REPO / "setup.cfg")
+    return parser["metadata"]["version"]
+
+
+def build_wheelhouse(dest: Path) -> None:
+    """The dlts wheel of this checkout plus its dependencies (cached by setup.cfg's hash)."""
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
+    setup_hash = hashlib.sha256((REPO / "setup.cfg").read_bytes()).hexdigest()[:16]
+    deps = CACHE_ROOT / f"wheels-{setup_hash}"
+    if not (deps / "READY").exists():
+        staging = CACHE_ROOT / f"wheels-{setup_hash}.partial"
+        subprocess.run(
+            pip + ["wheel", "--wheel-dir", str(staging), f"{REPO}[mysql,k8s,agent]", "gunicorn>=21.2"],
+            check=True, timeout=600,
+        )
+        for own in staging.glob("dlts-*.whl"):
+            own.unlink()  # rebuilt from the checkout on every run
+        (staging / "READY").write_text(setup_hash + "\n")
+        staging.rename(deps)
+    dest.mkdir(parents=True)
+    for wheel in deps.glob("*.whl"):
+        (dest / wheel.name).write_bytes(wheel.read_bytes())
+    # Build from a copy: an in-tree build would leave build/ and egg-info in the checkout.
+    source = dest.parent / "dlts-source"
+    shutil.copytree(
+        REPO, source,
+        ignore=shutil.ignore_patterns(".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".dlts", "node_modules"),
+    )
+    subprocess.run(pip + ["wheel", "--no-deps", "--wheel-dir", str(dest), str(source)], check=True, timeout=300)
+
+
+def write_inventory(root: Path, vm: DebianVM, wheelhouse: Path) -> Path:
+    host_vars = dict(vm.inventory_vars())
+    hosts = {
+        "all": {
+            "hosts": {"dlts-vm": host_vars},
+            "children": {group: {"hosts": {"dlts-vm": None}} for group in ("mariadb", "dlts_control", "dlts_managers")},
+        }
+    }
+    settings = {
+        "dlts_cluster_name": "dlts-ci",
+        "dlts_deploy_kubernetes": False,
+        "dlts_deploy_nfs": False,
+        "dlts_deploy_lustre": False,
+        "dlts_deploy_monitoring": False,
+        "dlts_version": _dlts_version(),
+        "dlts_wheelhouse_dir": str(wheelhouse),
+        "dlts_pip_index_url": "",
+        "dlts_server_name": "localhost",
+        "dlts_api_url": "https://localhost",
+        "dlts_tls_cert_file": "",
+        "dlts_tls_key_file": "",
+        "dlts_listen_port": 5000,
+        "dlts_https_port": API_HTTPS_PORT,
+        "dlts_max_body_bytes": 1048576,
+        "dlts_backend": "local",
+        "dlts_namespace": "dlts",
+        "dlts_node_label_sku": "dlts.io/sku",
+        "dlts_node_label_ib_domain": "dlts.io/ib-domain",
+        "dlts_node_label_vc": "dlts.io/vc",
+        "dlts_preempt_grace_s": 30,
+        "dlts_tick_s": 1,
+        "dlts_retention_days": 180,
+        "dlts_allow_ip_days": 30,
+        "dlts_agent_metrics_port": AGENT_METRICS_PORT,
+        # Node registration with the API is not part of this converge (see docs/deploy.md).
+        "dlts_agent_report_enabled": False,
+        "dlts_vcs": [{"name": "research", "quota": {"cpu": 1}}],
+        "dlts_db_host": "127.0.0.1",
+        "dlts_db_port": 3306,
+        "dlts_db_name": "dlts",
+        "dlts_db_user": "dlts",
+        "dlts_db_password": "ci-db-password-7c1f4a8d2e5b",
+        "dlts_secret_key": "ci-secret-key-3f9c1b7e2a8d4c6f0b5e9a1d",
+        "dlts_node_token_seed": "ci-node-token-seed-9e1d4c7b2a5f",
+        "mariadb_bind_address": "127.0.0.1",
+        "mariadb_innodb_buffer_pool_bytes": 134217728,
+    }
+    (root / "group_vars" / "all").mkdir(parents=True)
+    (root / "hosts.yml").write_text(yaml.safe_dump(hosts, sort_keys=False))
+    (root / "group_vars" / "all" / "main.yml").write_text(yaml.safe_dump(settings, sort_keys=False))
+    return root
+
+
+def recap(output: str, host: str = "dlts-vm") -> dict[str, int]:
+    match = re.search(rf"^{re.escape(host)}\s+:\s+(.*)$", output, re.MULTILINE)
+    assert match, f"no PLAY RECAP line for {host}:\n{output[-4000:]}"
+    return {key: int(value) for key, value in re.findall(r"(\w+)=(\d+)", match.group(1))}
+
+
+def changed_tasks(output: str) -> list[str]:
+    """Names of the tasks that reported a change (for a readable idempotence failure)."""
+    names, current = [], None
+    for line in output.splitlines():
+        if line.startswith("TASK ["):
+            current = line
+        elif line.startswith("changed:") and current:
+            names.append(current)
+    return names
+
+
+def test_converge_mariadb_control_and_agent_into_a_vm(tmp_path):
+    assert not missing_host_tools(), f"install these to run the converge test: {missing_host_tools()}"
+    tool("ansible-playbook")
+    timings = {}
+    started = time.monotonic()
+    image = build_image()
+    timings["image_s"] = time.monotonic() - started
+
+    wheelhouse = tmp_path / "wheelhouse"
+    mark = time.monotonic()
+    build_wheelhouse(wheelhouse)
+    timings["wheelhouse_s"] = time.monotonic() - mark
+
+    mark = time.monotonic()
+    with DebianVM(image, tmp_path, guest_ports=(API_HTTPS_PORT, AGENT_METRICS_PORT)) as vm:
+        timings["boot_s"] = time.monotonic() - mark
+        inventory = write_inventory(tmp_path / "inventory", vm, wheelhouse)
+
+        mark = time.monotonic()
+        first = run_playbook("dlts-services.yml", inventory, tmp_path=tmp_path, timeout_s=900)
+        timings["first_run_s"] = time.monotonic() - mark
+        (tmp_path / "first-run.log").write_text(first.stdout + first.stderr)
+        assert first.returncode == 0, first.stdout[-6000:] + first.stderr[-2000:]
+        first_recap = recap(first.stdout)
+        assert first_recap["failed"] == 0 and first_recap["changed"] > 0
+
+        mark = time.monotonic()
+        second = run_playbook("dlts-services.yml", inventory, tmp_path=tmp_path, timeout_s=600)
+        timings["second_run_s"] = time.monotonic() - mark
+        assert second.returncode == 0, second.stdout[-6000:]
+        assert recap(second.stdout)["changed"] == 0, f"not idempotent: {changed_tasks(second.stdout)}"
+
+        # The services answer from outside the VM, through nginx/TLS and the exporter port.
+        urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
+        api = f"https://127.0.0.1:{vm.ports[API_HTTPS_PORT]}"
+        ready = _get_when_up(f"{api}/readyz", verify=False)
+        assert ready.status_code == 200, ready.text
+        too_big = requests.post(f"{api}/api/v1/jobs", data=b"x" * (1048576 + 1), verify=False, timeout=30)
+        assert too_big.status_code == 413  # nginx enforces the API's max_body_bytes
+        metrics = _get_when_up(f"http://127.0.0.1:{vm.ports[AGENT_METRICS_PORT]}/metrics")
+        assert metrics.status_code == 200
+        assert "dlts_" in metrics.text
+
+        # Exactly one managers process, running; the units are the ones Ansible installed.
+        state = vm.ssh("systemctl is-active dlts-api dlts-managers dlts-agent mariadb nginx")
+        assert state.stdout.split() == ["active"] * 5, state.stdout + state.stderr
+        managers = vm.ssh("pgrep -fc 'dlts managers'")
+        assert managers.stdout.strip() == "1", managers.stdout
+    timings["total_s"] = time.monotonic() - started
+    (tmp_path / "timings.json").write_text(json.dumps(timings, indent=1))
+    print("converge timings:", json.dumps({k: round(v, 1) for k, v in timings.items()}))
+
+
+def _get_when_up(url: str, verify: bool = True, timeout_s: float = 90) -> requests.Response:
+    deadline = time.monotonic() + timeout_s
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            response = requests.get(url, verify=verify, timeout=10)
+            if response.status_code < 500:
+                return response
+        except requests.RequestException as exc:
+            last = exc
+        time.sleep(2)
+    raise AssertionError(f"{url} did not answer within {timeout_s} s: {last}")

@@ -1,0 +1,302 @@
+"""Every role template, rendered with both inventories, checked by the tool that reads it for real.
+
+systemd-analyze verify for units, nginx -t for the proxy, promtool/amtool for Prometheus and
+Alertmanager, mariadbd for the server settings, `dlts config check` for the control-plane config,
+`dlts-lustre apply --dry-run` (against the fake lfs/lctl of tests/lustre) for the Lustre policy,
+the Kubernetes client for the managers' kubeconfig, and parsers (TOML, YAML) where no tool exists
+on this machine (containerd, kubeadm, exports).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+import yaml
+from ansible_helpers import INVENTORIES, REPO, make_stub_executables, render_templates, tool
+
+pytestmark = pytest.mark.slow
+
+FAKE_LUSTRE_BIN = REPO / "tests" / "lustre" / "fakebin"
+
+
+@pytest.fixture(scope="module", params=sorted(INVENTORIES))
+def rendered(request, tmp_path_factory):
+    """(inventory name, {role: dir of rendered files}, work dir) for each inventory."""
+    name = request.param
+    work = tmp_path_factory.mktemp(f"render-{name}")
+    # Paths the checking tools open are pointed into the work dir; everything else is the inventory's.
+    make_stub_executables(work / "venv" / "bin", ("gunicorn", "dlts"))
+    make_stub_executables(work / "agent-venv" / "bin", ("dlts-agent", "dlts-lustre"))
+    subprocess.run(
+        [tool("openssl"), "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=dlts-test",
+         "-keyout", str(work / "tls.key"), "-out", str(work / "tls.crt")],
+        check=True, capture_output=True,
+    )
+    (work / "k8s-token").write_text("token\n")
+    shutil.copy(work / "tls.crt", work / "k8s-ca.crt")
+    (work / "lustre-mount").mkdir()
+    overrides = {
+        "dlts_control_venv": str(work / "venv"),
+        "dlts_agent_venv": str(work / "agent-venv"),
+        "dlts_control_tls_cert": str(work / "tls.crt"),
+        "dlts_control_tls_key": str(work / "tls.key"),
+        "monitoring_kubernetes_token_file": str(work / "k8s-token"),
+        "monitoring_kubernetes_ca_file": str(work / "k8s-ca.crt"),
+        "lustre_mount_point": str(work / "lustre-mount"),
+    }
+    return name, render_templates(name, work / "out", overrides), work
+
+
+def _verify_units(unit_dir: Path, *units: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, SYSTEMD_UNIT_PATH=f"{unit_dir}:")
+    return subprocess.run(
+        [tool("systemd-analyze"), "verify", *(str(unit_dir / u) for u in units)],
+        env=env, capture_output=True, text=True, timeout=60,
+    )
+
+
+def test_control_plane_units_pass_systemd_analyze_verify(rendered):
+    _, out, work = rendered
+    units = work / "units-control"
+    units.mkdir()
+    for unit in ("dlts-api.service", "dlts-managers.service"):
+        shutil.copy(out["dlts_control"] / unit, units / unit)
+    result = _verify_units(units, "dlts-api.service", "dlts-managers.service")
+    assert result.returncode == 0, result.stderr
+    api = (units / "dlts-api.service").read_text()
+    assert "'dlts.app:create_app()'" in api
+    assert "--bind 127.0.0.1:5000" in api
+
+
+@pytest.mark.parametrize("unit_source", ["repository", "role fallback"])
+def test_agent_unit_with_the_ansible_drop_in_passes_systemd_analyze_verify(rendered, unit_source):
+    _, out, work = rendered
+    units = work / f"units-agent-{unit_source.replace(' ', '-')}"
+    (units / "dlts-agent.service.d").mkdir(parents=True)
+    repo_unit = REPO / "agents" / "systemd" / "dlts-agent.service"
+    if unit_source == "repository":
+        assert repo_unit.exists(), "agents/systemd/dlts-agent.service is missing"
+        shutil.copy(repo_unit, units / "dlts-agent.service")
+    else:
+        shutil.copy(out["dlts_agent"] / "dlts-agent.service", units / "dlts-agent.service")
+    shutil.copy(out["dlts_agent"] / "dlts-agent-override.conf", units / "dlts-agent.service.d" / "10-ansible.conf")
+    result = _verify_units(units, "dlts-agent.service")
+    assert result.returncode == 0, result.stderr
+    # The drop-in really takes part: pointing it at a missing binary must fail the check.
+    dropin = units / "dlts-agent.service.d" / "10-ansible.conf"
+    dropin.write_text(dropin.read_text().replace("/bin/dlts-agent", "/bin/missing-agent"))
+    assert _verify_units(units, "dlts-agent.service").returncode != 0
+
+
+def test_nginx_site_passes_nginx_t(rendered):
+    _, out, work = rendered
+    prefix = work / "nginx"
+    prefix.mkdir()
+    (prefix / "nginx.conf").write_text(
+        f"pid {prefix}/nginx.pid;\nerror_log {prefix}/error.log;\nevents {{}}\n"
+        f"http {{\n  access_log off;\n  client_body_temp_path {prefix}/body;\n  proxy_temp_path {prefix}/proxy;\n"
+        f"  include {out['dlts_control'] / 'nginx-dlts.conf'};\n}}\n"
+    )
+    result = subprocess.run(
+        [tool("nginx"), "-t", "-p", str(prefix), "-c", str(prefix / "nginx.conf")],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+
+
+def test_nginx_body_limit_matches_the_api_limit(rendered):
+    _, out, _ = rendered
+    config = yaml.safe_load((out["dlts_control"] / "dlts.yaml").read_text())
+    site = (out["dlts_control"] / "nginx-dlts.conf").read_text()
+    assert f"client_max_body_size {config['max_body_bytes']};" in site
+
+
+def test_dlts_config_passes_dlts_config_check(rendered):
+    name, out, _ = rendered
+    dlts = Path(sys.executable).parent / "dlts"
+    result = subprocess.run(
+        [str(dlts), "config", "check"],
+        env=dict(os.environ, DLTS_CONFIG=str(out["dlts_control"] / "dlts.yaml")),
+        capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "database_url: mysql+pymysql://***@" in result.stdout
+    expected_backend = "kubernetes"  # both inventories run jobs on Kubernetes
+    assert f"backend: {expected_backend}" in result.stdout, name
+
+
+def test_dlts_config_check_rejects_a_bad_rendered_value(rendered, tmp_path):
+    _, out, _ = rendered
+    broken = tmp_path / "dlts.yaml"
+    broken.write_text((out["dlts_control"] / "dlts.yaml").read_text().replace("listen_port: 5000", "listen_port: 99999"))
+    result = subprocess.run(
+        [str(Path(sys.executable).parent / "dlts"), "config", "check"],
+        env=dict(os.environ, DLTS_CONFIG=str(broken)), capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode != 0
+    assert "listen_port" in result.stdout + result.stderr
+
+
+def test_prometheus_config_passes_promtool(rendered):
+    _, out, _ = rendered
+    result = subprocess.run(
+        [tool("promtool"), "check", "config", str(out["monitoring"] / "prometheus.yml")],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    config = yaml.safe_load((out["monitoring"] / "prometheus.yml").read_text())
+    jobs = {job["job_name"] for job in config["scrape_configs"]}
+    assert {"dlts-agent", "dlts-api", "kubernetes-apiservers", "kubernetes-cadvisor"} <= jobs
+
+
+def test_prometheus_scrapes_the_agent_on_every_host(rendered):
+    name, out, _ = rendered
+    from ansible.inventory.manager import InventoryManager
+    from ansible.parsing.dataloader import DataLoader
+
+    hosts = {h.name for h in InventoryManager(loader=DataLoader(), sources=[str(INVENTORIES[name])]).get_hosts()}
+    config = yaml.safe_load((out["monitoring"] / "prometheus.yml").read_text())
+    agent_job = next(job for job in config["scrape_configs"] if job["job_name"] == "dlts-agent")
+    scraped = {entry["labels"]["node"] for entry in agent_job["static_configs"]}
+    assert scraped == hosts
+    assert all(t.endswith(":9445") for entry in agent_job["static_configs"] for t in entry["targets"])
+
+
+def test_alertmanager_config_passes_amtool(rendered):
+    _, out, _ = rendered
+    result = subprocess.run(
+        [tool("amtool"), "check-config", str(out["monitoring"] / "alertmanager.yml")],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_grafana_provisioning_files_are_valid(rendered):
+    _, out, _ = rendered
+    datasources = yaml.safe_load((out["monitoring"] / "grafana-datasources.yml").read_text())
+    assert datasources["datasources"][0]["type"] == "prometheus"
+    dashboards = yaml.safe_load((out["monitoring"] / "grafana-dashboards.yml").read_text())
+    assert dashboards["providers"][0]["options"]["path"].startswith("/")
+
+
+def test_mariadb_settings_are_accepted_by_mariadbd(rendered):
+    _, out, _ = rendered
+    result = subprocess.run(
+        [tool("mariadbd"), f"--defaults-file={out['mariadb'] / '60-dlts.cnf'}", "--verbose", "--help"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "transaction-isolation" in result.stdout and "READ-COMMITTED" in result.stdout
+
+
+def _fake_lustre_env(work: Path, fsname: str, mount: Path, mdts: int, osts: int) -> dict[str, str]:
+    """State for the stateful fake lfs/lctl of tests/lustre (same format its tests use)."""
+    gib_kib = 1024 * 1024
+    state_dir = work / "fake-lustre"
+    state_dir.mkdir(exist_ok=True)
+    state = {
+        "version": "2.15.4", "fsname": fsname, "mount": str(mount),
+        "mdts": [{"index": i, "kib_total": 100 * gib_kib, "kib_used": gib_kib, "inodes_total": 50_000_000,
+                  "inodes_used": 1000} for i in range(mdts)],
+        "osts": [{"index": i, "kib_total": 1000 * gib_kib, "kib_used": gib_kib, "inodes_total": 60_000_000,
+                  "inodes_used": 1000} for i in range(osts)],
+        "pools": {}, "users": {}, "groups": {}, "quotas": {"u": {}, "g": {}, "p": {}}, "defaults": {}, "grace": {},
+        "dirs": {}, "health": "healthy",
+    }
+    (state_dir / "state.json").write_text(json.dumps(state))
+    return dict(
+        os.environ,
+        DLTS_FAKE_LUSTRE_DIR=str(state_dir),
+        DLTS_FAKE_LUSTRE_PYTHON=sys.executable,
+        PATH=f"{FAKE_LUSTRE_BIN}{os.pathsep}{os.environ['PATH']}",
+    )
+
+
+def test_lustre_policy_applies_and_is_idempotent_against_the_fake_lustre(rendered):
+    name, out, work = rendered
+    policy_path = out["lustre_policy"] / "lustre-policy.yaml"
+    policy = yaml.safe_load(policy_path.read_text())
+    layout = {"vagrant": (2, 2), "example": (4, 16)}[name]  # (MDTs, OSTs) the inventory's servers provide
+    env = _fake_lustre_env(work, policy["filesystem"]["name"], Path(policy["filesystem"]["mount"]), *layout)
+    dlts_lustre = str(Path(sys.executable).parent / "dlts-lustre")
+
+    def apply(*flags: str) -> dict:
+        result = subprocess.run(
+            [dlts_lustre, "apply", "--json", *flags, str(policy_path)], env=env, capture_output=True, text=True, timeout=120
+        )
+        assert result.returncode == 0, result.stdout + result.stderr
+        return json.loads(result.stdout)
+
+    plan = apply("--dry-run")
+    assert plan["actions"], "a fresh file system needs pools, directories and quotas"
+    assert {vc["pool"] for vc in policy["vcs"]} == {
+        p["name"] for p in yaml.safe_load((INVENTORIES[name] / "group_vars/all/lustre.yml").read_text())["lustre_pools"]
+    }
+    assert apply()["changed"] is True
+    assert apply()["changed"] is False
+
+
+def test_managers_kubeconfig_loads_in_the_kubernetes_client(rendered):
+    from kubernetes import client, config
+
+    _, out, _ = rendered
+    configuration = client.Configuration()
+    config.load_kube_config(config_file=str(out["kubernetes_control_plane"] / "dlts-kubeconfig"),
+                            client_configuration=configuration)
+    assert configuration.host.startswith("https://") and configuration.host.endswith(":6443")
+    assert "Bearer fake-service-account-token" in configuration.api_key.values()
+
+
+def test_kubernetes_manifests_parse_and_grant_what_the_managers_need(rendered):
+    _, out, _ = rendered
+    docs = list(yaml.safe_load_all((out["kubernetes_control_plane"] / "dlts-rbac.yaml").read_text()))
+    kinds = [doc["kind"] for doc in docs]
+    assert kinds.count("ServiceAccount") == 2 and "ClusterRole" in kinds and "Namespace" in kinds
+    node_rules = next(d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "dlts-nodes")["rules"]
+    assert "patch" in node_rules[0]["verbs"]  # cordon
+    kubeadm = list(yaml.safe_load_all((out["kubernetes_control_plane"] / "kubeadm-config.yaml").read_text()))
+    assert [d["kind"] for d in kubeadm] == ["InitConfiguration", "ClusterConfiguration", "KubeletConfiguration"]
+    assert kubeadm[2]["cgroupDriver"] == "systemd"
+
+
+def test_containerd_config_is_valid_toml_with_systemd_cgroups(rendered):
+    _, out, _ = rendered
+    config = tomllib.loads((out["kubernetes_node"] / "containerd-config.toml").read_text())
+    runtimes = config["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["runtimes"]
+    assert runtimes["runc"]["options"]["SystemdCgroup"] is True
+
+
+def test_gpu_workers_run_containers_through_the_nvidia_runtime(rendered):
+    name, out, _ = rendered
+    config = tomllib.loads((out["kubernetes_node"] / "containerd-config.toml").read_text())
+    default = config["plugins"]["io.containerd.grpc.v1.cri"]["containerd"].get("default_runtime_name")
+    assert default == ("nvidia" if name == "example" else None)
+
+
+def test_agent_config_matches_the_inventory(rendered):
+    name, out, _ = rendered
+    agent = yaml.safe_load((out["dlts_agent"] / "agent.yaml").read_text())
+    assert agent["exporter"]["port"] == 9445
+    assert agent["expected_gpu_count"] == (8 if name == "example" else 0)
+    assert agent["collectors"]["gpu"]["enabled"] is (name == "example")
+    assert agent["report"]["node_token_file"] == "/etc/dlts/node-token"
+    from dlts_agent.config import load_config  # the agent's own typed validation
+
+    load_config(str(out["dlts_agent"] / "agent.yaml"), env={})
+
+
+def test_exports_and_lnet_files_have_the_expected_shape(rendered):
+    _, out, _ = rendered
+    for line in (out["nfs_server"] / "dlts.exports").read_text().splitlines():
+        if line and not line.startswith("#"):
+            path, clients = line.split(maxsplit=1)
+            assert path.startswith("/") and "(" in clients and clients.endswith(")")
+    lnet = (out["lustre_client"] / "lustre.conf").read_text()
+    assert 'options lnet networks="' in lnet
