@@ -101,7 +101,7 @@ def main() -> None:
             client = LustreClient(Runner())
             start = time.perf_counter()
             result = apply_plan(build_plan(policy, client), client)
-            return time.perf_counter() - start, len(client.runner.executed), len(result.executed)
+            return time.perf_counter() - start, client.runner.call_count, len(result.executed)
 
         first_s, first_calls, first_actions = apply_once()
         seconds = []

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import shutil
 import threading
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -20,6 +21,7 @@ log = logging.getLogger(__name__)
 
 TOOLS = frozenset({"lfs", "lctl"})
 DEFAULT_TIMEOUT_S = 60.0
+EXECUTED_KEPT = 1000
 
 
 @dataclass(frozen=True)
@@ -38,7 +40,9 @@ class Runner:
     timeout_s: float = DEFAULT_TIMEOUT_S
     dry_run: bool = False
     recorded: list[tuple[str, ...]] = field(default_factory=list)
-    executed: list[tuple[str, ...]] = field(default_factory=list)
+    # The last commands run, for logs and tests; bounded because the agent's collector lives for months.
+    executed: deque[tuple[str, ...]] = field(default_factory=lambda: deque(maxlen=EXECUTED_KEPT))
+    call_count: int = 0
 
     def run(self, argv: Sequence[str], *, mutating: bool = False, ok_codes: Sequence[int] = (0,),
             timeout_s: float | None = None) -> CommandResult:
@@ -88,6 +92,7 @@ class Runner:
         if expired.is_set():  # killed right as it finished
             raise LustreCommandError(argv, exit_code=None, timed_out=True, reason=f"timed out after {limit_s:g} s")
         self.executed.append(argv)
+        self.call_count += 1
         return CommandResult(argv, int(proc.exit_code or 0), _text(proc.stdout), _text(proc.stderr))
 
 

@@ -53,3 +53,11 @@ def test_dry_run_records_mutations_but_still_reads(fake_lustre):
     assert runner.recorded == [("lctl", "pool_new", "dltsfs.p1")]
     assert fake_lustre.state()["pools"] == {}
     assert [c[1] for c in fake_lustre.calls()] == ["pool_list"]
+
+
+def test_the_command_history_is_bounded_for_long_lived_collectors(fake_lustre, monkeypatch):
+    monkeypatch.setattr("dlts_lustre.runner.EXECUTED_KEPT", 2)
+    runner = Runner()
+    for _ in range(3):
+        runner.run(("lfs", "--version"))
+    assert len(runner.executed) == 2 and runner.call_count == 3
