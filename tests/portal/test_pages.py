@@ -10,7 +10,7 @@ import sqlalchemy as sa
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
-from dlts.models import AllowedIp, Job, JobAttempt, JobStatus, StorageUsage, User, VirtualCluster, utcnow
+from dlts.models import AllowedIp, Job, JobAttempt, JobStatus, Node, StorageUsage, User, VirtualCluster, utcnow
 
 JOB = {"vc": "vision", "type": "batch", "image": "busybox", "command": "echo hello", "gpus": "1"}
 
@@ -402,9 +402,39 @@ def test_vc_page_lists_running_and_waiting_jobs_and_per_user_use(as_user):
 
 # -- cluster, storage, GPU hours ------------------------------------------------------------------------
 
-def test_cluster_page_shows_capacity_nodes_and_vc_use(as_user):
-    page = text(as_user("bob").get("/cluster"))
-    assert "testnode" in page and "demo-gpu" in page and "in_service" in page and "no metrics" in page
+def _report_gpus(sessions, job_id: int, ratios: list[float]) -> None:
+    """What the node agent's report leaves in nodes.metrics (docs/agent.md)."""
+    gpus = [{"index": i, "utilization_ratio": r, "job_id": str(job_id)} for i, r in enumerate(ratios)]
+    with sessions() as s:
+        s.execute(sa.update(Node).where(Node.name == "testnode").values(metrics={"gpu_count": 4, "gpus": gpus}))
+        s.commit()
+
+
+def test_cluster_page_shows_capacity_nodes_vc_use_and_admin_only_utilisation(as_user, sessions):
+    bob = as_user("bob")
+    page = text(bob.get("/cluster"))
+    assert "testnode" in page and "demo-gpu" in page and "in_service" in page and "admins only" in page
+    assert "Cordon" not in page and bob.post("/nodes/testnode/cordon").status_code == 404
+    job_id = submit(as_user("alice"), gpus="2")
+    _report_gpus(sessions, job_id, [0.5, 0.7])
+    admin = as_user("admin")
+    assert "60%" in text(admin.get("/cluster"))
+    admin.post("/nodes/testnode/cordon")
+    page = text(admin.get("/cluster"))
+    assert "Node testnode is now cordoned." in page and "Uncordon" in page
+
+
+def test_gpu_hours_idle_now_from_agent_reports(as_user, sessions):
+    alice = as_user("alice")
+    assert "No node agent has reported GPU samples yet" in text(alice.get("/gpu-hours"))
+    job_id = submit(alice, gpus="2")
+    with sessions() as s:
+        s.execute(sa.update(Job).where(Job.id == job_id).values(status=JobStatus.RUNNING, attempt=1, started_at=utcnow()))
+        s.commit()
+    _report_gpus(sessions, job_id, [0.01, 0.9])
+    page = text(alice.get("/gpu-hours"))
+    assert re.search(r"<td>alice</td><td>vision</td><td class=\"num\">2</td><td class=\"num warn\">1</td>", page)
+    assert "No running job in your VCs" in text(as_user("carol").get("/gpu-hours"))
 
 
 def test_storage_page_empty_state_then_snapshot_and_csv(as_user, sessions):
@@ -433,3 +463,22 @@ def test_gpu_hours_from_attempts_of_the_month(as_user, sessions):
     page = text(alice.get(f"/gpu-hours?month={month:%Y-%m}"))
     assert "6.00" in page  # 2 GPUs x the 3 hours inside the month
     assert "No GPU time was booked" in text(as_user("carol").get(f"/gpu-hours?month={month:%Y-%m}"))
+
+
+def test_owner_and_vc_admin_change_priority_and_max_time_within_their_limits(as_user, sessions):
+    alice = as_user("alice")
+    job_id = submit(alice)
+    assert "Change priority or max time" in text(alice.get(f"/jobs/{job_id}"))
+    page = text(alice.post(f"/jobs/{job_id}/settings", {"priority": "500"}, follow_redirects=True))
+    assert "Priority 500 is out of range: you may set 1-100" in page
+    page = text(alice.post(f"/jobs/{job_id}/settings", {"priority": "50", "max_time_h": "2"}, follow_redirects=True))
+    assert f"Job {job_id} updated" in page
+    vcadmin = as_user("vcadmin")
+    assert "(1–1000)" in text(vcadmin.get(f"/jobs/{job_id}"))
+    vcadmin.post(f"/jobs/{job_id}/settings", {"priority": "900"})
+    with sessions() as s:
+        assert s.execute(sa.select(Job.priority, Job.max_time_s).where(Job.id == job_id)).one() == (900, 7200)
+    bob = as_user("bob")
+    assert "Change priority" not in text(bob.get(f"/jobs/{job_id}"))
+    assert "Only the job's owner" in text(bob.post(f"/jobs/{job_id}/settings", {"priority": "1"}, follow_redirects=True))
+    assert as_user("carol").post(f"/jobs/{job_id}/settings", {"priority": "1"}).status_code == 404

@@ -1,5 +1,5 @@
 """Read queries of portal pages that no service offers: the jobs list in both sort orders (the
-repository's ``list_jobs`` is newest-first only) and booked GPU-hours per user for a month.
+repository's ``list_jobs`` is newest-first only) booked GPU-hours per user for a month, and assigned-but-idle GPUs now.
 
 Keyset pagination on the primary key in either direction: ``boundary`` is the last id of the
 previous page, so a deep page costs the same as the first one (every filter below has an index that
@@ -15,7 +15,7 @@ from typing import Sequence
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from dlts.models import Job, JobAttempt, JobStatus, User, VirtualCluster
+from dlts.models import ACTIVE, Job, JobAttempt, JobStatus, Node, User, VirtualCluster
 
 
 def list_jobs(session: Session, *, visible_vc_ids: Sequence[int] | None, user_id: int | None, vc_id: int | None,
@@ -69,3 +69,41 @@ def gpu_hours(session: Session, month_start: dt.datetime, *, vc_names: Sequence[
         entry[0].add(job_id)
         entry[1] += gpus * hours
     return [GpuHours(user, vc, len(ids), round(h, 2)) for (user, vc), (ids, h) in sorted(totals.items())]
+
+
+IDLE_UTILISATION = 0.05  # an assigned GPU below 5 % busy counts as idle
+
+
+@dataclass(frozen=True)
+class IdleGpus:
+    user: str
+    vc: str
+    assigned: int  # GPUs of running jobs that the agents reported on
+    idle: int
+
+
+def idle_gpus_now(session: Session, *, vc_names: Sequence[str] | None) -> list[IdleGpus] | None:
+    """Assigned and idle GPUs per user, from the node agents' last reports (``nodes.metrics.gpus``).
+
+    None when no agent has reported GPU samples yet (the demo and fresh clusters): nothing is known.
+    """
+    per_job: dict[int, list[float]] = {}
+    reported = False
+    for (metrics,) in session.execute(sa.select(Node.metrics)):
+        for gpu in (metrics or {}).get("gpus") or []:
+            reported = True
+            job_id, ratio = gpu.get("job_id"), gpu.get("utilization_ratio")
+            if job_id and str(job_id).isdigit() and ratio is not None:
+                per_job.setdefault(int(job_id), []).append(float(ratio))
+    if not reported:
+        return None
+    query = (sa.select(Job.id, User.name, VirtualCluster.name).join(User, User.id == Job.user_id)
+             .join(VirtualCluster, VirtualCluster.id == Job.vc_id).where(Job.id.in_(list(per_job)), Job.status.in_(list(ACTIVE))))
+    if vc_names is not None:
+        query = query.where(VirtualCluster.name.in_(vc_names) if vc_names else sa.false())
+    totals: dict[tuple[str, str], list[int]] = {}
+    for job_id, user, vc in session.execute(query):
+        entry = totals.setdefault((user, vc), [0, 0])
+        entry[0] += len(per_job[job_id])
+        entry[1] += sum(1 for r in per_job[job_id] if r < IDLE_UTILISATION)
+    return [IdleGpus(user, vc, a, i) for (user, vc), (a, i) in sorted(totals.items())]

@@ -5,15 +5,15 @@ from __future__ import annotations
 import datetime as dt
 
 import sqlalchemy as sa
-from flask import Response, flash, redirect, render_template, request, url_for
+from flask import Response, abort, flash, redirect, render_template, request, url_for
 
 from dlts.errors import DltsError, InvalidInput
 from dlts.extensions import db
-from dlts.models import JobStatus, Node, VirtualCluster, utcnow
+from dlts.models import JobStatus, VirtualCluster, utcnow
 from dlts.portal import queries
-from dlts.repositories.usage import node_use
 from dlts.portal.core import admin_only_404, bp, flash_error, login_required, principal
 from dlts.services import cluster as cluster_service
+from dlts.services import nodes as node_service
 from dlts.services import storage as storage_service
 from dlts.services import vcs as vc_service
 
@@ -30,11 +30,33 @@ SETTING_HELP = {
 @bp.route("/cluster")
 @login_required
 def cluster():
-    status = cluster_service.status(db.session)
     who = principal()
-    nodes = list(db.session.scalars(sa.select(Node).order_by(Node.sku, Node.name)))
-    used = node_use(db.session)
-    return render_template("cluster.html", status=status, nodes=nodes, used=used, details=who.is_cluster_admin)
+    status = cluster_service.status(db.session)
+    nodes = node_service.list_nodes(db.session, who)
+    return render_template("cluster.html", status=status, nodes=nodes, utilisation={n.name: assigned_utilisation(n) for n in nodes},
+                           details=who.is_cluster_admin)
+
+
+def assigned_utilisation(node: node_service.NodeView) -> float | None:
+    """Mean utilisation of the node's GPUs that run a job, from the agent's last report (admins see metrics)."""
+    gpus = ((node.details or {}).get("metrics") or {}).get("gpus") or []
+    ratios = [g["utilization_ratio"] for g in gpus if g.get("job_id") and g.get("utilization_ratio") is not None]
+    return sum(ratios) / len(ratios) if ratios else None
+
+
+@bp.route("/nodes/<name>/<action>", methods=["POST"])
+@admin_only_404
+def node_action(name: str, action: str):
+    actions = {"cordon": node_service.cordon, "uncordon": node_service.uncordon}
+    if action not in actions:
+        abort(404)
+    try:
+        node = actions[action](db.session, principal(), name)
+        flash(f"Node {node.name} is now {node.state}.", "ok")
+    except DltsError as exc:
+        db.session.rollback()
+        flash_error(exc)
+    return redirect(url_for("portal.cluster"))
 
 
 # -- virtual clusters ---------------------------------------------------------------------------------
@@ -166,4 +188,6 @@ def gpu_hours():
         month = today.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
     vcs = None if who.is_cluster_admin else who.vcs
     rows = queries.gpu_hours(db.session, month, vc_names=vcs, now=today)
-    return render_template("gpu_hours.html", rows=rows, month=month.strftime("%Y-%m"))
+    idle = queries.idle_gpus_now(db.session, vc_names=vcs)
+    return render_template("gpu_hours.html", rows=rows, month=month.strftime("%Y-%m"), idle=idle,
+                           idle_threshold=queries.IDLE_UTILISATION)

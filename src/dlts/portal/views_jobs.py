@@ -32,8 +32,7 @@ COLUMNS = {
 DEFAULT_COLUMNS = ("name", "user", "vc", "queue", "gpus", "preemptible", "submitted", "started", "finished", "timeout")
 STATUS_GROUPS = {"active": [S.UNAPPROVED, S.QUEUED, S.SCHEDULING, S.RUNNING, S.PAUSING, S.PAUSED, S.KILLING],
                  "waiting": [S.UNAPPROVED, S.QUEUED], "ended": sorted(TERMINAL, key=lambda s: s.value)}
-ACTIONS = {"kill": job_service.kill, "pause": job_service.pause, "resume": job_service.resume,
-           "approve": job_service.approve}
+ACTIONS = job_service.BATCH_ACTIONS
 MAX_BATCH = 200
 
 
@@ -133,14 +132,8 @@ def jobs_batch():
         listed = [(i, found.get(i)) for i in ids]
         listed = [(i, j if j is not None and job_visibility(who, j) is not None else None) for i, j in listed]
         return render_template("batch_confirm.html", action=action, listed=listed, next=request.form.get("next", ""))
-    results = []
-    for job_id in ids:
-        try:
-            job = ACTIONS[action](db.session, who, job_id)
-            results.append((job_id, True, f"now {job.status.value}"))
-        except DltsError as exc:
-            db.session.rollback()
-            results.append((job_id, False, exc.message))
+    results = [(r.id, r.ok, f"now {r.status}" if r.ok else r.message)
+               for r in job_service.batch(db.session, who, action, ids)]
     return render_template("batch_result.html", action=action, results=results, next=request.form.get("next", ""))
 
 
@@ -175,7 +168,7 @@ def job(job_id: int):
     return render_template(
         "job.html", job=job, full=full, attempts=attempts, events=events, placements=placements, actions=actions,
         messages=[e for e in events if e.kind in ("insight", "repair")], vc_admin=vc_admin,
-        can_patch=full and job.status not in TERMINAL and hasattr(job_service, "update"),
+        can_patch=full and job.status not in TERMINAL,
         time_left_s=job_service.time_left_s(job, job.vc.max_job_time_s), ended=job.status in TERMINAL,
         ssh_keys=ssh_keys)
 
@@ -200,23 +193,22 @@ def job_action(job_id: int, action: str):
 @login_required
 def job_settings(job_id: int):
     """Change priority / max time (owner within member limits, VC admin beyond), via the jobs service."""
-    update = getattr(job_service, "update", None)
-    if update is None:
-        abort(404)
     try:
         priority = request.form.get("priority", "").strip()
         hours = request.form.get("max_time_h", "").strip()
-        changes = {}
+        changes: dict[str, int] = {}
         if priority:
             changes["priority"] = int(priority)
         if hours:
             changes["max_time_s"] = int(round(float(hours) * 3600))
-        update(db.session, principal(), job_id, **changes)
-        flash(f"Job {job_id} updated.", "ok")
+        job_service.patch(db.session, principal(), job_id, changes)
+        flash(f"Job {job_id} updated; the scheduler uses the new values from its next pass.", "ok")
     except ValueError:
         flash("Priority is a whole number and max time a number of hours.", "error")
     except DltsError as exc:
         db.session.rollback()
+        if exc.http_status == 404:
+            raise
         flash_error(exc)
     return redirect(url_for("portal.job", job_id=job_id))
 
