@@ -6,32 +6,9 @@ import time
 
 import requests
 import sqlalchemy as sa
+from live_helpers import get, submit, wait_for, wait_for_log
 
 from dlts.models import JobEvent
-
-
-def submit(live, world, user="alice", **body):
-    payload = {"vc": "vision", "image": "debian:12", "command": "true"} | body
-    r = requests.post(f"{live.url}/api/v1/jobs", json=payload, headers=world.auth(user), timeout=10)
-    assert r.status_code == 201, r.text
-    return r.json()
-
-
-def get(live, world, job_id, user="alice"):
-    r = requests.get(f"{live.url}/api/v1/jobs/{job_id}", headers=world.auth(user), timeout=10)
-    assert r.status_code == 200, r.text
-    return r.json()
-
-
-def wait_for(live, world, job_id, statuses, timeout_s=20.0, user="alice"):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        live.tick()
-        job = get(live, world, job_id, user)
-        if job["status"] in statuses:
-            return job
-        assert time.monotonic() < deadline, f"job {job_id} stuck in {job['status']} ({job.get('reason')})"
-        time.sleep(0.1)
 
 
 def test_a_job_prints_a_value_and_the_log_returns_it(live, world):
@@ -71,14 +48,6 @@ def test_a_failing_command_ends_failed_with_its_exit_code_after_its_retries(live
     assert moves[0] == ("queued", "scheduling")
     assert moves[-1][1] == "failed"
     assert ("running", "queued") in moves or ("scheduling", "queued") in moves  # the retry
-
-
-def wait_for_log(live, world, job_id, text, timeout_s=10.0):
-    deadline = time.monotonic() + timeout_s
-    while text not in requests.get(f"{live.url}/api/v1/jobs/{job_id}/log", headers=world.auth("alice"), timeout=10).json()["data"]:
-        assert time.monotonic() < deadline, f"{text!r} never appeared in job {job_id}'s log"
-        live.tick()
-        time.sleep(0.05)
 
 
 def test_a_sleeping_job_is_killed_within_the_grace_period(live, world, settings):

@@ -12,8 +12,6 @@ import time
 
 import requests
 
-from conftest import IS_MYSQL, TEST_DATABASE_URL
-
 DLTS = [sys.executable, "-m", "dlts.cli"]
 
 
@@ -26,7 +24,7 @@ def free_port() -> int:
 def test_api_and_managers_processes_run_a_job_end_to_end(tmp_path, database_url):
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("DLTS_")} | {
-        "DLTS_HOME": str(tmp_path), "DLTS_DATABASE_URL": TEST_DATABASE_URL if IS_MYSQL else database_url,
+        "DLTS_HOME": str(tmp_path), "DLTS_DATABASE_URL": database_url,
         "DLTS_SECRET_KEY": "a-test-secret-key-123456", "DLTS_LISTEN_PORT": str(port), "DLTS_TICK_S": "0.3",
         "DLTS_DEMO_GPUS": "2", "DLTS_RUN_DIR": str(tmp_path / "run"), "DLTS_LOG_DIR": str(tmp_path / "logs"),
     }

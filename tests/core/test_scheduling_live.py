@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from test_end_to_end import get, submit, wait_for
+from live_helpers import get, submit, wait_for
 
 
 def test_a_non_preemptible_job_preempts_opportunistic_work_which_returns_to_the_head_of_its_queue(live, world, settings):
