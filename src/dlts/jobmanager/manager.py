@@ -176,10 +176,15 @@ class JobManager:
 
     # -- apply decisions ----------------------------------------------------------------------------
     def apply(self, session: Session, decisions: Decisions) -> None:
+        # Adding or removing replicas of a running inference job needs per-replica objects in the
+        # backends, which they do not have yet: those decisions are left out (docs/control-loop.md),
+        # so an inference job runs with the replicas it was started with.
         for stop in decisions.stops:
-            self._stop(session, stop.job_id, stop.reason)
+            if not stop.placements:
+                self._stop(session, stop.job_id, stop.reason)
         for start in decisions.starts:
-            self._start(session, start.job_id, start.placements)
+            if not start.scale_up:
+                self._start(session, start.job_id, start.placements)
         self._record_waits(session, decisions)
 
     def _start(self, session: Session, job_id: int, placements) -> None:
