@@ -103,7 +103,7 @@ def steady(jobs: int, seed: int = 7) -> list[dict]:
     rng = random.Random(seed)
     rows, t = [], 0.0
     for i in range(1, jobs + 1):
-        t += rng.expovariate(1 / 45.0)  # a job every 45 s on average
+        t += rng.expovariate(1 / 180.0)  # a job every 3 min: about 85 % of the GPUs busy
         rows.append(_row(rng, i, t))
     return rows
 
@@ -146,7 +146,7 @@ def bursts(jobs: int, seed: int = 11) -> list[dict]:
     # 5. The rest: steady mixed traffic.
     t = 4200.0
     while i < jobs:
-        t += rng.expovariate(1 / 40.0)
+        t += rng.expovariate(1 / 180.0)
         add(t)
     return rows
 
