@@ -87,6 +87,7 @@ class Agent:
         self._previous: Collection | None = None
         self._errors_total: dict[str, int] = {}
         self._last_success: dict[str, float] = {}
+        self._last_logged: dict[str, tuple[Any, ...]] = {}
         self.registry = make_registry(self.latest)
         self._rendered: tuple[Any, bytes] | None = None  # (cache key, exposition text)
         self.executor = ActionExecutor(
@@ -146,6 +147,7 @@ class Agent:
                 continue
             r = run_collector(c)
             results[name] = r
+            self._log_change(name, r)
             if r.status is CollectorStatus.FAILED:
                 self._errors_total[name] = self._errors_total.get(name, 0) + 1
             elif r.status is CollectorStatus.OK:
@@ -172,6 +174,23 @@ class Agent:
             except OSError as e:
                 log.error("cannot write %s: %s", self.cfg.exporter.textfile_path, e)
         return snap
+
+    def _log_change(self, name: str, r: CollectorResult) -> None:
+        """Log a collector's trouble when it starts or changes, not every round (a CPU node without
+        NVML would otherwise log the same failure every interval_s)."""
+        key = (r.status, r.errors, r.skip_reason)
+        if self._last_logged.get(name) == key:
+            return
+        before = self._last_logged.get(name)
+        self._last_logged[name] = key
+        if r.status is CollectorStatus.FAILED:
+            log.warning("collector %s failed: %s", name, "; ".join(r.errors))
+        elif r.status is CollectorStatus.SKIPPED:
+            log.info("collector %s skipped: %s", name, r.skip_reason)
+        elif r.errors:
+            log.warning("collector %s skipped malformed input: %s", name, "; ".join(r.errors[:5]))
+        elif before is not None:
+            log.info("collector %s is OK again", name)
 
     def close(self) -> None:
         for c in self.collectors.values():

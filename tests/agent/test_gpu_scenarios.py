@@ -216,3 +216,12 @@ def test_real_pynvml_without_a_driver_is_unavailable_not_a_crash():
 )
 def test_bus_ids_from_nvml_and_the_kernel_normalise_to_one_form(raw, expected):
     assert normalize_bus_id(raw) == expected
+
+
+def test_a_lasting_nvml_failure_is_logged_once_not_every_round(node, caplog):
+    caplog.set_level("INFO", logger="dlts_agent")
+    agent = run_agent(node, "init-failure")
+    agent.collect_once()
+    agent.collect_once()
+    failures = [r for r in caplog.records if "collector gpu failed" in r.getMessage()]
+    assert len(failures) == 1 and "Driver Not Loaded" in failures[0].getMessage()

@@ -8,6 +8,7 @@ import json
 import random
 import threading
 import time
+import urllib.error
 import urllib.request
 
 import pytest
@@ -220,10 +221,12 @@ def test_the_exporter_port_cannot_trigger_actions(node: FakeNode, command_log):
             assert agent.ready.wait(10)
             body = json.dumps({"orders": [{"id": "x", "action": "reboot", "target": "", "force": True}]}).encode()
             req = urllib.request.Request(f"http://127.0.0.1:{agent.exporter_port}/report", data=body, method="POST")
-            try:
+            with pytest.raises(urllib.error.HTTPError) as refused:
                 urllib.request.urlopen(req, timeout=5).read()
-            except urllib.error.HTTPError:
-                pass
+            assert refused.value.code == 501  # the metrics port has no method that accepts input
+            with pytest.raises(urllib.error.HTTPError) as missing:
+                urllib.request.urlopen(f"http://127.0.0.1:{agent.exporter_port}/report", timeout=5).read()
+            assert missing.value.code == 404
             time.sleep(0.3)
         finally:
             stop.set()

@@ -25,18 +25,17 @@ class Collector(Protocol):
 
 
 def run_collector(collector: Collector) -> CollectorResult:
+    """Run and time one collector. Logging is the caller's: it knows what changed since last round."""
     start = time.perf_counter()
     try:
         sample, errors = collector.collect()
     except Skip as e:
         return CollectorResult(collector.name, CollectorStatus.SKIPPED, time.perf_counter() - start, skip_reason=str(e))
     except Exception as e:  # noqa: BLE001 - one failing collector must never fail the agent
-        log.warning("collector %s failed: %s: %s", collector.name, type(e).__name__, e)
+        log.debug("collector %s failed: %s: %s", collector.name, type(e).__name__, e)
         return CollectorResult(
             collector.name, CollectorStatus.FAILED, time.perf_counter() - start, errors=(f"{type(e).__name__}: {e}",)
         )
-    for err in errors:
-        log.info("collector %s: %s", collector.name, err)
     return CollectorResult(
         collector.name, CollectorStatus.OK, time.perf_counter() - start, sample=sample, errors=tuple(errors)
     )
