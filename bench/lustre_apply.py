@@ -28,14 +28,13 @@ import sh
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "lustre"))
 
-from conftest import base_state  # noqa: E402  (the same fake state the tests use)
+from conftest import base_state
 
-from dlts_lustre.client import LustreClient  # noqa: E402
-from dlts_lustre.model import QuotaKind  # noqa: E402
-from dlts_lustre.parsers import parse_df_single, parse_quota  # noqa: E402
-from dlts_lustre.plan import apply_plan, build_plan  # noqa: E402
-from dlts_lustre.policy import policy_from_vcs  # noqa: E402
-from dlts_lustre.runner import Runner  # noqa: E402
+from dlts_lustre.client import LustreClient
+from dlts_lustre.parsers import parse_df_single, parse_quota
+from dlts_lustre.plan import apply_plan, build_plan
+from dlts_lustre.policy import policy_from_vcs
+from dlts_lustre.runner import Runner
 
 
 def median_s(fn, repeat: int) -> float:

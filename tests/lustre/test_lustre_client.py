@@ -117,7 +117,7 @@ def test_per_pool_quota_and_grace(fake_lustre):
     mount = str(fake_lustre.mount)
     client = LustreClient()
     client.pool_new("dltsfs", "flash")
-    client.pool_add("dltsfs", "flash", range(0, 2))  # indices or a range
+    client.pool_add("dltsfs", "flash", range(2))  # indices or a range
     client.set_quota(QuotaKind.USER, "alice", mount, QuotaLimits(GIB, 2 * GIB, 0, 0), pool="flash")
     pooled = client.quota(QuotaKind.USER, "alice", mount, pool="flash")
     assert pooled.pool == "flash" and pooled.total.block_hard_kib == 2 * GIB
