@@ -344,7 +344,8 @@ class KubernetesBackend:
                 groups.setdefault(key, []).append(pod)
         # An attempt with no pods at all is absent here; the job manager knows which attempts it
         # launched and decides (relaunch a lost create, or count a running one as gone).
-        observed = (self._observe_attempt(key, group, lost_nodes, nodes.keys(), now)
+        known_nodes = set(nodes)
+        observed = (self._observe_attempt(key, group, lost_nodes, known_nodes, now)
                     for key, group in sorted(groups.items()))
         return [o for o in observed if o is not None]
 
@@ -372,7 +373,7 @@ class KubernetesBackend:
         return None
 
     def _observe_attempt(self, key: tuple[int, int], pods: list[dict], lost_nodes: Mapping[str, str],
-                         node_names: Iterable[str], now: float) -> Observed | None:
+                         node_names: set[str], now: float) -> Observed | None:
         job_id, attempt = key
         pods.sort(key=lambda p: int((p["metadata"].get("labels") or {}).get(LABEL_INDEX) or 0))
         expected = max(len(pods), int((pods[0]["metadata"].get("annotations") or {}).get(ANNOTATION_WORLD_SIZE, 1)))
@@ -394,7 +395,6 @@ class KubernetesBackend:
         if len(pods) == expected and all(ph == "Succeeded" for ph in phases):
             return Observed(job_id, attempt, RunPhase.SUCCEEDED, exit_code=0, started_at=started_at,
                             finished_at=finished_at or now)
-        node_names = set(node_names)
         for pod in pods:
             node = (pod.get("spec") or {}).get("nodeName") or ""
             reason = self._node_lost_reason(node, lost_nodes, node in node_names, now) if node else None
