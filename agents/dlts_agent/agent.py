@@ -88,6 +88,7 @@ class Agent:
         self._errors_total: dict[str, int] = {}
         self._last_success: dict[str, float] = {}
         self._last_logged: dict[str, tuple[Any, ...]] = {}
+        self._save_error: str | None = None
         self.registry = make_registry(self.latest)
         self._rendered: tuple[Any, bytes] | None = None  # (cache key, exposition text)
         self.executor = ActionExecutor(
@@ -164,10 +165,15 @@ class Agent:
             self._latest = snap
         try:
             self.state.save()
+            self._save_error = None
         except OSError as e:
-            log.error(
-                "cannot save state to %s: %s; kernel lines may be counted again after a restart", self.state.path, e
-            )
+            if str(e) != self._save_error:  # once per distinct problem, not every round
+                self._save_error = str(e)
+                log.error(
+                    "cannot save state to %s: %s; kernel lines may be counted again after a restart",
+                    self.state.path,
+                    e,
+                )
         if self.cfg.exporter.textfile_path:
             try:
                 write_textfile(self.cfg.exporter.textfile_path, self.render())

@@ -246,3 +246,24 @@ def test_node_token_from_environment_or_file(tmp_path):
     assert read_node_token(cfg, {"DLTS_AGENT_NODE_TOKEN": "abc"}) == "abc"
     with pytest.raises(ConfigError, match="report.node_token_file.*DLTS_AGENT_NODE_TOKEN"):
         read_node_token(cfg, {})
+
+
+def test_systemd_gets_ready_then_watchdog_pings(node: FakeNode, tmp_path, monkeypatch):
+    import socket
+
+    sock_path = str(tmp_path / "notify.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    listener.bind(sock_path)
+    listener.settimeout(5)
+    monkeypatch.setenv("NOTIFY_SOCKET", sock_path)
+    agent = Agent(agent_config(node, interval_s=0.1), nvml_lib=healthy_8xa100())
+    stop = threading.Event()
+    t = threading.Thread(target=agent.run, args=(stop,), daemon=True)
+    t.start()
+    try:
+        messages = [listener.recv(256).decode() for _ in range(3)]
+    finally:
+        stop.set()
+        t.join(10)
+        listener.close()
+    assert messages[0] == "READY=1" and messages[1:] == ["WATCHDOG=1", "WATCHDOG=1"]
