@@ -265,3 +265,8 @@ def test_the_vc_policy_and_storage_from_the_database_apply():
         ManifestRenderer(RenderSettings()).render(make_spec(11, vc_pod_policy={"host_netwrk": True}))
     with pytest.raises(TemplateError, match="mount_path"):
         ManifestRenderer(RenderSettings()).render(make_spec(11, nfs_volumes=({"server": "s", "path": "/p"},)))
+
+
+def test_a_missing_templates_dir_is_named(tmp_path):
+    with pytest.raises(TemplateError, match="is not a directory"):
+        ManifestRenderer(RenderSettings(templates_dir=str(tmp_path / "nope")))

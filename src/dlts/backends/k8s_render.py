@@ -199,10 +199,19 @@ def yaml_literal(value: Any) -> str:
 
 
 def _environment(templates_dir: str | None) -> jinja2.Environment:
-    paths = [str(DEFAULT_TEMPLATES_DIR)]
+    paths = []
     if templates_dir:
-        paths.insert(0, str(Path(templates_dir) / "kubernetes") if (Path(templates_dir) / "kubernetes").is_dir()
+        if not Path(templates_dir).is_dir():
+            raise TemplateError(f"templates_dir {templates_dir} is not a directory; fix the setting or remove it "
+                                "to use the default templates")
+        paths.append(str(Path(templates_dir) / "kubernetes") if (Path(templates_dir) / "kubernetes").is_dir()
                      else templates_dir)
+    if DEFAULT_TEMPLATES_DIR.is_dir():
+        paths.append(str(DEFAULT_TEMPLATES_DIR))
+    elif not templates_dir:
+        raise TemplateError(f"the default Kubernetes templates are not at {DEFAULT_TEMPLATES_DIR} (an installed "
+                            "copy without the repository's templates/); set templates_dir to a directory holding "
+                            "pod.yaml.j2, headless-service.yaml.j2, endpoint-service.yaml.j2 and secret.yaml.j2")
     return jinja2.Environment(
         loader=jinja2.FileSystemLoader(paths),
         undefined=jinja2.StrictUndefined,
