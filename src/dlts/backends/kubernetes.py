@@ -5,8 +5,9 @@ What this module owns:
 * ``launch``: the objects ``k8s_render`` produces (secrets, services, then one pod per placement,
   each bound to its node with ``nodeName``), created idempotently: a name that already exists is
   the object of this very attempt (names are deterministic), so a second launch creates nothing.
-* ``observe``: one list of our pods and one list of nodes per call, however many jobs run; pod
-  phases and container exit codes become ``Observed`` values; a pod whose node has been NotReady /
+* ``observe``: one list of our pods and one list of nodes per call, however many jobs run (with
+  ``watch`` on, the pods come from memory kept by ``k8s_watch.PodWatch``); pod phases and
+  container exit codes become ``Observed`` values; a pod whose node has been NotReady /
   Unknown (or absent) for ``node_lost_after_s`` makes its attempt ``GONE`` with ``node_lost``.
 * ``terminate`` (kill, preemption) deletes with a grace period; deleting what is gone succeeds.
 * ``forget`` / ``collect_garbage``: removal of finished attempts and of orphans no DB row owns.
