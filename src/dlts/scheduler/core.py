@@ -49,6 +49,7 @@ class _Pass:
         self.queues: dict[str, VcQueue] = {}
         self.positions: dict[int, int] = {}
         self._queue_cache: dict[str, tuple] = {}
+        self._blocked: dict[int, Rejection] = {}
 
     @contextmanager
     def _phase(self, name: str) -> Iterator[None]:
@@ -119,14 +120,14 @@ class _Pass:
         if policy is not None and job.approved:
             blocker = policy.blocked_by(queue, job)
             if blocker is not None:
-                self._wait(
-                    job,
-                    Rejection(
+                rej = self._blocked.get(blocker)
+                if rej is None:  # one value per blocker: thousands of jobs can queue behind one
+                    rej = self._blocked[blocker] = Rejection(
                         WaitReason.BLOCKED_BY,
                         f"VC {job.vc} is FIFO and job {blocker}, ahead in its queue, cannot start yet",
                         blocked_by=blocker,
-                    ),
-                )
+                    )
+                self._wait(job, rej)
                 return
         req = st.request(job)
         for f in fw.filter:
