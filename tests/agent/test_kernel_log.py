@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import pytest
 from conftest import BTIME, FAKEBIN, FIXTURES, FakeNode, agent_config
+from dlts_agent.actions import OrderError, parse_order
 from dlts_agent.agent import Agent
+from dlts_agent.collectors.infiniband import _enum_name
 from dlts_agent.collectors.xid import XidCollector
 from dlts_agent.fake_nvml import healthy_8xa100
 from dlts_agent.kernel_log import XidLineParser, parse_kmsg_record
 from dlts_agent.model import CollectorStatus
 from dlts_agent.nvml import Nvml
 from dlts_agent.state import AgentState
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 
 @pytest.mark.parametrize(
@@ -183,3 +187,41 @@ def test_nvml_xid_events_are_taken_even_with_the_gpu_collector_off(node: FakeNod
     xid = agent.latest().collection.sample("xid")
     assert xid.counts == {("0000:bd:00.0", 79, "nvml"): 1}
     assert [f.code.value for f in agent.latest().findings] == ["gpu_xid"]
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.text(max_size=200), max_size=20))
+def test_no_kernel_line_can_crash_the_parsers(lines):
+    parser = XidLineParser()
+    for line in lines:
+        rec = parse_kmsg_record(line, BTIME)
+        parsed = parser.feed(rec.message if rec else line)
+        if parsed is not None and parsed.xid is not None:
+            assert parsed.xid >= 0
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.text(max_size=60))
+def test_no_sysfs_state_text_can_crash_the_ib_parser(text):
+    name = _enum_name(text)
+    assert name is None or name == name.upper()
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=10,
+)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.dictionaries(st.sampled_from(["id", "action", "target", "dry_run", "force", "reason", "x"]), json_values)
+    | json_values
+)
+def test_any_json_order_is_parsed_or_refused_with_order_error(raw):
+    try:
+        order = parse_order(raw)
+    except OrderError:
+        return
+    assert order.id and isinstance(order.dry_run, bool)
