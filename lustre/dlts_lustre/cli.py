@@ -208,12 +208,15 @@ def quota(ctx: click.Context, kind: str | None, ident: str, mount: str, verbose:
           as_json: bool) -> None:
     if kind is None:
         raise click.UsageError("choose one of --user, --group or --project")
-    report = _client(ctx).quota(QuotaKind(kind), ident, mount, verbose=verbose, pool=pool)
+    client = _client(ctx)
+    version = client.version()  # says which output generation the numbers came from
+    report = client.quota(QuotaKind(kind), ident, mount, verbose=verbose, pool=pool)
     if as_json:
-        _emit_json(report)
+        _emit_json({**to_jsonable(report), "lustre_version": str(version)})
     else:
         for line in quota_text(report):
             click.echo(line)
+        click.echo(f"(Lustre {version})")
 
 
 # ---------------------------------------------------------------------------------------------- status
