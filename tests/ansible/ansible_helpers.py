@@ -75,14 +75,23 @@ def run_playbook(
     extra_vars: dict | None = None,
     tmp_path: Path | None = None,
     timeout_s: float = 300,
+    log_path: Path | None = None,
 ) -> subprocess.CompletedProcess:
+    """Run a playbook; with log_path, output streams to that file (follow long runs with tail -f)."""
     cmd = [tool("ansible-playbook"), "-i", str(inventory), str(ANSIBLE_DIR / playbook if isinstance(playbook, str) else playbook)]
     if extra_vars:
         cmd += ["--extra-vars", json.dumps(extra_vars)]
     cmd += list(args)
-    return subprocess.run(
-        cmd, cwd=ANSIBLE_DIR, env=ansible_env(tmp_path), capture_output=True, text=True, timeout=timeout_s, check=False
-    )
+    if log_path is None:
+        return subprocess.run(
+            cmd, cwd=ANSIBLE_DIR, env=ansible_env(tmp_path), capture_output=True, text=True, timeout=timeout_s, check=False
+        )
+    with log_path.open("w") as log:
+        result = subprocess.run(
+            cmd, cwd=ANSIBLE_DIR, env=ansible_env(tmp_path), stdout=log, stderr=subprocess.STDOUT, text=True,
+            timeout=timeout_s, check=False,
+        )
+    return subprocess.CompletedProcess(cmd, result.returncode, log_path.read_text(), "")
 
 
 # -- template rendering --------------------------------------------------------------------------

@@ -80,6 +80,8 @@ ROLE_PACKAGES = (
     "ssl-cert",
     "openssl",
     "chrony",
+    "rsync",
+    "pciutils",
 )
 
 # Files written into the root file system after debootstrap. Keep in this table: the hash below
