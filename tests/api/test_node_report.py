@@ -96,6 +96,9 @@ def test_repair_orders_are_sent_once_results_recorded_and_the_node_returns_to_se
     assert client.post("/api/v1/nodes/testnode/report", json=report(order_results=[result]), headers=auth).get_json() == {"orders": []}
     # the agent re-sends a result until it sees a 2xx: recorded once
     client.post("/api/v1/nodes/testnode/report", json=report(order_results=[result | {"status": "failed"}]), headers=auth)
+    # results for orders that are not ours are ignored, whatever their id looks like
+    strangers = [result | {"id": i} for i in ("9" * 128, "-1", "abc", "99999")]
+    assert client.post("/api/v1/nodes/testnode/report", json=report(order_results=strangers), headers=auth).status_code == 200
     with sessions() as s:
         row = s.get(NodeOrder, int(order_id))
         assert (row.status, row.result["agent"]["message"]) == ("done", "reset gpu 3")

@@ -252,7 +252,8 @@ def record_report(session: Session, node: Node, report: Report) -> list[dict[str
         if key not in seen:
             row.cleared_at = now  # gone from this report: the condition cleared
     for result in report.order_results:
-        order = session.get(NodeOrder, int(result.id)) if result.id.isdigit() else None
+        # ids are ours (decimal row ids); anything else is not an order of this API
+        order = session.get(NodeOrder, int(result.id)) if result.id.isdigit() and len(result.id) <= 18 else None
         if order is None or order.node_id != node.id or order.status in ("done", "failed"):
             continue  # unknown, another node's, or already recorded (results are re-sent until a 2xx)
         order.status = RESULT_STATUS.get(result.status, "failed")
