@@ -23,6 +23,7 @@ from dlts.scheduler.model import (
     Wait,
     WaitReason,
 )
+from dlts.scheduler import plugins  # noqa: E402,F401  (registers the built-in plugins by name)
 
 __all__ = [
     "CPU_SKU",

@@ -199,8 +199,6 @@ class _Pass:
             added.extend(got)
         if not added:
             return
-        if job.type is JobType.INTERACTIVE:  # not reachable today; keeps the cap honest if it becomes so
-            st.interactive_used[job.vc] += req.gpus * len(added)
         self.starts.setdefault(job.id, []).extend(added)
         if job.running:
             self.scale_up.add(job.id)

@@ -97,6 +97,17 @@ class BestFit:
         return Rejection(WaitReason.CAPACITY, f"needs {per}; only {free} {req.sku} GPUs are free")
 
 
+def cpu_pools(state: PassState, job: Job, vc: Vc) -> list[Pool]:
+    """Pools a CPU-only job may use: CPU-only nodes (own, then shared), then, if the VC allows,
+    GPU nodes (own hard-assigned first)."""
+    pools = state.pools_for(CPU_SKU, job.vc)
+    if vc.allow_cpu_jobs_on_gpu_nodes:
+        for (sku, owner), pool in sorted(state.pools.items(), key=lambda kv: (kv[0][1] is None, kv[0][0])):
+            if sku != CPU_SKU and owner in (None, job.vc):
+                pools.append(pool)
+    return pools
+
+
 @register("place", "cpu_only")
 class CpuOnly:
     """CPU-only jobs: CPU-only nodes first (fewest cores left wins), then GPU nodes' spare cores
@@ -108,12 +119,7 @@ class CpuOnly:
         return req.sku == CPU_SKU
 
     def _pools(self, state: PassState, job: Job, vc: Vc) -> list[Pool]:
-        pools = state.pools_for(CPU_SKU, job.vc)
-        if vc.allow_cpu_jobs_on_gpu_nodes:
-            for (sku, owner), pool in sorted(state.pools.items(), key=lambda kv: (kv[0][1] is None, kv[0][0])):
-                if sku != CPU_SKU and owner in (None, job.vc):
-                    pools.append(pool)
-        return pools
+        return cpu_pools(state, job, vc)
 
     def feasible(self, state: PassState, job: Job, req: Request, vc: Vc) -> Rejection | None:
         for pool in self._pools(state, job, vc):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dlts.scheduler.framework import ReclaimPlan, register
 from dlts.scheduler.model import CPU_SKU, Job, Placement, Vc
-from dlts.scheduler.plugins.placement import CpuOnly
+from dlts.scheduler.plugins.placement import cpu_pools
 from dlts.scheduler.state import Holding, NodeState, PassState, Pool, Request, best_run, mask_of
 
 Free = list  # [gpu mask, cores, bytes]
@@ -76,7 +76,7 @@ class Reclaim:
         if state.reclaim_fail_cache.known_to_fail(key, req.gpus, req.cpu, req.memory_bytes):
             return None
         if req.sku == CPU_SKU:
-            pools = CpuOnly()._pools(state, job, vc)
+            pools = cpu_pools(state, job, vc)
         else:
             pools = state.pools_for(req.sku, job.vc)
         found = self._gang(state, pools, req) if req.whole_node else self._units(state, pools, req)
