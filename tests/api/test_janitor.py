@@ -58,3 +58,21 @@ def test_max_batches_bounds_one_pass_and_the_next_continues(sessions, settings, 
 def test_bad_settings_are_refused(sessions, kwargs):
     with pytest.raises(ValueError):
         Janitor(sessions, **kwargs)
+
+
+def test_dlts_managers_registers_the_janitor(settings, monkeypatch):
+    from click.testing import CliRunner
+
+    import dlts.managers
+    from dlts.cli import main
+
+    seen = {}
+    monkeypatch.setattr(dlts.managers, "run_forever", lambda entries: seen.update({e.id: e for e in entries}))
+    monkeypatch.setenv("DLTS_DATABASE_URL", settings.database_url)
+    monkeypatch.setenv("DLTS_HOME", str(settings.home))
+    monkeypatch.setenv("DLTS_RETENTION_DAYS", "42")
+    result = CliRunner().invoke(main, ["managers"])
+    assert result.exit_code == 0, result.output
+    janitor = seen["janitor.purge"]
+    assert janitor.interval_s == 3600 and janitor.run.__self__.retention_days == 42
+    assert janitor.run.__self__.batch_rows == 500
