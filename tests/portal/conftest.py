@@ -1,7 +1,8 @@
 """Portal fixtures: the shared ``world`` with passwords, and logged-in Flask test clients per role.
 
-Hashing with scrypt is deliberately slow, so each password is hashed once per session and the hash
-is written straight into ``users.password_hash`` of every test's fresh database.
+Hashing with scrypt is deliberately slow, so the test users' passwords are hashed once per session,
+with cheap scrypt parameters, and written straight into ``users.password_hash`` of each test's fresh
+database. The production parameters are exercised by ``test_passwords_cli_demo.py``.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import sqlalchemy as sa
 from werkzeug.security import generate_password_hash
 
 from dlts.models import User
-from dlts.services.portal_auth import PASSWORD_METHOD
 
 PASSWORDS = {name: f"{name}-correct-horse-9" for name in ("admin", "vcadmin", "alice", "bob", "carol")}
 CSRF_RE = re.compile(r'name="csrf_token" value="([^"]+)"')
@@ -21,7 +21,8 @@ CSRF_RE = re.compile(r'name="csrf_token" value="([^"]+)"')
 
 @pytest.fixture(scope="session")
 def password_hashes() -> dict[str, str]:
-    return {name: generate_password_hash(pw, method=PASSWORD_METHOD) for name, pw in PASSWORDS.items()}
+    # cheap scrypt parameters for the many test logins; production hashing is tested in test_passwords_cli_demo
+    return {name: generate_password_hash(pw, method="scrypt:1024:8:1") for name, pw in PASSWORDS.items()}
 
 
 @pytest.fixture

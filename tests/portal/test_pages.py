@@ -10,7 +10,17 @@ import sqlalchemy as sa
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
-from dlts.models import AllowedIp, Job, JobAttempt, JobStatus, Node, StorageUsage, User, VirtualCluster, utcnow
+from dlts.models import (
+    AllowedIp,
+    Job,
+    JobAttempt,
+    JobStatus,
+    Node,
+    StorageUsage,
+    User,
+    VirtualCluster,
+    utcnow,
+)
 
 JOB = {"vc": "vision", "type": "batch", "image": "busybox", "command": "echo hello", "gpus": "1"}
 
@@ -482,3 +492,47 @@ def test_owner_and_vc_admin_change_priority_and_max_time_within_their_limits(as_
     assert "Change priority" not in text(bob.get(f"/jobs/{job_id}"))
     assert "Only the job's owner" in text(bob.post(f"/jobs/{job_id}/settings", {"priority": "1"}, follow_redirects=True))
     assert as_user("carol").post(f"/jobs/{job_id}/settings", {"priority": "1"}).status_code == 404
+
+
+def test_hostile_form_values_get_field_errors_not_500s(as_user, sessions):
+    alice = as_user("alice")
+    for fields, field in (({"max_time_h": "inf"}, "max_time_h"), ({"max_time_h": "nan"}, "max_time_h"),
+                          ({"max_time_h": "1e400"}, "max_time_h"), ({"cpu": "nan"}, "cpu"), ({"cpu": "-1"}, "cpu"),
+                          ({"gpus": "99999999999999999999999"}, "gpus"), ({"memory": "lots"}, "memory"),
+                          ({"ports": "80 x"}, "ports"), ({"priority": "0"}, "priority"), ({"type": "quantum"}, "type"),
+                          ({"command": "x" * 20000}, "command"), ({"env": "A=" + "x" * 5000}, "env")):
+        response = alice.post("/submit", {**JOB, **fields})
+        assert response.status_code in (400, 422), (fields, response.status_code)
+        assert f'id="err-{field}"' in text(response), fields
+    for hours in ("inf", "-2", "abc"):
+        response = as_user("vcadmin").post("/vcs/vision/settings", {"policy": "RF", "max_job_time_h": hours})
+        assert response.status_code == 400 and 'id="err-max_job_time_s"' in text(response)
+    job_id = submit(alice)
+    page = text(alice.post(f"/jobs/{job_id}/settings", {"max_time_h": "inf"}, follow_redirects=True))
+    assert "max time a number of hours" in page
+    assert alice.get(f"/jobs/{job_id}/log.json?offset=abc").status_code == 400
+    assert alice.get("/jobs/99999999999999999999999").status_code == 404
+    with sessions() as s:
+        assert s.scalar(sa.select(sa.func.count(Job.id))) == 1
+    import base64
+
+    huge = base64.urlsafe_b64encode(b"j:99999999999999999999999").decode().rstrip("=")
+    assert "start again from the first page" in text(alice.get(f"/jobs?cursor={huge}"))
+    page = text(alice.post("/jobs/batch", {"action": "kill", "confirm": "1", "ids": ["99999999999999999999999", str(job_id)]}))
+    assert page.count("badge st-ok") == 1
+
+
+def test_database_outage_gives_a_503_page_and_the_portal_recovers(as_user, app, monkeypatch):
+    alice = as_user("alice")
+    from sqlalchemy.exc import OperationalError
+
+    from dlts.services import portal_auth
+
+    def down(*args, **kwargs):
+        raise OperationalError("SELECT 1", {}, Exception("server has gone away"))
+
+    monkeypatch.setattr(portal_auth, "principal_for", down)
+    response = alice.get("/jobs")
+    assert response.status_code == 503 and "Database unavailable" in text(response)
+    monkeypatch.undo()
+    assert alice.get("/jobs").status_code == 200

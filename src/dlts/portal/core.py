@@ -9,12 +9,27 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
+import logging
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import sqlalchemy as sa
-from flask import Blueprint, Flask, abort, flash, g, redirect, render_template, request, session, url_for
+from flask import (
+    Blueprint,
+    Flask,
+    abort,
+    flash,
+    g,
+    redirect,
+    render_template,
+    request,
+    session,
+    url_for,
+)
 from flask_wtf.csrf import CSRFError, generate_csrf, validate_csrf
+from sqlalchemy.exc import DBAPIError
+from werkzeug.exceptions import HTTPException
 from wtforms.validators import ValidationError
 
 from dlts.errors import DltsError
@@ -23,6 +38,7 @@ from dlts.models import JobStatus, VirtualCluster, utcnow
 from dlts.services.auth import Principal
 from dlts.services.portal_auth import LoginLimiter, principal_for_session
 
+log = logging.getLogger(__name__)
 bp = Blueprint("portal", __name__, template_folder="templates", static_folder="static",
                static_url_path="/portal-static")
 
@@ -111,6 +127,8 @@ def flash_error(exc: DltsError) -> None:
 def _layout() -> dict[str, Any]:
     who = g.get("principal")
     notices: list[tuple[str, str]] = []
+    if g.get("database_down"):
+        return {"me": None, "vc_notices": notices}
     if who is not None and who.vcs:
         notices = [(name, text) for name, text in db.session.execute(
             sa.select(VirtualCluster.name, VirtualCluster.notice)
@@ -141,6 +159,27 @@ def _not_found(exc):
                            message="There is no such page, or it is not one you may see."), 404
 
 
+@bp.errorhandler(DBAPIError)
+def _database(exc: DBAPIError):
+    log.warning("portal: database unavailable: %s", exc.__class__.__name__)
+    try:
+        db.session.rollback()
+    except Exception:  # the connection is gone; the pool replaces it on the next checkout
+        pass
+    g.database_down = True  # the layout must not query it again
+    return render_template("error.html", status=503, title="Database unavailable",
+                           message="The database is unreachable right now; reload in a few seconds."), 503
+
+
+@bp.errorhandler(Exception)
+def _unexpected(exc: Exception):
+    if isinstance(exc, HTTPException):
+        return exc
+    log.exception("portal: unhandled error")
+    return render_template("error.html", status=500, title="Something went wrong",
+                           message="Something went wrong on our side; it has been logged. Try again, and tell your operators if it persists."), 500
+
+
 # -- template filters -------------------------------------------------------------------------------
 
 def status_class(status: JobStatus | str) -> str:
@@ -155,7 +194,7 @@ def fmt_when(value: dt.datetime | None) -> str:
 def fmt_duration(seconds: float | None) -> str:
     if seconds is None:
         return ""
-    seconds = int(math.ceil(seconds))
+    seconds = math.ceil(seconds)
     days, rest = divmod(seconds, 86400)
     hours, rest = divmod(rest, 3600)
     minutes, secs = divmod(rest, 60)
@@ -174,7 +213,7 @@ def fmt_ago(value: dt.datetime | None) -> str:
     return fmt_duration((utcnow() - value).total_seconds()) + " ago"
 
 
-def fmt_bytes(value: int | float | None) -> str:
+def fmt_bytes(value: float | None) -> str:
     if value is None:
         return ""
     size = float(value)

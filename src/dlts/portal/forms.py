@@ -7,8 +7,10 @@ the form field it belongs to.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from marshmallow import ValidationError
 from werkzeug.datastructures import MultiDict
@@ -34,6 +36,14 @@ class SubmitForm:
     def add_error(self, name: str, message: str) -> None:
         name = FORM_NAME.get(name, name)
         self.errors.setdefault(name if name in self.values or name in ("env", "ports") else "_form", message)
+
+
+def hours_to_s(text: str) -> int:
+    """Hours as typed ("2", "0.5") -> whole seconds; ValueError for anything else (inf and nan too)."""
+    hours = float(text)
+    if not math.isfinite(hours) or not 0 < hours <= 366 * 24:
+        raise ValueError(text)
+    return round(hours * 3600)
 
 
 def form_values(form: Mapping[str, Any] | MultiDict) -> dict[str, Any]:
@@ -86,12 +96,9 @@ def parse(form_data: Mapping[str, Any] | MultiDict) -> tuple[SubmitForm, JobRequ
             form.add_error("cpu", "Enter a number of cores, e.g. 4 or 0.5.")
     if v["max_time_h"] != "":
         try:
-            hours = float(v["max_time_h"])
-            body["max_time_s"] = int(round(hours * 3600))
-            if body["max_time_s"] < 1:
-                form.add_error("max_time_h", "Enter a positive number of hours, or leave it empty.")
+            body["max_time_s"] = hours_to_s(v["max_time_h"])
         except ValueError:
-            form.add_error("max_time_h", "Enter hours as a number, e.g. 2 or 0.5.")
+            form.add_error("max_time_h", "Enter hours as a number between 0 and 8784 (a year), e.g. 2 or 0.5.")
     for name in ("sku", "memory"):
         if v[name]:
             body[name] = v[name]

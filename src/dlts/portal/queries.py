@@ -9,8 +9,8 @@ ends in ``id``).
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session

@@ -36,7 +36,7 @@ def ssh_keys():
                            form=request.form), status
 
 
-@bp.route("/ssh-keys/<int:key_id>/delete", methods=["POST"])
+@bp.route("/ssh-keys/<int(max=4611686018427387904):key_id>/delete", methods=["POST"])
 @login_required
 def delete_ssh_key(key_id: int):
     try:
@@ -73,7 +73,7 @@ def allowed_ips():
                            days=settings.allow_ip_days, form=request.form), status
 
 
-@bp.route("/allowed-ips/<int:entry_id>/delete", methods=["POST"])
+@bp.route("/allowed-ips/<int(max=4611686018427387904):entry_id>/delete", methods=["POST"])
 @login_required
 def delete_allowed_ip(entry_id: int):
     try:

@@ -2,11 +2,26 @@
 
 from __future__ import annotations
 
-from flask import current_app, flash, redirect, render_template, request, session, url_for
+from flask import (
+    current_app,
+    flash,
+    redirect,
+    render_template,
+    request,
+    session,
+    url_for,
+)
 
 from dlts.errors import DltsError, Unauthenticated
 from dlts.extensions import db
-from dlts.portal.core import SESSION_USER, bp, flash_error, login_limiter, login_required, principal
+from dlts.portal.core import (
+    SESSION_USER,
+    bp,
+    flash_error,
+    login_limiter,
+    login_required,
+    principal,
+)
 from dlts.services import portal_auth
 from dlts.services.portal_auth import TooManyAttempts
 
@@ -83,7 +98,7 @@ def tokens():
     return response
 
 
-@bp.route("/tokens/<int:token_id>/revoke", methods=["POST"])
+@bp.route("/tokens/<int(max=4611686018427387904):token_id>/revoke", methods=["POST"])
 @login_required
 def revoke_token(token_id: int):
     token = portal_auth.revoke_token(db.session, principal(), token_id)

@@ -10,7 +10,7 @@ from flask import Response, abort, flash, redirect, render_template, request, ur
 from dlts.errors import DltsError, InvalidInput
 from dlts.extensions import db
 from dlts.models import JobStatus, VirtualCluster, utcnow
-from dlts.portal import queries
+from dlts.portal import forms, queries
 from dlts.portal.core import admin_only_404, bp, flash_error, login_required, principal
 from dlts.services import cluster as cluster_service
 from dlts.services import nodes as node_service
@@ -99,9 +99,9 @@ def vc_settings(name: str):
         try:
             hours = request.form.get("max_job_time_h", "").strip()
             try:
-                max_time_s = int(round(float(hours) * 3600)) if hours else None
+                max_time_s = forms.hours_to_s(hours) if hours else None
             except ValueError:
-                raise InvalidInput("Max job time is a number of hours, or empty for no limit.",
+                raise InvalidInput("Max job time is a number of hours (at most 8784), or empty for no limit.",
                                    details={"field": "max_job_time_s"}) from None
             changes = {"policy": request.form.get("policy", ""), "max_job_time_s": max_time_s,
                        "max_interactive_gpus": _int_or_none("max_interactive_gpus"),

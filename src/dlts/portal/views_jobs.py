@@ -4,20 +4,39 @@ viewer, the submit form with templates, and the single-job actions."""
 from __future__ import annotations
 
 import sqlalchemy as sa
-from flask import Response, abort, current_app, flash, jsonify, redirect, render_template, request, stream_with_context, url_for
+from flask import (
+    Response,
+    abort,
+    current_app,
+    flash,
+    jsonify,
+    redirect,
+    render_template,
+    request,
+    stream_with_context,
+    url_for,
+)
 
 from dlts.app import settings_of
 from dlts.errors import DltsError, InvalidInput
 from dlts.extensions import db
-from dlts.models import ACTIVE, TERMINAL, Job, JobAttempt, JobEvent, JobStatus, User, VirtualCluster
+from dlts.models import (
+    ACTIVE,
+    TERMINAL,
+    Job,
+    JobAttempt,
+    JobEvent,
+    JobStatus,
+    User,
+    VirtualCluster,
+)
 from dlts.portal import forms, queries
 from dlts.portal.core import back, bp, flash_error, login_required, principal
 from dlts.repositories import jobs as job_repo
 from dlts.repositories.cluster import sku_shapes
 from dlts.services import cluster as cluster_service
-from dlts.services import job_templates
+from dlts.services import job_templates, portal_auth
 from dlts.services import jobs as job_service
-from dlts.services import portal_auth
 from dlts.services.jobs import JOB_TYPES
 from dlts.services.policy import Visibility, job_visibility
 
@@ -34,6 +53,7 @@ STATUS_GROUPS = {"active": [S.UNAPPROVED, S.QUEUED, S.SCHEDULING, S.RUNNING, S.P
                  "waiting": [S.UNAPPROVED, S.QUEUED], "ended": sorted(TERMINAL, key=lambda s: s.value)}
 ACTIONS = job_service.BATCH_ACTIONS
 MAX_BATCH = 200
+MAX_ID = 2**62  # ids beyond this are not ours (and would overflow the database's integer)
 
 
 def _visible_vc_ids(scope: str) -> list[int] | None:
@@ -87,6 +107,8 @@ def jobs():
     cursor = args.get("cursor")
     try:
         boundary = job_repo.decode_cursor(cursor) if cursor else None
+        if boundary is not None and not 0 <= boundary <= MAX_ID:
+            raise InvalidInput("cursor is not one this portal made; start again from the first page.")
     except InvalidInput as exc:
         flash_error(exc)
         boundary = None
@@ -122,7 +144,7 @@ def jobs_batch():
     if action not in ACTIONS:
         flash("Choose an action: kill, pause, resume or approve.", "error")
         return back("portal.jobs")
-    ids = sorted({int(i) for i in request.form.getlist("ids") if i.isdigit()})[:MAX_BATCH]
+    ids = sorted({int(i) for i in request.form.getlist("ids") if i.isdigit() and len(i) <= 18})[:MAX_BATCH]
     if not ids:
         flash("Tick the jobs to act on first.", "error")
         return back("portal.jobs")
@@ -139,7 +161,7 @@ def jobs_batch():
 
 # -- one job --------------------------------------------------------------------------------------
 
-@bp.route("/jobs/<int:job_id>")
+@bp.route("/jobs/<int(max=4611686018427387904):job_id>")
 @login_required
 def job(job_id: int):
     who = principal()
@@ -173,7 +195,7 @@ def job(job_id: int):
         ssh_keys=ssh_keys)
 
 
-@bp.route("/jobs/<int:job_id>/<action>", methods=["POST"])
+@bp.route("/jobs/<int(max=4611686018427387904):job_id>/<action>", methods=["POST"])
 @login_required
 def job_action(job_id: int, action: str):
     if action not in ACTIONS:
@@ -189,7 +211,7 @@ def job_action(job_id: int, action: str):
     return back("portal.job", job_id=job_id)
 
 
-@bp.route("/jobs/<int:job_id>/settings", methods=["POST"])
+@bp.route("/jobs/<int(max=4611686018427387904):job_id>/settings", methods=["POST"])
 @login_required
 def job_settings(job_id: int):
     """Change priority / max time (owner within member limits, VC admin beyond), via the jobs service."""
@@ -200,7 +222,7 @@ def job_settings(job_id: int):
         if priority:
             changes["priority"] = int(priority)
         if hours:
-            changes["max_time_s"] = int(round(float(hours) * 3600))
+            changes["max_time_s"] = forms.hours_to_s(hours)
         job_service.patch(db.session, principal(), job_id, changes)
         flash(f"Job {job_id} updated; the scheduler uses the new values from its next pass.", "ok")
     except ValueError:
@@ -213,7 +235,7 @@ def job_settings(job_id: int):
     return redirect(url_for("portal.job", job_id=job_id))
 
 
-@bp.route("/jobs/<int:job_id>/log.json")
+@bp.route("/jobs/<int(max=4611686018427387904):job_id>/log.json")
 @login_required
 def job_log(job_id: int):
     """A slice of the log from ``offset`` for the viewer's polling (JSON; same rules as the API)."""
@@ -234,7 +256,7 @@ def job_log(job_id: int):
                     "complete": job.status in TERMINAL and number == job.attempt and next_offset >= size})
 
 
-@bp.route("/jobs/<int:job_id>/log")
+@bp.route("/jobs/<int(max=4611686018427387904):job_id>/log")
 @login_required
 def job_log_download(job_id: int):
     """The attempt's whole log as a file, streamed."""
@@ -311,7 +333,7 @@ def submit():
     return redirect(url_for("portal.job", job_id=job.id))
 
 
-@bp.route("/templates/<int:template_id>/delete", methods=["POST"])
+@bp.route("/templates/<int(max=4611686018427387904):template_id>/delete", methods=["POST"])
 @login_required
 def delete_template(template_id: int):
     try:
