@@ -117,3 +117,18 @@ def test_storage_usage_reads_the_last_scan_as_json_and_csv(client, world, sessio
     formula = list(csv.reader(io.StringIO(client.get("/api/v1/storage/usage?format=csv", headers=world.auth("bob")).get_data(as_text=True))))
     assert ["'=cmd|calc"] == [row[3] for row in formula[1:] if "calc" in row[3]]
     assert_envelope(client.get("/api/v1/storage/usage?format=xml", headers=world.auth("bob")), 400)
+
+
+def test_tokens_are_shown_once_listed_by_prefix_and_stop_working_when_revoked(client, world):
+    r = client.post("/api/v1/me/tokens", json={"name": "laptop", "expires_days": 30}, headers=world.auth("alice"))
+    assert r.status_code == 201
+    created = r.get_json()
+    token = created["token"]
+    assert token.startswith("dlts_") and created["prefix"] == token[:12] and created["expires_at"]
+    assert client.get("/api/v1/me", headers={"Authorization": f"Bearer {token}"}).get_json()["name"] == "alice"
+    listed = client.get("/api/v1/me/tokens", headers=world.auth("alice")).get_json()["items"]
+    assert {t["name"] for t in listed} == {"test", "laptop"} and all(t["token"] is None for t in listed)
+    assert_envelope(client.delete(f"/api/v1/me/tokens/{created['id']}", headers=world.auth("bob")), 404)
+    assert client.delete(f"/api/v1/me/tokens/{created['id']}", headers=world.auth("alice")).status_code == 204
+    assert_envelope(client.get("/api/v1/me", headers={"Authorization": f"Bearer {token}"}), 401)
+    assert_envelope(client.post("/api/v1/me/tokens", json={"name": "x", "expires_days": 0}, headers=world.auth("alice")), 400)

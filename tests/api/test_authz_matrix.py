@@ -82,6 +82,15 @@ def alice_ip(sessions, settings):
         return {"ip": row.id}
 
 
+def alice_token(sessions, settings):
+    from dlts.services import tokens
+
+    from .helpers import principal
+
+    with sessions() as s:
+        return {"token": tokens.create_token(s, principal(s, "alice"), unique("t")).id}
+
+
 def with_job(sessions, settings):
     return job_in(JobStatus.QUEUED)(sessions, settings)
 
@@ -124,6 +133,9 @@ TABLE = [
     Case("allow an IP for alice", "POST", "/api/v1/me/allowed-ips", (401, 403, 403, 403, 201, 201),
          body=lambda t: {"ip": "2001:db8::/48", "user": "alice"}),
     Case("delete alice's allowed IP", "DELETE", "/api/v1/me/allowed-ips/{ip}", (401, 404, 404, 404, 204, 204), prepare=alice_ip),
+    Case("list my tokens", "GET", "/api/v1/me/tokens", ALL_200),
+    Case("create a token", "POST", "/api/v1/me/tokens", (401, 201, 201, 201, 201, 201), body=lambda t: {"name": "ci"}),
+    Case("revoke alice's token", "DELETE", "/api/v1/me/tokens/{token}", (401, 404, 404, 404, 404, 204), prepare=alice_token),
     Case("list nodes", "GET", "/api/v1/nodes", ALL_200),
     Case("read a node", "GET", "/api/v1/nodes/testnode", ALL_200),
     Case("cordon a node", "POST", "/api/v1/nodes/testnode/cordon", (401, 403, 403, 403, 200, 403)),
@@ -145,7 +157,7 @@ def test_the_table_covers_every_api_route(app):
     for rule in app.url_map.iter_rules():
         if not rule.rule.startswith("/api/v1/") or rule.rule.endswith("openapi.json"):
             continue
-        path = re.sub(r"<(?:[^:>]+:)?(\w+)>", lambda m: {"job_id": "{job}", "key_id": "{key}", "entry_id": "{ip}"}.get(
+        path = re.sub(r"<(?:[^:>]+:)?(\w+)>", lambda m: {"job_id": "{job}", "key_id": "{key}", "entry_id": "{ip}", "token_id": "{token}"}.get(
             m.group(1), "{vc}" if "vcs" in rule.rule else "testnode"), rule.rule)
         for method in rule.methods - {"HEAD", "OPTIONS"}:
             assert (method, path) in covered, f"{method} {rule.rule} has no row in the authorisation table"

@@ -1,4 +1,4 @@
-"""/api/v1/me/ssh-keys and /api/v1/me/allowed-ips: the caller's SSH keys and allowed IPs."""
+"""/api/v1/me/ssh-keys, /me/allowed-ips, /me/tokens: the caller's SSH keys, allowed IPs and API tokens."""
 
 from __future__ import annotations
 
@@ -8,12 +8,13 @@ from flask_smorest import Blueprint
 
 from dlts.api.auth import authenticate, principal
 from dlts.api.schemas import (AllowedIpArgs, AllowedIpCreateSchema, AllowedIpListSchema, AllowedIpSchema,
-                              SshKeyCreateSchema, SshKeyListSchema, SshKeySchema)
+                              SshKeyCreateSchema, SshKeyListSchema, SshKeySchema, TokenCreateSchema, TokenListSchema,
+                              TokenSchema)
 from dlts.app import settings_of
 from dlts.extensions import db
-from dlts.services import allowed_ips, ssh_keys
+from dlts.services import allowed_ips, ssh_keys, tokens
 
-blp = Blueprint("access", __name__, description="Your SSH keys and allowed IPs")
+blp = Blueprint("access", __name__, description="Your SSH keys, allowed IPs and API tokens")
 blp.before_request(authenticate)
 SECURITY = [{"bearer": []}]
 
@@ -65,3 +66,27 @@ class AllowedIps(MethodView):
 def delete_allowed_ip(entry_id: int):
     """Remove an allowed IP (yours; cluster admins: anyone's)."""
     allowed_ips.delete_entry(db.session, principal(), entry_id)
+
+
+@blp.route("/me/tokens")
+class Tokens(MethodView):
+    @blp.response(200, TokenListSchema)
+    @blp.doc(security=SECURITY)
+    def get(self):
+        """Your working API tokens (prefix, created, last used, expiry); never the tokens themselves."""
+        return {"items": tokens.list_tokens(db.session, principal()), "next_cursor": None}
+
+    @blp.arguments(TokenCreateSchema)
+    @blp.response(201, TokenSchema)
+    @blp.doc(security=SECURITY)
+    def post(self, body):
+        """Create a token; the answer carries it once (only its hash is stored)."""
+        return tokens.create_token(db.session, principal(), body["name"], body["expires_days"])
+
+
+@blp.route("/me/tokens/<int(max=4611686018427387904):token_id>", methods=["DELETE"])
+@blp.response(204)
+@blp.doc(security=SECURITY)
+def revoke_token(token_id: int):
+    """Revoke one of your tokens; it stops working at once."""
+    tokens.revoke_token(db.session, principal(), token_id)

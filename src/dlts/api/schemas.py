@@ -472,3 +472,23 @@ class StorageRowSchema(Schema):
 class StorageUsageSchema(Schema):
     scanned_at = fields.String(allow_none=True, metadata={"description": "null: no scan has run yet"})
     rows = fields.List(fields.Nested(StorageRowSchema))
+
+
+class TokenCreateSchema(Schema):
+    name = fields.String(required=True, validate=validate.Length(1, 64))
+    expires_days = fields.Integer(strict=True, allow_none=True, load_default=None, validate=validate.Range(1, 3650))
+
+
+class TokenSchema(Schema):
+    id = fields.Integer()
+    name = fields.String()
+    prefix = fields.String(metadata={"description": "the first characters, to tell tokens apart"})
+    created_at = fields.String(allow_none=True)
+    expires_at = fields.String(allow_none=True)
+    last_used_at = fields.String(allow_none=True)
+    token = fields.String(allow_none=True, metadata={"description": "only when created: shown once, store it now"})
+
+
+class TokenListSchema(Schema):
+    items = fields.List(fields.Nested(TokenSchema))
+    next_cursor = fields.String(allow_none=True, metadata={"description": "always null: at most 20 tokens per user"})
