@@ -4,7 +4,7 @@ and the commands they run (fake nvidia-smi / systemctl executables record them).
 from __future__ import annotations
 
 import pytest
-from conftest import FakeNode, agent_config, logged_commands
+from agent_testkit import FakeNode, agent_config, logged_commands
 from dlts_agent.actions import OrderStatus
 from dlts_agent.agent import Agent
 from dlts_agent.fake_nvml import fallen_off_bus, healthy_8xa100

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import FakeNode, agent_config
+from agent_testkit import FakeNode, agent_config
 from dlts_agent.agent import Agent
 from dlts_agent.cli import main
 from dlts_agent.config import AgentConfig, ConfigError, config_from_mapping, load_config

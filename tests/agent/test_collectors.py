@@ -7,7 +7,7 @@ import threading
 import time
 
 import pytest
-from conftest import FakeNode, agent_config
+from agent_testkit import NET_DEV, FakeNode, agent_config
 from dlts_agent.agent import Agent
 from dlts_agent.collectors.base import run_collector
 from dlts_agent.collectors.host import HostCollector
@@ -216,8 +216,6 @@ def test_lustre_skips_cleanly_without_lctl(monkeypatch):
 
 
 def corrupt_host(node: FakeNode):
-    from conftest import NET_DEV
-
     node.write("proc/net/dev", NET_DEV + "  eth1: lots of bytes\n")
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import FakeNode, agent_config
+from agent_testkit import FakeNode, agent_config
 from dlts_agent.agent import Agent
 from dlts_agent.fake_nvml import SCENARIOS, scenario
 from dlts_agent.model import CollectorStatus, FindingCode, RecommendedAction, Severity

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import BTIME, FAKEBIN, FIXTURES, FakeNode, agent_config
+from agent_testkit import BTIME, FAKEBIN, FIXTURES, FakeNode, agent_config
 from dlts_agent.actions import OrderError, parse_order
 from dlts_agent.agent import Agent
 from dlts_agent.collectors.infiniband import _enum_name

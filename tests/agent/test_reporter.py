@@ -12,7 +12,7 @@ import urllib.error
 import urllib.request
 
 import pytest
-from conftest import FakeNode, agent_config, logged_commands
+from agent_testkit import FakeNode, agent_config, logged_commands
 from dlts_agent.agent import Agent
 from dlts_agent.config import (
     ConfigError,
