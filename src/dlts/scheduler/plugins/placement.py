@@ -257,7 +257,8 @@ class Gang:
         free = sum(p.free_gpus for p in pools)
         need = f"needs {req.units} whole {req.sku} nodes"
         if req.same_domain and whole >= req.units:
-            best = max((sum(len(p.whole_by_domain.get(d, ())) for p in pools) for p in pools for d in p.whole_by_domain), default=0)
+            domains = {d for pool in pools for d in pool.whole_by_domain}
+            best = max((sum(len(pool.whole_by_domain.get(d, ())) for pool in pools) for d in domains), default=0)
             return Rejection(
                 WaitReason.TOPOLOGY,
                 f"{need} in one IB domain; {whole} are free but at most {best} in one domain",
