@@ -20,7 +20,11 @@ from typing import Any, Callable
 
 import pynvml
 
+from dlts_agent.nvml import NVML_FI_DEV_GET_GPU_RECOVERY_ACTION
+
 NVMLError = pynvml.NVMLError
+# Newer nvidia-ml-py names the PCI info structure nvmlPciInfo_t, older releases c_nvmlPciInfo_t.
+_PCI_INFO = getattr(pynvml, "nvmlPciInfo_t", None) or pynvml.c_nvmlPciInfo_t
 GiB = 1024**3
 
 CORRECTED, UNCORRECTED = 0, 1
@@ -158,7 +162,7 @@ class FakeNvmlLib:
 
     def nvmlDeviceGetPciInfo(self, h: Any) -> Any:
         g = self._gpu(h)
-        info = pynvml.nvmlPciInfo_t()
+        info = _PCI_INFO()
         info.busId = g.bus_id.encode()
         info.busIdLegacy = g.bus_id.encode()
         domain, bus, devfn = g.bus_id.split(":")
@@ -204,7 +208,7 @@ class FakeNvmlLib:
         values = (pynvml.c_nvmlFieldValue_t * len(field_ids))()
         for i, fid in enumerate(field_ids):
             values[i].fieldId = fid
-            if fid == pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION and g.recovery_action is not None:
+            if fid == NVML_FI_DEV_GET_GPU_RECOVERY_ACTION and g.recovery_action is not None:
                 values[i].nvmlReturn = pynvml.NVML_SUCCESS
                 values[i].valueType = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
                 values[i].value.uiVal = g.recovery_action
