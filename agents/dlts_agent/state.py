@@ -35,6 +35,9 @@ class AgentState:
         self.orders: dict[str, dict[str, Any]] = {}  # order id -> result (see actions.OrderResult)
         self.load_error: str | None = None
         self._saved: bytes | None = None  # what the file holds: skip identical rewrites (and fsyncs)
+        # The collection loop and the order executor both save; one at a time, so an older
+        # snapshot of the state can never be renamed over a newer one.
+        self._save_lock = threading.Lock()
 
     @classmethod
     def load(cls, path: str | None) -> "AgentState":
@@ -83,10 +86,14 @@ class AgentState:
     def save(self) -> None:
         if self.path is None:
             return
+        with self._save_lock:
+            self._save_locked(self.path)
+
+    def _save_locked(self, path: str) -> None:
         data = json.dumps(self.to_json(), sort_keys=True).encode()
         if data == self._saved:
             return
-        directory = os.path.dirname(self.path) or "."
+        directory = os.path.dirname(path) or "."
         os.makedirs(directory, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".state.", dir=directory)
         try:
@@ -94,7 +101,7 @@ class AgentState:
                 f.write(data)
                 f.flush()
                 os.fsync(f.fileno())  # the cursor must not point past counts that were lost
-            os.replace(tmp, self.path)
+            os.replace(tmp, path)
             self._saved = data
         except BaseException:
             try:

@@ -225,3 +225,16 @@ def test_any_json_order_is_parsed_or_refused_with_order_error(raw):
     except OrderError:
         return
     assert order.id and isinstance(order.dry_run, bool)
+
+
+@pytest.mark.parametrize("content", ["{not json", '{"version": 99}', '{"version": 1, "xid_counts": [["a"]]}'])
+def test_a_corrupt_state_file_starts_over_instead_of_stopping_the_agent(node: FakeNode, content):
+    path = node.root / "state" / "state.json"
+    path.write_text(content)
+    st = AgentState.load(str(path))
+    assert st.load_error and str(path) in st.load_error
+    assert st.xid_counts == {} and st.kmsg_seq == -1
+    node.kmsg.write_text((FIXTURES / "kmsg_xid.txt").read_text())
+    sample, _ = _collector(node, st).collect()
+    st.save()
+    assert AgentState.load(str(path)).xid_counts == sample.counts
