@@ -276,3 +276,25 @@ def test_a_transient_error_during_launch_is_retried_not_fatal(h):
     h.api.clock.advance(5)
     h.tick()
     assert h.job(job_id).status in (S.SCHEDULING, S.RUNNING)
+
+
+def test_hostile_job_fields_stay_data_and_grant_nothing(h):
+    evil = 'x"\n  hostNetwork: true\nprivileged: true\n---\nkind: Pod\n{{ 7*7 }}'
+    job_id = h.submit(command="echo " + evil, env={"NOTE": evil}, name=evil[:60])
+    h.tick()
+    [pod] = h.api.pods()
+    env = env_of(pod)
+    assert env["DLTS_COMMAND"] == "echo " + evil and env["NOTE"] == evil
+    assert pod["spec"]["hostNetwork"] is False and pod["spec"]["hostIPC"] is False
+    assert pod["spec"]["containers"][0]["securityContext"] == {"privileged": False, "allowPrivilegeEscalation": False}
+    assert not any("hostPath" in v for v in pod["spec"]["volumes"])
+    assert h.job(job_id).status is S.SCHEDULING
+
+
+def test_a_job_overriding_rank_env_is_refused_with_the_reason(h):
+    job_id = h.submit(type="distributed", nodes=2, gpus=8, env={"MASTER_ADDR": "attacker.example.com"})
+    h.tick()
+    job = h.job(job_id)
+    assert job.status is S.ERROR
+    assert "MASTER_ADDR is set by DLTS" in job.reason_detail
+    assert h.api.pods() == []
