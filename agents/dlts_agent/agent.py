@@ -1,9 +1,11 @@
 """The agent process: builds collectors from the config, runs collection rounds, keeps the latest
 snapshot, and wires the exporter, the textfile, the reporter and the action executor around it.
 
-Threads: the main thread collects every ``interval_s``; prometheus_client's HTTP server thread
-serves the latest snapshot (a scrape never waits for a collection); the reporter thread posts it;
-the executor thread carries out orders one at a time. A systemd watchdog ping follows each round.
+Threads: the main thread collects every ``interval_s``; the metrics server thread serves the latest
+snapshot, rendered by prometheus-client once per collection (a scrape never waits for a collection
+or for the API); the reporter thread posts it; the executor thread carries out orders one at a time.
+A systemd watchdog ping follows each round. ``registry`` exposes the same snapshot to tests
+(``registry.get_sample_value``).
 """
 
 from __future__ import annotations

@@ -204,3 +204,15 @@ def test_systemd_verify_catches_a_broken_unit(tmp_path, systemd_analyze):
         _verify(text.replace("/usr/local/bin/dlts-agent", str(tmp_path / "nope")), tmp_path, systemd_analyze).returncode
         != 0
     )
+
+
+def test_the_service_refuses_to_start_without_its_node_token(node: FakeNode, capsys, monkeypatch):
+    monkeypatch.delenv("DLTS_AGENT_NODE_TOKEN", raising=False)
+    cfg = write_config(
+        node,
+        report={"enabled": True, "api_url": "http://127.0.0.1:9", "node_token_file": str(node.root / "missing-token")},
+        exporter={"enabled": False},
+    )
+    assert main(["--config", str(cfg), "--fake-nvml", "healthy-8xa100"]) == 2
+    err = capsys.readouterr().err
+    assert "report.node_token_file" in err and "DLTS_AGENT_NODE_TOKEN" in err and "Traceback" not in err
