@@ -169,6 +169,17 @@ def _attempt_key(obj: Mapping[str, Any]) -> tuple[int, int] | None:
         return None
 
 
+def _started(pod: Mapping[str, Any]) -> float | None:
+    """When the job container started (not when the pod was accepted: image pulls come between)."""
+    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+        if cs.get("name") == "job":
+            state = cs.get("state") or {}
+            for key in ("running", "terminated"):
+                if (state.get(key) or {}).get("startedAt"):
+                    return _ts(state[key]["startedAt"])
+    return None
+
+
 def _main_terminated(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
     for cs in (pod.get("status") or {}).get("containerStatuses") or []:
         if cs.get("name") == "job":
@@ -379,7 +390,7 @@ class KubernetesBackend:
         pods.sort(key=lambda p: int((p["metadata"].get("labels") or {}).get(LABEL_INDEX) or 0))
         expected = max(len(pods), int((pods[0]["metadata"].get("annotations") or {}).get(ANNOTATION_WORLD_SIZE, 1)))
         phases = [(p.get("status") or {}).get("phase", "Pending") for p in pods]
-        starts = [t for t in (_ts((p.get("status") or {}).get("startTime")) for p in pods) if t is not None]
+        starts = [t for t in (_started(p) for p in pods) if t is not None]
         started_at = min(starts) if starts else None
         finishes = [t for t in (_ts((_main_terminated(p) or {}).get("finishedAt")) for p in pods) if t is not None]
         finished_at = max(finishes) if finishes else None
