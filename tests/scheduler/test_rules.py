@@ -352,6 +352,59 @@ CASES = [
         stops={3: "preempted", 4: "preempted"},
         waits={5: "capacity"},
     ),
+    Case(
+        "the free part of reclaimed room is not given to preemptible work in the same pass",
+        snap(
+            nodes("a", 2),
+            [vc("v"), vc("w", quota={})],
+            [
+                running(job(1, 8, vc="w", preemptible=True), ("a0", tuple(range(8)))),
+                job(2, 8, type=JobType.DISTRIBUTED, nodes=2),
+                job(3, 8, vc="w", preemptible=True),
+            ],
+        ),
+        stops={1: "preempted"},
+        waits={2: "capacity", 3: "capacity"},
+    ),
+    Case(
+        "a job past its wall time frees room for reclaim without preempting anyone",
+        snap(
+            nodes("n", 2),
+            [vc("v"), vc("w", quota={}, max_job_time_s=100)],
+            [
+                running(job(1, 8, vc="w"), ("n0", tuple(range(8))), started_at=0),
+                running(job(2, 8, vc="w", preemptible=True), ("n1", tuple(range(8))), started_at=500),
+                job(3, 8),
+            ],
+        ),
+        now=150,
+        stops={1: "wall_time"},
+        waits={3: "capacity"},
+        check=lambda d: _assert("waiting for job 1" in next(w.detail for w in d.waits if w.job_id == 3)),
+    ),
+    Case(
+        "CPU-only quota counts cores",
+        snap([node("c1", "cpu")], vc(cpu_quota=4.0), [job(1, 0, cpu=3.0), job(2, 0, cpu=2.0), job(3, 0, cpu=1.0)]),
+        starts={1: None, 3: None},
+        waits={2: "vc_quota"},
+    ),
+    Case(
+        "reclaim never takes another VC's hard-assigned node",
+        snap(
+            [node("h1", vc="w")],
+            [vc("v"), vc("w")],
+            [running(job(1, 8, vc="w", preemptible=True), ("h1", tuple(range(8)))), job(2, 8)],
+        ),
+        stops={},
+        waits={2: "no_matching_nodes"},
+    ),
+    Case(
+        "a request above the VC's whole quota is permanent and does not block FIFO",
+        snap(nodes("n", 2), vc(policy=Policy.FIFO, quota={"a100": 8}), [job(1, 8, type=JobType.DISTRIBUTED, nodes=2), job(2, 4)]),
+        starts={2: None},
+        waits={1: "vc_quota"},
+        check=lambda d: _assert(d.waits[0].permanent),
+    ),
     # -- inference ----------------------------------------------------------------------------
     Case(
         "an inference job starts min_replicas and grows to max_replicas on idle capacity",
