@@ -23,7 +23,7 @@ test or an operator can switch rules on and off by name.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Any, Callable, Protocol, cast
 
 from dlts.scheduler.model import Job, Placement, Stop, Vc, WaitReason
 from dlts.scheduler.state import Holding, PassState, Request
@@ -158,21 +158,21 @@ class Framework:
     def from_profile(cls, profile: Profile) -> Framework:
         import dlts.scheduler.plugins  # noqa: F401  (registers the built-in plugins)
 
-        def make(point: str, name: str) -> object:
+        def make(point: str, name: str) -> Any:
             try:
                 return REGISTRY[point][name]()
             except KeyError:
                 known = ", ".join(sorted(REGISTRY[point])) or "none"
                 raise ValueError(f"profile names unknown {point} plugin {name!r} (known: {known})") from None
 
-        policies = [make("policy", n) for n in profile.policy]
+        policies = [cast(PolicyPlugin, make("policy", n)) for n in profile.policy]
         return cls(
-            sort=make("sort", profile.sort),  # type: ignore[arg-type]
-            stop=[make("stop", n) for n in profile.stop],  # type: ignore[misc]
-            filter=[make("filter", n) for n in profile.filter],  # type: ignore[misc]
-            policy={p.name: p for p in policies},  # type: ignore[attr-defined]
-            place=[make("place", n) for n in profile.place],  # type: ignore[misc]
-            preempt=[make("preempt", n) for n in profile.preempt],  # type: ignore[misc]
+            sort=make("sort", profile.sort),
+            stop=[make("stop", n) for n in profile.stop],
+            filter=[make("filter", n) for n in profile.filter],
+            policy={p.name: p for p in policies},
+            place=[make("place", n) for n in profile.place],
+            preempt=[make("preempt", n) for n in profile.preempt],
         )
 
     def placer_for(self, req: Request) -> PlacePlugin | None:

@@ -34,6 +34,7 @@ MAX_ROUNDS_PER_TICK = 4  # repeated passes at one instant after immediate stops
 @dataclass
 class SimJob:
     spec: TraceJob
+    job: Job  # the core's view, rebuilt only when something changed
     state: str = "submitted"  # submitted -> queued -> running -> finished | killed (queued again if preempted)
     start_s: float | None = None
     end_s: float | None = None
@@ -45,7 +46,6 @@ class SimJob:
     stopping_until: float | None = None
     stop_reason: str | None = None
     attempt_no: int = 0
-    job: Job | None = None  # the core's view, rebuilt only when something changed
 
     @property
     def id(self) -> int:
@@ -56,7 +56,7 @@ class Simulation:
     def __init__(self, cluster: Cluster, trace: list[TraceJob], on_pass: PassHook | None = None) -> None:
         self.cluster = cluster
         self.trace = sorted(trace, key=lambda j: (j.submit_s, j.id))
-        self.jobs: dict[int, SimJob] = {t.id: SimJob(t) for t in self.trace}
+        self.jobs: dict[int, SimJob] = {t.id: SimJob(t, pending_job(t)) for t in self.trace}
         self.on_pass = on_pass
         self.pending: dict[int, SimJob] = {}
         self.running: dict[int, SimJob] = {}
@@ -98,7 +98,6 @@ class Simulation:
             while submit_i < n and self.trace[submit_i].submit_s <= now:
                 sj = self.jobs[self.trace[submit_i].id]
                 sj.state = "queued"
-                sj.job = self._pending_job(sj)
                 self.pending[sj.id] = sj
                 submit_i += 1
             for _ in range(MAX_ROUNDS_PER_TICK):
@@ -131,7 +130,7 @@ class Simulation:
     def _snapshot(self) -> Snapshot:
         jobs = [sj.job for sj in self.pending.values()] + [sj.job for sj in self.running.values()]
         c = self.cluster
-        return Snapshot(c.skus, c.nodes, c.vcs, tuple(jobs))  # type: ignore[arg-type]
+        return Snapshot(c.skus, c.nodes, c.vcs, tuple(jobs))
 
     def _pass(self, now: float) -> bool:
         """One pass; True when it stopped something at once (so another pass at ``now`` may start
@@ -158,7 +157,7 @@ class Simulation:
             if self.cluster.preempt_grace_s > 0:
                 sj.stop_reason = reason
                 sj.stopping_until = now + self.cluster.preempt_grace_s
-                sj.job = replace(sj.job, stopping=True)  # type: ignore[arg-type]
+                sj.job = replace(sj.job, stopping=True)
                 self._push(sj.stopping_until, "stopped", sj.id, sj.attempt_no)
             elif reason == "wall_time":
                 self._end(sj, now, "killed", "wall_time")
@@ -183,7 +182,7 @@ class Simulation:
 
     def _deadline_due(self, now: float) -> bool:
         for sj in self.running.values():
-            limit = effective_limit_s(sj.job, self.cluster.vcs.get(sj.spec.vc))  # type: ignore[arg-type]
+            limit = effective_limit_s(sj.job, self.cluster.vcs.get(sj.spec.vc))
             if limit is not None and sj.stopping_until is None and now - (sj.started_at or 0) >= limit:
                 return True
         return False
@@ -191,25 +190,7 @@ class Simulation:
     # -- applying decisions ---------------------------------------------------------------------
 
     def _pending_job(self, sj: SimJob) -> Job:
-        s = sj.spec
-        return Job(
-            id=s.id,
-            vc=s.vc,
-            user=s.user,
-            type=s.type,
-            sku=s.sku,
-            gpus=s.gpus,
-            cpu=0.0,
-            memory_bytes=0,
-            queue_time=s.submit_s,  # kept across preemptions: a requeued job goes back to the head
-            priority=s.priority,
-            preemptible=s.preemptible,
-            nodes=s.nodes,
-            ib_domain_any=False,
-            max_time_s=s.max_time_s,
-            min_replicas=s.min_replicas,
-            max_replicas=s.max_replicas,
-        )
+        return pending_job(sj.spec)
 
     def _start(self, sj: SimJob, now: float, placements: tuple[Placement, ...]) -> None:
         sj.state = "running"
@@ -220,7 +201,7 @@ class Simulation:
         if sj.start_s is None:
             sj.start_s = now
         sj.placements = list(placements)
-        sj.job = replace(sj.job, running=True, started_at=now, placements=tuple(placements), stopping=False)  # type: ignore[arg-type]
+        sj.job = replace(sj.job, running=True, started_at=now, placements=tuple(placements), stopping=False)
         sj.attempts.append(
             {
                 "start_s": now,
@@ -236,14 +217,14 @@ class Simulation:
                 sj.replicas.append(_replica(p, now, core=i < core and not sj.spec.preemptible))
         self.running[sj.id] = sj
         self._push(now + sj.spec.duration_s, "end", sj.id, sj.attempt_no)
-        limit = effective_limit_s(sj.job, self.cluster.vcs.get(sj.spec.vc))  # type: ignore[arg-type]
+        limit = effective_limit_s(sj.job, self.cluster.vcs.get(sj.spec.vc))
         if limit is not None and limit < sj.spec.duration_s:
             # Wake the loop for the pass that kills it (the core decides; this only schedules a pass).
             self._push(now + limit, "deadline", sj.id, sj.attempt_no)
 
     def _scale_up(self, sj: SimJob, now: float, placements: tuple[Placement, ...]) -> None:
         sj.placements.extend(placements)
-        sj.job = replace(sj.job, placements=tuple(sj.placements))  # type: ignore[arg-type]
+        sj.job = replace(sj.job, placements=tuple(sj.placements))
         for p in placements:
             sj.replicas.append(_replica(p, now, core=False))
 
@@ -254,7 +235,7 @@ class Simulation:
                 if r["end_s"] is None and r["node"] == p.node and r["gpus"] == list(p.gpu_indices) and not r["core"]:
                     r["end_s"], r["reason"] = now, "scale_down"
                     break
-        sj.job = replace(sj.job, placements=tuple(sj.placements))  # type: ignore[arg-type]
+        sj.job = replace(sj.job, placements=tuple(sj.placements))
 
     def _close(self, sj: SimJob, t: float, reason: str) -> None:
         att = sj.attempts[-1]
@@ -286,6 +267,28 @@ class Simulation:
 
     def result(self) -> dict:
         return build_result(self)
+
+
+def pending_job(s: TraceJob) -> Job:
+    """The core's view of a trace job waiting in the queue."""
+    return Job(
+        id=s.id,
+        vc=s.vc,
+        user=s.user,
+        type=s.type,
+        sku=s.sku,
+        gpus=s.gpus,
+        cpu=0.0,
+        memory_bytes=0,
+        queue_time=s.submit_s,  # kept across preemptions: a requeued job goes back to the head
+        priority=s.priority,
+        preemptible=s.preemptible,
+        nodes=s.nodes,
+        ib_domain_any=False,
+        max_time_s=s.max_time_s,
+        min_replicas=s.min_replicas,
+        max_replicas=s.max_replicas,
+    )
 
 
 def _nodes_of(placements) -> list[str]:
@@ -337,7 +340,7 @@ def build_result(sim: Simulation) -> dict[str, Any]:
     makespan = 0.0
     for sj in sorted(sim.jobs.values(), key=lambda j: j.id):
         s = sj.spec
-        limit = effective_limit_s(sj.job, c.vcs.get(s.vc)) if sj.job is not None else None
+        limit = effective_limit_s(sj.job, c.vcs.get(s.vc))
         row: dict[str, Any] = {
             "id": s.id,
             "vc": s.vc,

@@ -121,7 +121,7 @@ class _Fields:
             value = int(value)
         if not isinstance(value, kind) or (kind in (int, float) and isinstance(value, bool)):
             raise self._err(key, f"must be {kind.__name__}, got {value!r}")
-        if minimum is not None and value < minimum:
+        if minimum is not None and isinstance(value, (int, float)) and value < minimum:
             raise self._err(key, f"must be >= {minimum:g}, got {value!r}")
         return value
 
