@@ -154,3 +154,31 @@ def test_bad_input_names_file_line_and_field(tmp_path: Path, name: str, cluster,
     assert res.exit_code == 2, res.output
     assert expect in res.output, res.output
     assert "Traceback" not in res.output and res.exception is None or isinstance(res.exception, SystemExit)
+
+
+def test_a_terminal_gets_a_progress_bar(tmp_path: Path) -> None:
+    """stdout on a pseudo-terminal: the command draws click's progress bar and still succeeds."""
+    import os
+
+    primary, secondary = os.openpty()
+    out = tmp_path / "r.json"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dlts.sim", "--cluster", str(CLUSTER), "--trace", str(TRACES / "steady.csv"), "--out", str(out)],
+        stdout=secondary,
+        stderr=subprocess.PIPE,
+    )
+    os.close(secondary)
+    chunks = []
+    while True:
+        try:
+            data = os.read(primary, 4096)
+        except OSError:  # the child closed the terminal
+            break
+        if not data:
+            break
+        chunks.append(data)
+    assert proc.wait(timeout=120) == 0, proc.stderr.read() if proc.stderr else ""
+    os.close(primary)
+    text = b"".join(chunks).decode(errors="replace")
+    assert "simulating" in text and "400/400" in text
+    assert json.loads(out.read_text())["summary"]["jobs"] == 400

@@ -33,6 +33,8 @@ def sim_command(cluster_path: Path, trace_path: Path, out_path: Path) -> None:
     if sys.stdout.isatty():
         with click.progressbar(length=len(trace), label="simulating", show_pos=True) as bar:
             result = sim.run(progress=bar.update)
+            # Jobs that never start (permanent reasons) are done too once the replay ends.
+            bar.update(len(trace) - bar.pos)
     else:
         result = sim.run()
     wall_s = time.perf_counter() - t0
