@@ -7,6 +7,7 @@ effect at once. Every POST is checked against the Flask-WTF CSRF token before an
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import functools
 import logging
@@ -34,7 +35,7 @@ from wtforms.validators import ValidationError
 
 from dlts.errors import DltsError
 from dlts.extensions import db
-from dlts.models import JobStatus, VirtualCluster, utcnow
+from dlts.models import JobStatus, VirtualCluster
 from dlts.services.auth import Principal
 from dlts.services.portal_auth import LoginLimiter, principal_for_session
 
@@ -58,7 +59,7 @@ def install(app: Flask) -> None:
                       PERMANENT_SESSION_LIFETIME=dt.timedelta(hours=12), WTF_CSRF_TIME_LIMIT=12 * 3600)
     app.extensions["dlts_login_limiter"] = LoginLimiter()
     app.jinja_env.globals.update(csrf_token=generate_csrf, status_class=status_class)
-    app.jinja_env.filters.update(when=fmt_when, ago=fmt_ago, duration=fmt_duration, size=fmt_bytes, gpus=fmt_gpus)
+    app.jinja_env.filters.update(when=fmt_when, when_short=fmt_when_short, duration=fmt_duration, size=fmt_bytes)
 
 
 def login_limiter() -> LoginLimiter:
@@ -162,10 +163,8 @@ def _not_found(exc):
 @bp.errorhandler(DBAPIError)
 def _database(exc: DBAPIError):
     log.warning("portal: database unavailable: %s", exc.__class__.__name__)
-    try:
+    with contextlib.suppress(DBAPIError):  # the connection is gone; the pool replaces it on the next checkout
         db.session.rollback()
-    except Exception:  # the connection is gone; the pool replaces it on the next checkout
-        pass
     g.database_down = True  # the layout must not query it again
     return render_template("error.html", status=503, title="Database unavailable",
                            message="The database is unreachable right now; reload in a few seconds."), 503
@@ -191,6 +190,11 @@ def fmt_when(value: dt.datetime | None) -> str:
     return "" if value is None else value.strftime("%Y-%m-%d %H:%M:%S")
 
 
+def fmt_when_short(value: dt.datetime | None) -> str:
+    """To the minute, for dense tables (the title attribute carries the seconds)."""
+    return "" if value is None else value.strftime("%Y-%m-%d %H:%M")
+
+
 def fmt_duration(seconds: float | None) -> str:
     if seconds is None:
         return ""
@@ -207,12 +211,6 @@ def fmt_duration(seconds: float | None) -> str:
     return f"{secs}s"
 
 
-def fmt_ago(value: dt.datetime | None) -> str:
-    if value is None:
-        return ""
-    return fmt_duration((utcnow() - value).total_seconds()) + " ago"
-
-
 def fmt_bytes(value: float | None) -> str:
     if value is None:
         return ""
@@ -222,7 +220,3 @@ def fmt_bytes(value: float | None) -> str:
             return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
         size /= 1024
     return f"{size:.1f} PiB"
-
-
-def fmt_gpus(value: int | None) -> str:
-    return "" if value is None else str(value)
