@@ -8,14 +8,18 @@ inputs, and screenshots land in ``test-artifacts/portal/``.
 
 from __future__ import annotations
 
+import datetime as dt
 import threading
 import time
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 from playwright.sync_api import Page, expect, sync_playwright
+
+from dlts.models import Job, JobStatus, User, VirtualCluster, utcnow
 
 pytestmark = pytest.mark.browser
 
@@ -151,12 +155,35 @@ def test_researcher_submits_watches_and_downloads_the_log(new_page, server, pass
     shot(narrow, "jobs-narrow")
 
 
-def test_kill_a_running_job_from_its_page(new_page, server, passwords):
+def _history(sessions) -> None:
+    """A few ended and waiting jobs of bob's beside alice's, so the list shows every colour."""
+    now = utcnow()
+    with sessions() as s:
+        bob = s.scalar(sa.select(User.id).where(User.name == "bob"))
+        vision = s.scalar(sa.select(VirtualCluster.id).where(VirtualCluster.name == "vision"))
+        for name, status, reason, detail, ago_min in (
+                ("bert-finetune", JobStatus.FINISHED, "finished", None, 90), ("sweep-lr-3e-4", JobStatus.FAILED, "exit_code",
+                 "exited with code 1", 60), ("big-pretrain", JobStatus.UNAPPROVED, "user_quota",
+                 "bob already holds 2 non-preemptible GPUs; a VC admin must approve", 5)):
+            ended = status in (JobStatus.FINISHED, JobStatus.FAILED)
+            s.add(Job(name=name, user_id=bob, vc_id=vision, type="batch", status=status, reason=reason, reason_detail=detail,
+                      image="pytorch/pytorch:2.3", command="python train.py", sku="demo-gpu", gpus=2, cpu=1, memory_bytes=2**30,
+                      spec={}, queue_time=now - dt.timedelta(minutes=ago_min), submitted_at=now - dt.timedelta(minutes=ago_min),
+                      started_at=now - dt.timedelta(minutes=ago_min - 1) if ended else None,
+                      finished_at=now - dt.timedelta(minutes=ago_min - 20) if ended else None, exit_code=1 if status is JobStatus.FAILED else None))
+        s.commit()
+
+
+def test_kill_a_running_job_from_its_page(new_page, server, passwords, sessions):
     page = new_page()
     base = server.url
     login(page, base, "alice", passwords["alice"])
     job_id = submit_from_form(page, base, "echo started; sleep 120", "long-one")
     status_in_list(page, base, job_id, "running")
+    _history(sessions)
+    page.goto(f"{base}/jobs?scope=vc")
+    expect(page.locator("#jobs-table tbody tr")).to_have_count(4)
+    shot(page, "jobs-vc")
     page.goto(f"{base}/jobs/{job_id}")
     expect(page.locator("#log")).to_contain_text("started")  # the viewer follows the running job
     page.once("dialog", lambda dialog: dialog.accept())
