@@ -204,10 +204,22 @@ def build_image(log=sys.stderr) -> Image:
         if image.root.exists():
             shutil.rmtree(image.root)
         work.rename(image.root)
+        # Images of older keys are dead weight (each is a 6 GB sparse file).
+        for old in CACHE_ROOT.glob(f"debian-{SUITE}-*"):
+            if old != image.root:
+                shutil.rmtree(old, ignore_errors=True)
         return image
     finally:
+        _unmount_below(work)
         if work.exists():
             shutil.rmtree(work, ignore_errors=True)
+
+
+def _unmount_below(root: Path) -> None:
+    """debootstrap mounts /proc and /sys inside the root; an interrupted build may leave them."""
+    mounts = [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()]
+    for mount in sorted((m for m in mounts if m.startswith(str(root) + "/")), reverse=True):
+        subprocess.run(["umount", "--lazy", mount], check=False)
 
 
 def free_port() -> int:

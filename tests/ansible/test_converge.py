@@ -29,7 +29,7 @@ import yaml
 from ansible_helpers import REPO, run_playbook, tool
 from dlts_vm import CACHE_ROOT, DebianVM, build_image, missing_host_tools
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2700)]
 
 API_HTTPS_PORT = 443
 AGENT_METRICS_PORT = 9445
@@ -158,7 +158,7 @@ def test_converge_mariadb_control_and_agent_into_a_vm(tmp_path):
 
         mark = time.monotonic()
         first = run_playbook(
-            "dlts-services.yml", inventory, "-v", tmp_path=tmp_path, timeout_s=900, log_path=tmp_path / "first-run.log"
+            "dlts-services.yml", inventory, "-v", tmp_path=tmp_path, timeout_s=1500, log_path=tmp_path / "first-run.log"
         )
         timings["first_run_s"] = time.monotonic() - mark
         assert first.returncode == 0, first.stdout[-6000:] + first.stderr[-2000:]
@@ -167,7 +167,7 @@ def test_converge_mariadb_control_and_agent_into_a_vm(tmp_path):
 
         mark = time.monotonic()
         second = run_playbook(
-            "dlts-services.yml", inventory, tmp_path=tmp_path, timeout_s=600, log_path=tmp_path / "second-run.log"
+            "dlts-services.yml", inventory, tmp_path=tmp_path, timeout_s=1200, log_path=tmp_path / "second-run.log"
         )
         timings["second_run_s"] = time.monotonic() - mark
         assert second.returncode == 0, second.stdout[-6000:]
