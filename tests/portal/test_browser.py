@@ -63,17 +63,27 @@ def server(live, portal_world):
 
 @pytest.fixture
 def new_page(browser, server):
+    """Pages in fresh browser contexts; any console error (a CSP violation, a script error) fails the test."""
     contexts = []
+    errors: list[str] = []
 
     def make(viewport=(1280, 860)) -> Page:
         context = browser.new_context(viewport={"width": viewport[0], "height": viewport[1]}, accept_downloads=True)
         context.set_default_timeout(15000)
         contexts.append(context)
-        return context.new_page()
+        page = context.new_page()
+        # a form answered 400/422 with field errors is expected; a failing script, style or fetch is not
+        page.on("console", lambda msg: errors.append(f"{page.url}: {msg.text}")
+                if msg.type == "error" and not msg.text.startswith("Failed to load resource") else None)
+        page.on("response", lambda r: errors.append(f"{r.url}: HTTP {r.status}")
+                if r.status >= 400 and r.request.resource_type != "document" else None)
+        page.on("pageerror", lambda exc: errors.append(f"{page.url}: {exc}"))
+        return page
 
     yield make
     for context in contexts:
         context.close()
+    assert errors == []
 
 
 def shot(page: Page, name: str) -> None:

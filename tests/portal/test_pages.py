@@ -48,6 +48,16 @@ def test_pages_need_a_login_and_come_back_after_it(anon, passwords):
     assert "HttpOnly" in cookie and "SameSite=Lax" in cookie and cookie.startswith("dlts_session=")
 
 
+def test_pages_send_a_strict_content_security_policy_and_no_inline_script(as_user):
+    response = as_user("alice").get("/jobs")
+    assert "script-src 'self';" in response.headers["Content-Security-Policy"]
+    assert "frame-ancestors 'none'" in response.headers["Content-Security-Policy"]
+    assert response.headers["X-Frame-Options"] == "DENY"
+    body = text(response)
+    assert re.findall(r"<script[^>]*>", body) == ['<script src="/portal-static/portal.js" defer>']
+    assert not re.search(r"\son[a-z]+=", body)  # no inline event handlers
+
+
 def test_login_refuses_a_wrong_password_and_offsite_next(anon, passwords):
     c = anon()
     response = c.login("alice", "not-the-password")

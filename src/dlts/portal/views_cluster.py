@@ -169,11 +169,10 @@ def storage():
         stamp = (report.scanned_at or "none").replace(":", "").replace("-", "")[:15]
         return Response(storage_service.to_csv(report), mimetype="text/csv",
                         headers={"Content-Disposition": f'attachment; filename="storage-usage-{stamp}.csv"'})
-    by_vc: dict[str, int] = {}
-    for row in report.rows:
-        if row.vc and not row.user:
-            by_vc[row.vc] = by_vc.get(row.vc, 0) + row.bytes_used
-    return render_template("storage.html", report=report, by_vc=by_vc)
+    # the scan's rows without a user are the totals of a VC's directory (or of the mount)
+    totals = [r for r in report.rows if not r.user]
+    users = [r for r in report.rows if r.user]
+    return render_template("storage.html", report=report, totals=totals, users=users)
 
 
 @bp.route("/gpu-hours")
