@@ -469,6 +469,7 @@ def test_storage_page_empty_state_then_snapshot_and_csv(as_user, sessions):
         s.commit()
     page = text(bob.get("/storage"))
     assert "2026-11-29 12:00:00 UTC" in page and "5.0 TiB" in page
+    assert 'id="storage-vcs"' in page and 'id="storage-users"' in page
     csv = bob.get("/storage?format=csv")
     assert csv.mimetype == "text/csv" and "'=alice" in csv.get_data(as_text=True)
 

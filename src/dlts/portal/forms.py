@@ -113,7 +113,7 @@ def parse(form_data: Mapping[str, Any] | MultiDict) -> tuple[SubmitForm, JobRequ
     try:
         loaded = JobSubmitSchema().load(body)
     except ValidationError as exc:
-        for name, messages in exc.messages.items():
+        for name, messages in exc.normalized_messages().items():
             text = messages[0] if isinstance(messages, list) and messages and isinstance(messages[0], str) else str(messages)
             if isinstance(messages, dict):  # env: {"KEY": {"key": [...]}} -> the first message inside
                 text = _first_text(messages)

@@ -66,7 +66,7 @@ def _visible_vc_ids(scope: str) -> list[int] | None:
 
 
 def _columns() -> list[str]:
-    user = db.session.get(User, principal().user_id)
+    user = db.session.get_one(User, principal().user_id)
     chosen = (user.preferences or {}).get("job_columns")
     if not isinstance(chosen, list):
         return list(DEFAULT_COLUMNS)

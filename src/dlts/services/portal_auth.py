@@ -17,8 +17,8 @@ import secrets
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
@@ -147,7 +147,7 @@ def create_token(session: Session, principal: Principal, label: str, expires_day
                            details={"field": "label"})
     if expires_days is not None and not 1 <= expires_days <= 3650:
         raise InvalidInput("Expiry must be 1-3650 days, or empty for no expiry.", details={"field": "expires_days"})
-    user = session.get(User, principal.user_id)
+    user = session.get_one(User, principal.user_id)
     token = issue_token(session, user, label, expires_days)
     session.commit()
     return token
@@ -171,7 +171,7 @@ PREFERENCE_KEYS = ("job_columns",)
 def save_preference(session: Session, principal: Principal, key: str, value: object) -> None:
     if key not in PREFERENCE_KEYS:
         raise InvalidInput(f"Unknown preference {key!r}.", details={"field": key})
-    user = session.get(User, principal.user_id)
+    user = session.get_one(User, principal.user_id)
     # a new dict, so SQLAlchemy sees the JSON column change
     user.preferences = {**(user.preferences or {}), key: value}
     session.commit()
