@@ -248,8 +248,14 @@ def test_batch_approve_needs_a_vc_admin(as_user, sessions):
         s.execute(sa.update(VirtualCluster).where(VirtualCluster.name == "vision").values(user_gpu_quota=1))
         s.commit()
     alice = as_user("alice")
-    job_id = submit(alice, gpus="2")
+    job_id = submit(alice, gpus="2", priority="42")
     assert "unapproved" in text(alice.get(f"/jobs/{job_id}"))
+    assert "above the per-user quota" in text(alice.get("/jobs"))
+    # another member sees the public fields only: the reason code, not its detail, nor the priority
+    bob = as_user("bob")
+    bob.post("/jobs/columns", {"columns": ["priority", "timeout"]})
+    for page in (text(bob.get("/jobs?scope=vc")), text(bob.get(f"/jobs/{job_id}"))):
+        assert "user_quota" in page and "above the per-user quota" not in page and ">42<" not in page
     assert 'id="action-approve"' not in text(alice.get(f"/jobs/{job_id}"))
     page = text(alice.post("/jobs/batch", {"action": "approve", "confirm": "1", "ids": [str(job_id)]}))
     assert "Only an admin of VC vision may approve" in page
