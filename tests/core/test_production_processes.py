@@ -47,9 +47,9 @@ def test_api_and_managers_processes_run_a_job_end_to_end(tmp_path, database_url)
         deadline = time.monotonic() + 60
         while True:
             try:
-                if requests.get(f"{url}/readyz", timeout=2).status_code == 200:
+                if requests.get(f"{url}/readyz", timeout=10).status_code == 200:
                     break
-            except requests.ConnectionError:
+            except requests.RequestException:  # not listening yet, or a worker still starting
                 pass
             assert api.poll() is None and time.monotonic() < deadline, "gunicorn did not come up"
             time.sleep(0.3)

@@ -243,16 +243,17 @@ def test_a_crash_before_the_create_is_finished_by_the_next_manager(h, monkeypatc
 
 
 def test_orphan_objects_are_removed(h):
-    from conftest import make_spec
+    from tests.k8s.conftest import make_spec
 
     h.backend.launch(make_spec(999, command="sleep infinity", ssh_public_keys=("ssh-rsa AAAAB3Nz x",), ports=(22,)))
-    h.tick()  # the manager sees a pod no live attempt explains and stops it
+    assert h.api.objects("secrets") and h.api.objects("services")
+    h.tick()  # the manager sees a pod no live attempt explains, stops it, and collects its objects
     h.tick()
     assert h.api.pods() == []
+    assert h.api.objects("secrets") == [] and h.api.objects("services") == []
     with h.sessions() as s:
         live = {(j.id, j.attempt) for j in s.scalars(sa.select(Job).where(Job.status.in_([S.SCHEDULING, S.RUNNING])))}
-    assert h.backend.collect_garbage(live) == ((999, 1),)
-    assert h.api.objects("secrets") == [] and h.api.objects("services") == []
+    assert h.backend.collect_garbage(live) == ()  # nothing left for a second pass
 
 
 def test_an_api_outage_loses_no_state(h):
@@ -260,15 +261,12 @@ def test_an_api_outage_loses_no_state(h):
     h.tick()
     h.tick()
     h.api.fail_next(1, 503)
-    with pytest.raises(KubernetesUnavailable):
-        h.manager_tick()
+    h.manager_tick()  # the tick is skipped with a warning, not crashed, and writes nothing
     assert h.job(job_id).status is S.RUNNING
     h.tick(4)
     assert h.job(job_id).status is S.FINISHED
 
 
-@pytest.mark.xfail(strict=True, reason="JobManager._launch turns any launch exception into ERROR; a transient "
-                   "KubernetesUnavailable should leave the attempt SCHEDULING for the next tick to relaunch")
 def test_a_transient_error_during_launch_is_retried_not_fatal(h):
     job_id = h.submit(command="sleep 1")
     h.api.fail_next(1, 503, verbs={"create"})

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Mapping, Protocol, Sequence
+from typing import Iterable, Mapping, Protocol, Sequence
 
 from dlts.scheduler.model import Placement
 
@@ -21,6 +21,10 @@ class RegistryCredential:
     server: str
     username: str
     password: str
+
+
+class BackendUnavailable(RuntimeError):
+    """The cluster did not answer (timeout, 5xx, back-off): transient, the next tick tries again."""
 
 
 class RunPhase(str, enum.Enum):
@@ -102,6 +106,9 @@ class ClusterBackend(Protocol):
 
     def forget(self, job_id: int, attempt: int) -> None:
         """Release bookkeeping of a finished attempt (delete finished pods, reap records)."""
+
+    def collect_garbage(self, live: Iterable[tuple[int, int]]) -> Sequence[tuple[int, int]]:
+        """Remove every object of an attempt not in ``live``; return the attempts removed."""
 
     def nodes(self) -> Sequence[NodeInfo]:
         """The nodes this backend can run work on."""

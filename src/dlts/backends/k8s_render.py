@@ -48,7 +48,7 @@ SSH_DIR = "/dlts-ssh"
 
 # Environment the backend owns; a job's own env may not override these names.
 RESERVED_ENV = frozenset({
-    "DLTS_JOB_ID", "DLTS_ATTEMPT", "DLTS_USER", "DLTS_VC", "DLTS_NUM_GPUS", "DLTS_COMMAND",
+    "DLTS_JOB_ID", "DLTS_ATTEMPT", "DLTS_USER", "DLTS_VC", "DLTS_NUM_GPUS", "DLTS_COMMAND", "DLTS_PREEMPTIBLE",
     "DLTS_LOG_PATH", "DLTS_SSH_AUTHORIZED_KEYS", "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK",
     "LOCAL_WORLD_SIZE", "NODE_RANK", "NNODES", "NVIDIA_VISIBLE_DEVICES",
 })
@@ -72,7 +72,11 @@ INIT_COPY = f"cp /usr/bin/tini-static {RUNTIME_DIR}/tini && chmod 0755 {RUNTIME_
 # libyaml's loader when present: the pure-Python one is 90% of a launch's CPU time.
 _SafeLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
-DEFAULT_TEMPLATES_DIR = Path(__file__).resolve().parents[3] / "templates" / "kubernetes"
+# The repository's top-level templates/ ships inside the wheel as dlts/templates/; an editable
+# install or a checkout reads it in place.
+_PACKAGED_TEMPLATES = Path(__file__).resolve().parents[1] / "templates" / "kubernetes"
+_CHECKOUT_TEMPLATES = Path(__file__).resolve().parents[3] / "templates" / "kubernetes"
+DEFAULT_TEMPLATES_DIR = _PACKAGED_TEMPLATES if _PACKAGED_TEMPLATES.is_dir() else _CHECKOUT_TEMPLATES
 
 
 class PrivilegedFeature(str, enum.Enum):
@@ -455,6 +459,8 @@ class ManifestRenderer:
             env.update({
                 "DLTS_JOB_ID": str(spec.job_id), "DLTS_ATTEMPT": str(spec.attempt), "DLTS_USER": spec.user,
                 "DLTS_VC": spec.vc, "DLTS_NUM_GPUS": str(gpus), "DLTS_COMMAND": spec.command,
+                # the node agent labels GPU metrics with it
+                "DLTS_PREEMPTIBLE": "1" if spec.preemptible else "0",
             })
             if gpus == 0:
                 # Without a GPU limit the NVIDIA runtime would expose every GPU of the node.

@@ -36,7 +36,7 @@ from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.utils import parse_quantity
 
-from dlts.backends.base import LaunchSpec, NodeInfo, Observed, RunPhase
+from dlts.backends.base import BackendUnavailable, LaunchSpec, NodeInfo, Observed, RunPhase
 from dlts.backends.k8s_render import (
     ANNOTATION_WORLD_SIZE,
     GPU_RESOURCE,
@@ -132,7 +132,7 @@ def settings_from_config(config: Any, **extra: Any) -> KubernetesSettings:
     return KubernetesSettings(**values)
 
 
-class KubernetesUnavailable(RuntimeError):
+class KubernetesUnavailable(BackendUnavailable):
     """The API server did not answer usefully (error, timeout, back-off); retry on a later tick."""
 
 

@@ -19,7 +19,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Iterable, Sequence
 
 import psutil
 
@@ -94,6 +94,7 @@ class LocalBackend:
         env.update({
             "DLTS_JOB_ID": str(spec.job_id), "DLTS_USER": spec.user, "DLTS_VC": spec.vc,
             "DLTS_NUM_GPUS": str(len(gpu_indices)), "DLTS_ATTEMPT": str(spec.attempt),
+            "DLTS_PREEMPTIBLE": "1" if spec.preemptible else "0",
             "CUDA_VISIBLE_DEVICES": ",".join(map(str, gpu_indices)),
         })
         log_path = Path(spec.log_path)
@@ -214,6 +215,21 @@ class LocalBackend:
     def forget(self, job_id: int, attempt: int) -> None:
         shutil.rmtree(self._dir(job_id, attempt), ignore_errors=True)
         self._children.pop((job_id, attempt), None)
+
+    def collect_garbage(self, live: Iterable[tuple[int, int]]) -> Sequence[tuple[int, int]]:
+        """Stop and remove run records of attempts the database no longer owns."""
+        keep = set(live)
+        removed = []
+        for run in list(self.run_dir.iterdir()):
+            key = self._parse(run.name)
+            if key is None or key in keep:
+                continue
+            proc, _ = self._process(run)
+            if proc is not None:
+                self._kill_tree(proc, include_init=True)
+            self.forget(*key)
+            removed.append(key)
+        return removed
 
     def nodes(self) -> Sequence[NodeInfo]:
         return [NodeInfo(name=self.node_name, sku=self.sku, gpus=self.gpus, cpu=float(psutil.cpu_count() or 1),

@@ -21,7 +21,7 @@ from typing import Callable
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from dlts.backends.base import ClusterBackend, LaunchSpec, Observed, RunPhase
+from dlts.backends.base import BackendUnavailable, ClusterBackend, LaunchSpec, Observed, RunPhase
 from dlts.config import Settings
 from dlts.jobmanager.snapshot import load_snapshot, placements_to_json
 from dlts.logs import attempt_log_path
@@ -33,6 +33,7 @@ from dlts.scheduler.model import Decisions, StopReason
 log = logging.getLogger(__name__)
 S = JobStatus
 ACTOR = "jobmanager"
+GC_INTERVAL_S = 60.0  # how often the backend's objects are checked against the database's live attempts
 
 
 def _dt(epoch: float | None) -> dt.datetime | None:
@@ -47,6 +48,7 @@ class JobManager:
         self.settings = settings
         self.clock = clock
         self.last_decisions: Decisions | None = None
+        self._next_gc = 0.0
 
     # -- the tick -------------------------------------------------------------------------------
     def tick(self) -> Decisions:
@@ -59,7 +61,13 @@ class JobManager:
             decisions = decide(load_snapshot(session, self.settings), self.clock())
             self.apply(session, decisions)
             self.last_decisions = decisions
+            if self.clock() >= self._next_gc:
+                self.collect_garbage(session)
             return decisions
+        except BackendUnavailable as exc:
+            session.rollback()
+            log.warning("cluster unavailable, tick skipped: %s", exc)
+            return Decisions()
         except Exception:
             session.rollback()
             raise
@@ -168,6 +176,15 @@ class JobManager:
         session.commit()
         self.backend.forget(job.id, job.attempt)
 
+    def collect_garbage(self, session: Session) -> None:
+        """Objects a crash or a restored database left behind (services, secrets, run records)."""
+        live = {(job_id, attempt) for job_id, attempt in session.execute(
+            sa.select(Job.id, Job.attempt).where(Job.status.in_(ACTIVE)))}
+        removed = self.backend.collect_garbage(live)
+        if removed:
+            log.info("removed backend objects of %d orphaned attempt(s): %s", len(removed), sorted(removed)[:20])
+        self._next_gc = self.clock() + GC_INTERVAL_S
+
     # -- user requests ----------------------------------------------------------------------------
     def carry_out_requests(self, session: Session, observed: dict[tuple[int, int], Observed]) -> None:
         for job in session.scalars(sa.select(Job).where(Job.status.in_([S.KILLING, S.PAUSING]))):
@@ -212,9 +229,14 @@ class JobManager:
             command=job.command, placements=placements_from_json(attempt.placements), env=dict(job.spec.get("env", {})),
             preemptible=job.preemptible, ports=tuple(job.spec.get("ports", [])), ssh_public_keys=keys,
             log_path=str(attempt_log_path(self.settings, job.id, attempt.number)),
+            vc_pod_policy=dict(job.vc.pod_policy or {}), nfs_volumes=tuple((job.vc.storage or {}).get("nfs", ())),
         )
         try:
             self.backend.launch(spec)
+        except BackendUnavailable as exc:
+            # transient: the job stays scheduling and the next tick launches it again (idempotent)
+            log.warning("launch of job %s attempt %s deferred: %s", job.id, attempt.number, exc)
+            session.rollback()
         except Exception as exc:  # the backend refused: record it on the job, never lose it silently
             log.exception("launch of job %s attempt %s failed", job.id, attempt.number)
             session.rollback()

@@ -56,6 +56,9 @@ def load_snapshot(session: Session, settings: Settings) -> core.Snapshot:
             priority=job.priority, preemptible=job.preemptible, nodes=job.nodes,
             ib_domain_any=(job.spec or {}).get("ib_domain") == "any", max_time_s=job.max_time_s,
             running=running, started_at=started if running else None,
+            # already on its way out (kill, pause, preemption): never chosen to be stopped again
+            stopping=job.status in (JobStatus.KILLING, JobStatus.PAUSING) or bool(attempt and attempt.stop_requested),
+            user_quota_approved=bool((job.spec or {}).get("approved_by")),
             placements=placements_from_json(attempt.placements) if (running and attempt) else (),
             min_replicas=(job.spec or {}).get("min_replicas", 0), max_replicas=(job.spec or {}).get("max_replicas", 0),
         ))

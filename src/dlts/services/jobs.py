@@ -252,7 +252,9 @@ def approve(session: Session, principal: Principal, job_id: int) -> Job:
     if job.status is not S.UNAPPROVED:
         raise WrongState(f"Job {job.id} is {job.status.value}; only unapproved jobs can be approved.",
                          code="wrong_state", details={"status": job.status.value})
-    _cas(session, job, S.QUEUED, principal.name, "approved", {"reason": None, "reason_detail": f"approved by {principal.name}"})
+    # the scheduler no longer holds this job to the user quota (it reads spec["approved_by"])
+    _cas(session, job, S.QUEUED, principal.name, "approved",
+         {"reason": None, "reason_detail": f"approved by {principal.name}", "spec": {**job.spec, "approved_by": principal.name}})
     session.commit()
     session.refresh(job)
     return job
