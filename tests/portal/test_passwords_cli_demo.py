@@ -68,14 +68,20 @@ def test_demo_first_start_writes_random_credentials_mode_600(settings, sessions,
     assert dict(line.split(":", 1) for line in path.read_text().split()) == pairs
 
 
-def test_login_limiter_blocks_after_five_failures_and_forgets_after_the_window():
+def test_login_limiter_blocks_a_user_after_five_failures_an_address_after_thirty_and_forgets():
     now = [1000.0]
-    limiter = portal_auth.LoginLimiter(portal_auth.RateLimit(max_failures=5, window_s=300), clock=lambda: now[0])
+    limiter = portal_auth.LoginLimiter(clock=lambda: now[0])
     for _ in range(5):
         limiter.check("user:alice", "ip:1.2.3.4")
         limiter.failed("user:alice", "ip:1.2.3.4")
     with pytest.raises(portal_auth.TooManyAttempts, match="wait 301 s"):
         limiter.check("user:alice", "ip:9.9.9.9")  # the user key alone is enough to block
-    limiter.check("user:bob", "ip:9.9.9.9")  # other users from other places are not affected
-    now[0] += 300
+    limiter.check("user:bob", "ip:1.2.3.4")  # others behind the same address still may try
+    for i in range(25):
+        limiter.failed(f"user:u{i}", "ip:1.2.3.4")
+    with pytest.raises(portal_auth.TooManyAttempts):
+        limiter.check("user:bob", "ip:1.2.3.4")  # 30 failures from one address
+    now[0] += 150
+    limiter.failed("user:alice", "ip:5.5.5.5")
+    now[0] += 150  # the first five are out of the window; the sixth is not
     limiter.check("user:alice", "ip:1.2.3.4")

@@ -5,8 +5,8 @@ with a password, only with API tokens). ``authenticate_password`` answers with o
 failure (unknown user, wrong password, no password, disabled) so that the login form does not tell
 an attacker which user names exist.
 
-The rate limit counts failed logins per user name and per client address in a sliding window. It
-lives in the process's memory: with N gunicorn workers an attacker gets at most N times the limit,
+The rate limit counts failed logins per user name (5) and per client address (30) in a 5-minute
+sliding window. It lives in the process's memory: with N gunicorn workers an attacker gets at most N times the limit,
 which still makes guessing a random 16-character password hopeless; a shared store would be needed
 for an exact cluster-wide count.
 """
@@ -17,7 +17,7 @@ import secrets
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import sqlalchemy as sa
@@ -85,34 +85,44 @@ def principal_for_session(session: Session, user_id: int) -> Principal | None:
 
 @dataclass(frozen=True)
 class RateLimit:
-    max_failures: int = 5
+    max_failures: int
     window_s: float = 300.0
 
 
-class LoginLimiter:
-    """Sliding-window count of failed logins per key (``user:NAME`` and ``ip:ADDR``)."""
+# Per user name: guessing one account's password stops after 5 tries. Per client address, more: many
+# people may share one address (a NAT, or a proxy in front of the API), and one of them mistyping
+# must not lock out the others.
+DEFAULT_LIMITS = {"user": RateLimit(5), "ip": RateLimit(30)}
 
-    def __init__(self, limit: RateLimit = RateLimit(), clock: Callable[[], float] = time.monotonic):
-        self.limit = limit
+
+class LoginLimiter:
+    """Sliding-window count of failed logins per key: ``user:NAME`` and ``ip:ADDR``, each kind with its limit."""
+
+    def __init__(self, limits: Mapping[str, RateLimit] | None = None, clock: Callable[[], float] = time.monotonic):
+        self.limits = dict(limits or DEFAULT_LIMITS)
         self.clock = clock
         self._failures: dict[str, deque[float]] = {}
         self._lock = threading.Lock()
 
+    def _limit(self, key: str) -> RateLimit:
+        return self.limits[key.split(":", 1)[0]]
+
     def _recent(self, key: str, now: float) -> deque[float]:
         times = self._failures.setdefault(key, deque())
-        while times and now - times[0] >= self.limit.window_s:
+        window_s = self._limit(key).window_s
+        while times and now - times[0] >= window_s:
             times.popleft()
         return times
 
     def check(self, *keys: str) -> None:
-        """Raise TooManyAttempts while any key is over the limit, saying when to retry."""
+        """Raise TooManyAttempts while any key is over its limit, saying when to retry."""
         now = self.clock()
         with self._lock:
             waits = []
             for key in keys:
-                times = self._recent(key, now)
-                if len(times) >= self.limit.max_failures:
-                    waits.append(self.limit.window_s - (now - times[0]))
+                times, limit = self._recent(key, now), self._limit(key)
+                if len(times) >= limit.max_failures:
+                    waits.append(limit.window_s - (now - times[-limit.max_failures]))
         if waits:
             retry_s = max(1, int(max(waits)) + 1)
             raise TooManyAttempts(f"Too many failed logins; wait {retry_s} s and try again.",
@@ -124,7 +134,7 @@ class LoginLimiter:
             for key in keys:
                 self._recent(key, now).append(now)
             if len(self._failures) > 10000:  # forget idle keys so a scan cannot grow memory forever
-                for key in [k for k, v in self._failures.items() if not v or now - v[-1] >= self.limit.window_s]:
+                for key in [k for k, v in self._failures.items() if not v or now - v[-1] >= self._limit(k).window_s]:
                     del self._failures[key]
 
     def succeeded(self, user_key: str) -> None:
