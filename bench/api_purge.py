@@ -57,7 +57,8 @@ def run_janitor(db: str, batch_rows: int, pause_s: float) -> dict:
     result = Janitor(sessionmaker(bind=engine), 180, batch_rows=batch_rows, pause_s=pause_s).run()
     engine.dispose()
     return {"jobs": result.jobs, "attempts": result.attempts, "events": result.events, "batches": result.batches,
-            "elapsed_s": round(result.elapsed_s, 1), "longest_transaction_s": round(result.longest_batch_s, 3)}
+            "elapsed_s": round(result.elapsed_s, 1), "longest_transaction_s": round(result.longest_batch_s, 3),
+            "median_transaction_s": round(result.median_batch_s, 3)}
 
 
 def run_pt_archiver(db: str, batch_rows: int) -> dict:

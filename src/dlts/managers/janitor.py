@@ -14,6 +14,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import shutil
+import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +39,7 @@ class PurgeResult:
     batches: int
     elapsed_s: float
     longest_batch_s: float  # the longest transaction, from the first DELETE to COMMIT
+    median_batch_s: float = 0.0
 
     @property
     def jobs_per_s(self) -> float:
@@ -72,7 +74,7 @@ class Janitor:
         cutoff = self.cutoff()
         started = time.monotonic()
         jobs = attempts = events = batches = 0
-        longest = 0.0
+        durations: list[float] = []
         terminal = [s.value for s in TERMINAL]
         while batches < self.max_batches:
             with self.session_factory() as session:
@@ -88,14 +90,16 @@ class Janitor:
                 jobs += session.execute(sa.delete(Job).where(Job.id.in_(ids), Job.finished_at < cutoff)
                                         .execution_options(synchronize_session=False)).rowcount or 0
                 session.commit()
-                longest = max(longest, time.monotonic() - t0)
+                durations.append(time.monotonic() - t0)
             batches += 1
             self._remove_logs(ids)
             if len(ids) < self.batch_rows:
                 break
             if self.pause_s:
                 self.sleep(self.pause_s)
-        result = PurgeResult(jobs, attempts, events, batches, time.monotonic() - started, longest)
+        longest = max(durations, default=0.0)
+        result = PurgeResult(jobs, attempts, events, batches, time.monotonic() - started, longest,
+                             statistics.median(durations) if durations else 0.0)
         if jobs:
             log.info("janitor: deleted %d jobs (%d attempts, %d events) older than %s in %d batches, %.1f s; longest batch %.3f s",
                      jobs, attempts, events, cutoff.date(), batches, result.elapsed_s, longest)
