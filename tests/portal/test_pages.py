@@ -314,6 +314,12 @@ def test_job_details_show_attempts_placement_and_messages(as_user, sessions, set
     assert re.search(r"Time left</dt><dd>5\dm", page)
     data = alice.get(f"/jobs/{job_id}/log.json?offset=8").get_json()
     assert data["data"] == "epoch 2\n" and data["size"] == 16 and data["complete"] is False
+    assert data["attempt"] == 2 and data["latest_attempt"] == 2
+    tail = alice.get(f"/jobs/{job_id}/log.json?tail=4").get_json()
+    assert tail["offset"] == 12 and tail["data"] == "h 2\n"
+    first = alice.get(f"/jobs/{job_id}/log.json?attempt=1").get_json()
+    assert first["attempt"] == 1 and first["data"] == "" and first["latest_attempt"] == 2
+    assert f"/jobs/{job_id}/log?attempt=1" in page
     download = alice.get(f"/jobs/{job_id}/log")
     assert download.data == b"epoch 1\nepoch 2\n" and "attachment" in download.headers["Content-Disposition"]
     # the time-left column in the list, and started shown, finished blank

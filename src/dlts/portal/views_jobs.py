@@ -53,6 +53,7 @@ STATUS_GROUPS = {"active": [S.UNAPPROVED, S.QUEUED, S.SCHEDULING, S.RUNNING, S.P
                  "waiting": [S.UNAPPROVED, S.QUEUED], "ended": sorted(TERMINAL, key=lambda s: s.value)}
 ACTIONS = job_service.BATCH_ACTIONS
 MAX_BATCH = 200
+LOG_CHUNK_BYTES = 256 * 1024  # per read of the log viewer; the viewer starts this far before the end
 MAX_ID = 2**62  # ids beyond this are not ours (and would overflow the database's integer)
 
 
@@ -238,21 +239,31 @@ def job_settings(job_id: int):
 @bp.route("/jobs/<int(max=4611686018427387904):job_id>/log.json")
 @login_required
 def job_log(job_id: int):
-    """A slice of the log from ``offset`` for the viewer's polling (JSON; same rules as the API)."""
+    """A slice of an attempt's log for the viewer (JSON; the same rules as the API).
+
+    ``tail=N`` starts N bytes before the end (the viewer's first read: a huge log is downloaded, not
+    put into the page); ``offset`` continues from there. ``latest_attempt`` lets the viewer move on
+    to the next attempt when the job is retried.
+    """
     try:
         offset = max(0, int(request.args.get("offset", "0")))
+        tail = min(max(0, int(request.args["tail"])), LOG_CHUNK_BYTES) if request.args.get("tail") else None
         attempt = int(request.args["attempt"]) if request.args.get("attempt") else None
     except ValueError:
-        return jsonify({"error": "offset and attempt are whole numbers"}), 400
+        return jsonify({"error": "offset, tail and attempt are whole numbers"}), 400
+    settings = settings_of(current_app)
     try:
-        job, number, data, size, _path = job_service.read_log(db.session, settings_of(current_app), principal(), job_id,
-                                                              attempt, offset, 256 * 1024)
+        if tail is not None:
+            *_, size, _path = job_service.read_log(db.session, settings, principal(), job_id, attempt, 0, 0)
+            offset = max(0, size - tail)
+        job, number, data, size, _path = job_service.read_log(db.session, settings, principal(), job_id, attempt,
+                                                              offset, LOG_CHUNK_BYTES)
     except DltsError as exc:
         db.session.rollback()
         return jsonify({"error": exc.message}), exc.http_status
     next_offset = min(offset, size) + len(data)
-    return jsonify({"attempt": number, "data": data.decode("utf-8", errors="replace"), "next_offset": next_offset,
-                    "size": size, "status": job.status.value,
+    return jsonify({"attempt": number, "latest_attempt": job.attempt, "offset": offset, "data": data.decode("utf-8", errors="replace"),
+                    "next_offset": next_offset, "size": size, "status": job.status.value,
                     "complete": job.status in TERMINAL and number == job.attempt and next_offset >= size})
 
 

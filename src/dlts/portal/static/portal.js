@@ -42,10 +42,14 @@
   var log = document.getElementById('log');
   if (log && log.dataset.url) {
     var state = document.getElementById('log-state');
-    var offset = 0;
+    var attempt = null, offset = null;
     var poll = function () {
-      fetch(log.dataset.url + '?offset=' + offset, {credentials: 'same-origin'}).then(function (r) { return r.json(); }).then(function (d) {
+      var query = offset === null ? '?tail=262144' : '?offset=' + offset;
+      if (attempt !== null) query += '&attempt=' + attempt;
+      fetch(log.dataset.url + query, {credentials: 'same-origin'}).then(function (r) { return r.json(); }).then(function (d) {
         if (d.error) { state.textContent = d.error; return; }
+        if (offset === null && d.offset > 0) log.textContent += '[' + d.offset + ' earlier bytes: download the full log]\n';
+        attempt = d.attempt;
         if (d.data) {
           var atEnd = log.scrollTop + log.clientHeight >= log.scrollHeight - 20;
           log.textContent += d.data;
@@ -56,6 +60,11 @@
         if (badge && badge.textContent !== d.status) badge.textContent = d.status;
         if (d.complete) { state.textContent = 'Job ' + d.status + '; log complete (' + d.size + ' bytes).'; return; }
         if (d.next_offset < d.size) { setTimeout(poll, 50); return; }  // more is already there
+        if (d.latest_attempt > attempt) {  // retried: follow the new attempt from its start
+          attempt = d.latest_attempt; offset = 0;
+          log.textContent += '\n--- attempt ' + attempt + ' ---\n';
+          setTimeout(poll, 50); return;
+        }
         state.textContent = 'Following the log (' + d.status + ')…';
         setTimeout(poll, 2000);
       }).catch(function () { state.textContent = 'Could not read the log; retrying.'; setTimeout(poll, 5000); });
