@@ -126,19 +126,23 @@ def managers(ctx: Context) -> None:
     from dlts.db import session_factory
     from dlts.jobmanager import JobManager
     from dlts.managers import Periodic, run_forever
-
-    from dlts.managers.janitor import DEFAULT_BATCH_ROWS, DEFAULT_PAUSE_S, Janitor
+    from dlts.managers.janitor import Janitor
 
     settings = ctx.settings
     app = create_app(settings)
     sessions = session_factory(app)
     manager = JobManager(sessions, make_backend(settings), settings)
-    janitor = Janitor(sessions, settings.retention_days,
-                      batch_rows=getattr(settings, "janitor_batch_rows", DEFAULT_BATCH_ROWS),
-                      pause_s=getattr(settings, "janitor_pause_s", DEFAULT_PAUSE_S),
-                      log_dir=settings.effective_log_dir)
-    run_forever([Periodic("jobmanager.tick", settings.tick_s, manager.tick),
-                 Periodic("janitor.purge", 3600.0, janitor.run)])
+    janitor = Janitor(sessions, settings.retention_days, batch_rows=settings.janitor_batch_rows,
+                      pause_s=settings.janitor_pause_s, log_dir=settings.effective_log_dir)
+    entries = [Periodic("jobmanager.tick", settings.tick_s, manager.tick),
+               Periodic("janitor.purge", 3600.0, janitor.run)]
+    if settings.lustre_defaults_file is not None:
+        from dlts.managers.storage import LustreStorageManager
+
+        storage = LustreStorageManager(sessions, settings.lustre_defaults_file)
+        storage.check()  # a bad defaults file stops start-up, naming the key
+        entries.append(Periodic("storage.lustre_apply", settings.storage_interval_s, storage.run))
+    run_forever(entries)
 
 
 # -- database -----------------------------------------------------------------------------------
@@ -248,6 +252,27 @@ def vc_member(ctx: Context, vc_name: str, user_name: str, admin: bool) -> None:
     with ctx.session() as session:
         admin_service.add_member(session, vc_name, user_name, admin=admin)
     click.echo(f"{user_name} is {'an admin' if admin else 'a member'} of VC {vc_name}")
+
+
+@vc.command("lustre")
+@click.argument("vc_name", metavar="VC")
+@click.option("--pool", required=True, help="OST pool name for the VC (1-15 characters).")
+@click.option("--osts", required=True, help="OST indices of the pool, e.g. 0,1 or 0-3.")
+@click.option("--mdt", default="0", show_default=True, help="MDT index of the VC's directory, or 'spread'.")
+@click.option("--directory", help="Directory relative to the mount (default: <vc_root>/<VC>).")
+@click.option("--project-id", type=click.IntRange(1, 4294967294), help="Lustre project ID for the VC's quota.")
+@click.option("--stripe-count", type=click.IntRange(-1, 2000), help="Default stripe count of new files.")
+@pass_ctx
+def vc_lustre(ctx: Context, vc_name: str, pool: str, osts: str, mdt: str, directory: str | None,
+              project_id: int | None, stripe_count: int | None) -> None:
+    """Pin VC's Lustre directory to an OST pool and an MDT; `dlts managers` applies it."""
+    from dlts.services import admin as admin_service
+
+    settings = {"pool": pool, "osts": osts, "mdt": int(mdt) if mdt.isdigit() else mdt, "directory": directory,
+                "project_id": project_id, "stripe_count": stripe_count}
+    with ctx.session() as session:
+        stored = admin_service.set_vc_lustre(session, vc_name, settings)
+    click.echo(f"VC {vc_name} Lustre settings: {stored}")
 
 
 # -- configuration ------------------------------------------------------------------------------------

@@ -66,8 +66,15 @@ class Settings(BaseModel):
     node_label_ib_domain: str = "dlts.io/ib-domain"
     node_label_vc: str = "dlts.io/vc"
     node_lost_after_s: float = Field(300.0, ge=0)
-    # DB janitor and allowlists
+    # DB janitor: jobs finished longer ago are deleted, this many rows a transaction, a pause between
     retention_days: int = Field(180, ge=1)
+    janitor_batch_rows: int = Field(500, ge=1, le=100_000)
+    janitor_pause_s: float = Field(0.2, ge=0, le=60)
+    # Lustre: the cluster defaults (filesystem, default user quota, ...) for the storage manager,
+    # which applies each VC's storage["lustre"] settings every storage_interval_s (None: off)
+    lustre_defaults_file: Path | None = None
+    storage_interval_s: float = Field(300.0, ge=10)
+    # allowlists
     allow_ip_days: int = Field(30, ge=1)
     # operator-customisable templates (Kubernetes objects, e-mails); None: the packaged ones
     templates_dir: Path | None = None

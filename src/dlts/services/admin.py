@@ -92,3 +92,18 @@ def add_member(session: Session, vc_name: str, user_name: str, *, admin: bool = 
     if admin:
         _bind(session, Role.VC_ADMIN, user, vc)
     session.commit()
+
+
+def set_vc_lustre(session: Session, vc_name: str, settings: dict) -> dict:
+    """Store a VC's Lustre settings (pool, OSTs, MDT, directory, project); the storage manager applies them."""
+    from dlts_lustre.policy import PolicyError, policy_from_vcs
+
+    vc = get_vc(session, vc_name)
+    lustre = {k: v for k, v in settings.items() if v is not None}
+    try:  # validate the VC's entry alone; filesystem-wide checks happen when the manager applies it
+        policy_from_vcs([{"name": vc.name, **lustre}], {"filesystem": {"name": "check", "mount": "/check"}})
+    except PolicyError as exc:
+        raise InvalidInput(str(exc), code="invalid_lustre_settings", details={"field": "storage.lustre"}) from None
+    vc.storage = {**(vc.storage or {}), "lustre": lustre}
+    session.commit()
+    return lustre
