@@ -8,6 +8,7 @@ Scenarios (each a bounded wrk run; p50/p99 from wrk --latency):
   list_first   GET /api/v1/jobs?limit=50                   (newest page)
   list_deep    GET /api/v1/jobs?limit=50&cursor=...        (900,000 rows deep, keyset)
   list_member  GET /api/v1/jobs?limit=50                   (a VC member: only their VC's jobs)
+  list_deep_filtered  ...?vc=vc1&status=finished&cursor=... (the same depth, two filters)
   post_job     POST /api/v1/jobs                           (a member submits; 201 = committed)
 Then keyset vs OFFSET at depth 900k on the same query, timed in SQL (the API offers keyset only),
 and the submission rate with 1 and 8 concurrent Python clients (requests, keep-alive).
@@ -173,6 +174,7 @@ def main() -> None:
             "post_job": (tokens["alice"], 'wrk.method = "POST"\nwrk.body = \'{"vc": "vc0", "image": "busybox", "command": "true"}\'\n', "/api/v1/jobs"),
         }
         if deep is not None:
+            scenarios["list_deep_filtered"] = (tokens["admin"], "", f"/api/v1/jobs?limit=50&vc=vc1&status=finished&cursor={cursor_for(deep + 1)}")
             scenarios["list_deep"] = (tokens["admin"], "", f"/api/v1/jobs?limit=50&cursor={cursor_for(deep + 1)}")
         for name, (token, script, path) in scenarios.items():
             if only and name not in only:

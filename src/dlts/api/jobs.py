@@ -15,6 +15,7 @@ from dlts.app import settings_of
 from dlts.errors import InvalidInput
 from dlts.extensions import db
 from dlts.models import Job, JobAttempt, JobStatus, User, VirtualCluster, iso
+from dlts.repositories import job_pages
 from dlts.repositories import jobs as job_repo
 from dlts.services import jobs as job_service
 from dlts.services.policy import Visibility
@@ -79,8 +80,8 @@ class Jobs(MethodView):
         statuses = [JobStatus(s.strip()) for s in args["status"].split(",")] if args.get("status") else []
         before = job_repo.decode_cursor(args["cursor"]) if args.get("cursor") else None
         limit = args["limit"]
-        rows = job_repo.list_jobs(db.session, visible_vc_ids=visible, user_id=user_id, vc_id=vc_id, statuses=statuses,
-                                  job_type=args.get("type"), before_id=before, limit=limit + 1)
+        rows = job_pages.page(db.session, visible_vc_ids=visible, user_id=user_id, vc_id=vc_id, statuses=statuses,
+                              job_type=args.get("type"), before_id=before, limit=limit + 1)
         page = rows[:limit]
         from dlts.services.policy import job_visibility
 
