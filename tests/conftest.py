@@ -149,3 +149,10 @@ def live(app, settings, sessions):
 
 def repo_root() -> Path:
     return Path(__file__).resolve().parent.parent
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark every test that reaches the database, so CI can rerun exactly those on MariaDB."""
+    for item in items:
+        if "database_url" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.db)
