@@ -495,9 +495,20 @@ def test_gpu_hours_from_attempts_of_the_month(as_user, sessions):
         s.add(JobAttempt(job_id=job_id, number=1, placements=[{"node": "testnode", "gpu_indices": [0, 1]}],
                          started_at=month - dt.timedelta(hours=1), ended_at=month + dt.timedelta(hours=3)))
         s.commit()
+    bob = as_user("bob")
+    running = submit(bob, gpus="1")
+    with sessions() as s:
+        s.add(JobAttempt(job_id=running, number=1, placements=[{"node": "testnode", "gpu_indices": [2]}],
+                         started_at=utcnow() - dt.timedelta(minutes=30)))
+        s.commit()
     page = text(alice.get(f"/gpu-hours?month={month:%Y-%m}"))
-    assert "6.00" in page  # 2 GPUs x the 3 hours inside the month
-    assert "No GPU time was booked" in text(as_user("carol").get(f"/gpu-hours?month={month:%Y-%m}"))
+    assert "6.00" in page and "<td>bob</td>" not in page  # 2 GPUs x the 3 hours inside the month; mine only
+    page = text(alice.get(f"/gpu-hours?month={month:%Y-%m}&scope=vc"))
+    assert "6.00" in page and re.search(r"<td>bob</td><td>vision</td><td class=\"num\">1</td><td class=\"num\">0\.5\d</td>", page)
+    assert "No GPU time was booked" in text(as_user("carol").get(f"/gpu-hours?month={month:%Y-%m}&scope=vc"))
+    assert "<td>bob</td>" not in text(alice.get(f"/gpu-hours?month={month:%Y-%m}&scope=all"))  # not an admin: mine
+    assert "<td>bob</td>" in text(as_user("admin").get(f"/gpu-hours?month={month:%Y-%m}&scope=all"))
+
 
 
 def test_owner_and_vc_admin_change_priority_and_max_time_within_their_limits(as_user, sessions):

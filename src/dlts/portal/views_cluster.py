@@ -185,8 +185,14 @@ def gpu_hours():
     except ValueError:
         flash("Month must look like 2026-11; showing this month.", "error")
         month = today.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
-    vcs = None if who.is_cluster_admin else who.vcs
-    rows = queries.gpu_hours(db.session, month, vc_names=vcs, now=today)
+    scope = request.args.get("scope", "mine")
+    if scope not in ("mine", "vc", "all") or (scope == "all" and not who.is_cluster_admin):
+        scope = "mine"
+    vcs = None if scope == "all" else who.vcs
+    user_id = who.user_id if scope == "mine" else None
+    rows = queries.gpu_hours(db.session, month, vc_names=None if scope == "mine" else vcs, user_id=user_id, now=today)
     idle = queries.idle_gpus_now(db.session, vc_names=vcs)
-    return render_template("gpu_hours.html", rows=rows, month=month.strftime("%Y-%m"), idle=idle,
+    if idle is not None and scope == "mine":
+        idle = [r for r in idle if r.user == who.name]
+    return render_template("gpu_hours.html", rows=rows, month=month.strftime("%Y-%m"), idle=idle, scope=scope,
                            idle_threshold=queries.IDLE_UTILISATION)
