@@ -73,7 +73,8 @@ def insert_many(cursor, table: str, columns: tuple[str, ...], rows: list[tuple])
     cursor.executemany(sql, rows)  # PyMySQL turns this into multi-row INSERT statements
 
 
-def seed(url: str, jobs: int, first_id: int, old_fraction: float, rng: random.Random, user_ids: list[int], vc_ids: list[int]) -> float:
+def seed(url: str, jobs: int, first_id: int, old_fraction: float, rng: random.Random, user_ids: list[int], vc_ids: list[int],
+         queued_tail: int = 1000) -> float:
     u = sa.engine.make_url(url)
     conn = pymysql.connect(host=u.host, port=u.port or 3306, user=u.username, password=u.password or "", database=u.database,
                            autocommit=False, max_allowed_packet=64 * 2**20)
@@ -81,7 +82,7 @@ def seed(url: str, jobs: int, first_id: int, old_fraction: float, rng: random.Ra
     cursor.execute("SET SESSION unique_checks=0, foreign_key_checks=0")
     now = dt.datetime.utcnow().replace(microsecond=0)
     old_until = first_id + int(jobs * old_fraction)
-    queued_from = first_id + jobs - 1000
+    queued_from = first_id + jobs - queued_tail
     started = time.monotonic()
     for chunk_start in range(first_id, first_id + jobs, CHUNK):
         job_rows, attempt_rows, event_rows = [], [], []
@@ -142,7 +143,7 @@ def main() -> None:
         engine.dispose()
         if lowest <= args.append_old:
             raise SystemExit(f"no id room below {lowest} for {args.append_old} jobs")
-        elapsed = seed(args.url, args.append_old, lowest - args.append_old, 1.0, rng, user_ids, vc_ids)
+        elapsed = seed(args.url, args.append_old, lowest - args.append_old, 1.0, rng, user_ids, vc_ids, queued_tail=0)
         print(f"added {args.append_old} old jobs in {elapsed:.1f} s")
         return
     engine = sa.create_engine(args.url)
