@@ -8,7 +8,8 @@ submit form's fields (never secrets beyond what the user typed into env vars the
 from __future__ import annotations
 
 import re
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
