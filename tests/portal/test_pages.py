@@ -124,17 +124,30 @@ def test_cluster_admin_edits_quotas_and_is_told_when_they_exceed_capacity(as_use
     admin = as_user("admin")
     page = text(admin.get("/admin/quotas"))
     assert 'name="q:vision:demo-gpu" inputmode="numeric" value="4"' in page
-    response = admin.post("/admin/quotas", {"q:vision:demo-gpu": "3", "q:nlp:demo-gpu": "3"})
+    response = admin.post("/admin/quotas", {"vcs": ["vision", "nlp"], "q:vision:demo-gpu": "3", "q:nlp:demo-gpu": "3"})
     assert response.status_code == 302
     page = text(admin.get("/admin/quotas"))
     assert "more than the 4 the cluster has" in page  # 3 + 3 > 4: warned, not refused
-    response = admin.post("/admin/quotas", {"q:vision:demo-gpu": "9", "q:nlp:demo-gpu": "x"})
+    response = admin.post("/admin/quotas", {"vcs": ["vision", "nlp"], "q:vision:demo-gpu": "9", "q:nlp:demo-gpu": "x"})
     assert response.status_code == 400
     body = text(response)
     assert "The cluster has 4 demo-gpu GPUs" in body and "'x' is not a whole number" in body
     with sessions() as s:
         quotas = dict(s.execute(sa.select(VirtualCluster.name, VirtualCluster.quota)).all())
     assert quotas == {"vision": {"demo-gpu": 3}, "nlp": {"demo-gpu": 3}}
+    # a VC missing from the submitted grid (created meanwhile) keeps its quota; a SKU without nodes is shown
+    with sessions() as s:
+        s.execute(sa.update(VirtualCluster).where(VirtualCluster.name == "nlp").values(quota={"demo-gpu": 3, "v100": 8}))
+        s.commit()
+    assert admin.post("/admin/quotas", {"vcs": ["vision"], "q:vision:demo-gpu": "1"}).status_code == 302
+    page = text(admin.get("/admin/quotas"))
+    assert "v100 <span class=\"warn small\">(no nodes)</span>" in page and "empty the cells to drop it" in page
+    with sessions() as s:
+        quotas = dict(s.execute(sa.select(VirtualCluster.name, VirtualCluster.quota)).all())
+    assert quotas == {"vision": {"demo-gpu": 1}, "nlp": {"demo-gpu": 3, "v100": 8}}
+    assert admin.post("/admin/quotas", {"vcs": ["nlp"], "q:nlp:demo-gpu": "2", "q:nlp:v100": ""}).status_code == 302
+    with sessions() as s:
+        assert s.scalar(sa.select(VirtualCluster.quota).where(VirtualCluster.name == "nlp")) == {"demo-gpu": 2}
 
 
 # -- submit, list, details ------------------------------------------------------------------------

@@ -127,7 +127,10 @@ def quotas():
     errors: list[str] = []
     if request.method == "POST":
         changed = 0
+        on_form = set(request.form.getlist("vcs"))  # a VC created after the page was loaded is left alone
         for view in vc_service.list_vcs(db.session, who):
+            if view.name not in on_form:
+                continue
             quota: dict[str, int] = {}
             bad = False
             for key, raw in request.form.items():
@@ -154,8 +157,11 @@ def quotas():
             return redirect(url_for("portal.quotas"))
     status = cluster_service.status(db.session)
     views = vc_service.list_vcs(db.session, who)
-    skus = [s for s in status.skus if s.gpus > 0]
-    totals = {s.sku: sum(v.quota.get(s.sku, 0) for v in views) for s in skus}
+    # (SKU, GPUs in the cluster); a SKU some VC still has quota for but no node has is shown with 0
+    skus = [(s.sku, s.gpus) for s in status.skus if s.gpus > 0]
+    known = {sku for sku, _ in skus}
+    skus += [(sku, 0) for sku in sorted({k for v in views for k in v.quota} - known)]
+    totals = {sku: sum(v.quota.get(sku, 0) for v in views) for sku, _ in skus}
     return render_template("quotas.html", vcs=views, skus=skus, totals=totals, errors=errors), 400 if errors else 200
 
 
