@@ -20,9 +20,15 @@ def create_app(settings: Settings | None = None) -> Flask:
         SQLALCHEMY_ENGINE_OPTIONS=engine_options(settings.effective_database_url),
         SECRET_KEY=settings.secret_key or None,
         MAX_CONTENT_LENGTH=settings.max_body_bytes,
+        SESSION_COOKIE_SECURE=settings.session_cookie_secure,
         JSON_SORT_KEYS=False,
     )
     app.extensions["dlts_settings"] = settings
+    if settings.trusted_proxies:
+        from werkzeug.middleware.proxy_fix import ProxyFix
+
+        hops = settings.trusted_proxies
+        app.wsgi_app = ProxyFix(app.wsgi_app, x_for=hops, x_proto=hops, x_host=hops)  # type: ignore[method-assign]
     db.init_app(app)
     if settings.effective_database_url.startswith("sqlite"):
         from sqlalchemy import event

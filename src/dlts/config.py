@@ -40,6 +40,11 @@ class Settings(BaseModel):
     secret_key: str = ""
     listen_host: str = "127.0.0.1"
     listen_port: int = Field(5000, ge=1, le=65535)
+    # behind HTTPS (nginx in production): session cookies only travel over TLS
+    session_cookie_secure: bool = False
+    # reverse proxies in front of the API whose X-Forwarded-For/-Proto to trust (nginx: 1); the
+    # login limiter and "allow my address" then see the client's address, not the proxy's
+    trusted_proxies: int = Field(0, ge=0, le=5)
     # request bodies above this are refused with 413
     max_body_bytes: int = Field(1024 * 1024, ge=1024)
     # attempt logs: <log_dir>/<job id>/attempt-<n>.log

@@ -63,6 +63,7 @@ class Job(Base):
         sa.Index("ix_jobs_vc_id", "vc_id", "id"),
         sa.Index("ix_jobs_user_id", "user_id", "id"),
         sa.Index("ix_jobs_vc_status_id", "vc_id", "status", "id"),
+        sa.Index("ix_jobs_vc_user_id", "vc_id", "user_id", "id"),  # revision 0003
         sa.Index("ix_jobs_finished_at", "finished_at"),
     )
 
