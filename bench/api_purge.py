@@ -1,7 +1,7 @@
 """Purge of old jobs under read load: the DB janitor vs pt-archiver --purge on the same table.
 
     .venv/bin/python bench/seed_jobs.py             # 1,000,000 jobs, the oldest 500,000 ended 400 days ago
-    .venv/bin/python bench/api_purge.py [--tool janitor|pt-archiver] [--pause 0.2] [--read-s 10]
+    .venv/bin/python bench/api_purge.py [--tool janitor|pt-archiver] [--pause 0.1] [--read-s 10]
 
 1. gunicorn on loopback; wrk reads random kept jobs (GET /api/v1/jobs/{id}) for --read-s: p99 before.
 2. The same wrk load runs again while the purge deletes every job that ended more than 180 days ago
@@ -84,7 +84,7 @@ def main() -> None:
     parser.add_argument("--tokens", default="/tmp/dlts_bench_tokens.json")
     parser.add_argument("--tool", choices=["janitor", "pt-archiver"], default="janitor")
     parser.add_argument("--batch-rows", type=int, default=500)
-    parser.add_argument("--pause", type=float, default=0.2, help="janitor pause between batches, seconds")
+    parser.add_argument("--pause", type=float, default=0.1, help="janitor pause between batches, seconds")
     parser.add_argument("--read-s", type=int, default=10)
     parser.add_argument("--connections", type=int, default=4)
     parser.add_argument("--port", type=int, default=8766)

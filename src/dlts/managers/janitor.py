@@ -28,7 +28,7 @@ from dlts.models import TERMINAL, Job, JobAttempt, JobEvent, utcnow
 log = logging.getLogger(__name__)
 
 DEFAULT_BATCH_ROWS = 500
-DEFAULT_PAUSE_S = 0.2
+DEFAULT_PAUSE_S = 0.1
 
 
 @dataclass(frozen=True)
