@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 
-from dlts.models import Job, JobAttempt, JobStatus, Node
+from dlts.models import JobAttempt, JobStatus
 from .helpers import assert_envelope, make_job
 
 GIB = 2**30

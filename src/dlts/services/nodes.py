@@ -11,7 +11,6 @@ its own node only (another node's token, or a wrong one: 403).
 
 from __future__ import annotations
 
-import datetime as dt
 import hmac
 import secrets
 from dataclasses import dataclass, field
@@ -274,13 +273,3 @@ def record_report(session: Session, node: Node, report: Report) -> list[dict[str
     session.commit()
     return [_order_json(o) for o in orders]
 
-
-def mark_lost(session: Session, after_s: float, now: dt.datetime | None = None) -> list[str]:
-    """Nodes whose agent reported once but not for ``after_s``: state lost (not schedulable)."""
-    cutoff = (now or utcnow()) - dt.timedelta(seconds=after_s)
-    nodes = list(session.scalars(sa.select(Node).where(Node.last_heartbeat_at.is_not(None), Node.last_heartbeat_at < cutoff,
-                                                       Node.state != NodeState.LOST)))
-    for node in nodes:
-        node.state = NodeState.LOST
-    session.commit()
-    return [n.name for n in nodes]
