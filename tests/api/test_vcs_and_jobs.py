@@ -34,6 +34,8 @@ def test_quota_refusals_state_the_numbers(client, world):
                             400, "unknown_sku")
     assert "demo-gpu" in error["message"]
     assert_envelope(client.patch("/api/v1/vcs/nlp", json={"policy": "LIFO"}, headers=world.auth("admin")), 400)
+    assert_envelope(client.patch("/api/v1/vcs/nlp", json={}, headers=world.auth("admin")), 400)
+    assert_envelope(client.patch("/api/v1/vcs/vision", json={}, headers=world.auth("bob")), 403)  # empty is no way around the role
 
 
 def test_vc_admin_changes_are_recorded_as_events_and_take_effect_for_the_next_submission(client, world):

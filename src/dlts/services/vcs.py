@@ -268,6 +268,10 @@ def update_vc(session: Session, principal: Principal, name: str, changes: Mappin
         raise InvalidInput(f"unknown VC setting {sorted(unknown)[0]!r}; settable: {', '.join(VC_ADMIN_FIELDS + CLUSTER_ADMIN_FIELDS)}.",
                            details={"field": sorted(unknown)[0]})
     policy.require_vc_settings_change(principal, name, set(changes) & set(CLUSTER_ADMIN_FIELDS), bool(set(changes) & set(VC_ADMIN_FIELDS)))
+    if not changes:
+        policy.require_vc_settings_change(principal, name, set(), True)  # an empty PATCH still needs the right to make one
+        raise InvalidInput(f"Send at least one setting to change: {', '.join(VC_ADMIN_FIELDS + CLUSTER_ADMIN_FIELDS)}.",
+                           details={"field": "body"})
     _check_settings(changes)
     values = dict(changes)
     if "quota" in values:
