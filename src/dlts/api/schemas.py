@@ -20,6 +20,10 @@ JOB_STATUSES = ("unapproved", "queued", "scheduling", "running", "pausing", "pau
 class Memory(fields.Field):
     """Bytes as an integer, or a string with a unit: "16Gi", "512MB", "2G"."""
 
+    def __init__(self, *args, max_bytes: int = 64 * 2**40, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.max_bytes = max_bytes
+
     def _deserialize(self, value, attr, data, **kwargs):
         if isinstance(value, bool):
             raise ValidationError("must be bytes (an integer) or a size like '16Gi'.")
@@ -30,8 +34,8 @@ class Memory(fields.Field):
             number = int(float(m.group(1)) * UNITS[unit])
         else:
             raise ValidationError("must be bytes (an integer) or a size like '16Gi'.")
-        if not 1 <= number <= 64 * 2**40:
-            raise ValidationError("must be between 1 byte and 64 TiB.")
+        if not 1 <= number <= self.max_bytes:
+            raise ValidationError(f"must be between 1 byte and {self.max_bytes // 2**40} TiB.")
         return number
 
     def _serialize(self, value, attr, obj, **kwargs):
@@ -247,7 +251,7 @@ class VcSettingsFields(Schema):
     quota = QUOTA
     cpu_quota = fields.Float(allow_none=True, validate=validate.Range(0, 10**7),
                              metadata={"description": "cores; null: in proportion to the GPU quota"})
-    memory_quota_bytes = Memory(allow_none=True, metadata={"description": "bytes or '16Gi'; null: in proportion"})
+    memory_quota_bytes = Memory(allow_none=True, max_bytes=2**62, metadata={"description": "bytes or '16Gi'; null: in proportion"})
 
 
 class VcCreateSchema(VcSettingsFields):
