@@ -5,10 +5,10 @@ from dlts.models.base import Base, iso, utcnow
 from dlts.models.identity import ApiToken, Group, GroupMember, Role, RoleBinding, User
 from dlts.models.job import ACTIVE, TERMINAL, TRANSITIONS, Job, JobAttempt, JobEvent, JobStatus, JobTemplate
 from dlts.models.node import Node, NodeFinding, NodeOrder, NodeState
-from dlts.models.vc import VirtualCluster
+from dlts.models.vc import VcEvent, VirtualCluster
 
 __all__ = [
     "ACTIVE", "TERMINAL", "TRANSITIONS", "AllowedIp", "ApiToken", "Base", "Group", "GroupMember", "Job",
     "JobAttempt", "JobEvent", "JobStatus", "JobTemplate", "Node", "NodeFinding", "NodeOrder", "NodeState",
-    "Role", "RoleBinding", "SshKey", "StorageUsage", "User", "VirtualCluster", "iso", "utcnow",
+    "Role", "RoleBinding", "SshKey", "StorageUsage", "User", "VcEvent", "VirtualCluster", "iso", "utcnow",
 ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Mapped, mapped_column
@@ -27,8 +28,26 @@ class VirtualCluster(Base):
     allow_cpu_jobs_on_gpu_nodes: Mapped[bool] = mapped_column(sa.Boolean, default=True)
     # privileged pod features this VC may use (cluster admin): {"privileged": false, "host_network": ...}
     pod_policy: Mapped[dict] = mapped_column(sa.JSON, default=dict)
-    # {"lustre_dir": ..., "lustre_pool": ..., "mdt": 0 | "spread", "project_id": ..., "nfs": [...]}
+    # {"lustre": {"pool", "osts", "mdt", "directory", "project_id", ...} (docs/lustre.md), "nfs": [...]}
     storage: Mapped[dict] = mapped_column(sa.JSON, default=dict)
     notice: Mapped[str | None] = mapped_column(sa.Text)  # banner VC admins set for members
     created_at: Mapped[dt.datetime] = mapped_column(Timestamp, default=utcnow)
     updated_at: Mapped[dt.datetime] = mapped_column(Timestamp, default=utcnow, onupdate=utcnow)
+
+
+class VcEvent(Base):
+    """One changed setting of one VC (quota, policy, limits) with who changed it, old and new value.
+
+    Rows name the VC rather than reference it, so the history outlives a deleted VC (revision 0002).
+    """
+
+    __tablename__ = "vc_events"
+    __table_args__ = (sa.Index("ix_vc_events_vc_id", "vc", "id"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    vc: Mapped[str] = mapped_column(sa.String(64))
+    at: Mapped[dt.datetime] = mapped_column(Timestamp, default=utcnow)
+    actor: Mapped[str] = mapped_column(sa.String(64))
+    field: Mapped[str] = mapped_column(sa.String(64))  # quota, policy, max_job_time_s, ..., created, deleted
+    old_value: Mapped[Any] = mapped_column(sa.JSON, nullable=True)
+    new_value: Mapped[Any] = mapped_column(sa.JSON, nullable=True)
