@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sqlalchemy as sa
-from flask import Response, stream_with_context
+from flask import Response, current_app, stream_with_context
 from flask.views import MethodView
 from flask_smorest import Blueprint
 
@@ -15,10 +15,9 @@ from dlts.app import settings_of
 from dlts.errors import InvalidInput
 from dlts.extensions import db
 from dlts.models import Job, JobAttempt, JobStatus, User, VirtualCluster, iso
-from dlts.repositories import job_pages
 from dlts.repositories import jobs as job_repo
 from dlts.services import jobs as job_service
-from dlts.services.policy import Visibility
+from dlts.services.policy import Visibility, job_visibility
 
 blp = Blueprint("jobs", __name__, description="Training jobs")
 blp.before_request(authenticate)
@@ -80,11 +79,9 @@ class Jobs(MethodView):
         statuses = [JobStatus(s.strip()) for s in args["status"].split(",")] if args.get("status") else []
         before = job_repo.decode_cursor(args["cursor"]) if args.get("cursor") else None
         limit = args["limit"]
-        rows = job_pages.page(db.session, visible_vc_ids=visible, user_id=user_id, vc_id=vc_id, statuses=statuses,
-                              job_type=args.get("type"), before_id=before, limit=limit + 1)
+        rows = job_repo.list_jobs(db.session, visible_vc_ids=visible, user_id=user_id, vc_id=vc_id, statuses=statuses,
+                                  job_type=args.get("type"), boundary=before, limit=limit + 1)
         page = rows[:limit]
-        from dlts.services.policy import job_visibility
-
         items = [job_dict(j, job_visibility(who, j) or Visibility.PUBLIC) for j in page]
         return {"items": items, "next_cursor": job_repo.encode_cursor(page[-1].id) if len(rows) > limit else None}
 
@@ -95,15 +92,9 @@ class Jobs(MethodView):
         """Submit a job into a VC you belong to."""
         memory = body.pop("memory")
         body["ports"] = tuple(body["ports"])
-        job = job_service.submit(db.session, settings_of_app(), principal(),
+        job = job_service.submit(db.session, settings_of(current_app), principal(),
                                  job_service.JobRequest(memory_bytes=memory, **body))
         return job_dict(job, Visibility.FULL, [])
-
-
-def settings_of_app():
-    from flask import current_app
-
-    return settings_of(current_app)
 
 
 @blp.route("/jobs/<int(max=4611686018427387904):job_id>")
@@ -189,7 +180,7 @@ approve_job = _action("approve", job_service.approve)
 @blp.doc(security=[{"bearer": []}])
 def job_log(args, job_id: int):
     """A slice of an attempt's log (follow with next_offset), or the whole file with download=1."""
-    settings = settings_of_app()
+    settings = settings_of(current_app)
     offset, limit = (0, 1) if args["download"] else (args["offset"], args["limit"])
     job, number, data, size, path = job_service.read_log(db.session, settings, principal(), job_id,
                                                          args.get("attempt"), offset, limit)

@@ -1,10 +1,5 @@
-"""Read queries of portal pages that no service offers: the jobs list in both sort orders (the
-repository's ``list_jobs`` is newest-first only) booked GPU-hours per user for a month, and assigned-but-idle GPUs now.
-
-Keyset pagination on the primary key in either direction: ``boundary`` is the last id of the
-previous page, so a deep page costs the same as the first one (every filter below has an index that
-ends in ``id``).
-"""
+"""Read queries of portal pages that no service offers: booked GPU-hours per user for a month, and
+assigned-but-idle GPUs now."""
 
 from __future__ import annotations
 
@@ -17,35 +12,9 @@ from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.orm import Session
 from sqlalchemy.sql import expression
 
-from dlts.models import ACTIVE, Job, JobAttempt, JobStatus, Node, User, VirtualCluster
+from dlts.models import ACTIVE, Job, JobAttempt, Node, User, VirtualCluster
 from dlts.models.base import Timestamp
 from dlts.repositories.usage import TOTAL_GPUS
-
-
-def list_jobs(session: Session, *, visible_vc_ids: Sequence[int] | None, user_id: int | None, vc_id: int | None,
-              statuses: Sequence[JobStatus], job_type: str | None, boundary: int | None, oldest_first: bool,
-              limit: int) -> list[Job]:
-    # Two steps: the page's ids from an index alone, then those rows with their user and VC. In one
-    # query with the joins, MariaDB reads the (vc_id, id) index by vc_id only and checks id row by row,
-    # which took 1.2 s on a deep page of 1M jobs; the ids-only query is a covered range scan (~10 ms).
-    query = sa.select(Job.id).order_by(Job.id.asc() if oldest_first else Job.id.desc()).limit(limit)
-    if visible_vc_ids is not None:
-        query = query.where(Job.vc_id.in_(visible_vc_ids) if visible_vc_ids else sa.false())
-    if user_id is not None:
-        query = query.where(Job.user_id == user_id)
-    if vc_id is not None:
-        query = query.where(Job.vc_id == vc_id)
-    if statuses:
-        query = query.where(Job.status.in_(statuses))
-    if job_type:
-        query = query.where(Job.type == job_type)
-    if boundary is not None:
-        query = query.where(Job.id > boundary if oldest_first else Job.id < boundary)
-    ids = list(session.scalars(query))
-    if not ids:
-        return []
-    rows = {job.id: job for job in session.scalars(sa.select(Job).where(Job.id.in_(ids)))}
-    return [rows[i] for i in ids if i in rows]
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from dlts.extensions import db
 from dlts.models import JobStatus, VirtualCluster, utcnow
 from dlts.portal import forms, queries
 from dlts.portal.core import admin_only_404, bp, flash_error, login_required, principal
+from dlts.repositories import jobs as job_repo
 from dlts.services import cluster as cluster_service
 from dlts.services import nodes as node_service
 from dlts.services import storage as storage_service
@@ -76,10 +77,10 @@ def vc(name: str):
     who = principal()
     view = vc_service.get_vc(db.session, who, name)
     vc_id = db.session.scalar(sa.select(VirtualCluster.id).where(VirtualCluster.name == name))
-    running = queries.list_jobs(db.session, visible_vc_ids=None, user_id=None, vc_id=vc_id,
+    running = job_repo.list_jobs(db.session, visible_vc_ids=None, user_id=None, vc_id=vc_id,
                                 statuses=[S.SCHEDULING, S.RUNNING, S.PAUSING, S.KILLING], job_type=None, boundary=None,
                                 oldest_first=False, limit=100)
-    waiting = queries.list_jobs(db.session, visible_vc_ids=None, user_id=None, vc_id=vc_id,
+    waiting = job_repo.list_jobs(db.session, visible_vc_ids=None, user_id=None, vc_id=vc_id,
                                 statuses=[S.UNAPPROVED, S.QUEUED], job_type=None, boundary=None, oldest_first=True, limit=100)
     return render_template("vc.html", vc=view, running=running, waiting=waiting, tab="overview",
                            can_edit=who.is_vc_admin(name))

@@ -30,7 +30,7 @@ from dlts.models import (
     User,
     VirtualCluster,
 )
-from dlts.portal import forms, queries
+from dlts.portal import forms
 from dlts.portal.core import back, bp, flash_error, login_required, principal
 from dlts.repositories import jobs as job_repo
 from dlts.repositories.cluster import sku_shapes
@@ -115,7 +115,7 @@ def jobs():
         boundary = None
     rows: list[Job] = []
     if not empty:
-        rows = queries.list_jobs(db.session, visible_vc_ids=visible, user_id=user_id, vc_id=vc_id, statuses=statuses,
+        rows = job_repo.list_jobs(db.session, visible_vc_ids=visible, user_id=user_id, vc_id=vc_id, statuses=statuses,
                                  job_type=job_type, boundary=boundary, oldest_first=oldest_first, limit=PAGE_SIZE + 1)
     page = rows[:PAGE_SIZE]
     next_cursor = job_repo.encode_cursor(page[-1].id) if len(rows) > PAGE_SIZE else None
