@@ -51,10 +51,6 @@ TRANSITIONS: dict[JobStatus, frozenset[JobStatus]] = {
 }
 
 
-def transition_allowed(current: JobStatus, target: JobStatus) -> bool:
-    return target in TRANSITIONS[current]
-
-
 class Job(Base):
     __tablename__ = "jobs"
     __table_args__ = (

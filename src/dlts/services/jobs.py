@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 from dlts.config import Settings
 from dlts.errors import InvalidInput, NotFound, Refused, WrongState
 from dlts.logs import attempt_log_path
-from dlts.models import ACTIVE, TERMINAL, Job, JobStatus, utcnow
+from dlts.models import TERMINAL, Job, JobStatus, utcnow
 from dlts.repositories import jobs as job_repo
 from dlts.repositories.cluster import sku_shapes, vc_by_name
 from dlts.scheduler.model import CPU_SKU, SkuShape
@@ -285,10 +285,6 @@ def read_log(session: Session, settings: Settings, principal: Principal, job_id:
 
 def is_ended(job: Job) -> bool:
     return job.status in TERMINAL
-
-
-def holds_resources(job: Job) -> bool:
-    return job.status in ACTIVE
 
 
 def time_left_s(job: Job, vc_limit_s: int | None, now: dt.datetime | None = None) -> float | None:
