@@ -145,8 +145,11 @@ CASES = {
 def broken_results(tmp_path_factory):
     """Run every broken case once, in parallel (each is one ansible-playbook process)."""
 
+    # Directories are made here, not in the threads: tmp_path_factory is not thread-safe.
+    tmp_dirs = {case: tmp_path_factory.mktemp(case.replace(" ", "-")) for case in CASES}
+
     def run(case: str):
-        tmp = tmp_path_factory.mktemp(case.replace(" ", "-"))
+        tmp = tmp_dirs[case]
         inventory = Inventory(tmp / "inventory")
         shutil.copytree(INVENTORIES["vagrant"], inventory.root)
         CASES[case][0](inventory)
