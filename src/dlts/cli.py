@@ -284,13 +284,17 @@ def node() -> None:
 
 @node.command("token")
 @click.argument("name")
+@click.option("--token-file", type=click.File("r"),
+              help="Register the token in this file instead of making one (idempotent; for Ansible).")
 @pass_ctx
-def node_token(ctx: Context, name: str) -> None:
+def node_token(ctx: Context, name: str, token_file) -> None:
     """Print a new agent token for node NAME (shown once; replaces the old one; only its hash is stored)."""
     from dlts.services import nodes as node_service
 
+    given = token_file.read().strip() if token_file is not None else None
     with ctx.session() as session:
-        click.echo(node_service.issue_node_token(session, name))
+        token = node_service.issue_node_token(session, name, given)
+    click.echo(f"token of node {name} registered" if given else token)
 
 
 @main.group()

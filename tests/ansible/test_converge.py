@@ -29,7 +29,7 @@ import yaml
 from ansible_helpers import REPO, run_playbook, tool
 from dlts_vm import CACHE_ROOT, DebianVM, build_image, missing_host_tools
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(2700)]
+pytestmark = [pytest.mark.slow, pytest.mark.vm, pytest.mark.timeout(2700)]
 
 API_HTTPS_PORT = 443
 AGENT_METRICS_PORT = 9445

@@ -61,6 +61,22 @@ def test_a_new_token_replaces_the_old_one_and_the_cli_issues_it(client, world, s
     assert bad.exit_code != 0 and "No node named" in bad.output
 
 
+def test_a_deployment_registers_its_own_token_idempotently(client, world, sessions, settings, tmp_path, monkeypatch):
+    from dlts.cli import main
+
+    monkeypatch.setenv("DLTS_DATABASE_URL", settings.database_url)
+    token_file = tmp_path / "node-token"
+    token_file.write_text("a" * 64 + "\n")  # e.g. sha256(vault seed + ":" + host), as the Ansible role writes it
+    for _ in range(2):
+        result = CliRunner().invoke(main, ["node", "token", "testnode", "--token-file", str(token_file)])
+        assert result.exit_code == 0 and "registered" in result.output and "a" * 64 not in result.output
+    auth = {"Authorization": "Bearer " + "a" * 64}
+    assert client.post("/api/v1/nodes/testnode/report", json=report(), headers=auth).status_code == 200
+    token_file.write_text("short\n")
+    bad = CliRunner().invoke(main, ["node", "token", "testnode", "--token-file", str(token_file)])
+    assert bad.exit_code != 0 and "at least 32 characters" in bad.output
+
+
 def test_findings_history_health_and_heartbeat(client, world, sessions, node_token):
     auth = {"Authorization": f"Bearer {node_token}"}
     assert client.post("/api/v1/nodes/testnode/report", json=report([ECC]), headers=auth).get_json() == {"orders": []}

@@ -197,10 +197,18 @@ def repair(session: Session, principal: Principal, name: str, action: str, targe
 
 # -- node tokens and the agent's report ---------------------------------------------------------
 
-def issue_node_token(session: Session, name: str) -> str:
-    """A new token for the node's agent (replaces the old one); shown once, stored hashed."""
+MIN_GIVEN_TOKEN_CHARS = 32
+
+
+def issue_node_token(session: Session, name: str, token: str | None = None) -> str:
+    """A token for the node's agent (replaces the old one), stored hashed. ``token`` None: a new random
+    one, shown once; given: that one (deployment tools derive it from a vaulted seed), idempotently."""
     node = _node(session, name)
-    token = NODE_TOKEN_PREFIX + secrets.token_urlsafe(32)
+    if token is None:
+        token = NODE_TOKEN_PREFIX + secrets.token_urlsafe(32)
+    elif len(token) < MIN_GIVEN_TOKEN_CHARS or any(c.isspace() for c in token):
+        raise InvalidInput(f"A node token must be at least {MIN_GIVEN_TOKEN_CHARS} characters without spaces.",
+                           details={"field": "token"})
     node.agent_token_hash = hash_token(token)
     session.commit()
     return token
