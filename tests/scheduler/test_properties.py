@@ -113,3 +113,16 @@ def test_invariants_hold_after_every_pass(data) -> None:
         assert job["state"] in ("finished", "killed", "queued")
         if job["state"] == "queued":
             assert job["wait_reasons"], f"job {job['id']} never started and never got a reason"
+
+
+def test_a_job_that_ends_by_itself_during_its_wall_time_grace_is_no_violation() -> None:
+    """Found by the property test: limit 600 s, tick 10 s, grace 30 s, the job's own end at 611 s."""
+    cluster = Cluster(
+        skus=dict(SKUS), nodes=(Node("a100-0", "a100", 8, 96.0, 900 * 2**30, "pod0"),),
+        vcs={"vc0": Vc("vc0", {"a100": 0}, Policy.RF)}, tick_s=10.0, preempt_grace_s=30.0)
+    trace = [TraceJob(id=1, submit_s=0.0, vc="vc0", user="ann", type=JobType.BATCH, sku="a100", gpus=1, nodes=0,
+                      duration_s=611.0, max_time_s=600, priority=50, preemptible=True, line=0)]
+    result = Simulation(cluster, trace).run()
+    assert check_result(result) == []
+    (job,) = result["jobs"]
+    assert job["attempts"][0]["end_s"] == 611.0
