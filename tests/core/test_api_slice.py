@@ -186,7 +186,9 @@ def test_the_database_gone_is_503_and_the_api_recovers(app, client, world, monke
 
     with app.app_context():
         real = db.engine.url
-    broken = real.set(database="/nonexistent/dir/x.db") if real.drivername.startswith("sqlite") else real.set(port=1)
+    # an address where nothing listens (TCP port 1, and no unix socket)
+    broken = (real.set(database="/nonexistent/dir/x.db") if real.drivername.startswith("sqlite")
+              else real.set(host="127.0.0.1", port=1, query={}))
     with app.app_context():
         engine = db.engine
         original = engine.pool
