@@ -7,10 +7,22 @@ from flask import Response, current_app, stream_with_context
 from flask.views import MethodView
 from flask_smorest import Blueprint
 
-from dlts.api.auth import authenticate, principal
 from dlts.api import pagination
-from dlts.api.schemas import (AttemptPageSchema, BatchResponseSchema, EventPageSchema, JobBatchSchema, JobListArgs,
-                              JobPageSchema, JobPatchSchema, JobSchema, JobSubmitSchema, LogArgs, LogSchema, PageArgs)
+from dlts.api.auth import authenticate, principal
+from dlts.api.schemas import (
+    AttemptPageSchema,
+    BatchResponseSchema,
+    EventPageSchema,
+    JobBatchSchema,
+    JobListArgs,
+    JobPageSchema,
+    JobPatchSchema,
+    JobSchema,
+    JobSubmitSchema,
+    LogArgs,
+    LogSchema,
+    PageArgs,
+)
 from dlts.app import settings_of
 from dlts.errors import InvalidInput
 from dlts.extensions import db
@@ -64,9 +76,7 @@ class Jobs(MethodView):
     def get(self, args):
         """List jobs you can see, newest first (keyset pagination)."""
         who = principal()
-        visible = None
-        if not who.is_cluster_admin:
-            visible = list(db.session.scalars(sa.select(VirtualCluster.id).where(VirtualCluster.name.in_(who.vcs)))) if who.vcs else []
+        visible = job_service.visible_vc_ids(db.session, who)
         vc_id = user_id = None
         if args.get("vc"):
             vc_id = db.session.scalar(sa.select(VirtualCluster.id).where(VirtualCluster.name == args["vc"]))

@@ -3,6 +3,8 @@ viewer, the submit form with templates, and the single-job actions."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import sqlalchemy as sa
 from flask import (
     Response,
@@ -59,11 +61,9 @@ MAX_ID = 2**62  # ids beyond this are not ours (and would overflow the database'
 
 def _visible_vc_ids(scope: str) -> list[int] | None:
     who = principal()
-    if who.is_cluster_admin and scope == "all":
-        return None
-    if not who.vcs:
-        return []
-    return list(db.session.scalars(sa.select(VirtualCluster.id).where(VirtualCluster.name.in_(who.vcs))))
+    if who.is_cluster_admin and scope != "all":  # an admin's "my VCs" view: the VCs they belong to
+        return job_service.visible_vc_ids(db.session, replace(who, is_cluster_admin=False))
+    return job_service.visible_vc_ids(db.session, who)
 
 
 def _columns() -> list[str]:
