@@ -241,6 +241,25 @@ def vc_add(ctx: Context, name: str, quota: tuple[str, ...], policy: str) -> None
     click.echo(f"VC {name} added")
 
 
+@vc.command("set")
+@click.argument("name")
+@click.option("--quota", "quota", multiple=True, metavar="SKU=GPUS",
+              help="GPU quota per SKU; repeat for more SKUs. The whole quota: SKUs not given go to 0.")
+@click.option("--policy", type=click.Choice(["RF", "FIFO"]), help="Scheduling policy (default: RF for a new VC, else kept).")
+@pass_ctx
+def vc_set(ctx: Context, name: str, quota: tuple[str, ...], policy: str | None) -> None:
+    """Create VC NAME or bring its quota and policy to these values; idempotent, prints 'added', 'updated'
+    or 'unchanged' (for Ansible)."""
+    from dlts.services import admin as admin_service
+
+    with ctx.session() as session:
+        result = admin_service.set_vc(session, name, admin_service.parse_quota(quota), policy=policy)
+    if not result.changes:
+        click.echo(f"VC {name} unchanged")
+    else:
+        click.echo(f"VC {name} {'added' if result.created else 'updated'}: {'; '.join(result.changes)}")
+
+
 @vc.command("member")
 @click.argument("vc_name", metavar="VC")
 @click.argument("user_name", metavar="USER")
@@ -285,16 +304,19 @@ def node() -> None:
 @node.command("token")
 @click.argument("name")
 @click.option("--token-file", type=click.File("r"),
-              help="Register the token in this file instead of making one (idempotent; for Ansible).")
+              help="Register the token in this file ('-': standard input) instead of making one; idempotent, "
+                   "prints 'registered' or 'unchanged' (for Ansible).")
 @pass_ctx
 def node_token(ctx: Context, name: str, token_file) -> None:
     """Print a new agent token for node NAME (shown once; replaces the old one; only its hash is stored)."""
     from dlts.services import nodes as node_service
 
-    given = token_file.read().strip() if token_file is not None else None
     with ctx.session() as session:
-        token = node_service.issue_node_token(session, name, given)
-    click.echo(f"token of node {name} registered" if given else token)
+        if token_file is None:
+            click.echo(node_service.issue_node_token(session, name))
+            return
+        changed = node_service.register_node_token(session, name, token_file.read().strip())
+    click.echo(f"token of node {name} {'registered' if changed else 'unchanged'}")
 
 
 @main.group()

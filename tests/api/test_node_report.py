@@ -11,6 +11,7 @@ from click.testing import CliRunner
 
 from dlts.models import Node, NodeFinding, NodeOrder, NodeState
 from dlts.services import nodes as node_service
+
 from .helpers import assert_envelope
 
 
@@ -67,9 +68,15 @@ def test_a_deployment_registers_its_own_token_idempotently(client, world, sessio
     monkeypatch.setenv("DLTS_DATABASE_URL", settings.database_url)
     token_file = tmp_path / "node-token"
     token_file.write_text("a" * 64 + "\n")  # e.g. sha256(vault seed + ":" + host), as the Ansible role writes it
+    outputs = []
     for _ in range(2):
         result = CliRunner().invoke(main, ["node", "token", "testnode", "--token-file", str(token_file)])
-        assert result.exit_code == 0 and "registered" in result.output and "a" * 64 not in result.output
+        assert result.exit_code == 0 and "a" * 64 not in result.output, result.output
+        outputs.append(result.output.strip())
+    # the second run says it changed nothing: Ansible's changed_when reads this
+    assert outputs == ["token of node testnode registered", "token of node testnode unchanged"]
+    piped = CliRunner().invoke(main, ["node", "token", "testnode", "--token-file", "-"], input="a" * 64 + "\n")
+    assert piped.output.strip() == "token of node testnode unchanged"  # '-' reads standard input
     auth = {"Authorization": "Bearer " + "a" * 64}
     assert client.post("/api/v1/nodes/testnode/report", json=report(), headers=auth).status_code == 200
     token_file.write_text("short\n")
@@ -138,7 +145,14 @@ def test_the_real_agent_reporter_talks_to_the_real_api(live, world, sessions):
     dry-run order travels to the agent, and its result comes back and is stored."""
     from dlts_agent.actions import ActionExecutor
     from dlts_agent.config import ActionsConfig, ReportConfig
-    from dlts_agent.model import (AgentSnapshot, Collection, Finding, FindingCode, RecommendedAction, Severity)
+    from dlts_agent.model import (
+        AgentSnapshot,
+        Collection,
+        Finding,
+        FindingCode,
+        RecommendedAction,
+        Severity,
+    )
     from dlts_agent.reporter import Reporter
     from dlts_agent.state import AgentState
 

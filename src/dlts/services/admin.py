@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from dlts.errors import InvalidInput, NotFound, WrongState
 from dlts.models import Role, RoleBinding, User, VirtualCluster
+from dlts.repositories import vc_events
 from dlts.services.auth import issue_token
 
 NAME_RE = re.compile(r"^[a-z][a-z0-9_.-]{0,63}$")
@@ -84,6 +86,41 @@ def add_vc(session: Session, name: str, quota: dict[str, int], *, policy: str = 
     session.add(vc)
     session.commit()
     return vc
+
+
+@dataclass(frozen=True)
+class VcSetResult:
+    created: bool
+    changes: tuple[str, ...]  # empty: the VC already was as asked
+
+
+def set_vc(session: Session, name: str, quota: dict[str, int], *, policy: str | None = None,
+           actor: str = "cli") -> VcSetResult:
+    """Create VC ``name`` or bring it to ``quota`` (the whole quota: SKUs left out go to 0) and ``policy``
+    (None: RF for a new VC, unchanged otherwise), for deployments that declare their VCs. Returns what
+    changed; each change is recorded as a VC event by ``actor``."""
+    _check_name("VC", name)
+    if policy is not None and policy not in ("RF", "FIFO"):
+        raise InvalidInput("policy must be RF or FIFO.", details={"field": "policy"})
+    wanted = {sku: gpus for sku, gpus in sorted(quota.items()) if gpus}  # 0 and absent mean the same
+    vc = session.scalar(sa.select(VirtualCluster).where(VirtualCluster.name == name))
+    if vc is None:
+        session.add(VirtualCluster(name=name, quota=wanted, policy=policy or "RF", pod_policy={}, storage={}))
+        vc_events.record(session, name, actor, "created", None, {"quota": wanted, "policy": policy or "RF"})
+        session.commit()
+        return VcSetResult(created=True, changes=(f"quota {wanted}, policy {policy or 'RF'}",))
+    changes = []
+    current = {sku: int(gpus) for sku, gpus in sorted((vc.quota or {}).items()) if gpus}
+    if current != wanted:
+        vc_events.record(session, name, actor, "quota", vc.quota, wanted)
+        vc.quota = wanted
+        changes.append(f"quota {current} -> {wanted}")
+    if policy is not None and vc.policy != policy:
+        vc_events.record(session, name, actor, "policy", vc.policy, policy)
+        changes.append(f"policy {vc.policy} -> {policy}")
+        vc.policy = policy
+    session.commit()
+    return VcSetResult(created=False, changes=tuple(changes))
 
 
 def add_member(session: Session, vc_name: str, user_name: str, *, admin: bool = False) -> None:

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import hmac
 import secrets
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
@@ -200,18 +201,28 @@ def repair(session: Session, principal: Principal, name: str, action: str, targe
 MIN_GIVEN_TOKEN_CHARS = 32
 
 
-def issue_node_token(session: Session, name: str, token: str | None = None) -> str:
-    """A token for the node's agent (replaces the old one), stored hashed. ``token`` None: a new random
-    one, shown once; given: that one (deployment tools derive it from a vaulted seed), idempotently."""
+def issue_node_token(session: Session, name: str) -> str:
+    """A new random token for the node's agent (replaces the old one); shown once, stored hashed."""
     node = _node(session, name)
-    if token is None:
-        token = NODE_TOKEN_PREFIX + secrets.token_urlsafe(32)
-    elif len(token) < MIN_GIVEN_TOKEN_CHARS or any(c.isspace() for c in token):
-        raise InvalidInput(f"A node token must be at least {MIN_GIVEN_TOKEN_CHARS} characters without spaces.",
-                           details={"field": "token"})
+    token = NODE_TOKEN_PREFIX + secrets.token_urlsafe(32)
     node.agent_token_hash = hash_token(token)
     session.commit()
     return token
+
+
+def register_node_token(session: Session, name: str, token: str) -> bool:
+    """Register a token made elsewhere (deployment tools derive it from a vaulted seed), replacing the
+    old one. Idempotent: returns False, and writes nothing, when the node already has this token."""
+    node = _node(session, name)
+    if len(token) < MIN_GIVEN_TOKEN_CHARS or any(c.isspace() for c in token):
+        raise InvalidInput(f"A node token must be at least {MIN_GIVEN_TOKEN_CHARS} characters without spaces.",
+                           details={"field": "token"})
+    digest = hash_token(token)
+    if node.agent_token_hash is not None and hmac.compare_digest(node.agent_token_hash, digest):
+        return False
+    node.agent_token_hash = digest
+    session.commit()
+    return True
 
 
 def authenticate_node(session: Session, name: str, header: str | None) -> Node:
