@@ -67,16 +67,22 @@ def job(
     )
 
 
-def running(j: Job, *where: tuple[str, tuple[int, ...]], started_at: float = 0.0, **kw) -> Job:
-    """``j`` running on ``where``: (node, gpu indices) per placement; cores/bytes proportional."""
+def placement(j: Job, name: str, idx: tuple[int, ...]) -> Placement:
+    """One placement of ``j`` on node ``name`` with GPU indices ``idx``; cores/bytes proportional."""
     shape = SKUS[j.sku or CPU_SKU]
-    placements = []
-    for name, idx in where:
-        share = len(idx) / shape.gpus if shape.gpus else 0
-        cpu = j.cpu if j.cpu > 0 else (shape.cpu * share if idx else 1.0)
-        mem = j.memory_bytes if j.memory_bytes > 0 else (int(shape.memory_bytes * share) if idx else 2 * GIB)
-        placements.append(Placement(name, tuple(idx), cpu, mem))
-    return replace(j, running=True, started_at=started_at, placements=tuple(placements), **kw)
+    share = len(idx) / shape.gpus if shape.gpus else 0
+    cpu = j.cpu if j.cpu > 0 else (shape.cpu * share if idx else 1.0)
+    mem = j.memory_bytes if j.memory_bytes > 0 else (int(shape.memory_bytes * share) if idx else 2 * GIB)
+    return Placement(name, tuple(idx), cpu, mem)
+
+
+def running(j: Job, *where: tuple[str, tuple[int, ...]], started_at: float = 0.0,
+            retiring: tuple[tuple[str, tuple[int, ...]], ...] = (), **kw) -> Job:
+    """``j`` running on ``where``: (node, gpu indices) per placement; ``retiring``: inference
+    replicas being removed, given the same way."""
+    placements = tuple(placement(j, name, idx) for name, idx in where)
+    gone = tuple(placement(j, name, idx) for name, idx in retiring)
+    return replace(j, running=True, started_at=started_at, placements=placements, retiring=gone, **kw)
 
 
 def snap(node_list, vcs, jobs) -> Snapshot:

@@ -28,7 +28,7 @@ def check_pass(snap: Snapshot, d: Decisions, now: float) -> None:
     # Holdings after the pass: running placements (stops keep theirs until exit) plus starts.
     held: dict[str, list[tuple[int, tuple[int, ...], float, int]]] = defaultdict(list)
     for j in snap.jobs:
-        for p in j.placements:
+        for p in j.placements + j.retiring:  # retiring replicas hold theirs until they exit too
             held[p.node].append((j.id, p.gpu_indices, p.cpu, p.memory_bytes))
     for s in d.starts:
         j = jobs[s.job_id]

@@ -450,6 +450,77 @@ CASES = [
         waits={2: "vc_quota"},
         check=lambda d: _assert(len(d.starts[0].placements) == 4),
     ),
+    # -- inference replicas being removed (Job.retiring) -----------------------------------------
+    Case(
+        "a retiring replica holds its GPUs until it exits: the job it makes room for waits, nothing is stopped again",
+        snap(
+            nodes("n", 1),
+            [vc("v"), vc("w")],
+            [
+                running(
+                    job(1, 4, vc="w", type=JobType.INFERENCE, min_replicas=1, max_replicas=2),
+                    ("n0", (0, 1, 2, 3)),
+                    retiring=(("n0", (4, 5, 6, 7)),),
+                ),
+                job(2, 4),
+            ],
+        ),
+        starts={},  # job 1 does not grow back onto the retiring replica's GPUs either
+        stops={},
+        waits={2: "capacity"},
+        check=lambda d: _assert("waiting for job 1 to exit" in d.waits[0].detail),
+    ),
+    Case(
+        "retiring replicas are not replicas: the job grows back toward max_replicas on free capacity",
+        snap(
+            nodes("n", 2),
+            vc(),
+            [
+                running(
+                    job(1, 4, type=JobType.INFERENCE, min_replicas=1, max_replicas=2),
+                    ("n0", (0, 1, 2, 3)),
+                    retiring=(("n0", (4, 5, 6, 7)),),
+                ),
+            ],
+        ),
+        starts={1: [("n1", (0, 1, 2, 3))]},
+        check=lambda d: _assert(d.starts[0].scale_up),
+    ),
+    Case(
+        "a retiring replica's cores count as used on its node",
+        snap(
+            [node("c0", "cpu")],
+            vc(cpu_quota=64),
+            [
+                running(
+                    job(1, 0, type=JobType.INFERENCE, cpu=32.0, memory_bytes=8 * 2**30, min_replicas=1, max_replicas=1),
+                    ("c0", ()),
+                    retiring=(("c0", ()),),
+                ),
+                job(2, 0, cpu=16.0, memory_bytes=8 * 2**30),
+            ],
+        ),
+        stops={},
+        waits={2: "capacity"},
+    ),
+    Case(
+        "an inference job past its wall time with a retiring replica: all of it counts as coming free",
+        snap(
+            nodes("n", 1),
+            vc(),
+            [
+                running(
+                    job(1, 4, type=JobType.INFERENCE, min_replicas=1, max_replicas=2, max_time_s=100),
+                    ("n0", (0, 1, 2, 3)),
+                    retiring=(("n0", (4, 5, 6, 7)),),
+                ),
+                job(2, 8),
+            ],
+        ),
+        stops={1: "wall_time"},
+        waits={2: "capacity"},
+        check=lambda d: _assert("waiting for job 1 to exit" in d.waits[0].detail),
+    ),
 ]
 
 

@@ -130,6 +130,10 @@ class Job:
     # placements until it exits, is never chosen as a victim again, and its resources count as
     # "coming free" when the core looks for room to reclaim.
     stopping: bool = False
+    # Inference replicas being removed (scale-down): no longer replicas of the job, but they hold
+    # their node resources until they exit. The core counts them as used and as stopping work
+    # (free at no cost to a reclaim, never chosen as victims).
+    retiring: tuple[Placement, ...] = ()
     # Pending jobs the core schedules are approved; an unapproved job only gets reason ``approval``.
     approved: bool = True
     # A VC admin approved this job above the user's GPU quota, so ``user_quota`` no longer applies.

@@ -9,7 +9,8 @@ nothing outside the pass ever sees it. It owns:
   nodes whose GPUs are all free (gangs take whole nodes);
 * usage counters the admission rules read (VC non-preemptible use per SKU, per user, interactive);
 * *holdings*: what running jobs hold, as units the reclaim rule may free (a preemptible job, or one
-  extra replica of an inference job).
+  extra replica of an inference job); inference replicas being removed (``Job.retiring``) are
+  holdings that are already stopping.
 
 Free capacity only ever shrinks during a pass (stops keep their resources until the job exits), so
 a request that failed once fails again for anything at least as large: ``FailureCache`` relies on
@@ -140,6 +141,7 @@ class Holding:
     stopping: bool  # already told to stop: frees at no extra cost
     claimed: bool = False  # taken by a reclaim earlier in this pass
     shares: dict[str, tuple[int, float, int]] | None = None  # per node (mask, cores, bytes), lazily
+    retiring: bool = False  # a replica already being removed (``Job.retiring``), not one of its replicas
 
 
 class FailureCache:
@@ -218,7 +220,7 @@ class PassState:
         for job in self.snapshot.jobs:
             if not job.running:
                 continue
-            for p in job.placements:
+            for p in job.placements + job.retiring:
                 ns = self.nodes.get(p.node)
                 if ns is None:  # node gone from the inventory: nothing left to account on it
                     continue
@@ -240,6 +242,8 @@ class PassState:
             pool.add(ns)
 
     def _add_holdings(self, job: Job) -> None:
+        for p in job.retiring:  # replicas on their way out: room that comes free by itself
+            self._add_holding(Holding(job, (p,), True, True, retiring=True))
         if job.type is JobType.INFERENCE:
             core = max(1, job.min_replicas)
             if len(job.placements) > core:
@@ -256,10 +260,16 @@ class PassState:
         may count them as coming free and it is never picked as a victim again."""
         self.stopped.add(job.id)
         found = self.holdings_by_job.get(job.id, ())
+        rest = list(job.placements)
         for h in found:
             h.stopping = True
-        if not found:
-            self._add_holding(Holding(job, job.placements, False, True))
+            if h.retiring:
+                continue
+            for p in h.placements:
+                if p in rest:
+                    rest.remove(p)
+        if rest:  # placements no holding covered (the non-preemptible core of the job)
+            self._add_holding(Holding(job, tuple(rest), False, True))
 
     def _add_holding(self, h: Holding) -> None:
         self.holdings.append(h)
