@@ -1,8 +1,13 @@
 """The ``ClusterBackend`` protocol: the only way the job manager touches the cluster.
 
-A backend runs *attempts*. Every object it creates is named from ``(job_id, attempt)`` so that a
-second ``launch`` of the same attempt is a no-op and a second ``terminate`` is harmless: a crash of the
-job manager between any two steps is finished by the next tick.
+A backend runs *attempts*. Every object it creates is named from ``(job_id, attempt)`` (and, per
+placement, its replica index) so that a second ``launch`` of the same attempt creates only what is
+missing and a second ``terminate`` is harmless: a crash of the job manager between any two steps is
+finished by the next tick.
+
+Inference attempts change size while they run: ``launch`` with more replicas adds the new ones
+(scale-up) and ``remove_replicas`` stops some (scale-down). ``observe`` still reports the attempt as
+a whole, plus which replicas exist, so the job manager knows when a removed one has really exited.
 """
 
 from __future__ import annotations
@@ -60,6 +65,21 @@ class LaunchSpec:
     # to what the backend's own configuration allows and mounts for the VC.
     vc_pod_policy: Mapping[str, bool] = field(default_factory=dict)  # {"host_network": True, ...}
     nfs_volumes: tuple[Mapping[str, object], ...] = ()  # {"server", "path", "mount_path", "read_only"?, "name"?}
+    # The stable replica index of each placement (pod ``dlts-J-A-<index>``); empty: 0, 1, 2, ...
+    replicas: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.replicas:
+            if len(self.replicas) != len(self.placements):
+                raise ValueError(f"LaunchSpec of job {self.job_id}: {len(self.replicas)} replica indexes for "
+                                 f"{len(self.placements)} placements; give one index per placement")
+            if len(set(self.replicas)) != len(self.replicas) or min(self.replicas) < 0:
+                raise ValueError(f"LaunchSpec of job {self.job_id}: replica indexes {list(self.replicas)} must be "
+                                 "distinct and not negative")
+
+    def indexed(self) -> tuple[tuple[int, Placement], ...]:
+        """(replica index, placement) for every placement, in order."""
+        return tuple(zip(self.replicas or range(len(self.placements)), self.placements))
 
 
 @dataclass(frozen=True)
@@ -74,6 +94,10 @@ class Observed:
     finished_at: float | None = None
     message: str = ""
     node_lost: bool = False
+    # Inference attempts (empty for other types): the replica indexes whose objects still exist,
+    # and those of them already told to stop by ``remove_replicas``.
+    replicas: frozenset[int] = frozenset()
+    retiring: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -96,13 +120,23 @@ class ClusterBackend(Protocol):
     name: str
 
     def launch(self, spec: LaunchSpec) -> None:
-        """Create the attempt's objects; do nothing if they already exist."""
+        """Create the attempt's objects that do not exist yet (for each of ``spec.replicas``);
+        existing ones are left alone. Launching an inference attempt again with more replicas is
+        how replicas are added."""
+
+    def remove_replicas(self, job_id: int, attempt: int, replicas: Iterable[int], grace_s: float) -> None:
+        """Stop those replicas of an inference attempt only: SIGTERM now, kill after ``grace_s``.
+        Their ending never makes the attempt fail or end; once they have exited they leave
+        ``Observed.replicas``. Succeeds for replicas already gone; harmless to repeat."""
 
     def terminate(self, job_id: int, attempt: int, grace_s: float) -> None:
         """SIGTERM now, kill after ``grace_s``; succeed if already gone."""
 
     def observe(self) -> Sequence[Observed]:
-        """Every attempt the backend currently holds, in one call (one list, not one per job)."""
+        """Every attempt the backend currently holds, in one call (one list, not one per job).
+
+        An inference attempt is RUNNING while any of its replicas runs; replicas removed by
+        ``remove_replicas`` do not count toward its phase."""
 
     def forget(self, job_id: int, attempt: int) -> None:
         """Release bookkeeping of a finished attempt (delete finished pods, reap records)."""

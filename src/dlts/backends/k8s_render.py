@@ -42,6 +42,8 @@ LABEL_INDEX = "dlts.io/index"
 ANNOTATION_USER = "dlts.io/user"
 ANNOTATION_VC = "dlts.io/vc"
 ANNOTATION_WORLD_SIZE = "dlts.io/pods"
+# Set on an inference replica's pod by scale-down before it is deleted: its ending is on purpose.
+ANNOTATION_RETIRING = "dlts.io/retiring"
 GPU_RESOURCE = "nvidia.com/gpu"
 RUNTIME_DIR = "/dlts-runtime"
 SSH_DIR = "/dlts-ssh"
@@ -50,7 +52,7 @@ SSH_DIR = "/dlts-ssh"
 RESERVED_ENV = frozenset({
     "DLTS_JOB_ID", "DLTS_ATTEMPT", "DLTS_USER", "DLTS_VC", "DLTS_NUM_GPUS", "DLTS_COMMAND", "DLTS_PREEMPTIBLE",
     "DLTS_LOG_PATH", "DLTS_SSH_AUTHORIZED_KEYS", "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK",
-    "LOCAL_WORLD_SIZE", "NODE_RANK", "NNODES", "NVIDIA_VISIBLE_DEVICES",
+    "LOCAL_WORLD_SIZE", "NODE_RANK", "NNODES", "NVIDIA_VISIBLE_DEVICES", "DLTS_REPLICA",
 })
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
@@ -377,6 +379,7 @@ class ManifestRenderer:
         _check_spec(spec, allowed)
         base = attempt_name(spec.job_id, spec.attempt)
         distributed = spec.type == "distributed"
+        inference = spec.type == "inference"
         world = len(spec.placements)
         common_labels = {
             MANAGED_BY_LABEL: MANAGED_BY,
@@ -425,9 +428,12 @@ class ManifestRenderer:
                 "annotations": annotations, "selector": attempt_match, "master_port": s.master_port,
             }))
         if spec.ports:
+            # Inference: every replica serves (Kubernetes balances over them and drops a replica
+            # being removed from the endpoints); every other type: the pod of index 0.
+            selector = dict(attempt_match) if inference else {**attempt_match, LABEL_INDEX: "0"}
             services.append(self._render("endpoint-service.yaml.j2", {
                 "name": names["endpoint_service"], "namespace": s.namespace, "labels": common_labels,
-                "annotations": annotations, "selector": {**attempt_match, LABEL_INDEX: "0"},
+                "annotations": annotations, "selector": selector,
                 "ports": [{"name": f"p{p}", "port": p, "targetPort": p, "protocol": "TCP"} for p in spec.ports],
             }))
 
@@ -453,7 +459,7 @@ class ManifestRenderer:
             mounts.append({"name": f"host-{i}", "mountPath": path})
 
         pods: list[dict] = []
-        for index, placement in enumerate(spec.placements):
+        for rank, (index, placement) in enumerate(spec.indexed()):
             gpus = len(placement.gpu_indices)
             env: dict[str, str] = dict(sorted((str(k), str(v)) for k, v in spec.env.items()))
             env.update({
@@ -462,6 +468,8 @@ class ManifestRenderer:
                 # the node agent labels GPU metrics with it
                 "DLTS_PREEMPTIBLE": "1" if spec.preemptible else "0",
             })
+            if inference:
+                env["DLTS_REPLICA"] = str(index)
             if gpus == 0:
                 # Without a GPU limit the NVIDIA runtime would expose every GPU of the node.
                 env["NVIDIA_VISIBLE_DEVICES"] = "void"
@@ -475,14 +483,14 @@ class ManifestRenderer:
                     "MASTER_ADDR": f"{pod_name(spec.job_id, spec.attempt, 0)}.{names['headless_service']}."
                                    f"{s.namespace}.svc",
                     "MASTER_PORT": str(s.master_port),
-                    "NNODES": str(world), "NODE_RANK": str(index),
-                    "LOCAL_WORLD_SIZE": str(local), "WORLD_SIZE": str(world * local), "RANK": str(index * local),
+                    "NNODES": str(world), "NODE_RANK": str(rank),
+                    "LOCAL_WORLD_SIZE": str(local), "WORLD_SIZE": str(world * local), "RANK": str(rank * local),
                 })
             resources: dict[str, str] = {"cpu": _quantity_cpu(placement.cpu), "memory": str(int(placement.memory_bytes))}
             if gpus:
                 resources[GPU_RESOURCE] = str(gpus)
-            role = ("master" if index == 0 else "worker") if distributed else (
-                "replica" if spec.type == "inference" else "master")
+            role = ("master" if rank == 0 else "worker") if distributed else (
+                "replica" if inference else "master")
             pod = {
                 "name": pod_name(spec.job_id, spec.attempt, index),
                 "node": placement.node,

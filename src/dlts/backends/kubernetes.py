@@ -10,6 +10,10 @@ What this module owns:
   container exit codes become ``Observed`` values; a pod whose node has been NotReady /
   Unknown (or absent) for ``node_lost_after_s`` makes its attempt ``GONE`` with ``node_lost``.
 * ``terminate`` (kill, preemption) deletes with a grace period; deleting what is gone succeeds.
+* Inference replicas: pod ``dlts-J-A-<replica index>``; ``launch`` again with more replicas creates
+  the new pods only (scale-up); ``remove_replicas`` marks the pods ``dlts.io/retiring`` and deletes
+  them with a grace period (scale-down). ``observe`` reports an inference attempt RUNNING while any
+  replica runs, leaves retiring pods out of its phase, and lists the replica indexes that exist.
 * ``forget`` / ``collect_garbage``: removal of finished attempts and of orphans no DB row owns.
 * ``nodes`` (node sync), ``cordon`` / ``uncordon`` with an ownership annotation, so DLTS never
   uncordons a node that someone else cordoned.
@@ -38,11 +42,13 @@ from kubernetes.utils import parse_quantity
 
 from dlts.backends.base import BackendUnavailable, LaunchSpec, NodeInfo, Observed, RunPhase
 from dlts.backends.k8s_render import (
+    ANNOTATION_RETIRING,
     ANNOTATION_WORLD_SIZE,
     GPU_RESOURCE,
     LABEL_ATTEMPT,
     LABEL_INDEX,
     LABEL_JOB_ID,
+    LABEL_TYPE,
     MANAGED_SELECTOR,
     LaunchRefused,
     ManifestRenderer,
@@ -52,6 +58,8 @@ from dlts.backends.k8s_render import (
     RenderSettings,
     TemplateError,
     attempt_selector,
+    label_value,
+    pod_name,
 )
 from dlts.backends.k8s_watch import PodWatch
 
@@ -318,6 +326,22 @@ class KubernetesBackend:
             if created is not None and doc["kind"] == "Pod" and self._watch is not None:
                 self._watch.remember(json.loads(created.data))
 
+    def remove_replicas(self, job_id: int, attempt: int, replicas: Iterable[int], grace_s: float) -> None:
+        """Scale-down: mark each replica's pod retiring (so observe knows its end is on purpose),
+        then delete it with the grace period. A pod already gone is fine (404)."""
+        ns = self.settings.namespace
+        patch = {"metadata": {"annotations": {ANNOTATION_RETIRING: "scale-down"}}}
+        for index in sorted({int(i) for i in replicas}):
+            name = pod_name(job_id, attempt, index)
+            resp = self._call(self.core.patch_namespaced_pod, name, ns, patch, ok=(404,), _content_type=_MERGE,
+                              _preload_content=False)
+            if resp is None:
+                continue
+            if self._watch is not None:
+                self._watch.remember(json.loads(resp.data))
+            self._call(self.core.delete_namespaced_pod, name, ns, grace_period_seconds=max(0, round(grace_s)),
+                       ok=(404,), _preload_content=False)
+
     def terminate(self, job_id: int, attempt: int, grace_s: float) -> None:
         self._call(self.core.delete_collection_namespaced_pod, self.settings.namespace,
                    label_selector=attempt_selector(job_id, attempt),
@@ -387,7 +411,9 @@ class KubernetesBackend:
     def _observe_attempt(self, key: tuple[int, int], pods: list[dict], lost_nodes: Mapping[str, str],
                          node_names: set[str], now: float) -> Observed | None:
         job_id, attempt = key
-        pods.sort(key=lambda p: int((p["metadata"].get("labels") or {}).get(LABEL_INDEX) or 0))
+        pods.sort(key=_index)
+        if (pods[0]["metadata"].get("labels") or {}).get(LABEL_TYPE) == _INFERENCE:
+            return self._observe_replicas(key, pods, lost_nodes, node_names, now)
         expected = max(len(pods), int((pods[0]["metadata"].get("annotations") or {}).get(ANNOTATION_WORLD_SIZE, 1)))
         phases = [(p.get("status") or {}).get("phase", "Pending") for p in pods]
         starts = [t for t in (_started(p) for p in pods) if t is not None]
@@ -428,6 +454,47 @@ class KubernetesBackend:
         return Observed(job_id, attempt, RunPhase.RUNNING, started_at=started_at,
                         message="terminating" if terminating else "")
 
+
+    def _observe_replicas(self, key: tuple[int, int], pods: list[dict], lost_nodes: Mapping[str, str],
+                          node_names: set[str], now: float) -> Observed:
+        """An inference attempt: its replicas are independent pods. Retiring pods (scale-down) do
+        not count toward the phase; a replica pod that is missing is not judged here: the job
+        manager knows which replicas it asked for and creates a missing one again."""
+        job_id, attempt = key
+        present = frozenset(_index(p) for p in pods)
+        retiring = frozenset(_index(p) for p in pods if _retiring(p))
+        live = [p for p in pods if not _retiring(p)]
+        common: dict[str, Any] = {"replicas": present, "retiring": retiring}
+        starts = [t for t in (_started(p) for p in live) if t is not None]
+        started_at = min(starts) if starts else None
+        finishes = [t for t in (_ts((_main_terminated(p) or {}).get("finishedAt")) for p in live) if t is not None]
+        finished_at = max(finishes) if finishes else None
+        if not live:  # only replicas on their way out (never the case while the job runs normally)
+            return Observed(job_id, attempt, RunPhase.RUNNING, message="replicas exiting", **common)
+        phases = [(p.get("status") or {}).get("phase", "Pending") for p in live]
+        for pod, phase in zip(live, phases):
+            if phase == "Failed":
+                term = _main_terminated(pod) or {}
+                status = pod.get("status") or {}
+                reason = term.get("reason") or status.get("reason") or "Failed"
+                msg = term.get("message") or status.get("message") or ""
+                return Observed(job_id, attempt, RunPhase.FAILED, exit_code=term.get("exitCode"),
+                                started_at=started_at, finished_at=finished_at or now,
+                                message=f"pod {pod['metadata']['name']}: {reason}" + (f": {msg}" if msg else ""),
+                                **common)
+        if all(ph == "Succeeded" for ph in phases):
+            return Observed(job_id, attempt, RunPhase.SUCCEEDED, exit_code=0, started_at=started_at,
+                            finished_at=finished_at or now, **common)
+        for pod in live:
+            node = (pod.get("spec") or {}).get("nodeName") or ""
+            reason = self._node_lost_reason(node, lost_nodes, node in node_names, now) if node else None
+            if reason:
+                return Observed(job_id, attempt, RunPhase.GONE, started_at=started_at, node_lost=True,
+                                message=f"pod {pod['metadata']['name']}: {reason}", **common)
+        if "Running" in phases:
+            return Observed(job_id, attempt, RunPhase.RUNNING, started_at=started_at, **common)
+        return Observed(job_id, attempt, RunPhase.PENDING, started_at=started_at, message=_waiting_reason(live),
+                        **common)
 
     # -- nodes ----------------------------------------------------------------------------------
 
@@ -552,6 +619,20 @@ class KubernetesBackend:
         if self._watch is not None:
             self._watch.stop()
         self._api_client.close()
+
+
+_INFERENCE = label_value("inference")
+
+
+def _index(pod: Mapping[str, Any]) -> int:
+    try:
+        return int((pod["metadata"].get("labels") or {}).get(LABEL_INDEX) or 0)
+    except ValueError:
+        return 0
+
+
+def _retiring(pod: Mapping[str, Any]) -> bool:
+    return bool((pod["metadata"].get("annotations") or {}).get(ANNOTATION_RETIRING))
 
 
 def _status_message(exc: ApiException) -> str:

@@ -1,10 +1,14 @@
 """The local backend: each attempt is a real process tree on this machine (the demo's executor).
 
-An attempt lives in ``<run_dir>/<job>-<attempt>/``: ``pid`` (pid and start time, so a reused pid is
-never mistaken for the job), ``exit`` (written by the DLTS init when the command ends), ``kill_at``
-(the SIGKILL deadline after a SIGTERM) and ``stopped`` (the demo shut down under it). Because the
-state is on disk and the job runs in its own session, a restarted job manager adopts running
-attempts instead of losing them, and ``launch`` twice never starts two processes.
+An attempt lives in ``<run_dir>/<job>-<attempt>/``. Every type but inference runs one process
+there; an inference attempt runs one process per replica, each in ``replicas/<index>/`` (the
+replica index of its placement) with its own ``CUDA_VISIBLE_DEVICES``. Each process directory (a
+*unit*) holds ``pid`` (pid and start time, so a reused pid is never mistaken for the job), ``exit``
+(written by the DLTS init when the command ends), ``kill_at`` (the SIGKILL deadline after a
+SIGTERM), ``stopped`` (the demo shut down under it) and, for a replica, ``removed`` (scale-down:
+it is on its way out and its ending does not end the attempt; the directory goes once it exited).
+Because the state is on disk and the job runs in its own session, a restarted job manager adopts
+running attempts instead of losing them, and ``launch`` twice never starts a unit twice.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from dlts.backends.base import LaunchSpec, NodeInfo, Observed, RunPhase
 log = logging.getLogger(__name__)
 INIT_SCRIPT = Path(__file__).with_name("dlts_init.py")
 INIT_KILL_AFTER_S = 5.0  # after the SIGKILL deadline, how long the init gets to record the exit
+REPLICAS = "replicas"  # an inference attempt's per-replica directories live here
 
 
 def detect_gpus() -> tuple[str, int] | None:
@@ -70,7 +75,7 @@ class LocalBackend:
             self.sku, self.gpus = demo_sku, demo_gpus
         else:
             self.sku, self.gpus = "cpu", 0
-        self._children: dict[tuple[int, int], subprocess.Popen] = {}
+        self._children: dict[Path, subprocess.Popen] = {}  # unit directory -> the init we started
 
     # -- paths ----------------------------------------------------------------------------------
     def _dir(self, job_id: int, attempt: int) -> Path:
@@ -81,14 +86,39 @@ class LocalBackend:
         job, sep, attempt = name.partition("-")
         return (int(job), int(attempt)) if sep and job.isdigit() and attempt.isdigit() else None
 
+    @staticmethod
+    def _replica_units(run: Path) -> list[tuple[int, Path]] | None:
+        """(index, directory) of an inference attempt's replicas; None for a one-process attempt."""
+        root = run / REPLICAS
+        if not root.is_dir():
+            return None
+        return sorted((int(d.name), d) for d in root.iterdir() if d.name.isdigit() and d.is_dir())
+
+    def _units(self, run: Path) -> list[Path]:
+        replicas = self._replica_units(run)
+        return [run] if replicas is None else [d for _, d in replicas]
+
     # -- protocol ---------------------------------------------------------------------------------
     def launch(self, spec: LaunchSpec) -> None:
         run = self._dir(spec.job_id, spec.attempt)
-        try:
-            run.mkdir()
-        except FileExistsError:
-            return  # launched before (perhaps by a job manager that crashed): nothing to do
-        gpu_indices = [i for p in spec.placements for i in p.gpu_indices]
+        if spec.type != "inference":
+            try:
+                run.mkdir()
+            except FileExistsError:
+                return  # launched before (perhaps by a job manager that crashed): nothing to do
+            self._start(run, spec, spec.placements, {})
+            return
+        (run / REPLICAS).mkdir(parents=True, exist_ok=True)
+        for index, placement in spec.indexed():
+            unit = run / REPLICAS / str(index)
+            try:
+                unit.mkdir()
+            except FileExistsError:
+                continue  # this replica was started before
+            self._start(unit, spec, (placement,), {"DLTS_REPLICA": str(index)})
+
+    def _start(self, unit: Path, spec: LaunchSpec, placements, extra_env: dict[str, str]) -> None:
+        gpu_indices = [i for p in placements for i in p.gpu_indices]
         env = {k: v for k, v in os.environ.items() if not k.startswith("DLTS_")}
         env.update(spec.env)
         env.update({
@@ -97,27 +127,29 @@ class LocalBackend:
             "DLTS_PREEMPTIBLE": "1" if spec.preemptible else "0",
             "CUDA_VISIBLE_DEVICES": ",".join(map(str, gpu_indices)),
         })
+        env.update(extra_env)
         log_path = Path(spec.log_path)
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        (run / "spec.json").write_text(json.dumps({"command": spec.command, "log": str(log_path)}))
+        (unit / "spec.json").write_text(json.dumps({"command": spec.command, "log": str(log_path)}))
+        # Replicas of one attempt append to the same attempt log (O_APPEND), as pods do on Kubernetes.
         with open(log_path, "ab") as out:
             child = subprocess.Popen(
                 # -I -S: the init needs only the standard library and must install its signal
                 # handlers within milliseconds, before anyone can send it SIGTERM
-                [sys.executable, "-I", "-S", str(INIT_SCRIPT), "--exit-file", str(run / "exit"), "--",
+                [sys.executable, "-I", "-S", str(INIT_SCRIPT), "--exit-file", str(unit / "exit"), "--",
                  "/bin/sh", "-c", spec.command],
                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
                 cwd=str(log_path.parent), start_new_session=True, close_fds=True,
             )
-        self._children[(spec.job_id, spec.attempt)] = child
+        self._children[unit] = child
         started = psutil.Process(child.pid).create_time() if psutil.pid_exists(child.pid) else self.clock()
-        tmp = run / "pid.tmp"
+        tmp = unit / "pid.tmp"
         tmp.write_text(f"{child.pid} {started}\n")
-        tmp.replace(run / "pid")
+        tmp.replace(unit / "pid")
 
-    def _process(self, run: Path) -> tuple[psutil.Process | None, float | None]:
+    def _process(self, unit: Path) -> tuple[psutil.Process | None, float | None]:
         try:
-            pid_text, started_text = (run / "pid").read_text().split()
+            pid_text, started_text = (unit / "pid").read_text().split()
             pid, started = int(pid_text), float(started_text)
         except (FileNotFoundError, ValueError):
             return None, None
@@ -142,33 +174,80 @@ class LocalBackend:
             key = self._parse(run.name)
             if key is None or not run.is_dir():
                 continue
-            job_id, attempt = key
-            exit_file = run / "exit"
-            proc, started = self._process(run)
-            if exit_file.exists():
-                try:
-                    code = int(exit_file.read_text().strip())
-                except ValueError:
-                    code = 1
-                if (run / "stopped").exists():
-                    seen.append(Observed(job_id, attempt, RunPhase.GONE, code, started, exit_file.stat().st_mtime,
-                                         "stopped when the demo shut down", node_lost=True))
-                    continue
-                phase = RunPhase.SUCCEEDED if code == 0 else RunPhase.FAILED
-                seen.append(Observed(job_id, attempt, phase, code, started, exit_file.stat().st_mtime))
-            elif proc is not None:
-                self._enforce_deadline(run, proc, now)
-                seen.append(Observed(job_id, attempt, RunPhase.RUNNING, None, started))
-            elif (run / "pid").exists():
-                # the process vanished without its init writing an exit code (SIGKILLed init, reboot)
-                seen.append(Observed(job_id, attempt, RunPhase.GONE, None, started, now, "the job's process vanished"))
+            replicas = self._replica_units(run)
+            if replicas is None:
+                seen.append(self._observe_unit(key, run, now))
             else:
-                seen.append(Observed(job_id, attempt, RunPhase.PENDING))
+                seen.append(self._observe_replicas(key, replicas, now))
         return seen
 
-    def _enforce_deadline(self, run: Path, proc: psutil.Process, now: float) -> None:
+    def _observe_unit(self, key: tuple[int, int], unit: Path, now: float) -> Observed:
+        """One process: its phase from the run records (and the SIGKILL deadline enforced)."""
+        job_id, attempt = key
+        exit_file = unit / "exit"
+        proc, started = self._process(unit)
+        if exit_file.exists():
+            try:
+                code = int(exit_file.read_text().strip())
+            except ValueError:
+                code = 1
+            if (unit / "stopped").exists():
+                return Observed(job_id, attempt, RunPhase.GONE, code, started, exit_file.stat().st_mtime,
+                                "stopped when the demo shut down", node_lost=True)
+            phase = RunPhase.SUCCEEDED if code == 0 else RunPhase.FAILED
+            return Observed(job_id, attempt, phase, code, started, exit_file.stat().st_mtime)
+        if proc is not None:
+            self._enforce_deadline(unit, proc, now)
+            return Observed(job_id, attempt, RunPhase.RUNNING, None, started)
+        if (unit / "pid").exists():
+            # the process vanished without its init writing an exit code (SIGKILLed init, reboot)
+            return Observed(job_id, attempt, RunPhase.GONE, None, started, now, "the job's process vanished")
+        return Observed(job_id, attempt, RunPhase.PENDING)
+
+    def _observe_replicas(self, key: tuple[int, int], replicas: list[tuple[int, Path]], now: float) -> Observed:
+        """An inference attempt as a whole: RUNNING while any replica runs; removed replicas do
+        not count, and their directories go once they have exited."""
+        job_id, attempt = key
+        present: set[int] = set()
+        retiring: set[int] = set()
+        states: list[tuple[int, Observed]] = []
+        for index, unit in replicas:
+            state = self._observe_unit(key, unit, now)
+            if (unit / "removed").exists():
+                if state.phase is not RunPhase.RUNNING:
+                    shutil.rmtree(unit, ignore_errors=True)  # exited: its resources are free
+                    self._children.pop(unit, None)
+                    continue
+                retiring.add(index)
+            else:
+                states.append((index, state))
+            present.add(index)
+        starts = [o.started_at for _, o in states if o.started_at is not None]
+        ends = [o.finished_at for _, o in states if o.finished_at is not None]
+        common = {"started_at": min(starts) if starts else None, "replicas": frozenset(present),
+                  "retiring": frozenset(retiring)}
+        phases = [o.phase for _, o in states]
+        if RunPhase.RUNNING in phases and any((unit / "kill_at").exists() for index, unit in replicas
+                                              if index not in retiring and unit.exists()):
+            # terminate() is under way: the attempt ends when every replica has (each has its deadline)
+            return Observed(job_id, attempt, RunPhase.RUNNING, message="stopping", **common)
+        for index, o in states:
+            if o.phase is RunPhase.FAILED:
+                return Observed(job_id, attempt, RunPhase.FAILED, o.exit_code, finished_at=max(ends),
+                                message=f"replica {index} exited with code {o.exit_code}", **common)
+        for index, o in states:
+            if o.phase is RunPhase.GONE:
+                return Observed(job_id, attempt, RunPhase.GONE, o.exit_code, finished_at=max(ends),
+                                message=f"replica {index}: {o.message}", node_lost=o.node_lost, **common)
+        if states and all(ph is RunPhase.SUCCEEDED for ph in phases):
+            return Observed(job_id, attempt, RunPhase.SUCCEEDED, 0, finished_at=max(ends), **common)
+        if RunPhase.RUNNING in phases or (not states and retiring):
+            return Observed(job_id, attempt, RunPhase.RUNNING, **common)
+        return Observed(job_id, attempt, RunPhase.PENDING, **common)
+
+    def _enforce_deadline(self, unit: Path, proc: psutil.Process, now: float) -> None:
         try:
-            deadline = float((run / "kill_at").read_text())
+            deadline = float((unit / "kill_at").read_text())
         except (FileNotFoundError, ValueError):
             return
         if now >= deadline:
@@ -196,25 +275,51 @@ class LocalBackend:
             except (ProcessLookupError, PermissionError):
                 continue
 
-    def terminate(self, job_id: int, attempt: int, grace_s: float) -> None:
-        run = self._dir(job_id, attempt)
-        if not run.exists() or (run / "exit").exists():
+    def _stop_unit(self, unit: Path, grace_s: float) -> None:
+        if (unit / "exit").exists():
             return
-        proc, _ = self._process(run)
+        proc, _ = self._process(unit)
         if proc is None:
             return
-        if not (run / "kill_at").exists():
-            (run / "kill_at").write_text(str(self.clock() + grace_s))
+        if not (unit / "kill_at").exists():
+            (unit / "kill_at").write_text(str(self.clock() + grace_s))
         if grace_s <= 0:
             self._kill_tree(proc, include_init=False)
         else:
             # the init forwards SIGTERM to the job's process group
             self._signal_group(proc.pid, signal.SIGTERM)
+
+    def terminate(self, job_id: int, attempt: int, grace_s: float) -> None:
+        run = self._dir(job_id, attempt)
+        if not run.exists():
+            return
+        for unit in self._units(run):
+            self._stop_unit(unit, grace_s)
+        self._reap()
+
+    def remove_replicas(self, job_id: int, attempt: int, replicas: Iterable[int], grace_s: float) -> None:
+        root = self._dir(job_id, attempt) / REPLICAS
+        for index in replicas:
+            unit = root / str(int(index))
+            if not unit.is_dir():
+                continue  # gone already (or never started)
+            if not (unit / "removed").exists():
+                (unit / "removed").write_text("scale-down\n")
+            self._stop_unit(unit, grace_s)
         self._reap()
 
     def forget(self, job_id: int, attempt: int) -> None:
-        shutil.rmtree(self._dir(job_id, attempt), ignore_errors=True)
-        self._children.pop((job_id, attempt), None)
+        run = self._dir(job_id, attempt)
+        if run.is_dir():
+            # An ended inference attempt may still have replicas running (one failed, the others
+            # did not): they go with it, as pods do on Kubernetes.
+            for unit in self._units(run):
+                proc, _ = self._process(unit)
+                if proc is not None:
+                    self._kill_tree(proc, include_init=True)
+        shutil.rmtree(run, ignore_errors=True)
+        for unit in [u for u in self._children if u == run or run in u.parents]:
+            self._children.pop(unit, None)
 
     def collect_garbage(self, live: Iterable[tuple[int, int]]) -> Sequence[tuple[int, int]]:
         """Stop and remove run records of attempts the database no longer owns."""
@@ -224,10 +329,7 @@ class LocalBackend:
             key = self._parse(run.name)
             if key is None or key in keep:
                 continue
-            proc, _ = self._process(run)
-            if proc is not None:
-                self._kill_tree(proc, include_init=True)
-            self.forget(*key)
+            self.forget(*key)  # kills what still runs
             removed.append(key)
         return removed
 
@@ -238,25 +340,24 @@ class LocalBackend:
     def shutdown_running(self, grace_s: float) -> int:
         """Stop every running attempt because the demo stops; they are requeued at the next start."""
         stopped = 0
-        for run in self.run_dir.iterdir():
-            key = self._parse(run.name)
-            if key is None or (run / "exit").exists():
+        units = [u for run in self.run_dir.iterdir() if self._parse(run.name) is not None for u in self._units(run)]
+        for unit in units:
+            if (unit / "exit").exists():
                 continue
-            proc, _ = self._process(run)
+            proc, _ = self._process(unit)
             if proc is None:
                 continue
-            (run / "stopped").write_text("demo shutdown\n")
+            (unit / "stopped").write_text("demo shutdown\n")
             self._signal_group(proc.pid, signal.SIGTERM)
             stopped += 1
+        marked = [u for u in units if (u / "stopped").exists()]
         deadline = time.monotonic() + grace_s
-        while stopped and time.monotonic() < deadline and any(
-                self._process(r)[0] is not None for r in self.run_dir.iterdir() if (r / "stopped").exists()):
+        while stopped and time.monotonic() < deadline and any(self._process(u)[0] is not None for u in marked):
             time.sleep(0.1)
-        for run in self.run_dir.iterdir():
-            if (run / "stopped").exists():
-                proc, _ = self._process(run)
-                if proc is not None:
-                    self._kill_tree(proc, include_init=False)
+        for unit in marked:
+            proc, _ = self._process(unit)
+            if proc is not None:
+                self._kill_tree(proc, include_init=False)
         self._reap()
         return stopped
 

@@ -8,7 +8,9 @@ between any two steps is finished by the next tick.
     2 reconcile attempts that started or ended -> job transitions; orphans removed
     3 requests  jobs users put in killing/pausing -> backend.terminate(grace)
     4 decide    snapshot -> scheduler core -> starts, stops, waits
-    5 apply     starts -> attempt row + launch; stops -> terminate; waits -> reason + queue position
+    5 apply     starts -> attempt row + launch; stops -> terminate; waits -> reason + queue position;
+                inference scale-up -> new replicas in the attempt row + launch (creates the missing
+                ones); scale-down -> replicas marked retiring + backend.remove_replicas
 """
 
 from __future__ import annotations
@@ -23,16 +25,23 @@ from sqlalchemy.orm import Session
 
 from dlts.backends.base import BackendUnavailable, ClusterBackend, LaunchSpec, Observed, RunPhase
 from dlts.config import Settings
-from dlts.jobmanager.snapshot import load_snapshot, placements_to_json
+from dlts.jobmanager.snapshot import (
+    Replica,
+    load_snapshot,
+    placements_to_json,
+    replicas_from_json,
+    replicas_to_json,
+)
 from dlts.logs import attempt_log_path
 from dlts.models import ACTIVE, Job, JobAttempt, JobStatus, Node, SshKey, utcnow
 from dlts.repositories import jobs as job_repo
 from dlts.scheduler import decide
-from dlts.scheduler.model import Decisions, StopReason
+from dlts.scheduler.model import Decisions, Placement, Stop, StopReason
 
 log = logging.getLogger(__name__)
 S = JobStatus
 ACTOR = "jobmanager"
+SCALED = "scaled"  # job_events kind of inference replica changes (reason scale_up / scale_down)
 GC_INTERVAL_S = 60.0  # how often the backend's objects are checked against the database's live attempts
 
 
@@ -121,6 +130,9 @@ class JobManager:
                 session.commit()
             elif seen.phase in (RunPhase.SUCCEEDED, RunPhase.FAILED, RunPhase.GONE):
                 self._ended(session, job, attempt, seen)
+                continue
+            if job.type == "inference" and attempt is not None:
+                self._reconcile_replicas(session, job, attempt, seen)
         # objects the backend holds that no live attempt explains: a crash left them, or the DB moved on
         for key, seen in observed.items():
             if key not in live:
@@ -128,6 +140,28 @@ class JobManager:
                     self.backend.terminate(key[0], key[1], 0)
                 else:
                     self.backend.forget(*key)
+
+    def _reconcile_replicas(self, session: Session, job: Job, attempt: JobAttempt, seen: Observed) -> None:
+        """Bring an inference attempt's replicas in the backend in line with its row.
+
+        A retiring replica the backend no longer has has exited: it leaves the row, and its
+        resources are free for the next pass. One the backend has not been told to stop yet (a
+        crash between the commit and the call) is told again. A replica of the row the backend
+        does not have (a crash between the commit of a scale-up and the create) is created."""
+        replicas = replicas_from_json(attempt.placements)
+        exited = [r.index for r in replicas if r.retiring and r.index not in seen.replicas]
+        if exited:
+            attempt.placements = replicas_to_json(r for r in replicas if r.index not in exited)
+            session.commit()
+            log.info("job %s attempt %s: retired replicas %s exited", job.id, attempt.number, _list(exited))
+            replicas = replicas_from_json(attempt.placements)
+        unsignalled = [r.index for r in replicas if r.retiring and r.index not in seen.retiring]
+        if unsignalled:
+            self.backend.remove_replicas(job.id, attempt.number, unsignalled, self.settings.preempt_grace_s)
+        missing = [r.index for r in replicas if not r.retiring and r.index not in seen.replicas]
+        if missing and job.status in (S.SCHEDULING, S.RUNNING) and attempt.stop_requested is None:
+            log.info("job %s attempt %s: creating missing replicas %s", job.id, attempt.number, _list(missing))
+            self._launch(session, job, attempt, added=missing)
 
     def _ended(self, session: Session, job: Job, attempt: JobAttempt | None, seen: Observed | None) -> None:
         """The attempt is over: decide what the job becomes, record the attempt, release the backend."""
@@ -193,16 +227,66 @@ class JobManager:
 
     # -- apply decisions ----------------------------------------------------------------------------
     def apply(self, session: Session, decisions: Decisions) -> None:
-        # Adding or removing replicas of a running inference job needs per-replica objects in the
-        # backends, which they do not have yet: those decisions are left out (docs/control-loop.md),
-        # so an inference job runs with the replicas it was started with.
         for stop in decisions.stops:
-            if not stop.placements:
+            if stop.placements:
+                self._scale_down(session, stop)
+            else:
                 self._stop(session, stop.job_id, stop.reason)
         for start in decisions.starts:
-            if not start.scale_up:
+            if start.scale_up:
+                self._scale_up(session, start.job_id, start.placements)
+            else:
                 self._start(session, start.job_id, start.placements)
         self._record_waits(session, decisions)
+
+    def _current_attempt(self, session: Session, job: Job) -> JobAttempt | None:
+        return session.scalar(sa.select(JobAttempt).where(JobAttempt.job_id == job.id, JobAttempt.number == job.attempt))
+
+    def _scale_up(self, session: Session, job_id: int, placements: tuple[Placement, ...]) -> None:
+        """Add replicas to a running inference job: into the attempt row first, then the backend."""
+        job = session.get(Job, job_id)
+        if job is None or job.status not in (S.SCHEDULING, S.RUNNING) or job.type != "inference" or not placements:
+            return
+        attempt = self._current_attempt(session, job)
+        if attempt is None or attempt.stop_requested is not None:
+            return
+        replicas = replicas_from_json(attempt.placements)
+        first = max((r.index for r in replicas), default=-1) + 1
+        added = tuple(Replica(first + i, p) for i, p in enumerate(placements))
+        attempt.placements = replicas_to_json(replicas + added)
+        job_repo.add_event(session, job.id, SCALED, reason="scale_up", actor="scheduler",
+                           message=f"added {_replicas_on(added)}")
+        session.commit()
+        self._launch(session, job, attempt, added=[r.index for r in added])
+
+    def _scale_down(self, session: Session, stop: Stop) -> None:
+        """Remove the replicas a scale-down names: marked retiring in the attempt row (they hold
+        their resources until they have exited), then SIGTERM and the grace period. The job keeps
+        running, its status and retries untouched."""
+        job = session.get(Job, stop.job_id)
+        if job is None or job.status not in (S.SCHEDULING, S.RUNNING) or stop.reason is not StopReason.SCALE_DOWN:
+            return
+        attempt = self._current_attempt(session, job)
+        if attempt is None or attempt.stop_requested is not None:
+            return
+        replicas = list(replicas_from_json(attempt.placements))
+        chosen: list[Replica] = []
+        for placement in stop.placements:
+            # The core removes replicas above min_replicas, which come last: match from the end.
+            for r in reversed(replicas):
+                if not r.retiring and r.placement == placement and r not in chosen:
+                    chosen.append(r)
+                    break
+        if not chosen:
+            return
+        indexes = {r.index for r in chosen}
+        attempt.placements = replicas_to_json(
+            Replica(r.index, r.placement, True) if r.index in indexes else r for r in replicas)
+        why = f" to make room for job {stop.for_job}" if stop.for_job is not None else ""
+        job_repo.add_event(session, job.id, SCALED, reason="scale_down", actor="scheduler",
+                           message=f"removing {_replicas_on(chosen)}{why}")
+        session.commit()
+        self.backend.remove_replicas(job.id, attempt.number, sorted(indexes), self.settings.preempt_grace_s)
 
     def _start(self, session: Session, job_id: int, placements) -> None:
         job = session.get(Job, job_id)
@@ -220,13 +304,15 @@ class JobManager:
         session.refresh(job)
         self._launch(session, job, attempt)
 
-    def _launch(self, session: Session, job: Job, attempt: JobAttempt) -> None:
+    def _launch(self, session: Session, job: Job, attempt: JobAttempt, added: list[int] | None = None) -> None:
+        """Create the attempt's objects in the backend (only those missing there). ``added``: the
+        replicas of a running inference job this call is for (scale-up, or re-creating lost ones)."""
         keys = tuple(session.scalars(sa.select(SshKey.public_key).where(SshKey.user_id == job.user_id))) if job.spec.get("ssh") else ()
-        from dlts.jobmanager.snapshot import placements_from_json
-
+        active = [r for r in replicas_from_json(attempt.placements) if not r.retiring]
         spec = LaunchSpec(
             job_id=job.id, attempt=attempt.number, user=job.user.name, vc=job.vc.name, type=job.type, image=job.image,
-            command=job.command, placements=placements_from_json(attempt.placements), env=dict(job.spec.get("env", {})),
+            command=job.command, placements=tuple(r.placement for r in active), replicas=tuple(r.index for r in active),
+            env=dict(job.spec.get("env", {})),
             preemptible=job.preemptible, ports=tuple(job.spec.get("ports", [])), ssh_public_keys=keys,
             log_path=str(attempt_log_path(self.settings, job.id, attempt.number)),
             vc_pod_policy=dict(job.vc.pod_policy or {}), nfs_volumes=tuple((job.vc.storage or {}).get("nfs", ())),
@@ -240,11 +326,25 @@ class JobManager:
         except Exception as exc:  # the backend refused: record it on the job, never lose it silently
             log.exception("launch of job %s attempt %s failed", job.id, attempt.number)
             session.rollback()
+            if added and job.status is S.RUNNING:
+                self._refused_replicas(session, job, attempt, added, exc)
+                return
             if job_repo.set_status(session, job.id, S.SCHEDULING, S.ERROR, actor=ACTOR, reason="launch_error",
                                    message=str(exc)[:1024], values={"finished_at": utcnow(), "reason": "launch_error",
                                                                     "reason_detail": str(exc)[:512]}):
                 attempt.end_reason, attempt.ended_at = "launch_error", utcnow()
             session.commit()
+
+    def _refused_replicas(self, session: Session, job: Job, attempt: JobAttempt, added: list[int], exc: Exception) -> None:
+        """The backend refused new replicas of a running inference job: the job keeps running with
+        the replicas it has; the refused ones are retired (and whatever of them got created removed)."""
+        replicas = replicas_from_json(attempt.placements)
+        attempt.placements = replicas_to_json(Replica(r.index, r.placement, True) if r.index in added else r
+                                              for r in replicas)
+        job_repo.add_event(session, job.id, SCALED, reason="launch_error", actor=ACTOR,
+                           message=f"could not add replicas {_list(added)}: {exc}")
+        session.commit()
+        self.backend.remove_replicas(job.id, attempt.number, added, 0)
 
     def _stop(self, session: Session, job_id: int, reason: StopReason) -> None:
         job = session.get(Job, job_id)
@@ -284,3 +384,14 @@ class JobManager:
             if reason != code:
                 job_repo.add_event(session, job_id, "reason", reason=code, message=new_detail, actor="scheduler")
         session.commit()
+
+
+def _list(indexes) -> str:
+    return ", ".join(str(i) for i in sorted(indexes))
+
+
+def _replicas_on(replicas) -> str:
+    """'replicas 3, 4 on node-x' / 'replica 2 on a, b' for events."""
+    nodes = sorted({r.placement.node for r in replicas})
+    noun = "replica" if len(replicas) == 1 else "replicas"
+    return f"{noun} {_list(r.index for r in replicas)} on {', '.join(nodes)}"

@@ -1,8 +1,13 @@
-"""Build the scheduler's ``Snapshot`` from the database in a handful of queries."""
+"""Build the scheduler's ``Snapshot`` from the database in a handful of queries.
+
+Also the one place that converts ``JobAttempt.placements`` (JSON) to and from values:
+``[{"node", "gpu_indices", "cpu", "memory_bytes", "replica", "retiring"?}, ...]``.
+"""
 
 from __future__ import annotations
 
 import datetime as dt
+from dataclasses import dataclass
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
@@ -17,12 +22,44 @@ def epoch(value: dt.datetime | None) -> float | None:
     return None if value is None else value.replace(tzinfo=dt.timezone.utc).timestamp()
 
 
-def placements_from_json(rows: list) -> tuple[core.Placement, ...]:
-    return tuple(core.Placement(p["node"], tuple(p["gpu_indices"]), float(p["cpu"]), int(p["memory_bytes"])) for p in rows or [])
+@dataclass(frozen=True)
+class Replica:
+    """One entry of ``JobAttempt.placements``: a placement with its stable replica index.
+
+    The index names the backend's per-replica objects (pod ``dlts-J-A-<index>``, the local run
+    directory ``replicas/<index>``). ``retiring``: DLTS asked the replica to stop (inference
+    scale-down); it holds its resources until the backend shows it gone, then leaves the list.
+    """
+
+    index: int
+    placement: core.Placement
+    retiring: bool = False
+
+
+def replicas_from_json(rows: list | None) -> tuple[Replica, ...]:
+    """The attempt's entries in order; an entry without ``replica`` (older rows) is its position."""
+    out = []
+    for position, p in enumerate(rows or []):
+        placement = core.Placement(p["node"], tuple(p["gpu_indices"]), float(p["cpu"]), int(p["memory_bytes"]))
+        out.append(Replica(int(p.get("replica", position)), placement, bool(p.get("retiring", False))))
+    return tuple(out)
+
+
+def replicas_to_json(replicas) -> list[dict]:
+    rows = []
+    for r in replicas:
+        p = r.placement
+        row = {"node": p.node, "gpu_indices": list(p.gpu_indices), "cpu": p.cpu, "memory_bytes": p.memory_bytes,
+               "replica": r.index}
+        if r.retiring:
+            row["retiring"] = True
+        rows.append(row)
+    return rows
 
 
 def placements_to_json(placements) -> list[dict]:
-    return [{"node": p.node, "gpu_indices": list(p.gpu_indices), "cpu": p.cpu, "memory_bytes": p.memory_bytes} for p in placements]
+    """The entries of a new attempt: replica indexes 0, 1, 2, ... in placement order."""
+    return replicas_to_json(Replica(i, p) for i, p in enumerate(placements))
 
 
 def load_snapshot(session: Session, settings: Settings) -> core.Snapshot:
@@ -49,6 +86,7 @@ def load_snapshot(session: Session, settings: Settings) -> core.Snapshot:
     jobs = []
     for job, attempt in rows:
         running = job.status in ACTIVE
+        replicas = replicas_from_json(attempt.placements) if (running and attempt) else ()
         started = epoch(job.started_at) if job.status is not JobStatus.SCHEDULING else epoch(attempt.created_at if attempt else None)
         jobs.append(core.Job(
             id=job.id, vc=vc_names[job.vc_id], user=job.user.name, type=core.JobType(job.type), sku=job.sku,
@@ -59,7 +97,8 @@ def load_snapshot(session: Session, settings: Settings) -> core.Snapshot:
             # already on its way out (kill, pause, preemption): never chosen to be stopped again
             stopping=job.status in (JobStatus.KILLING, JobStatus.PAUSING) or bool(attempt and attempt.stop_requested),
             user_quota_approved=bool((job.spec or {}).get("approved_by")),
-            placements=placements_from_json(attempt.placements) if (running and attempt) else (),
+            placements=tuple(r.placement for r in replicas if not r.retiring),
+            retiring=tuple(r.placement for r in replicas if r.retiring),
             min_replicas=(job.spec or {}).get("min_replicas", 0), max_replicas=(job.spec or {}).get("max_replicas", 0),
         ))
     return core.Snapshot(skus=sku_shapes(session), nodes=nodes, vcs=vcs, jobs=tuple(jobs),
