@@ -3,7 +3,9 @@
 The VM boots from a debootstrapped image (dlts_vm.py: cached under /var/cache/dlts-ci/, real
 systemd, reached over SSH on a loopback port forward). ansible/dlts-services.yml runs twice: the
 first run must succeed, the second must report changed=0. Then the services must answer through
-the forwarded ports: the API's /readyz through nginx and TLS, and the agent's Prometheus metrics.
+the forwarded ports: the API's /readyz through nginx and TLS, and the agent's Prometheus metrics;
+the agent's reports must be accepted with the node token the playbook registered, and the VCs of
+the inventory must exist with its quota and policy (read through the API with an admin token).
 
 The dlts distribution comes from this checkout: its wheel plus every dependency go into a
 wheelhouse that the roles copy to the VM and install with no package index (the offline path the
@@ -102,9 +104,11 @@ def write_inventory(root: Path, vm: DebianVM, wheelhouse: Path) -> Path:
         "dlts_retention_days": 180,
         "dlts_allow_ip_days": 30,
         "dlts_agent_metrics_port": AGENT_METRICS_PORT,
-        # Node registration with the API is not part of this converge (see docs/deploy.md).
-        "dlts_agent_report_enabled": False,
-        "dlts_vcs": [{"name": "research", "quota": {"cpu": 1}}],
+        # The agent reports over TLS to the API with the token dlts_agent registers on the control host.
+        "dlts_agent_report_enabled": True,
+        "dlts_agent_report_interval_s": 10,
+        # With the local backend the node's SKU is "cpu" (its quota counts cores).
+        "dlts_vcs": [{"name": "research", "quota": {"cpu": 1}}, {"name": "product", "quota": {}, "policy": "FIFO"}],
         "dlts_db_host": "127.0.0.1",
         "dlts_db_port": 3306,
         "dlts_db_name": "dlts",
@@ -192,9 +196,46 @@ def test_converge_mariadb_control_and_agent_into_a_vm(tmp_path):
         assert state.stdout.split() == ["active"] * 5, state.stdout + state.stderr
         managers = vm.ssh("pgrep -fc 'dlts managers'")
         assert managers.stdout.strip() == "1", managers.stdout
+
+        # An admin token, made the way an operator would, to read what the playbook created.
+        dlts = "runuser -u dlts -- env DLTS_CONFIG=/etc/dlts/dlts.yaml /opt/dlts/venv/bin/dlts"
+        made = vm.ssh(f"{dlts} user add ci-admin --admin && {dlts} user token ci-admin --label converge", timeout_s=180)
+        assert made.returncode == 0, made.stdout + made.stderr
+        admin = {"Authorization": f"Bearer {made.stdout.split()[-1]}"}
+
+        # The inventory's VCs exist with its quota and policy, created by the playbook ("cli" events).
+        research = requests.get(f"{api}/api/v1/vcs/research", headers=admin, verify=False, timeout=30)
+        assert research.status_code == 200, research.text
+        assert (research.json()["quota"], research.json()["policy"]) == ({"cpu": 1}, "RF")
+        product = requests.get(f"{api}/api/v1/vcs/product", headers=admin, verify=False, timeout=30).json()
+        assert (product["quota"], product["policy"]) == ({}, "FIFO")
+        events = requests.get(f"{api}/api/v1/vcs/research/events", headers=admin, verify=False, timeout=30).json()
+        assert [(e["actor"], e["field"]) for e in events["items"]] == [("cli", "created")]
+
+        # The node token the playbook registered is the agent's: its reports are accepted (a
+        # heartbeat is stored only after the token checks out) and the API saw no refused report.
+        node = _node_when_reported(f"{api}/api/v1/nodes/dlts-vm", admin)
+        assert node["details"]["has_agent_token"] is True
+        assert node["details"]["metrics"]["agent_version"], node["details"]["metrics"]
+        refused = vm.ssh("journalctl -u dlts-agent --no-pager | grep -c 'refused the node token' || true")
+        assert refused.stdout.strip() == "0", vm.ssh("journalctl -u dlts-agent --no-pager | tail -20").stdout
     timings["total_s"] = time.monotonic() - started
     (tmp_path / "timings.json").write_text(json.dumps(timings, indent=1))
     print("converge timings:", json.dumps({k: round(v, 1) for k, v in timings.items()}))
+
+
+def _node_when_reported(url: str, headers: dict[str, str], timeout_s: float = 240) -> dict:
+    """The node as the API shows it once its agent's first report has been accepted."""
+    deadline = time.monotonic() + timeout_s
+    node: dict = {}
+    while time.monotonic() < deadline:
+        response = requests.get(url, headers=headers, verify=False, timeout=30)
+        if response.status_code == 200:
+            node = response.json()
+            if node.get("last_heartbeat_at"):
+                return node
+        time.sleep(5)
+    raise AssertionError(f"no accepted agent report within {timeout_s} s: {node or response.text}")
 
 
 def _get_when_up(url: str, verify: bool = True, timeout_s: float = 90) -> requests.Response:

@@ -19,7 +19,14 @@ from pathlib import Path
 
 import pytest
 import yaml
-from ansible_helpers import INVENTORIES, REPO, make_stub_executables, render_templates, tool
+from ansible_helpers import (
+    INVENTORIES,
+    REPO,
+    ansible_env,
+    make_stub_executables,
+    render_templates,
+    tool,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -287,6 +294,10 @@ def test_agent_config_matches_the_inventory(rendered):
     assert agent["expected_gpu_count"] == (8 if name == "example" else 0)
     assert agent["collectors"]["gpu"]["enabled"] is (name == "example")
     assert agent["report"]["node_token_file"] == "/etc/dlts/node-token"
+    # a worker is a DLTS node: it reports, trusting the lab's self-signed certificate
+    assert agent["report"]["enabled"] is True
+    assert agent["report"]["ca_file"] == ("/etc/dlts/api-ca.crt" if name == "vagrant" else "")
+    assert "DLTS_AGENT_API_URL=https://" in (out["dlts_agent"] / "agent.env").read_text()
     from dlts_agent.config import load_config  # the agent's own typed validation
 
     load_config(str(out["dlts_agent"] / "agent.yaml"), env={})
@@ -300,3 +311,41 @@ def test_exports_and_lnet_files_have_the_expected_shape(rendered):
             assert path.startswith("/") and "(" in clients and clients.endswith(")")
     lnet = (out["lustre_client"] / "lustre.conf").read_text()
     assert 'options lnet networks="' in lnet
+
+
+@pytest.mark.parametrize("inventory_name", sorted(INVENTORIES))
+def test_only_dlts_nodes_report_to_the_api_and_register_a_token(inventory_name, tmp_path):
+    """dlts_agent's defaults per host: the hosts the backend lists as nodes (Kubernetes nodes here)
+    report and get their token registered; storage and monitoring hosts only export metrics. The
+    self-signed lab certificate is trusted; the example's CA-signed one uses the system store."""
+    stand_in = tmp_path / "roles" / "agent_vars"
+    (stand_in / "tasks").mkdir(parents=True)
+    (stand_in / "defaults").symlink_to(REPO / "ansible" / "roles" / "dlts_agent" / "defaults")
+    (stand_in / "tasks" / "main.yml").write_text(json.dumps([{
+        "name": "Write the reporting decision",
+        "ansible.builtin.copy": {
+            "content": "{{ {'report': dlts_agent_report_to_api | bool, 'ca_file': dlts_agent_ca_file} | to_json }}",
+            "dest": f"{tmp_path}/{{{{ inventory_hostname }}}}.json", "mode": "0644"},
+        "delegate_to": "localhost",
+    }]))
+    playbook = tmp_path / "agent-vars.yml"
+    playbook.write_text(json.dumps([{"name": "Agent variables", "hosts": "all", "gather_facts": False,
+                                     "connection": "local", "roles": ["agent_vars"]}]))
+    env = ansible_env(tmp_path)
+    env["ANSIBLE_ROLES_PATH"] = str(tmp_path / "roles")
+    extra = {"ansible_python_interpreter": sys.executable, "ansible_become": False}
+    result = subprocess.run(
+        [tool("ansible-playbook"), "-i", str(INVENTORIES[inventory_name]), str(playbook), "--extra-vars", json.dumps(extra)],
+        cwd=REPO / "ansible", env=env, capture_output=True, text=True, timeout=300, check=False,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    decided = {path.stem: json.loads(path.read_text()) for path in tmp_path.glob("*.json")}
+    reporting = {host for host, d in decided.items() if d["report"]}
+    if inventory_name == "vagrant":
+        assert set(decided) == {"control", "worker1", "worker2", "mds1", "oss1"}
+        assert reporting == {"control", "worker1", "worker2"}  # the Kubernetes nodes, not mds1 and oss1
+        assert {d["ca_file"] for d in decided.values()} == {"/etc/dlts/api-ca.crt"}
+    else:
+        assert reporting == {"cp1", "cp2", "cp3"} | {f"gpu{n:03d}" for n in range(1, 65)}
+        assert {"mds1", "oss1", "mon1"} <= set(decided) - reporting
+        assert {d["ca_file"] for d in decided.values()} == {""}

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable
 
 import pytest
 import yaml
@@ -63,6 +63,17 @@ def _duplicate_ost_index(inv: Inventory) -> None:
     inv.edit_groups(lambda g: g["lustre_oss"]["hosts"].update({"worker1": None}))
     inv.set("host_vars/worker1.yml", "lustre_osts", [{"index": 1, "device": "/dev/vdb"}])
     inv.edit("host_vars/worker1.yml", lambda d: d.update(dlts_node_sku="lab-cpu"))
+
+
+def _set_vc(inv: Inventory, index: int, **values) -> None:
+    inv.edit("group_vars/all/dlts.yml", lambda d: d["dlts_vcs"][index].update(values))
+
+
+def _quota_above_capacity(inv: Inventory) -> None:
+    # two 2-GPU workers of SKU lab-gpu: 4 GPUs, and the product VC asks 5
+    for worker in ("worker1", "worker2"):
+        inv.edit(f"host_vars/{worker}.yml", lambda d: d.update(dlts_node_sku="lab-gpu", dlts_node_gpu_count=2))
+    _set_vc(inv, 1, quota={"lab-gpu": 5})
 
 
 CASES = {
@@ -134,6 +145,34 @@ CASES = {
         lambda inv: inv.set("group_vars/all/lustre.yml", "lustre_fsname", "muchtoolongname"),
         'lustre_fsname must be 1 to 8 letters, digits or underscores (mkfs.lustre\'s limit), found "muchtoolongname"',
     ),
+    "virtual cluster with a negative quota": (
+        lambda inv: _set_vc(inv, 0, quota={"lab-cpu": -1}),
+        ('Virtual cluster "research" needs a lowercase name (letters, digits, dashes; at most 40) and a quota '
+         'mapping of SKU to a non-negative GPU count, such as quota: {a100-80g: 64} (found {"lab-cpu": -1})'),
+    ),
+    "virtual cluster quota that is not a whole number": (
+        lambda inv: _set_vc(inv, 0, quota={"lab-cpu": "2"}),
+        'a non-negative GPU count, such as quota: {a100-80g: 64} (found {"lab-cpu": "2"})',
+    ),
+    "virtual cluster quota keyed by something that is not a SKU name": (
+        lambda inv: _set_vc(inv, 0, quota={"A100 80G": 0}),
+        ('Virtual cluster research: quota keys are SKU names, written as node label values (letters, digits, '
+         "'-', '_', '.'; such as a100-80g), found [\"A100 80G\"]"),
+    ),
+    "virtual cluster with an unknown policy": (
+        lambda inv: _set_vc(inv, 1, policy="LIFO"),
+        'policy, when set, must be RF or FIFO (found "LIFO")',
+    ),
+    "virtual cluster quota on a SKU no worker has": (
+        lambda inv: _set_vc(inv, 0, quota={"a100-80g": 8}),
+        ('Virtual cluster research asks for {"a100-80g": 8}, which the workers in kube_node cannot give: each '
+         "quota key must be the dlts_node_sku of some worker, and each count at most the GPUs those workers "
+         'have (GPUs per worker SKU: {"lab-cpu": 0})'),
+    ),
+    "virtual cluster quota above the GPUs of its SKU": (
+        _quota_above_capacity,
+        'Virtual cluster product asks for {"lab-gpu": 5}, which the workers in kube_node cannot give',
+    ),
     "user quota with an unknown key": (
         lambda inv: inv.edit("group_vars/all/lustre.yml", lambda d: d["lustre_user_quota"]["default"].update(blocks=5)),
         "lustre_user_quota.default takes block_soft and block_hard",
@@ -168,6 +207,21 @@ def test_broken_inventory_fails_with_a_clear_message(case, broken_results):
 
 
 def test_lab_inventory_passes(lab, tmp_path):
+    result = _validate(lab, tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:]
+
+
+def test_a_quota_within_the_workers_gpus_passes(lab, tmp_path):
+    for worker in ("worker1", "worker2"):
+        lab.edit(f"host_vars/{worker}.yml", lambda d: d.update(dlts_node_sku="lab-gpu", dlts_node_gpu_count=2))
+    lab.edit("group_vars/all/dlts.yml", lambda d: d["dlts_vcs"][1].update(quota={"lab-gpu": 4}))
+    result = _validate(lab, tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:]
+
+
+def test_the_local_backend_does_not_check_quotas_against_kubernetes_workers(lab, tmp_path):
+    lab.set("group_vars/all/dlts.yml", "dlts_backend", "local")
+    lab.edit("group_vars/all/dlts.yml", lambda d: d["dlts_vcs"][0].update(quota={"cpu": 1}))
     result = _validate(lab, tmp_path)
     assert result.returncode == 0, result.stdout[-3000:]
 
