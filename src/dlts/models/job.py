@@ -109,7 +109,8 @@ class JobAttempt(Base):
     id: Mapped[int] = mapped_column(BigId, primary_key=True)
     job_id: Mapped[int] = mapped_column(sa.ForeignKey("jobs.id", ondelete="CASCADE"))
     number: Mapped[int] = mapped_column(sa.Integer)
-    # [{"node": ..., "gpu_indices": [...], "cpu": ..., "memory_bytes": ...}]
+    # [{"node": ..., "gpu_indices": [...], "cpu": ..., "memory_bytes": ..., "replica": 0, "retiring"?: true}]
+    # (read and written by jobmanager/snapshot.py only; "retiring": an inference replica being removed)
     placements: Mapped[list] = mapped_column(sa.JSON, default=list)
     created_at: Mapped[dt.datetime] = mapped_column(Timestamp, default=utcnow)
     started_at: Mapped[dt.datetime | None] = mapped_column(Timestamp)
@@ -131,7 +132,7 @@ class JobEvent(Base):
     id: Mapped[int] = mapped_column(BigId, primary_key=True)
     job_id: Mapped[int] = mapped_column(sa.ForeignKey("jobs.id", ondelete="CASCADE"))
     at: Mapped[dt.datetime] = mapped_column(Timestamp, default=utcnow)
-    kind: Mapped[str] = mapped_column(sa.String(16))  # transition | reason | repair | insight
+    kind: Mapped[str] = mapped_column(sa.String(16))  # transition | reason | scaled | repair | insight
     from_status: Mapped[str | None] = mapped_column(sa.String(16))
     to_status: Mapped[str | None] = mapped_column(sa.String(16))
     reason: Mapped[str | None] = mapped_column(sa.String(64))
