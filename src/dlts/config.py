@@ -45,6 +45,9 @@ class Settings(BaseModel):
     # reverse proxies in front of the API whose X-Forwarded-For/-Proto to trust (nginx: 1); the
     # login limiter and "allow my address" then see the client's address, not the proxy's
     trusted_proxies: int = Field(0, ge=0, le=5)
+    # seconds an API worker keeps a bearer token's principal (user, roles) in memory; changes made
+    # in another worker apply there within this time (0: look the token up on every request)
+    auth_cache_s: float = Field(5.0, ge=0, le=300)
     # request bodies above this are refused with 413
     max_body_bytes: int = Field(1024 * 1024, ge=1024)
     # attempt logs: <log_dir>/<job id>/attempt-<n>.log

@@ -35,16 +35,75 @@ def test_no_or_a_bad_token_is_401_with_the_envelope(client, world, header):
     assert_envelope(client.post("/api/v1/jobs", json={}, headers=headers), 401)
 
 
-def test_a_revoked_token_stops_working(client, world, sessions):
+def test_a_token_revoked_through_the_api_stops_working_at_once(client, world):
+    assert client.get("/api/v1/me", headers=world.auth("alice")).status_code == 200  # now cached
+    mine = client.get("/api/v1/me/tokens", headers=world.auth("alice")).get_json()["items"]
+    assert client.delete(f"/api/v1/me/tokens/{mine[0]['id']}", headers=world.auth("alice")).status_code == 204
+    assert_envelope(client.get("/api/v1/me", headers=world.auth("alice")), 401)
+
+
+def test_a_change_made_by_another_worker_applies_within_auth_cache_s(settings, world, sessions):
+    """Another API worker (here: a direct database write) revokes a token and grants a role: this
+    worker, which cached the principal, sees both once auth_cache_s has passed, not before."""
+    import time
+
     import sqlalchemy as sa
 
+    from dlts.app import create_app
+    from dlts.models import ApiToken, Role, RoleBinding, User, VirtualCluster, utcnow
+
+    ttl = 2.0
+    client = create_app(settings.model_copy(update={"auth_cache_s": ttl})).test_client()
+    cached_at = time.monotonic()
+    assert client.get("/api/v1/me", headers=world.auth("alice")).status_code == 200
+    assert [v["name"] for v in client.get("/api/v1/me", headers=world.auth("carol")).get_json()["vcs"]] == ["nlp"]
+    with sessions() as s:
+        alice = s.scalar(sa.select(User.id).where(User.name == "alice"))
+        carol = s.scalar(sa.select(User.id).where(User.name == "carol"))
+        s.execute(sa.update(ApiToken).where(ApiToken.user_id == alice).values(revoked_at=utcnow()))
+        vision = s.scalar(sa.select(VirtualCluster.id).where(VirtualCluster.name == "vision"))
+        s.add(RoleBinding(role=Role.VC_MEMBER, user_id=carol, vc_id=vision))
+        s.commit()
+    if time.monotonic() - cached_at < ttl - 0.2:  # (a very slow machine may already be past the TTL)
+        assert client.get("/api/v1/me", headers=world.auth("alice")).status_code == 200  # still cached
+    time.sleep(max(0.0, cached_at + ttl + 0.1 - time.monotonic()))
+    assert_envelope(client.get("/api/v1/me", headers=world.auth("alice")), 401)
+    assert [v["name"] for v in client.get("/api/v1/me", headers=world.auth("carol")).get_json()["vcs"]] == ["nlp", "vision"]
+
+
+def test_auth_cache_s_0_looks_the_token_up_on_every_request(settings, world, sessions):
+    import sqlalchemy as sa
+
+    from dlts.app import create_app
     from dlts.models import ApiToken, utcnow
 
+    client = create_app(settings.model_copy(update={"auth_cache_s": 0})).test_client()
     assert client.get("/api/v1/me", headers=world.auth("alice")).status_code == 200
     with sessions() as s:
         s.execute(sa.update(ApiToken).values(revoked_at=utcnow()))
         s.commit()
     assert_envelope(client.get("/api/v1/me", headers=world.auth("alice")), 401)
+
+
+def test_an_expired_token_is_refused_even_while_cached(client, world, sessions):
+    import datetime as dt
+
+    import sqlalchemy as sa
+
+    from dlts.models import ApiToken, User, utcnow
+    from dlts.services import admin
+
+    with sessions() as s:
+        token = admin.new_token(s, "bob", "short")
+        bob = s.scalar(sa.select(User.id).where(User.name == "bob"))
+        s.execute(sa.update(ApiToken).where(ApiToken.user_id == bob, ApiToken.name == "short")
+                  .values(expires_at=utcnow() + dt.timedelta(seconds=1)))
+        s.commit()
+    headers = {"Authorization": f"Bearer {token}"}
+    assert client.get("/api/v1/me", headers=headers).status_code == 200  # cached with its expiry
+    import time
+    time.sleep(1.2)
+    assert_envelope(client.get("/api/v1/me", headers=headers), 401)
 
 
 def test_me_lists_roles_and_vcs(client, world):

@@ -7,15 +7,17 @@ from collections import Counter
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from dlts.models import Node, VirtualCluster
+from dlts.models import Node, User, VirtualCluster
 from dlts.scheduler.model import CPU_SKU, SkuShape
 
 
 def sku_shapes(session: Session) -> dict[str, SkuShape]:
     """The usual shape of a node of each SKU (the most common gpus/cpu/memory among its nodes)."""
     counts: dict[str, Counter] = {}
-    for sku, gpus, cpu, memory in session.execute(sa.select(Node.sku, Node.gpus, Node.cpu, Node.memory_bytes)):
-        counts.setdefault(sku, Counter())[(gpus, cpu, memory)] += 1
+    shape = (Node.sku, Node.gpus, Node.cpu, Node.memory_bytes)
+    # one row per distinct shape, not per node: a submission reads a handful of rows at any cluster size
+    for sku, gpus, cpu, memory, n in session.execute(sa.select(*shape, sa.func.count()).group_by(*shape)):
+        counts.setdefault(sku, Counter())[(gpus, cpu, memory)] += n
     shapes = {}
     for sku, counter in counts.items():
         (gpus, cpu, memory), _ = counter.most_common(1)[0]
@@ -25,3 +27,12 @@ def sku_shapes(session: Session) -> dict[str, SkuShape]:
 
 def vc_by_name(session: Session, name: str) -> VirtualCluster | None:
     return session.scalar(sa.select(VirtualCluster).where(VirtualCluster.name == name))
+
+
+def vc_and_user(session: Session, vc_name: str, user_id: int) -> tuple[VirtualCluster | None, User | None]:
+    """A VC by name and a user by id in one round trip (a submission needs both)."""
+    row = session.execute(
+        sa.select(VirtualCluster, User).select_from(User)
+        .outerjoin(VirtualCluster, VirtualCluster.name == vc_name).where(User.id == user_id)
+    ).first()
+    return (row[0], row[1]) if row else (None, None)

@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session
 from dlts.errors import InvalidInput, NotFound, WrongState
 from dlts.models import Role, RoleBinding, User, VirtualCluster
 from dlts.repositories import vc_events
-from dlts.services.auth import issue_token
+from dlts.services.auth import forget_principals, issue_token
 
 NAME_RE = re.compile(r"^[a-z][a-z0-9_.-]{0,63}$")
 
@@ -42,6 +42,7 @@ def _bind(session: Session, role: Role, user: User, vc: VirtualCluster | None) -
         RoleBinding.vc_id.is_(None) if vc is None else RoleBinding.vc_id == vc.id))
     if exists is None:
         session.add(RoleBinding(role=role, user_id=user.id, vc_id=vc.id if vc else None))
+        forget_principals()
 
 
 def add_user(session: Session, name: str, *, admin: bool = False, email: str | None = None) -> User:

@@ -5,6 +5,10 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import secrets
+import threading
+import time
+import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import sqlalchemy as sa
@@ -64,14 +68,66 @@ def principal_for(session: Session, user: User) -> Principal:
     return Principal(user.id, user.name, admin, {k: frozenset(v) for k, v in vc_roles.items()})
 
 
-def authenticate_bearer(session: Session, header: str | None) -> Principal:
+class PrincipalCache:
+    """Token hash -> the principal it authenticated, kept ``ttl_s`` seconds in this process.
+
+    A request then costs no database round trip for authentication (the token row, the user, the
+    role bindings). Revocations, disabled users and role changes made through this process clear
+    every cache at once (``forget_principals``); those made by another API worker take effect there
+    within ``ttl_s`` (the ``auth_cache_s`` setting; 0 turns the cache off).
+    """
+
+    def __init__(self, ttl_s: float, *, max_entries: int = 10_000, clock: Callable[[], float] = time.monotonic):
+        self.ttl_s = ttl_s
+        self.max_entries = max_entries
+        self.clock = clock
+        self._entries: dict[str, tuple[float, Principal, dt.datetime | None]] = {}
+        self._lock = threading.Lock()
+        _CACHES.add(self)
+
+    def get(self, token_hash: str, now: dt.datetime) -> Principal | None:
+        entry = self._entries.get(token_hash)
+        if entry is None:
+            return None
+        fresh_until, who, expires_at = entry
+        if self.clock() >= fresh_until or (expires_at is not None and expires_at <= now):
+            with self._lock:
+                self._entries.pop(token_hash, None)
+            return None
+        return who
+
+    def put(self, token_hash: str, who: Principal, expires_at: dt.datetime | None) -> None:
+        if self.ttl_s <= 0:
+            return
+        with self._lock:
+            if len(self._entries) >= self.max_entries:
+                self._entries.clear()  # bounded: a flood of distinct tokens cannot grow it
+            self._entries[token_hash] = (self.clock() + self.ttl_s, who, expires_at)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
+
+_CACHES: weakref.WeakSet[PrincipalCache] = weakref.WeakSet()
+
+
+def forget_principals() -> None:
+    """Tokens, users or roles changed: every cached principal in this process is looked up again."""
+    for cache in list(_CACHES):
+        cache.clear()
+
+
+def authenticate_bearer(session: Session, header: str | None, cache: PrincipalCache | None = None) -> Principal:
     if not header or not header.startswith("Bearer "):
         raise Unauthenticated("Send 'Authorization: Bearer <token>'. Create a token with `dlts user token NAME` or on the portal's My API tokens page.")
-    token = header[len("Bearer ") :].strip()
-    row = session.execute(
-        sa.select(ApiToken, User).join(User, User.id == ApiToken.user_id).where(ApiToken.token_hash == hash_token(token))
-    ).first()
+    token_hash = hash_token(header[len("Bearer ") :].strip())
     now = utcnow()
+    if cache is not None and (who := cache.get(token_hash, now)) is not None:
+        return who
+    row = session.execute(
+        sa.select(ApiToken, User).join(User, User.id == ApiToken.user_id).where(ApiToken.token_hash == token_hash)
+    ).first()
     if row is None:
         raise Unauthenticated("This token is not valid. Create a new one with `dlts user token NAME`.")
     token_row, user = row
@@ -83,4 +139,7 @@ def authenticate_bearer(session: Session, header: str | None) -> Principal:
     if token_row.last_used_at is None or now - token_row.last_used_at > dt.timedelta(minutes=1):
         session.execute(sa.update(ApiToken).where(ApiToken.id == token_row.id).values(last_used_at=now))
         session.commit()
-    return principal_for(session, user)
+    who = principal_for(session, user)
+    if cache is not None:
+        cache.put(token_hash, who, token_row.expires_at)
+    return who

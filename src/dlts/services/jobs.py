@@ -19,8 +19,9 @@ from dlts.config import Settings
 from dlts.errors import InvalidInput, NotFound, Refused, WrongState
 from dlts.logs import attempt_log_path
 from dlts.models import TERMINAL, Job, JobStatus, VirtualCluster, utcnow
+from dlts.repositories import commit_keeping_loaded
 from dlts.repositories import jobs as job_repo
-from dlts.repositories.cluster import sku_shapes, vc_by_name
+from dlts.repositories.cluster import sku_shapes, vc_and_user, vc_by_name
 from dlts.scheduler.model import CPU_SKU, SkuShape
 from dlts.services import policy
 from dlts.services.auth import Principal
@@ -131,8 +132,8 @@ def _needs_approval(session: Session, job: Job, user_gpu_quota: int | None) -> s
 
 def submit(session: Session, settings: Settings, principal: Principal, req: JobRequest) -> Job:
     policy.require_vc_member(principal, req.vc)
-    vc = vc_by_name(session, req.vc)
-    if vc is None:  # a cluster admin naming a VC that does not exist
+    vc, user = vc_and_user(session, req.vc, principal.user_id)
+    if vc is None or user is None:  # a cluster admin naming a VC that does not exist
         raise NotFound(f"VC {req.vc!r} does not exist.", code="vc_not_found", details={"field": "vc"})
     if req.type not in JOB_TYPES:
         raise InvalidInput(f"type must be one of {', '.join(JOB_TYPES)}.", details={"field": "type"})
@@ -157,7 +158,7 @@ def submit(session: Session, settings: Settings, principal: Principal, req: JobR
     now = utcnow()
     job = Job(
         name=req.name or (req.command.split()[0][:128] if req.command.split() else "job"),
-        user_id=principal.user_id, vc_id=vc.id, type=req.type, status=S.QUEUED, image=req.image,
+        user=user, vc=vc, type=req.type, status=S.QUEUED, image=req.image,
         command=req.command, sku=None if sku == CPU_SKU and gpus == 0 else sku, gpus=gpus, nodes=req.nodes,
         cpu=cpu, memory_bytes=memory, priority=req.priority, preemptible=req.preemptible,
         max_retries=settings.default_max_retries if req.max_retries is None else req.max_retries,
@@ -170,8 +171,9 @@ def submit(session: Session, settings: Settings, principal: Principal, req: JobR
     if why:
         job_repo.set_status(session, job.id, S.QUEUED, S.UNAPPROVED, actor="policy", reason="user_quota", message=why,
                             values={"reason": "user_quota", "reason_detail": why[:512]})
-    session.commit()
-    session.refresh(job)
+        session.commit()  # the status changed in SQL: the job is read again
+    else:
+        commit_keeping_loaded(session)  # every column was set here: no re-read
     return job
 
 

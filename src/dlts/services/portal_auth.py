@@ -27,7 +27,7 @@ from werkzeug.security import check_password_hash, generate_password_hash
 from dlts.errors import DltsError, InvalidInput, NotFound, Unauthenticated
 from dlts.models import ApiToken, User, utcnow
 from dlts.services.admin import get_user
-from dlts.services.auth import Principal, issue_token, principal_for
+from dlts.services.auth import Principal, forget_principals, issue_token, principal_for
 
 MIN_PASSWORD_CHARS = 12
 MAX_PASSWORD_CHARS = 256
@@ -170,6 +170,7 @@ def revoke_token(session: Session, principal: Principal, token_id: int) -> ApiTo
     if token.revoked_at is None:
         token.revoked_at = utcnow()
         session.commit()
+        forget_principals()
     return token
 
 

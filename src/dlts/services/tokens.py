@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session
 
 from dlts.errors import InvalidInput, NotFound, Refused
 from dlts.models import ApiToken, User, iso, utcnow
-from dlts.services.auth import Principal, issue_token
+from dlts.services.auth import Principal, forget_principals, issue_token
 
 MAX_TOKENS_PER_USER = 20
 
@@ -63,3 +63,4 @@ def revoke_token(session: Session, principal: Principal, token_id: int) -> None:
         raise NotFound(f"You have no working token with id {token_id}.", code="token_not_found")
     row.revoked_at = utcnow()
     session.commit()
+    forget_principals()
