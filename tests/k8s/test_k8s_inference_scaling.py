@@ -226,3 +226,27 @@ def test_a_crash_between_the_scale_up_commit_and_the_create_is_finished_by_the_n
     assert f"dlts-{service}-1-1" in names(h.api)
     h.tick()
     assert h.job(service).status is S.RUNNING and all(h.job(o).status is S.RUNNING for o in others)
+
+
+def test_replicas_the_cluster_refuses_are_dropped_and_the_job_keeps_running(h):
+    guest = h.submit(user="bob", vc="spare", preemptible=True, gpus=8, command="sleep infinity")
+    for _ in range(2):
+        h.submit(user="bob", vc="spare", preemptible=True, gpus=8, command="sleep infinity")
+    h.tick()
+    h.tick()
+    service = h.submit(type="inference", gpus=8, min_replicas=1, max_replicas=2, command="sleep infinity")
+    h.tick()
+    h.tick()
+    h.kill(guest, user="bob")
+    h.tick()  # the guest's pod goes; the manager records it killed
+    h.api.fail_next(1, 403, verbs={"create"})  # e.g. a ResourceQuota of the namespace says no
+    h.tick()  # the scale-up is decided and refused
+    reasons = [r for r, _ in events(h, service)]
+    assert reasons == ["scale_up", "launch_error"]
+    assert rows(h, service) == [(0, False), (1, True)]
+    job = h.job(service)
+    assert (job.status, job.retries_used) == (S.RUNNING, 0)
+    h.tick()  # nothing of replica 1 exists: it leaves the row; a later pass adds it again
+    h.tick()
+    assert rows(h, service) == [(0, False), (1, False)]
+    assert f"dlts-{service}-1-1" in names(h.api)

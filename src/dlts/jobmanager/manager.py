@@ -161,7 +161,7 @@ class JobManager:
         missing = [r.index for r in replicas if not r.retiring and r.index not in seen.replicas]
         if missing and job.status in (S.SCHEDULING, S.RUNNING) and attempt.stop_requested is None:
             log.info("job %s attempt %s: creating missing replicas %s", job.id, attempt.number, _list(missing))
-            self._launch(session, job, attempt, added=missing)
+            self._launch(session, job, attempt)
 
     def _ended(self, session: Session, job: Job, attempt: JobAttempt | None, seen: Observed | None) -> None:
         """The attempt is over: decide what the job becomes, record the attempt, release the backend."""
@@ -306,7 +306,8 @@ class JobManager:
 
     def _launch(self, session: Session, job: Job, attempt: JobAttempt, added: list[int] | None = None) -> None:
         """Create the attempt's objects in the backend (only those missing there). ``added``: the
-        replicas of a running inference job this call is for (scale-up, or re-creating lost ones)."""
+        replicas a scale-up adds to a running inference job; if the backend refuses them, only
+        they go (the job keeps running)."""
         keys = tuple(session.scalars(sa.select(SshKey.public_key).where(SshKey.user_id == job.user_id))) if job.spec.get("ssh") else ()
         active = [r for r in replicas_from_json(attempt.placements) if not r.retiring]
         spec = LaunchSpec(
@@ -326,7 +327,7 @@ class JobManager:
         except Exception as exc:  # the backend refused: record it on the job, never lose it silently
             log.exception("launch of job %s attempt %s failed", job.id, attempt.number)
             session.rollback()
-            if added and job.status is S.RUNNING:
+            if added and job.status in (S.SCHEDULING, S.RUNNING):
                 self._refused_replicas(session, job, attempt, added, exc)
                 return
             if job_repo.set_status(session, job.id, S.SCHEDULING, S.ERROR, actor=ACTOR, reason="launch_error",
