@@ -437,7 +437,8 @@ CASES = [
         ),
         stops={1: "scale_down"},
         waits={2: "capacity"},
-        check=lambda d: _assert(d.stops[0].placements[0].gpu_indices == (4, 5, 6, 7)),
+        check=lambda d: _assert(d.stops[0].placements[0].gpu_indices == (4, 5, 6, 7)
+                                and "removing 1 replica of job 1 to make room" in d.waits[0].detail),
     ),
     Case(
         "inference min_replicas count against the VC quota, extras do not",
@@ -468,7 +469,7 @@ CASES = [
         starts={},  # job 1 does not grow back onto the retiring replica's GPUs either
         stops={},
         waits={2: "capacity"},
-        check=lambda d: _assert("waiting for job 1 to exit" in d.waits[0].detail),
+        check=lambda d: _assert("waiting for 1 replica of job 1 to exit" in d.waits[0].detail),
     ),
     Case(
         "retiring replicas are not replicas: the job grows back toward max_replicas on free capacity",

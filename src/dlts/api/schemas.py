@@ -102,6 +102,8 @@ class PlacementSchema(Schema):
     gpu_indices = fields.List(fields.Integer())
     cpu = fields.Float()
     memory_bytes = fields.Integer()
+    replica = fields.Integer(metadata={"description": "the replica's stable index (inference jobs: one placement per replica)"})
+    retiring = fields.Boolean(metadata={"description": "an inference replica being removed (scale-down); it frees its GPUs once it has exited"})
 
 
 class AttemptSchema(Schema):

@@ -169,12 +169,14 @@ class _Pass:
                     self.stops.append(Stop(h.job.id, StopReason.PREEMPTED, job.id))
                     self.state.mark_stopping(h.job)
                 h.stopping = True
-            old = sorted({h.job.id for h in victims if h not in new})
+            old = [h for h in victims if h not in new]
             parts = []
-            if new:
-                parts.append(f"preempting {_ids(new)} to make room")
+            if [h for h in new if not h.replica]:
+                parts.append(f"preempting {_ids([h for h in new if not h.replica])} to make room")
+            if [h for h in new if h.replica]:
+                parts.append(f"removing {_replicas([h for h in new if h.replica])} to make room")
             if old:
-                parts.append(f"waiting for {_ids_of(old)} to exit")
+                parts.append(f"waiting for {_exiting(old)} to exit")
             return Rejection(WaitReason.CAPACITY, f"{rej.detail}; " + "; ".join(parts) + "; starts when they exit")
         return rej
 
@@ -225,6 +227,22 @@ class _Pass:
 
 def _ids(holdings: list[Holding]) -> str:
     return _ids_of(sorted({h.job.id for h in holdings}))
+
+
+def _replicas(holdings: list[Holding]) -> str:
+    """'2 replicas of job 7', '1 replica of job 7 and 3 replicas of job 9'."""
+    per_job: dict[int, int] = {}
+    for h in holdings:
+        per_job[h.job.id] = per_job.get(h.job.id, 0) + len(h.placements)
+    return " and ".join(f"{n} replica{'s' if n != 1 else ''} of job {job_id}" for job_id, n in sorted(per_job.items()))
+
+
+def _exiting(holdings: list[Holding]) -> str:
+    """What is already on its way out: whole jobs, and replicas of inference jobs."""
+    whole = [h for h in holdings if not h.replica]
+    stopping_jobs = {h.job.id for h in whole}
+    replicas = [h for h in holdings if h.replica and h.job.id not in stopping_jobs]  # a whole job covers its replicas
+    return " and ".join(([_ids(whole)] if whole else []) + ([_replicas(replicas)] if replicas else []))
 
 
 def _ids_of(ids: list[int]) -> str:
