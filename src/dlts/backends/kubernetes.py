@@ -408,6 +408,15 @@ class KubernetesBackend:
                 return f"node {node} no longer exists"
         return None
 
+    def _lost_pod(self, pods: list[dict], lost_nodes: Mapping[str, str], node_names: set[str], now: float) -> str | None:
+        """'pod NAME: why its node is lost' for the first pod on a lost node, else None."""
+        for pod in pods:
+            node = (pod.get("spec") or {}).get("nodeName") or ""
+            reason = self._node_lost_reason(node, lost_nodes, node in node_names, now) if node else None
+            if reason:
+                return f"pod {pod['metadata']['name']}: {reason}"
+        return None
+
     def _observe_attempt(self, key: tuple[int, int], pods: list[dict], lost_nodes: Mapping[str, str],
                          node_names: set[str], now: float) -> Observed | None:
         job_id, attempt = key
@@ -416,29 +425,16 @@ class KubernetesBackend:
             return self._observe_replicas(key, pods, lost_nodes, node_names, now)
         expected = max(len(pods), int((pods[0]["metadata"].get("annotations") or {}).get(ANNOTATION_WORLD_SIZE, 1)))
         phases = [(p.get("status") or {}).get("phase", "Pending") for p in pods]
-        starts = [t for t in (_started(p) for p in pods) if t is not None]
-        started_at = min(starts) if starts else None
-        finishes = [t for t in (_ts((_main_terminated(p) or {}).get("finishedAt")) for p in pods) if t is not None]
-        finished_at = max(finishes) if finishes else None
-
-        for pod, phase in zip(pods, phases):
-            if phase == "Failed":
-                term = _main_terminated(pod) or {}
-                status = pod.get("status") or {}
-                reason = term.get("reason") or status.get("reason") or "Failed"
-                msg = term.get("message") or status.get("message") or ""
-                return Observed(job_id, attempt, RunPhase.FAILED, exit_code=term.get("exitCode"),
-                                started_at=started_at, finished_at=finished_at or now,
-                                message=f"pod {pod['metadata']['name']}: {reason}" + (f": {msg}" if msg else ""))
+        started_at, finished_at = _times(pods)
+        failed = _failure(pods, phases, started_at, finished_at or now)
+        if failed is not None:
+            return Observed(job_id, attempt, **failed)
         if len(pods) == expected and all(ph == "Succeeded" for ph in phases):
             return Observed(job_id, attempt, RunPhase.SUCCEEDED, exit_code=0, started_at=started_at,
                             finished_at=finished_at or now)
-        for pod in pods:
-            node = (pod.get("spec") or {}).get("nodeName") or ""
-            reason = self._node_lost_reason(node, lost_nodes, node in node_names, now) if node else None
-            if reason:
-                return Observed(job_id, attempt, RunPhase.GONE, started_at=started_at, node_lost=True,
-                                message=f"pod {pod['metadata']['name']}: {reason}")
+        lost = self._lost_pod(pods, lost_nodes, node_names, now)
+        if lost:
+            return Observed(job_id, attempt, RunPhase.GONE, started_at=started_at, node_lost=True, message=lost)
         terminating = any(p["metadata"].get("deletionTimestamp") for p in pods)
         if len(pods) < expected and not terminating:
             created = [_ts(p["metadata"].get("creationTimestamp")) or now for p in pods]
@@ -465,32 +461,19 @@ class KubernetesBackend:
         retiring = frozenset(_index(p) for p in pods if _retiring(p))
         live = [p for p in pods if not _retiring(p)]
         common: dict[str, Any] = {"replicas": present, "retiring": retiring}
-        starts = [t for t in (_started(p) for p in live) if t is not None]
-        started_at = min(starts) if starts else None
-        finishes = [t for t in (_ts((_main_terminated(p) or {}).get("finishedAt")) for p in live) if t is not None]
-        finished_at = max(finishes) if finishes else None
+        started_at, finished_at = _times(live)
         if not live:  # only replicas on their way out (never the case while the job runs normally)
             return Observed(job_id, attempt, RunPhase.RUNNING, message="replicas exiting", **common)
         phases = [(p.get("status") or {}).get("phase", "Pending") for p in live]
-        for pod, phase in zip(live, phases):
-            if phase == "Failed":
-                term = _main_terminated(pod) or {}
-                status = pod.get("status") or {}
-                reason = term.get("reason") or status.get("reason") or "Failed"
-                msg = term.get("message") or status.get("message") or ""
-                return Observed(job_id, attempt, RunPhase.FAILED, exit_code=term.get("exitCode"),
-                                started_at=started_at, finished_at=finished_at or now,
-                                message=f"pod {pod['metadata']['name']}: {reason}" + (f": {msg}" if msg else ""),
-                                **common)
+        failed = _failure(live, phases, started_at, finished_at or now)
+        if failed is not None:
+            return Observed(job_id, attempt, **failed, **common)
         if all(ph == "Succeeded" for ph in phases):
             return Observed(job_id, attempt, RunPhase.SUCCEEDED, exit_code=0, started_at=started_at,
                             finished_at=finished_at or now, **common)
-        for pod in live:
-            node = (pod.get("spec") or {}).get("nodeName") or ""
-            reason = self._node_lost_reason(node, lost_nodes, node in node_names, now) if node else None
-            if reason:
-                return Observed(job_id, attempt, RunPhase.GONE, started_at=started_at, node_lost=True,
-                                message=f"pod {pod['metadata']['name']}: {reason}", **common)
+        lost = self._lost_pod(live, lost_nodes, node_names, now)
+        if lost:
+            return Observed(job_id, attempt, RunPhase.GONE, started_at=started_at, node_lost=True, message=lost, **common)
         if "Running" in phases:
             return Observed(job_id, attempt, RunPhase.RUNNING, started_at=started_at, **common)
         return Observed(job_id, attempt, RunPhase.PENDING, started_at=started_at, message=_waiting_reason(live),
@@ -633,6 +616,27 @@ def _index(pod: Mapping[str, Any]) -> int:
 
 def _retiring(pod: Mapping[str, Any]) -> bool:
     return bool((pod["metadata"].get("annotations") or {}).get(ANNOTATION_RETIRING))
+
+
+def _times(pods: Sequence[Mapping[str, Any]]) -> tuple[float | None, float | None]:
+    """When the first of the pods started, and when the last one's main container finished."""
+    starts = [t for t in (_started(p) for p in pods) if t is not None]
+    finishes = [t for t in (_ts((_main_terminated(p) or {}).get("finishedAt")) for p in pods) if t is not None]
+    return (min(starts) if starts else None), (max(finishes) if finishes else None)
+
+
+def _failure(pods: Sequence[Mapping[str, Any]], phases: Sequence[str], started_at: float | None,
+             finished_at: float) -> dict[str, Any] | None:
+    """Observed's fields for the first Failed pod (exit code, reason and message), else None."""
+    for pod, phase in zip(pods, phases):
+        if phase == "Failed":
+            term = _main_terminated(pod) or {}
+            status = pod.get("status") or {}
+            reason = term.get("reason") or status.get("reason") or "Failed"
+            msg = term.get("message") or status.get("message") or ""
+            return {"phase": RunPhase.FAILED, "exit_code": term.get("exitCode"), "started_at": started_at,
+                    "finished_at": finished_at, "message": f"pod {pod['metadata']['name']}: {reason}" + (f": {msg}" if msg else "")}
+    return None
 
 
 def _status_message(exc: ApiException) -> str:
