@@ -1,7 +1,7 @@
 """REST API latency and submission rate at a million jobs: gunicorn on loopback, wrk as the load generator.
 
     .venv/bin/python bench/seed_jobs.py                      # once: 1,000,000 jobs into dlts_bench
-    .venv/bin/python bench/api_load.py [--duration 10] [--connections 4] [--workers 2]
+    .venv/bin/python bench/api_load.py [--duration 10] [--connections 4] [--workers 2xcores+1]
 
 Scenarios (each a bounded wrk run; p50/p99 from wrk --latency):
   get_job      GET /api/v1/jobs/{random id}                (cluster admin, ids of kept jobs)
@@ -10,8 +10,8 @@ Scenarios (each a bounded wrk run; p50/p99 from wrk --latency):
   list_member  GET /api/v1/jobs?limit=50                   (a VC member: only their VC's jobs)
   list_deep_filtered  ...?vc=vc1&status=finished&cursor=... (the same depth, two filters)
   post_job     POST /api/v1/jobs                           (a member submits; 201 = committed)
-Then keyset vs OFFSET at depth 900k on the same query, timed in SQL (the API offers keyset only),
-and the submission rate with 1 and 8 concurrent Python clients (requests, keep-alive).
+Then keyset vs OFFSET at depth 900k on the same query, timed in SQL (the API offers keyset only).
+The submission rate against Slurm's sbatch is bench/api_submit.py.
 Prints a JSON summary; --out writes it too.
 """
 
@@ -26,7 +26,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -115,41 +114,14 @@ def sql_keyset_vs_offset(db_url: str, depth: int, runs: int) -> dict:
     return result
 
 
-def submission_rate(base: str, token: str, clients: int, per_client: int) -> dict:
-    body = {"vc": "vc0", "image": "busybox", "command": "true", "gpus": 0}
-    ok = [0] * clients
-    failed = [0] * clients
-
-    def client(i: int) -> None:
-        s = requests.Session()
-        s.headers["Authorization"] = f"Bearer {token}"
-        for _ in range(per_client):
-            r = s.post(f"{base}/api/v1/jobs", json=body, timeout=30)
-            if r.status_code == 201:
-                ok[i] += 1
-            else:
-                failed[i] += 1
-
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
-    t0 = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    elapsed = time.perf_counter() - t0
-    return {"clients": clients, "accepted": sum(ok), "failed": sum(failed), "elapsed_s": round(elapsed, 2),
-            "jobs_per_s": round(sum(ok) / elapsed, 1)}
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--db", default=DEFAULT_URL)
     parser.add_argument("--tokens", default="/tmp/dlts_bench_tokens.json")
     parser.add_argument("--port", type=int, default=8765)
-    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--workers", type=int, default=os.cpu_count() * 2 + 1, help="gunicorn workers (production: 2 x cores + 1)")
     parser.add_argument("--duration", type=int, default=10, help="seconds per wrk scenario")
     parser.add_argument("--connections", type=int, default=4)
-    parser.add_argument("--submissions", type=int, default=400, help="jobs per submission-rate run")
     parser.add_argument("--only", default="", help="comma-separated scenario names")
     parser.add_argument("--out")
     args = parser.parse_args()
@@ -185,10 +157,6 @@ def main() -> None:
         if (not only or "keyset_vs_offset" in only) and deep is not None:
             summary["keyset_vs_offset"] = sql_keyset_vs_offset(args.db, 900_000, 5)
             print("keyset_vs_offset", summary["keyset_vs_offset"], flush=True)
-        if not only or "submit" in only:
-            summary["submit_1"] = submission_rate(base, tokens["alice"], 1, args.submissions)
-            summary["submit_8"] = submission_rate(base, tokens["alice"], 8, args.submissions // 8)
-            print("submit", summary["submit_1"], summary["submit_8"], flush=True)
     finally:
         proc.terminate()
         proc.wait(timeout=30)

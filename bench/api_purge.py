@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
 import signal
 import subprocess
 import sys
@@ -73,7 +75,7 @@ def run_pt_archiver(db: str, batch_rows: int) -> dict:
     elapsed = time.monotonic() - t0
     if out.returncode != 0:
         raise SystemExit(f"pt-archiver failed: {out.stderr[-2000:]}")
-    deleted = [int(x) for x in __import__("re").findall(r"^DELETE\s+(\d+)", out.stdout, __import__("re").M)]
+    deleted = [int(x) for x in re.findall(r"^DELETE\s+(\d+)", out.stdout, re.M)]
     return {"jobs": deleted[0] if deleted else None, "elapsed_s": round(elapsed, 1), "statistics": out.stdout[-1500:],
             "longest_transaction_s": None}
 
@@ -85,8 +87,9 @@ def main() -> None:
     parser.add_argument("--tool", choices=["janitor", "pt-archiver"], default="janitor")
     parser.add_argument("--batch-rows", type=int, default=500)
     parser.add_argument("--pause", type=float, default=0.1, help="janitor pause between batches, seconds")
-    parser.add_argument("--read-s", type=int, default=10)
-    parser.add_argument("--connections", type=int, default=4)
+    parser.add_argument("--read-s", type=int, default=30, help="seconds of read load before the purge (the baseline)")
+    parser.add_argument("--connections", type=int, default=4, help="wrk connections of the read load")
+    parser.add_argument("--workers", type=int, default=os.cpu_count() * 2 + 1, help="gunicorn workers (production: 2 x cores + 1)")
     parser.add_argument("--port", type=int, default=8766)
     parser.add_argument("--out")
     args = parser.parse_args()
@@ -96,8 +99,9 @@ def main() -> None:
     with engine.connect() as c:
         top = c.scalar(sa.text("SELECT max(id) FROM jobs"))
         old = c.scalar(sa.text("SELECT count(*) FROM jobs WHERE finished_at < UTC_TIMESTAMP() - INTERVAL 180 DAY"))
-    summary: dict = {"tool": args.tool, "batch_rows": args.batch_rows, "rows_before": before, "old_jobs": old}
-    proc = start_gunicorn(args.db, args.port, 2)
+    summary: dict = {"tool": args.tool, "batch_rows": args.batch_rows, "rows_before": before, "old_jobs": old,
+                     "read_connections": args.connections, "gunicorn_workers": args.workers}
+    proc = start_gunicorn(args.db, args.port, args.workers)
     url = f"http://127.0.0.1:{args.port}/"
     script = lua(token, read_script(top - 400_000, top))
     try:
