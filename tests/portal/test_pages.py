@@ -85,7 +85,7 @@ def test_posts_without_the_csrf_token_are_rejected_and_change_nothing(as_user, s
     assert response.status_code == 400 and "The form expired" in text(response)
     response = c.post("/submit", {**JOB, "csrf_token": "forged"}, csrf=False)
     assert response.status_code == 400
-    response = c.post("/tokens", {"label": "x"}, csrf=False)
+    response = c.post("/tokens", {"name": "x"}, csrf=False)
     assert response.status_code == 400
     with sessions() as s:
         assert s.scalar(sa.select(sa.func.count(Job.id))) == 0
@@ -367,7 +367,7 @@ def test_templates_are_saved_personal_or_shared_and_reload_the_form(as_user):
 
 def test_api_token_is_shown_once_works_and_can_be_revoked(as_user, client):
     alice = as_user("alice")
-    page = text(alice.post("/tokens", {"label": "laptop", "expires_days": "30"}))
+    page = text(alice.post("/tokens", {"name": "laptop", "expires_days": "30"}))
     token = re.search(r'id="new-token" readonly value="(dlts_[^"]+)"', page).group(1)
     assert client.get("/api/v1/me", headers={"Authorization": f"Bearer {token}"}).get_json()["name"] == "alice"
     again = text(alice.get("/tokens"))
@@ -375,7 +375,7 @@ def test_api_token_is_shown_once_works_and_can_be_revoked(as_user, client):
     token_id = re.search(r'/tokens/(\d+)/revoke', again).group(1)
     alice.post(f"/tokens/{token_id}/revoke")
     assert client.get("/api/v1/me", headers={"Authorization": f"Bearer {token}"}).status_code == 401
-    assert alice.post("/tokens", {"label": "", "expires_days": ""}).status_code == 400
+    assert alice.post("/tokens", {"name": "", "expires_days": ""}).status_code == 400
     assert as_user("bob").post(f"/tokens/{token_id}/revoke").status_code == 404
 
 

@@ -23,6 +23,7 @@ from dlts.portal.core import (
     principal,
 )
 from dlts.services import portal_auth
+from dlts.services import tokens as tokens_service
 from dlts.services.portal_auth import TooManyAttempts
 
 
@@ -85,8 +86,8 @@ def tokens():
         try:
             if days and not days.isdigit():
                 raise portal_auth.InvalidInput("Expiry must be a whole number of days, or empty.", details={"field": "expires_days"})
-            new_token = portal_auth.create_token(db.session, principal(), request.form.get("label", ""),
-                                                 int(days) if days else None)
+            new_token = tokens_service.create_token(db.session, principal(), request.form.get("name", "").strip(),
+                                                    int(days) if days else None).token
         except DltsError as exc:
             db.session.rollback()
             flash_error(exc)
@@ -101,6 +102,6 @@ def tokens():
 @bp.route("/tokens/<int(max=4611686018427387904):token_id>/revoke", methods=["POST"])
 @login_required
 def revoke_token(token_id: int):
-    token = portal_auth.revoke_token(db.session, principal(), token_id)
+    token = tokens_service.revoke_token(db.session, principal(), token_id)
     flash(f"Token {token.name} ({token.prefix}...) revoked; programs using it now get 401.", "info")
     return redirect(url_for("portal.tokens"))

@@ -21,7 +21,7 @@ from dlts.logs import attempt_log_path
 from dlts.models import TERMINAL, Job, JobStatus, VirtualCluster, utcnow
 from dlts.repositories import commit_keeping_loaded
 from dlts.repositories import jobs as job_repo
-from dlts.repositories.cluster import sku_shapes, vc_and_user, vc_by_name
+from dlts.repositories.cluster import sku_shapes, vc_and_user
 from dlts.scheduler.model import CPU_SKU, SkuShape
 from dlts.services import policy
 from dlts.services.auth import Principal

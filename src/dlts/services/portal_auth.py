@@ -24,10 +24,10 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 from werkzeug.security import check_password_hash, generate_password_hash
 
-from dlts.errors import DltsError, InvalidInput, NotFound, Unauthenticated
-from dlts.models import ApiToken, User, utcnow
+from dlts.errors import DltsError, InvalidInput, Unauthenticated
+from dlts.models import ApiToken, User
 from dlts.services.admin import get_user
-from dlts.services.auth import Principal, forget_principals, issue_token, principal_for
+from dlts.services.auth import Principal, principal_for
 
 MIN_PASSWORD_CHARS = 12
 MAX_PASSWORD_CHARS = 256
@@ -142,36 +142,11 @@ class LoginLimiter:
             self._failures.pop(user_key, None)
 
 
-# -- the user's own API tokens (the portal's "My API tokens" page) --------------------------------
+# -- the user's own API tokens (the portal's "My API tokens" page; creating and revoking: services.tokens)
 
 def list_tokens(session: Session, principal: Principal) -> list[ApiToken]:
     return list(session.scalars(sa.select(ApiToken).where(ApiToken.user_id == principal.user_id)
                                 .order_by(ApiToken.revoked_at.is_not(None), ApiToken.id.desc())))
-
-
-def create_token(session: Session, principal: Principal, label: str, expires_days: int | None) -> str:
-    """A new token for the caller; the plaintext is returned once and only its hash is stored."""
-    label = label.strip()
-    if not 1 <= len(label) <= 64:
-        raise InvalidInput("Give the token a name of 1-64 characters (e.g. the laptop or script that uses it).",
-                           details={"field": "label"})
-    if expires_days is not None and not 1 <= expires_days <= 3650:
-        raise InvalidInput("Expiry must be 1-3650 days, or empty for no expiry.", details={"field": "expires_days"})
-    user = session.get_one(User, principal.user_id)
-    token = issue_token(session, user, label, expires_days)
-    session.commit()
-    return token
-
-
-def revoke_token(session: Session, principal: Principal, token_id: int) -> ApiToken:
-    token = session.scalar(sa.select(ApiToken).where(ApiToken.id == token_id, ApiToken.user_id == principal.user_id))
-    if token is None:
-        raise NotFound(f"You have no token {token_id}.", code="token_not_found")
-    if token.revoked_at is None:
-        token.revoked_at = utcnow()
-        session.commit()
-        forget_principals()
-    return token
 
 
 # -- portal preferences (users.preferences JSON) ----------------------------------------------------

@@ -57,10 +57,11 @@ def create_token(session: Session, principal: Principal, name: str, expires_days
     return _view(row, token)
 
 
-def revoke_token(session: Session, principal: Principal, token_id: int) -> None:
+def revoke_token(session: Session, principal: Principal, token_id: int) -> TokenView:
     row = session.get(ApiToken, token_id)
     if row is None or row.user_id != principal.user_id or row.revoked_at is not None:
         raise NotFound(f"You have no working token with id {token_id}.", code="token_not_found")
     row.revoked_at = utcnow()
     session.commit()
     forget_principals()
+    return _view(row)
