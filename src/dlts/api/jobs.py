@@ -76,7 +76,7 @@ class Jobs(MethodView):
     def get(self, args):
         """List jobs you can see, newest first (keyset pagination)."""
         who = principal()
-        visible = job_service.visible_vc_ids(db.session, who)
+        visible = job_service.visible_vc_ids(who)
         vc_id = user_id = None
         if args.get("vc"):
             vc_id = db.session.scalar(sa.select(VirtualCluster.id).where(VirtualCluster.name == args["vc"]))

@@ -62,8 +62,8 @@ MAX_ID = 2**62  # ids beyond this are not ours (and would overflow the database'
 def _visible_vc_ids(scope: str) -> list[int] | None:
     who = principal()
     if who.is_cluster_admin and scope != "all":  # an admin's "my VCs" view: the VCs they belong to
-        return job_service.visible_vc_ids(db.session, replace(who, is_cluster_admin=False))
-    return job_service.visible_vc_ids(db.session, who)
+        return job_service.visible_vc_ids(replace(who, is_cluster_admin=False))
+    return job_service.visible_vc_ids(who)
 
 
 def _columns() -> list[str]:

@@ -31,6 +31,7 @@ class Principal:
     name: str
     is_cluster_admin: bool = False
     vc_roles: dict[str, frozenset[Role]] = field(default_factory=dict)
+    vc_ids: dict[str, int] = field(default_factory=dict)  # id of each VC in vc_roles
 
     def is_vc_admin(self, vc: str) -> bool:
         return self.is_cluster_admin or Role.VC_ADMIN in self.vc_roles.get(vc, frozenset())
@@ -54,18 +55,20 @@ def issue_token(session: Session, user: User, name: str = "default", expires_day
 def principal_for(session: Session, user: User) -> Principal:
     group_ids = sa.select(GroupMember.group_id).where(GroupMember.user_id == user.id)
     rows = session.execute(
-        sa.select(RoleBinding.role, VirtualCluster.name)
+        sa.select(RoleBinding.role, VirtualCluster.name, VirtualCluster.id)
         .outerjoin(VirtualCluster, VirtualCluster.id == RoleBinding.vc_id)
         .where(sa.or_(RoleBinding.user_id == user.id, RoleBinding.group_id.in_(group_ids)))
     ).all()
     admin = False
     vc_roles: dict[str, set[Role]] = {}
-    for role, vc_name in rows:
+    vc_ids: dict[str, int] = {}
+    for role, vc_name, vc_id in rows:
         if role is Role.CLUSTER_ADMIN:
             admin = True
         elif vc_name is not None:
             vc_roles.setdefault(vc_name, set()).add(role)
-    return Principal(user.id, user.name, admin, {k: frozenset(v) for k, v in vc_roles.items()})
+            vc_ids[vc_name] = vc_id
+    return Principal(user.id, user.name, admin, {k: frozenset(v) for k, v in vc_roles.items()}, vc_ids)
 
 
 class PrincipalCache:

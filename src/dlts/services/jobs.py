@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 from dlts.config import Settings
 from dlts.errors import InvalidInput, NotFound, Refused, WrongState
 from dlts.logs import attempt_log_path
-from dlts.models import TERMINAL, Job, JobStatus, VirtualCluster, utcnow
+from dlts.models import TERMINAL, Job, JobStatus, utcnow
 from dlts.repositories import commit_keeping_loaded
 from dlts.repositories import jobs as job_repo
 from dlts.repositories.cluster import sku_shapes, vc_and_user
@@ -177,13 +177,11 @@ def submit(session: Session, settings: Settings, principal: Principal, req: JobR
     return job
 
 
-def visible_vc_ids(session: Session, principal: Principal) -> list[int] | None:
+def visible_vc_ids(principal: Principal) -> list[int] | None:
     """Ids of the VCs whose jobs ``principal`` may list; None: every VC (cluster admins)."""
     if principal.is_cluster_admin:
         return None
-    if not principal.vcs:
-        return []
-    return list(session.scalars(sa.select(VirtualCluster.id).where(VirtualCluster.name.in_(principal.vcs))))
+    return sorted(principal.vc_ids.values())  # resolved with the principal's roles: no query
 
 
 def get(session: Session, principal: Principal, job_id: int) -> tuple[Job, policy.Visibility]:
