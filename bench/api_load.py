@@ -33,6 +33,9 @@ import pymysql
 import requests
 import sqlalchemy as sa
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from mariadb_profile import apply_for_this_run  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_URL = "mysql+pymysql://root@127.0.0.1:3306/dlts_bench"
 
@@ -124,7 +127,10 @@ def main() -> None:
     parser.add_argument("--connections", type=int, default=4)
     parser.add_argument("--only", default="", help="comma-separated scenario names")
     parser.add_argument("--out")
+    parser.add_argument("--debian-defaults", action="store_true",
+                        help="leave MariaDB as it is (else: the mariadb role's buffer pool and isolation, restored at exit)")
     args = parser.parse_args()
+    mariadb = apply_for_this_run(args.db, args.debian_defaults)
     tokens = json.loads(Path(args.tokens).read_text())
     engine = sa.create_engine(args.db)
     with engine.connect() as c:
@@ -134,7 +140,7 @@ def main() -> None:
     engine.dispose()
     base = f"http://127.0.0.1:{args.port}"
     only = set(filter(None, args.only.split(",")))
-    summary: dict = {"jobs_in_table": count, "gunicorn_workers": args.workers, "wrk_connections": args.connections,
+    summary: dict = {"mariadb": mariadb, "jobs_in_table": count, "gunicorn_workers": args.workers, "wrk_connections": args.connections,
                      "duration_s": args.duration}
     proc = start_gunicorn(args.db, args.port, args.workers)
     try:

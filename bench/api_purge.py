@@ -31,6 +31,7 @@ from sqlalchemy.orm import sessionmaker
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from api_load import DEFAULT_URL, lua, parse_wrk, start_gunicorn  # noqa: E402
+from mariadb_profile import apply_for_this_run  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -92,14 +93,17 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=os.cpu_count() * 2 + 1, help="gunicorn workers (production: 2 x cores + 1)")
     parser.add_argument("--port", type=int, default=8766)
     parser.add_argument("--out")
+    parser.add_argument("--debian-defaults", action="store_true",
+                        help="leave MariaDB as it is (else: the mariadb role's buffer pool and isolation, restored at exit)")
     args = parser.parse_args()
+    mariadb = apply_for_this_run(args.db, args.debian_defaults)
     token = json.loads(Path(args.tokens).read_text())["admin"]
     engine = sa.create_engine(args.db)
     before = counts(engine)
     with engine.connect() as c:
         top = c.scalar(sa.text("SELECT max(id) FROM jobs"))
         old = c.scalar(sa.text("SELECT count(*) FROM jobs WHERE finished_at < UTC_TIMESTAMP() - INTERVAL 180 DAY"))
-    summary: dict = {"tool": args.tool, "batch_rows": args.batch_rows, "rows_before": before, "old_jobs": old,
+    summary: dict = {"mariadb": mariadb, "tool": args.tool, "batch_rows": args.batch_rows, "rows_before": before, "old_jobs": old,
                      "read_connections": args.connections, "gunicorn_workers": args.workers}
     proc = start_gunicorn(args.db, args.port, args.workers)
     url = f"http://127.0.0.1:{args.port}/"

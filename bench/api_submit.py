@@ -33,6 +33,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import api_slurm  # noqa: E402
 from api_load import DEFAULT_URL, start_gunicorn  # noqa: E402
+from mariadb_profile import apply_for_this_run  # noqa: E402
 
 BODY = json.dumps({"vc": "vc0", "image": "busybox", "command": "true", "gpus": 0})
 
@@ -79,7 +80,10 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=400, help="jobs per run (each client submits jobs / clients)")
     parser.add_argument("--tuned", action="store_true", help="Slurm with batch_sched_delay=0,sched_min_interval=0")
     parser.add_argument("--out")
+    parser.add_argument("--debian-defaults", action="store_true",
+                        help="leave MariaDB as it is (else: the mariadb role's buffer pool and isolation, restored at exit)")
     args = parser.parse_args()
+    mariadb = apply_for_this_run(args.db, args.debian_defaults)
     token = json.loads(Path(args.tokens).read_text())["alice"]
     gunicorn = start_gunicorn(args.db, args.port, args.workers)
     slurm = api_slurm.start(args.tuned)
@@ -96,7 +100,7 @@ def main() -> None:
         api_slurm.stop(slurm)
         gunicorn.terminate()
         gunicorn.wait(timeout=30)
-    summary: dict = {"rounds": args.rounds, "jobs_per_run": args.jobs, "gunicorn_workers": args.workers,
+    summary: dict = {"mariadb": mariadb, "rounds": args.rounds, "jobs_per_run": args.jobs, "gunicorn_workers": args.workers,
                      "slurm_tuned": args.tuned, "runs": runs}
     for clients in (1, 8):
         d = [x["jobs_per_s"] for x in runs[f"dlts_{clients}"]]
