@@ -573,7 +573,7 @@ class DebianContainer:
         if len(self.veth) > 15:
             raise ValueError(f"interface name {self.veth} is longer than 15 characters")
         self.root = workdir / (ROOT_PREFIX + self.token)
-        self.console_log = workdir / "console.log"
+        self.console_log = workdir / f"console-{self.name}.log"
         self.host_ip = ""
         self.guest_ip = ""
         self._proc: subprocess.Popen | None = None
