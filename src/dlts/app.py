@@ -30,12 +30,14 @@ def create_app(settings: Settings | None = None) -> Flask:
         hops = settings.trusted_proxies
         app.wsgi_app = ProxyFix(app.wsgi_app, x_for=hops, x_proto=hops, x_host=hops)  # type: ignore[method-assign]
     db.init_app(app)
+    from sqlalchemy import event
+
+    from dlts.db import engine_of, rollback_unless_reset, sqlite_pragmas
+
     if settings.effective_database_url.startswith("sqlite"):
-        from sqlalchemy import event
-
-        from dlts.db import engine_of, sqlite_pragmas
-
         event.listen(engine_of(app), "connect", sqlite_pragmas)
+    else:
+        event.listen(engine_of(app), "reset", rollback_unless_reset)
 
     from dlts.api import init_api
 
@@ -51,7 +53,8 @@ def engine_options(url: str) -> dict:
         # the demo's API threads and job manager thread share one file; wait for locks, don't fail
         return {"connect_args": {"timeout": 30, "check_same_thread": False}}
     # MariaDB: recover by itself after the server restarts; keep idle connections fresh
-    return {"pool_pre_ping": True, "pool_recycle": 3600, "pool_size": 10, "max_overflow": 20,
+    # (pool_reset_on_return=None: dlts.db.rollback_unless_reset skips the redundant ROLLBACK)
+    return {"pool_pre_ping": True, "pool_recycle": 3600, "pool_size": 10, "max_overflow": 20, "pool_reset_on_return": None,
             "connect_args": {"connect_timeout": 5, "read_timeout": 30, "write_timeout": 30}}
 
 

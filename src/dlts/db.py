@@ -18,6 +18,22 @@ def sqlite_pragmas(dbapi_connection, _record) -> None:
     cursor.close()
 
 
+SERVER_STATUS_IN_TRANS = 0x0001  # MySQL/MariaDB protocol: the session has an open transaction
+
+
+def rollback_unless_reset(dbapi_connection, _record, _reset_state) -> None:
+    """A pooled connection comes back: roll back only if a transaction is still open.
+
+    The pool's own reset (a ROLLBACK on every return) costs a round trip per request even after the
+    session committed or rolled back. PyMySQL keeps the server's status flags from every reply, so
+    with ``pool_reset_on_return=None`` this listener rolls back exactly the connections returned
+    mid-transaction (an error path); a driver without the flags always gets the rollback.
+    """
+    status = getattr(dbapi_connection, "server_status", None)
+    if status is None or status & SERVER_STATUS_IN_TRANS:
+        dbapi_connection.rollback()
+
+
 def engine_of(app: Flask) -> sa.engine.Engine:
     with app.app_context():
         return db.engine

@@ -1,0 +1,61 @@
+"""The MariaDB pool's return path (dlts.db.rollback_unless_reset): a connection that comes back
+with an open transaction is rolled back; one whose transaction already ended costs no ROLLBACK."""
+
+from __future__ import annotations
+
+import pytest
+import sqlalchemy as sa
+
+from dlts.db import engine_of
+
+
+def _status(cursor, name: str) -> int:
+    cursor.execute("SHOW SESSION STATUS LIKE %s", (name,))
+    return int(cursor.fetchone()[1])
+
+
+@pytest.fixture
+def engine(app, settings):
+    if not settings.effective_database_url.startswith(("mysql", "mariadb")):
+        pytest.skip("the pool listener is MariaDB's (SQLite has no pooled server sessions)")
+    eng = engine_of(app)
+    eng.dispose()
+    return eng
+
+
+def test_a_connection_returned_mid_transaction_is_rolled_back(engine):
+    with engine.begin() as conn:
+        conn.execute(sa.text("CREATE TABLE IF NOT EXISTS pool_probe (id INT PRIMARY KEY) ENGINE=InnoDB"))
+        conn.execute(sa.text("DELETE FROM pool_probe"))
+    try:
+        raw = engine.raw_connection()
+        thread_id = raw.dbapi_connection.thread_id()
+        cur = raw.cursor()
+        cur.execute("INSERT INTO pool_probe (id) VALUES (1)")
+        assert raw.dbapi_connection.server_status & 1  # in a transaction, never committed
+        raw.close()  # back to the pool mid-transaction (what an error path does)
+
+        again = engine.raw_connection()
+        assert again.dbapi_connection.thread_id() == thread_id  # the same server session, reused
+        assert not again.dbapi_connection.server_status & 1
+        cur = again.cursor()
+        cur.execute("SELECT COUNT(*) FROM pool_probe")
+        assert cur.fetchone()[0] == 0
+        again.close()
+    finally:
+        with engine.begin() as conn:
+            conn.execute(sa.text("DROP TABLE IF EXISTS pool_probe"))
+
+
+def test_a_committed_connection_goes_back_without_a_rollback(engine):
+    with engine.connect() as conn:
+        conn.execute(sa.text("SELECT 1"))
+        conn.commit()
+        raw = conn.connection.dbapi_connection
+    cur = raw.cursor()
+    before = _status(cur, "Com_rollback")
+    with engine.connect() as conn:  # the same pooled session: check out, commit, check in
+        assert conn.connection.dbapi_connection is raw
+        conn.execute(sa.text("SELECT 1"))
+        conn.commit()
+    assert _status(cur, "Com_rollback") == before
