@@ -139,7 +139,10 @@ def submit(session: Session, settings: Settings, principal: Principal, req: JobR
         raise InvalidInput(f"type must be one of {', '.join(JOB_TYPES)}.", details={"field": "type"})
     policy.check_priority(principal, vc.name, req.priority)
     policy.check_max_time(principal, vc.name, req.max_time_s, vc.max_job_time_s)
-    shapes = sku_shapes(session)
+    # A CPU-only job that names no SKU takes the configured defaults: the node shapes (a query
+    # over the nodes) are read only when a SKU must be chosen, checked or sized.
+    needs_shapes = bool(req.sku) or req.gpus > 0 or req.type == "distributed"
+    shapes = sku_shapes(session) if needs_shapes else {}
     sku = _choose_sku(req, vc.quota or {}, shapes)
     gpus, cpu, memory = _resources(req, sku, shapes.get(sku), settings)
     total_gpus = gpus * max(req.nodes, 1)
