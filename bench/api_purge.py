@@ -36,8 +36,13 @@ from mariadb_profile import apply_for_this_run  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def read_script(low: int, high: int) -> str:
-    return f'math.randomseed(11)\nrequest = function()\n  return wrk.format("GET", "/api/v1/jobs/" .. math.random({low}, {high}))\nend\n'
+def read_script(low: int, high: int, delay_ms: int = 0) -> str:
+    """wrk Lua: GET a random kept job; with ``delay_ms`` each connection waits that long between
+    requests (a paced load that leaves the machine idle time, instead of a saturating one)."""
+    script = f'math.randomseed(11)\nrequest = function()\n  return wrk.format("GET", "/api/v1/jobs/" .. math.random({low}, {high}))\nend\n'
+    if delay_ms:
+        script += f"delay = function()\n  return {int(delay_ms)}\nend\n"
+    return script
 
 
 def start_wrk(url: str, script: str, duration_s: int, connections: int) -> subprocess.Popen:
@@ -87,9 +92,11 @@ def main() -> None:
     parser.add_argument("--tokens", default="/tmp/dlts_bench_tokens.json")
     parser.add_argument("--tool", choices=["janitor", "pt-archiver"], default="janitor")
     parser.add_argument("--batch-rows", type=int, default=500)
-    parser.add_argument("--pause", type=float, default=0.1, help="janitor pause between batches, seconds")
+    parser.add_argument("--pause", type=float, default=0.01,
+                        help="janitor's least pause between batches, seconds (the pause is at least the batch's time)")
     parser.add_argument("--read-s", type=int, default=30, help="seconds of read load before the purge (the baseline)")
     parser.add_argument("--connections", type=int, default=4, help="wrk connections of the read load")
+    parser.add_argument("--delay-ms", type=int, default=0, help="pause of each wrk connection between reads (0: saturating load)")
     parser.add_argument("--workers", type=int, default=os.cpu_count() * 2 + 1, help="gunicorn workers (production: 2 x cores + 1)")
     parser.add_argument("--port", type=int, default=8766)
     parser.add_argument("--out")
@@ -104,10 +111,10 @@ def main() -> None:
         top = c.scalar(sa.text("SELECT max(id) FROM jobs"))
         old = c.scalar(sa.text("SELECT count(*) FROM jobs WHERE finished_at < UTC_TIMESTAMP() - INTERVAL 180 DAY"))
     summary: dict = {"mariadb": mariadb, "tool": args.tool, "batch_rows": args.batch_rows, "rows_before": before, "old_jobs": old,
-                     "read_connections": args.connections, "gunicorn_workers": args.workers}
+                     "read_connections": args.connections, "read_delay_ms": args.delay_ms, "gunicorn_workers": args.workers}
     proc = start_gunicorn(args.db, args.port, args.workers)
     url = f"http://127.0.0.1:{args.port}/"
-    script = lua(token, read_script(top - 400_000, top))
+    script = lua(token, read_script(top - 400_000, top, args.delay_ms))
     try:
         warm = start_wrk(url, script, 2, args.connections)
         warm.communicate()

@@ -31,17 +31,37 @@ def test_old_ended_jobs_are_purged_in_batches_with_their_history_and_logs(sessio
     age(sessions, young, 10)
     pauses: list[float] = []
     janitor = Janitor(sessions, retention_days=30, batch_rows=3, pause_s=0.25, log_dir=settings.effective_log_dir,
-                      sleep=pauses.append)
+                      sleep=pauses.append, timer=_ticks(0.1))
     result = janitor.run()
     assert (result.jobs, result.attempts, result.batches) == (7, 7, 3)
     assert result.events == 7 * 4  # submitted + scheduling + running + finished
-    assert pauses == [0.25, 0.25]  # between batches, not after the last
+    assert pauses == [0.25, 0.25]  # between batches, not after the last; pause_s when batches are quicker
     with sessions() as s:
         assert sorted(s.scalars(sa.select(Job.id))) == sorted([young, waiting])
         assert s.scalar(sa.select(sa.func.count(JobEvent.id)).where(JobEvent.job_id.in_(old))) == 0
         assert s.scalar(sa.select(sa.func.count(JobAttempt.id)).where(JobAttempt.job_id.in_(old))) == 0
     assert not any((settings.effective_log_dir / str(j)).exists() for j in old)
     assert janitor.run().jobs == 0  # nothing left: a second pass changes nothing
+
+
+def _ticks(step: float):
+    """A timer that advances ``step`` seconds per reading: each batch 'takes' ``step``."""
+    now = [0.0]
+
+    def timer() -> float:
+        now[0] += step
+        return now[0]
+    return timer
+
+
+def test_the_pause_is_at_least_as_long_as_the_batch_so_a_slow_database_gets_more_rest(sessions, settings, world):
+    jobs = [make_job(sessions, settings, "alice", status=JobStatus.FINISHED) for _ in range(5)]
+    for job_id in jobs:
+        age(sessions, job_id, 400)
+    pauses: list[float] = []
+    result = Janitor(sessions, retention_days=180, batch_rows=2, pause_s=0.01, sleep=pauses.append, timer=_ticks(0.5)).run()
+    assert result.jobs == 5 and result.longest_batch_s == pytest.approx(0.5)
+    assert pauses == [pytest.approx(0.5), pytest.approx(0.5)]  # slow batches: pause = batch time, not pause_s
 
 
 def test_max_batches_bounds_one_pass_and_the_next_continues(sessions, settings, world):

@@ -3,7 +3,9 @@ events and log files, in small batches so that foreground queries are never bloc
 
 Each batch is one short transaction: pick up to ``batch_rows`` ended jobs by ``finished_at`` (an
 indexed range scan), delete their events, attempts and the jobs by primary key, commit, then sleep
-``pause_s`` so readers and writers get the locks and the I/O in between. Log directories are
+as long as the batch took, and at least ``pause_s``: the purge holds the database at most half of
+the time, and backs off by itself when the database is busy (batches take longer, so do the pauses;
+pt-archiver's --sleep-coef 1). Readers and writers get the CPU, locks and I/O in between. Log directories are
 removed after the commit (a crash in between leaves a directory the next pass no longer knows
 about, never a row without its log). A pass stops after ``max_batches`` so one run cannot hold the
 managers process forever; the next run continues.
@@ -28,7 +30,7 @@ from dlts.models import TERMINAL, Job, JobAttempt, JobEvent, utcnow
 log = logging.getLogger(__name__)
 
 DEFAULT_BATCH_ROWS = 500
-DEFAULT_PAUSE_S = 0.1
+DEFAULT_PAUSE_S = 0.01
 
 
 @dataclass(frozen=True)
@@ -50,7 +52,8 @@ class Janitor:
     def __init__(self, session_factory: Callable[[], Session], retention_days: int, *,
                  batch_rows: int = DEFAULT_BATCH_ROWS, pause_s: float = DEFAULT_PAUSE_S,
                  log_dir: Path | None = None, max_batches: int = 10_000,
-                 clock: Callable[[], dt.datetime] = utcnow, sleep: Callable[[float], None] = time.sleep):
+                 clock: Callable[[], dt.datetime] = utcnow, sleep: Callable[[float], None] = time.sleep,
+                 timer: Callable[[], float] = time.monotonic):
         if retention_days < 1:
             raise ValueError("retention_days must be at least 1")
         if not 1 <= batch_rows <= 100_000:
@@ -65,6 +68,7 @@ class Janitor:
         self.max_batches = max_batches
         self.clock = clock
         self.sleep = sleep
+        self.timer = timer
 
     def cutoff(self) -> dt.datetime:
         return self.clock() - dt.timedelta(days=self.retention_days)
@@ -83,20 +87,21 @@ class Janitor:
                     .order_by(Job.finished_at).limit(self.batch_rows)))
                 if not ids:
                     break
-                t0 = time.monotonic()
+                t0 = self.timer()
                 # children first, explicitly: no reliance on ON DELETE CASCADE (SQLite without the pragma)
                 events += session.execute(sa.delete(JobEvent).where(JobEvent.job_id.in_(ids))).rowcount or 0
                 attempts += session.execute(sa.delete(JobAttempt).where(JobAttempt.job_id.in_(ids))).rowcount or 0
                 jobs += session.execute(sa.delete(Job).where(Job.id.in_(ids), Job.finished_at < cutoff)
                                         .execution_options(synchronize_session=False)).rowcount or 0
                 session.commit()
-                durations.append(time.monotonic() - t0)
+                durations.append(self.timer() - t0)
             batches += 1
             self._remove_logs(ids)
             if len(ids) < self.batch_rows:
                 break
-            if self.pause_s:
-                self.sleep(self.pause_s)
+            pause = max(self.pause_s, durations[-1])
+            if pause > 0:
+                self.sleep(pause)
         longest = max(durations, default=0.0)
         result = PurgeResult(jobs, attempts, events, batches, time.monotonic() - started, longest,
                              statistics.median(durations) if durations else 0.0)
