@@ -3,15 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from conftest import GIB, make_spec
+from conftest import GIB, env_of, make_spec
 
 from dlts.backends.base import RunPhase
 from dlts.backends.k8s_render import LaunchRefused
 from dlts.backends.kubernetes import CordonResult, KubernetesUnavailable, NodeNotFound
-
-
-def env_of(pod: dict) -> dict[str, str]:
-    return {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
 
 
 def by_key(observed):

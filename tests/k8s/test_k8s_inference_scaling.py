@@ -8,12 +8,10 @@ from dataclasses import replace
 
 import pytest
 import sqlalchemy as sa
-from conftest import caught_up, make_spec
-from test_k8s_jobmanager import Harness, env_of
+from conftest import caught_up, env_of, make_spec
 
 from dlts.backends.base import RunPhase
 from dlts.models import JobEvent, JobStatus
-from dlts.services import admin
 
 S = JobStatus
 
@@ -116,23 +114,8 @@ def test_launch_spec_replica_indexes_are_checked():
 
 
 @pytest.fixture
-def cluster(sessions):
-    with sessions() as s:
-        admin.add_vc(s, "vision", {"a100": 32})
-        admin.add_vc(s, "spare", {"a100": 0})
-        for name in ("alice", "bob"):
-            admin.add_user(s, name)
-        admin.add_member(s, "vision", "alice")
-        admin.add_member(s, "spare", "bob")
-    return sessions
-
-
-@pytest.fixture(params=["list", "watch"])
-def h(request, api, cluster, settings, make_backend) -> Harness:
-    harness = Harness(api, cluster, settings, make_backend, watch=request.param == "watch")
-    with cluster() as s:
-        harness.manager.sync_nodes(s)
-    return harness
+def vision_quota() -> int:
+    return 32
 
 
 def events(h, job_id) -> list[tuple[str, str]]:

@@ -9,87 +9,11 @@ from __future__ import annotations
 
 import pytest
 import sqlalchemy as sa
-from conftest import caught_up
+from conftest import env_of
 
-from dlts.backends.kubernetes import KubernetesUnavailable
-from dlts.jobmanager import JobManager
-from dlts.models import Job, JobAttempt, JobStatus, User
-from dlts.services import admin
-from dlts.services import jobs as job_service
-from dlts.services.auth import principal_for
+from dlts.models import Job, JobStatus
 
 S = JobStatus
-
-
-@pytest.fixture
-def cluster(sessions):
-    with sessions() as s:
-        admin.add_vc(s, "vision", {"a100": 16})
-        admin.add_vc(s, "spare", {"a100": 0})
-        for name in ("alice", "bob"):
-            admin.add_user(s, name)
-        admin.add_member(s, "vision", "alice")
-        admin.add_member(s, "spare", "bob")
-    return sessions
-
-
-class Harness:
-    def __init__(self, api, sessions, settings, make_backend, watch: bool):
-        self.api, self.sessions, self.settings = api, sessions, settings
-        self.make_backend = lambda: make_backend(watch=watch)
-        self.backend = self.make_backend()
-        self.manager = JobManager(sessions, self.backend, settings, clock=api.clock)
-
-    def restart(self) -> None:
-        """A new managers process: fresh backend (no memory) and job manager over the same DB."""
-        self.backend = self.make_backend()
-        self.manager = JobManager(self.sessions, self.backend, self.settings, clock=self.api.clock)
-
-    def submit(self, user: str = "alice", vc: str = "vision", **kw) -> int:
-        with self.sessions() as s:
-            principal = principal_for(s, s.scalar(sa.select(User).where(User.name == user)))
-            req = job_service.JobRequest(vc=vc, image="pytorch/pytorch:2.3", **{"command": "sleep 10", **kw})
-            return job_service.submit(s, self.settings, principal, req).id
-
-    def kill(self, job_id: int, user: str = "alice") -> None:
-        with self.sessions() as s:
-            job_service.kill(s, principal_for(s, s.scalar(sa.select(User).where(User.name == user))), job_id)
-
-    def tick(self, seconds: float = 0.0) -> None:
-        if seconds:
-            self.api.run_until_idle(seconds)
-        else:
-            self.api.kubelet.tick()
-        self.manager_tick()
-
-    def manager_tick(self) -> None:
-        caught_up(self.api, self.backend)  # with a watch: let the pod events arrive first
-        self.manager.tick()
-
-    def job(self, job_id: int) -> Job:
-        with self.sessions() as s:
-            job = s.get(Job, job_id)
-            s.expunge(job)
-            return job
-
-    def attempts(self, job_id: int) -> list[JobAttempt]:
-        with self.sessions() as s:
-            rows = list(s.scalars(sa.select(JobAttempt).where(JobAttempt.job_id == job_id).order_by(JobAttempt.number)))
-            for row in rows:
-                s.expunge(row)
-            return rows
-
-
-@pytest.fixture(params=["list", "watch"])
-def h(request, api, cluster, settings, make_backend) -> Harness:
-    harness = Harness(api, cluster, settings, make_backend, watch=request.param == "watch")
-    with cluster() as s:
-        harness.manager.sync_nodes(s)
-    return harness
-
-
-def env_of(pod: dict) -> dict[str, str]:
-    return {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}
 
 
 def test_a_job_runs_and_finishes(h):

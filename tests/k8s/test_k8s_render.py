@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 from click.testing import CliRunner
-from conftest import GIB, make_spec
+from conftest import GIB, env_of, make_spec
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -51,10 +51,6 @@ SETTINGS = RenderSettings(
                  "data": (NfsVolume("datasets", "nfs.example.com", "/export/datasets", "/datasets", read_only=True),)},
     log_volume=NfsVolume("logs", "nfs.example.com", "/export/dlts-logs", "/dlts/logs"),
 )
-
-
-def env_of(pod: dict) -> dict[str, str]:
-    return {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
