@@ -75,9 +75,10 @@ class PrincipalCache:
     """Token hash -> the principal it authenticated, kept ``ttl_s`` seconds in this process.
 
     A request then costs no database round trip for authentication (the token row, the user, the
-    role bindings). Revocations, disabled users and role changes made through this process clear
-    every cache at once (``forget_principals``); those made by another API worker take effect there
-    within ``ttl_s`` (the ``auth_cache_s`` setting; 0 turns the cache off).
+    role bindings). Token revocations and new role bindings made through this process clear every
+    cache at once (``forget_principals``; anything else that changes who a token is must call it
+    too); those made by another API worker or the CLI take effect there within ``ttl_s`` (the
+    ``auth_cache_s`` setting; 0 turns the cache off). Only tokens that authenticated are kept.
     """
 
     def __init__(self, ttl_s: float, *, max_entries: int = 10_000, clock: Callable[[], float] = time.monotonic):
