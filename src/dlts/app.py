@@ -54,7 +54,10 @@ def engine_options(url: str) -> dict:
         return {"connect_args": {"timeout": 30, "check_same_thread": False}}
     # MariaDB: recover by itself after the server restarts; keep idle connections fresh
     # (pool_reset_on_return=None: dlts.db.rollback_unless_reset skips the redundant ROLLBACK)
+    # READ COMMITTED whatever the server's default: status changes are compare-and-set UPDATEs, and
+    # REPEATABLE READ's gap locks on the status indexes let two racing CAS writers deadlock.
     return {"pool_pre_ping": True, "pool_recycle": 3600, "pool_size": 10, "max_overflow": 20, "pool_reset_on_return": None,
+            "isolation_level": "READ COMMITTED",
             "connect_args": {"connect_timeout": 5, "read_timeout": 30, "write_timeout": 30}}
 
 

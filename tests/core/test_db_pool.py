@@ -1,4 +1,5 @@
-"""The MariaDB pool's return path (dlts.db.rollback_unless_reset): a connection that comes back
+"""MariaDB sessions: READ COMMITTED whatever the server default, and the pool's return path
+(dlts.db.rollback_unless_reset): a connection that comes back
 with an open transaction is rolled back; one whose transaction already ended costs no ROLLBACK."""
 
 from __future__ import annotations
@@ -59,3 +60,10 @@ def test_a_committed_connection_goes_back_without_a_rollback(engine):
         conn.execute(sa.text("SELECT 1"))
         conn.commit()
     assert _status(cur, "Com_rollback") == before
+
+
+def test_sessions_run_read_committed_whatever_the_server_default(engine):
+    """Status changes are compare-and-set UPDATEs; REPEATABLE READ's gap locks let two racing
+    writers deadlock, so the engine asks for READ COMMITTED itself (CI's server defaults to RR)."""
+    with engine.connect() as conn:
+        assert conn.scalar(sa.text("SELECT @@SESSION.tx_isolation")) == "READ-COMMITTED"
