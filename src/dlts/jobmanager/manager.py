@@ -107,13 +107,16 @@ class JobManager:
 
     # -- reconcile ------------------------------------------------------------------------------
     def reconcile(self, session: Session, observed: dict[tuple[int, int], Observed]) -> None:
-        active = list(session.scalars(sa.select(Job).where(Job.status.in_(ACTIVE))))
+        # every live job with its current attempt in one query (not one query per job and tick)
+        active = session.execute(
+            sa.select(Job, JobAttempt).where(Job.status.in_(ACTIVE))
+            .outerjoin(JobAttempt, sa.and_(JobAttempt.job_id == Job.id, JobAttempt.number == Job.attempt))
+        ).all()
         live = set()
-        for job in active:
+        for job, attempt in active:
             key = (job.id, job.attempt)
             live.add(key)
             seen = observed.get(key)
-            attempt = session.scalar(sa.select(JobAttempt).where(JobAttempt.job_id == job.id, JobAttempt.number == job.attempt))
             if seen is None:
                 if job.status is S.SCHEDULING and attempt is not None:
                     self._launch(session, job, attempt)  # the launch was lost (crash after the decision)
@@ -351,7 +354,7 @@ class JobManager:
         job = session.get(Job, job_id)
         if job is None or job.status not in (S.SCHEDULING, S.RUNNING):
             return
-        attempt = session.scalar(sa.select(JobAttempt).where(JobAttempt.job_id == job.id, JobAttempt.number == job.attempt))
+        attempt = self._current_attempt(session, job)
         if reason is StopReason.WALL_TIME:
             limit = job.max_time_s or job.vc.max_job_time_s
             if not job_repo.set_status(session, job.id, job.status, S.KILLING, actor="scheduler", reason="wall_time",
