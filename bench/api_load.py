@@ -40,6 +40,17 @@ ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_URL = "mysql+pymysql://root@127.0.0.1:3306/dlts_bench"
 
 
+def add_server_args(parser: argparse.ArgumentParser, port: int) -> None:
+    """The options every API benchmark shares: the database, its tokens, the gunicorn it starts."""
+    parser.add_argument("--db", default=DEFAULT_URL)
+    parser.add_argument("--tokens", default="/tmp/dlts_bench_tokens.json")
+    parser.add_argument("--port", type=int, default=port)
+    parser.add_argument("--workers", type=int, default=os.cpu_count() * 2 + 1, help="gunicorn workers (production: 2 x cores + 1)")
+    parser.add_argument("--debian-defaults", action="store_true",
+                        help="leave MariaDB as it is (else: the mariadb role's buffer pool and isolation, restored at exit)")
+    parser.add_argument("--out")
+
+
 def start_gunicorn(db_url: str, port: int, workers: int) -> subprocess.Popen:
     env = os.environ | {"DLTS_DATABASE_URL": db_url, "DLTS_SECRET_KEY": "bench-secret-key-0123456789",
                         "DLTS_HOME": "/tmp/dlts_bench_home", "DLTS_MAX_BODY_BYTES": str(1024 * 1024)}
@@ -119,16 +130,10 @@ def sql_keyset_vs_offset(db_url: str, depth: int, runs: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--db", default=DEFAULT_URL)
-    parser.add_argument("--tokens", default="/tmp/dlts_bench_tokens.json")
-    parser.add_argument("--port", type=int, default=8765)
-    parser.add_argument("--workers", type=int, default=os.cpu_count() * 2 + 1, help="gunicorn workers (production: 2 x cores + 1)")
+    add_server_args(parser, port=8765)
     parser.add_argument("--duration", type=int, default=10, help="seconds per wrk scenario")
     parser.add_argument("--connections", type=int, default=4)
     parser.add_argument("--only", default="", help="comma-separated scenario names")
-    parser.add_argument("--out")
-    parser.add_argument("--debian-defaults", action="store_true",
-                        help="leave MariaDB as it is (else: the mariadb role's buffer pool and isolation, restored at exit)")
     args = parser.parse_args()
     mariadb = apply_for_this_run(args.db, args.debian_defaults)
     tokens = json.loads(Path(args.tokens).read_text())

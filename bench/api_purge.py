@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import signal
 import subprocess
@@ -30,7 +29,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import sessionmaker
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from api_load import DEFAULT_URL, lua, parse_wrk, start_gunicorn  # noqa: E402
+from api_load import add_server_args, lua, parse_wrk, start_gunicorn  # noqa: E402
 from mariadb_profile import apply_for_this_run  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -88,8 +87,7 @@ def run_pt_archiver(db: str, batch_rows: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--db", default=DEFAULT_URL)
-    parser.add_argument("--tokens", default="/tmp/dlts_bench_tokens.json")
+    add_server_args(parser, port=8766)
     parser.add_argument("--tool", choices=["janitor", "pt-archiver"], default="janitor")
     parser.add_argument("--batch-rows", type=int, default=500)
     parser.add_argument("--pause", type=float, default=0.01,
@@ -97,11 +95,6 @@ def main() -> None:
     parser.add_argument("--read-s", type=int, default=30, help="seconds of read load before the purge (the baseline)")
     parser.add_argument("--connections", type=int, default=4, help="wrk connections of the read load")
     parser.add_argument("--delay-ms", type=int, default=0, help="pause of each wrk connection between reads (0: saturating load)")
-    parser.add_argument("--workers", type=int, default=os.cpu_count() * 2 + 1, help="gunicorn workers (production: 2 x cores + 1)")
-    parser.add_argument("--port", type=int, default=8766)
-    parser.add_argument("--out")
-    parser.add_argument("--debian-defaults", action="store_true",
-                        help="leave MariaDB as it is (else: the mariadb role's buffer pool and isolation, restored at exit)")
     args = parser.parse_args()
     mariadb = apply_for_this_run(args.db, args.debian_defaults)
     token = json.loads(Path(args.tokens).read_text())["admin"]

@@ -23,7 +23,6 @@ import argparse
 import http.client
 import json
 import multiprocessing
-import os
 import statistics
 import subprocess
 import sys
@@ -32,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import api_slurm  # noqa: E402
-from api_load import DEFAULT_URL, start_gunicorn  # noqa: E402
+from api_load import add_server_args, start_gunicorn  # noqa: E402
 from mariadb_profile import apply_for_this_run  # noqa: E402
 
 BODY = json.dumps({"vc": "vc0", "image": "busybox", "command": "true", "gpus": 0})
@@ -72,16 +71,10 @@ def dlts_rate(port: int, token: str, jobs: int, clients: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--db", default=DEFAULT_URL)
-    parser.add_argument("--tokens", default="/tmp/dlts_bench_tokens.json")
-    parser.add_argument("--port", type=int, default=8766)
-    parser.add_argument("--workers", type=int, default=os.cpu_count() * 2 + 1)
+    add_server_args(parser, port=8766)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--jobs", type=int, default=400, help="jobs per run (each client submits jobs / clients)")
     parser.add_argument("--tuned", action="store_true", help="Slurm with batch_sched_delay=0,sched_min_interval=0")
-    parser.add_argument("--out")
-    parser.add_argument("--debian-defaults", action="store_true",
-                        help="leave MariaDB as it is (else: the mariadb role's buffer pool and isolation, restored at exit)")
     args = parser.parse_args()
     mariadb = apply_for_this_run(args.db, args.debian_defaults)
     token = json.loads(Path(args.tokens).read_text())["alice"]
