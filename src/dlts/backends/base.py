@@ -101,6 +101,28 @@ class Observed:
 
 
 @dataclass(frozen=True)
+class EndpointSpec:
+    """One endpoint the job manager wants reachable for an attempt (``expose``)."""
+
+    id: int  # JobEndpoint.id: stable across calls, names the backend's objects
+    kind: str  # ssh | jupyter | vscode | port
+    port: int  # in the container: where the job listens (port) or where DLTS starts the server
+    # jupyter / vscode: SHA-256 (hex) of the endpoint's token; the server takes that token as its password
+    secret_hash: str = ""
+
+
+@dataclass(frozen=True)
+class EndpointState:
+    """Where one endpoint stands after ``expose``."""
+
+    id: int
+    status: str  # "pending" (not yet: retry next tick) | "ready" | "failed" (message says why)
+    host: str = ""  # ready: the address users connect to ...
+    host_port: int | None = None  # ... and the port there
+    message: str = ""
+
+
+@dataclass(frozen=True)
 class NodeInfo:
     """A node as the backend sees it (node sync)."""
 
@@ -128,6 +150,14 @@ class ClusterBackend(Protocol):
         """Stop those replicas of an inference attempt only: SIGTERM now, kill after ``grace_s``.
         Their ending never makes the attempt fail or end; once they have exited they leave
         ``Observed.replicas``. Succeeds for replicas already gone; harmless to repeat."""
+
+    def expose(self, job_id: int, attempt: int, endpoints: Sequence[EndpointSpec],
+               ssh_public_keys: tuple[str, ...] = ()) -> Sequence[EndpointState]:
+        """Make the attempt's endpoints exactly ``endpoints`` (on its first pod / replica 0): start
+        the servers of ssh / jupyter / vscode endpoints and make every endpoint reachable from
+        outside the cluster; stop and remove those no longer listed. ``ssh_public_keys`` are the
+        keys an ssh endpoint accepts. Returns one state per endpoint in ``endpoints``. Harmless to
+        repeat; raises ``BackendUnavailable`` when the cluster does not answer."""
 
     def terminate(self, job_id: int, attempt: int, grace_s: float) -> None:
         """SIGTERM now, kill after ``grace_s``; succeed if already gone."""

@@ -3,12 +3,24 @@
 from dlts.models.access import AllowedIp, SshKey, StorageUsage
 from dlts.models.base import Base, iso, utcnow
 from dlts.models.identity import ApiToken, Group, GroupMember, Role, RoleBinding, User
-from dlts.models.job import ACTIVE, TERMINAL, TRANSITIONS, Job, JobAttempt, JobEvent, JobStatus, JobTemplate
+from dlts.models.job import (
+    ACTIVE,
+    TERMINAL,
+    TRANSITIONS,
+    EndpointKind,
+    EndpointStatus,
+    Job,
+    JobAttempt,
+    JobEndpoint,
+    JobEvent,
+    JobStatus,
+    JobTemplate,
+)
 from dlts.models.node import Node, NodeFinding, NodeOrder, NodeState
 from dlts.models.vc import VcEvent, VirtualCluster
 
 __all__ = [
-    "ACTIVE", "TERMINAL", "TRANSITIONS", "AllowedIp", "ApiToken", "Base", "Group", "GroupMember", "Job",
-    "JobAttempt", "JobEvent", "JobStatus", "JobTemplate", "Node", "NodeFinding", "NodeOrder", "NodeState",
+    "ACTIVE", "TERMINAL", "TRANSITIONS", "AllowedIp", "ApiToken", "Base", "EndpointKind", "EndpointStatus", "Group",
+    "GroupMember", "Job", "JobAttempt", "JobEndpoint", "JobEvent", "JobStatus", "JobTemplate", "Node", "NodeFinding", "NodeOrder", "NodeState",
     "Role", "RoleBinding", "SshKey", "StorageUsage", "User", "VcEvent", "VirtualCluster", "iso", "utcnow",
 ]

@@ -140,6 +140,50 @@ class JobEvent(Base):
     actor: Mapped[str | None] = mapped_column(sa.String(64))  # user name, or "scheduler"/"jobmanager"
 
 
+class EndpointKind(str, enum.Enum):
+    SSH = "ssh"  # sshd with the owner's SSH keys, container port 22
+    JUPYTER = "jupyter"  # Jupyter server, container port 8888, password = the endpoint's token
+    VSCODE = "vscode"  # code-server, container port 8080, password = the endpoint's token
+    PORT = "port"  # a port the job itself listens on
+
+
+class EndpointStatus(str, enum.Enum):
+    PENDING = "pending"  # asked for; the job manager has not exposed it for the current attempt yet
+    READY = "ready"  # exposed: ``host``:``host_port`` reaches the container's ``port``
+    FAILED = "failed"  # the cluster could not expose it (``message`` says why); retried on the next attempt
+    CLOSING = "closing"  # deleted by a user; the job manager removes it from the cluster, then the row
+
+
+class JobEndpoint(Base):
+    """A way into a running job (ssh, Jupyter, VS Code, a port), asked for through the API.
+
+    Rows hold what users asked for; the job manager exposes them for the job's current attempt and
+    records where they are reachable (``attempt``, ``host``, ``host_port``). An address belongs to one
+    attempt: when the job runs again, the endpoint is pending until it is exposed anew. ``secret_hash``
+    is the SHA-256 of the token shown once to the user (Jupyter and VS Code passwords); the token
+    itself is never stored.
+    """
+
+    __tablename__ = "job_endpoints"
+    __table_args__ = (sa.UniqueConstraint("job_id", "port"), sa.UniqueConstraint("job_id", "name"),
+                      sa.Index("ix_job_endpoints_status", "status"))
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    job_id: Mapped[int] = mapped_column(sa.ForeignKey("jobs.id", ondelete="CASCADE"))
+    kind: Mapped[EndpointKind] = mapped_column(str_enum(EndpointKind, 16))
+    name: Mapped[str] = mapped_column(sa.String(32))
+    port: Mapped[int] = mapped_column(sa.Integer)  # in the container
+    status: Mapped[EndpointStatus] = mapped_column(str_enum(EndpointStatus, 16), default=EndpointStatus.PENDING)
+    attempt: Mapped[int | None] = mapped_column(sa.Integer)  # the attempt host/host_port belong to
+    host: Mapped[str | None] = mapped_column(sa.String(255))
+    host_port: Mapped[int | None] = mapped_column(sa.Integer)
+    message: Mapped[str | None] = mapped_column(sa.String(512))
+    secret_hash: Mapped[str | None] = mapped_column(sa.String(64))
+    created_by: Mapped[str] = mapped_column(sa.String(64))
+    created_at: Mapped[dt.datetime] = mapped_column(Timestamp, default=utcnow)
+    updated_at: Mapped[dt.datetime] = mapped_column(Timestamp, default=utcnow, onupdate=utcnow)
+
+
 class JobTemplate(Base):
     """A saved job spec a user reuses (personal, or shared with a VC)."""
 
