@@ -7,6 +7,9 @@
 2. The same wrk load runs again while the purge deletes every job that ended more than 180 days ago
    (with attempts and events); wrk is stopped with SIGINT when the purge ends: p99 during.
 3. Reports rows/s (jobs, and all rows), the longest transaction, and the p99 ratio.
+A control: --tool cpu-load deletes nothing and instead burns --cpu-share of one core (in 10 ms
+periods) in another process for --load-s, to show how much the read p99 of this machine moves
+with background CPU work that touches no database at all.
 For pt-archiver (Debian percona-toolkit), re-seed the old half first:
     .venv/bin/python bench/seed_jobs.py --append-old 500000
 pt-archiver deletes the jobs in its usual form (--purge --limit 500 --commit-each); attempts and
@@ -85,13 +88,29 @@ def run_pt_archiver(db: str, batch_rows: int) -> dict:
             "longest_transaction_s": None}
 
 
+def run_cpu_load(share: float, seconds: float) -> dict:
+    """Busy for ``share`` of every 10 ms period (sleeping the rest) in a child process."""
+    code = ("import time\n"
+            f"end = time.monotonic() + {seconds}\n"
+            "while time.monotonic() < end:\n"
+            f"    t = time.monotonic(); busy = t + {share} * 0.01\n"
+            "    while time.monotonic() < busy: pass\n"
+            "    time.sleep(max(0.0, t + 0.01 - time.monotonic()))\n")
+    t0 = time.monotonic()
+    subprocess.run([sys.executable, "-c", code], check=True)
+    return {"jobs": 0, "elapsed_s": round(time.monotonic() - t0, 1), "cpu_share": share, "longest_transaction_s": None}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_server_args(parser, port=8766)
-    parser.add_argument("--tool", choices=["janitor", "pt-archiver"], default="janitor")
+    parser.add_argument("--tool", choices=["janitor", "pt-archiver", "cpu-load"], default="janitor")
     parser.add_argument("--batch-rows", type=int, default=500)
     parser.add_argument("--pause", type=float, default=0.01,
                         help="janitor's least pause between batches, seconds (the pause is at least the batch's time)")
+    parser.add_argument("--cpu-share", type=float, default=0.74,
+                        help="cpu-load: fraction of one core to burn (the janitor's purge: MariaDB + janitor CPU / wall = 0.74)")
+    parser.add_argument("--load-s", type=float, default=45.0, help="cpu-load: seconds")
     parser.add_argument("--read-s", type=int, default=30, help="seconds of read load before the purge (the baseline)")
     parser.add_argument("--connections", type=int, default=4, help="wrk connections of the read load")
     parser.add_argument("--delay-ms", type=int, default=0, help="pause of each wrk connection between reads (0: saturating load)")
@@ -119,6 +138,8 @@ def main() -> None:
         if args.tool == "janitor":
             summary["pause_s"] = args.pause
             summary["purge"] = run_janitor(args.db, args.batch_rows, args.pause)
+        elif args.tool == "cpu-load":
+            summary["purge"] = run_cpu_load(args.cpu_share, args.load_s)
         else:
             summary["purge"] = run_pt_archiver(args.db, args.batch_rows)
         during.send_signal(signal.SIGINT)
