@@ -27,7 +27,7 @@ USER_OF = {"member": "bob", "other_vc": "carol", "vc_admin": "vcadmin", "cluster
 class Case:
     name: str
     method: str
-    path: str  # formatted with the prepared targets: {job}, {vc}, {key}, {ip}
+    path: str  # formatted with the prepared targets: {job}, {vc}, {key}, {ip}, {endpoint}
     expected: tuple[int, int, int, int, int, int]  # in ROLES order
     body: Callable[[dict], dict] | None = None
     prepare: Callable | None = None  # (sessions, settings) -> dict of targets
@@ -95,6 +95,16 @@ def with_job(sessions, settings):
     return job_in(JobStatus.QUEUED)(sessions, settings)
 
 
+def job_with_endpoint(sessions, settings):
+    from dlts.services import endpoints
+    from .helpers import principal
+
+    job_id = make_job(sessions, settings, "alice", status=JobStatus.RUNNING)
+    with sessions() as s:
+        view, _ = endpoints.open_endpoint(s, principal(s, "alice"), job_id, "port", 8000)
+    return {"job": job_id, "endpoint": view.id}
+
+
 JOB_BODY = {"vc": "vision", "image": "debian:12", "command": "true"}
 #            anonymous member other_vc vc_admin cluster_admin owner
 ALL_200 = (401, 200, 200, 200, 200, 200)
@@ -114,6 +124,12 @@ TABLE = [
     Case("read a job's events", "GET", "/api/v1/jobs/{job}/events", (401, 200, 404, 200, 200, 200), prepare=with_job),
     Case("read a job's attempts", "GET", "/api/v1/jobs/{job}/attempts", (401, 200, 404, 200, 200, 200), prepare=with_job),
     Case("read a job's log", "GET", "/api/v1/jobs/{job}/log", (401, 403, 404, 200, 200, 200), prepare=with_job),
+    Case("list a job's endpoints", "GET", "/api/v1/jobs/{job}/endpoints", (401, 403, 404, 200, 200, 200),
+         prepare=job_with_endpoint),
+    Case("open a port endpoint", "POST", "/api/v1/jobs/{job}/endpoints", (401, 403, 404, 201, 201, 201),
+         body=lambda t: {"kind": "port", "port": 6006}, prepare=job_in(JobStatus.RUNNING)),
+    Case("close an endpoint", "DELETE", "/api/v1/jobs/{job}/endpoints/{endpoint}", (401, 403, 404, 202, 202, 202),
+         prepare=job_with_endpoint),
     Case("list VCs", "GET", "/api/v1/vcs", ALL_200),
     Case("read VC vision", "GET", "/api/v1/vcs/vision", (401, 200, 404, 200, 200, 200)),
     Case("read VC vision's history", "GET", "/api/v1/vcs/vision/events", (401, 200, 404, 200, 200, 200)),
@@ -149,6 +165,9 @@ TABLE = [
 ]
 
 
+PATH_TARGETS = {"job_id": "{job}", "key_id": "{key}", "entry_id": "{ip}", "token_id": "{token}", "endpoint_id": "{endpoint}"}
+
+
 def test_the_table_covers_every_api_route(app):
     """A new route without a row here fails this test."""
     covered = {(c.method, c.path.split("?")[0].replace("/vcs/vision", "/vcs/{vc}")) for c in TABLE}
@@ -157,7 +176,7 @@ def test_the_table_covers_every_api_route(app):
     for rule in app.url_map.iter_rules():
         if not rule.rule.startswith("/api/v1/") or rule.rule.endswith("openapi.json"):
             continue
-        path = re.sub(r"<(?:[^:>]+:)?(\w+)>", lambda m: {"job_id": "{job}", "key_id": "{key}", "entry_id": "{ip}", "token_id": "{token}"}.get(
+        path = re.sub(r"<(?:[^:>]+:)?(\w+)>", lambda m: PATH_TARGETS.get(
             m.group(1), "{vc}" if "vcs" in rule.rule else "testnode"), rule.rule)
         for method in rule.methods - {"HEAD", "OPTIONS"}:
             assert (method, path) in covered, f"{method} {rule.rule} has no row in the authorisation table"

@@ -9,8 +9,8 @@ import json
 import pytest
 import sqlalchemy as sa
 
-from dlts.models import Job, JobEvent, SshKey, VirtualCluster
-from .helpers import assert_envelope, job_count
+from dlts.models import Job, JobEndpoint, JobEvent, JobStatus, SshKey, VirtualCluster
+from .helpers import assert_envelope, job_count, make_job
 
 JOB = {"vc": "vision", "image": "debian:12", "command": "true"}
 
@@ -134,3 +134,46 @@ def test_nothing_is_written_by_refused_batches(client, world, sessions):
     with sessions() as s:
         assert s.scalar(sa.select(sa.func.count(JobEvent.id))) == 0
         assert s.scalar(sa.select(sa.func.count(Job.id))) == 0
+
+
+@pytest.mark.parametrize("body,field", [
+    ({"kind": "telnet"}, "kind"),
+    ({"kind": None}, "kind"),
+    ({}, "kind"),
+    ({"kind": "port", "port": 80}, "port"),
+    ({"kind": "port", "port": 70000}, "port"),
+    ({"kind": "port", "port": "8080"}, "port"),
+    ({"kind": "port", "port": 8080.5}, "port"),
+    ({"kind": "port", "port": -1}, "port"),
+    ({"kind": "port", "port": 2**70}, "port"),
+    ({"kind": "port"}, "port"),
+    ({"kind": "ssh", "port": 2222}, "port"),
+    ({"kind": "jupyter", "port": 8888}, "port"),
+    ({"kind": "port", "port": 8080, "name": "n" * 5000}, "name"),
+    ({"kind": "port", "port": 8080, "name": "Web"}, "name"),
+    ({"kind": "port", "port": 8080, "name": "web; rm -rf /"}, "name"),
+    ({"kind": "port", "port": 8080, "name": "-web"}, "name"),
+    ({"kind": "port", "port": 8080, "name": "wéb"}, "name"),
+    ({"kind": "port", "port": 8080, "name": ""}, "name"),
+    ({"kind": "vscode", "token": "mine"}, "token"),
+    ({"kind": "port", "port": 8080, "host_port": 22}, "host_port"),
+    (["ssh"], None),
+])
+def test_hostile_endpoint_requests_are_400_and_nothing_is_written(client, world, sessions, settings, body, field):
+    job_id = make_job(sessions, settings, "alice", status=JobStatus.RUNNING)
+    with sessions() as s:
+        events_before = s.scalar(sa.select(sa.func.count(JobEvent.id)))
+    error = assert_envelope(client.post(f"/api/v1/jobs/{job_id}/endpoints", json=body, headers=world.auth("alice")), 400)
+    if field:
+        assert field in json.dumps(error), error
+    with sessions() as s:
+        assert s.scalar(sa.select(sa.func.count(JobEndpoint.id))) == 0
+        assert s.scalar(sa.select(sa.func.count(JobEvent.id))) == events_before
+
+
+def test_hostile_endpoint_ids_are_404(client, world, sessions, settings):
+    job_id = make_job(sessions, settings, "alice", status=JobStatus.RUNNING)
+    auth = world.auth("alice")
+    for path in (f"/api/v1/jobs/{job_id}/endpoints/0", f"/api/v1/jobs/{job_id}/endpoints/18446744073709551616",
+                 f"/api/v1/jobs/{job_id}/endpoints/-1", f"/api/v1/jobs/{job_id}/endpoints/1%20OR%201=1"):
+        assert_envelope(client.delete(path, headers=auth), 404)

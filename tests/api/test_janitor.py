@@ -9,7 +9,7 @@ import pytest
 import sqlalchemy as sa
 
 from dlts.managers.janitor import Janitor
-from dlts.models import Job, JobAttempt, JobEvent, JobStatus, utcnow
+from dlts.models import Job, JobAttempt, JobEndpoint, JobEvent, JobStatus, utcnow
 from .helpers import make_job
 
 
@@ -42,6 +42,19 @@ def test_old_ended_jobs_are_purged_in_batches_with_their_history_and_logs(sessio
         assert s.scalar(sa.select(sa.func.count(JobAttempt.id)).where(JobAttempt.job_id.in_(old))) == 0
     assert not any((settings.effective_log_dir / str(j)).exists() for j in old)
     assert janitor.run().jobs == 0  # nothing left: a second pass changes nothing
+
+
+def test_purged_jobs_take_their_endpoint_rows_and_young_jobs_keep_theirs(sessions, settings, world):
+    old = [make_job(sessions, settings, "alice", status=JobStatus.FINISHED, ssh=True, ports=(6006,)) for _ in range(3)]
+    young = make_job(sessions, settings, "alice", status=JobStatus.FINISHED, ports=(8888,))
+    for job_id in old:
+        age(sessions, job_id, 40)
+    age(sessions, young, 10)
+    result = Janitor(sessions, retention_days=30, batch_rows=2, pause_s=0, sleep=lambda s: None).run()
+    assert (result.jobs, result.endpoints) == (3, 6)
+    with sessions() as s:
+        left = s.execute(sa.select(JobEndpoint.job_id, JobEndpoint.name)).all()
+        assert left == [(young, "port-8888")]
 
 
 def _ticks(step: float):

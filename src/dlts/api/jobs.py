@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
+
 import sqlalchemy as sa
 from flask import Response, current_app, stream_with_context
 from flask.views import MethodView
@@ -12,6 +14,9 @@ from dlts.api.auth import authenticate, principal
 from dlts.api.schemas import (
     AttemptPageSchema,
     BatchResponseSchema,
+    EndpointCreateSchema,
+    EndpointListSchema,
+    EndpointSchema,
     EventPageSchema,
     JobBatchSchema,
     JobListArgs,
@@ -28,6 +33,7 @@ from dlts.errors import InvalidInput
 from dlts.extensions import db
 from dlts.models import Job, JobAttempt, JobStatus, User, VirtualCluster, iso
 from dlts.repositories import jobs as job_repo
+from dlts.services import endpoints as endpoint_service
 from dlts.services import jobs as job_service
 from dlts.services.policy import Visibility, job_visibility
 
@@ -38,7 +44,8 @@ PUBLIC_FIELDS = ("id", "name", "user", "vc", "type", "status", "reason", "queue_
                  "cpu", "memory_bytes", "preemptible", "submitted_at", "started_at", "finished_at")
 
 
-def job_dict(job: Job, visibility: Visibility, attempts: list[JobAttempt] | None = None) -> dict:
+def job_dict(job: Job, visibility: Visibility, attempts: list[JobAttempt] | None = None,
+             endpoints: list[endpoint_service.EndpointView] | None = None) -> dict:
     data = {
         "id": job.id, "name": job.name, "user": job.user.name, "vc": job.vc.name, "type": job.type,
         "status": job.status.value, "reason": job.reason, "reason_detail": job.reason_detail,
@@ -59,6 +66,8 @@ def job_dict(job: Job, visibility: Visibility, attempts: list[JobAttempt] | None
             "spends_retry": a.spends_retry} for a in attempts]
         current = next((a for a in attempts if a.number == job.attempt), None)
         data["placements"] = current.placements if current and job.status.value in ("scheduling", "running", "pausing", "killing") else []
+    if endpoints is not None:
+        data["endpoints"] = endpoints
     if visibility is Visibility.PUBLIC:
         data = {k: v for k, v in data.items() if k in PUBLIC_FIELDS} | {"visibility": visibility.value}
     return data
@@ -114,7 +123,9 @@ class OneJob(MethodView):
     def get(self, job_id: int):
         """One job: status and reason, queue position, resources, placement, attempts."""
         job, visibility = job_service.get(db.session, principal(), job_id)
-        return job_dict(job, visibility, _attempts(job.id) if visibility is Visibility.FULL else None)
+        if visibility is not Visibility.FULL:
+            return job_dict(job, visibility)
+        return job_dict(job, visibility, _attempts(job.id), endpoint_service.views_of(db.session, job))
 
     @blp.arguments(JobPatchSchema)
     @blp.response(200, JobSchema)
@@ -182,6 +193,34 @@ kill_job = _action("kill", job_service.kill)
 pause_job = _action("pause", job_service.pause)
 resume_job = _action("resume", job_service.resume)
 approve_job = _action("approve", job_service.approve)
+
+
+@blp.route("/jobs/<int(max=4611686018427387904):job_id>/endpoints")
+class JobEndpoints(MethodView):
+    @blp.response(200, EndpointListSchema)
+    @blp.doc(security=[{"bearer": []}])
+    def get(self, job_id: int):
+        """The job's endpoints (at most 8: one page), with their address once ready."""
+        return {"items": endpoint_service.list_endpoints(db.session, principal(), job_id), "next_cursor": None}
+
+    @blp.arguments(EndpointCreateSchema)
+    @blp.response(201, EndpointSchema)
+    @blp.doc(security=[{"bearer": []}])
+    def post(self, body, job_id: int):
+        """Open ssh, jupyter, vscode or a port of a job that has not ended; the job manager exposes it while the
+        job runs. jupyter and vscode answer their password (token) this once."""
+        view, token = endpoint_service.open_endpoint(db.session, principal(), job_id, body["kind"], body.get("port"),
+                                                     body.get("name"))
+        return asdict(view) | ({"token": token} if token else {})
+
+
+@blp.route("/jobs/<int(max=4611686018427387904):job_id>/endpoints/<int(max=4611686018427387904):endpoint_id>",
+           methods=["DELETE"])
+@blp.response(202, EndpointSchema)
+@blp.doc(security=[{"bearer": []}])
+def close_job_endpoint(job_id: int, endpoint_id: int):
+    """Close an endpoint: it reads closing until the job manager has removed it from the cluster, then it is gone."""
+    return endpoint_service.close_endpoint(db.session, principal(), job_id, endpoint_id)
 
 
 @blp.route("/jobs/<int(max=4611686018427387904):job_id>/log")

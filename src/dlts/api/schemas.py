@@ -9,6 +9,8 @@ import re
 
 from marshmallow import Schema, ValidationError, fields, validate, validates
 
+from dlts.services.endpoints import NAME_PATTERN as ENDPOINT_NAME_PATTERN
+
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 MEMORY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
 UNITS = {"": 1, "b": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
@@ -60,8 +62,11 @@ class JobSubmitSchema(Schema):
     priority = fields.Integer(load_default=100, strict=True, validate=validate.Range(1, 1000))
     env = fields.Dict(keys=fields.String(validate=validate.Length(max=128)), values=fields.String(validate=validate.Length(max=4096)),
                       load_default=dict, validate=validate.Length(max=100))
-    ports = fields.List(fields.Integer(strict=True, validate=validate.Range(1, 65535)), load_default=list, validate=validate.Length(max=16))
-    ssh = fields.Boolean(load_default=False)
+    ports = fields.List(fields.Integer(strict=True, validate=validate.Range(
+        1024, 65535, error="must be a port between {min} and {max}: ports below 1024 belong to the system (ssh: set ssh: true).")),
+        load_default=list, validate=validate.Length(max=8, error="at most {max} ports per job (each is an endpoint)."),
+        metadata={"description": "ports the job listens on; each becomes a port endpoint named port-N"})
+    ssh = fields.Boolean(load_default=False, metadata={"description": "open an ssh endpoint (the owner's SSH keys)"})
     ib_domain = fields.String(load_default=None, allow_none=True, validate=validate.Length(min=1, max=64))
     min_replicas = fields.Integer(load_default=0, strict=True, validate=validate.Range(0, 256))
     max_replicas = fields.Integer(load_default=0, strict=True, validate=validate.Range(0, 256))
@@ -116,6 +121,38 @@ class AttemptSchema(Schema):
     spends_retry = fields.Boolean(allow_none=True)
 
 
+class EndpointCreateSchema(Schema):
+    kind = fields.String(required=True, validate=validate.OneOf(["ssh", "jupyter", "vscode", "port"]),
+                         metadata={"description": "ssh (port 22), jupyter (8888), vscode (8080), or port: one the job listens on"})
+    port = fields.Integer(strict=True, validate=validate.Range(1024, 65535, error="must be a port between {min} and {max}."),
+                          metadata={"description": "kind port only: the port the job listens on"})
+    name = fields.String(validate=[validate.Length(1, 32), validate.Regexp(
+        ENDPOINT_NAME_PATTERN, error="must be a lowercase letter, then lowercase letters, digits or '-' (at most 32).")],
+        metadata={"description": "default: the kind, or port-N"})
+
+
+class EndpointSchema(Schema):
+    id = fields.Integer()
+    job_id = fields.Integer()
+    kind = fields.String()
+    name = fields.String()
+    port = fields.Integer(metadata={"description": "in the job's container"})
+    status = fields.String(metadata={"description": "pending, ready, failed, closing, or closed (the job has ended)"})
+    host = fields.String(allow_none=True, metadata={"description": "ready: the address to connect to"})
+    host_port = fields.Integer(allow_none=True)
+    url = fields.String(allow_none=True, metadata={"description": "ready only: ssh://user@host:port or http://host:port/"})
+    message = fields.String(allow_none=True, metadata={"description": "why it failed, or what it waits for"})
+    created_by = fields.String()
+    created_at = fields.String(allow_none=True)
+    token = fields.String(metadata={"description": "jupyter and vscode, in the answer to POST only: the server's "
+                                                   "password, shown once (only its hash is stored)"})
+
+
+class EndpointListSchema(Schema):
+    items = fields.List(fields.Nested(EndpointSchema))
+    next_cursor = fields.String(allow_none=True, metadata={"description": "always null: at most 8 endpoints per job"})
+
+
 class JobSchema(Schema):
     id = fields.Integer()
     name = fields.String()
@@ -150,6 +187,7 @@ class JobSchema(Schema):
     ssh = fields.Boolean()
     placements = fields.List(fields.Nested(PlacementSchema))
     attempts = fields.List(fields.Nested(AttemptSchema))
+    endpoints = fields.List(fields.Nested(EndpointSchema), metadata={"description": "full visibility, GET only"})
     visibility = fields.String(metadata={"description": "full, or public for other members of the VC"})
 
 

@@ -1,8 +1,8 @@
 """The DB janitor: deletes jobs that ended more than ``retention_days`` ago, with their attempts,
-events and log files, in small batches so that foreground queries are never blocked for long.
+events, endpoints and log files, in small batches so that foreground queries are never blocked for long.
 
 Each batch is one short transaction: pick up to ``batch_rows`` ended jobs by ``finished_at`` (an
-indexed range scan), delete their events, attempts and the jobs by primary key, commit, then sleep
+indexed range scan), delete their events, attempts, endpoints and the jobs by primary key, commit, then sleep
 as long as the batch took, and at least ``pause_s``: the purge holds the database at most half of
 the time, and backs off by itself when the database is busy (batches take longer, so do the pauses;
 pt-archiver's --sleep-coef 1). Readers and writers get the CPU, locks and I/O in between. Log directories are
@@ -25,7 +25,7 @@ from typing import Callable
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from dlts.models import TERMINAL, Job, JobAttempt, JobEvent, utcnow
+from dlts.models import TERMINAL, Job, JobAttempt, JobEndpoint, JobEvent, utcnow
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +42,7 @@ class PurgeResult:
     elapsed_s: float
     longest_batch_s: float  # the longest transaction, from the first DELETE to COMMIT
     median_batch_s: float = 0.0
+    endpoints: int = 0
 
     @property
     def jobs_per_s(self) -> float:
@@ -77,7 +78,7 @@ class Janitor:
         """One pass: batches until nothing older than the cutoff is left (or ``max_batches``)."""
         cutoff = self.cutoff()
         started = time.monotonic()
-        jobs = attempts = events = batches = 0
+        jobs = attempts = events = endpoints = batches = 0
         durations: list[float] = []
         terminal = [s.value for s in TERMINAL]
         while batches < self.max_batches:
@@ -91,6 +92,7 @@ class Janitor:
                 # children first, explicitly: no reliance on ON DELETE CASCADE (SQLite without the pragma)
                 events += session.execute(sa.delete(JobEvent).where(JobEvent.job_id.in_(ids))).rowcount or 0
                 attempts += session.execute(sa.delete(JobAttempt).where(JobAttempt.job_id.in_(ids))).rowcount or 0
+                endpoints += session.execute(sa.delete(JobEndpoint).where(JobEndpoint.job_id.in_(ids))).rowcount or 0
                 jobs += session.execute(sa.delete(Job).where(Job.id.in_(ids), Job.finished_at < cutoff)
                                         .execution_options(synchronize_session=False)).rowcount or 0
                 session.commit()
@@ -104,10 +106,10 @@ class Janitor:
                 self.sleep(pause)
         longest = max(durations, default=0.0)
         result = PurgeResult(jobs, attempts, events, batches, time.monotonic() - started, longest,
-                             statistics.median(durations) if durations else 0.0)
+                             statistics.median(durations) if durations else 0.0, endpoints)
         if jobs:
-            log.info("janitor: deleted %d jobs (%d attempts, %d events) older than %s in %d batches, %.1f s; longest batch %.3f s",
-                     jobs, attempts, events, cutoff.date(), batches, result.elapsed_s, longest)
+            log.info("janitor: deleted %d jobs (%d attempts, %d events, %d endpoints) older than %s in %d batches, %.1f s; "
+                     "longest batch %.3f s", jobs, attempts, events, endpoints, cutoff.date(), batches, result.elapsed_s, longest)
         return result
 
     def _remove_logs(self, ids: list[int]) -> None:

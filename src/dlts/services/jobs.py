@@ -18,11 +18,12 @@ from sqlalchemy.orm import Session
 from dlts.config import Settings
 from dlts.errors import InvalidInput, NotFound, Refused, WrongState
 from dlts.logs import attempt_log_path
-from dlts.models import TERMINAL, Job, JobStatus, utcnow
+from dlts.models import TERMINAL, EndpointKind, Job, JobStatus, utcnow
 from dlts.repositories import commit_keeping_loaded
 from dlts.repositories import jobs as job_repo
 from dlts.repositories.cluster import sku_shapes, vc_and_user
 from dlts.scheduler.model import CPU_SKU, SkuShape
+from dlts.services import endpoints as endpoint_service
 from dlts.services import policy
 from dlts.services.auth import Principal
 
@@ -130,6 +131,24 @@ def _needs_approval(session: Session, job: Job, user_gpu_quota: int | None) -> s
             f"that is above the per-user quota of {user_gpu_quota}. A VC admin must approve it.")
 
 
+def _submitted_endpoints(req: JobRequest) -> list[tuple[EndpointKind, int]]:
+    """``ssh: true`` and ``ports`` of a submission: the endpoint rows made with the job."""
+    if not req.ssh and not req.ports:
+        return []
+    for port in req.ports:
+        endpoint_service.check_port(port, "ports")
+    if len(set(req.ports)) != len(req.ports):
+        twice = next(p for p in req.ports if req.ports.count(p) > 1)
+        raise InvalidInput(f"ports lists {twice} more than once; list each port once.", details={"field": "ports"})
+    wanted = [(EndpointKind.SSH, endpoint_service.FIXED_PORTS[EndpointKind.SSH])] if req.ssh else []
+    wanted += [(EndpointKind.PORT, port) for port in req.ports]
+    if len(wanted) > endpoint_service.MAX_ENDPOINTS_PER_JOB:
+        raise Refused(f"This job asks for {len(wanted)} endpoints (ssh and ports); at most "
+                      f"{endpoint_service.MAX_ENDPOINTS_PER_JOB} are allowed per job.",
+                      code="too_many_endpoints", details={"field": "ports", "max": endpoint_service.MAX_ENDPOINTS_PER_JOB})
+    return wanted
+
+
 def submit(session: Session, settings: Settings, principal: Principal, req: JobRequest) -> Job:
     policy.require_vc_member(principal, req.vc)
     vc, user = vc_and_user(session, req.vc, principal.user_id)
@@ -139,6 +158,7 @@ def submit(session: Session, settings: Settings, principal: Principal, req: JobR
         raise InvalidInput(f"type must be one of {', '.join(JOB_TYPES)}.", details={"field": "type"})
     policy.check_priority(principal, vc.name, req.priority)
     policy.check_max_time(principal, vc.name, req.max_time_s, vc.max_job_time_s)
+    wanted_endpoints = _submitted_endpoints(req)
     # A CPU-only job that names no SKU takes the configured defaults: the node shapes (a query
     # over the nodes) are read only when a SKU must be chosen, checked or sized.
     needs_shapes = bool(req.sku) or req.gpus > 0 or req.type == "distributed"
@@ -170,6 +190,8 @@ def submit(session: Session, settings: Settings, principal: Principal, req: JobR
     session.add(job)
     session.flush()
     job_repo.add_event(session, job.id, "transition", message="submitted", actor=principal.name)
+    if wanted_endpoints:  # written with the job, in its transaction; nothing is read for them
+        endpoint_service.add_for_submit(session, job.id, wanted_endpoints, principal.name)
     why = _needs_approval(session, job, vc.user_gpu_quota)
     if why:
         job_repo.set_status(session, job.id, S.QUEUED, S.UNAPPROVED, actor="policy", reason="user_quota", message=why,

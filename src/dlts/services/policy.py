@@ -45,6 +45,14 @@ def require_manage(principal: Principal, job: Job, action: str) -> None:
         raise Forbidden(f"Only the job's owner ({job.user.name}) or an admin of VC {job.vc.name} may {action} job {job.id}.")
 
 
+def require_endpoints(principal: Principal, job: Job | None, job_id: int, action: str) -> None:
+    """Endpoints (list, open, close) are the owner's, the VC admins' and cluster admins': 404 outside the
+    VC, 403 for other members (an endpoint is a way into the job, not a public field)."""
+    require_visible(principal, job, job_id)
+    assert job is not None
+    require_manage(principal, job, action)
+
+
 def require_approve(principal: Principal, job: Job) -> None:
     require_visible(principal, job, job.id)
     if not principal.is_vc_admin(job.vc.name):
