@@ -196,6 +196,13 @@ def test_kill_a_running_job_from_its_page(new_page, server, passwords, sessions)
     shot(page, "jobs-vc")
     page.goto(f"{base}/jobs/{job_id}")
     expect(page.locator("#log")).to_contain_text("started")  # the viewer follows the running job
+    assert_labelled(page)  # the endpoint form included
+    page.get_by_label("Kind", exact=True).select_option("port")
+    page.get_by_label("Port the job listens on").fill("8000")
+    page.get_by_role("button", name="Open endpoint").click()
+    expect(page.get_by_role("status").filter(has_text="Endpoint port-8000 (port, port 8000) asked for")).to_be_visible()
+    expect(page.locator("#endpoints tbody tr")).to_have_count(1)
+    shot(page, "job-endpoints")
     page.once("dialog", lambda dialog: dialog.accept())
     page.get_by_role("button", name="Kill").click()
     expect(page.get_by_role("status").filter(has_text="kill requested")).to_be_visible()

@@ -12,8 +12,10 @@ from cryptography.hazmat.primitives.asymmetric import ed25519
 
 from dlts.models import (
     AllowedIp,
+    EndpointStatus,
     Job,
     JobAttempt,
+    JobEndpoint,
     JobStatus,
     Node,
     StorageUsage,
@@ -338,6 +340,104 @@ def test_job_details_show_attempts_placement_and_messages(as_user, sessions, set
     # the time-left column in the list, and started shown, finished blank
     listing = text(alice.get("/jobs"))
     assert re.search(r"<td>5\dm \d\ds</td>", listing)
+
+
+# -- endpoints -------------------------------------------------------------------------------------
+
+def _run(sessions, job_id: int, attempt: int = 1) -> None:
+    with sessions() as s:
+        s.execute(sa.update(Job).where(Job.id == job_id).values(status=JobStatus.RUNNING, attempt=attempt, started_at=utcnow()))
+        s.commit()
+
+
+def _expose(sessions, job_id: int, name: str, host_port: int, attempt: int = 1) -> None:
+    """What the job manager writes once the backend has exposed an endpoint."""
+    with sessions() as s:
+        s.execute(sa.update(JobEndpoint).where(JobEndpoint.job_id == job_id, JobEndpoint.name == name)
+                  .values(status=EndpointStatus.READY, attempt=attempt, host="10.0.0.7", host_port=host_port))
+        s.commit()
+
+
+def test_jupyter_password_is_shown_once_on_the_job_page_never_in_a_url(as_user, sessions):
+    alice = as_user("alice")
+    job_id = submit(alice, gpus="0")
+    page = text(alice.get(f"/jobs/{job_id}"))
+    assert 'id="open-endpoint"' in page and "No endpoints: open SSH, Jupyter" in page
+    response = alice.post(f"/jobs/{job_id}/endpoints", {"kind": "jupyter", "port": "", "name": ""})
+    assert response.status_code == 302 and response.headers["Location"].endswith(f"/jobs/{job_id}")
+    page = text(alice.get(f"/jobs/{job_id}"))
+    token = re.search(r'id="endpoint-token" readonly value="([^"]+)"', page).group(1)
+    assert "Endpoint jupyter (jupyter, port 8888) asked for; it is pending" in page
+    with sessions() as s:
+        row = s.scalars(sa.select(JobEndpoint).where(JobEndpoint.job_id == job_id)).one()
+        import hashlib
+
+        assert row.secret_hash == hashlib.sha256(token.encode()).hexdigest() and row.created_by == "alice"
+    again = text(alice.get(f"/jobs/{job_id}"))
+    assert token not in again and 'data-endpoint-status="pending"' in again
+    # another job's page never shows it either (the token names its job)
+    alice.post(f"/jobs/{job_id}/endpoints", {"kind": "vscode"})
+    other = submit(alice, gpus="0")
+    assert 'id="endpoint-token"' not in text(alice.get(f"/jobs/{other}"))
+    assert 'id="endpoint-token"' not in text(alice.get(f"/jobs/{job_id}"))  # consumed by the page it was not for
+
+
+def test_job_page_lists_endpoints_with_ssh_command_link_and_close_button(as_user, sessions):
+    alice = as_user("alice")
+    job_id = submit(alice, gpus="0", ports="6006", ssh="on")
+    page = text(alice.get(f"/jobs/{job_id}"))
+    assert 'id="no-ssh-key"' in page  # alice has no key: the page says so before anybody tries
+    alice.post("/ssh-keys", {"public_key": _public_key(), "name": ""})
+    _run(sessions, job_id)
+    _expose(sessions, job_id, "ssh", 31022)
+    _expose(sessions, job_id, "port-6006", 30606)
+    page = text(alice.get(f"/jobs/{job_id}"))
+    assert 'id="no-ssh-key"' not in page
+    assert 'value="ssh -p 31022 alice@10.0.0.7"' in page and 'href="http://10.0.0.7:30606/"' in page
+    assert page.count('data-endpoint-status="ready"') == 2
+    endpoint_id = re.search(r'/endpoints/(\d+)/close', page).group(1)
+    assert alice.post(f"/jobs/{job_id}/endpoints/{endpoint_id}/close").status_code == 302
+    page = text(alice.get(f"/jobs/{job_id}"))
+    assert "is closing" in page and 'data-endpoint-status="closing"' in page
+    # runs again (attempt 2): the old address is not offered
+    _run(sessions, job_id, attempt=2)
+    page = text(alice.get(f"/jobs/{job_id}"))
+    assert "ssh -p 31022" not in page and "10.0.0.7:30606" not in page
+    # a VC admin manages them too; a plain member sees the public page; a stranger gets 404
+    assert "Open endpoint" in text(as_user("vcadmin").get(f"/jobs/{job_id}"))
+    bob = as_user("bob")
+    assert 'id="endpoints"' not in text(bob.get(f"/jobs/{job_id}"))
+    refused = text(bob.post(f"/jobs/{job_id}/endpoints", {"kind": "port", "port": "7000"}, follow_redirects=True))
+    assert "Only the job's owner (alice)" in refused
+    assert bob.post(f"/jobs/{job_id}/endpoints/{endpoint_id}/close").status_code == 302
+    assert as_user("carol").post(f"/jobs/{job_id}/endpoints", {"kind": "port", "port": "7000"}).status_code == 404
+    assert as_user("carol").post(f"/jobs/{job_id}/endpoints/{endpoint_id}/close").status_code == 404
+    with sessions() as s:
+        assert s.scalar(sa.select(sa.func.count(JobEndpoint.id)).where(JobEndpoint.job_id == job_id)) == 2
+        assert s.get(JobEndpoint, int(endpoint_id)).status is EndpointStatus.CLOSING
+
+
+def test_endpoint_form_errors_are_said_and_ended_jobs_offer_no_form(as_user, sessions):
+    alice = as_user("alice")
+    job_id = submit(alice, gpus="0")
+    for fields, words in (({"kind": "port", "port": "80"}, "between 1024 and 65535"),
+                          ({"kind": "port", "port": "http"}, "whole number between 1024 and 65535"),
+                          ({"kind": "port", "port": ""}, "kind port needs port"),
+                          ({"kind": "telnet"}, "kind:"),
+                          ({"kind": "port", "port": "7000", "name": "Bad Name"}, "name:"),
+                          ({"kind": "ssh"}, "You have no SSH key")):
+        page = text(alice.post(f"/jobs/{job_id}/endpoints", fields, follow_redirects=True))
+        assert words in page, (fields, page[:3000])
+    assert alice.post(f"/jobs/{job_id}/endpoints", {"kind": "port", "port": "7000"},
+                                                 csrf=False).status_code == 400
+    with sessions() as s:
+        assert s.scalar(sa.select(sa.func.count(JobEndpoint.id))) == 0
+    alice.post(f"/jobs/{job_id}/endpoints", {"kind": "port", "port": "7000"})
+    alice.post(f"/jobs/{job_id}/kill")
+    page = text(alice.get(f"/jobs/{job_id}"))
+    assert 'id="open-endpoint"' not in page and 'data-endpoint-status="closed"' in page and "/close" not in page
+    page = text(alice.post(f"/jobs/{job_id}/endpoints", {"kind": "port", "port": "7001"}, follow_redirects=True))
+    assert "endpoints can only be opened on jobs that have not ended" in page
 
 
 # -- templates -------------------------------------------------------------------------------------

@@ -1,8 +1,9 @@
-"""The submit form: HTML form fields -> the API's own submit schema -> ``JobRequest``.
+"""Portal forms -> the API's own schemas: the submit form (-> ``JobRequest``) and the job page's
+"open an endpoint" form.
 
-The form is validated by the same marshmallow schema as ``POST /api/v1/jobs`` (one set of rules);
-this module only turns form strings into the types that schema expects and maps every error back to
-the form field it belongs to.
+Each form is validated by the same marshmallow schema as its API route (``POST /api/v1/jobs``,
+``POST /api/v1/jobs/{id}/endpoints``: one set of rules); this module only turns form strings into
+the types those schemas expect and maps every error back to the form field it belongs to.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 from marshmallow import ValidationError
 from werkzeug.datastructures import MultiDict
 
-from dlts.api.schemas import JobSubmitSchema
+from dlts.api.schemas import EndpointCreateSchema, JobSubmitSchema
 from dlts.services.jobs import JobRequest
 
 INT_FIELDS = ("gpus", "nodes", "max_retries", "priority")
@@ -138,3 +139,21 @@ def template_spec(values: Mapping[str, Any]) -> dict[str, Any]:
     """Form values worth saving in a template (as typed, so the form re-renders them exactly)."""
     keep = TEXT_FIELDS + INT_FIELDS + FLOAT_FIELDS + BOOL_FIELDS + ("max_time_h", "env", "ports")
     return {k: values[k] for k in keep if k in values and values[k] not in ("", None)}
+
+
+def parse_endpoint(form_data: Mapping[str, Any] | MultiDict) -> tuple[dict[str, Any] | None, str | None]:
+    """The job page's endpoint form -> ``{kind, port?, name?}`` as the API takes it, or an error to show."""
+    body: dict[str, Any] = {"kind": (form_data.get("kind") or "").strip()}
+    port = (form_data.get("port") or "").strip()
+    name = (form_data.get("name") or "").strip()
+    if port and body["kind"] == "port":  # the port box is ignored for the kinds whose port is fixed
+        if not port.isdigit() or len(port) > 5:
+            return None, "port: enter the port your job listens on, a whole number between 1024 and 65535."
+        body["port"] = int(port)
+    if name:
+        body["name"] = name
+    try:
+        return EndpointCreateSchema().load(body), None
+    except ValidationError as exc:
+        field_name, messages = next(iter(exc.normalized_messages().items()))
+        return None, f"{field_name}: {_first_text(messages)}"[:300]

@@ -1,5 +1,5 @@
 """Jobs pages: the list (filters, keyset pages, chosen columns, batch actions), details with the log
-viewer, the submit form with templates, and the single-job actions."""
+viewer and endpoints, the submit form with templates, and the single-job actions."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from flask import (
     redirect,
     render_template,
     request,
+    session,
     stream_with_context,
     url_for,
 )
@@ -29,6 +30,7 @@ from dlts.models import (
     JobAttempt,
     JobEvent,
     JobStatus,
+    SshKey,
     User,
     VirtualCluster,
 )
@@ -37,6 +39,7 @@ from dlts.portal.core import back, bp, flash_error, login_required, principal
 from dlts.repositories import jobs as job_repo
 from dlts.repositories.cluster import sku_shapes
 from dlts.services import cluster as cluster_service
+from dlts.services import endpoints as endpoint_service
 from dlts.services import job_templates, portal_auth
 from dlts.services import jobs as job_service
 from dlts.services.jobs import JOB_TYPES
@@ -57,6 +60,8 @@ ACTIONS = job_service.BATCH_ACTIONS
 MAX_BATCH = 200
 LOG_CHUNK_BYTES = 256 * 1024  # per read of the log viewer; the viewer starts this far before the end
 MAX_ID = 2**62  # ids beyond this are not ours (and would overflow the database's integer)
+# the one-time Jupyter / VS Code token, carried in the session cookie to the job page (never in a URL)
+NEW_ENDPOINT_TOKEN = "endpoint_token"
 
 
 def _visible_vc_ids(scope: str) -> list[int] | None:
@@ -183,17 +188,61 @@ def job(job_id: int):
             actions.append("resume")
         if job.status is S.UNAPPROVED and vc_admin:
             actions.append("approve")
-    ssh_keys = []
-    if full and job.spec.get("ssh"):
-        from dlts.services import ssh_keys as ssh_key_service
-
-        ssh_keys = ssh_key_service.list_keys(db.session, who) if job.user_id == who.user_id else []
+    endpoints = endpoint_service.views_of(db.session, job) if full else []
+    can_open_endpoint = full and job.status not in TERMINAL and job.status is not S.KILLING
+    # the owner is told before asking for ssh that nobody could log in without a key
+    no_ssh_key = (job.user_id == who.user_id and (can_open_endpoint or any(e.kind == "ssh" for e in endpoints))
+                  and db.session.scalar(sa.select(SshKey.id).where(SshKey.user_id == who.user_id).limit(1)) is None)
+    new_token = session.pop(NEW_ENDPOINT_TOKEN, None)
+    if not isinstance(new_token, dict) or new_token.get("job_id") != job.id:
+        new_token = None
     return render_template(
         "job.html", job=job, full=full, attempts=attempts, events=events, placements=placements, actions=actions,
         messages=[e for e in events if e.kind in ("insight", "repair")], vc_admin=vc_admin,
         can_patch=full and job.status not in TERMINAL,
         time_left_s=job_service.time_left_s(job, job.vc.max_job_time_s), ended=job.status in TERMINAL,
-        ssh_keys=ssh_keys)
+        endpoints=endpoints, can_open_endpoint=can_open_endpoint, endpoint_kinds=endpoint_service.KINDS,
+        no_ssh_key=no_ssh_key, new_token=new_token)
+
+
+@bp.route("/jobs/<int(max=4611686018427387904):job_id>/endpoints", methods=["POST"])
+@login_required
+def open_endpoint(job_id: int):
+    """Open an endpoint via services.endpoints; a Jupyter / VS Code token goes to the job page once."""
+    body, error = forms.parse_endpoint(request.form)
+    if body is None:
+        flash(error or "Choose a kind of endpoint.", "error")
+        return redirect(url_for("portal.job", job_id=job_id))
+    try:
+        view, token = endpoint_service.open_endpoint(db.session, principal(), job_id, body["kind"], body.get("port"),
+                                                     body.get("name"))
+    except DltsError as exc:
+        db.session.rollback()
+        if exc.http_status == 404:
+            raise
+        flash_error(exc)
+        return redirect(url_for("portal.job", job_id=job_id))
+    if token:
+        session[NEW_ENDPOINT_TOKEN] = {"job_id": job_id, "endpoint_id": view.id, "name": view.name, "kind": view.kind,
+                                       "token": token}
+    flash(f"Endpoint {view.name} ({view.kind}, port {view.port}) asked for; it is {view.status} until the job manager "
+          "has opened it for the running job.", "ok")
+    return redirect(url_for("portal.job", job_id=job_id))
+
+
+@bp.route("/jobs/<int(max=4611686018427387904):job_id>/endpoints/<int(max=4611686018427387904):endpoint_id>/close",
+          methods=["POST"])
+@login_required
+def close_endpoint(job_id: int, endpoint_id: int):
+    try:
+        view = endpoint_service.close_endpoint(db.session, principal(), job_id, endpoint_id)
+        flash(f"Endpoint {view.name} is closing; it disappears once the job manager has removed it.", "ok")
+    except DltsError as exc:
+        db.session.rollback()
+        if exc.code == "job_not_found":
+            raise
+        flash_error(exc)  # an endpoint already gone (closed twice) is said on the job page
+    return redirect(url_for("portal.job", job_id=job_id))
 
 
 @bp.route("/jobs/<int(max=4611686018427387904):job_id>/<action>", methods=["POST"])
