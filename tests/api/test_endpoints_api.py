@@ -271,3 +271,37 @@ def test_submission_reads_nothing_more_for_its_endpoints(app, world, sessions, s
     for statement in plain:
         extra.remove(statement)
     assert extra == ["INSERT job_endpoints"], (plain, with_endpoints)  # three rows, one statement
+
+
+def test_concurrent_opens_never_pass_the_cap_on_mariadb(sessions, settings, world):
+    """Opening locks the job row, so racing requests count each other's endpoints (MariaDB; SQLite's
+    demo has one writer at a time and no row locks)."""
+    import threading
+
+    from dlts.errors import DltsError
+    from dlts.services import endpoints
+    from .helpers import principal
+
+    if not settings.effective_database_url.startswith(("mysql", "mariadb")):
+        pytest.skip("row locks are MariaDB's")
+    job_id = make_job(sessions, settings, "alice", status=JobStatus.RUNNING)
+    outcomes: list[str] = []
+    start = threading.Barrier(12)
+
+    def open_one(i: int) -> None:
+        with sessions() as s:
+            who = principal(s, "alice")
+            start.wait()
+            try:
+                endpoints.open_endpoint(s, who, job_id, "port", 9000 + i)
+                outcomes.append("ok")
+            except DltsError as exc:
+                outcomes.append(exc.code)
+
+    threads = [threading.Thread(target=open_one, args=(i,)) for i in range(12)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert sorted(outcomes) == ["ok"] * 8 + ["too_many_endpoints"] * 4
+    assert len(rows(sessions, job_id)) == 8
