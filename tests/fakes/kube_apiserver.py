@@ -5,13 +5,18 @@ Kubernetes backend is tested against this one with the *official* ``kubernetes``
 HTTP through an ordinary kubeconfig. What it owns:
 
 * the core/v1 resources the backend uses: namespaces, pods (+ ``/status``), services, secrets,
-  events, nodes (+ ``/status``); create, get, list, replace, patch (JSON merge, strategic merge,
-  JSON patch) and delete;
+  configmaps, events, nodes (+ ``/status``, with ``InternalIP`` / ``Hostname`` addresses); create,
+  get, list, replace, patch (JSON merge, strategic merge, JSON patch) and delete;
 * the API semantics the backend relies on, as the real server implements them: label selectors
   (equality, set-based, existence, ``!=``/``notin`` matching objects *without* the key), field
   selectors, ``resourceVersion`` preconditions (409 Conflict when stale), 409 AlreadyExists,
   404 NotFound, 422 Invalid for bad names/labels, 401 without the bearer token, all as real
   ``Status`` objects; graceful pod deletion (``deletionTimestamp`` first, removal by the kubelet);
+* Services as the real allocator treats them: a NodePort service's ports get ``nodePort`` values
+  unique across the cluster from 30000-32767 (an explicit one is checked: range, already
+  allocated), an update that omits a port's ``nodePort`` keeps the one the port *of the same name*
+  had, ``clusterIP`` is kept across updates, and the port list is validated (names, duplicates,
+  at least one port); a full range is a 500 "failed to allocate a nodePort", as from the real one;
 * a simulated kubelet (``FakeKubelet``) that moves pods Pending -> Running -> Succeeded/Failed
   according to a tiny script in the pod's command (see "Script convention" below), freezes pods on
   a node that is NotReady, and marks nodes NotReady on request;
@@ -47,6 +52,7 @@ import base64
 import copy
 import datetime as dt
 import json
+import random
 import re
 import socket
 import threading
@@ -63,7 +69,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import yaml
 
-NAMESPACED = {"pods": "Pod", "services": "Service", "secrets": "Secret", "events": "Event"}
+NAMESPACED = {"pods": "Pod", "services": "Service", "secrets": "Secret", "configmaps": "ConfigMap", "events": "Event"}
 CLUSTER_SCOPED = {"nodes": "Node", "namespaces": "Namespace"}
 KINDS = {**NAMESPACED, **CLUSTER_SCOPED}
 
@@ -72,6 +78,9 @@ _DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-
 _DNS1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 _LABEL_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+_CONFIG_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
+NODE_PORT_RANGE = (30000, 32767)  # the apiserver's default --service-node-port-range
+CONFIGMAP_MAX_BYTES = 1024 * 1024
 
 
 def rfc3339(t: float) -> str:
@@ -294,6 +303,8 @@ def strategic_merge_patch(target: Any, patch: Any, field: str = "") -> Any:
     """Strategic merge patch for the fields the fake knows merge keys for (others: replace)."""
     if isinstance(patch, list):
         key = _MERGE_KEYS.get(field)
+        if field == "ports" and patch and all(isinstance(p, dict) and "containerPort" not in p for p in patch):
+            key = "port"  # a Service's ports (ServiceSpec.ports: patchMergeKey "port")
         if key and isinstance(target, list) and all(isinstance(p, dict) and key in p for p in patch):
             merged = [copy.deepcopy(t) for t in target]
             for item in patch:
@@ -371,8 +382,11 @@ def json_patch(target: dict, ops: list) -> dict:
 class Store:
     """All objects, keyed by (resource, namespace, name); every write bumps resourceVersion."""
 
-    def __init__(self, clock: Callable[[], float], history_max: int = 100_000) -> None:
+    def __init__(self, clock: Callable[[], float], history_max: int = 100_000,
+                 node_port_range: tuple[int, int] = NODE_PORT_RANGE) -> None:
         self.clock = clock
+        self.node_port_range = node_port_range  # the apiserver's --service-node-port-range
+        self._random = random.Random(0)  # nodePorts are random, as from the real allocator, yet repeatable
         self.lock = threading.RLock()
         self.objects: dict[tuple[str, str, str], dict] = {}
         self.revision = 1
@@ -483,12 +497,7 @@ class Store:
                                                  "lastTransitionTime": rfc3339(self.clock())})
                 obj["status"] = status
             if resource == "services":
-                obj["spec"].setdefault("type", "ClusterIP")
-                if obj["spec"].get("clusterIP") != "None":
-                    obj["spec"]["clusterIP"] = f"10.96.{self.revision % 250}.{self.revision // 250 % 250 + 1}"
-                if obj["spec"]["type"] == "NodePort":
-                    for i, port in enumerate(obj["spec"].get("ports") or []):
-                        port.setdefault("nodePort", 30000 + (self.revision * 7 + i) % 2767)
+                self._service_spec(namespace, obj, None)
             self._put(resource, namespace, obj, "ADDED")
             self.created[resource] += 1
             return copy.deepcopy(obj)
@@ -515,6 +524,8 @@ class Store:
                 meta["name"] = name
                 new["apiVersion"], new["kind"] = "v1", KINDS[resource]
                 validate(resource, new)
+                if resource == "services":
+                    self._service_spec(namespace, new, current)
             return self._commit(resource, namespace, new)
 
     def patch(self, resource: str, namespace: str, name: str, patch: Any, content_type: str,
@@ -549,7 +560,95 @@ class Store:
             elif "status" in current:
                 new["status"] = current["status"]
             validate(resource, new)
+            if resource == "services" and subresource != "status":
+                self._service_spec(namespace, new, current)
             return self._commit(resource, namespace, new)
+
+    def _node_ports_in_use(self, namespace: str, name: str) -> set[int]:
+        """Every nodePort held by a service other than ``namespace/name`` (the cluster-wide allocator)."""
+        used: set[int] = set()
+        for (res, ns, other), obj in self.objects.items():
+            if res == "services" and (ns, other) != (namespace, name):
+                used.update(int(p["nodePort"]) for p in (obj.get("spec") or {}).get("ports") or []
+                            if p.get("nodePort"))
+        return used
+
+    def _service_spec(self, namespace: str, new: dict, current: dict | None) -> None:
+        """Validate a Service's ports and allocate what the real apiserver allocates (clusterIP and
+        nodePorts), in place. On update, clusterIP is kept and a port without ``nodePort`` keeps the
+        one its namesake had (kube-apiserver's patchAllocatedValues maps them by port name)."""
+        name = new["metadata"]["name"]
+        spec = new.setdefault("spec", {})
+        spec.setdefault("type", "ClusterIP")
+        old_spec = (current or {}).get("spec") or {}
+        causes: list[tuple[str, str]] = []
+        if current is not None and spec.get("clusterIP") in (None, ""):
+            spec["clusterIP"] = old_spec.get("clusterIP")
+        elif current is not None and spec.get("clusterIP") != old_spec.get("clusterIP"):
+            causes.append(("spec.clusterIP", f"Invalid value: {spec.get('clusterIP')!r}: field is immutable"))
+        elif current is None and spec.get("clusterIP") != "None":
+            spec["clusterIP"] = f"10.96.{self.revision % 250}.{self.revision // 250 % 250 + 1}"
+        ports = spec.get("ports") or []
+        if not ports and spec.get("clusterIP") != "None":
+            causes.append(("spec.ports", "Required value"))
+        node_type = spec["type"] in ("NodePort", "LoadBalancer")
+        names: set[str] = set()
+        numbers: set[tuple[Any, str]] = set()
+        for i, port in enumerate(ports):
+            where = f"spec.ports[{i}]"
+            pname = port.get("name") or ""
+            if len(ports) > 1 and not pname:
+                causes.append((f"{where}.name", "Required value"))
+            elif pname and not (len(pname) <= 63 and _DNS1123_LABEL.match(pname)):
+                causes.append((f"{where}.name", f"Invalid value: {pname!r}: a lowercase RFC 1123 label must consist "
+                                                "of lower case alphanumeric characters or '-', and must start and "
+                                                "end with an alphanumeric character"))
+            elif pname in names:
+                causes.append((f"{where}.name", f"Duplicate value: {pname!r}"))
+            names.add(pname)
+            number = port.get("port")
+            if not isinstance(number, int) or isinstance(number, bool) or not 1 <= number <= 65535:
+                causes.append((f"{where}.port", f"Invalid value: {number!r}: must be between 1 and 65535, inclusive"))
+            protocol = port.setdefault("protocol", "TCP")
+            if (number, protocol) in numbers:
+                causes.append((where, f"Duplicate value: {{port: {number}, protocol: {protocol}}}"))
+            numbers.add((number, protocol))
+            port.setdefault("targetPort", number)
+            if port.get("nodePort") and not node_type:
+                causes.append((f"{where}.nodePort", f"Forbidden: may not be used when `type` is '{spec['type']}'"))
+        if causes:
+            raise _invalid("services", name, causes)
+        if not node_type:
+            return
+        lo, hi = self.node_port_range
+        used = self._node_ports_in_use(namespace, name)
+        taken: set[int] = set()
+        for i, port in enumerate(ports):
+            node_port = port.get("nodePort")
+            if not node_port:
+                continue
+            if not isinstance(node_port, int) or not lo <= node_port <= hi:
+                causes.append((f"spec.ports[{i}].nodePort", f"Invalid value: {node_port!r}: provided port is not in "
+                                                            f"the valid range. The range of valid ports is {lo}-{hi}"))
+            elif node_port in used or node_port in taken:
+                causes.append((f"spec.ports[{i}].nodePort", f"Invalid value: {node_port}: provided port is already allocated"))
+            taken.add(node_port)
+        if causes:
+            raise _invalid("services", name, causes)
+        by_name = {p.get("name") or "": p["nodePort"] for p in old_spec.get("ports") or [] if p.get("nodePort")}
+        for port in ports:
+            inherited = by_name.get(port.get("name") or "")
+            if not port.get("nodePort") and inherited and inherited not in taken:
+                port["nodePort"] = inherited
+                taken.add(inherited)
+        for port in ports:
+            if not port.get("nodePort"):
+                free = [n for n in range(lo, hi + 1) if n not in used and n not in taken]
+                if not free:
+                    raise ApiError(500, "InternalError", "Internal error occurred: failed to allocate a nodePort: "
+                                   "range is full", {"causes": [{"message": "failed to allocate a nodePort: range is full"}]})
+                port["nodePort"] = self._random.choice(free)
+                taken.add(port["nodePort"])
 
     def _commit(self, resource: str, namespace: str, new: dict) -> dict:
         new["metadata"]["resourceVersion"] = self._bump()
@@ -679,6 +778,19 @@ def validate(resource: str, obj: dict) -> None:
                     if "/" in rname and not rname.startswith("kubernetes.io/") and (res.get("limits") or {}).get(rname) != qty:
                         causes.append((f"{field}[{i}].resources.requests[{rname}]",
                                        f"Invalid value: {qty!r}: must be equal to {rname} limit"))
+    if resource == "configmaps":
+        data, binary = obj.get("data") or {}, obj.get("binaryData") or {}
+        if not isinstance(data, dict) or not all(isinstance(v, str) for v in data.values()):
+            raise _bad_request("ConfigMap in version \"v1\" cannot be handled as a ConfigMap: data values must be strings")
+        for key in list(data) + list(binary):
+            if not (len(key) <= 253 and _CONFIG_KEY.match(key)):
+                causes.append((f"data[{key}]", f"Invalid value: {key!r}: a valid config key must consist of alphanumeric "
+                                               "characters, '-', '_' or '.' (regex used for validation is '[-._a-zA-Z0-9]+')"))
+            if key in data and key in binary:
+                causes.append((f"data[{key}]", "Invalid value: duplicate of key present in binaryData"))
+        size = sum(len(k) + len(v.encode()) for k, v in data.items()) + sum(len(k) + len(v) for k, v in binary.items())
+        if size > CONFIGMAP_MAX_BYTES:
+            causes.append(("[]", f"Too long: must have at most {CONFIGMAP_MAX_BYTES} bytes"))
     if resource == "secrets":
         for key, value in (obj.get("data") or {}).items():
             try:
@@ -788,6 +900,13 @@ class FakeKubelet:
                 "source": {"component": "kubelet", "host": pod["spec"].get("nodeName", "")}}
         self.store.create("events", ns, body)
 
+    def _host_ip(self, node_name: str) -> str:
+        node = self.store.objects.get(("nodes", "", node_name)) or {}
+        for address in (node.get("status") or {}).get("addresses") or []:
+            if address.get("type") == "InternalIP":
+                return str(address["address"])
+        return ""
+
     def _step(self, pod: dict, now: float, ready: dict[str, bool]) -> None:
         meta, spec, status = pod["metadata"], pod["spec"], pod["status"]
         ns, name, uid = meta["namespace"], meta["name"], meta["uid"]
@@ -816,10 +935,11 @@ class FakeKubelet:
                 return
             script = parse_script(_container_script(spec["containers"][0]))
             self._started[uid] = (now, script)
+            host_ip = self._host_ip(node)
 
             def run(o: dict) -> None:
                 st = o["status"]
-                st.update(phase="Running", startTime=rfc3339(now), hostIP="192.168.0.1",
+                st.update(phase="Running", startTime=rfc3339(now), hostIP=host_ip,
                           podIP=f"10.244.{len(self._started) % 250}.{len(self._started) // 250 % 250 + 2}")
                 st["initContainerStatuses"] = [
                     {"name": c["name"], "image": c["image"], "imageID": "", "ready": False, "restartCount": 0,
@@ -1063,10 +1183,11 @@ class _HttpServer(ThreadingHTTPServer):
 class FakeKubeApiServer:
     """Start with ``with FakeKubeApiServer() as api:``; ``api.write_kubeconfig(path)`` for the client."""
 
-    def __init__(self, clock: FakeClock | None = None, token: str = "dlts-test-token") -> None:
+    def __init__(self, clock: FakeClock | None = None, token: str = "dlts-test-token",
+                 node_port_range: tuple[int, int] = NODE_PORT_RANGE) -> None:
         self.clock = clock or FakeClock()
         self.token = token
-        self.store = Store(self.clock)
+        self.store = Store(self.clock, node_port_range=node_port_range)
         self.kubelet = FakeKubelet(self.store, self.clock)
         self.requests: Counter[tuple[str, str]] = Counter()
         self._faults: list[tuple[int, set[str] | None]] = []
@@ -1141,14 +1262,21 @@ class FakeKubeApiServer:
     # helpers for tests (they go straight to the store, like a cluster admin would through kubectl)
     def add_node(self, name: str, *, gpus: int = 8, cpu: str = "96", memory: str = "900Gi",
                  labels: dict[str, str] | None = None, ready: bool = True, unschedulable: bool = False,
-                 annotations: dict[str, str] | None = None) -> dict:
+                 annotations: dict[str, str] | None = None, internal_ip: str | None = "") -> dict:
+        """A node as the kubelet registers it. ``internal_ip``: its InternalIP address ("" picks
+        192.168.0.N by order of registration; None: a node that reports no InternalIP)."""
         allocatable = {"cpu": cpu, "memory": memory, "pods": "110"}
+        if internal_ip == "":
+            count = len(self.objects("nodes", None))
+            internal_ip = f"192.168.{count // 250}.{count % 250 + 10}"
+        addresses = ([{"type": "InternalIP", "address": internal_ip}] if internal_ip else []) + [
+            {"type": "Hostname", "address": name}]
         if gpus:
             allocatable["nvidia.com/gpu"] = str(gpus)
         now = self.clock()
         body = {"metadata": {"name": name, "labels": labels or {}, "annotations": annotations or {}},
                 "spec": {"unschedulable": unschedulable} if unschedulable else {},
-                "status": {"capacity": dict(allocatable), "allocatable": allocatable,
+                "status": {"capacity": dict(allocatable), "allocatable": allocatable, "addresses": addresses,
                            "conditions": [{"type": "Ready", "status": "True" if ready else "False",
                                            "reason": "KubeletReady" if ready else "KubeletNotReady",
                                            "lastTransitionTime": rfc3339(now), "lastHeartbeatTime": rfc3339(now)}]}}

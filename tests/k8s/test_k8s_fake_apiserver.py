@@ -179,3 +179,123 @@ def test_injected_faults_are_real_status_errors(api, v1):
         v1.list_node()
     assert exc.value.status == 503 and status_of(exc.value)["kind"] == "Status"
     assert len(v1.list_node().items) == 4
+
+
+# -- services and their nodePorts, configmaps, node addresses ---------------------------------------
+
+
+def node_port_service(name: str, *ports: tuple[str, int], **extra) -> dict:
+    return {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name},
+            "spec": {"type": "NodePort", "selector": {"app": name},
+                     "ports": [{"name": n, "port": p, "targetPort": p, **extra} for n, p in ports]}}
+
+
+def ports_of(svc) -> dict[str, int]:
+    return {p.name: p.node_port for p in svc.spec.ports}
+
+
+def test_node_ports_are_allocated_unique_in_the_range(v1):
+    seen: list[int] = []
+    for i in range(20):
+        svc = v1.create_namespaced_service("default", node_port_service(f"s{i}", ("a", 80), ("b", 443)))
+        seen += ports_of(svc).values()
+    assert len(set(seen)) == 40 and all(30000 <= n <= 32767 for n in seen)
+    assert v1.create_namespaced_service("default", {"metadata": {"name": "plain"}, "spec": {
+        "ports": [{"port": 80}]}}).spec.ports[0].node_port is None  # ClusterIP services get none
+
+
+def test_an_update_keeps_the_node_port_of_each_port_name_and_frees_removed_ones(v1):
+    svc = v1.create_namespaced_service("default", node_port_service("s", ("ssh", 22), ("web", 80)))
+    first = ports_of(svc)
+    # merge patch replaces the list; ports without nodePort keep their namesake's
+    patched = v1.patch_namespaced_service("s", "default", {"spec": {"ports": [
+        {"name": "web", "port": 80, "targetPort": 80}, {"name": "new", "port": 9000, "targetPort": 9000}]}},
+        _content_type="application/merge-patch+json")
+    now = ports_of(patched)
+    assert now["web"] == first["web"] and set(now) == {"web", "new"}
+    assert patched.spec.cluster_ip == svc.spec.cluster_ip
+    # the freed nodePort can be taken explicitly by another service
+    other = v1.create_namespaced_service("default", node_port_service("t", ("x", 22), node_port=first["ssh"]))
+    assert ports_of(other) == {"x": first["ssh"]}
+    # replace (PUT) without nodePorts: kept by name too
+    body = v1.read_namespaced_service("s", "default")
+    for port in body.spec.ports:
+        port.node_port = None
+    assert ports_of(v1.replace_namespaced_service("s", "default", body)) == now
+
+
+def test_a_strategic_merge_patch_merges_service_ports_by_port_number(v1):
+    v1.create_namespaced_service("default", node_port_service("s", ("ssh", 22)))
+    patched = v1.patch_namespaced_service("s", "default", {"spec": {"ports": [{"name": "web", "port": 80}]}})
+    assert sorted(p.port for p in patched.spec.ports) == [22, 80]
+
+
+@pytest.mark.parametrize("ports,extra,message", [
+    ([("a", 80), ("b", 80)], {}, "spec.ports[1]: Duplicate value"),
+    ([("a", 80), ("a", 81)], {}, "spec.ports[1].name: Duplicate value"),
+    ([("", 80), ("b", 81)], {}, "spec.ports[0].name: Required value"),
+    ([("Bad", 80)], {}, "spec.ports[0].name: Invalid value"),
+    ([("a", 70000)], {}, "spec.ports[0].port: Invalid value"),
+    ([("a", 80)], {"node_port": 80}, "provided port is not in the valid range. The range of valid ports is 30000-32767"),
+    ([], {}, "spec.ports: Required value"),
+])
+def test_invalid_service_ports_are_422_with_the_field(v1, ports, extra, message):
+    body = node_port_service("s", *ports, **({"nodePort": extra["node_port"]} if extra else {}))
+    with pytest.raises(ApiException) as exc:
+        v1.create_namespaced_service("default", body)
+    assert exc.value.status == 422 and message in status_of(exc.value)["message"]
+
+
+def test_a_node_port_in_use_is_422_and_a_full_range_is_500(tmp_path):
+    from tests.fakes.kube_apiserver import FakeKubeApiServer
+
+    with FakeKubeApiServer(node_port_range=(30000, 30002)) as small:
+        api_client = config.new_client_from_config(config_file=str(small.write_kubeconfig(tmp_path / "kc")))
+        v1 = client.CoreV1Api(api_client)
+        v1.create_namespaced_service("default", node_port_service("a", ("x", 1), ("y", 2)))
+        taken = ports_of(v1.read_namespaced_service("a", "default"))
+        with pytest.raises(ApiException) as exc:
+            v1.create_namespaced_service("default", node_port_service("b", ("x", 1), nodePort=taken["x"]))
+        assert exc.value.status == 422 and "provided port is already allocated" in status_of(exc.value)["message"]
+        v1.create_namespaced_service("default", node_port_service("c", ("x", 1)))  # the last free one
+        with pytest.raises(ApiException) as exc:
+            v1.create_namespaced_service("default", node_port_service("d", ("x", 1)))
+        assert exc.value.status == 500
+        assert "failed to allocate a nodePort: range is full" in status_of(exc.value)["message"]
+        v1.delete_namespaced_service("a", "default")  # deleting frees its ports
+        assert len(ports_of(v1.create_namespaced_service("default", node_port_service("d", ("x", 1), ("y", 2))))) == 2
+        api_client.close()
+
+
+def test_configmaps_crud_by_label_and_validation(v1):
+    def cm(name, labels, data):
+        return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "labels": labels}, "data": data}
+
+    v1.create_namespaced_config_map("default", cm("a", {"job": "1"}, {"endpoints": "", "supervisor.sh": "#!/bin/sh\n"}))
+    v1.create_namespaced_config_map("default", cm("b", {"job": "2"}, {}))
+    assert [c.metadata.name for c in v1.list_namespaced_config_map("default", label_selector="job=1").items] == ["a"]
+    patched = v1.patch_namespaced_config_map("a", "default", {"data": {"endpoints": "1 ssh 22\n"}},
+                                             _content_type="application/merge-patch+json")
+    assert patched.data == {"endpoints": "1 ssh 22\n", "supervisor.sh": "#!/bin/sh\n"}
+    with pytest.raises(ApiException) as exc:
+        v1.create_namespaced_config_map("default", cm("c", {}, {"bad key": "x"}))
+    assert exc.value.status == 422 and "a valid config key" in status_of(exc.value)["message"]
+    with pytest.raises(ApiException) as exc:
+        v1.create_namespaced_config_map("default", cm("c", {}, {"big": "x" * (1024 * 1024)}))
+    assert exc.value.status == 422 and "must have at most 1048576 bytes" in status_of(exc.value)["message"]
+    v1.delete_collection_namespaced_config_map("default", label_selector="job=1")
+    assert [c.metadata.name for c in v1.list_namespaced_config_map("default").items] == ["b"]
+    with pytest.raises(ApiException) as exc:
+        v1.read_namespaced_config_map("a", "default")
+    assert exc.value.status == 404
+
+
+def test_nodes_report_their_addresses_and_pods_their_host_ip(api, v1):
+    api.add_node("x1", internal_ip="10.1.2.3")
+    assert [(a.type, a.address) for a in v1.read_node("x1").status.addresses] == [
+        ("InternalIP", "10.1.2.3"), ("Hostname", "x1")]
+    v1.create_namespaced_pod("default", pod("p", node="x1"))
+    api.kubelet.tick()
+    assert v1.read_namespaced_pod("p", "default").status.host_ip == "10.1.2.3"
+    ips = {a.address for n in v1.list_node().items for a in n.status.addresses if a.type == "InternalIP"}
+    assert len(ips) == len(v1.list_node().items)  # every node its own address
