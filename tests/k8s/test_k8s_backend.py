@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from conftest import GIB, env_of, make_spec
 
-from dlts.backends.base import RunPhase
+from dlts.backends.base import EndpointSpec, RegistryCredential, RunPhase
 from dlts.backends.k8s_render import LaunchRefused
 from dlts.backends.kubernetes import CordonResult, KubernetesUnavailable, NodeNotFound
 
@@ -83,14 +83,16 @@ def test_one_failed_rank_fails_the_distributed_attempt(api, backend):
 
 def test_launch_is_idempotent_across_a_restart(api, make_backend):
     spec = make_spec(9, type="distributed", nodes=("n1", "n2"), ports=(8888,),
-                     ssh_public_keys=("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAA alice@laptop",))
+                     ssh_public_keys=("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAA alice@laptop",),
+                     registry_credentials=(RegistryCredential("registry.example.com", "alice", "pw"),))
     make_backend().launch(spec)
     created = dict(api.store.created)
     # the managers process dies after creating, before any observe; the new one launches again
     restarted = make_backend()
     restarted.launch(spec)
     assert dict(api.store.created) == created
-    assert len(api.pods()) == 2 and len(api.objects("services")) == 2 and len(api.objects("secrets")) == 1
+    assert (len(api.pods()), len(api.objects("services")), len(api.objects("secrets")),
+            len(api.objects("configmaps"))) == (2, 1, 1, 1)
     assert by_key(restarted.observe())[(9, 1)].phase is RunPhase.PENDING
 
 
@@ -152,14 +154,18 @@ def test_a_finished_attempt_stays_finished_when_its_node_goes(api, backend):
 
 
 def test_orphans_are_garbage_collected(api, backend):
-    backend.launch(make_spec(20, type="distributed", nodes=("n1", "n2"), ports=(22,),
-                             ssh_public_keys=("ssh-rsa AAAAB3NzaC1yc2E alice",)))
+    backend.launch(make_spec(20, type="distributed", nodes=("n1", "n2"),
+                             ssh_public_keys=("ssh-rsa AAAAB3NzaC1yc2E alice",),
+                             registry_credentials=(RegistryCredential("registry.example.com", "alice", "pw"),)))
+    api.kubelet.tick()
+    backend.expose(20, 1, [EndpointSpec(1, "ssh", 22)], ("ssh-rsa AAAAB3NzaC1yc2E alice",))
     backend.launch(make_spec(21))
     removed = backend.collect_garbage(live={(21, 1)})
     assert removed == ((20, 1),)
     api.kubelet.tick()  # graceful deletes complete
     assert [p["metadata"]["name"] for p in api.pods()] == ["dlts-21-1-0"]
     assert api.objects("services") == [] and api.objects("secrets") == []
+    assert [c["metadata"]["name"] for c in api.objects("configmaps")] == ["dlts-21-1-endpoints"]
     assert backend.collect_garbage(live={(21, 1)}) == ()
 
 
@@ -326,8 +332,8 @@ def test_a_half_created_attempt_is_hidden_until_relaunched_then_gone_if_never(ap
 
 
 def test_a_refusal_by_the_api_server_is_a_launch_refusal_with_its_message(api, backend):
-    api.fail_next(1, 403, verbs={"create"})
-    with pytest.raises(LaunchRefused, match="Kubernetes refused Pod dlts-60-1-0: injected fault: Forbidden"):
+    api.fail_next(1, 403, verbs={"create"})  # the first object created: the endpoint ConfigMap
+    with pytest.raises(LaunchRefused, match="Kubernetes refused ConfigMap dlts-60-1-endpoints: injected fault: Forbidden"):
         backend.launch(make_spec(60))
     backend.launch(make_spec(60))  # no back-off for a refusal: the API is up
     assert len(api.pods()) == 1

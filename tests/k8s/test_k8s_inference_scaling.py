@@ -44,9 +44,8 @@ def test_launch_with_more_replicas_creates_only_the_new_pods_named_by_replica_in
     new = pods["dlts-7-1-3"]
     assert new["spec"]["nodeName"] == "n2" and new["metadata"]["labels"]["dlts.io/index"] == "3"
     assert new["metadata"]["labels"]["dlts.io/role"] == "replica" and env_of(new)["DLTS_REPLICA"] == "3"
-    # the endpoint serves every replica of the attempt, not just index 0
-    [svc] = api.objects("services")
-    assert "dlts.io/index" not in svc["spec"]["selector"] and svc["spec"]["selector"]["dlts.io/job-id"] == "7"
+    # every replica runs the endpoint supervisor (the endpoint Service selects them all)
+    assert {env_of(p).get("DLTS_ENDPOINTS_DIR") for p in pods.values()} == {"/dlts-endpoints"}
     api.kubelet.tick()
     seen = by_key(backend.observe())[(7, 1)]
     assert seen.phase is RunPhase.RUNNING and seen.replicas == {0, 3, 4} and not seen.retiring
@@ -96,11 +95,11 @@ def test_a_missing_distributed_pod_still_makes_its_attempt_gone(api, backend):
 
 
 def test_garbage_collection_removes_every_replica_of_an_orphaned_attempt(api, backend):
-    backend.launch(inference(ports=(8080,)))
+    backend.launch(inference())
     backend.remove_replicas(7, 1, [2], grace_s=30)
     assert backend.collect_garbage([]) == ((7, 1),)
     api.kubelet.tick()
-    assert api.pods() == [] and api.objects("services") == []
+    assert api.pods() == [] and api.objects("configmaps") == []
 
 
 def test_launch_spec_replica_indexes_are_checked():

@@ -169,12 +169,17 @@ def test_a_crash_before_the_create_is_finished_by_the_next_manager(h, monkeypatc
 def test_orphan_objects_are_removed(h):
     from tests.k8s.conftest import make_spec
 
-    h.backend.launch(make_spec(999, command="sleep infinity", ssh_public_keys=("ssh-rsa AAAAB3Nz x",), ports=(22,)))
-    assert h.api.objects("secrets") and h.api.objects("services")
+    from dlts.backends.base import EndpointSpec, RegistryCredential
+
+    key = "ssh-rsa AAAAB3Nz x"
+    h.backend.launch(make_spec(999, command="sleep infinity", ssh_public_keys=(key,),
+                               registry_credentials=(RegistryCredential("registry.example.com", "x", "y"),)))
+    h.backend.expose(999, 1, [EndpointSpec(5, "ssh", 22)], (key,))
+    assert h.api.objects("secrets") and h.api.objects("services") and h.api.objects("configmaps")
     h.tick()  # the manager sees a pod no live attempt explains, stops it, and collects its objects
     h.tick()
     assert h.api.pods() == []
-    assert h.api.objects("secrets") == [] and h.api.objects("services") == []
+    assert h.api.objects("secrets") == [] and h.api.objects("services") == [] and h.api.objects("configmaps") == []
     with h.sessions() as s:
         live = {(j.id, j.attempt) for j in s.scalars(sa.select(Job).where(Job.status.in_([S.SCHEDULING, S.RUNNING])))}
     assert h.backend.collect_garbage(live) == ()  # nothing left for a second pass

@@ -53,9 +53,24 @@ SETTINGS = RenderSettings(
 )
 
 
+SUPERVISOR = DEFAULT_TEMPLATES_DIR / "endpoint-supervisor.sh"
+
+
+def golden_objects(rendered) -> list[dict]:
+    """The objects with the supervisor script (tested on its own) shown by name, so that a change
+    to the script does not rewrite every golden file."""
+    objects = []
+    for obj in rendered.all():
+        if obj["kind"] == "ConfigMap":
+            assert obj["data"]["supervisor.sh"] == SUPERVISOR.read_text()
+            obj = {**obj, "data": {**obj["data"], "supervisor.sh": f"<{SUPERVISOR.name}>"}}
+        objects.append(obj)
+    return objects
+
+
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_rendered_manifests_match_the_golden_files(case):
-    text = render_yaml(ManifestRenderer(SETTINGS).render(CASES[case]).all())
+    text = render_yaml(golden_objects(ManifestRenderer(SETTINGS).render(CASES[case])))
     path = GOLDEN / f"{case}.yaml"
     if os.environ.get("DLTS_UPDATE_GOLDEN") == "1":
         path.write_text(text)
@@ -64,7 +79,7 @@ def test_rendered_manifests_match_the_golden_files(case):
 
 
 def test_cpu_jobs_see_no_gpus_and_storage_is_mounted():
-    [secret, pod] = ManifestRenderer(SETTINGS).render(CASES["cpu_with_storage_and_registry"]).all()
+    [secret, _configmap, pod] = ManifestRenderer(SETTINGS).render(CASES["cpu_with_storage_and_registry"]).all()
     env = env_of(pod)
     assert env["NVIDIA_VISIBLE_DEVICES"] == "void"
     assert "nvidia.com/gpu" not in pod["spec"]["containers"][0]["resources"]["limits"]
@@ -216,13 +231,15 @@ def test_dlts_render_prints_the_objects_of_a_job_body(tmp_path):
                    "--ssh-key-file", str(keyfile)], tmp_path)
     assert result.exit_code == 0, result.output
     docs = list(yaml.safe_load_all(result.output))
-    assert [d["kind"] for d in docs] == ["Secret", "Service", "Service", "Pod", "Pod"]
-    pods = docs[3:]
+    # no endpoint Service: the job manager exposes endpoints (ssh here) once the job runs
+    assert [d["kind"] for d in docs] == ["ConfigMap", "Service", "Pod", "Pod"]
+    pods = docs[2:]
     assert [p["spec"]["nodeName"] for p in pods] == ["g01", "g02"]
     assert pods[1]["metadata"]["name"] == "dlts-42-1-1"
     res = pods[0]["spec"]["containers"][0]["resources"]["limits"]
     assert res == {"cpu": "48", "memory": str(200 * GIB), "nvidia.com/gpu": "8"}
-    assert docs[2]["spec"]["ports"][0]["port"] == 22
+    assert docs[0]["metadata"]["name"] == "dlts-42-1-endpoints"
+    assert docs[0]["data"]["authorized_keys"] == KEY + "\n" and docs[0]["data"]["endpoints"] == ""
 
 
 @pytest.mark.parametrize("body,args,message", [

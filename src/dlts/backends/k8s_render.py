@@ -1,7 +1,8 @@
 """Turning a ``LaunchSpec`` into the Kubernetes objects of one attempt.
 
 This module owns the manifests: deterministic names and labels, the Jinja templates operators may
-override (top-level ``templates/kubernetes/``), the escaping that keeps user strings from changing
+override (top-level ``templates/kubernetes/``), the endpoint objects (the NodePort Service and the
+ConfigMap the in-container supervisor reads), the escaping that keeps user strings from changing
 the YAML structure, validation of the result against the official client's models, and the
 privilege policy (no privileged / hostNetwork / hostIPC / hostPID / hostPath / added capabilities
 unless the job's VC allows it). The policy is checked on the *rendered* objects, so a customised
@@ -17,7 +18,7 @@ import enum
 import hashlib
 import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,7 @@ import pydantic
 import yaml
 from kubernetes import client as k8s
 
-from dlts.backends.base import LaunchSpec
+from dlts.backends.base import EndpointSpec, LaunchSpec
 
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MANAGED_BY = "dlts"
@@ -46,12 +47,17 @@ ANNOTATION_WORLD_SIZE = "dlts.io/pods"
 ANNOTATION_RETIRING = "dlts.io/retiring"
 GPU_RESOURCE = "nvidia.com/gpu"
 RUNTIME_DIR = "/dlts-runtime"
-SSH_DIR = "/dlts-ssh"
+# Where the attempt's endpoint ConfigMap is mounted in every pod: ``endpoints`` (one line per
+# endpoint: "ID KIND PORT [SECRET_SHA256]"), ``authorized_keys`` and ``supervisor.sh``.
+ENDPOINTS_DIR = "/dlts-endpoints"
+SUPERVISOR_TEMPLATE = "endpoint-supervisor.sh"
+ENDPOINT_KINDS = frozenset({"ssh", "jupyter", "vscode", "port"})
+_SECRET_HASH = re.compile(r"^[0-9a-f]{64}$")
 
 # Environment the backend owns; a job's own env may not override these names.
 RESERVED_ENV = frozenset({
     "DLTS_JOB_ID", "DLTS_ATTEMPT", "DLTS_USER", "DLTS_VC", "DLTS_NUM_GPUS", "DLTS_COMMAND", "DLTS_PREEMPTIBLE",
-    "DLTS_LOG_PATH", "DLTS_SSH_AUTHORIZED_KEYS", "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK",
+    "DLTS_LOG_PATH", "DLTS_SSH_AUTHORIZED_KEYS", "DLTS_ENDPOINTS_DIR", "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK",
     "LOCAL_WORLD_SIZE", "NODE_RANK", "NNODES", "NVIDIA_VISIBLE_DEVICES", "DLTS_REPLICA",
 })
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -62,10 +68,14 @@ _IMAGE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-/:@]*$")
 # The job container's PID 1: an init that forwards signals to the whole process group (-g) and
 # reaps zombies. tini from the image when it has one, else the static tini the init container
 # copied into the shared emptyDir. The user's command is only ever read from $DLTS_COMMAND, never
-# pasted into this script, so no quoting in it can escape.
+# pasted into this script, so no quoting in it can escape. On the pods that serve the job's
+# endpoints ($DLTS_ENDPOINTS_DIR set), the endpoint supervisor runs in the background first, its
+# output in the job's log.
 ENTRYPOINT = (
     'if [ -n "${DLTS_LOG_PATH:-}" ]; then mkdir -p "$(dirname "$DLTS_LOG_PATH")" && '
     'exec >>"$DLTS_LOG_PATH" 2>&1; fi; '
+    'if [ -n "${DLTS_ENDPOINTS_DIR:-}" ] && [ -r "$DLTS_ENDPOINTS_DIR/supervisor.sh" ]; then '
+    '/bin/sh "$DLTS_ENDPOINTS_DIR/supervisor.sh" </dev/null & fi; '
     "if command -v tini >/dev/null 2>&1; then init=tini; else init=" + RUNTIME_DIR + "/tini; fi; "
     'exec "$init" -g -- /bin/sh -c "$DLTS_COMMAND"'
 )
@@ -127,14 +137,16 @@ class TemplateError(RuntimeError):
 
 @dataclass(frozen=True)
 class RenderedAttempt:
-    """The objects of one attempt, in creation order (secrets and services before the pods)."""
+    """The objects of one attempt, in creation order (secrets, the endpoint ConfigMap and services
+    before the pods that mount or use them)."""
 
     secrets: tuple[dict, ...]
     services: tuple[dict, ...]
     pods: tuple[dict, ...]
+    configmaps: tuple[dict, ...] = ()
 
     def all(self) -> tuple[dict, ...]:
-        return self.secrets + self.services + self.pods
+        return self.secrets + self.configmaps + self.services + self.pods
 
 
 # -- names and labels ---------------------------------------------------------------------------
@@ -159,6 +171,48 @@ def label_value(text: str) -> str:
     digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:10]
     cleaned = re.sub(r"[^A-Za-z0-9_.-]+", "-", text)[:50].strip("-_.")
     return f"{cleaned}-{digest}" if cleaned else digest
+
+
+def endpoint_service_name(job_id: int, attempt: int) -> str:
+    return f"{attempt_name(job_id, attempt)}-ep"
+
+
+def endpoint_configmap_name(job_id: int, attempt: int) -> str:
+    return f"{attempt_name(job_id, attempt)}-endpoints"
+
+
+def endpoint_port_name(endpoint_id: int) -> str:
+    """The Service port of an endpoint (a DNS label, unique per job, stable across calls)."""
+    return f"e{int(endpoint_id)}"
+
+
+def endpoint_problem(endpoint: EndpointSpec) -> str | None:
+    """Why ``endpoint`` cannot be exposed as given (None: it can). Rows are validated by the API;
+    this keeps a bad row from breaking the line format the supervisor reads or opening an
+    unprotected server."""
+    if endpoint.kind not in ENDPOINT_KINDS:
+        return f"unknown endpoint kind {endpoint.kind!r}; DLTS exposes {', '.join(sorted(ENDPOINT_KINDS))}"
+    if isinstance(endpoint.port, bool) or not isinstance(endpoint.port, int) or not 1 <= endpoint.port <= 65535:
+        return f"port {endpoint.port!r} is not a TCP port number (1-65535)"
+    if endpoint.secret_hash and not _SECRET_HASH.match(endpoint.secret_hash):
+        return "its token hash is not a SHA-256 hex digest; delete the endpoint and open it again"
+    if endpoint.kind in ("jupyter", "vscode") and not endpoint.secret_hash:
+        return f"a {endpoint.kind} endpoint needs a token (none recorded); delete the endpoint and open it again"
+    return None
+
+
+def endpoint_lines(endpoints: Sequence[EndpointSpec]) -> str:
+    """The ConfigMap's ``endpoints`` file: "ID KIND PORT [SECRET_SHA256]" per line, by id."""
+    return "".join(" ".join([str(int(e.id)), e.kind, str(int(e.port))] + ([e.secret_hash] if e.secret_hash else []))
+                   + "\n" for e in sorted(endpoints, key=lambda e: e.id))
+
+
+def valid_ssh_key(key: str) -> bool:
+    return bool(_SSH_KEY.match(key.strip()))
+
+
+def authorized_keys(keys: Iterable[str]) -> str:
+    return "".join(k.strip() + "\n" for k in keys)
 
 
 def attempt_selector(job_id: int, attempt: int) -> str:
@@ -217,7 +271,8 @@ def _environment(templates_dir: str | None) -> jinja2.Environment:
     elif not templates_dir:
         raise TemplateError(f"the default Kubernetes templates are not at {DEFAULT_TEMPLATES_DIR} (an installed "
                             "copy without the repository's templates/); set templates_dir to a directory holding "
-                            "pod.yaml.j2, headless-service.yaml.j2, endpoint-service.yaml.j2 and secret.yaml.j2")
+                            "pod.yaml.j2, headless-service.yaml.j2, endpoint-service.yaml.j2, "
+                            "endpoint-configmap.yaml.j2, endpoint-supervisor.sh and secret.yaml.j2")
     return jinja2.Environment(
         loader=jinja2.FileSystemLoader(paths),
         undefined=jinja2.StrictUndefined,
@@ -320,7 +375,8 @@ def check_pod_policy(pod: Mapping[str, Any], allowed: frozenset[PrivilegedFeatur
             raise LaunchRefused(f"the pod would use {feature.value} ({where}), which its VC's policy does not allow")
 
 
-_MODELS: dict[str, type[pydantic.BaseModel]] = {"Pod": k8s.V1Pod, "Service": k8s.V1Service, "Secret": k8s.V1Secret}
+_MODELS: dict[str, type[pydantic.BaseModel]] = {"Pod": k8s.V1Pod, "Service": k8s.V1Service, "Secret": k8s.V1Secret,
+                                                "ConfigMap": k8s.V1ConfigMap}
 
 
 def to_model(doc: Mapping[str, Any], template: str) -> Any:
@@ -373,6 +429,57 @@ class ManifestRenderer:
         to_model(docs[0], template)
         return docs[0]
 
+    def supervisor_script(self) -> str:
+        """The endpoint supervisor (``endpoint-supervisor.sh``: the operator's copy when there is
+        one). A shell script, not a Jinja template: it is shipped as it is."""
+        try:
+            text, _path, _uptodate = self._env.loader.get_source(self._env, SUPERVISOR_TEMPLATE)  # type: ignore[union-attr]
+        except jinja2.TemplateNotFound:
+            raise TemplateError(f"{SUPERVISOR_TEMPLATE} not found in {self.settings.templates_dir or DEFAULT_TEMPLATES_DIR}"
+                                ) from None
+        return text
+
+    def endpoint_configmap(self, job_id: int, attempt: int, labels: Mapping[str, str], annotations: Mapping[str, str],
+                           endpoints: Sequence[EndpointSpec], ssh_public_keys: Iterable[str]) -> dict:
+        """The attempt's endpoint ConfigMap: what the supervisor in the job's container serves."""
+        doc = self._render("endpoint-configmap.yaml.j2", {
+            "name": endpoint_configmap_name(job_id, attempt), "namespace": self.settings.namespace,
+            "labels": dict(labels), "annotations": dict(annotations),
+            "data": {"endpoints": endpoint_lines(endpoints), "authorized_keys": authorized_keys(ssh_public_keys),
+                     "supervisor.sh": self.supervisor_script()},
+        })
+        self._check_ownership(doc, job_id, attempt)
+        return doc
+
+    def endpoint_service(self, job_id: int, attempt: int, labels: Mapping[str, str], annotations: Mapping[str, str],
+                         endpoints: Sequence[EndpointSpec], inference: bool) -> dict:
+        """The attempt's NodePort Service: one port per endpoint, named ``e<id>``. It selects the
+        pod of index 0, or every replica of an inference job (Kubernetes balances over them and
+        drops a replica being removed)."""
+        selector = {LABEL_JOB_ID: str(int(job_id)), LABEL_ATTEMPT: str(int(attempt)), MANAGED_BY_LABEL: MANAGED_BY}
+        if not inference:
+            selector[LABEL_INDEX] = "0"
+        doc = self._render("endpoint-service.yaml.j2", {
+            "name": endpoint_service_name(job_id, attempt), "namespace": self.settings.namespace,
+            "labels": dict(labels), "annotations": dict(annotations), "selector": selector,
+            "ports": [{"name": endpoint_port_name(e.id), "port": e.port, "targetPort": e.port, "protocol": "TCP"}
+                      for e in sorted(endpoints, key=lambda e: e.id)],
+        })
+        self._check_ownership(doc, job_id, attempt)
+        return doc
+
+    def _check_ownership(self, doc: Mapping[str, Any], job_id: int, attempt: int) -> None:
+        """A rendered object stays in the configured namespace and keeps the labels DLTS finds it by."""
+        meta = doc.get("metadata") or {}
+        if meta.get("namespace") not in (None, self.settings.namespace):
+            raise TemplateError(f"a template put {meta.get('name')} in namespace {meta.get('namespace')!r}; "
+                                f"objects must go to the configured namespace {self.settings.namespace!r}")
+        labels = meta.get("labels") or {}
+        wanted = {LABEL_JOB_ID: str(int(job_id)), LABEL_ATTEMPT: str(int(attempt)), MANAGED_BY_LABEL: MANAGED_BY}
+        if any(labels.get(k) != v for k, v in wanted.items()):
+            raise TemplateError(f"a template dropped DLTS's labels from {meta.get('name')}; keep "
+                                "{{ labels }} in metadata.labels so DLTS can find its objects")
+
     def render(self, spec: LaunchSpec) -> RenderedAttempt:
         s = self.settings
         allowed = _policy(s, spec)
@@ -394,19 +501,11 @@ class ManifestRenderer:
         names = {
             "attempt": base,
             "headless_service": base,
-            "endpoint_service": f"{base}-ep",
-            "ssh_secret": f"{base}-ssh",
+            "endpoint_configmap": endpoint_configmap_name(spec.job_id, spec.attempt),
             "registry_secret": f"{base}-registry",
         }
 
         secrets: list[dict] = []
-        if spec.ssh_public_keys:
-            keys = "".join(k.strip() + "\n" for k in spec.ssh_public_keys)
-            secrets.append(self._render("secret.yaml.j2", {
-                "name": names["ssh_secret"], "namespace": s.namespace, "labels": common_labels,
-                "annotations": annotations, "type": "Opaque",
-                "data": {"authorized_keys": base64.b64encode(keys.encode()).decode()},
-            }))
         pull_secrets: list[str] = []
         if spec.registry_credentials:
             auths = {c.server: {"username": c.username, "password": c.password,
@@ -427,21 +526,17 @@ class ManifestRenderer:
                 "name": names["headless_service"], "namespace": s.namespace, "labels": common_labels,
                 "annotations": annotations, "selector": attempt_match, "master_port": s.master_port,
             }))
-        if spec.ports:
-            # Inference: every replica serves (Kubernetes balances over them and drops a replica
-            # being removed from the endpoints); every other type: the pod of index 0.
-            selector = dict(attempt_match) if inference else {**attempt_match, LABEL_INDEX: "0"}
-            services.append(self._render("endpoint-service.yaml.j2", {
-                "name": names["endpoint_service"], "namespace": s.namespace, "labels": common_labels,
-                "annotations": annotations, "selector": selector,
-                "ports": [{"name": f"p{p}", "port": p, "targetPort": p, "protocol": "TCP"} for p in spec.ports],
-            }))
+        # Endpoints (ssh, Jupyter, VS Code, ports) are exposed by ``expose`` once the job runs: its
+        # NodePort Service is made then. The ConfigMap the supervisor reads exists from the start
+        # (empty list) so that the pods' mount of it works; ``expose`` fills it.
+        configmap = self.endpoint_configmap(spec.job_id, spec.attempt, common_labels, annotations, (),
+                                            spec.ssh_public_keys)
 
-        volumes: list[dict] = [{"name": "dlts-runtime", "emptyDir": {}}]
-        mounts: list[dict] = [{"name": "dlts-runtime", "mountPath": RUNTIME_DIR, "readOnly": True}]
-        if spec.ssh_public_keys:
-            volumes.append({"name": "dlts-ssh", "secret": {"secretName": names["ssh_secret"], "defaultMode": 0o444}})
-            mounts.append({"name": "dlts-ssh", "mountPath": SSH_DIR, "readOnly": True})
+        volumes: list[dict] = [{"name": "dlts-runtime", "emptyDir": {}},
+                               {"name": "dlts-endpoints", "configMap": {"name": names["endpoint_configmap"],
+                                                                        "optional": True, "defaultMode": 0o444}}]
+        mounts: list[dict] = [{"name": "dlts-runtime", "mountPath": RUNTIME_DIR, "readOnly": True},
+                              {"name": "dlts-endpoints", "mountPath": ENDPOINTS_DIR, "readOnly": True}]
         for i, nfs in enumerate(_volumes_for(s, spec.vc) + _spec_volumes(spec)):
             # Volume names are DNS labels; the configured name may not be one.
             vname = f"nfs-{i}-" + re.sub(r"[^a-z0-9-]+", "-", nfs.name.lower()).strip("-")[:40]
@@ -475,8 +570,11 @@ class ManifestRenderer:
                 env["NVIDIA_VISIBLE_DEVICES"] = "void"
             if log_path:
                 env["DLTS_LOG_PATH"] = log_path
-            if spec.ssh_public_keys:
-                env["DLTS_SSH_AUTHORIZED_KEYS"] = f"{SSH_DIR}/authorized_keys"
+            # Every pod sees the job owner's keys (ssh between the pods of a distributed job); the
+            # pods the endpoint Service selects also run the endpoint supervisor.
+            env["DLTS_SSH_AUTHORIZED_KEYS"] = f"{ENDPOINTS_DIR}/authorized_keys"
+            if inference or index == 0:
+                env["DLTS_ENDPOINTS_DIR"] = ENDPOINTS_DIR
             if distributed:
                 local = max(gpus, 1)
                 env.update({
@@ -512,15 +610,8 @@ class ManifestRenderer:
             check_pod_policy(doc, allowed)
             pods.append(doc)
         for doc in secrets + services + pods:
-            meta = doc.get("metadata") or {}
-            if meta.get("namespace") not in (None, s.namespace):
-                raise TemplateError(f"a template put {meta.get('name')} in namespace {meta.get('namespace')!r}; "
-                                    f"objects must go to the configured namespace {s.namespace!r}")
-            labels = meta.get("labels") or {}
-            if any(labels.get(k) != v for k, v in attempt_match.items()):
-                raise TemplateError(f"a template dropped DLTS's labels from {meta.get('name')}; keep "
-                                    "{{ labels }} in metadata.labels so DLTS can find its objects")
-        return RenderedAttempt(tuple(secrets), tuple(services), tuple(pods))
+            self._check_ownership(doc, spec.job_id, spec.attempt)
+        return RenderedAttempt(tuple(secrets), tuple(services), tuple(pods), (configmap,))
 
 
 def render_yaml(objects: Iterable[Mapping[str, Any]]) -> str:

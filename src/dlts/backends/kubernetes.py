@@ -2,14 +2,20 @@
 
 What this module owns:
 
-* ``launch``: the objects ``k8s_render`` produces (secrets, services, then one pod per placement,
-  each bound to its node with ``nodeName``), created idempotently: a name that already exists is
-  the object of this very attempt (names are deterministic), so a second launch creates nothing.
+* ``launch``: the objects ``k8s_render`` produces (secrets, the endpoint ConfigMap, services, then
+  one pod per placement, each bound to its node with ``nodeName``), created idempotently: a name
+  that already exists is the object of this very attempt (names are deterministic), so a second
+  launch creates nothing.
+* ``expose``: the attempt's endpoints (ssh, Jupyter, VS Code, ports) as one NodePort Service whose
+  ports match the endpoints exactly (created, patched, deleted) and the endpoint ConfigMap the
+  supervisor in the job's container reads; an endpoint is ready once its pod runs and its port has
+  a nodePort, at the InternalIP of the pod's node.
 * ``observe``: one list of our pods and one list of nodes per call, however many jobs run (with
   ``watch`` on, the pods come from memory kept by ``k8s_watch.PodWatch``); pod phases and
   container exit codes become ``Observed`` values; a pod whose node has been NotReady /
   Unknown (or absent) for ``node_lost_after_s`` makes its attempt ``GONE`` with ``node_lost``.
-* ``terminate`` (kill, preemption) deletes with a grace period; deleting what is gone succeeds.
+* ``terminate`` (kill, preemption) deletes the pods with a grace period and the endpoint objects at
+  once; deleting what is gone succeeds.
 * Inference replicas: pod ``dlts-J-A-<replica index>``; ``launch`` again with more replicas creates
   the new pods only (scale-up); ``remove_replicas`` marks the pods ``dlts.io/retiring`` and deletes
   them with a grace period (scale-down). ``observe`` reports an inference attempt RUNNING while any
@@ -40,14 +46,25 @@ from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.utils import parse_quantity
 
-from dlts.backends.base import BackendUnavailable, LaunchSpec, NodeInfo, Observed, RunPhase
+from dlts.backends.base import (
+    BackendUnavailable,
+    EndpointSpec,
+    EndpointState,
+    LaunchSpec,
+    NodeInfo,
+    Observed,
+    RunPhase,
+)
 from dlts.backends.k8s_render import (
     ANNOTATION_RETIRING,
+    ANNOTATION_USER,
+    ANNOTATION_VC,
     ANNOTATION_WORLD_SIZE,
     GPU_RESOURCE,
     LABEL_ATTEMPT,
     LABEL_INDEX,
     LABEL_JOB_ID,
+    LABEL_ROLE,
     LABEL_TYPE,
     MANAGED_SELECTOR,
     LaunchRefused,
@@ -58,8 +75,15 @@ from dlts.backends.k8s_render import (
     RenderSettings,
     TemplateError,
     attempt_selector,
+    authorized_keys,
+    endpoint_configmap_name,
+    endpoint_lines,
+    endpoint_port_name,
+    endpoint_problem,
+    endpoint_service_name,
     label_value,
     pod_name,
+    valid_ssh_key,
 )
 from dlts.backends.k8s_watch import PodWatch
 
@@ -249,9 +273,9 @@ class KubernetesBackend:
         """One API request.
 
         ``ok`` statuses return None (404 on delete, 409 on create); ``passthrough`` statuses are
-        re-raised as ``ApiException`` for the caller to interpret; 5xx, 429, 401 and transport
-        errors start the back-off; any other refusal becomes ``KubernetesUnavailable`` with the
-        server's message.
+        re-raised as ``ApiException`` for the caller to interpret (even a 5xx: the caller decides
+        whether to back off); other 5xx, 429, 401 and transport errors start the back-off; any
+        other refusal becomes ``KubernetesUnavailable`` with the server's message.
         """
         now = self.clock()
         with self._lock:
@@ -267,11 +291,12 @@ class KubernetesBackend:
             if exc.status in ok:
                 self._succeeded()
                 return None
+            if exc.status in passthrough:
+                self._succeeded()
+                raise
             if exc.status in (0, 401, 429) or exc.status >= 500:
                 self._failed(f"HTTP {exc.status} {_status_message(exc)}")
             self._succeeded()
-            if exc.status in passthrough:
-                raise
             raise KubernetesUnavailable(f"Kubernetes refused the request (HTTP {exc.status}): "
                                         f"{_status_message(exc)}") from None
         except (urllib3.exceptions.HTTPError, OSError) as exc:
@@ -312,8 +337,9 @@ class KubernetesBackend:
     def launch(self, spec: LaunchSpec) -> None:
         rendered = self.renderer.render(spec)
         ns = self.settings.namespace
-        creators: dict[str, Callable[..., Any]] = {"Secret": self.core.create_namespaced_secret, "Service": self.core.create_namespaced_service,
-                    "Pod": self.core.create_namespaced_pod}
+        creators: dict[str, Callable[..., Any]] = {
+            "Secret": self.core.create_namespaced_secret, "ConfigMap": self.core.create_namespaced_config_map,
+            "Service": self.core.create_namespaced_service, "Pod": self.core.create_namespaced_pod}
         for doc in rendered.all():
             # 409 AlreadyExists: the deterministic name belongs to this attempt, created by an
             # earlier launch (e.g. before a restart); creating nothing twice is the point.
@@ -343,9 +369,18 @@ class KubernetesBackend:
                        ok=(404,), _preload_content=False)
 
     def terminate(self, job_id: int, attempt: int, grace_s: float) -> None:
-        self._call(self.core.delete_collection_namespaced_pod, self.settings.namespace,
-                   label_selector=attempt_selector(job_id, attempt),
+        ns = self.settings.namespace
+        self._call(self.core.delete_collection_namespaced_pod, ns, label_selector=attempt_selector(job_id, attempt),
                    grace_period_seconds=max(0, round(grace_s)), _preload_content=False)
+        # The attempt ends: its endpoints stop being reachable now, not when it is forgotten.
+        self._delete_endpoint_objects(job_id, attempt)
+
+    def _delete_endpoint_objects(self, job_id: int, attempt: int) -> None:
+        ns = self.settings.namespace
+        self._call(self.core.delete_namespaced_service, endpoint_service_name(job_id, attempt), ns, ok=(404,),
+                   _preload_content=False)
+        self._call(self.core.delete_namespaced_config_map, endpoint_configmap_name(job_id, attempt), ns, ok=(404,),
+                   _preload_content=False)
 
     def forget(self, job_id: int, attempt: int) -> None:
         # Grace 0: a finished pod goes at once; a pod stuck on a lost node is force-removed so
@@ -360,10 +395,171 @@ class KubernetesBackend:
         self._call(self.core.delete_collection_namespaced_pod, ns, label_selector=selector,
                    grace_period_seconds=grace_s, _preload_content=False)
         # Services have no deletecollection in core/v1 (before 1.31 clusters); delete by name.
-        for name in (f"dlts-{job_id}-{attempt}", f"dlts-{job_id}-{attempt}-ep"):
-            self._call(self.core.delete_namespaced_service, name, ns, ok=(404,), _preload_content=False)
+        self._call(self.core.delete_namespaced_service, f"dlts-{job_id}-{attempt}", ns, ok=(404,), _preload_content=False)
+        self._delete_endpoint_objects(job_id, attempt)
         self._call(self.core.delete_collection_namespaced_secret, ns, label_selector=selector,
                    _preload_content=False)
+
+    # -- endpoints --------------------------------------------------------------------------------
+
+    def expose(self, job_id: int, attempt: int, endpoints: Sequence[EndpointSpec],
+               ssh_public_keys: tuple[str, ...] = ()) -> Sequence[EndpointState]:
+        """Make the attempt's endpoint Service and ConfigMap match ``endpoints`` exactly.
+
+        A few requests, however large the cluster: the ConfigMap and the Service by name, the
+        attempt's pods (from the watch when there is one, else one list by label), and the pod's
+        node when no recent node list has it; then only the writes that change something. An
+        endpoint that cannot be exposed as given (bad row, ssh without a key) is ``failed`` and
+        left out; the rest are ``ready`` once a selected pod runs and the port has a nodePort.
+        """
+        job_id, attempt = int(job_id), int(attempt)
+        keys = tuple(k for k in ssh_public_keys if valid_ssh_key(k))
+        if len(keys) != len(ssh_public_keys):
+            log.warning("job %s: %d SSH public keys are not single-line OpenSSH keys; left out",
+                        job_id, len(ssh_public_keys) - len(keys))
+        states: dict[int, EndpointState] = {}
+        wanted: list[EndpointSpec] = []
+        for endpoint in endpoints:
+            problem = endpoint_problem(endpoint)
+            if problem is None and any(e.port == endpoint.port for e in wanted):
+                problem = f"port {endpoint.port} is already used by another endpoint of the job"
+            if problem is None and endpoint.kind == "ssh" and not keys:
+                problem = ("the job's owner has no SSH public key; add one with POST /api/v1/me/ssh-keys or on "
+                           "the portal's SSH keys page, then close and reopen the endpoint")
+            if problem is not None:
+                states[endpoint.id] = EndpointState(endpoint.id, "failed", message=problem)
+            else:
+                wanted.append(endpoint)
+
+        pods = self._attempt_pods(job_id, attempt)
+        configmap = self._read(self.core.read_namespaced_config_map, endpoint_configmap_name(job_id, attempt))
+        service = self._read(self.core.read_namespaced_service, endpoint_service_name(job_id, attempt))
+        owner = configmap or service or (pods[0] if pods else None)
+        if owner is None:  # nothing of the attempt exists (yet): nothing to attach the endpoints to
+            why = f"waiting for pod {pod_name(job_id, attempt, 0)} to exist"
+            return [states.get(e.id) or EndpointState(e.id, "pending", message=why) for e in endpoints]
+        meta = owner["metadata"]
+        labels = {k: v for k, v in (meta.get("labels") or {}).items() if k not in (LABEL_ROLE, LABEL_INDEX)}
+        annotations = {k: v for k, v in (meta.get("annotations") or {}).items()
+                       if k in (ANNOTATION_USER, ANNOTATION_VC, ANNOTATION_WORLD_SIZE)}
+        inference = labels.get(LABEL_TYPE) == _INFERENCE
+
+        refused = self._sync_endpoint_configmap(job_id, attempt, configmap, labels, annotations, wanted, keys)
+        if refused:
+            for endpoint in wanted:
+                if endpoint.kind != "port":  # a port endpoint needs no server, so no ConfigMap
+                    states[endpoint.id] = EndpointState(endpoint.id, "failed", message=refused)
+        service, refused = self._sync_endpoint_service(job_id, attempt, service, labels, annotations, wanted, inference)
+        node_ports = {p.get("name"): p.get("nodePort") for p in ((service or {}).get("spec") or {}).get("ports") or []}
+        serving = [p for p in pods if (not _retiring(p) if inference else _index(p) == 0)]
+        running = [p for p in serving if (p.get("status") or {}).get("phase") == "Running"
+                   and not p["metadata"].get("deletionTimestamp")]
+        host = self._node_address(running[0]["spec"].get("nodeName") or "") if running else ""
+        if serving:
+            first = serving[0]
+            if first["metadata"].get("deletionTimestamp"):
+                why = f"pod {first['metadata']['name']} is being deleted"
+            else:
+                phase = (first.get("status") or {}).get("phase", "Pending")
+                why = f"waiting for pod {first['metadata']['name']} to run ({_waiting_reason([first]).partition(': ')[2] or phase})"
+        else:
+            why = f"waiting for pod {pod_name(job_id, attempt, 0)} to exist"
+        for endpoint in wanted:
+            if endpoint.id in states:
+                continue
+            node_port = node_ports.get(endpoint_port_name(endpoint.id))
+            if refused and not node_port:
+                states[endpoint.id] = EndpointState(endpoint.id, "failed", message=refused)
+            elif not running:
+                states[endpoint.id] = EndpointState(endpoint.id, "pending", message=why)
+            elif not node_port:
+                states[endpoint.id] = EndpointState(endpoint.id, "pending", message="waiting for a node port")
+            else:
+                states[endpoint.id] = EndpointState(endpoint.id, "ready", host=host, host_port=int(node_port))
+        return [states[e.id] for e in endpoints]
+
+    def _read(self, fn: Callable[..., Any], name: str) -> dict | None:
+        """One object of our namespace by name, as raw JSON; None when it does not exist."""
+        resp = self._call(fn, name, self.settings.namespace, ok=(404,), _preload_content=False)
+        return None if resp is None else json.loads(resp.data)
+
+    def _attempt_pods(self, job_id: int, attempt: int) -> list[dict]:
+        pods = self._watch.snapshot() if self._watch is not None else None
+        if pods is None:
+            return self._list(self.core.list_namespaced_pod, self.settings.namespace,
+                              label_selector=attempt_selector(job_id, attempt))
+        return [p for p in pods if _attempt_key(p) == (job_id, attempt)]
+
+    def _node_address(self, node: str) -> str:
+        """Where users reach a NodePort on ``node``: its InternalIP, else its name. From the last
+        node list (every tick's observe or node sync fetches one), else one read."""
+        with self._lock:
+            cached = self._nodes_cache
+        found = next((n for n in cached[1] if n["metadata"]["name"] == node), None) if cached else None
+        if found is None and node:
+            resp = self._call(self.core.read_node, node, ok=(404,), _preload_content=False)
+            found = json.loads(resp.data) if resp is not None else None
+        for address in ((found or {}).get("status") or {}).get("addresses") or []:
+            if address.get("type") == "InternalIP" and address.get("address"):
+                return str(address["address"])
+        return node
+
+    def _sync_endpoint_configmap(self, job_id: int, attempt: int, current: dict | None, labels: Mapping[str, str],
+                                 annotations: Mapping[str, str], endpoints: Sequence[EndpointSpec],
+                                 keys: tuple[str, ...]) -> str:
+        """Create or update the endpoint ConfigMap; returns the API's refusal ("" when done)."""
+        ns, name = self.settings.namespace, endpoint_configmap_name(job_id, attempt)
+        try:
+            if current is None:
+                doc = self.renderer.endpoint_configmap(job_id, attempt, labels, annotations, endpoints, keys)
+                self._call(self.core.create_namespaced_config_map, ns, doc, ok=(409,),
+                           passthrough=(400, 403, 422), _preload_content=False)
+                return ""
+            data = {"endpoints": endpoint_lines(endpoints), "authorized_keys": authorized_keys(keys)}
+            if any((current.get("data") or {}).get(k) != v for k, v in data.items()):
+                # The supervisor script stays as the attempt started with it.
+                self._call(self.core.patch_namespaced_config_map, name, ns, {"data": data}, passthrough=(400, 403, 422),
+                           _content_type="application/merge-patch+json", _preload_content=False)
+        except ApiException as exc:
+            return f"Kubernetes refused ConfigMap {name}: {_status_message(exc)}"
+        return ""
+
+    def _sync_endpoint_service(self, job_id: int, attempt: int, current: dict | None, labels: Mapping[str, str],
+                               annotations: Mapping[str, str], endpoints: Sequence[EndpointSpec],
+                               inference: bool) -> tuple[dict | None, str]:
+        """Make the endpoint Service's ports exactly ``endpoints`` (delete it when none are left).
+        Returns the Service as it now is and the API's refusal ("" when done); after a refusal the
+        Service is as it was, so endpoints it already served keep working."""
+        ns, name = self.settings.namespace, endpoint_service_name(job_id, attempt)
+        if not endpoints:
+            if current is not None:
+                self._call(self.core.delete_namespaced_service, name, ns, ok=(404,), _preload_content=False)
+            return None, ""
+        doc = self.renderer.endpoint_service(job_id, attempt, labels, annotations, endpoints, inference)
+        try:
+            if current is None:
+                resp = self._call(self.core.create_namespaced_service, ns, doc, passthrough=(400, 403, 409, 422, 500),
+                                  _preload_content=False)
+                return json.loads(resp.data), ""
+            ports = doc["spec"]["ports"]
+            have = {p.get("name"): p for p in (current.get("spec") or {}).get("ports") or []}
+            if [_port_key(p) for p in ports] == [_port_key(p) for p in have.values()]:
+                return current, ""
+            for port in ports:  # keep every remaining endpoint's address
+                if (have.get(port["name"]) or {}).get("nodePort"):
+                    port["nodePort"] = have[port["name"]]["nodePort"]
+            patch = {"metadata": {"resourceVersion": current["metadata"]["resourceVersion"]}, "spec": {"ports": ports}}
+            resp = self._call(self.core.patch_namespaced_service, name, ns, patch,
+                              passthrough=(400, 403, 409, 422, 500),
+                              _content_type="application/merge-patch+json", _preload_content=False)
+            return json.loads(resp.data), ""
+        except ApiException as exc:
+            message = _status_message(exc)
+            if exc.status == 409:  # created or changed by someone since we read it: next call
+                return current, ""
+            if exc.status == 500 and "allocate" not in message:
+                self._failed(f"HTTP 500 {message}")  # the API is unwell: back off (raises)
+            return current, f"Kubernetes refused Service {name}: {message}"
 
     def observe(self) -> Sequence[Observed]:
         ns = self.settings.namespace
@@ -586,7 +782,7 @@ class KubernetesBackend:
         ns = self.settings.namespace
         found: set[tuple[int, int]] = set()
         for fn in (self.core.list_namespaced_pod, self.core.list_namespaced_service,
-                   self.core.list_namespaced_secret):
+                   self.core.list_namespaced_secret, self.core.list_namespaced_config_map):
             for obj in self._list(fn, ns, label_selector=MANAGED_SELECTOR):
                 key = _attempt_key(obj)
                 if key is not None:
@@ -612,6 +808,10 @@ def _index(pod: Mapping[str, Any]) -> int:
         return int((pod["metadata"].get("labels") or {}).get(LABEL_INDEX) or 0)
     except ValueError:
         return 0
+
+
+def _port_key(port: Mapping[str, Any]) -> tuple[Any, ...]:
+    return (port.get("name"), port.get("port"), port.get("targetPort"), port.get("protocol") or "TCP")
 
 
 def _retiring(pod: Mapping[str, Any]) -> bool:

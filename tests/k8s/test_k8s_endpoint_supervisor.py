@@ -1,0 +1,364 @@
+"""The endpoint supervisor (templates/kubernetes/endpoint-supervisor.sh) run for real with /bin/sh in a
+temporary directory standing for the mounted ConfigMap, and the job container's entrypoint that
+starts it.
+
+sshd is the real one (/usr/sbin/sshd) with a real ssh client. As root, the supervisor runs in a
+private mount namespace whose /etc/passwd, /etc/ssh and /run are temporary copies, so it behaves
+exactly as in a root container (adds the owner's login, generates host keys) without touching this
+machine. Jupyter is the real jupyter-server when one is installed (or DLTS_TEST_JUPYTER_BIN names
+the directory holding ``jupyter``); the arguments given to jupyter and code-server are also checked
+with stand-ins that record them.
+"""
+
+from __future__ import annotations
+
+import getpass
+import hashlib
+import http.cookiejar
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from dlts.backends.k8s_render import DEFAULT_TEMPLATES_DIR, ENTRYPOINT
+
+SCRIPT = DEFAULT_TEMPLATES_DIR / "endpoint-supervisor.sh"
+TOKEN = "tok-" + "x" * 28
+TOKEN_HASH = hashlib.sha256(TOKEN.encode()).hexdigest()
+SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Supervisor:
+    """The supervisor as a process, its endpoint directory and what it printed."""
+
+    def __init__(self, tmp_path: Path, *, bin_dir: Path | None = None, env: dict[str, str] | None = None,
+                 argv: list[str] | None = None) -> None:
+        self.dir = tmp_path / "endpoints"
+        self.dir.mkdir()
+        self.state = tmp_path / "state"
+        self.write("endpoints", "")
+        self.write("authorized_keys", "")
+        self.bin = bin_dir or tmp_path / "bin"
+        self.bin.mkdir(exist_ok=True)
+        full_env = {"PATH": f"{self.bin}:{SYSTEM_PATH}", "HOME": str(tmp_path), "DLTS_ENDPOINTS_DIR": str(self.dir),
+                    "DLTS_ENDPOINTS_STATE": str(self.state), "DLTS_ENDPOINTS_POLL_S": "0.2", **(env or {})}
+        self.proc = subprocess.Popen(argv or ["/bin/sh", str(SCRIPT)], env=full_env, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    def write(self, name: str, text: str) -> None:
+        """Replace a file at once, as the kubelet swaps a ConfigMap volume's contents."""
+        tmp = self.dir / f".{name}.tmp"
+        tmp.write_text(text)
+        os.replace(tmp, self.dir / name)
+
+    def said(self, text: str) -> list[str]:
+        return [line for line in self.lines if line.startswith("dlts-endpoints:") and text in line]
+
+    def wait_for(self, text: str, timeout_s: float = 15.0) -> str:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            found = self.said(text)
+            if found:
+                return found[0]
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        raise AssertionError(f"no line with {text!r}; output:\n" + "\n".join(self.lines))
+
+    def pid_of(self, endpoint_id: int) -> int:
+        return int((self.state / f"{endpoint_id}.pid").read_text())
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()  # its trap stops the servers it started
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(5)
+        for pid_file in self.state.glob("*.pid"):  # never leave a server behind, whatever happened
+            try:
+                os.killpg(int(pid_file.read_text()), signal.SIGKILL)
+            except (ValueError, ProcessLookupError, PermissionError):
+                pass
+
+
+@pytest.fixture
+def supervisors():
+    started: list[Supervisor] = []
+
+    def start(*args, **kw) -> Supervisor:
+        sup = Supervisor(*args, **kw)
+        started.append(sup)
+        return sup
+
+    yield start
+    for sup in started:
+        sup.stop()
+
+
+def gone(pid: int, timeout_s: float = 10.0) -> bool:
+    """True once ``pid`` has exited (and been reaped by its parent, the supervisor)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def stand_in(bin_dir: Path, name: str, body: str = 'exec sleep 1000') -> Path:
+    """A program called ``name`` that records its arguments and HASHED_PASSWORD, then runs ``body``."""
+    path = bin_dir / name
+    path.write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" >"$0.args"\necho "HASHED_PASSWORD=${{HASHED_PASSWORD:-}}" >>"$0.args"\n'
+                    f'{body}\n')
+    path.chmod(0o755)
+    return path
+
+
+def no_program(*names: str) -> None:
+    for name in names:
+        if shutil.which(name, path=SYSTEM_PATH):
+            pytest.skip(f"{name} is installed on this machine; the 'missing program' case needs it absent")
+
+
+# -- without real servers ----------------------------------------------------------------------------
+
+
+def test_a_port_needs_no_server_and_a_missing_program_is_named_once_then_picked_up(tmp_path, supervisors):
+    no_program("jupyter", "code-server")
+    sup = supervisors(tmp_path)
+    sup.write("endpoints", f"3 port 6006\n4 jupyter 18888 {TOKEN_HASH}\n5 vscode 18080 {TOKEN_HASH}\n")
+    assert sup.wait_for("port 6006") == (
+        "dlts-endpoints: port 6006: nothing to start; the job's own server must listen on 0.0.0.0:6006")
+    line = sup.wait_for("jupyter (port 18888)")
+    assert "jupyter is not installed where the job runs; pip install jupyter-server" in line
+    assert "code-server is not installed where the job runs" in sup.wait_for("vscode (port 18080)")
+    time.sleep(1.0)  # five more polls
+    assert len(sup.said("jupyter is not installed")) == 1 and len(sup.said("port 6006")) == 1
+    stand_in(sup.bin, "jupyter")  # installed while the job runs: started at the next poll
+    sup.wait_for("jupyter: started jupyter server on port 18888")
+
+
+@pytest.mark.parametrize("shell", ["dash", "bash", "busybox"])
+def test_jupyter_and_code_server_get_the_tokens_hash_as_password_and_stop_when_closed(tmp_path, supervisors, shell):
+    """Also: the script is POSIX sh, run by the shells job images have as /bin/sh."""
+    if not shutil.which(shell):
+        pytest.skip(f"{shell} is not installed here")
+    argv = [shutil.which(shell), *(["sh"] if shell == "busybox" else ["--posix"] if shell == "bash" else []), str(SCRIPT)]
+    sup = supervisors(tmp_path, argv=argv)
+    jupyter, code = stand_in(sup.bin, "jupyter"), stand_in(sup.bin, "code-server")
+    sup.write("endpoints", f"4 jupyter 18888 {TOKEN_HASH}\n5 vscode 18080 {TOKEN_HASH}\n")
+    sup.wait_for("jupyter: started")
+    sup.wait_for("vscode: started")
+    deadline = time.monotonic() + 5
+    while not (Path(f"{jupyter}.args").exists() and Path(f"{code}.args").exists()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    args = Path(f"{jupyter}.args").read_text().splitlines()
+    assert args[:2] == ["server", "--no-browser"]
+    assert {"--ip=0.0.0.0", "--port=18888", "--IdentityProvider.token=",
+            f"--PasswordIdentityProvider.hashed_password=sha256::{TOKEN_HASH}"} <= set(args)
+    args = Path(f"{code}.args").read_text().splitlines()
+    assert args[:4] == ["--bind-addr", "0.0.0.0:18080", "--auth", "password"]
+    assert args[-1] == f"HASHED_PASSWORD={TOKEN_HASH}"
+    jupyter_pid, code_pid = sup.pid_of(4), sup.pid_of(5)
+    sup.write("endpoints", f"5 vscode 18080 {TOKEN_HASH}\n")  # the Jupyter endpoint is closed
+    assert sup.wait_for("stopped") == "dlts-endpoints: jupyter: stopped the server on port 18888 (endpoint closed)"
+    assert gone(jupyter_pid)
+    os.kill(code_pid, 0)  # the other one keeps running
+    sup.stop()
+    assert gone(code_pid)  # stopping the supervisor stops its servers
+    assert sup.said("vscode: stopped the server on port 18080 (the supervisor is stopping)")
+
+
+def test_a_server_that_keeps_exiting_is_started_five_times_then_left_alone(tmp_path, supervisors):
+    sup = supervisors(tmp_path)
+    stand_in(sup.bin, "jupyter", body="exit 1")
+    sup.write("endpoints", f"4 jupyter 18888 {TOKEN_HASH}\n")
+    line = sup.wait_for("not starting it again")
+    assert line.startswith("dlts-endpoints: jupyter (port 18888) exited 5 times")
+    assert len(sup.said("jupyter: started")) == 5 and len(sup.said("exited; starting it again")) == 4
+    time.sleep(0.6)
+    assert len(sup.said("jupyter: started")) == 5
+
+
+def test_malformed_lines_are_named_and_skipped(tmp_path, supervisors):
+    sup = supervisors(tmp_path)
+    sup.write("endpoints", "# a comment\nx1 ssh 22\n7 port\n8 port 9000\n")
+    sup.wait_for("port 9000: nothing to start")
+    assert sup.said("ignoring a malformed line in") and len(sup.said("malformed")) >= 2
+
+
+def test_the_entrypoint_starts_the_supervisor_then_runs_the_command_under_the_init(tmp_path):
+    """ENTRYPOINT for real: the job's log gets both the supervisor's lines and the command's output."""
+    endpoints = tmp_path / "dlts-endpoints"
+    endpoints.mkdir()
+    shutil.copy(SCRIPT, endpoints / "supervisor.sh")
+    (endpoints / "endpoints").write_text("3 port 6006\n")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    tini = bin_dir / "tini"  # stand-in for tini: drop "-g --" and run the command
+    tini.write_text('#!/bin/sh\n[ "$1" = -g ] && shift\n[ "$1" = -- ] && shift\nexec "$@"\n')
+    tini.chmod(0o755)
+    log = tmp_path / "logs" / "job.log"
+    env = {"PATH": f"{bin_dir}:{SYSTEM_PATH}", "DLTS_LOG_PATH": str(log), "DLTS_ENDPOINTS_DIR": str(endpoints),
+           "DLTS_ENDPOINTS_STATE": str(tmp_path / "state"), "DLTS_ENDPOINTS_POLL_S": "0.2",
+           "DLTS_COMMAND": "echo job ran; sleep 1.5; exit 3"}
+    proc = subprocess.Popen(["/bin/sh", "-c", ENTRYPOINT], env=env, start_new_session=True)
+    try:
+        assert proc.wait(20) == 3
+        text = log.read_text()
+        assert "job ran" in text
+        assert "dlts-endpoints: port 6006: nothing to start" in text
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)  # the supervisor (PID 1's exit ends it in a container)
+        except ProcessLookupError:
+            pass
+
+
+def test_without_endpoints_dir_the_entrypoint_starts_no_supervisor(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "tini").write_text('#!/bin/sh\nshift 2\nexec "$@"\n')
+    (bin_dir / "tini").chmod(0o755)
+    env = {"PATH": f"{bin_dir}:{SYSTEM_PATH}", "DLTS_COMMAND": "echo plain"}
+    out = subprocess.run(["/bin/sh", "-c", ENTRYPOINT], env=env, capture_output=True, text=True, timeout=20)
+    assert (out.returncode, out.stdout) == (0, "plain\n")
+
+
+# -- real servers -------------------------------------------------------------------------------------
+
+
+def ssh_run(port: int, key: Path, user: str, command: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["ssh", "-F", "/dev/null", "-p", str(port), "-i", str(key), "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes",
+         "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "ConnectTimeout=5",
+         "-o", "LogLevel=ERROR", f"{user}@127.0.0.1", command],
+        capture_output=True, text=True, timeout=30)
+
+
+def new_key(path: Path) -> Path:
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(path)], check=True)
+    return path
+
+
+def test_sshd_lets_the_owner_in_with_their_key_only_and_stops_when_closed(tmp_path, supervisors):
+    if not Path("/usr/sbin/sshd").exists() or not shutil.which("ssh") or not shutil.which("ssh-keygen"):
+        pytest.skip("needs OpenSSH: /usr/sbin/sshd, ssh and ssh-keygen (apt-get install openssh-server openssh-client)")
+    key, stranger = new_key(tmp_path / "id"), new_key(tmp_path / "stranger")
+    port = free_port()
+    if os.geteuid() == 0:
+        # A root container: the supervisor adds the owner's login to /etc/passwd and generates host
+        # keys in /etc/ssh. Give it private copies of both (and of /run) in its own mount namespace.
+        if subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode != 0:
+            pytest.skip("running as root but cannot create a mount namespace (unshare -m) to keep the "
+                        "supervisor off this machine's /etc/passwd and /etc/ssh")
+        passwd, etc_ssh, run = tmp_path / "passwd", tmp_path / "etc-ssh", tmp_path / "run"
+        shutil.copy("/etc/passwd", passwd)
+        etc_ssh.mkdir()
+        run.mkdir()
+        user = "alice"
+        argv = ["unshare", "-m", "/bin/sh", "-c", 'mount --bind "$1" /etc/passwd && mount --bind "$2" /etc/ssh && '
+                'mount --bind "$3" /run && exec /bin/sh "$4"', "sh", str(passwd), str(etc_ssh), str(run), str(SCRIPT)]
+        sup = supervisors(tmp_path, env={"DLTS_USER": user}, argv=argv)
+    else:
+        user = getpass.getuser()  # a non-root container: sshd runs as the container's user
+        sup = supervisors(tmp_path, env={"DLTS_USER": user})
+    sup.write("authorized_keys", Path(f"{key}.pub").read_text())
+    sup.write("endpoints", f"5 ssh {port}\n")
+    sup.wait_for(f"ssh: started sshd on port {port}")
+    if os.geteuid() == 0:
+        assert sup.said("ssh: added the login alice (uid 0, like root) for the job's owner")
+        assert "alice:x:0:0:" in (tmp_path / "passwd").read_text()
+        assert (tmp_path / "etc-ssh" / "ssh_host_ed25519_key").exists()
+    deadline = time.monotonic() + 15
+    while True:
+        result = ssh_run(port, key, user, "echo hello $((6 * 7))")
+        if result.returncode == 0 or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)  # sshd is still starting
+    assert (result.returncode, result.stdout) == (0, "hello 42\n"), result.stderr + "\n".join(sup.lines)
+    refused = ssh_run(port, stranger, user, "true")
+    assert refused.returncode == 255 and "Permission denied" in refused.stderr
+    pid = sup.pid_of(5)
+    sup.write("endpoints", "")
+    sup.wait_for(f"ssh: stopped the server on port {port} (endpoint closed)")
+    assert gone(pid)
+    closed = ssh_run(port, key, user, "true")
+    assert closed.returncode == 255 and "refused" in closed.stderr
+
+
+def jupyter_dir() -> str | None:
+    given = os.environ.get("DLTS_TEST_JUPYTER_BIN")
+    if given:
+        return given
+    found = shutil.which("jupyter-server")
+    return str(Path(found).parent) if found else None
+
+
+def test_jupyter_server_takes_the_endpoints_token_as_its_password(tmp_path, supervisors):
+    where = jupyter_dir()
+    if where is None:
+        pytest.skip("jupyter-server is not installed (pip install jupyter-server, or set DLTS_TEST_JUPYTER_BIN "
+                    "to the directory holding its jupyter command)")
+    port = free_port()
+    sup = supervisors(tmp_path, bin_dir=Path(where))
+    sup.write("endpoints", f"4 jupyter {port} {TOKEN_HASH}\n")
+    sup.wait_for(f"jupyter: started jupyter server on port {port}")
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            urllib.request.urlopen(f"{base}/api/status", timeout=5)
+            raise AssertionError("jupyter answered without a password")
+        except urllib.error.HTTPError as exc:
+            assert exc.code == 403
+            break
+        except urllib.error.URLError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.3)  # still starting
+
+    def login(password: str) -> int:
+        jar = http.cookiejar.CookieJar()
+        opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(jar))
+        opener.open(f"{base}/login", timeout=10).read()
+        xsrf = next(c.value for c in jar if c.name == "_xsrf")
+        form = urllib.parse.urlencode({"_xsrf": xsrf, "password": password}).encode()
+        try:
+            opener.open(f"{base}/login", data=form, timeout=10).read()
+        except urllib.error.HTTPError as exc:
+            assert exc.code == 401  # a wrong password
+        try:
+            return opener.open(f"{base}/api/status", timeout=10).status
+        except urllib.error.HTTPError as exc:
+            return exc.code
+
+    assert login("wrong") == 403
+    assert login(TOKEN) == 200
