@@ -24,8 +24,8 @@ max_starts=5
 
 say() { printf 'dlts-endpoints: %s\n' "$*"; }
 
-umask 077
-if ! mkdir -p "$state"; then
+# private bookkeeping; the servers keep the job's umask
+if ! (umask 077 && mkdir -p "$state"); then
     say "cannot create $state; endpoints (ssh, jupyter, vscode) will not start in this job"
     exit 1
 fi

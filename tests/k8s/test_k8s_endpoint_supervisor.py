@@ -133,10 +133,10 @@ def gone(pid: int, timeout_s: float = 10.0) -> bool:
 
 
 def stand_in(bin_dir: Path, name: str, body: str = 'exec sleep 1000') -> Path:
-    """A program called ``name`` that records its arguments and HASHED_PASSWORD, then runs ``body``."""
+    """A program called ``name`` that records its arguments, umask and HASHED_PASSWORD, then runs ``body``."""
     path = bin_dir / name
-    path.write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" >"$0.args"\necho "HASHED_PASSWORD=${{HASHED_PASSWORD:-}}" >>"$0.args"\n'
-                    f'{body}\n')
+    path.write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" >"$0.args"\necho "UMASK=$(umask)" >>"$0.args"\n'
+                    f'echo "HASHED_PASSWORD=${{HASHED_PASSWORD:-}}" >>"$0.args"\n{body}\n')
     path.chmod(0o755)
     return path
 
@@ -183,6 +183,9 @@ def test_jupyter_and_code_server_get_the_tokens_hash_as_password_and_stop_when_c
     assert args[:2] == ["server", "--no-browser"]
     assert {"--ip=0.0.0.0", "--port=18888", "--IdentityProvider.token=",
             f"--PasswordIdentityProvider.hashed_password=sha256::{TOKEN_HASH}"} <= set(args)
+    umask = os.umask(0o022)
+    os.umask(umask)
+    assert f"UMASK={umask:04o}" in args  # the job's umask, not the supervisor's private one
     args = Path(f"{code}.args").read_text().splitlines()
     assert args[:4] == ["--bind-addr", "0.0.0.0:18080", "--auth", "password"]
     assert args[-1] == f"HASHED_PASSWORD={TOKEN_HASH}"
