@@ -56,6 +56,8 @@ class Settings(BaseModel):
     backend: Literal["local", "kubernetes"] = "local"
     # local backend: where run records (pid, exit code) of attempts live
     run_dir: Path | None = None
+    # local backend: the address users reach this machine's job endpoints at (ssh, Jupyter, ports)
+    endpoint_host: str = Field("127.0.0.1", min_length=1, max_length=255)
     # seconds between job manager ticks
     tick_s: float = Field(1.0, gt=0, le=3600)
     # SIGTERM, then this many seconds, then SIGKILL (kill, preemption, wall time)

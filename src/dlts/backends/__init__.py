@@ -10,7 +10,8 @@ def make_backend(settings: Settings) -> ClusterBackend:
     if settings.backend == "local":
         from dlts.backends.local import LocalBackend
 
-        return LocalBackend(settings.effective_run_dir, demo_gpus=settings.demo_gpus, demo_sku=settings.demo_sku)
+        return LocalBackend(settings.effective_run_dir, demo_gpus=settings.demo_gpus, demo_sku=settings.demo_sku,
+                            endpoint_host=settings.endpoint_host)
     from dlts.backends.kubernetes import KubernetesBackend, settings_from_config
 
     return KubernetesBackend(settings_from_config(settings))

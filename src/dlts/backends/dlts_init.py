@@ -1,10 +1,19 @@
-"""The DLTS init: PID 1 of a job (``python -I -S dlts_init.py [--exit-file F] -- CMD ...``).
+"""The DLTS init: PID 1 of a job (``python -I -S dlts_init.py [--exit-file F] [--endpoints-dir D] -- CMD ...``).
 
 It starts CMD in a process group of its own, forwards SIGTERM/SIGINT/SIGHUP/SIGQUIT to that whole
 group, reaps every zombie that lands on it (it makes itself a child subreaper), and exits with the
 child's code (128 + N when the child died of signal N). Standard library only: it runs as a script
 so that it starts in milliseconds. The code is also written atomically to
 ``--exit-file`` so the job manager learns it even after a restart of its own.
+
+With ``--endpoints-dir`` it also runs the endpoint supervisor of the local backend: about every
+0.5 s it reads ``endpoints.json`` there (written by ``LocalBackend.expose``), starts the servers of
+the listed ssh / jupyter / vscode endpoints on free ports (``sshd``, ``jupyter server``,
+``code-server``), stops those no longer listed, and reports each endpoint in
+``endpoints.state.json`` (``{id: {status, host_port, message}}``, written atomically): ``pending``
+until the server accepts TCP connections, then ``ready``; ``failed`` with a message when the
+program is missing or the server exits. The servers stop when CMD exits and when the init gets
+SIGTERM or SIGINT. Their output goes to ``endpoint-<id>.log`` in the same directory.
 """
 
 from __future__ import annotations
@@ -14,9 +23,35 @@ import ctypes
 import os
 import signal
 import sys
+import time
 
 PR_SET_CHILD_SUBREAPER = 36
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+STOPPING = (signal.SIGTERM, signal.SIGINT)  # these also stop the endpoint servers at once
+
+# endpoint supervisor
+ENDPOINTS_FILE = "endpoints.json"
+STATE_FILE = "endpoints.state.json"
+POLL_S = 0.5  # how often endpoints.json is read
+LOOP_S = 0.05  # how often the supervising init reaps children (and so notices the job's exit)
+START_TIMEOUT_S = 120.0  # a server that accepts no connection by then has failed
+STOP_GRACE_S = 3.0  # SIGTERM to a server and everything it started, SIGKILL after this
+TAIL_LINES = 5  # lines of a server's output quoted when it exits
+MESSAGE_CHARS = 480  # state messages fit the job manager's 512-character column
+PROGRAMS = {"ssh": "sshd", "jupyter": "jupyter", "vscode": "code-server"}  # endpoint kind -> its server
+MISSING = {
+    "ssh": "sshd is not installed where the job runs (not on PATH, not /usr/sbin/sshd): install "
+           "openssh-server in the job's image or machine (apt-get install openssh-server), then "
+           "delete this endpoint and ask for it again",
+    "ssh-keygen": "ssh-keygen is not installed where the job runs: install openssh-client in the job's "
+                  "image or machine (apt-get install openssh-client), then delete this endpoint and ask "
+                  "for it again",
+    "jupyter": "jupyter is not installed where the job runs (no jupyter on the job's PATH): pip install "
+               "jupyter-server in the job's environment, then delete this endpoint and ask for it again",
+    "vscode": "code-server is not installed where the job runs (no code-server on the job's PATH): "
+              "install it (https://coder.com/docs/code-server/install), then delete this endpoint and "
+              "ask for it again",
+}
 
 
 def _become_subreaper() -> None:
@@ -26,13 +61,16 @@ def _become_subreaper() -> None:
         pass
 
 
-def _write_exit(path: str | None, code: int) -> None:
-    if not path:
-        return
+def _write_atomic(path: str, text: str) -> None:
     tmp = f"{path}.tmp"
     with open(tmp, "w") as fh:
-        fh.write(f"{code}\n")
+        fh.write(text)
     os.replace(tmp, path)
+
+
+def _write_exit(path: str | None, code: int) -> None:
+    if path:
+        _write_atomic(path, f"{code}\n")
 
 
 def _code(status: int) -> int:
@@ -41,7 +79,285 @@ def _code(status: int) -> int:
     return os.WEXITSTATUS(status)
 
 
-def run(argv: list[str], exit_file: str | None) -> int:
+def _parents() -> dict[int, int]:
+    """pid -> parent pid of every process (Linux /proc); empty elsewhere."""
+    parents = {}
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return parents
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as fh:
+                stat = fh.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(b")") + 2:].split()
+        if len(fields) > 1:
+            parents[int(name)] = int(fields[1])
+    return parents
+
+
+def _tree(root: int) -> set[int]:
+    """``root`` and every process below it."""
+    children: dict[int, list[int]] = {}
+    for pid, ppid in _parents().items():
+        children.setdefault(ppid, []).append(pid)
+    found, todo = set(), [root]
+    while todo:
+        pid = todo.pop()
+        if pid not in found:
+            found.add(pid)
+            todo.extend(children.get(pid, ()))
+    return found
+
+
+def _signal(pids, sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("", 0))
+        return sock.getsockname()[1]
+
+
+def _accepts(port: int) -> bool:
+    import socket
+
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+            return True
+    except OSError:
+        return False
+
+
+class Server:
+    """One endpoint's server process (or the reason it has none)."""
+
+    def __init__(self, endpoint_id: str, kind: str):
+        self.id, self.kind = endpoint_id, kind
+        self.status, self.host_port, self.message = "pending", None, ""
+        self.proc = None  # subprocess.Popen; reaped by the init's loop, never by Popen itself
+        self.log_path = ""
+        self.started = 0.0
+        self.stopping: set[int] = set()  # pids that got SIGTERM (the server and what it started)
+        self.kill_at = 0.0
+
+    def state(self) -> dict:
+        return {"status": self.status, "host_port": self.host_port, "message": self.message}
+
+    def fail(self, message: str) -> None:
+        self.status, self.host_port, self.message = "failed", None, message[:MESSAGE_CHARS]
+
+    def tail(self) -> str:
+        try:
+            with open(self.log_path, "rb") as fh:
+                fh.seek(0, os.SEEK_END)
+                fh.seek(max(0, fh.tell() - 8192))
+                lines = fh.read().decode("utf-8", "replace").splitlines()
+        except OSError:
+            return ""
+        return " | ".join(line.strip() for line in lines[-TAIL_LINES:] if line.strip())
+
+
+class Supervisor:
+    """Starts and stops the endpoint servers ``endpoints.json`` asks for; reports them in
+    ``endpoints.state.json``. Driven by the init's loop: ``poll`` now and then, ``exited`` for every
+    reaped child that is not the job, ``stop_all`` when the job ends or the init is told to stop."""
+
+    def __init__(self, directory: str):
+        self.dir = os.path.abspath(directory)
+        self.servers: dict[str, Server] = {}
+        self.by_pid: dict[int, Server] = {}
+        self.written: dict | None = None
+        self.keys_text: str | None = None
+        self.stopped: list[Server] = []  # got SIGTERM; SIGKILL for what is left at their kill_at
+        self.closed = False
+
+    def path(self, name: str) -> str:
+        return os.path.join(self.dir, name)
+
+    # -- the loop's hooks -------------------------------------------------------------------------
+    def poll(self) -> None:
+        if self.closed:
+            return
+        wanted = self._read()
+        if wanted is not None:
+            endpoints, keys = wanted
+            if any(e["kind"] == "ssh" for e in endpoints.values()):
+                self._write_keys(keys)
+            for endpoint_id in [i for i in self.servers if i not in endpoints]:
+                self._stop(self.servers.pop(endpoint_id))
+            for endpoint_id, endpoint in endpoints.items():
+                if endpoint_id not in self.servers:
+                    server = Server(endpoint_id, endpoint["kind"])
+                    self.servers[endpoint_id] = server
+                    self._start(server, endpoint)
+        now = time.monotonic()
+        for server in self.servers.values():
+            if server.status != "pending" or server.proc is None:
+                continue
+            if _accepts(server.host_port):
+                server.status, server.message = "ready", ""
+            elif now - server.started > START_TIMEOUT_S:
+                self._stop(server)
+                tail = server.tail()
+                server.fail(f"{server.kind} did not accept connections on port {server.host_port} within "
+                            f"{START_TIMEOUT_S:.0f} s" + (f"; its last output: {tail}" if tail else ""))
+        self._write_state()
+
+    def exited(self, pid: int, status: int) -> None:
+        server = self.by_pid.pop(pid, None)
+        if server is None:
+            return  # something a server or the job left behind
+        server.proc.returncode = _code(status)
+        server.proc = None
+        if server.stopping or self.servers.get(server.id) is not server:
+            return  # we stopped it
+        tail = server.tail()
+        server.fail(f"{server.kind} server exited with code {_code(status)}"
+                    + (f": {tail}" if tail else " without output"))
+        self._write_state()
+
+    def stop_all(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        for server in self.servers.values():
+            self._stop(server)
+
+    def kill_late(self, now: float) -> None:
+        """SIGKILL what is left of servers stopped more than STOP_GRACE_S ago."""
+        for server in [s for s in self.stopped if now >= s.kill_at]:
+            self.stopped.remove(server)
+            parents = _parents()
+            # only processes still ours: below the server, or orphans of it re-parented to the init
+            ours = {os.getpid()} | server.stopping
+            _signal([p for p in server.stopping if parents.get(p) in ours], signal.SIGKILL)
+
+    # -- starting and stopping --------------------------------------------------------------------
+    def _read(self):
+        import json
+
+        try:
+            with open(self.path(ENDPOINTS_FILE)) as fh:
+                data = json.load(fh)
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError):
+            return None  # written atomically, so this is someone else's mistake: keep what runs
+        if not isinstance(data, dict):
+            return None
+        endpoints = {}
+        for item in data.get("endpoints", ()):
+            if isinstance(item, dict) and item.get("kind") in PROGRAMS and "id" in item:
+                endpoints[str(item["id"])] = item
+        keys = [k for k in data.get("ssh_public_keys", ()) if isinstance(k, str)]
+        return endpoints, keys
+
+    def _write_keys(self, keys: list[str]) -> None:
+        text = "".join(k.strip() + "\n" for k in keys)
+        if text != self.keys_text:
+            _write_atomic(self.path("authorized_keys"), text)
+            os.chmod(self.path("authorized_keys"), 0o600)
+            self.keys_text = text
+
+    def _write_state(self) -> None:
+        import json
+
+        state = {i: s.state() for i, s in self.servers.items()}
+        if state != self.written:
+            _write_atomic(self.path(STATE_FILE), json.dumps(state, sort_keys=True))
+            self.written = state
+
+    def _start(self, server: Server, endpoint: dict) -> None:
+        import shutil
+        import subprocess
+
+        kind = server.kind
+        program = PROGRAMS[kind]
+        found = shutil.which(program)
+        if found is None and kind == "ssh" and os.access("/usr/sbin/sshd", os.X_OK):
+            found = "/usr/sbin/sshd"
+        if found is None:
+            server.fail(MISSING[kind])
+            return
+        secret_hash = str(endpoint.get("secret_hash") or "")
+        if kind in ("jupyter", "vscode") and len(secret_hash) != 64:
+            server.fail(f"the {kind} endpoint has no token hash, so its server would be open to anyone; "
+                        "delete this endpoint and ask for it again")
+            return
+        port = _free_port()
+        env = dict(os.environ)
+        if kind == "ssh":
+            argv = self._sshd_argv(server, os.path.abspath(found), port)
+            if argv is None:
+                return
+        elif kind == "jupyter":
+            argv = [found, "server", "--no-browser", "--ip=0.0.0.0", f"--port={port}", "--ServerApp.port_retries=0",
+                    "--IdentityProvider.token=",
+                    # jupyter_server's passwd_check: sha256(password + salt) with an empty salt
+                    f"--PasswordIdentityProvider.hashed_password=sha256::{secret_hash}"]
+            if os.geteuid() == 0:
+                argv.append("--allow-root")
+        else:
+            # code-server takes a HASHED_PASSWORD that is not argon2 as the SHA-256 hex of the password
+            argv = [found, "--bind-addr", f"0.0.0.0:{port}", "--auth", "password"]
+            env.pop("PASSWORD", None)
+            env["HASHED_PASSWORD"] = secret_hash
+        server.log_path = self.path(f"endpoint-{server.id}.log")
+        try:
+            with open(server.log_path, "ab") as out:
+                server.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                               env=env, start_new_session=True, close_fds=True)
+        except OSError as exc:
+            server.fail(f"cannot start {program}: {exc.strerror}")
+            return
+        self.by_pid[server.proc.pid] = server
+        server.host_port, server.started = port, time.monotonic()
+
+    def _sshd_argv(self, server: Server, sshd: str, port: int) -> list[str] | None:
+        import shutil
+        import subprocess
+
+        host_key = self.path("ssh_host_ed25519_key")
+        if not os.path.exists(host_key):
+            keygen = shutil.which("ssh-keygen")
+            if keygen is None:
+                server.fail(MISSING["ssh-keygen"])
+                return None
+            made = subprocess.run([keygen, "-q", "-t", "ed25519", "-N", "", "-f", host_key],
+                                  stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
+            if made.returncode != 0:
+                server.fail(f"ssh-keygen could not make a host key: {made.stderr.strip() or made.returncode}")
+                return None
+        if os.geteuid() == 0 and not os.path.isdir("/run/sshd"):
+            os.makedirs("/run/sshd", 0o755, exist_ok=True)  # sshd's privilege separation directory
+        return [sshd, "-D", "-e", "-p", str(port), "-o", "ListenAddress=0.0.0.0", "-h", host_key,
+                "-o", f"AuthorizedKeysFile={self.path('authorized_keys')}", "-o", "PasswordAuthentication=no",
+                "-o", "KbdInteractiveAuthentication=no", "-o", "UsePAM=no", "-o", "StrictModes=no",
+                "-o", "PidFile=none"]
+
+    def _stop(self, server: Server) -> None:
+        """SIGTERM to the server and everything below it (sshd's sessions, Jupyter's kernels)."""
+        if server.proc is None or server.stopping:
+            return
+        server.stopping = _tree(server.proc.pid)
+        server.kill_at = time.monotonic() + STOP_GRACE_S
+        _signal(server.stopping, signal.SIGTERM)
+        self.stopped.append(server)
+
+
+def run(argv: list[str], exit_file: str | None, endpoints_dir: str | None = None) -> int:
     _become_subreaper()
     child = os.fork()
     if child == 0:  # the job: its own process group, default signal handling
@@ -57,8 +373,11 @@ def run(argv: list[str], exit_file: str | None) -> int:
         os.setpgid(child, child)
     except OSError:  # the child already did it (or already exec'd)
         pass
+    told_to_stop: list[int] = []
 
     def forward(signum, _frame):
+        if signum in STOPPING:
+            told_to_stop.append(signum)
         try:
             os.killpg(child, signum)
         except ProcessLookupError:
@@ -66,34 +385,74 @@ def run(argv: list[str], exit_file: str | None) -> int:
 
     for sig in FORWARDED:
         signal.signal(sig, forward)
+    if endpoints_dir is None:
+        code = _wait(child)
+    else:
+        code = _wait_supervising(child, Supervisor(endpoints_dir), told_to_stop)
+    _write_exit(exit_file, code)
+    return code
+
+
+def _job_ended(child: int, status: int) -> int:
+    # the job's leader is gone; take the rest of its group down with it
+    try:
+        os.killpg(child, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    return _code(status)
+
+
+def _wait(child: int) -> int:
+    """Block until every child is gone (the job and whatever it left behind); the job's code."""
     code = 1
     while True:
         try:
             pid, status = os.waitpid(-1, 0)
         except ChildProcessError:
-            break
+            return code
         except InterruptedError:
             continue
         if pid == child:
-            code = _code(status)
-            # the job's leader is gone; take the rest of its group down with it
+            code = _job_ended(child, status)
+
+
+def _wait_supervising(child: int, supervisor: Supervisor, told_to_stop: list[int]) -> int:
+    """``_wait`` with the endpoint supervisor: reap without blocking, poll endpoints.json, and stop
+    the servers when the job ends or the init is told to stop."""
+    code, next_poll = 1, 0.0
+    while True:
+        while True:
             try:
-                os.killpg(child, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-    _write_exit(exit_file, code)
-    return code
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return code  # nothing left
+            if pid == 0:
+                break
+            if pid == child:
+                code = _job_ended(child, status)
+                supervisor.stop_all()
+            else:
+                supervisor.exited(pid, status)
+        now = time.monotonic()
+        if told_to_stop:
+            supervisor.stop_all()
+        if now >= next_poll:
+            supervisor.poll()
+            next_poll = now + POLL_S
+        supervisor.kill_late(now)
+        time.sleep(LOOP_S)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="dlts-init")
     parser.add_argument("--exit-file")
+    parser.add_argument("--endpoints-dir", help="run the endpoint supervisor on endpoints.json in this directory")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args()
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("give the command after --")
-    sys.exit(run(command, args.exit_file))
+    sys.exit(run(command, args.exit_file, args.endpoints_dir))
 
 
 if __name__ == "__main__":

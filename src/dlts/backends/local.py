@@ -9,6 +9,12 @@ SIGTERM), ``stopped`` (the demo shut down under it) and, for a replica, ``remove
 it is on its way out and its ending does not end the attempt; the directory goes once it exited).
 Because the state is on disk and the job runs in its own session, a restarted job manager adopts
 running attempts instead of losing them, and ``launch`` twice never starts a unit twice.
+
+Endpoints (``expose``): a port endpoint is the job's own port on this machine, ready at once. The
+servers of ssh / jupyter / vscode endpoints run under the DLTS init of unit 0 (the attempt's
+directory, or replica 0's): ``expose`` writes the wanted set to ``endpoints.json`` there, the init's
+supervisor starts and stops the servers and reports them in ``endpoints.state.json``, which
+``expose`` reads back.
 """
 
 from __future__ import annotations
@@ -27,12 +33,15 @@ from typing import Iterable, Sequence
 
 import psutil
 
-from dlts.backends.base import LaunchSpec, NodeInfo, Observed, RunPhase
+from dlts.backends.base import EndpointSpec, EndpointState, LaunchSpec, NodeInfo, Observed, RunPhase
 
 log = logging.getLogger(__name__)
 INIT_SCRIPT = Path(__file__).with_name("dlts_init.py")
 INIT_KILL_AFTER_S = 5.0  # after the SIGKILL deadline, how long the init gets to record the exit
 REPLICAS = "replicas"  # an inference attempt's per-replica directories live here
+ENDPOINTS_FILE = "endpoints.json"  # in unit 0: what expose wants (read by the init's supervisor)
+ENDPOINTS_STATE_FILE = "endpoints.state.json"  # in unit 0: what the supervisor reports
+SERVED = ("ssh", "jupyter", "vscode")  # endpoint kinds whose server the init starts
 
 
 def detect_gpus() -> tuple[str, int] | None:
@@ -63,8 +72,9 @@ class LocalBackend:
     name = "local"
 
     def __init__(self, run_dir: Path, *, node_name: str | None = None, demo_gpus: int = 0,
-                 demo_sku: str = "demo-gpu", clock=time.time):
+                 demo_sku: str = "demo-gpu", endpoint_host: str = "127.0.0.1", clock=time.time):
         self.run_dir = Path(run_dir)
+        self.endpoint_host = endpoint_host  # the address users reach this machine's endpoints at
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.node_name = node_name or socket.gethostname().split(".")[0] or "localhost"
         self.clock = clock
@@ -106,7 +116,7 @@ class LocalBackend:
                 run.mkdir()
             except FileExistsError:
                 return  # launched before (perhaps by a job manager that crashed): nothing to do
-            self._start(run, spec, spec.placements, {})
+            self._start(run, spec, spec.placements, {}, endpoints=True)
             return
         (run / REPLICAS).mkdir(parents=True, exist_ok=True)
         for index, placement in spec.indexed():
@@ -115,9 +125,11 @@ class LocalBackend:
                 unit.mkdir()
             except FileExistsError:
                 continue  # this replica was started before
-            self._start(unit, spec, (placement,), {"DLTS_REPLICA": str(index)})
+            self._start(unit, spec, (placement,), {"DLTS_REPLICA": str(index)}, endpoints=index == 0)
 
-    def _start(self, unit: Path, spec: LaunchSpec, placements, extra_env: dict[str, str]) -> None:
+    def _start(self, unit: Path, spec: LaunchSpec, placements, extra_env: dict[str, str],
+               endpoints: bool = False) -> None:
+        """Start one unit's DLTS init; ``endpoints``: unit 0, whose init supervises the endpoint servers."""
         gpu_indices = [i for p in placements for i in p.gpu_indices]
         env = {k: v for k, v in os.environ.items() if not k.startswith("DLTS_")}
         env.update(spec.env)
@@ -136,8 +148,8 @@ class LocalBackend:
             child = subprocess.Popen(
                 # -I -S: the init needs only the standard library and must install its signal
                 # handlers within milliseconds, before anyone can send it SIGTERM
-                [sys.executable, "-I", "-S", str(INIT_SCRIPT), "--exit-file", str(unit / "exit"), "--",
-                 "/bin/sh", "-c", spec.command],
+                [sys.executable, "-I", "-S", str(INIT_SCRIPT), "--exit-file", str(unit / "exit"),
+                 *(["--endpoints-dir", str(unit)] if endpoints else []), "--", "/bin/sh", "-c", spec.command],
                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
                 cwd=str(log_path.parent), start_new_session=True, close_fds=True,
             )
@@ -288,6 +300,51 @@ class LocalBackend:
         else:
             # the init forwards SIGTERM to the job's process group
             self._signal_group(proc.pid, signal.SIGTERM)
+
+    def expose(self, job_id: int, attempt: int, endpoints: Sequence[EndpointSpec],
+               ssh_public_keys: tuple[str, ...] = ()) -> Sequence[EndpointState]:
+        """Port endpoints are the job's own ports here: ready at once. The others are started by
+        unit 0's init from ``endpoints.json`` (written here, atomically) and reported in its
+        ``endpoints.state.json``: pending until then, and while unit 0 has not started."""
+        run = self._dir(job_id, attempt)
+        unit = run / REPLICAS / "0" if (run / REPLICAS).is_dir() else run
+        served = [e for e in endpoints if e.kind in SERVED]
+        reported: dict = {}
+        running = (unit / "pid").exists() and not (unit / "exit").exists()
+        if running and (served or (unit / ENDPOINTS_FILE).exists()):
+            # the whole wanted set: the supervisor stops the servers of endpoints no longer listed
+            wanted = {"endpoints": [{"id": e.id, "kind": e.kind, "secret_hash": e.secret_hash} for e in served],
+                      "ssh_public_keys": list(ssh_public_keys)}
+            tmp = unit / (ENDPOINTS_FILE + ".tmp")
+            tmp.write_text(json.dumps(wanted, sort_keys=True))
+            tmp.replace(unit / ENDPOINTS_FILE)
+            reported = self._endpoint_states(unit)
+        states = []
+        for e in endpoints:
+            if e.kind not in SERVED:
+                states.append(EndpointState(e.id, "ready", self.endpoint_host, e.port))
+                continue
+            seen = reported.get(str(e.id))
+            if not running:
+                why = "the job's process has ended" if (unit / "exit").exists() else "waiting for the job's process to start"
+                states.append(EndpointState(e.id, "pending", message=why))
+            elif not isinstance(seen, dict) or seen.get("status") not in ("pending", "ready", "failed"):
+                states.append(EndpointState(e.id, "pending", message=f"starting {e.kind}"))
+            elif seen["status"] == "ready" and isinstance(seen.get("host_port"), int):
+                states.append(EndpointState(e.id, "ready", self.endpoint_host, seen["host_port"]))
+            elif seen["status"] == "failed":
+                states.append(EndpointState(e.id, "failed", message=str(seen.get("message") or f"{e.kind} failed")))
+            else:
+                states.append(EndpointState(e.id, "pending", message=f"starting {e.kind}"))
+        return states
+
+    @staticmethod
+    def _endpoint_states(unit: Path) -> dict:
+        try:
+            data = json.loads((unit / ENDPOINTS_STATE_FILE).read_text())
+        except (FileNotFoundError, ValueError):
+            return {}  # not written yet (it is replaced atomically, so never half-written)
+        return data if isinstance(data, dict) else {}
 
     def terminate(self, job_id: int, attempt: int, grace_s: float) -> None:
         run = self._dir(job_id, attempt)

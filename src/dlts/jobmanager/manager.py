@@ -7,6 +7,9 @@ between any two steps is finished by the next tick.
     1 observe   backend.observe() once: phases and exit codes of every attempt it holds
     2 reconcile attempts that started or ended -> job transitions; orphans removed
     3 requests  jobs users put in killing/pausing -> backend.terminate(grace)
+    3b endpoints running jobs whose endpoints are pending, closing or of an earlier attempt ->
+                backend.expose(the job's whole wanted set) -> rows ready/failed/pending, closing rows
+                deleted; closing rows of jobs not running deleted (one query when nothing needs work)
     4 decide    snapshot -> scheduler core -> starts, stops, waits
     5 apply     starts -> attempt row + launch; stops -> terminate; waits -> reason + queue position;
                 inference scale-up -> new replicas in the attempt row + launch (creates the missing
@@ -23,7 +26,7 @@ from typing import Callable
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from dlts.backends.base import BackendUnavailable, ClusterBackend, LaunchSpec, Observed, RunPhase
+from dlts.backends.base import BackendUnavailable, ClusterBackend, EndpointSpec, EndpointState, LaunchSpec, Observed, RunPhase
 from dlts.config import Settings
 from dlts.jobmanager.snapshot import (
     Replica,
@@ -33,15 +36,17 @@ from dlts.jobmanager.snapshot import (
     replicas_to_json,
 )
 from dlts.logs import attempt_log_path
-from dlts.models import ACTIVE, Job, JobAttempt, JobStatus, Node, SshKey, utcnow
+from dlts.models import ACTIVE, EndpointKind, EndpointStatus, Job, JobAttempt, JobEndpoint, JobStatus, Node, SshKey, utcnow
 from dlts.repositories import jobs as job_repo
 from dlts.scheduler import decide
 from dlts.scheduler.model import Decisions, Placement, Stop, StopReason
 
 log = logging.getLogger(__name__)
 S = JobStatus
+E = EndpointStatus
 ACTOR = "jobmanager"
 SCALED = "scaled"  # job_events kind of inference replica changes (reason scale_up / scale_down)
+ENDPOINT = "endpoint"  # job_events kind of endpoints becoming ready or failing (reason ready / failed)
 GC_INTERVAL_S = 60.0  # how often the backend's objects are checked against the database's live attempts
 
 
@@ -67,6 +72,7 @@ class JobManager:
             observed = {(o.job_id, o.attempt): o for o in self.backend.observe()}
             self.reconcile(session, observed)
             self.carry_out_requests(session, observed)
+            self._reconcile_endpoints(session)
             decisions = decide(load_snapshot(session, self.settings), self.clock())
             self.apply(session, decisions)
             self.last_decisions = decisions
@@ -227,6 +233,96 @@ class JobManager:
         for job in session.scalars(sa.select(Job).where(Job.status.in_([S.KILLING, S.PAUSING]))):
             if (job.id, job.attempt) in observed:
                 self.backend.terminate(job.id, job.attempt, self.settings.preempt_grace_s)
+
+    # -- endpoints --------------------------------------------------------------------------------
+    def _reconcile_endpoints(self, session: Session) -> None:
+        """Expose the endpoints of running jobs that need it; delete closing rows.
+
+        One query (every tick) finds the jobs with work: a running job with an endpoint that is
+        pending, closing or exposed for an earlier attempt, or any job with a closing endpoint. It
+        returns all endpoint rows of those jobs, since ``expose`` takes a job's whole wanted set."""
+        ep = JobEndpoint
+        work = sa.union(
+            sa.select(ep.job_id).join(Job, Job.id == ep.job_id).where(
+                Job.status == S.RUNNING,
+                sa.or_(ep.status.in_([E.PENDING, E.CLOSING]), ep.attempt.is_(None), ep.attempt != Job.attempt)),
+            sa.select(ep.job_id).where(ep.status == E.CLOSING),
+        ).subquery()
+        # populate_existing: this tick's earlier steps changed jobs with compare-and-set updates
+        # that leave the objects already loaded in this session as they were
+        rows = session.execute(sa.select(ep, Job).join(work, work.c.job_id == ep.job_id)
+                               .join(Job, Job.id == ep.job_id).order_by(ep.job_id, ep.id)
+                               .execution_options(populate_existing=True)).all()
+        if not rows:
+            return
+        by_job: dict[int, tuple[Job, list[JobEndpoint]]] = {}
+        for row, job in rows:
+            by_job.setdefault(job.id, (job, []))[1].append(row)
+        owners = {job.user_id for job, endpoints in by_job.values()
+                  if job.status is S.RUNNING and any(r.kind is EndpointKind.SSH for r in endpoints)}
+        keys: dict[int, list[str]] = {}
+        if owners:
+            for user_id, key in session.execute(sa.select(SshKey.user_id, SshKey.public_key)
+                                                .where(SshKey.user_id.in_(owners)).order_by(SshKey.id)):
+                keys.setdefault(user_id, []).append(key)
+        for job, endpoints in by_job.values():
+            closing = [r.id for r in endpoints if r.status is E.CLOSING]
+            if job.status is not S.RUNNING:
+                self._delete_closing(session, closing)  # nothing of it is exposed
+                continue
+            wanted = [r for r in endpoints if r.status is not E.CLOSING]
+            specs = [EndpointSpec(r.id, r.kind.value, r.port, r.secret_hash or "") for r in wanted]
+            try:
+                states = self.backend.expose(job.id, job.attempt, specs, tuple(keys.get(job.user_id, ())))
+            except BackendUnavailable as exc:
+                log.warning("endpoints not exposed, the cluster is unavailable: %s", exc)
+                return  # every job would get the same answer: next tick
+            except Exception as exc:  # the backend refused this job's endpoints: say so on them
+                log.exception("exposing the endpoints of job %s attempt %s failed", job.id, job.attempt)
+                failed = EndpointState(0, E.FAILED.value, message=f"the cluster could not expose it: {exc}")
+                for row in wanted:
+                    if row.status is not E.READY or row.attempt != job.attempt:
+                        self._record_endpoint(session, job, row, failed)
+                session.commit()
+                continue
+            by_id = {s.id: s for s in states}
+            for row in wanted:
+                state = by_id.get(row.id) or EndpointState(row.id, E.PENDING.value, message="the cluster did not report it")
+                self._record_endpoint(session, job, row, state)
+            self._delete_closing(session, closing)
+
+    def _record_endpoint(self, session: Session, job: Job, row: JobEndpoint, state: EndpointState) -> None:
+        """Store what the backend reports on one endpoint, compare-and-set on its status (a user may
+        close it meanwhile), with an event when it becomes ready or fails."""
+        try:
+            status = EndpointStatus(state.status)
+        except ValueError:
+            status, state = E.FAILED, EndpointState(row.id, "failed", message=f"the cluster reported {state.status!r}")
+        if status is E.CLOSING:
+            status = E.PENDING
+        ready = status is E.READY
+        values = {"status": status, "attempt": job.attempt, "host": (state.host or None) if ready else None,
+                  "host_port": state.host_port if ready else None, "message": (state.message or "")[:512] or None}
+        if all(getattr(row, key) == value for key, value in values.items()):
+            return
+        done = session.execute(sa.update(JobEndpoint).where(JobEndpoint.id == row.id, JobEndpoint.status == row.status)
+                               .values(**values, updated_at=utcnow()).execution_options(synchronize_session=False))
+        if not done.rowcount:
+            return  # closed or deleted meanwhile: the next tick sees it
+        changed = row.status is not status or row.attempt != job.attempt
+        if ready and (changed or (row.host, row.host_port) != (values["host"], values["host_port"])):
+            job_repo.add_event(session, job.id, ENDPOINT, reason="ready", actor=ACTOR,
+                               message=f"{row.name} ready at {values['host']}:{values['host_port']}")
+        elif status is E.FAILED and changed:
+            job_repo.add_event(session, job.id, ENDPOINT, reason="failed", actor=ACTOR,
+                               message=f"{row.name}: {values['message'] or 'failed'}")
+
+    @staticmethod
+    def _delete_closing(session: Session, ids: list[int]) -> None:
+        if ids:
+            session.execute(sa.delete(JobEndpoint).where(JobEndpoint.id.in_(ids), JobEndpoint.status == E.CLOSING)
+                            .execution_options(synchronize_session=False))
+        session.commit()
 
     # -- apply decisions ----------------------------------------------------------------------------
     def apply(self, session: Session, decisions: Decisions) -> None:
