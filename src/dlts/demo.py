@@ -96,7 +96,8 @@ def run_demo(settings: Settings) -> None:
         settings = settings.model_copy(update={"secret_key": demo_secret_key(home)})
     app = create_app(settings)
     db_migrate.upgrade(engine_of(app))
-    backend = LocalBackend(settings.effective_run_dir, demo_gpus=settings.demo_gpus, demo_sku=settings.demo_sku)
+    backend = LocalBackend(settings.effective_run_dir, demo_gpus=settings.demo_gpus, demo_sku=settings.demo_sku,
+                           endpoint_host=settings.endpoint_host)
     sessions = session_factory(app)
     with sessions() as session:
         created = bootstrap(session, backend, home)
