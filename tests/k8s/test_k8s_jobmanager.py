@@ -225,3 +225,66 @@ def test_a_job_overriding_rank_env_is_refused_with_the_reason(h):
     assert job.status is S.ERROR
     assert "MASTER_ADDR is set by DLTS" in job.reason_detail
     assert h.api.pods() == []
+
+
+def test_endpoints_are_exposed_changed_and_taken_down_end_to_end(h):
+    """Submit with ssh and a port, open Jupyter, close the port, kill: rows -> job manager -> expose ->
+    Service and ConfigMap in the cluster -> states back in the rows."""
+    import hashlib
+
+    from dlts.models import User
+    from dlts.services import endpoints as endpoint_service
+    from dlts.services import ssh_keys
+    from dlts.services.auth import principal_for
+
+    key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGq2J1zC0uFhv1d0lR6FfSxSJp8kQyWbWk0zGmQyQ7v7 alice@laptop"
+
+    def alice(s):
+        return principal_for(s, s.scalar(sa.select(User).where(User.name == "alice")))
+
+    with h.sessions() as s:
+        ssh_keys.add_key(s, alice(s), key)
+    job_id = h.submit(command="sleep infinity", ssh=True, ports=[6006])
+    h.tick()
+    h.tick()  # running; the same tick exposes its endpoints
+    assert h.job(job_id).status is S.RUNNING
+
+    def views():
+        with h.sessions() as s:
+            return {v.name: v for v in endpoint_service.list_endpoints(s, alice(s), job_id)}
+
+    def service_ports():
+        [svc] = [x for x in h.api.objects("services") if x["metadata"]["name"] == f"dlts-{job_id}-1-ep"]
+        return {p["name"]: p["nodePort"] for p in svc["spec"]["ports"]}
+
+    def configmap():
+        [cm] = h.api.objects("configmaps")
+        return cm["data"]
+
+    seen = views()
+    node = h.attempts(job_id)[0].placements[0]["node"]
+    ip = next(a["address"] for a in h.api.store.get("nodes", "", node)["status"]["addresses"] if a["type"] == "InternalIP")
+    ports = service_ports()
+    ssh_port = ports[f"e{seen['ssh'].id}"]
+    assert (seen["ssh"].status, seen["ssh"].host, seen["ssh"].host_port) == ("ready", ip, ssh_port)
+    assert seen["ssh"].url == f"ssh://alice@{ip}:{ssh_port}"
+    assert seen["port-6006"].status == "ready"
+    assert configmap()["endpoints"] == f"{seen['ssh'].id} ssh 22\n{seen['port-6006'].id} port 6006\n"
+    assert configmap()["authorized_keys"] == key + "\n"
+
+    with h.sessions() as s:
+        jupyter, token = endpoint_service.open_endpoint(s, alice(s), job_id, "jupyter")
+        endpoint_service.close_endpoint(s, alice(s), job_id, seen["port-6006"].id)
+    h.tick()
+    now = views()
+    assert set(now) == {"ssh", "jupyter"} and now["jupyter"].status == "ready"
+    assert service_ports() == {f"e{seen['ssh'].id}": ssh_port,
+                               f"e{jupyter.id}": now["jupyter"].host_port}
+    assert f"{jupyter.id} jupyter 8888 {hashlib.sha256(token.encode()).hexdigest()}\n" in configmap()["endpoints"]
+
+    h.kill(job_id)
+    h.tick()
+    h.tick()
+    assert h.job(job_id).status is S.KILLED
+    assert h.api.objects("services") == [] and h.api.objects("configmaps") == []
+    assert {v.status for v in views().values()} == {"closed"}
