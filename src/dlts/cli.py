@@ -7,6 +7,7 @@ line naming the field and exit non-zero; no traceback reaches the user.
 
 from __future__ import annotations
 
+import functools
 import logging
 import sys
 from contextlib import contextmanager
@@ -127,6 +128,7 @@ def managers(ctx: Context) -> None:
     from dlts.jobmanager import JobManager
     from dlts.managers import Periodic, run_forever
     from dlts.managers.janitor import Janitor
+    from dlts.services import allowlist
 
     settings = ctx.settings
     app = create_app(settings)
@@ -135,7 +137,8 @@ def managers(ctx: Context) -> None:
     janitor = Janitor(sessions, settings.retention_days, batch_rows=settings.janitor_batch_rows,
                       pause_s=settings.janitor_pause_s, log_dir=settings.effective_log_dir)
     entries = [Periodic("jobmanager.tick", settings.tick_s, manager.tick),
-               Periodic("janitor.purge", 3600.0, janitor.run)]
+               Periodic("janitor.purge", 3600.0, janitor.run),
+               Periodic("allowlist.purge_expired", 600.0, functools.partial(allowlist.purge_expired_entries, sessions))]
     if settings.lustre_defaults_file is not None:
         from dlts.managers.storage import LustreStorageManager
 

@@ -11,6 +11,7 @@ demo.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from pathlib import Path
 from typing import Any, Literal, Mapping
@@ -86,6 +87,12 @@ class Settings(BaseModel):
     storage_interval_s: float = Field(300.0, ge=10)
     # allowlists
     allow_ip_days: int = Field(30, ge=1)
+    # job endpoints are reachable from their owner's allowed IPs and from these networks (e.g. the
+    # VPN): a list, or in DLTS_ENDPOINT_ALLOW_CIDRS a comma-separated string
+    endpoint_allow_cidrs: tuple[str, ...] = ()
+    # the TCP ports the node agents guard (the Kubernetes NodePort range): inside it only listed
+    # (source, port) pairs get through; "LO-HI" or [LO, HI]
+    endpoint_port_range: tuple[int, int] = (30000, 32767)
     # operator-customisable templates (Kubernetes objects, e-mails); None: the packaged ones
     templates_dir: Path | None = None
 
@@ -101,6 +108,35 @@ class Settings(BaseModel):
     def _sku_name(cls, value: str) -> str:
         if not value or not value.replace("-", "").replace("_", "").isalnum() or value == "cpu":
             raise ValueError("must be letters, digits, '-' or '_' and not 'cpu'")
+        return value
+
+    @field_validator("endpoint_allow_cidrs", mode="before")
+    @classmethod
+    def _cidr_list(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = [part for part in value.replace(",", " ").split()]
+        if not isinstance(value, (list, tuple)):
+            return value
+        canonical = []
+        for item in value:
+            try:
+                canonical.append(str(ipaddress.ip_network(str(item).strip(), strict=True)))
+            except ValueError as exc:
+                raise ValueError(f"{item!r} is not an IPv4/IPv6 address or CIDR network ({exc})") from None
+        return tuple(canonical)
+
+    @field_validator("endpoint_port_range", mode="before")
+    @classmethod
+    def _port_range(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            parts = value.replace(" ", "").split("-")
+            if len(parts) != 2 or not all(p.isdigit() for p in parts):
+                raise ValueError("must be LO-HI, e.g. 30000-32767")
+            value = (int(parts[0]), int(parts[1]))
+        if isinstance(value, (list, tuple)) and len(value) == 2 and all(isinstance(p, int) for p in value):
+            low, high = value
+            if not 1 <= low <= high <= 65535:
+                raise ValueError("must be two TCP ports LO <= HI between 1 and 65535")
         return value
 
     # -- derived paths -------------------------------------------------------------------------

@@ -86,7 +86,7 @@ def test_a_deployment_registers_its_own_token_idempotently(client, world, sessio
 
 def test_findings_history_health_and_heartbeat(client, world, sessions, node_token):
     auth = {"Authorization": f"Bearer {node_token}"}
-    assert client.post("/api/v1/nodes/testnode/report", json=report([ECC]), headers=auth).get_json() == {"orders": []}
+    assert client.post("/api/v1/nodes/testnode/report", json=report([ECC]), headers=auth).get_json()["orders"] == []
     node = client.get("/api/v1/nodes/testnode", headers=world.auth("admin")).get_json()
     assert node["health"] == "critical" and node["last_heartbeat_at"] is not None
     assert node["details"]["metrics"]["gpu_count"] == 4
@@ -116,7 +116,7 @@ def test_repair_orders_are_sent_once_results_recorded_and_the_node_returns_to_se
     assert orders == [{"id": order_id, "action": "reset_gpu", "target": "3", "dry_run": False, "reason": "ECC"}]
     result = {"id": order_id, "action": "reset_gpu", "target": "3", "status": "succeeded", "message": "reset gpu 3",
               "dry_run": False, "started_at": "2026-11-29T20:00:01.000Z", "finished_at": "2026-11-29T20:00:02.000Z"}
-    assert client.post("/api/v1/nodes/testnode/report", json=report(order_results=[result]), headers=auth).get_json() == {"orders": []}
+    assert client.post("/api/v1/nodes/testnode/report", json=report(order_results=[result]), headers=auth).get_json()["orders"] == []
     # the agent re-sends a result until it sees a 2xx: recorded once
     client.post("/api/v1/nodes/testnode/report", json=report(order_results=[result | {"status": "failed"}]), headers=auth)
     # results for orders that are not ours are ignored, whatever their id looks like
@@ -189,3 +189,73 @@ def test_the_real_agent_reporter_talks_to_the_real_api(live, world, sessions):
 
     with pytest.raises(ReportError, match="HTTP 403"):
         bad.report_once()
+
+
+def _ready_endpoint(sessions, settings, user: str, host_port: int) -> int:
+    from dlts.models import EndpointKind, EndpointStatus, JobEndpoint, JobStatus
+
+    from .helpers import make_job
+
+    job_id = make_job(sessions, settings, user, status=JobStatus.RUNNING)
+    with sessions() as s:
+        s.add(JobEndpoint(job_id=job_id, kind=EndpointKind.SSH, name="ssh", port=22, status=EndpointStatus.READY,
+                          attempt=1, host="10.0.0.5", host_port=host_port, created_by=user))
+        s.commit()
+    return job_id
+
+
+def test_the_report_response_carries_the_endpoint_firewall(client, world, sessions, settings, node_token):
+    auth = {"Authorization": f"Bearer {node_token}"}
+    empty = client.post("/api/v1/nodes/testnode/report", json=report(), headers=auth).get_json()["firewall"]
+    assert empty["port_range"] == [30000, 32767] and empty["rules"] == []
+    _ready_endpoint(sessions, settings, "alice", 31022)
+    assert client.post("/api/v1/me/allowed-ips", json={"ip": "203.0.113.7"}, headers=world.auth("alice")).status_code == 201
+    firewall = client.post("/api/v1/nodes/testnode/report", json=report(), headers=auth).get_json()["firewall"]
+    assert firewall["rules"] == [{"port": 31022, "cidrs": ["203.0.113.7/32"]}]
+    assert firewall["version"] != empty["version"]
+    from dlts.services import allowlist
+
+    with sessions() as s:
+        assert allowlist.desired_state(s, settings) == firewall  # what every node gets, whoever asks
+    # the documented response schema describes it
+    spec = client.get("/api/v1/openapi.json").get_json()
+    response = spec["paths"]["/api/v1/nodes/{name}/report"]["post"]["responses"]["200"]["content"]["application/json"]["schema"]
+    name = response["$ref"].rsplit("/", 1)[-1]
+    assert {"orders", "firewall"} <= set(spec["components"]["schemas"][name]["properties"])
+
+
+def test_the_real_agent_applies_the_api_firewall_only_when_it_changes(live, world, sessions, settings, tmp_path):
+    """dlts_agent's Reporter and Firewall against the API over HTTP; nft is a recording runner here
+    (tests/agent/test_firewall_nft.py runs the real nft in a network namespace)."""
+    import requests
+    from dlts_agent.config import FirewallConfig, ReportConfig
+    from dlts_agent.firewall import Firewall
+    from dlts_agent.model import AgentSnapshot, Collection
+    from dlts_agent.reporter import Reporter
+
+    with sessions() as s:
+        token = node_service.issue_node_token(s, "testnode")
+    scripts: list[str] = []
+
+    def nft(argv, timeout_s):
+        scripts.append(open(argv[-1]).read())
+        return 0, ""
+
+    firewall = Firewall(FirewallConfig(enabled=True), str(tmp_path / "state"), nft=["nft"], runner=nft)
+    snapshot = AgentSnapshot("testnode", "e2e", Collection(time.time(), {}), (), {}, {})
+    reporter = Reporter(ReportConfig(enabled=True, api_url=live.url, timeout_s=5), "testnode", token, lambda: snapshot,
+                        None, on_firewall=firewall.update)
+    _ready_endpoint(sessions, settings, "alice", 31022)
+    alice = {"Authorization": f"Bearer {world.tokens['alice']}"}
+    assert requests.post(f"{live.url}/api/v1/me/allowed-ips", json={"ip": "203.0.113.7"}, headers=alice, timeout=5).ok
+    reporter.report_once()
+    reporter.report_once()
+    assert len(scripts) == 1 and "203.0.113.7/32 . 31022" in scripts[0] and "tcp dport 30000-32767" in scripts[0]
+    assert requests.post(f"{live.url}/api/v1/me/allowed-ips", json={"ip": "2001:db8:7::/48"}, headers=alice, timeout=5).ok
+    reporter.report_once()
+    assert len(scripts) == 2 and "2001:db8:7::/48 . 31022" in scripts[1]
+    with sessions() as s:
+        from dlts.services import allowlist
+
+        assert firewall.applied_version == allowlist.desired_state(s, settings)["version"]
+    assert firewall.status().pairs == 2 and (tmp_path / "state" / "firewall.nft").read_text() == scripts[1]

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from flask import g, request
+from flask import current_app, g, request
 from flask_smorest import Blueprint
+from marshmallow import Schema, fields
 
 from dlts.api import pagination
 from dlts.api.auth import authenticate, principal
 from dlts.api.schemas import (NodeOrderSchema, NodePageSchema, NodeRepairSchema, NodeReportResponseSchema,
                               NodeReportSchema, NodeSchema, PageArgs)
+from dlts.app import settings_of
 from dlts.extensions import db
 from dlts.services import nodes as node_service
 
@@ -62,6 +64,21 @@ def repair(body, name: str):
     return node_service.repair(db.session, principal(), name, body["action"], body.get("target"), body["dry_run"], body["reason"])
 
 
+class FirewallRuleSchema(Schema):
+    port = fields.Integer(metadata={"description": "the guarded TCP port (a NodePort of a ready endpoint)"})
+    cidrs = fields.List(fields.String(), metadata={"description": "sources that may reach it: collapsed, IPv4 then IPv6"})
+
+
+class FirewallSchema(Schema):
+    version = fields.String(metadata={"description": "SHA-256 of port_range and rules; agents apply only a new one"})
+    port_range = fields.List(fields.Integer(), metadata={"description": "[lo, hi]: inside it only listed pairs get through"})
+    rules = fields.List(fields.Nested(FirewallRuleSchema))
+
+
+class AgentReportResponseSchema(NodeReportResponseSchema):
+    firewall = fields.Nested(FirewallSchema, metadata={"description": "the endpoint firewall every node enforces"})
+
+
 # The agent authenticates with a node token, not a user token: a blueprint of its own.
 agent_blp = Blueprint("agent", __name__, description="Node agent reports (node tokens)")
 
@@ -74,10 +91,11 @@ def _authenticate_node() -> None:
 
 @agent_blp.route("/nodes/<string:name>/report", methods=["POST"])
 @agent_blp.arguments(NodeReportSchema)
-@agent_blp.response(200, NodeReportResponseSchema)
+@agent_blp.response(200, AgentReportResponseSchema)
 @agent_blp.doc(security=SECURITY)
 def report(body, name: str):
-    """Heartbeat, findings, metrics summary and order results; the response carries repair orders."""
+    """Heartbeat, findings, metrics summary and order results; the response carries repair orders and
+    the endpoint firewall (docs/agent.md)."""
     findings = [node_service.FindingIn(
         code=f["code"], severity=f["severity"], device=f.get("device"), action=f.get("recommended_action"),
         evidence={**f.get("evidence", {}), **{k: f[k] for k in ("message", "gpu_uuid", "bus_id") if f.get(k)}})
@@ -87,4 +105,4 @@ def report(body, name: str):
     parsed = node_service.Report(node=body["node"], agent_version=body["agent_version"], heartbeat_at=body.get("heartbeat_at"),
                                  boot_id=body["boot_id"], findings=findings, metrics=body["metrics"],
                                  collectors=body["collectors"], order_results=results)
-    return {"orders": node_service.record_report(db.session, g.node, parsed)}
+    return node_service.answer_report(db.session, settings_of(current_app), g.node, parsed)

@@ -1,6 +1,9 @@
 """Nodes: read (capacity, use, health, repair state and history), cordon/uncordon, repair orders,
 node tokens, and the node agent's report (docs/agent.md).
 
+The report's response carries the node's repair orders and the endpoint firewall every node
+enforces (services/allowlist.py).
+
 Cordon and repair are real: the job manager's snapshot only places work on ``schedulable`` nodes
 (ready and ``in_service``), and repair orders are ``node_orders`` rows that the agent receives in the
 response to its next report and answers with ``order_results`` in a later one.
@@ -20,10 +23,11 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
+from dlts.config import Settings
 from dlts.errors import Forbidden, InvalidInput, NotFound, Unauthenticated, WrongState
 from dlts.models import Node, NodeFinding, NodeOrder, NodeState, iso, utcnow
 from dlts.repositories import usage as usage_repo
-from dlts.services import policy
+from dlts.services import allowlist, policy
 from dlts.services.auth import Principal, hash_token
 
 NODE_TOKEN_PREFIX = "dltsn_"
@@ -292,3 +296,8 @@ def record_report(session: Session, node: Node, report: Report) -> list[dict[str
     session.commit()
     return [_order_json(o) for o in orders]
 
+
+def answer_report(session: Session, settings: Settings, node: Node, report: Report) -> dict[str, Any]:
+    """Record the report; answer with the orders to carry out and the endpoint firewall to enforce."""
+    orders = record_report(session, node, report)
+    return {"orders": orders, "firewall": allowlist.desired_state(session, settings)}
