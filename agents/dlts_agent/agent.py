@@ -3,7 +3,8 @@ snapshot, and wires the exporter, the textfile, the reporter and the action exec
 
 Threads: the main thread collects every ``interval_s``; the metrics server thread serves the latest
 snapshot, rendered by prometheus-client once per collection (a scrape never waits for a collection
-or for the API); the reporter thread posts it; the executor thread carries out orders one at a time.
+or for the API); the reporter thread posts it and applies the endpoint firewall the API answers with
+(``firewall.enabled``); the executor thread carries out orders one at a time.
 A systemd watchdog ping follows each round. ``registry`` exposes the same snapshot to tests
 (``registry.get_sample_value``).
 """
@@ -30,6 +31,7 @@ from dlts_agent.collectors.nfs import NfsCollector
 from dlts_agent.collectors.xid import XidCollector
 from dlts_agent.config import AgentConfig, read_node_token
 from dlts_agent.detectors import detect
+from dlts_agent.firewall import Firewall
 from dlts_agent.kernel_log import read_boot_id
 from dlts_agent.metrics import make_registry, render_bytes, serve_metrics, write_textfile
 from dlts_agent.model import AgentSnapshot, Collection, CollectorResult, CollectorStatus
@@ -97,6 +99,8 @@ class Agent:
             cfg.actions, self.state, self.latest, proc_root=paths.proc, clock=clock, boot_id=self.boot_id
         )
         self.reporter: Reporter | None = None
+        # the endpoint firewall (nft) is built in run(): constructing an Agent touches nothing
+        self.firewall: Firewall | None = None
         self._orders: queue.Queue[Any] = queue.Queue()
         self.exporter_port: int | None = None
         self.ready = threading.Event()  # set once the first collection is served
@@ -112,7 +116,7 @@ class Agent:
     def latest(self) -> AgentSnapshot | None:
         with self._lock:
             snap = self._latest
-        if snap is not None and self.reporter is not None:
+        if snap is not None and (self.reporter is not None or self.firewall is not None):
             snap = AgentSnapshot(
                 snap.node,
                 snap.version,
@@ -120,7 +124,8 @@ class Agent:
                 snap.findings,
                 snap.collector_errors_total,
                 snap.collector_last_success_s,
-                self.reporter.status(),
+                self.reporter.status() if self.reporter is not None else None,
+                self.firewall.status() if self.firewall is not None else None,
             )
         return snap
 
@@ -130,7 +135,7 @@ class Agent:
         snap = self.latest()
         if snap is None:
             return b""
-        key = (snap.collection.time_s, snap.report)
+        key = (snap.collection.time_s, snap.report, snap.firewall)
         with self._lock:
             cached = self._rendered
         if cached is not None and cached[0] == key:
@@ -225,6 +230,9 @@ class Agent:
 
     def run(self, stop: threading.Event) -> None:
         self.executor.resolve_reboots()
+        if self.cfg.firewall.enabled:
+            self.firewall = Firewall(self.cfg.firewall, self.cfg.state_dir, clock=self.clock)
+            self.firewall.restore()  # closes the guarded ports after a reboot, before the first report
         if self.cfg.report.enabled:
             token = read_node_token(self.cfg.report)
             self.reporter = Reporter(
@@ -234,6 +242,7 @@ class Agent:
                 self.latest,
                 self.executor,
                 submit_orders=self.submit_orders,
+                on_firewall=self.firewall.update if self.firewall is not None else None,
                 boot_id=self.boot_id(),
                 clock=self.clock,
             )

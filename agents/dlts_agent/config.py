@@ -133,6 +133,15 @@ class ActionsConfig:
 
 
 @dataclass(frozen=True)
+class FirewallConfig:
+    """The endpoint firewall (firewall.py): the API's allowlist as an nftables table on this node."""
+
+    enabled: bool = False
+    nft: str = ""  # "" = nft on PATH, else /usr/sbin/nft
+    timeout_s: float = 30.0
+
+
+@dataclass(frozen=True)
 class PathsConfig:
     proc: str = "/proc"
     sys: str = "/sys"
@@ -150,6 +159,7 @@ class AgentConfig:
     thresholds: Thresholds = Thresholds()
     report: ReportConfig = ReportConfig()
     actions: ActionsConfig = ActionsConfig()
+    firewall: FirewallConfig = FirewallConfig()
     paths: PathsConfig = PathsConfig()
 
     @property
@@ -218,6 +228,12 @@ def _validate(cfg: AgentConfig) -> None:
     positive("report.backoff_initial_s", cfg.report.backoff_initial_s)
     positive("collectors.nfs.timeout_s", cfg.collectors.nfs.timeout_s)
     positive("actions.command_timeout_s", cfg.actions.command_timeout_s)
+    positive("firewall.timeout_s", cfg.firewall.timeout_s)
+    if cfg.firewall.enabled and not cfg.report.enabled:
+        raise ConfigError(
+            "firewall.enabled: the rules arrive in the report's response; enable report "
+            "(report.enabled and report.api_url) or set firewall.enabled: false"
+        )
     if cfg.report.backoff_max_s < cfg.report.backoff_initial_s:
         raise ConfigError("report.backoff_max_s: must be at least report.backoff_initial_s")
     if cfg.expected_gpu_count < 0:

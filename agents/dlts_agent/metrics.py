@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 from dlts_agent.model import (
     AgentSnapshot,
     CollectorStatus,
+    FirewallStatus,
     GpuReadout,
     GpuSample,
     HostSample,
@@ -132,6 +133,34 @@ def _agent_families(snap: AgentSnapshot) -> Iterator[Metric]:
         orders = CounterMetricFamily("dlts_node_orders_executed", "Repair orders executed, since the agent started.")
         orders.add_metric([], rep.orders_executed_total)
         yield from (rep_ok, rep_fail, orders)
+    if snap.firewall is not None:
+        yield from _firewall_families(snap.firewall)
+
+
+def _firewall_families(fw: FirewallStatus) -> Iterator[Metric]:
+    yield _g(
+        "dlts_node_firewall_rules",
+        "(source network, port) pairs the applied endpoint firewall lets through to the guarded ports.",
+        fw.pairs,
+    )
+    if fw.last_apply_ok is not None:
+        yield _g(
+            "dlts_node_firewall_last_apply_success",
+            "1 if the last endpoint firewall change was applied, 0 if nft (or the API's data) failed.",
+            1 if fw.last_apply_ok else 0,
+        )
+    yield _g(
+        "dlts_node_firewall_last_success_timestamp_seconds",
+        "Wall-clock time the endpoint firewall was last applied (0 = not since the agent started).",
+        fw.last_success_s or 0,
+    )
+    applies = CounterMetricFamily("dlts_node_firewall_applies", "Endpoint firewall changes applied with nft.")
+    applies.add_metric([], fw.applies_total)
+    failures = CounterMetricFamily(
+        "dlts_node_firewall_apply_failures", "Endpoint firewall changes not applied (nft failed or bad data)."
+    )
+    failures.add_metric([], fw.failures_total)
+    yield from (applies, failures)
 
 
 def _host_families(h: HostSample) -> Iterator[Metric]:

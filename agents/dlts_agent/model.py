@@ -277,6 +277,19 @@ class ReportStatus:
 
 
 @dataclass(frozen=True)
+class FirewallStatus:
+    """The endpoint firewall as last applied (firewall.py); read by the exporter."""
+
+    applied_version: str | None
+    pairs: int  # (source, port) pairs allowed by the applied rules
+    last_apply_ok: bool | None  # None: nothing tried since the agent started
+    last_success_s: float | None
+    applies_total: int
+    failures_total: int
+    last_error: str | None
+
+
+@dataclass(frozen=True)
 class AgentSnapshot:
     """Everything the exporter, the textfile and the reporter render: one consistent view."""
 
@@ -287,3 +300,4 @@ class AgentSnapshot:
     collector_errors_total: Mapping[str, int]
     collector_last_success_s: Mapping[str, float]
     report: ReportStatus | None = None
+    firewall: FirewallStatus | None = None

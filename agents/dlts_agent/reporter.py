@@ -4,7 +4,8 @@
 format is the contract in docs/agent.md. The reporter runs in its own thread and always sends the
 *latest* snapshot (never a backlog). When the API is down it retries with capped exponential
 backoff and jitter; the exporter is never touched by any of this. Results of executed orders ride
-along until a 2xx response proves the API stored them.
+along until a 2xx response proves the API stored them. The response's ``firewall`` (the endpoint
+allowlist) goes to ``on_firewall`` (firewall.Firewall.update) after every successful report.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
 MAX_ORDERS_PER_RESPONSE = 20
+# the response carries the cluster's whole endpoint allowlist: room for ~400k (source, port) pairs
+MAX_RESPONSE_BYTES = 16 * 1024 * 1024
 
 
 def iso(ts: float | None) -> str | None:
@@ -82,6 +85,7 @@ class Reporter:
         executor: ActionExecutor | None,
         *,
         submit_orders: Callable[[list[Any]], None] | None = None,
+        on_firewall: Callable[[Any], object] | None = None,
         boot_id: str = "",
         clock: Callable[[], float] = time.time,
         rng: random.Random | None = None,
@@ -92,6 +96,7 @@ class Reporter:
         self.snapshot = snapshot
         self.executor = executor
         self.submit_orders = submit_orders
+        self.on_firewall = on_firewall
         self.boot_id = boot_id
         self.clock = clock
         self.rng = rng or random.Random()
@@ -140,7 +145,7 @@ class Reporter:
         )
         try:
             with urllib.request.urlopen(req, timeout=self.cfg.timeout_s, context=self._ssl) as resp:
-                raw = resp.read(1024 * 1024)
+                raw = resp.read(MAX_RESPONSE_BYTES + 1)
         except urllib.error.HTTPError as e:
             detail = _error_message(e)
             if e.code in (401, 403):
@@ -158,7 +163,17 @@ class Reporter:
             self._status.last_success_s = self.clock()
             self._status.consecutive_failures = 0
             self._status.last_error = None
-        return _parse_orders(raw)
+        if len(raw) > MAX_RESPONSE_BYTES:
+            log.warning("report response is larger than %d bytes; ignoring it (no orders, firewall unchanged)",
+                        MAX_RESPONSE_BYTES)
+            return []
+        data = _parse_response(raw)
+        if self.on_firewall is not None and data is not None:
+            try:
+                self.on_firewall(data.get("firewall"))
+            except Exception:  # noqa: BLE001 - the firewall must never stop reports or orders
+                log.exception("applying the endpoint firewall failed; the previous rules stay")
+        return _orders(data)
 
     def run(self, stop: threading.Event) -> None:
         next_due = 0.0
@@ -186,15 +201,25 @@ class Reporter:
             next_due = time.monotonic() + self.cfg.interval_s
 
 
-def _parse_orders(raw: bytes) -> list[Any]:
+def _parse_response(raw: bytes) -> dict[str, Any] | None:
+    """The response object; None when there is none (empty) or it is not a JSON object."""
     if not raw.strip():
-        return []
+        return None
     try:
         data = json.loads(raw)
     except ValueError:
-        log.warning("report response is not JSON; ignoring it (no orders taken)")
+        log.warning("report response is not JSON; ignoring it (no orders taken, firewall unchanged)")
+        return None
+    if not isinstance(data, dict):
+        log.warning("report response is not a JSON object; ignoring it")
+        return None
+    return data
+
+
+def _orders(data: dict[str, Any] | None) -> list[Any]:
+    if data is None:
         return []
-    orders = data.get("orders", []) if isinstance(data, dict) else None
+    orders = data.get("orders", [])
     if not isinstance(orders, list):
         log.warning("report response has no orders list; ignoring it")
         return []
