@@ -75,7 +75,7 @@ def build_spec(body: dict, *, user: str, nodes: list[str], job_id: int, attempt:
 @click.option("--job-id", type=click.IntRange(1), default=1, show_default=True, help="Job id to name objects with.")
 @click.option("--attempt", type=click.IntRange(1), default=1, show_default=True)
 @click.option("--ssh-key-file", type=click.Path(exists=True, dir_okay=False), multiple=True,
-              help="A public key file of the user (repeatable); goes into the per-job secret.")
+              help="A public key file of the user (repeatable); goes into the endpoint ConfigMap's authorized_keys.")
 @click.option("--cpu", type=click.FloatRange(min=0.001), default=None,
               help="Cores per node when the job sets none (default: cpu_job_default_cpu).")
 @click.option("--memory-bytes", type=click.IntRange(1), default=None,
