@@ -97,6 +97,7 @@ ROLE_PACKAGES = (
     "chrony",
     "rsync",
     "pciutils",
+    "nftables",
 )
 
 # Files written into the root file system after debootstrap. Keep in this table: the hash below

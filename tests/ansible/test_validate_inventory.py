@@ -109,6 +109,14 @@ CASES = {
         lambda inv: inv.set("group_vars/all/dlts.yml", "dlts_backend", "slurm"),
         "dlts_backend must be 'kubernetes' or 'local' (found \"slurm\")",
     ),
+    "endpoint firewall switch written as a string": (
+        lambda inv: inv.set("group_vars/all/dlts.yml", "dlts_endpoint_firewall", "no way"),
+        'dlts_endpoint_firewall must be true or false (found "no way")',
+    ),
+    "endpoint networks given as one string": (
+        lambda inv: inv.set("group_vars/all/dlts.yml", "dlts_endpoint_allow_cidrs", "10.8.0.0/16"),
+        'dlts_endpoint_allow_cidrs a list of CIDR strings like ["10.8.0.0/16"] (found "10.8.0.0/16")',
+    ),
     "version written as a YAML number": (
         lambda inv: inv.set("group_vars/all/dlts.yml", "dlts_version", 0.1),
         "dlts_version must be a quoted version string",

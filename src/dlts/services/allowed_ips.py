@@ -2,8 +2,9 @@
 
 Entries are IPv4/IPv6 addresses or CIDR networks, validated with ``ipaddress`` and stored in their
 canonical form (``10.1.2.3/32``, ``2001:db8::/48``). Adding an entry that exists renews its expiry.
-A user manages their own entries; a cluster admin manages anyone's. The allowlist manager (another
-managers entry) reads ``active_entries`` to program the firewall.
+A user manages their own entries; a cluster admin manages anyone's. ``services.allowlist`` turns the
+unexpired entries into each node's endpoint firewall; the managers pass ``allowlist.purge_expired``
+deletes expired ones.
 """
 
 from __future__ import annotations
@@ -98,12 +99,6 @@ def delete_entry(session: Session, principal: Principal, entry_id: int) -> None:
     session.delete(row)
     session.commit()
 
-
-def active_entries(session: Session, now: dt.datetime | None = None) -> list[tuple[str, str]]:
-    """(user, cidr) of every entry not yet expired: what the firewall must allow now."""
-    rows = session.execute(sa.select(User.name, AllowedIp.cidr).join(User, User.id == AllowedIp.user_id)
-                           .where(AllowedIp.expires_at > (now or utcnow())).order_by(User.name, AllowedIp.cidr))
-    return [(u, c) for u, c in rows]
 
 
 def purge_expired(session: Session, now: dt.datetime | None = None) -> int:
