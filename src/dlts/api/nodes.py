@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from flask import current_app, g, request
 from flask_smorest import Blueprint
-from marshmallow import Schema, fields
 
 from dlts.api import pagination
 from dlts.api.auth import authenticate, principal
@@ -64,21 +63,6 @@ def repair(body, name: str):
     return node_service.repair(db.session, principal(), name, body["action"], body.get("target"), body["dry_run"], body["reason"])
 
 
-class FirewallRuleSchema(Schema):
-    port = fields.Integer(metadata={"description": "the guarded TCP port (a NodePort of a ready endpoint)"})
-    cidrs = fields.List(fields.String(), metadata={"description": "sources that may reach it: collapsed, IPv4 then IPv6"})
-
-
-class FirewallSchema(Schema):
-    version = fields.String(metadata={"description": "SHA-256 of port_range and rules; agents apply only a new one"})
-    port_range = fields.List(fields.Integer(), metadata={"description": "[lo, hi]: inside it only listed pairs get through"})
-    rules = fields.List(fields.Nested(FirewallRuleSchema))
-
-
-class AgentReportResponseSchema(NodeReportResponseSchema):
-    firewall = fields.Nested(FirewallSchema, metadata={"description": "the endpoint firewall every node enforces"})
-
-
 # The agent authenticates with a node token, not a user token: a blueprint of its own.
 agent_blp = Blueprint("agent", __name__, description="Node agent reports (node tokens)")
 
@@ -91,7 +75,7 @@ def _authenticate_node() -> None:
 
 @agent_blp.route("/nodes/<string:name>/report", methods=["POST"])
 @agent_blp.arguments(NodeReportSchema)
-@agent_blp.response(200, AgentReportResponseSchema)
+@agent_blp.response(200, NodeReportResponseSchema)
 @agent_blp.doc(security=SECURITY)
 def report(body, name: str):
     """Heartbeat, findings, metrics summary and order results; the response carries repair orders and

@@ -488,8 +488,20 @@ class NodeReportSchema(Schema):
     order_results = fields.List(fields.Nested(ReportOrderResultSchema), load_default=list, validate=validate.Length(max=100))
 
 
+class FirewallRuleSchema(Schema):
+    port = fields.Integer(metadata={"description": "the guarded TCP port (a NodePort of a ready endpoint)"})
+    cidrs = fields.List(fields.String(), metadata={"description": "sources that may reach it: collapsed, IPv4 then IPv6"})
+
+
+class FirewallSchema(Schema):
+    version = fields.String(metadata={"description": "SHA-256 of port_range and rules; agents apply only a new one"})
+    port_range = fields.List(fields.Integer(), metadata={"description": "[lo, hi]: inside it only listed pairs get through"})
+    rules = fields.List(fields.Nested(FirewallRuleSchema))
+
+
 class NodeReportResponseSchema(Schema):
     orders = fields.List(fields.Dict())
+    firewall = fields.Nested(FirewallSchema, metadata={"description": "the endpoint firewall every node enforces"})
 
 
 class ClusterStatusSchema(Schema):
