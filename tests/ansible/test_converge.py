@@ -256,6 +256,13 @@ def test_converge_mariadb_control_and_agent(tmp_path, route):
         assert node["details"]["metrics"]["agent_version"], node["details"]["metrics"]
         refused = machine.ssh("journalctl -u dlts-agent --no-pager | grep -c 'refused the node token' || true")
         assert refused.stdout.strip() == "0", machine.ssh("journalctl -u dlts-agent --no-pager | tail -20").stdout
+        # ... and the endpoint firewall from the report's answer is in the kernel: the agent's nft
+        # (CAP_NET_ADMIN from the role's drop-in) replaced table inet dlts_endpoints.
+        deadline = time.monotonic() + 90
+        while (table := machine.ssh("nft list table inet dlts_endpoints")).returncode != 0 and time.monotonic() < deadline:
+            time.sleep(3)
+        assert table.returncode == 0 and "30000-32767" in table.stdout, (
+            table.stdout + table.stderr + machine.ssh("journalctl -u dlts-agent --no-pager | tail -20").stdout)
     timings["total_s"] = time.monotonic() - started
     (tmp_path / "timings.json").write_text(json.dumps(timings, indent=1))
     print("converge timings:", json.dumps({k: v if isinstance(v, str) else round(v, 1) for k, v in timings.items()}))
