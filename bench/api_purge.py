@@ -88,8 +88,8 @@ def run_pt_archiver(db: str, batch_rows: int) -> dict:
             "longest_transaction_s": None}
 
 
-def run_cpu_load(share: float, seconds: float) -> dict:
-    """Busy for ``share`` of every 10 ms period (sleeping the rest) in a child process."""
+def run_cpu_load(share: float, seconds: float, nice: int = 0) -> dict:
+    """Busy for ``share`` of every 10 ms period (sleeping the rest) in a child process at ``nice``."""
     code = ("import time\n"
             f"end = time.monotonic() + {seconds}\n"
             "while time.monotonic() < end:\n"
@@ -97,8 +97,9 @@ def run_cpu_load(share: float, seconds: float) -> dict:
             "    while time.monotonic() < busy: pass\n"
             "    time.sleep(max(0.0, t + 0.01 - time.monotonic()))\n")
     t0 = time.monotonic()
-    subprocess.run([sys.executable, "-c", code], check=True)
-    return {"jobs": 0, "elapsed_s": round(time.monotonic() - t0, 1), "cpu_share": share, "longest_transaction_s": None}
+    subprocess.run(["nice", "-n", str(nice), sys.executable, "-c", code], check=True)
+    return {"jobs": 0, "elapsed_s": round(time.monotonic() - t0, 1), "cpu_share": share, "nice": nice,
+            "longest_transaction_s": None}
 
 
 def main() -> None:
@@ -111,6 +112,7 @@ def main() -> None:
     parser.add_argument("--cpu-share", type=float, default=0.74,
                         help="cpu-load: fraction of one core to burn (the janitor's purge: MariaDB + janitor CPU / wall = 0.74)")
     parser.add_argument("--load-s", type=float, default=45.0, help="cpu-load: seconds")
+    parser.add_argument("--nice", type=int, default=0, help="cpu-load: its nice value (19: the lowest CPU priority)")
     parser.add_argument("--read-s", type=int, default=30, help="seconds of read load before the purge (the baseline)")
     parser.add_argument("--connections", type=int, default=4, help="wrk connections of the read load")
     parser.add_argument("--delay-ms", type=int, default=0, help="pause of each wrk connection between reads (0: saturating load)")
@@ -139,7 +141,7 @@ def main() -> None:
             summary["pause_s"] = args.pause
             summary["purge"] = run_janitor(args.db, args.batch_rows, args.pause)
         elif args.tool == "cpu-load":
-            summary["purge"] = run_cpu_load(args.cpu_share, args.load_s)
+            summary["purge"] = run_cpu_load(args.cpu_share, args.load_s, args.nice)
         else:
             summary["purge"] = run_pt_archiver(args.db, args.batch_rows)
         during.send_signal(signal.SIGINT)
