@@ -129,6 +129,7 @@ def main() -> None:
     proc = start_gunicorn(args.db, args.port, args.workers)
     url = f"http://127.0.0.1:{args.port}/"
     script = lua(token, read_script(top - 400_000, top, args.delay_ms))
+    during = None
     try:
         warm = start_wrk(url, script, 2, args.connections)
         warm.communicate()
@@ -148,6 +149,10 @@ def main() -> None:
         summary["read_during"] = parse_wrk(during.communicate(timeout=60)[0])
         print("read during", summary["read_during"], flush=True)
     finally:
+        # a purge that failed must not leave its read load running (it would load every later run)
+        if during is not None and during.poll() is None:
+            during.kill()
+            during.wait()
         proc.terminate()
         proc.wait(timeout=30)
     after = counts(engine)
