@@ -135,6 +135,8 @@ def back(default_endpoint: str, **values: Any):
 
 
 def flash_error(exc: DltsError) -> None:
+    """A refusal shown on the next page: the failed write is undone, its message flashed."""
+    db.session.rollback()
     flash(exc.message, "error")
 
 

@@ -43,7 +43,6 @@ def delete_ssh_key(key_id: int):
         key_service.delete_key(db.session, principal(), key_id)
         flash("Key deleted; jobs started from now on no longer accept it.", "ok")
     except DltsError as exc:
-        db.session.rollback()
         flash_error(exc)
     return redirect(url_for("portal.ssh_keys"))
 
@@ -80,6 +79,5 @@ def delete_allowed_ip(entry_id: int):
         ip_service.delete_entry(db.session, principal(), entry_id)
         flash("Address removed from your allowed IPs.", "ok")
     except DltsError as exc:
-        db.session.rollback()
         flash_error(exc)
     return redirect(url_for("portal.allowed_ips"))

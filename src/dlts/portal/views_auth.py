@@ -89,7 +89,6 @@ def tokens():
             new_token = tokens_service.create_token(db.session, principal(), request.form.get("name", "").strip(),
                                                     int(days) if days else None).token
         except DltsError as exc:
-            db.session.rollback()
             flash_error(exc)
             status = exc.http_status
     rows = portal_auth.list_tokens(db.session, principal())

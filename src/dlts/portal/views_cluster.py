@@ -55,7 +55,6 @@ def node_action(name: str, action: str):
         node = actions[action](db.session, principal(), name)
         flash(f"Node {node.name} is now {node.state}.", "ok")
     except DltsError as exc:
-        db.session.rollback()
         flash_error(exc)
     return redirect(url_for("portal.cluster"))
 

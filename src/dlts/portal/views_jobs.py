@@ -217,7 +217,6 @@ def open_endpoint(job_id: int):
         view, token = endpoint_service.open_endpoint(db.session, principal(), job_id, body["kind"], body.get("port"),
                                                      body.get("name"))
     except DltsError as exc:
-        db.session.rollback()
         if exc.http_status == 404:
             raise
         flash_error(exc)
@@ -238,7 +237,6 @@ def close_endpoint(job_id: int, endpoint_id: int):
         view = endpoint_service.close_endpoint(db.session, principal(), job_id, endpoint_id)
         flash(f"Endpoint {view.name} is closing; it disappears once the job manager has removed it.", "ok")
     except DltsError as exc:
-        db.session.rollback()
         if exc.code == "job_not_found":
             raise
         flash_error(exc)  # an endpoint already gone (closed twice) is said on the job page
@@ -254,7 +252,6 @@ def job_action(job_id: int, action: str):
         job = ACTIONS[action](db.session, principal(), job_id)
         flash(f"Job {job_id}: {action} requested; it is now {job.status.value}.", "ok")
     except DltsError as exc:
-        db.session.rollback()
         if exc.http_status == 404:
             raise
         flash_error(exc)
@@ -278,7 +275,6 @@ def job_settings(job_id: int):
     except ValueError:
         flash("Priority is a whole number and max time a number of hours.", "error")
     except DltsError as exc:
-        db.session.rollback()
         if exc.http_status == 404:
             raise
         flash_error(exc)
@@ -400,6 +396,5 @@ def delete_template(template_id: int):
         job_templates.delete_template(db.session, principal(), template_id)
         flash("Template deleted.", "ok")
     except DltsError as exc:
-        db.session.rollback()
         flash_error(exc)
     return redirect(url_for("portal.submit"))
