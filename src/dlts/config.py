@@ -19,6 +19,8 @@ from typing import Any, Literal, Mapping
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from dlts.backends.k8s_settings import KubernetesSettings
+
 ENV_PREFIX = "DLTS_"
 SYSTEM_CONFIG = Path("/etc/dlts/dlts.yaml")
 DEFAULT_HOME = Path(".dlts")
@@ -51,8 +53,14 @@ class Settings(BaseModel):
     auth_cache_s: float = Field(5.0, ge=0, le=300)
     # request bodies above this are refused with 413
     max_body_bytes: int = Field(1024 * 1024, ge=1024)
-    # attempt logs: <log_dir>/<job id>/attempt-<n>.log
+    # attempt logs: <log_dir>/<job id>/attempt-<n>.log (plus rotated parts, see dlts.logstore)
     log_dir: Path | None = None
+    # an attempt's log keeps at most this many bytes: its head and its newest tail, with a line
+    # saying how much of the middle was dropped
+    log_max_bytes: int = Field(256 * 1024**2, ge=64 * 1024)
+    # an attempt whose job has not started running this long after launch ends with the reason
+    # it waited for (image pull, unschedulable, ...), frees its resources and spends a retry
+    start_timeout_s: float = Field(600.0, ge=5, le=86400)
     # cluster backend the job manager drives
     backend: Literal["local", "kubernetes"] = "local"
     # local backend: where run records (pid, exit code) of attempts live
@@ -70,6 +78,8 @@ class Settings(BaseModel):
     # demo on a GPU-less machine: pretend the local node has this many GPUs of demo_sku
     demo_gpus: int = Field(0, ge=0, le=64)
     demo_sku: str = "demo-gpu"
+    # the Kubernetes backend's settings (docs/configuration.md#kubernetes)
+    kubernetes: KubernetesSettings = Field(default_factory=KubernetesSettings)
     # Kubernetes backend
     kubeconfig: Path | None = None
     namespace: str = "dlts"

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from dlts.backends.base import ClusterBackend
-from dlts.config import Settings
+
+if TYPE_CHECKING:  # dlts.config imports dlts.backends.k8s_settings
+    from dlts.config import Settings
 
 
 def make_backend(settings: Settings) -> ClusterBackend:

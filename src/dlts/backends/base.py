@@ -28,6 +28,24 @@ class RegistryCredential:
     password: str
 
 
+@dataclass(frozen=True)
+class StorageMount:
+    """A directory mounted into every pod of a job (VC storage, the owner's home directory).
+
+    ``kind`` ``nfs``: an NFS export (``server``:``path``) mounted by the kubelet; ``host``: a
+    directory that exists on every node (a Lustre or NFS client mount the operator set up),
+    mounted from the node. Both are written by cluster admins (``dlts vc storage``, the API, the
+    inventory's ``dlts_vcs``), never by a job's owner.
+    """
+
+    name: str  # DNS label, unique within the job (volume name)
+    kind: str  # "nfs" | "host"
+    path: str  # absolute: the export's path on the server, or the directory on the node
+    mount_path: str  # absolute path inside the container
+    server: str = ""  # nfs only
+    read_only: bool = False
+
+
 class BackendUnavailable(RuntimeError):
     """The cluster did not answer (timeout, 5xx, back-off): transient, the next tick tries again."""
 
@@ -61,10 +79,21 @@ class LaunchSpec:
     host_network: bool = False
     host_ipc: bool = False
     host_paths: tuple[str, ...] = ()  # host directories mounted at the same path in the container
-    # The VC's admin-set policy and storage (``VirtualCluster.pod_policy`` / ``storage["nfs"]``), added
-    # to what the backend's own configuration allows and mounts for the VC.
+    # The VC's admin-set policy (``VirtualCluster.pod_policy``), added to what the backend's own
+    # configuration allows for the VC.
     vc_pod_policy: Mapping[str, bool] = field(default_factory=dict)  # {"host_network": True, ...}
-    nfs_volumes: tuple[Mapping[str, object], ...] = ()  # {"server", "path", "mount_path", "read_only"?, "name"?}
+    # Identity: the owner's uid/gid (None: the user has none; backends refuse to run such a job as
+    # root unless ``run_as_root``), the VC's group as a supplementary group, and root only where
+    # the VC's policy allows it and the job asked for it.
+    uid: int | None = None
+    gid: int | None = None
+    supplemental_groups: tuple[int, ...] = ()
+    run_as_root: bool = False
+    # VC storage and the owner's home directory, mounted into every pod of the attempt.
+    storage: tuple[StorageMount, ...] = ()
+    # Scratch space a pod may write on its node (container writable layer, logs, emptyDirs); None:
+    # the backend's default.
+    ephemeral_storage_bytes: int | None = None
     # The stable replica index of each placement (pod ``dlts-J-A-<index>``); empty: 0, 1, 2, ...
     replicas: tuple[int, ...] = ()
 
@@ -169,7 +198,12 @@ class ClusterBackend(Protocol):
         ``remove_replicas`` do not count toward its phase."""
 
     def forget(self, job_id: int, attempt: int) -> None:
-        """Release bookkeeping of a finished attempt (delete finished pods, reap records)."""
+        """Release bookkeeping of a finished attempt (delete finished pods, reap records). A backend
+        whose log lives with its pods copies the rest of it to the log store first."""
+
+    def sync_logs(self, attempts: Iterable[tuple[int, int]]) -> None:
+        """Bring the log store's copy of these live attempts' output up to date (``dlts.logstore``
+        layout and size cap). A no-op where the job writes its log to the store itself (local)."""
 
     def collect_garbage(self, live: Iterable[tuple[int, int]]) -> Sequence[tuple[int, int]]:
         """Remove every object of an attempt not in ``live``; return the attempts removed."""

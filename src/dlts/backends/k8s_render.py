@@ -299,7 +299,7 @@ def _policy(settings: RenderSettings, spec: LaunchSpec) -> frozenset[PrivilegedF
 
 def _spec_volumes(spec: LaunchSpec) -> tuple[NfsVolume, ...]:
     out = []
-    for i, entry in enumerate(spec.nfs_volumes):
+    for i, entry in enumerate(getattr(spec, "nfs_volumes", ())):
         try:
             server, path, mount = (str(entry[k]) for k in ("server", "path", "mount_path"))
         except KeyError as exc:

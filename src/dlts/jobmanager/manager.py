@@ -26,7 +26,7 @@ from typing import Callable
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from dlts.backends.base import BackendUnavailable, ClusterBackend, EndpointSpec, EndpointState, LaunchSpec, Observed, RunPhase
+from dlts.backends.base import BackendUnavailable, ClusterBackend, EndpointSpec, EndpointState, Observed, RunPhase
 from dlts.config import Settings
 from dlts.jobmanager.snapshot import (
     Replica,
@@ -35,7 +35,7 @@ from dlts.jobmanager.snapshot import (
     replicas_from_json,
     replicas_to_json,
 )
-from dlts.logs import attempt_log_path
+from dlts.jobmanager.launch_spec import build_launch_spec
 from dlts.models import ACTIVE, EndpointKind, EndpointStatus, Job, JobAttempt, JobEndpoint, JobStatus, Node, SshKey, utcnow
 from dlts.repositories import jobs as job_repo
 from dlts.scheduler import decide
@@ -407,16 +407,7 @@ class JobManager:
         """Create the attempt's objects in the backend (only those missing there). ``added``: the
         replicas a scale-up adds to a running inference job; if the backend refuses them, only
         they go (the job keeps running)."""
-        keys = tuple(session.scalars(sa.select(SshKey.public_key).where(SshKey.user_id == job.user_id))) if job.spec.get("ssh") else ()
-        active = [r for r in replicas_from_json(attempt.placements) if not r.retiring]
-        spec = LaunchSpec(
-            job_id=job.id, attempt=attempt.number, user=job.user.name, vc=job.vc.name, type=job.type, image=job.image,
-            command=job.command, placements=tuple(r.placement for r in active), replicas=tuple(r.index for r in active),
-            env=dict(job.spec.get("env", {})),
-            preemptible=job.preemptible, ports=tuple(job.spec.get("ports", [])), ssh_public_keys=keys,
-            log_path=str(attempt_log_path(self.settings, job.id, attempt.number)),
-            vc_pod_policy=dict(job.vc.pod_policy or {}), nfs_volumes=tuple((job.vc.storage or {}).get("nfs", ())),
-        )
+        spec = build_launch_spec(session, self.settings, job, attempt)
         try:
             self.backend.launch(spec)
         except BackendUnavailable as exc:

@@ -1,0 +1,254 @@
+"""The log store: each attempt's output, capped in size, read without following links.
+
+Layout, per job, in ``<log_dir>/<job id>/``:
+
+* ``attempt-<n>.log``: the head of the output, its first ``max_bytes // 2`` bytes;
+* ``attempt-<n>.log.<offset>``: the tail, in parts; ``<offset>`` is where the part starts in the
+  whole output. When the parts pass the other half of ``max_bytes`` the oldest one is deleted,
+  so an attempt keeps at most ``max_bytes`` (plus one part) however much it prints: its head and
+  its newest tail. What was dropped is the gap between the head and the first part.
+
+Offsets are positions in the whole output as the job wrote it, so a reader following the log with
+``next_offset`` never sees a byte twice or skips one that is still stored, even while parts
+rotate. One writer per attempt (the local backend's init, or the Kubernetes backend's log copy).
+
+Every read opens the job directory and then each file relative to it with ``O_NOFOLLOW``: a job
+that replaced its log with a symlink (to ``/etc/passwd``, to another job's log) gets nothing read
+through it; ``UnsafeLog`` says so and the API answers ``no_log``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+CHUNK_MIN = 64 * 1024
+_PART = re.compile(r"^attempt-(\d+)\.log\.(\d+)$")
+
+
+class UnsafeLog(OSError):
+    """The attempt's log is a symlink, not a regular file, or lies outside the log store."""
+
+
+def job_dir(log_dir: Path, job_id: int) -> Path:
+    return Path(log_dir) / str(int(job_id))
+
+
+def head_path(log_dir: Path, job_id: int, attempt: int) -> Path:
+    return job_dir(log_dir, job_id) / f"attempt-{int(attempt)}.log"
+
+
+def _limits(max_bytes: int) -> tuple[int, int, int]:
+    """(head bytes, tail budget, part size) for a cap."""
+    head = max_bytes // 2
+    tail = max_bytes - head
+    return head, tail, max(CHUNK_MIN, tail // 4)
+
+
+def _parts(names: list[str], attempt: int) -> list[int]:
+    """Start offsets of the attempt's tail parts, oldest first."""
+    out = []
+    for name in names:
+        m = _PART.match(name)
+        if m and int(m.group(1)) == attempt:
+            out.append(int(m.group(2)))
+    return sorted(out)
+
+
+class AttemptLogWriter:
+    """Appends an attempt's output to the store, keeping the head and the newest tail.
+
+    Re-opening continues where the files end (a restarted copier or init appends, never rewrites).
+    """
+
+    def __init__(self, log_dir: Path, job_id: int, attempt: int, max_bytes: int) -> None:
+        if max_bytes < 2 * CHUNK_MIN:
+            raise ValueError(f"log_max_bytes must be at least {2 * CHUNK_MIN}")
+        self.dir = job_dir(log_dir, job_id)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.attempt = int(attempt)
+        self.head_bytes, self.tail_bytes, self.part_bytes = _limits(max_bytes)
+        self._head = self.dir / f"attempt-{self.attempt}.log"
+        head_size = self._head.stat().st_size if self._head.exists() else 0
+        self._parts = {start: (self.dir / f"attempt-{self.attempt}.log.{start}").stat().st_size
+                       for start in _parts(os.listdir(self.dir), self.attempt)}
+        if self._parts:
+            last = max(self._parts)
+            self.size = last + self._parts[last]
+        else:
+            self.size = head_size
+        self._fh = None
+        self._fh_start: int | None = None
+
+    def _target(self) -> tuple[int | None, int]:
+        """(part start or None for the head, room left there)."""
+        if not self._parts and self.size < self.head_bytes:
+            return None, self.head_bytes - self.size
+        if self._parts:
+            last = max(self._parts)
+            room = self.part_bytes - self._parts[last]
+            if room > 0:
+                return last, room
+        return self.size, self.part_bytes  # a new part starting here
+
+    def _open(self, start: int | None) -> None:
+        if self._fh is not None and self._fh_start == start:
+            return
+        if self._fh is not None:
+            self._fh.close()
+        path = self._head if start is None else self.dir / f"attempt-{self.attempt}.log.{start}"
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o640)
+        self._fh = os.fdopen(fd, "ab", buffering=0)
+        self._fh_start = start
+        if start is not None:
+            self._parts.setdefault(start, 0)
+
+    def write(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            start, room = self._target()
+            self._open(start)
+            piece = view[:room]
+            assert self._fh is not None
+            self._fh.write(piece)
+            self.size += len(piece)
+            if start is not None:
+                self._parts[start] += len(piece)
+            view = view[len(piece):]
+            self._drop_old()
+
+    def _drop_old(self) -> None:
+        while len(self._parts) > 1 and sum(self._parts.values()) > self.tail_bytes + self.part_bytes:
+            oldest = min(self._parts)
+            try:
+                os.unlink(self.dir / f"attempt-{self.attempt}.log.{oldest}")
+            except FileNotFoundError:
+                pass
+            del self._parts[oldest]
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+
+@dataclass(frozen=True)
+class LogSlice:
+    data: bytes
+    next_offset: int  # where to read next
+    size: int  # bytes the attempt has written so far (stored or dropped)
+    dropped: int  # bytes between the head and the first stored tail part
+
+
+def _open_dir(log_dir: Path, job_id: int) -> int | None:
+    root = os.path.realpath(log_dir)
+    try:
+        fd = os.open(os.path.join(root, str(int(job_id))), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise UnsafeLog(f"log directory of job {job_id} is not a plain directory: {exc.strerror}") from None
+    return fd
+
+
+def _open_file(dir_fd: int, name: str) -> int | None:
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:  # ELOOP: a symlink
+        raise UnsafeLog(f"{name} is not a regular file ({exc.strerror})") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise UnsafeLog(f"{name} is not a regular file")
+    return fd
+
+
+class _Stored:
+    """The attempt's stored pieces: [(start offset, length, file name)], head first."""
+
+    def __init__(self, dir_fd: int, attempt: int) -> None:
+        self.dir_fd = dir_fd
+        self.pieces: list[tuple[int, int, str]] = []
+        head = f"attempt-{attempt}.log"
+        fd = _open_file(dir_fd, head)
+        if fd is not None:
+            self.pieces.append((0, os.fstat(fd).st_size, head))
+            os.close(fd)
+        for start in _parts(os.listdir(dir_fd), attempt):
+            name = f"{head}.{start}"
+            fd = _open_file(dir_fd, name)
+            if fd is not None:
+                self.pieces.append((start, os.fstat(fd).st_size, name))
+                os.close(fd)
+
+    @property
+    def size(self) -> int:
+        return max((s + n for s, n, _ in self.pieces), default=0)
+
+    @property
+    def dropped(self) -> int:
+        if len(self.pieces) < 2:
+            return 0
+        head_end = self.pieces[0][0] + self.pieces[0][1]
+        return max(0, self.pieces[1][0] - head_end)
+
+    def read(self, start: int, offset: int, length: int, name: str) -> bytes:
+        fd = _open_file(self.dir_fd, name)
+        if fd is None:  # rotated away between listing and reading
+            return b""
+        try:
+            return os.pread(fd, length, offset - start)
+        finally:
+            os.close(fd)
+
+
+def read_log(log_dir: Path, job_id: int, attempt: int, offset: int = 0, limit: int = 1 << 20) -> LogSlice | None:
+    """Up to ``limit`` bytes from ``offset`` (a position in the whole output); None: no log yet.
+
+    An offset inside the dropped middle continues at the first stored byte after it, prefixed by a
+    line saying how much was dropped.
+    """
+    dir_fd = _open_dir(log_dir, job_id)
+    if dir_fd is None:
+        return None
+    try:
+        stored = _Stored(dir_fd, attempt)
+        if not stored.pieces:
+            return None
+        size, out, pos = stored.size, bytearray(), max(0, offset)
+        for start, length, name in stored.pieces:
+            if len(out) >= limit:
+                break
+            end = start + length
+            if pos >= end:
+                continue
+            if pos < start:  # in a gap: the dropped middle
+                out += _gap_line(start - pos)
+                pos = start
+            take = min(end - pos, limit - len(out))
+            out += stored.read(start, pos, take, name)
+            pos += take
+        return LogSlice(bytes(out), max(pos, min(offset, size)), size, stored.dropped)
+    finally:
+        os.close(dir_fd)
+
+
+def iter_log(log_dir: Path, job_id: int, attempt: int, chunk: int = 1 << 20) -> Iterator[bytes]:
+    """The whole stored log in order (head, a line for the dropped middle, the tail parts)."""
+    offset = 0
+    while True:
+        piece = read_log(log_dir, job_id, attempt, offset, chunk)
+        if piece is None or not piece.data:
+            return
+        yield piece.data
+        offset = piece.next_offset
+
+
+def _gap_line(dropped: int) -> bytes:
+    return (f"\n[dlts: {dropped} bytes of this log were dropped here to keep it within log_max_bytes; "
+            "the head and the newest output are kept]\n").encode()
