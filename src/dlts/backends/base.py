@@ -122,6 +122,10 @@ class Observed:
     started_at: float | None = None
     finished_at: float | None = None
     message: str = ""
+    # PENDING: why it has not started yet, a short code the job shows as its reason (image_pull,
+    # container_config, unschedulable, init_failed, ...; "" while it is simply starting) with
+    # ``message`` the cluster's own words (the scheduler's message, the pull error)
+    reason: str = ""
     node_lost: bool = False
     # Inference attempts (empty for other types): the replica indexes whose objects still exist,
     # and those of them already told to stop by ``remove_replicas``.
