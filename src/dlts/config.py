@@ -20,6 +20,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from dlts.backends.k8s_settings import KubernetesSettings
+from dlts.notify_settings import NotifySettings
 
 ENV_PREFIX = "DLTS_"
 SYSTEM_CONFIG = Path("/etc/dlts/dlts.yaml")
@@ -105,6 +106,8 @@ class Settings(BaseModel):
     endpoint_port_range: tuple[int, int] = (30000, 32767)
     # operator-customisable templates (Kubernetes objects, e-mails); None: the packaged ones
     templates_dir: Path | None = None
+    # the notifier: SMTP server, sender, rate limits (docs/notifications.md)
+    notify: NotifySettings = Field(default_factory=NotifySettings)
 
     @field_validator("database_url")
     @classmethod

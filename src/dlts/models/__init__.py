@@ -17,10 +17,12 @@ from dlts.models.job import (
     JobTemplate,
 )
 from dlts.models.node import Node, NodeFinding, NodeOrder, NodeState
+from dlts.models.notify import OutboxMessage, OutboxStatus
 from dlts.models.vc import VcEvent, VirtualCluster
 
 __all__ = [
     "ACTIVE", "TERMINAL", "TRANSITIONS", "AllowedIp", "ApiToken", "Base", "EndpointKind", "EndpointStatus", "Group",
     "GroupMember", "Job", "JobAttempt", "JobEndpoint", "JobEvent", "JobStatus", "JobTemplate", "Node", "NodeFinding", "NodeOrder", "NodeState",
+    "OutboxMessage", "OutboxStatus",
     "Role", "RoleBinding", "SshKey", "StorageUsage", "User", "VcEvent", "VirtualCluster", "iso", "utcnow",
 ]
