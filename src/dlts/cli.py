@@ -145,6 +145,15 @@ def managers(ctx: Context) -> None:
         storage = LustreStorageManager(sessions, settings.lustre_defaults_file)
         storage.check()  # a bad defaults file stops start-up, naming the key
         entries.append(Periodic("storage.lustre_apply", settings.storage_interval_s, storage.run))
+    from dlts.managers.notify import NotifyManager
+    from dlts.services.notify import TemplateError
+
+    try:  # off (no notify.smtp_host), it only purges old rows; notices stay queued in the outbox
+        notifier = NotifyManager(sessions, settings)
+        notifier.check()  # an unreadable password file or templates_dir stops start-up, naming the key
+    except (ConfigError, TemplateError) as exc:
+        raise click.ClickException(str(exc)) from None
+    entries.append(Periodic("notify.send", settings.notify.interval_s, notifier.run_once))
     run_forever(entries)
 
 

@@ -40,5 +40,8 @@ def engine_of(app: Flask) -> sa.engine.Engine:
 
 
 def session_factory(app: Flask) -> sessionmaker[Session]:
-    """Plain SQLAlchemy sessions on the app's engine, for threads outside a request."""
-    return sessionmaker(bind=engine_of(app), expire_on_commit=False)
+    """Plain SQLAlchemy sessions on the app's engine, for threads outside a request.
+
+    ``session.info["dlts_settings"]`` is the app's settings (services.notify reads its window there)."""
+    return sessionmaker(bind=engine_of(app), expire_on_commit=False,
+                        info={"dlts_settings": app.extensions.get("dlts_settings")})
