@@ -155,8 +155,7 @@ def vc_admin_emails(session: Session, vc_id: int) -> list[str]:
 
 def vc_member_emails(session: Session, vc_id: int) -> list[str]:
     """Everyone of a VC (members and admins), e.g. for the VC's notice."""
-    members = _role_holders(Role.VC_MEMBER, vc_id).union(_role_holders(Role.VC_ADMIN, vc_id))
-    return _emails_of(session, members)
+    return _emails_of(session, _role_holders((Role.VC_MEMBER, Role.VC_ADMIN), vc_id))
 
 
 def job_notice_emails(session: Session, job: "Job") -> list[str]:
@@ -164,11 +163,13 @@ def job_notice_emails(session: Session, job: "Job") -> list[str]:
     return clean_recipients(_emails_of(session, [job.user_id]) + vc_admin_emails(session, job.vc_id))
 
 
-def _role_holders(role: Role, vc_id: int | None) -> sa.Select:
+def _role_holders(roles: Role | tuple[Role, ...], vc_id: int | None) -> sa.CompoundSelect:
+    """The ids of users holding one of ``roles`` on the VC (or the cluster), directly or through a group."""
+    wanted = RoleBinding.role.in_([r.value for r in (roles if isinstance(roles, tuple) else (roles,))])
     scope = RoleBinding.vc_id.is_(None) if vc_id is None else RoleBinding.vc_id == vc_id
-    direct = sa.select(RoleBinding.user_id).where(RoleBinding.role == role, scope, RoleBinding.user_id.is_not(None))
+    direct = sa.select(RoleBinding.user_id).where(wanted, scope, RoleBinding.user_id.is_not(None))
     grouped = (sa.select(GroupMember.user_id).join(RoleBinding, RoleBinding.group_id == GroupMember.group_id)
-               .where(RoleBinding.role == role, scope))
+               .where(wanted, scope))
     return direct.union(grouped)
 
 
