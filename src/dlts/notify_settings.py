@@ -13,7 +13,6 @@ import ipaddress
 import re
 from email.utils import parseaddr
 from pathlib import Path
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 

@@ -6,7 +6,17 @@ import pytest
 import sqlalchemy as sa
 
 from dlts.errors import InvalidInput
-from dlts.models import Group, GroupMember, Job, OutboxMessage, OutboxStatus, Role, RoleBinding, User, VirtualCluster
+from dlts.models import (
+    Group,
+    GroupMember,
+    Job,
+    OutboxMessage,
+    OutboxStatus,
+    Role,
+    RoleBinding,
+    User,
+    VirtualCluster,
+)
 from dlts.services import admin, notify
 
 NODE = {"node": "g017", "reason": "GPU 3: uncorrectable ECC errors"}

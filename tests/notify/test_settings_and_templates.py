@@ -12,7 +12,12 @@ import pytest
 from dlts.config import ConfigError, load_settings
 from dlts.managers.notify import NotifyManager
 from dlts.notify_settings import NotifySettings, SmtpSecurity
-from dlts.services.notify import DEFAULT_EMAIL_TEMPLATES, MailRenderer, TemplateError, split_subject
+from dlts.services.notify import (
+    DEFAULT_EMAIL_TEMPLATES,
+    MailRenderer,
+    TemplateError,
+    split_subject,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 

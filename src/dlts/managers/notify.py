@@ -311,9 +311,10 @@ class NotifyManager:
 
     def _keep_waiting(self, session: Session, rows: Sequence[OutboxMessage], error: str) -> None:
         """The server is unreachable: the rows stay queued, saying why (no attempt is spent)."""
+        ids = [r.id for r in rows]  # before the rollback expires them
         session.rollback()
         session.execute(sa.update(OutboxMessage).where(
-            OutboxMessage.id.in_([r.id for r in rows]), OutboxMessage.status == OutboxStatus.QUEUED.value)
+            OutboxMessage.id.in_(ids), OutboxMessage.status == OutboxStatus.QUEUED.value)
             .values(last_error=_clip(error)))
         session.commit()
 
@@ -353,12 +354,12 @@ class NotifyManager:
                 .order_by(OutboxMessage.created_at).limit(PURGE_BATCH_ROWS)))
             if not ids:
                 return 0
-            deleted = session.execute(sa.delete(OutboxMessage).where(OutboxMessage.id.in_(ids))
-                                      .execution_options(synchronize_session=False)).rowcount or 0
+            session.execute(sa.delete(OutboxMessage).where(OutboxMessage.id.in_(ids))
+                            .execution_options(synchronize_session=False))
             session.commit()
         if len(ids) == PURGE_BATCH_ROWS:
             self._next_purge = now  # more to do: the next run continues
-        return deleted
+        return len(ids)
 
 
 def _text(value: bytes | str) -> str:

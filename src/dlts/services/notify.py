@@ -27,7 +27,15 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from dlts.errors import InvalidInput
-from dlts.models import GroupMember, OutboxMessage, OutboxStatus, Role, RoleBinding, User, utcnow
+from dlts.models import (
+    GroupMember,
+    OutboxMessage,
+    OutboxStatus,
+    Role,
+    RoleBinding,
+    User,
+    utcnow,
+)
 from dlts.notify_settings import NotifySettings, is_address
 
 if TYPE_CHECKING:
@@ -139,7 +147,7 @@ def _notify_settings(session: Session, settings: NotifySettings | None) -> Notif
     if settings is not None:
         return settings
     configured = session.info.get("dlts_settings")
-    return configured.notify if configured is not None else NotifySettings()
+    return configured.notify if configured is not None else NotifySettings.model_validate({})
 
 
 # -- whom to tell ---------------------------------------------------------------------------------
