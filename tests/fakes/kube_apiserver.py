@@ -94,8 +94,9 @@ def rfc3339(t: float) -> str:
 
 def rfc3339nano(t: float) -> str:
     """Go's time.RFC3339Nano, as the kubelet stamps log lines: nanoseconds, trailing zeros dropped."""
-    nanos = round(t * 1e9)
-    seconds, frac = divmod(nanos, 1_000_000_000)
+    seconds = int(t // 1)
+    frac = round((t - seconds) * 1e9)  # t * 1e9 would lose the nanoseconds to float rounding
+    seconds, frac = seconds + frac // 1_000_000_000, frac % 1_000_000_000
     whole = dt.datetime.fromtimestamp(seconds, tz=dt.UTC).strftime("%Y-%m-%dT%H:%M:%S")
     return f"{whole}.{frac:09d}".rstrip("0").rstrip(".") + "Z"
 
