@@ -379,6 +379,9 @@ class LocalBackend:
         for unit in [u for u in self._children if u == run or run in u.parents]:
             self._children.pop(unit, None)
 
+    def sync_logs(self, attempts: Iterable[tuple[int, int]]) -> None:
+        """Nothing to copy: the DLTS init writes the job's output to the log store itself."""
+
     def collect_garbage(self, live: Iterable[tuple[int, int]]) -> Sequence[tuple[int, int]]:
         """Stop and remove run records of attempts the database no longer owns."""
         keep = set(live)
