@@ -21,9 +21,9 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # tests.fakes is imported as a package from the repository root
     sys.path.insert(0, str(ROOT))
 
-from dlts.backends.base import ClusterBackend, LaunchSpec, Observed  # noqa: E402
-from dlts.logstore import head_path, iter_log  # noqa: E402
-from dlts.scheduler.model import Placement  # noqa: E402
+from dlts.backends.base import ClusterBackend, LaunchSpec, Observed
+from dlts.logstore import head_path, iter_log
+from dlts.scheduler.model import Placement
 
 GIB = 1024**3
 

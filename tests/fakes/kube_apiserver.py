@@ -4,22 +4,40 @@ No real API server can be installed on the machines DLTS is built and tested on,
 Kubernetes backend is tested against this one with the *official* ``kubernetes`` client talking
 HTTP through an ordinary kubeconfig. What it owns:
 
-* the core/v1 resources the backend uses: namespaces, pods (+ ``/status``), services, secrets,
-  configmaps, events, nodes (+ ``/status``, with ``InternalIP`` / ``Hostname`` addresses); create,
-  get, list, replace, patch (JSON merge, strategic merge, JSON patch) and delete;
+* the resources the backend uses: core/v1 namespaces, pods (+ ``/status``, + ``/log``), services,
+  secrets (``kubernetes.io/dockerconfigjson`` checked), configmaps, events, nodes (+ ``/status``,
+  with ``InternalIP`` / ``Hostname`` addresses), and networking.k8s.io/v1 NetworkPolicies; create,
+  get, list, replace, patch (JSON merge, strategic merge, JSON patch), delete and deletecollection;
 * the API semantics the backend relies on, as the real server implements them: label selectors
   (equality, set-based, existence, ``!=``/``notin`` matching objects *without* the key), field
-  selectors, ``resourceVersion`` preconditions (409 Conflict when stale), 409 AlreadyExists,
+  selectors, paged lists (``limit``/``continue`` served from the first page's snapshot,
+  ``remainingItemCount``; a token of a compacted revision, see ``Store.compact``, is 410 Expired),
+  ``resourceVersion`` preconditions (409 Conflict when stale), 409 AlreadyExists,
   404 NotFound, 422 Invalid for bad names/labels, 401 without the bearer token, all as real
   ``Status`` objects; graceful pod deletion (``deletionTimestamp`` first, removal by the kubelet);
+* the pod log endpoint (``container``, ``timestamps`` in RFC 3339 nano, ``sinceTime`` in whole
+  seconds as it reaches the kubelet, ``sinceSeconds``, ``tailLines``, ``limitBytes``; 400 for a
+  container that has not started) serving what the fake containers printed (``echo`` in their
+  program, or ``FakeKubeApiServer.print_output``);
+* a scheduler (``FakeScheduler``) that binds pods without ``nodeName`` by kube-scheduler's filters
+  (unschedulable nodes, taints incl. not-ready, node affinity with ``matchFields metadata.name``,
+  resource fit against allocatable minus bound pods) or leaves them Pending with PodScheduled
+  False, reason Unschedulable and a message shaped like the real one;
 * Services as the real allocator treats them: a NodePort service's ports get ``nodePort`` values
   unique across the cluster from 30000-32767 (an explicit one is checked: range, already
   allocated), an update that omits a port's ``nodePort`` keeps the one the port *of the same name*
   had, ``clusterIP`` is kept across updates, and the port list is validated (names, duplicates,
   at least one port); a full range is a 500 "failed to allocate a nodePort", as from the real one;
-* a simulated kubelet (``FakeKubelet``) that moves pods Pending -> Running -> Succeeded/Failed
-  according to a tiny script in the pod's command (see "Script convention" below), freezes pods on
-  a node that is NotReady, and marks nodes NotReady on request;
+* a simulated kubelet (``FakeKubelet``) that pulls images from a table of known images and their
+  files (``ImageTable``: busybox has ``/bin/busybox`` and ``/bin/sh``; python:3.11, pytorch/pytorch,
+  debian:12 have ``/bin/sh`` and no busybox or tini; distroless has no shell; anything else is
+  ErrImagePull then ImagePullBackOff), runs init containers in order (a command that needs a file
+  the container lacks fails; a failed init container fails the pod, Init:Error), refuses
+  ``runAsNonRoot`` without a non-zero uid on an image that runs as root
+  (CreateContainerConfigError), fails a container whose entry binary is missing (StartError),
+  then moves pods Running -> Succeeded/Failed according to a tiny script in the pod's command
+  (see "Script convention" below), freezes pods on a node that is NotReady, and marks nodes
+  NotReady on request;
 * instrumentation for tests and benchmarks: per-verb request counters, injected errors and delays.
 
 Script convention (what the fake kubelet runs)
@@ -32,8 +50,13 @@ interpreted as:
 * ``sleep N`` (seconds, may be fractional): the container keeps running N more seconds of the fake
   clock; ``sleep infinity`` runs until the pod is deleted;
 * ``exit N``: the container exits with code N (statements after it are not run);
+* ``echo WORDS`` prints a line (at that point of the run: after the sleeps before it);
 * ``false`` sets the status to 1, ``true`` and anything else set it to 0 (the last statement's
-  status is the exit code, as with ``sh``).
+  status is the exit code, as with ``sh``); ``&&`` and ``||`` short-circuit.
+
+Init containers' commands are also checked against the container's files: a command that is not
+there exits 127, ``cp`` / ``chmod`` of a missing file exit 1 with coreutils' words, and what ``cp``
+writes into an emptyDir is there for the containers after it.
 
 So ``sleep 5; exit 3`` runs 5 s then fails with 3; ``python train.py`` succeeds at once.
 A pod annotation ``fake.dlts.io/start-delay-s`` delays Pending -> Running (image pull time).
@@ -42,8 +65,11 @@ Time is a ``FakeClock`` that tests advance explicitly; ``FakeKubelet.tick()`` ap
 Watches stream JSON-line events (ADDED, MODIFIED, DELETED, BOOKMARK; ERROR with 410 Expired for a
 compacted resourceVersion) over chunked HTTP until ``timeoutSeconds``.
 
-Limits (documented, not hidden): no ``limit``/``continue`` paging,
-no admission beyond the validations named above, one API group (core/v1).
+Limits (documented, not hidden): no admission beyond the validations named above (no
+PriorityClass lookup: a pod's ``preemptionPolicy`` is taken as given; no quota), no kubelet
+admission of pods bound with ``nodeName`` (they run even when they do not fit), init containers
+run once (``restartPolicy`` is taken as Never), the shell in init commands knows statements, not
+``if``/loops, and only core/v1 and networking.k8s.io/v1.
 """
 
 from __future__ import annotations
@@ -722,9 +748,9 @@ class Store:
             if len(ports) > 1 and not pname:
                 causes.append((f"{where}.name", "Required value"))
             elif pname and not (len(pname) <= 63 and _DNS1123_LABEL.match(pname)):
-                causes.append((f"{where}.name", f"Invalid value: {pname!r}: a lowercase RFC 1123 label must consist "
+                causes.append((f"{where}.name", (f"Invalid value: {pname!r}: a lowercase RFC 1123 label must consist "
                                                 "of lower case alphanumeric characters or '-', and must start and "
-                                                "end with an alphanumeric character"))
+                                                "end with an alphanumeric character")))
             elif pname in names:
                 causes.append((f"{where}.name", f"Duplicate value: {pname!r}"))
             names.add(pname)
@@ -750,8 +776,8 @@ class Store:
             if not node_port:
                 continue
             if not isinstance(node_port, int) or not lo <= node_port <= hi:
-                causes.append((f"spec.ports[{i}].nodePort", f"Invalid value: {node_port!r}: provided port is not in "
-                                                            f"the valid range. The range of valid ports is {lo}-{hi}"))
+                causes.append((f"spec.ports[{i}].nodePort", (f"Invalid value: {node_port!r}: provided port is not in "
+                                                            f"the valid range. The range of valid ports is {lo}-{hi}")))
             elif node_port in used or node_port in taken:
                 causes.append((f"spec.ports[{i}].nodePort", f"Invalid value: {node_port}: provided port is already allocated"))
             taken.add(node_port)
@@ -916,8 +942,8 @@ def validate(resource: str, obj: dict) -> None:
             raise _bad_request("ConfigMap in version \"v1\" cannot be handled as a ConfigMap: data values must be strings")
         for key in list(data) + list(binary):
             if not (len(key) <= 253 and _CONFIG_KEY.match(key)):
-                causes.append((f"data[{key}]", f"Invalid value: {key!r}: a valid config key must consist of alphanumeric "
-                                               "characters, '-', '_' or '.' (regex used for validation is '[-._a-zA-Z0-9]+')"))
+                causes.append((f"data[{key}]", (f"Invalid value: {key!r}: a valid config key must consist of alphanumeric "
+                                               "characters, '-', '_' or '.' (regex used for validation is '[-._a-zA-Z0-9]+')")))
             if key in data and key in binary:
                 causes.append((f"data[{key}]", "Invalid value: duplicate of key present in binaryData"))
         size = sum(len(k) + len(v.encode()) for k, v in data.items()) + sum(len(k) + len(v) for k, v in binary.items())
@@ -945,8 +971,8 @@ def validate(resource: str, obj: dict) -> None:
         else:
             for i, ptype in enumerate(spec.get("policyTypes") or []):
                 if ptype not in ("Ingress", "Egress"):
-                    causes.append((f"spec.policyTypes[{i}]", f'Unsupported value: "{ptype}": supported values: '
-                                                            '"Ingress", "Egress"'))
+                    causes.append((f"spec.policyTypes[{i}]", (f'Unsupported value: "{ptype}": supported values: '
+                                                            '"Ingress", "Egress"')))
             for direction, peers_key in (("ingress", "from"), ("egress", "to")):
                 for i, rule in enumerate(spec.get(direction) or []):
                     for j, port in enumerate(rule.get("ports") or []):
@@ -1009,10 +1035,8 @@ def normalize_image(ref: str) -> str:
     """``docker.io/library/busybox:1.36.1`` -> ``busybox:1.36.1`` (a missing tag is ``latest``)."""
     ref = ref.split("@", 1)[0]
     for prefix in ("docker.io/", "index.docker.io/", "registry-1.docker.io/"):
-        if ref.startswith(prefix):
-            ref = ref[len(prefix):]
-    if ref.startswith("library/"):
-        ref = ref[len("library/"):]
+        ref = ref.removeprefix(prefix)
+    ref = ref.removeprefix("library/")
     last = ref.rsplit("/", 1)[-1]
     return ref if ":" in last else ref + ":latest"
 
@@ -1570,7 +1594,7 @@ class FakeKubelet:
             image, waiting = self._pull(pod, c, run)
             if image is None or self._config_error(pod, c, image):
                 state = waiting or {"reason": "CreateContainerConfigError", "message": self._config_error(pod, c, image)}
-                self._set_status(pod, lambda o: self._init_status(o, i, {"waiting": state}, now))
+                self._set_status(pod, lambda o, i=i, state=state: self._init_status(o, i, {"waiting": state}, now))
                 return False
             if run.init_started is None:
                 exists = self._exists(pod, c, image, run)
@@ -1585,7 +1609,8 @@ class FakeKubelet:
                     for t, line in run.init_script.output:
                         self.store.append_log(pod["metadata"]["namespace"], pod["metadata"]["uid"], c["name"],
                                               now + t, line)
-                self._set_status(pod, lambda o: self._init_status(o, i, {"running": {"startedAt": rfc3339(now)}}, now))
+                self._set_status(pod, lambda o, i=i: self._init_status(o, i, {"running": {"startedAt": rfc3339(now)}},
+                                                                       now))
             script = run.init_script
             if script is None:  # the entry binary is not in the image
                 missing = self._argv(c, image)[:1] or ["<none>"]
@@ -1602,8 +1627,9 @@ class FakeKubelet:
                     if path.startswith(mount_path + "/") and mount.get("name") in run.volumes:
                         run.volumes[mount["name"]].add(path[len(mount_path) + 1:])
             started = run.init_started
-            self._set_status(pod, lambda o: self._init_status(o, i, {"terminated": {
-                "exitCode": 0, "reason": "Completed", "startedAt": rfc3339(started), "finishedAt": rfc3339(now)}}, now))
+            done = {"terminated": {"exitCode": 0, "reason": "Completed", "startedAt": rfc3339(started),
+                                   "finishedAt": rfc3339(now)}}
+            self._set_status(pod, lambda o, i=i, done=done: self._init_status(o, i, done, now))
             run.init_index += 1
             run.init_started = None
             run.init_script = None

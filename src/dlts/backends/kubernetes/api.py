@@ -9,7 +9,7 @@ What this module owns:
   to ``backoff_max_s``) during which calls fail fast without a request; the first success ends
   it. Statuses a caller expects are either "fine" (``ok``: 404 on delete, 409 AlreadyExists on
   create; the call returns None) or handed back as ``ApiException`` (``passthrough``);
-* ``list``: every list pages with ``limit=list_page_size`` and ``continue``, as client-go's pager
+* ``list_all``: every list pages with ``limit=list_page_size`` and ``continue``, as client-go's pager
   does. A continue token the server no longer honours (410 Expired: its resourceVersion was
   compacted while we paged) restarts the list from the first page; a list is never stitched
   together from two snapshots;
@@ -162,13 +162,8 @@ class KubernetesApi:
         except (ValueError, TypeError, AttributeError) as exc:
             self.failed(f"unreadable response: {exc}")
 
-    def list(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[dict]:
+    def list_all(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[dict]:
         """Every item of a list, page by page (``limit`` / ``continue``)."""
-        items, _version = self.list_with_version(fn, *args, **kwargs)
-        return items
-
-    def list_with_version(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[list[dict], str]:
-        """Every item and the list's resourceVersion (what a watch continues from)."""
         for _ in range(_LIST_RESTARTS):
             items: list[dict] = []
             token: str | None = None
@@ -186,7 +181,7 @@ class KubernetesApi:
                         self.failed(f"unreadable list response: {exc}")
                     token = meta.get("continue") or None
                     if token is None:
-                        return items, str(meta.get("resourceVersion") or "")
+                        return items
             except ApiException as exc:  # 410 Expired: the snapshot we paged through is gone
                 if token is None:  # a 410 on the first page is no expired token: the server is unwell
                     self.failed(f"HTTP 410 {status_message(exc)}")

@@ -36,11 +36,26 @@ from typing import Any
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from dlts.backends.base import EndpointSpec, EndpointState, LaunchSpec, NodeInfo, Observed
-from dlts.backends.k8s_render import ANNOTATION_RETIRING, LaunchRefused, ManifestRenderer
+from dlts.backends.base import (
+    EndpointSpec,
+    EndpointState,
+    LaunchSpec,
+    NodeInfo,
+    Observed,
+)
+from dlts.backends.k8s_render import (
+    ANNOTATION_RETIRING,
+    LaunchRefused,
+    ManifestRenderer,
+)
 from dlts.backends.k8s_settings import KubernetesSettings
 from dlts.backends.k8s_watch import PodWatch
-from dlts.backends.kubernetes.api import MERGE_PATCH, KubernetesApi, connect, status_message
+from dlts.backends.kubernetes.api import (
+    MERGE_PATCH,
+    KubernetesApi,
+    connect,
+    status_message,
+)
 from dlts.backends.kubernetes.endpoints import Endpoints
 from dlts.backends.kubernetes.logcopy import LogCopier
 from dlts.backends.kubernetes.names import (
@@ -50,7 +65,13 @@ from dlts.backends.kubernetes.names import (
     headless_service_name,
     pod_name,
 )
-from dlts.backends.kubernetes.nodes import CordonResult, Cordons, NodeLoss, node_address, node_info
+from dlts.backends.kubernetes.nodes import (
+    CordonResult,
+    Cordons,
+    NodeLoss,
+    node_address,
+    node_info,
+)
 from dlts.backends.kubernetes.translate import observe_attempt
 
 log = logging.getLogger(__name__)
@@ -183,7 +204,7 @@ class KubernetesBackend:
         for fn in (self.core.list_namespaced_pod, self.core.list_namespaced_service,
                    self.core.list_namespaced_secret, self.core.list_namespaced_config_map,
                    self.api.networking.list_namespaced_network_policy):
-            for obj in self.api.list(fn, ns, label_selector=MANAGED_SELECTOR):
+            for obj in self.api.list_all(fn, ns, label_selector=MANAGED_SELECTOR):
                 key = attempt_key(obj)
                 if key is not None:
                     found.add(key)
@@ -200,14 +221,14 @@ class KubernetesBackend:
         """Every DLTS pod: the watch's copy when it can be trusted, else one paged list."""
         pods = self._watch.snapshot() if self._watch is not None else None
         if pods is None:  # no watch, or it cannot be trusted right now
-            pods = self.api.list(self.core.list_namespaced_pod, self.settings.namespace,
+            pods = self.api.list_all(self.core.list_namespaced_pod, self.settings.namespace,
                                  label_selector=MANAGED_SELECTOR)
         return pods
 
     def _attempt_pods(self, job_id: int, attempt: int) -> list[dict]:
         pods = self._watch.snapshot() if self._watch is not None else None
         if pods is None:
-            return self.api.list(self.core.list_namespaced_pod, self.settings.namespace,
+            return self.api.list_all(self.core.list_namespaced_pod, self.settings.namespace,
                                  label_selector=attempt_selector(job_id, attempt))
         return [p for p in pods if attempt_key(p) == (job_id, attempt)]
 
@@ -256,7 +277,7 @@ class KubernetesBackend:
             cached = self._nodes_cache
         if reuse and cached is not None and 0 <= now - cached[0] <= self.settings.node_list_reuse_s:
             return cached[1]
-        items = self.api.list(self.core.list_node)
+        items = self.api.list_all(self.core.list_node)
         with self._lock:
             self._nodes_cache = (now, items)
         return items

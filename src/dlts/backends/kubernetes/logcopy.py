@@ -44,7 +44,11 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
-from dlts.backends.kubernetes.api import KubernetesApi, KubernetesUnavailable, status_message
+from dlts.backends.kubernetes.api import (
+    KubernetesApi,
+    KubernetesUnavailable,
+    status_message,
+)
 from dlts.backends.kubernetes.names import JOB_CONTAINER, replica_index
 from dlts.backends.kubernetes.translate import started_at
 from dlts.logstore import AttemptLogWriter, job_dir

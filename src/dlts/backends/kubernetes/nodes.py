@@ -22,7 +22,11 @@ from kubernetes.utils import parse_quantity
 from dlts.backends.base import NodeInfo
 from dlts.backends.k8s_render import GPU_RESOURCE
 from dlts.backends.k8s_settings import KubernetesSettings
-from dlts.backends.kubernetes.api import STRATEGIC_MERGE_PATCH, KubernetesApi, KubernetesUnavailable
+from dlts.backends.kubernetes.api import (
+    STRATEGIC_MERGE_PATCH,
+    KubernetesApi,
+    KubernetesUnavailable,
+)
 from dlts.backends.kubernetes.names import (
     ANNOTATION_CORDON_REASON,
     ANNOTATION_CORDONED_AT,

@@ -39,7 +39,12 @@ from typing import Any
 
 from dlts.backends.base import Observed, RunPhase
 from dlts.backends.k8s_render import ANNOTATION_WORLD_SIZE
-from dlts.backends.kubernetes.names import JOB_CONTAINER, is_inference, is_retiring, replica_index
+from dlts.backends.kubernetes.names import (
+    JOB_CONTAINER,
+    is_inference,
+    is_retiring,
+    replica_index,
+)
 from dlts.backends.phases import AttemptState, MemberState, attempt_state
 
 IMAGE_PULL = "image_pull"
