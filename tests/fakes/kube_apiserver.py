@@ -4,22 +4,40 @@ No real API server can be installed on the machines DLTS is built and tested on,
 Kubernetes backend is tested against this one with the *official* ``kubernetes`` client talking
 HTTP through an ordinary kubeconfig. What it owns:
 
-* the core/v1 resources the backend uses: namespaces, pods (+ ``/status``), services, secrets,
-  configmaps, events, nodes (+ ``/status``, with ``InternalIP`` / ``Hostname`` addresses); create,
-  get, list, replace, patch (JSON merge, strategic merge, JSON patch) and delete;
+* the resources the backend uses: core/v1 namespaces, pods (+ ``/status``, + ``/log``), services,
+  secrets (``kubernetes.io/dockerconfigjson`` checked), configmaps, events, nodes (+ ``/status``,
+  with ``InternalIP`` / ``Hostname`` addresses), and networking.k8s.io/v1 NetworkPolicies; create,
+  get, list, replace, patch (JSON merge, strategic merge, JSON patch), delete and deletecollection;
 * the API semantics the backend relies on, as the real server implements them: label selectors
   (equality, set-based, existence, ``!=``/``notin`` matching objects *without* the key), field
-  selectors, ``resourceVersion`` preconditions (409 Conflict when stale), 409 AlreadyExists,
+  selectors, paged lists (``limit``/``continue`` served from the first page's snapshot,
+  ``remainingItemCount``; a token of a compacted revision, see ``Store.compact``, is 410 Expired),
+  ``resourceVersion`` preconditions (409 Conflict when stale), 409 AlreadyExists,
   404 NotFound, 422 Invalid for bad names/labels, 401 without the bearer token, all as real
   ``Status`` objects; graceful pod deletion (``deletionTimestamp`` first, removal by the kubelet);
+* the pod log endpoint (``container``, ``timestamps`` in RFC 3339 nano, ``sinceTime`` in whole
+  seconds as it reaches the kubelet, ``sinceSeconds``, ``tailLines``, ``limitBytes``; 400 for a
+  container that has not started) serving what the fake containers printed (``echo`` in their
+  program, or ``FakeKubeApiServer.print_output``);
+* a scheduler (``FakeScheduler``) that binds pods without ``nodeName`` by kube-scheduler's filters
+  (unschedulable nodes, taints incl. not-ready, node affinity with ``matchFields metadata.name``,
+  resource fit against allocatable minus bound pods) or leaves them Pending with PodScheduled
+  False, reason Unschedulable and a message shaped like the real one;
 * Services as the real allocator treats them: a NodePort service's ports get ``nodePort`` values
   unique across the cluster from 30000-32767 (an explicit one is checked: range, already
   allocated), an update that omits a port's ``nodePort`` keeps the one the port *of the same name*
   had, ``clusterIP`` is kept across updates, and the port list is validated (names, duplicates,
   at least one port); a full range is a 500 "failed to allocate a nodePort", as from the real one;
-* a simulated kubelet (``FakeKubelet``) that moves pods Pending -> Running -> Succeeded/Failed
-  according to a tiny script in the pod's command (see "Script convention" below), freezes pods on
-  a node that is NotReady, and marks nodes NotReady on request;
+* a simulated kubelet (``FakeKubelet``) that pulls images from a table of known images and their
+  files (``ImageTable``: busybox has ``/bin/busybox`` and ``/bin/sh``; python:3.11, pytorch/pytorch,
+  debian:12 have ``/bin/sh`` and no busybox or tini; distroless has no shell; anything else is
+  ErrImagePull then ImagePullBackOff), runs init containers in order (a command that needs a file
+  the container lacks fails; a failed init container fails the pod, Init:Error), refuses
+  ``runAsNonRoot`` without a non-zero uid on an image that runs as root
+  (CreateContainerConfigError), fails a container whose entry binary is missing (StartError),
+  then moves pods Running -> Succeeded/Failed according to a tiny script in the pod's command
+  (see "Script convention" below), freezes pods on a node that is NotReady, and marks nodes
+  NotReady on request;
 * instrumentation for tests and benchmarks: per-verb request counters, injected errors and delays.
 
 Script convention (what the fake kubelet runs)
@@ -32,8 +50,13 @@ interpreted as:
 * ``sleep N`` (seconds, may be fractional): the container keeps running N more seconds of the fake
   clock; ``sleep infinity`` runs until the pod is deleted;
 * ``exit N``: the container exits with code N (statements after it are not run);
+* ``echo WORDS`` prints a line (at that point of the run: after the sleeps before it);
 * ``false`` sets the status to 1, ``true`` and anything else set it to 0 (the last statement's
-  status is the exit code, as with ``sh``).
+  status is the exit code, as with ``sh``); ``&&`` and ``||`` short-circuit.
+
+Init containers' commands are also checked against the container's files: a command that is not
+there exits 127, ``cp`` / ``chmod`` of a missing file exit 1 with coreutils' words, and what ``cp``
+writes into an emptyDir is there for the containers after it.
 
 So ``sleep 5; exit 3`` runs 5 s then fails with 3; ``python train.py`` succeeds at once.
 A pod annotation ``fake.dlts.io/start-delay-s`` delays Pending -> Running (image pull time).
@@ -42,8 +65,11 @@ Time is a ``FakeClock`` that tests advance explicitly; ``FakeKubelet.tick()`` ap
 Watches stream JSON-line events (ADDED, MODIFIED, DELETED, BOOKMARK; ERROR with 410 Expired for a
 compacted resourceVersion) over chunked HTTP until ``timeoutSeconds``.
 
-Limits (documented, not hidden): no ``limit``/``continue`` paging,
-no admission beyond the validations named above, one API group (core/v1).
+Limits (documented, not hidden): no admission beyond the validations named above (no
+PriorityClass lookup: a pod's ``preemptionPolicy`` is taken as given; no quota), no kubelet
+admission of pods bound with ``nodeName`` (they run even when they do not fit), init containers
+run once (``restartPolicy`` is taken as Never), the shell in init commands knows statements, not
+``if``/loops, and only core/v1 and networking.k8s.io/v1.
 """
 
 from __future__ import annotations
@@ -51,9 +77,11 @@ from __future__ import annotations
 import base64
 import copy
 import datetime as dt
+import fnmatch
 import json
 import random
 import re
+import shlex
 import socket
 import threading
 import time
@@ -69,9 +97,12 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import yaml
 
-NAMESPACED = {"pods": "Pod", "services": "Service", "secrets": "Secret", "configmaps": "ConfigMap", "events": "Event"}
+NAMESPACED = {"pods": "Pod", "services": "Service", "secrets": "Secret", "configmaps": "ConfigMap", "events": "Event",
+              "networkpolicies": "NetworkPolicy"}
 CLUSTER_SCOPED = {"nodes": "Node", "namespaces": "Namespace"}
 KINDS = {**NAMESPACED, **CLUSTER_SCOPED}
+# The API group/version each resource is served under (the path prefix and the objects' apiVersion).
+GROUP_VERSIONS = {resource: "v1" for resource in KINDS} | {"networkpolicies": "networking.k8s.io/v1"}
 
 _DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -85,6 +116,15 @@ CONFIGMAP_MAX_BYTES = 1024 * 1024
 
 def rfc3339(t: float) -> str:
     return dt.datetime.fromtimestamp(t, tz=dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def rfc3339nano(t: float) -> str:
+    """Go's time.RFC3339Nano, as the kubelet stamps log lines: nanoseconds, trailing zeros dropped."""
+    seconds = int(t // 1)
+    frac = round((t - seconds) * 1e9)  # t * 1e9 would lose the nanoseconds to float rounding
+    seconds, frac = seconds + frac // 1_000_000_000, frac % 1_000_000_000
+    whole = dt.datetime.fromtimestamp(seconds, tz=dt.UTC).strftime("%Y-%m-%dT%H:%M:%S")
+    return f"{whole}.{frac:09d}".rstrip("0").rstrip(".") + "Z"
 
 
 class FakeClock:
@@ -107,24 +147,28 @@ class FakeClock:
 class ApiError(Exception):
     """Raised inside the server; rendered as a Kubernetes ``Status`` object."""
 
-    def __init__(self, code: int, reason: str, message: str, details: dict | None = None) -> None:
+    def __init__(self, code: int, reason: str, message: str, details: dict | None = None,
+                 metadata: dict | None = None) -> None:
         super().__init__(message)
         self.code = code
         self.reason = reason
         self.message = message
         self.details = details or {}
+        self.metadata = metadata or {}
 
     def status(self) -> dict:
-        return {
+        out = {
             "kind": "Status",
             "apiVersion": "v1",
-            "metadata": {},
+            "metadata": dict(self.metadata),
             "status": "Failure",
             "message": self.message,
             "reason": self.reason,
-            "details": self.details,
             "code": self.code,
         }
+        if self.details:  # the real server leaves details out when it has none
+            out["details"] = self.details
+        return out
 
 
 def _bad_request(message: str) -> ApiError:
@@ -396,6 +440,13 @@ class Store:
         self.history: deque[tuple[int, str, str, str, dict, str]] = deque(maxlen=history_max)
         self.changed = threading.Condition(self.lock)
         self.stopping = False
+        # Paged lists: a first page with ``limit`` keeps the rest of that list (serialised, as of
+        # its resourceVersion) under a continue token, as etcd serves later pages from the same
+        # revision. ``compact()`` (etcd compaction) expires the tokens and watches from before.
+        self._snapshots: dict[str, tuple[int, list[str]]] = {}
+        self.compacted = 0
+        # Container output: (namespace, pod uid, container) -> [(time, line without newline)].
+        self.logs: dict[tuple[str, str, str], list[tuple[float, bytes]]] = {}
         for ns in ("default", "kube-system"):
             self._put("namespaces", "", self._new_meta({"metadata": {"name": ns}}, "namespaces", ""), "ADDED")
 
@@ -405,7 +456,7 @@ class Store:
 
     def _new_meta(self, obj: dict, resource: str, namespace: str) -> dict:
         obj = copy.deepcopy(obj)
-        obj["apiVersion"] = "v1"
+        obj["apiVersion"] = GROUP_VERSIONS[resource]
         obj["kind"] = KINDS[resource]
         meta = obj.setdefault("metadata", {})
         meta.pop("deletionTimestamp", None)
@@ -432,10 +483,16 @@ class Store:
             self.changed.notify_all()
 
     def oldest_watchable(self) -> int:
-        """The oldest resourceVersion a watch may start from (older ones are compacted away)."""
-        if len(self.history) < (self.history.maxlen or 0):
-            return 0
-        return self.history[0][0] - 1
+        """The oldest resourceVersion a watch or a continue token may start from (older ones are
+        compacted away)."""
+        kept = 0 if len(self.history) < (self.history.maxlen or 0) else self.history[0][0] - 1
+        return max(kept, self.compacted)
+
+    def compact(self) -> None:
+        """What etcd's periodic compaction does: everything before now is history no one can read."""
+        with self.lock:
+            self.compacted = self.revision
+            self._snapshots.clear()
 
     def get(self, resource: str, namespace: str, name: str) -> dict:
         with self.lock:
@@ -461,18 +518,109 @@ class Store:
                 items.append(copy.deepcopy(obj) if copy_items else obj)
             items.sort(key=lambda o: (o["metadata"].get("namespace", ""), o["metadata"]["name"]))
             return {
-                "apiVersion": "v1",
+                "apiVersion": GROUP_VERSIONS[resource],
                 "kind": f"{KINDS[resource]}List",
                 "metadata": {"resourceVersion": str(self.revision)},
                 "items": items,
             }
 
     def list_json(self, resource: str, namespace: str | None, label_selector: str = "",
-                  field_selector: str = "") -> bytes:
-        """The list response serialised under the lock (no copies: the HTTP path's hot spot)."""
+                  field_selector: str = "", limit: int = 0, continue_token: str = "") -> bytes:
+        """The list response serialised under the lock (no copies: the HTTP path's hot spot).
+
+        ``limit`` > 0 pages: ``metadata.continue`` and ``remainingItemCount`` while items remain;
+        a continue token of a compacted revision answers 410 Expired as the real server does.
+        """
         with self.lock:
-            return json.dumps(self.list(resource, namespace, label_selector, field_selector,
-                                        copy_items=False)).encode()
+            if continue_token:
+                rv, start, items = self._continued(continue_token)
+            else:
+                listed = self.list(resource, namespace, label_selector, field_selector, copy_items=False)
+                if not limit:
+                    return json.dumps(listed).encode()
+                rv, start, items = self.revision, 0, [json.dumps(o) for o in listed["items"]]
+            end = start + limit if limit else len(items)
+            meta: dict[str, Any] = {"resourceVersion": str(rv)}
+            if end < len(items):
+                token_id = uuid.uuid4().hex
+                self._snapshots[token_id] = (rv, items)
+                while len(self._snapshots) > 256:  # old unfinished lists go first
+                    self._snapshots.pop(next(iter(self._snapshots)))
+                meta["continue"] = base64.urlsafe_b64encode(json.dumps(
+                    {"v": "meta.k8s.io/v1", "rv": rv, "start": end, "id": token_id}).encode()).decode()
+                meta["remainingItemCount"] = len(items) - end
+            head = json.dumps({"apiVersion": GROUP_VERSIONS[resource], "kind": f"{KINDS[resource]}List",
+                               "metadata": meta})[:-1]
+            return (head + ', "items": [' + ", ".join(items[start:end]) + "]}").encode()
+
+    def _continued(self, token: str) -> tuple[int, int, list[str]]:
+        try:
+            data = json.loads(base64.urlsafe_b64decode(token.encode()))
+            rv, start, token_id = int(data["rv"]), int(data["start"]), str(data["id"])
+        except (ValueError, KeyError, TypeError):
+            raise _bad_request(f"continue key is not valid: {token!r}") from None
+        snapshot = self._snapshots.get(token_id)
+        if rv < self.oldest_watchable() or snapshot is None:
+            raise ApiError(410, "Expired", (
+                "The provided continue parameter is too old to display a consistent list result. You can start "
+                "a new list without the continue parameter, or use the continue token in this response to "
+                "retrieve the remainder of the results. Continuing with the provided token results in an "
+                "inconsistent list - objects that were created, modified, or deleted between the time the first "
+                "chunk was returned and now may show up in the list."))
+        return snapshot[0], start, snapshot[1]
+
+    # container output ----------------------------------------------------------------------------
+
+    def append_log(self, namespace: str, uid: str, container: str, t: float, text: str | bytes) -> None:
+        data = text.encode() if isinstance(text, str) else text
+        with self.lock:
+            lines = self.logs.setdefault((namespace, uid, container), [])
+            for line in data.split(b"\n") if data else [b""]:
+                lines.append((t, line))
+
+    def read_log(self, namespace: str, name: str, query: dict[str, str]) -> bytes:
+        """``GET .../pods/NAME/log`` as the kubelet answers it through the API server."""
+        with self.lock:
+            pod = self.objects.get(("pods", namespace, name))
+            if pod is None:
+                raise not_found("pods", name)
+            spec, status = pod.get("spec") or {}, pod.get("status") or {}
+            names = [c["name"] for c in spec.get("containers") or []]
+            init_names = [c["name"] for c in spec.get("initContainers") or []]
+            container = query.get("container") or ""
+            if not container:
+                if len(names) != 1:
+                    raise _bad_request(f"a container name must be specified for pod {name}, choose one of: "
+                                       f"[{' '.join(names)}]" + (f" or one of the init containers: [{' '.join(init_names)}]"
+                                                                 if init_names else ""))
+                container = names[0]
+            if container not in names + init_names:
+                raise _bad_request(f"container {container} is not valid for pod {name}")
+            statuses = (status.get("containerStatuses") or []) + (status.get("initContainerStatuses") or [])
+            state = next((cs.get("state") or {} for cs in statuses if cs.get("name") == container), {})
+            if not state.get("running") and not state.get("terminated"):
+                why = (state.get("waiting") or {}).get("reason") or "ContainerCreating"
+                raise _bad_request(f'container "{container}" in pod "{name}" is waiting to start: {why}')
+            lines = list(self.logs.get((namespace, pod["metadata"]["uid"], container), []))
+        if query.get("sinceTime"):
+            try:
+                since = dt.datetime.fromisoformat(query["sinceTime"]).timestamp()
+            except ValueError:
+                raise _bad_request(f"unable to parse sinceTime {query['sinceTime']!r}") from None
+            # PodLogOptions.sinceTime is a metav1.Time: the API server hands it to the kubelet in
+            # whole seconds, and the kubelet keeps lines at or after it.
+            since = float(int(since))
+            lines = [(t, line) for t, line in lines if t >= since]
+        elif query.get("sinceSeconds"):
+            since = self.clock() - int(query["sinceSeconds"])
+            lines = [(t, line) for t, line in lines if t >= since]
+        if query.get("tailLines"):
+            lines = lines[-int(query["tailLines"]):] if int(query["tailLines"]) else []
+        stamps = query.get("timestamps") in ("true", "1")
+        out = b"".join((rfc3339nano(t).encode() + b" " if stamps else b"") + line + b"\n" for t, line in lines)
+        if query.get("limitBytes"):
+            out = out[:int(query["limitBytes"])]
+        return out
 
     def create(self, resource: str, namespace: str, body: dict) -> dict:
         name = (body.get("metadata") or {}).get("name")
@@ -522,7 +670,7 @@ class Store:
                     if keep in current["metadata"]:
                         meta[keep] = current["metadata"][keep]
                 meta["name"] = name
-                new["apiVersion"], new["kind"] = "v1", KINDS[resource]
+                new["apiVersion"], new["kind"] = GROUP_VERSIONS[resource], KINDS[resource]
                 validate(resource, new)
                 if resource == "services":
                     self._service_spec(namespace, new, current)
@@ -600,9 +748,9 @@ class Store:
             if len(ports) > 1 and not pname:
                 causes.append((f"{where}.name", "Required value"))
             elif pname and not (len(pname) <= 63 and _DNS1123_LABEL.match(pname)):
-                causes.append((f"{where}.name", f"Invalid value: {pname!r}: a lowercase RFC 1123 label must consist "
+                causes.append((f"{where}.name", (f"Invalid value: {pname!r}: a lowercase RFC 1123 label must consist "
                                                 "of lower case alphanumeric characters or '-', and must start and "
-                                                "end with an alphanumeric character"))
+                                                "end with an alphanumeric character")))
             elif pname in names:
                 causes.append((f"{where}.name", f"Duplicate value: {pname!r}"))
             names.add(pname)
@@ -628,8 +776,8 @@ class Store:
             if not node_port:
                 continue
             if not isinstance(node_port, int) or not lo <= node_port <= hi:
-                causes.append((f"spec.ports[{i}].nodePort", f"Invalid value: {node_port!r}: provided port is not in "
-                                                            f"the valid range. The range of valid ports is {lo}-{hi}"))
+                causes.append((f"spec.ports[{i}].nodePort", (f"Invalid value: {node_port!r}: provided port is not in "
+                                                            f"the valid range. The range of valid ports is {lo}-{hi}")))
             elif node_port in used or node_port in taken:
                 causes.append((f"spec.ports[{i}].nodePort", f"Invalid value: {node_port}: provided port is already allocated"))
             taken.add(node_port)
@@ -684,6 +832,7 @@ class Store:
                         self._record("MODIFIED", resource, namespace, current)
                     return copy.deepcopy(current)
             del self.objects[(resource, namespace, name)]
+            self._forget_logs(resource, namespace, current)
             self._bump()
             self._record("DELETED", resource, namespace, current)
             return copy.deepcopy(current)
@@ -700,10 +849,18 @@ class Store:
                     items.append(self.delete(resource, namespace, obj["metadata"]["name"], grace_s))
                 except ApiError:
                     pass
-            return {"apiVersion": "v1", "kind": matching["kind"], "metadata": {"resourceVersion": str(self.revision)},
+            return {"apiVersion": GROUP_VERSIONS[resource], "kind": matching["kind"],
+                    "metadata": {"resourceVersion": str(self.revision)},
                     "items": items}
 
     # internal writes (controllers) -------------------------------------------------------------
+
+    def _forget_logs(self, resource: str, namespace: str, obj: dict) -> None:
+        """A pod's output goes with the pod (the kubelet removes its log files with it)."""
+        if resource == "pods":
+            uid = obj["metadata"].get("uid")
+            for key in [k for k in self.logs if k[0] == namespace and k[1] == uid]:
+                del self.logs[key]
 
     def update_internal(self, resource: str, namespace: str, name: str, fn: Callable[[dict], None]) -> None:
         with self.lock:
@@ -718,6 +875,7 @@ class Store:
         with self.lock:
             obj = self.objects.pop((resource, namespace, name), None)
             if obj is not None:
+                self._forget_logs(resource, namespace, obj)
                 self._bump()
                 self._record("DELETED", resource, namespace, obj)
 
@@ -784,59 +942,219 @@ def validate(resource: str, obj: dict) -> None:
             raise _bad_request("ConfigMap in version \"v1\" cannot be handled as a ConfigMap: data values must be strings")
         for key in list(data) + list(binary):
             if not (len(key) <= 253 and _CONFIG_KEY.match(key)):
-                causes.append((f"data[{key}]", f"Invalid value: {key!r}: a valid config key must consist of alphanumeric "
-                                               "characters, '-', '_' or '.' (regex used for validation is '[-._a-zA-Z0-9]+')"))
+                causes.append((f"data[{key}]", (f"Invalid value: {key!r}: a valid config key must consist of alphanumeric "
+                                               "characters, '-', '_' or '.' (regex used for validation is '[-._a-zA-Z0-9]+')")))
             if key in data and key in binary:
                 causes.append((f"data[{key}]", "Invalid value: duplicate of key present in binaryData"))
         size = sum(len(k) + len(v.encode()) for k, v in data.items()) + sum(len(k) + len(v) for k, v in binary.items())
         if size > CONFIGMAP_MAX_BYTES:
             causes.append(("[]", f"Too long: must have at most {CONFIGMAP_MAX_BYTES} bytes"))
     if resource == "secrets":
+        decoded: dict[str, bytes] = {}
         for key, value in (obj.get("data") or {}).items():
             try:
-                base64.b64decode(value, validate=True)
+                decoded[key] = base64.b64decode(value, validate=True)
             except (ValueError, TypeError):
                 causes.append((f"data[{key}]", "Invalid value: illegal base64 data"))
+        if obj.get("type") == "kubernetes.io/dockerconfigjson":
+            if ".dockerconfigjson" not in decoded:
+                causes.append(("data[.dockerconfigjson]", "Required value"))
+            else:
+                try:
+                    json.loads(decoded[".dockerconfigjson"])
+                except ValueError as exc:
+                    causes.append(("data[.dockerconfigjson]", f"Invalid value: \"<secret contents redacted>\": {exc}"))
+    if resource == "networkpolicies":
+        spec = obj.get("spec")
+        if not isinstance(spec, dict) or not isinstance(spec.get("podSelector"), dict):
+            causes.append(("spec.podSelector", "Required value"))
+        else:
+            for i, ptype in enumerate(spec.get("policyTypes") or []):
+                if ptype not in ("Ingress", "Egress"):
+                    causes.append((f"spec.policyTypes[{i}]", (f'Unsupported value: "{ptype}": supported values: '
+                                                            '"Ingress", "Egress"')))
+            for direction, peers_key in (("ingress", "from"), ("egress", "to")):
+                for i, rule in enumerate(spec.get(direction) or []):
+                    for j, port in enumerate(rule.get("ports") or []):
+                        if port.get("protocol", "TCP") not in ("TCP", "UDP", "SCTP"):
+                            causes.append((f"spec.{direction}[{i}].ports[{j}].protocol",
+                                           f'Unsupported value: "{port.get("protocol")}"'))
+                    for j, peer in enumerate(rule.get(peers_key) or []):
+                        block = peer.get("ipBlock")
+                        if block is not None:
+                            import ipaddress
+
+                            try:
+                                ipaddress.ip_network(block.get("cidr", ""), strict=False)
+                            except ValueError:
+                                causes.append((f"spec.{direction}[{i}].{peers_key}[{j}].ipBlock.cidr",
+                                               f"Invalid value: {block.get('cidr')!r}: must be a valid CIDR"))
+                        if block is not None and len(peer) > 1:
+                            causes.append((f"spec.{direction}[{i}].{peers_key}[{j}]",
+                                           "Forbidden: may not specify more than 1 peer type"))
     if causes:
         raise _invalid(resource, name, causes)
 
 
-# -- the simulated kubelet ----------------------------------------------------------------------
+# -- images, the scheduler and the simulated kubelet ---------------------------------------------
+
+
+@dataclass(frozen=True)
+class Image:
+    """What the fake container runtime knows of an image: its files, default argv and user."""
+
+    files: frozenset[str]
+    entrypoint: tuple[str, ...] = ()
+    user: int | str = 0  # the image's USER: 0 is root
+    # A private image: pulling it needs an imagePullSecrets entry with auths for this server.
+    registry_auth: str = ""
+
+
+_BUSYBOX_APPLETS = ("sh", "ash", "cp", "chmod", "mkdir", "sleep", "echo", "cat", "ls", "env", "true", "false",
+                    "test", "[", "kill", "id", "whoami", "ln", "rm", "mv", "printf", "sed", "grep", "nc", "wget")
+_COREUTILS = ("sh", "dash", "bash", "cp", "chmod", "mkdir", "sleep", "echo", "cat", "ls", "env", "true", "false",
+              "test", "[", "kill", "id", "whoami", "ln", "rm", "mv", "printf", "sed", "grep", "tail", "head")
+BUSYBOX = Image(frozenset({"/bin/busybox"} | {f"/bin/{a}" for a in _BUSYBOX_APPLETS}), ("sh",))
+DEBIAN = Image(frozenset({f"/bin/{a}" for a in _COREUTILS} | {f"/usr/bin/{a}" for a in _COREUTILS}), ("bash",))
+PYTHON = Image(DEBIAN.files | {"/usr/local/bin/python", "/usr/local/bin/python3"}, ("python3",))
+PYTORCH = Image(DEBIAN.files | {"/opt/conda/bin/python", "/opt/conda/bin/python3"}, ("/bin/bash",))
+DISTROLESS = Image(frozenset())
+DISTROLESS_NONROOT = Image(frozenset(), user=65532)
+
+# Repository (registry prefix and library/ stripped) -> tag glob -> image. The defaults are the
+# images the tests and the docs use; ``FakeKubeApiServer.images.add`` registers more.
+DEFAULT_IMAGES: dict[str, Image] = {
+    "busybox:*": BUSYBOX, "python:3.11*": PYTHON, "pytorch/pytorch:*": PYTORCH, "debian:12*": DEBIAN,
+    "ubuntu:22.04": DEBIAN, "ubuntu:24.04": DEBIAN, "gcr.io/distroless/*:nonroot": DISTROLESS_NONROOT,
+    "gcr.io/distroless/*": DISTROLESS,
+}
+PATH_DIRS = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin", "/opt/conda/bin")
+
+
+def normalize_image(ref: str) -> str:
+    """``docker.io/library/busybox:1.36.1`` -> ``busybox:1.36.1`` (a missing tag is ``latest``)."""
+    ref = ref.split("@", 1)[0]
+    for prefix in ("docker.io/", "index.docker.io/", "registry-1.docker.io/"):
+        ref = ref.removeprefix(prefix)
+    ref = ref.removeprefix("library/")
+    last = ref.rsplit("/", 1)[-1]
+    return ref if ":" in last else ref + ":latest"
+
+
+class ImageTable:
+    def __init__(self) -> None:
+        self._images: dict[str, Image] = dict(DEFAULT_IMAGES)
+        self._lock = threading.Lock()
+
+    def add(self, pattern: str, files: set[str] | frozenset[str] = frozenset(), *, entrypoint: tuple[str, ...] = (),
+            user: int | str = 0, registry_auth: str = "") -> None:
+        """Make ``pattern`` (a normalized reference; ``*`` globs) pullable with these files."""
+        with self._lock:
+            self._images = {pattern: Image(frozenset(files), entrypoint, user, registry_auth), **self._images}
+
+    def find(self, ref: str) -> Image | None:
+        name = normalize_image(ref)
+        with self._lock:
+            for pattern, image in self._images.items():
+                if fnmatch.fnmatchcase(name, pattern):
+                    return image
+        return None
 
 
 @dataclass(frozen=True)
 class Script:
     duration_s: float  # inf: runs until deleted
     exit_code: int
+    # (seconds after the start, line) the program prints
+    output: tuple[tuple[float, str], ...] = ()
+    # files the program created: absolute paths (cp into a volume)
+    created: tuple[str, ...] = ()
 
 
-def parse_script(command: str) -> Script:
-    """Interpret the script convention described in the module docstring."""
+_BUILTINS = frozenset({"echo", "exit", "true", "false", "sleep", "cd", "export", "set", "test", "[", "command",
+                       "exec", "trap", "wait", "kill", "printf", "read", ":", "umask", "unset", "shift"})
+
+
+def _split_statements(command: str) -> list[tuple[str, str]]:
+    """[(connector before it: ";", "&&" or "||", statement)] of a shell command line."""
+    out: list[tuple[str, str]] = []
+    connector = ";"
+    for part in re.split(r"(;|&&|\|\||\n)", command):
+        if part in (";", "\n", "&&", "||"):
+            connector = ";" if part == "\n" else part
+        elif part.strip():
+            out.append((connector, part.strip()))
+            connector = ";"
+    return out
+
+
+def parse_script(command: str, exists: Callable[[str], bool] | None = None) -> Script:
+    """Interpret the script convention described in the module docstring.
+
+    With ``exists`` (does this absolute path exist in the container?) the files the script uses
+    are checked as a shell would find out: a command that is not there exits 127 with
+    ``sh: NAME: not found``; ``cp``'s source and ``chmod``'s target must exist (exit 1 with
+    coreutils' message); what ``cp`` writes is reported in ``created``.
+    """
     duration = 0.0
     code = 0
-    for stmt in re.split(r";|&&|\|\||\n", command):
-        words = stmt.split()
+    output: list[tuple[float, str]] = []
+    created: list[str] = []
+    for connector, stmt in _split_statements(command):
+        if (connector == "&&" and code != 0) or (connector == "||" and code == 0):
+            continue
+        try:
+            words = shlex.split(stmt)
+        except ValueError:
+            words = stmt.split()
+        if words and words[0] == "exec":
+            words = words[1:]
         if not words:
             continue
-        if words[0] == "sleep" and len(words) > 1:
+        cmd = words[0]
+        if exists is not None and cmd not in _BUILTINS:
+            found = exists(cmd) if cmd.startswith("/") else any(exists(f"{d}/{cmd}") for d in PATH_DIRS)
+            if not found:
+                output.append((duration, f"sh: 1: {cmd}: not found"))
+                code = 127
+                continue
+        if cmd == "sleep" and len(words) > 1:
             if words[1] == "infinity":
-                return Script(float("inf"), 0)
+                return Script(float("inf"), 0, tuple(output), tuple(created))
             try:
                 duration += float(words[1])
             except ValueError:
                 pass
             code = 0
-        elif words[0] == "exit":
+        elif cmd == "exit":
             try:
                 code = int(words[1]) if len(words) > 1 else code
             except ValueError:
                 code = 2
-            return Script(duration, code & 0xFF)
-        elif words[0] == "false":
+            return Script(duration, code & 0xFF, tuple(output), tuple(created))
+        elif cmd == "false":
             code = 1
+        elif cmd == "echo":
+            output.append((duration, " ".join(w for w in words[1:] if w != "-n")))
+            code = 0
+        elif exists is not None and cmd.rsplit("/", 1)[-1] == "cp" and len(words) >= 3:
+            source, target = words[-2], words[-1]
+            if not exists(source):
+                output.append((duration, f"cp: can't stat '{source}': No such file or directory"))
+                code = 1
+            else:
+                created.append(target.rstrip("/") + "/" + source.rsplit("/", 1)[-1] if target.endswith("/") else target)
+                code = 0
+        elif exists is not None and cmd.rsplit("/", 1)[-1] == "chmod" and len(words) >= 3:
+            missing = [w for w in words[2:] if not exists(w) and w not in created]
+            if missing:
+                output.append((duration, f"chmod: {missing[0]}: No such file or directory"))
+                code = 1
+            else:
+                code = 0
         else:
             code = 0
-    return Script(duration, code)
+    return Script(duration, code, tuple(output), tuple(created))
 
 
 def _container_script(container: dict) -> str:
@@ -845,6 +1163,22 @@ def _container_script(container: dict) -> str:
             return env["value"]
     argv = list(container.get("command") or []) + list(container.get("args") or [])
     return argv[-1] if argv else ""
+
+
+_SHELLS = frozenset({"sh", "bash", "dash", "ash"})
+
+
+def _shell_script(argv: list[str]) -> str | None:
+    """The script of ``sh -c SCRIPT`` (also ``busybox sh -c``); None when argv is not a shell."""
+    words = list(argv)
+    if words and words[0].rsplit("/", 1)[-1] == "busybox":
+        words = words[1:]
+    if not words or words[0].rsplit("/", 1)[-1] not in _SHELLS:
+        return None
+    if "-c" in words[1:]:
+        rest = words[words.index("-c") + 1:]
+        return rest[0] if rest else ""
+    return ""
 
 
 def _condition(obj: dict, ctype: str) -> dict | None:
@@ -866,13 +1200,227 @@ def _set_condition(obj: dict, ctype: str, status: str, now: float, reason: str =
                   "lastTransitionTime": rfc3339(now), "lastHeartbeatTime": rfc3339(now)})
 
 
-class FakeKubelet:
-    """Runs pods on the fake nodes: one ``tick()`` applies every transition due at the clock's now."""
+def _quantity(value: Any) -> float:
+    from kubernetes.utils import parse_quantity
+
+    return float(parse_quantity(str(value)))
+
+
+def pod_requests(spec: dict) -> dict[str, float]:
+    """What the scheduler counts for a pod: per resource, the larger of the containers' sum and
+    the largest init container (requests; limits where a container sets only limits)."""
+    def of(container: dict) -> dict[str, float]:
+        res = container.get("resources") or {}
+        merged = {**(res.get("limits") or {}), **(res.get("requests") or {})}
+        return {k: _quantity(v) for k, v in merged.items()}
+
+    total: dict[str, float] = {}
+    for c in spec.get("containers") or []:
+        for k, v in of(c).items():
+            total[k] = total.get(k, 0.0) + v
+    for c in spec.get("initContainers") or []:
+        for k, v in of(c).items():
+            total[k] = max(total.get(k, 0.0), v)
+    return total
+
+
+def _match_expression(expr: dict, value: str | None) -> bool:
+    op, values = expr.get("operator"), [str(v) for v in expr.get("values") or []]
+    if op == "In":
+        return value is not None and value in values
+    if op == "NotIn":
+        return value is None or value not in values
+    if op == "Exists":
+        return value is not None
+    if op == "DoesNotExist":
+        return value is None
+    if op in ("Gt", "Lt") and value is not None and values:
+        try:
+            return int(value) > int(values[0]) if op == "Gt" else int(value) < int(values[0])
+        except ValueError:
+            return False
+    return False
+
+
+def _affinity_matches(pod: dict, node: dict) -> bool:
+    spec = pod.get("spec") or {}
+    labels = node["metadata"].get("labels") or {}
+    if any(labels.get(k) != v for k, v in (spec.get("nodeSelector") or {}).items()):
+        return False
+    required = (((spec.get("affinity") or {}).get("nodeAffinity") or {})
+                .get("requiredDuringSchedulingIgnoredDuringExecution") or {})
+    terms = required.get("nodeSelectorTerms")
+    if not terms:
+        return True
+    fields = {"metadata.name": node["metadata"]["name"]}
+    for term in terms:  # terms are ORed; the requirements of one term are ANDed
+        if not term.get("matchExpressions") and not term.get("matchFields"):
+            continue  # an empty term matches no node
+        if all(_match_expression(e, labels.get(e.get("key"))) for e in term.get("matchExpressions") or []) and \
+                all(_match_expression(e, fields.get(e.get("key"))) for e in term.get("matchFields") or []):
+            return True
+    return False
+
+
+def _tolerates(tolerations: list[dict], taint: dict) -> bool:
+    for t in tolerations:
+        if t.get("effect") and t["effect"] != taint.get("effect"):
+            continue
+        if t.get("operator") == "Exists":
+            if not t.get("key") or t["key"] == taint.get("key"):
+                return True
+        elif t.get("key") == taint.get("key") and (t.get("value") or "") == (taint.get("value") or ""):
+            return True
+    return False
+
+
+def node_taints(node: dict) -> list[dict]:
+    """The node's taints plus those the node lifecycle controller adds for a node that is not Ready."""
+    taints = list((node.get("spec") or {}).get("taints") or [])
+    ready = _condition(node, "Ready")
+    if ready is None or ready.get("status") == "Unknown":
+        taints.append({"key": "node.kubernetes.io/unreachable", "effect": "NoSchedule"})
+    elif ready.get("status") != "True":
+        taints.append({"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"})
+    return taints
+
+
+class FakeScheduler:
+    """kube-scheduler's filters for the fields DLTS uses: NodeUnschedulable, TaintToleration,
+    NodeAffinity (nodeSelector, required terms with matchExpressions and matchFields
+    ``metadata.name``), NodeResourcesFit (every requested resource, ``nvidia.com/gpu``, cpu, memory,
+    ephemeral-storage, against allocatable minus the requests of the pods bound there and not
+    finished; and the pod count). A pod that fits no node stays Pending with PodScheduled False,
+    reason Unschedulable and the scheduler's message; it is tried again on every tick."""
 
     def __init__(self, store: Store, clock: Callable[[], float]) -> None:
         self.store = store
         self.clock = clock
-        self._started: dict[str, tuple[float, Script]] = {}  # pod uid -> (start time, script)
+
+    def schedule(self) -> None:
+        with self.store.lock:
+            objects = list(self.store.objects.items())
+            nodes = [o for (res, _, _), o in objects if res == "nodes"]
+            pods = [o for (res, _, _), o in objects if res == "pods"]
+            used: dict[str, dict[str, float]] = {n["metadata"]["name"]: {"pods": 0.0} for n in nodes}
+            for pod in pods:
+                node = (pod.get("spec") or {}).get("nodeName")
+                if node in used and (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
+                    for k, v in pod_requests(pod["spec"]).items():
+                        used[node][k] = used[node].get(k, 0.0) + v
+                    used[node]["pods"] += 1
+            waiting = sorted((p for p in pods if not (p.get("spec") or {}).get("nodeName")
+                              and not p["metadata"].get("deletionTimestamp")
+                              and (p.get("spec") or {}).get("schedulerName", "default-scheduler") == "default-scheduler"),
+                             key=lambda p: (p["metadata"]["creationTimestamp"], p["metadata"]["name"]))
+            for pod in waiting:
+                self._place(pod, nodes, used)
+
+    def _place(self, pod: dict, nodes: list[dict], used: dict[str, dict[str, float]]) -> None:
+        requests = pod_requests(pod["spec"])
+        reasons: Counter[str] = Counter()
+        resolvable = 0  # nodes where only resources were short (preemption could help)
+        tolerations = (pod.get("spec") or {}).get("tolerations") or []
+        for node in sorted(nodes, key=lambda n: n["metadata"]["name"]):
+            name = node["metadata"]["name"]
+            if (node.get("spec") or {}).get("unschedulable") and not _tolerates(
+                    tolerations, {"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}):
+                reasons["node(s) were unschedulable"] += 1
+                continue
+            untolerated = [t for t in node_taints(node) if t.get("effect") in ("NoSchedule", "NoExecute")
+                           and not _tolerates(tolerations, t)]
+            if untolerated:
+                t = untolerated[0]
+                reasons[f"node(s) had untolerated taint {{{t['key']}: {t.get('value') or ''}}}"] += 1
+                continue
+            if not _affinity_matches(pod, node):
+                reasons["node(s) didn't match Pod's node affinity/selector"] += 1
+                continue
+            alloc = {k: _quantity(v) for k, v in ((node.get("status") or {}).get("allocatable") or {}).items()}
+            short = [k for k, v in sorted(requests.items()) if v > 0 and used[name].get(k, 0.0) + v > alloc.get(k, 0.0)]
+            if used[name]["pods"] + 1 > alloc.get("pods", 110):
+                short.insert(0, "pods")
+            if short:
+                for k in short:
+                    reasons["Too many pods" if k == "pods" else f"Insufficient {k}"] += 1
+                resolvable += 1
+                continue
+            self._bind(pod, name)
+            for k, v in requests.items():
+                used[name][k] = used[name].get(k, 0.0) + v
+            used[name]["pods"] += 1
+            return
+        total = len(nodes)
+        detail = ", ".join(sorted(f"{n} {r}" for r, n in reasons.items()))
+        message = f"0/{total} nodes are available" + (f": {detail}." if detail else ".")
+        if (pod.get("spec") or {}).get("preemptionPolicy") == "Never":
+            message += " preemption: not eligible due to preemptionPolicy=Never."
+        elif total:
+            parts = [f"{resolvable} No preemption victims found for incoming pod"] if resolvable else []
+            if total - resolvable:
+                parts.append(f"{total - resolvable} Preemption is not helpful for scheduling")
+            message += f" preemption: 0/{total} nodes are available: {', '.join(parts)}."
+        cond = _condition(pod, "PodScheduled")
+        if cond and cond.get("status") == "False" and cond.get("message") == message:
+            return
+        ns, pname = pod["metadata"]["namespace"], pod["metadata"]["name"]
+        self.store.update_internal("pods", ns, pname, lambda o: _set_condition(
+            o, "PodScheduled", "False", self.clock(), "Unschedulable", message))
+        _record_event(self.store, self.clock, pod, "FailedScheduling", message, "Warning", "default-scheduler")
+
+    def _bind(self, pod: dict, node: str) -> None:
+        ns, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
+
+        def bind(o: dict) -> None:
+            o["spec"]["nodeName"] = node
+            _set_condition(o, "PodScheduled", "True", self.clock())
+
+        self.store.update_internal("pods", ns, name, bind)
+        _record_event(self.store, self.clock, pod, "Scheduled", f"Successfully assigned {ns}/{name} to {node}",
+                      "Normal", "default-scheduler")
+
+
+def _record_event(store: Store, clock: Callable[[], float], pod: dict, reason: str, message: str,
+                  etype: str = "Normal", component: str = "kubelet") -> None:
+    ns = pod["metadata"]["namespace"]
+    name = f"{pod['metadata']['name']}.{uuid.uuid4().hex[:12]}"
+    body = {"metadata": {"name": name}, "type": etype, "reason": reason, "message": message,
+            "involvedObject": {"kind": "Pod", "name": pod["metadata"]["name"], "namespace": ns,
+                               "uid": pod["metadata"]["uid"]},
+            "firstTimestamp": rfc3339(clock()), "lastTimestamp": rfc3339(clock()), "count": 1,
+            "source": {"component": component, "host": (pod.get("spec") or {}).get("nodeName", "")}}
+    store.create("events", ns, body)
+
+
+@dataclass
+class _PodRun:
+    """The kubelet's memory of one pod: its emptyDir contents and where its containers are."""
+
+    volumes: dict[str, set[str]]
+    init_index: int = 0
+    init_started: float | None = None
+    init_script: Script | None = None
+    main_started: float | None = None
+    main_script: Script | None = None
+    printed: int = 0  # lines of the running container's output already logged
+    pulls: dict[str, int] | None = None  # image -> failed pull attempts
+
+
+class FakeKubelet:
+    """Runs pods on the fake nodes: one ``tick()`` applies every transition due at the clock's now.
+
+    In order, as a kubelet does: pull each init container's image and run the init containers one
+    after another (each must exit 0; one that fails fails the pod, ``restartPolicy: Never``), then
+    pull the containers' images, check their security context, start them (the entry binary must
+    exist in the image or a mounted volume) and run the first container's program.
+    """
+
+    def __init__(self, store: Store, clock: Callable[[], float], images: ImageTable | None = None) -> None:
+        self.store = store
+        self.clock = clock
+        self.images = images or ImageTable()
+        self.scheduler = FakeScheduler(store, clock)
+        self._runs: dict[str, _PodRun] = {}  # pod uid -> its run
 
     def node_ready(self, node_name: str) -> bool:
         try:
@@ -883,22 +1431,19 @@ class FakeKubelet:
         return bool(cond and cond.get("status") == "True")
 
     def tick(self) -> None:
+        self.scheduler.schedule()
         now = self.clock()
         with self.store.lock:
             pods = [o for (res, _, _), o in list(self.store.objects.items()) if res == "pods"]
             ready = {name: self.node_ready(name) for name in {(p.get("spec") or {}).get("nodeName") for p in pods} if name}
             for pod in pods:
                 self._step(pod, now, ready)
+            live = {p["metadata"]["uid"] for (res, _, _), p in self.store.objects.items() if res == "pods"}
+            for uid in set(self._runs) - live:
+                del self._runs[uid]
 
     def _event(self, pod: dict, reason: str, message: str, etype: str = "Normal") -> None:
-        ns = pod["metadata"]["namespace"]
-        name = f"{pod['metadata']['name']}.{uuid.uuid4().hex[:12]}"
-        body = {"metadata": {"name": name}, "type": etype, "reason": reason, "message": message,
-                "involvedObject": {"kind": "Pod", "name": pod["metadata"]["name"], "namespace": ns,
-                                   "uid": pod["metadata"]["uid"]},
-                "firstTimestamp": rfc3339(self.clock()), "lastTimestamp": rfc3339(self.clock()), "count": 1,
-                "source": {"component": "kubelet", "host": pod["spec"].get("nodeName", "")}}
-        self.store.create("events", ns, body)
+        _record_event(self.store, self.clock, pod, reason, message, etype)
 
     def _host_ip(self, node_name: str) -> str:
         node = self.store.objects.get(("nodes", "", node_name)) or {}
@@ -906,6 +1451,89 @@ class FakeKubelet:
             if address.get("type") == "InternalIP":
                 return str(address["address"])
         return ""
+
+    # -- files, images, security ------------------------------------------------------------------
+
+    def _exists(self, pod: dict, container: dict, image: Image, run: _PodRun) -> Callable[[str], bool]:
+        """Does an absolute path exist in this container: in a mounted volume, else in the image."""
+        volumes = {v.get("name"): v for v in (pod.get("spec") or {}).get("volumes") or []}
+        mounts = sorted(((m.get("mountPath", "").rstrip("/"), m.get("name")) for m in container.get("volumeMounts") or []),
+                        key=lambda m: -len(m[0]))
+
+        def exists(path: str) -> bool:
+            for mount_path, vname in mounts:
+                if path == mount_path or path.startswith(mount_path + "/"):
+                    rel = path[len(mount_path):].lstrip("/")
+                    volume = volumes.get(vname) or {}
+                    if "emptyDir" in volume:
+                        return rel == "" or rel in run.volumes.get(vname, set())
+                    if "configMap" in volume:
+                        cm = self.store.objects.get(("configmaps", pod["metadata"]["namespace"],
+                                                     volume["configMap"].get("name")))
+                        return rel == "" or rel in ((cm or {}).get("data") or {})
+                    return True  # nfs, hostPath, ...: what is there is not the fake's to know
+            return path in image.files
+
+        return exists
+
+    def _config_error(self, pod: dict, container: dict, image: Image) -> str:
+        """The kubelet's CreateContainerConfigError message for the container ("" when none)."""
+        pod_sc = (pod.get("spec") or {}).get("securityContext") or {}
+        sc = container.get("securityContext") or {}
+        non_root = sc.get("runAsNonRoot", pod_sc.get("runAsNonRoot"))
+        user = sc.get("runAsUser", pod_sc.get("runAsUser"))
+        where = f'(pod: "{pod["metadata"]["name"]}_{pod["metadata"]["namespace"]}({pod["metadata"]["uid"]})", ' \
+                f'container: {container["name"]})'
+        if not non_root:
+            return ""
+        if user is not None:
+            return f"container's runAsUser breaks non-root policy {where}" if int(user) == 0 else ""
+        if isinstance(image.user, str) and not image.user.isdigit():
+            return f"container has runAsNonRoot and image has non-numeric user ({image.user}), cannot verify user is non-root {where}"
+        if int(image.user) == 0:
+            return f"container has runAsNonRoot and image will run as root {where}"
+        return ""
+
+    def _pull(self, pod: dict, container: dict, run: _PodRun) -> tuple[Image | None, dict | None]:
+        """(the image, None) once pulled; (None, waiting state) while the pull fails."""
+        ref = container.get("image") or ""
+        image = self.images.find(ref)
+        if image is not None and image.registry_auth and not self._has_pull_secret(pod, image.registry_auth):
+            image = None
+            denied = True
+        else:
+            denied = False
+        if image is not None:
+            return image, None
+        run.pulls = run.pulls or {}
+        tries = run.pulls.get(ref, 0)
+        run.pulls[ref] = tries + 1
+        if tries == 0:
+            why = ("pull access denied, repository does not exist or may require authorization: authorization failed"
+                   if denied else f"{normalize_image(ref).rsplit(':', 1)[0]}: not found")
+            return None, {"reason": "ErrImagePull", "message": (
+                f'failed to pull and unpack image "{ref}": failed to resolve reference "{ref}": {why}')}
+        return None, {"reason": "ImagePullBackOff", "message": f'Back-off pulling image "{ref}"'}
+
+    def _has_pull_secret(self, pod: dict, server: str) -> bool:
+        ns = pod["metadata"]["namespace"]
+        for ref in (pod.get("spec") or {}).get("imagePullSecrets") or []:
+            secret = self.store.objects.get(("secrets", ns, ref.get("name")))
+            if not secret or secret.get("type") != "kubernetes.io/dockerconfigjson":
+                continue
+            try:
+                auths = json.loads(base64.b64decode((secret.get("data") or {}).get(".dockerconfigjson", "")))["auths"]
+            except (ValueError, KeyError, TypeError):
+                continue
+            if server in auths:
+                return True
+        return False
+
+    def _argv(self, container: dict, image: Image) -> list[str]:
+        argv = list(container.get("command") or image.entrypoint) + list(container.get("args") or [])
+        return argv
+
+    # -- the pod's life ---------------------------------------------------------------------------
 
     def _step(self, pod: dict, now: float, ready: dict[str, bool]) -> None:
         meta, spec, status = pod["metadata"], pod["spec"], pod["status"]
@@ -923,56 +1551,227 @@ class FakeKubelet:
         if meta.get("deletionTimestamp"):
             if status.get("phase") == "Running":
                 self._event(pod, "Killing", "Stopping container " + spec["containers"][0]["name"])
-            self._started.pop(uid, None)
+            self._runs.pop(uid, None)
             self.store.remove_internal("pods", ns, name)
             return
         phase = status.get("phase")
+        if phase in ("Succeeded", "Failed"):
+            return
+        run = self._runs.get(uid)
+        if run is None:
+            run = self._runs[uid] = _PodRun({v["name"]: set() for v in spec.get("volumes") or [] if "emptyDir" in v})
         if phase == "Pending":
             delay = float((meta.get("annotations") or {}).get("fake.dlts.io/start-delay-s", 0))
             created = dt.datetime.strptime(meta["creationTimestamp"], "%Y-%m-%dT%H:%M:%SZ").replace(
                 tzinfo=dt.UTC).timestamp()
             if now < created + delay:
                 return
-            script = parse_script(_container_script(spec["containers"][0]))
-            self._started[uid] = (now, script)
-            host_ip = self._host_ip(node)
-
-            def run(o: dict) -> None:
-                st = o["status"]
-                st.update(phase="Running", startTime=rfc3339(now), hostIP=host_ip,
-                          podIP=f"10.244.{len(self._started) % 250}.{len(self._started) // 250 % 250 + 2}")
-                st["initContainerStatuses"] = [
-                    {"name": c["name"], "image": c["image"], "imageID": "", "ready": False, "restartCount": 0,
-                     "state": {"terminated": {"exitCode": 0, "reason": "Completed", "startedAt": rfc3339(now),
-                                              "finishedAt": rfc3339(now)}}}
-                    for c in o["spec"].get("initContainers") or []]
-                st["containerStatuses"] = [
-                    {"name": c["name"], "image": c["image"], "imageID": "", "ready": True, "restartCount": 0,
-                     "started": True, "state": {"running": {"startedAt": rfc3339(now)}}}
-                    for c in o["spec"]["containers"]]
-                _set_condition(o, "Ready", "True", now)
-
-            self.store.update_internal("pods", ns, name, run)
-            self._event(pod, "Started", "Started container " + spec["containers"][0]["name"])
-            phase = "Running"
-        if phase == "Running":
-            started, script = self._started.get(uid, (now, Script(float("inf"), 0)))
-            if now < started + script.duration_s:
+            if not self._run_init(pod, run, now) or not self._start_main(pod, run, now):
                 return
+        self._run_main(pod, run, now)
 
-            def finish(o: dict) -> None:
+    def _set_status(self, pod: dict, fn: Callable[[dict], None]) -> None:
+        """Apply ``fn`` to the pod's status; write (and bump resourceVersion) only on a change."""
+        before = json.dumps(pod.get("status"), sort_keys=True)
+        probe = copy.deepcopy(pod)
+        fn(probe)
+        if json.dumps(probe.get("status"), sort_keys=True) == before:
+            return
+        self.store.update_internal("pods", pod["metadata"]["namespace"], pod["metadata"]["name"], fn)
+
+    @staticmethod
+    def _waiting_statuses(containers: list[dict], reason: str) -> list[dict]:
+        return [{"name": c["name"], "image": c["image"], "imageID": "", "ready": False, "restartCount": 0,
+                 "started": False, "state": {"waiting": {"reason": reason}}} for c in containers]
+
+    def _run_init(self, pod: dict, run: _PodRun, now: float) -> bool:
+        """Advance the init containers; True once all have succeeded."""
+        spec = pod["spec"]
+        inits = spec.get("initContainers") or []
+        while run.init_index < len(inits):
+            c = inits[run.init_index]
+            i = run.init_index
+            image, waiting = self._pull(pod, c, run)
+            if image is None or self._config_error(pod, c, image):
+                state = waiting or {"reason": "CreateContainerConfigError", "message": self._config_error(pod, c, image)}
+                self._set_status(pod, lambda o, i=i, state=state: self._init_status(o, i, {"waiting": state}, now))
+                return False
+            if run.init_started is None:
+                exists = self._exists(pod, c, image, run)
+                argv = self._argv(c, image)
+                run.init_started = now
+                if not argv or not (exists(argv[0]) if argv[0].startswith("/") else
+                                    any(exists(f"{d}/{argv[0]}") for d in PATH_DIRS)):
+                    run.init_script = None
+                else:
+                    script = _shell_script(argv)
+                    run.init_script = parse_script(script if script is not None else " ".join(argv), exists)
+                    for t, line in run.init_script.output:
+                        self.store.append_log(pod["metadata"]["namespace"], pod["metadata"]["uid"], c["name"],
+                                              now + t, line)
+                self._set_status(pod, lambda o, i=i: self._init_status(o, i, {"running": {"startedAt": rfc3339(now)}},
+                                                                       now))
+            script = run.init_script
+            if script is None:  # the entry binary is not in the image
+                missing = self._argv(c, image)[:1] or ["<none>"]
+                self._fail_init(pod, i, 128, "StartError", run, now, _start_error(missing[0]))
+                return False
+            if now < run.init_started + script.duration_s:
+                return False
+            if script.exit_code != 0:
+                self._fail_init(pod, i, script.exit_code, "Error", run, now)
+                return False
+            for path in script.created:  # what the init copied into shared volumes
+                for mount in c.get("volumeMounts") or []:
+                    mount_path = mount.get("mountPath", "").rstrip("/")
+                    if path.startswith(mount_path + "/") and mount.get("name") in run.volumes:
+                        run.volumes[mount["name"]].add(path[len(mount_path) + 1:])
+            started = run.init_started
+            done = {"terminated": {"exitCode": 0, "reason": "Completed", "startedAt": rfc3339(started),
+                                   "finishedAt": rfc3339(now)}}
+            self._set_status(pod, lambda o, i=i, done=done: self._init_status(o, i, done, now))
+            run.init_index += 1
+            run.init_started = None
+            run.init_script = None
+        return True
+
+    def _init_status(self, o: dict, index: int, state: dict, now: float) -> None:
+        spec, st = o["spec"], o["status"]
+        inits = spec.get("initContainers") or []
+        statuses = st.get("initContainerStatuses") or self._waiting_statuses(inits, "PodInitializing")
+        statuses[index] = {**statuses[index], "state": state, "ready": "terminated" in state and
+                           state["terminated"].get("exitCode") == 0}
+        st["initContainerStatuses"] = statuses
+        st.setdefault("containerStatuses", self._waiting_statuses(spec["containers"], "PodInitializing"))
+        st["hostIP"] = self._host_ip(spec["nodeName"])
+        st.setdefault("startTime", rfc3339(now))
+        pending = [c["name"] for c, cs in zip(inits, statuses) if not (cs.get("state") or {}).get("terminated")
+                   or cs["state"]["terminated"].get("exitCode") != 0]
+        if pending:
+            _set_condition(o, "Initialized", "False", now, "ContainersNotInitialized",
+                           f"containers with incomplete status: [{' '.join(pending)}]")
+        else:
+            _set_condition(o, "Initialized", "True", now)
+
+    def _fail_init(self, pod: dict, index: int, code: int, reason: str, run: _PodRun, now: float,
+                   message: str = "") -> None:
+        started = run.init_started or now
+
+        def fail(o: dict) -> None:
+            term = {"exitCode": code, "reason": reason, "startedAt": rfc3339(started), "finishedAt": rfc3339(now)}
+            if message:
+                term["message"] = message
+            self._init_status(o, index, {"terminated": term}, now)
+            o["status"]["phase"] = "Failed"  # restartPolicy Never: a failed init container fails the pod
+            _set_condition(o, "Ready", "False", now, "PodFailed")
+
+        self._set_status(pod, fail)
+        self._event(pod, "Failed", f"init container {pod['spec']['initContainers'][index]['name']} exited with {code}",
+                    "Warning")
+
+    def _start_main(self, pod: dict, run: _PodRun, now: float) -> bool:
+        """Pull, check and start the containers; True once they run."""
+        spec = pod["spec"]
+        ns, uid = pod["metadata"]["namespace"], pod["metadata"]["uid"]
+        blocked: dict[str, dict] = {}
+        images: dict[str, Image] = {}
+        for c in spec["containers"]:
+            image, waiting = self._pull(pod, c, run)
+            if image is None:
+                blocked[c["name"]] = waiting or {}
+                continue
+            error = self._config_error(pod, c, image)
+            if error:
+                blocked[c["name"]] = {"reason": "CreateContainerConfigError", "message": error}
+                continue
+            images[c["name"]] = image
+        if blocked:
+            def wait(o: dict) -> None:
                 st = o["status"]
-                st["phase"] = "Succeeded" if script.exit_code == 0 else "Failed"
-                for cs in st.get("containerStatuses") or []:
-                    cs["ready"] = False
-                    cs["started"] = False
-                    cs["state"] = {"terminated": {
-                        "exitCode": script.exit_code, "reason": "Completed" if script.exit_code == 0 else "Error",
-                        "startedAt": rfc3339(started), "finishedAt": rfc3339(now)}}
-                _set_condition(o, "Ready", "False", now, "PodCompleted")
+                statuses = self._waiting_statuses(o["spec"]["containers"], "ContainerCreating")
+                for cs in statuses:
+                    if cs["name"] in blocked:
+                        cs["state"] = {"waiting": blocked[cs["name"]]}
+                st["containerStatuses"] = statuses
+                st["hostIP"] = self._host_ip(o["spec"]["nodeName"])
+                st.setdefault("startTime", rfc3339(now))
+                _set_condition(o, "Ready", "False", now, "ContainersNotReady",
+                               f"containers with unready status: [{' '.join(sorted(blocked))}]")
+            self._set_status(pod, wait)
+            return False
+        first = spec["containers"][0]
+        argv = self._argv(first, images[first["name"]])
+        exists = self._exists(pod, first, images[first["name"]], run)
+        if not argv or not (exists(argv[0]) if argv[0].startswith("/") else
+                            any(exists(f"{d}/{argv[0]}") for d in PATH_DIRS)):
+            entry = argv[0] if argv else "<none>"
 
-            self._started.pop(uid, None)
-            self.store.update_internal("pods", ns, name, finish)
+            def start_error(o: dict) -> None:
+                st = o["status"]
+                st["phase"] = "Failed"
+                st["containerStatuses"] = [
+                    {"name": c["name"], "image": c["image"], "imageID": "", "ready": False, "restartCount": 0,
+                     "started": False, "state": {"terminated": {
+                         "exitCode": 128, "reason": "StartError", "message": _start_error(entry),
+                         "startedAt": "1970-01-01T00:00:00Z", "finishedAt": rfc3339(now)}}}
+                    for c in o["spec"]["containers"]]
+                _set_condition(o, "Ready", "False", now, "PodFailed")
+            self._set_status(pod, start_error)
+            self._event(pod, "Failed", f"Error: {_start_error(entry)}", "Warning")
+            return False
+        script = parse_script(_container_script(first))
+        run.main_started, run.main_script, run.printed = now, script, 0
+        host_ip = self._host_ip(spec["nodeName"])
+        count = sum(1 for r in self._runs.values() if r.main_started is not None)
+
+        def start(o: dict) -> None:
+            st = o["status"]
+            st.update(phase="Running", hostIP=host_ip,
+                      podIP=f"10.244.{count % 250}.{count // 250 % 250 + 2}")
+            st.setdefault("startTime", rfc3339(now))
+            st["containerStatuses"] = [
+                {"name": c["name"], "image": c["image"], "imageID": "", "ready": True, "restartCount": 0,
+                 "started": True, "state": {"running": {"startedAt": rfc3339(now)}}}
+                for c in o["spec"]["containers"]]
+            _set_condition(o, "Initialized", "True", now)
+            _set_condition(o, "Ready", "True", now)
+
+        self.store.update_internal("pods", ns, pod["metadata"]["name"], start)
+        self._event(pod, "Started", "Started container " + first["name"])
+        del uid
+        return True
+
+    def _run_main(self, pod: dict, run: _PodRun, now: float) -> None:
+        if run.main_script is None:  # a pod this kubelet did not start (a restart of the fake)
+            run.main_started, run.main_script = now, Script(float("inf"), 0)
+        script, started = run.main_script, run.main_started or now
+        first = pod["spec"]["containers"][0]["name"]
+        due = [(t, line) for t, line in script.output[run.printed:] if started + t <= now]
+        for t, line in due:
+            self.store.append_log(pod["metadata"]["namespace"], pod["metadata"]["uid"], first, started + t, line)
+        run.printed += len(due)
+        if now < started + script.duration_s:
+            return
+
+        def finish(o: dict) -> None:
+            st = o["status"]
+            st["phase"] = "Succeeded" if script.exit_code == 0 else "Failed"
+            for cs in st.get("containerStatuses") or []:
+                cs["ready"] = False
+                cs["started"] = False
+                cs["state"] = {"terminated": {
+                    "exitCode": script.exit_code, "reason": "Completed" if script.exit_code == 0 else "Error",
+                    "startedAt": rfc3339(started), "finishedAt": rfc3339(now)}}
+            _set_condition(o, "Ready", "False", now, "PodCompleted")
+
+        self.store.update_internal("pods", pod["metadata"]["namespace"], pod["metadata"]["name"], finish)
+
+
+def _start_error(entry: str) -> str:
+    return ("failed to create containerd task: failed to create shim task: OCI runtime create failed: runc create "
+            f'failed: unable to start container process: exec: "{entry}": '
+            + (f"stat {entry}: no such file or directory" if entry.startswith("/") else
+               "executable file not found in $PATH") + ": unknown")
 
 
 # -- HTTP ---------------------------------------------------------------------------------------
@@ -991,10 +1790,10 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:
         pass
 
-    def _send(self, code: int, body: dict | bytes) -> None:
+    def _send(self, code: int, body: dict | bytes, content_type: str = "application/json") -> None:
         data = body if isinstance(body, bytes) else json.dumps(body).encode()
         self.send_response(code)
-        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
@@ -1025,23 +1824,29 @@ class _Handler(BaseHTTPRequestHandler):
             if segs in (["version"],):
                 self._send(200, {"major": "1", "minor": "30", "gitVersion": "v1.30.0-dlts-fake"})
                 return
-            if segs[:2] != ["api", "v1"]:
+            if segs[:2] == ["api", "v1"]:
+                group_version, segs = "v1", segs[2:]
+            elif segs[:1] == ["apis"] and len(segs) >= 3:
+                group_version, segs = f"{segs[1]}/{segs[2]}", segs[3:]
+            else:
                 raise ApiError(404, "NotFound", "the server could not find the requested resource")
-            segs = segs[2:]
             namespace: str | None = None
             if len(segs) >= 3 and segs[0] == "namespaces" and segs[2] in NAMESPACED:
                 namespace = segs[1]
                 segs = segs[2:]
-            if not segs or segs[0] not in KINDS or (segs[0] in NAMESPACED and namespace is None and method != "GET"):
+            if (not segs or segs[0] not in KINDS or GROUP_VERSIONS[segs[0]] != group_version
+                    or (segs[0] in NAMESPACED and namespace is None and method != "GET")):
                 raise ApiError(404, "NotFound", "the server could not find the requested resource")
             resource = segs[0]
             name = segs[1] if len(segs) > 1 else None
             sub = segs[2] if len(segs) > 2 else ""
-            if sub not in ("", "status"):
+            if sub not in ("", "status") and not (resource == "pods" and sub == "log" and method == "GET"):
                 raise ApiError(404, "NotFound", "the server could not find the requested resource")
             ns = namespace or ""
             verb = {"GET": "get" if name else "list", "POST": "create", "PUT": "update",
                     "PATCH": "patch", "DELETE": "delete" if name else "deletecollection"}[method]
+            if sub == "log":
+                verb = "log"
             if verb == "list" and query.get("watch") in ("true", "1"):
                 verb = "watch"
             api.record(verb, resource)
@@ -1051,8 +1856,15 @@ class _Handler(BaseHTTPRequestHandler):
                 if query.get("watch") in ("true", "1"):
                     self._watch(resource, namespace if resource in NAMESPACED else None, query)
                     return
+                try:
+                    limit = int(query.get("limit") or 0)
+                except ValueError:
+                    raise _bad_request(f"limit: invalid value {query.get('limit')!r}") from None
                 self._send(200, store.list_json(resource, namespace if resource in NAMESPACED else None,
-                                                query.get("labelSelector", ""), query.get("fieldSelector", "")))
+                                                query.get("labelSelector", ""), query.get("fieldSelector", ""),
+                                                limit=max(0, limit), continue_token=query.get("continue", "")))
+            elif method == "GET" and sub == "log":
+                self._send(200, store.read_log(ns, name, query), content_type="text/plain")
             elif method == "GET":
                 self._send(200, store.get(resource, ns, name))
             elif method == "POST" and name is None:
@@ -1142,7 +1954,7 @@ class _Handler(BaseHTTPRequestHandler):
                        and all(r.matches(labels) for r in reqs)]
                 if not out and bookmarks and time.monotonic() - last_bookmark > 1.0:
                     out = [json.dumps({"type": "BOOKMARK", "object": {
-                        "kind": KINDS[resource], "apiVersion": "v1",
+                        "kind": KINDS[resource], "apiVersion": GROUP_VERSIONS[resource],
                         "metadata": {"resourceVersion": str(max(last, current))}}}).encode() + b"\n"]
                     last_bookmark = time.monotonic()
                 for line in out:
@@ -1189,6 +2001,7 @@ class FakeKubeApiServer:
         self.token = token
         self.store = Store(self.clock, node_port_range=node_port_range)
         self.kubelet = FakeKubelet(self.store, self.clock)
+        self.images = self.kubelet.images  # what the container runtime can pull (``images.add``)
         self.requests: Counter[tuple[str, str]] = Counter()
         self._faults: list[tuple[int, set[str] | None]] = []
         self.delay_s = 0.0
@@ -1261,11 +2074,12 @@ class FakeKubeApiServer:
 
     # helpers for tests (they go straight to the store, like a cluster admin would through kubectl)
     def add_node(self, name: str, *, gpus: int = 8, cpu: str = "96", memory: str = "900Gi",
-                 labels: dict[str, str] | None = None, ready: bool = True, unschedulable: bool = False,
-                 annotations: dict[str, str] | None = None, internal_ip: str | None = "") -> dict:
+                 ephemeral_storage: str = "1800Gi", labels: dict[str, str] | None = None, ready: bool = True,
+                 unschedulable: bool = False, annotations: dict[str, str] | None = None,
+                 internal_ip: str | None = "", taints: list[dict] | None = None) -> dict:
         """A node as the kubelet registers it. ``internal_ip``: its InternalIP address ("" picks
         192.168.0.N by order of registration; None: a node that reports no InternalIP)."""
-        allocatable = {"cpu": cpu, "memory": memory, "pods": "110"}
+        allocatable = {"cpu": cpu, "memory": memory, "ephemeral-storage": ephemeral_storage, "pods": "110"}
         if internal_ip == "":
             count = len(self.objects("nodes", None))
             internal_ip = f"192.168.{count // 250}.{count % 250 + 10}"
@@ -1274,8 +2088,11 @@ class FakeKubeApiServer:
         if gpus:
             allocatable["nvidia.com/gpu"] = str(gpus)
         now = self.clock()
+        node_spec: dict[str, Any] = {"unschedulable": True} if unschedulable else {}
+        if taints:
+            node_spec["taints"] = taints
         body = {"metadata": {"name": name, "labels": labels or {}, "annotations": annotations or {}},
-                "spec": {"unschedulable": unschedulable} if unschedulable else {},
+                "spec": node_spec,
                 "status": {"capacity": dict(allocatable), "allocatable": allocatable, "addresses": addresses,
                            "conditions": [{"type": "Ready", "status": "True" if ready else "False",
                                            "reason": "KubeletReady" if ready else "KubeletNotReady",
@@ -1291,6 +2108,12 @@ class FakeKubeApiServer:
 
     def remove_node(self, name: str) -> None:
         self.store.remove_internal("nodes", "", name)
+
+    def print_output(self, pod: str, text: str, *, container: str = "job", namespace: str = "default") -> None:
+        """The container of ``pod`` prints ``text`` now (each line gets the clock's time), as if
+        its program wrote to stdout; the pod log endpoint serves it."""
+        uid = self.store.get("pods", namespace, pod)["metadata"]["uid"]
+        self.store.append_log(namespace, uid, container, self.clock(), text.removesuffix("\n"))
 
     def pods(self, namespace: str = "default", selector: str = "") -> list[dict]:
         return self.store.list("pods", namespace, selector)["items"]

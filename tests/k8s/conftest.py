@@ -44,13 +44,22 @@ def kubeconfig(api, tmp_path) -> Path:
 
 
 @pytest.fixture
-def make_backend(api, kubeconfig):
+def log_dir(tmp_path) -> Path:
+    """The log store the Kubernetes backend copies pod output into."""
+    return tmp_path / "logs"
+
+
+LOG_MAX_BYTES = 1024 * 1024
+
+
+@pytest.fixture
+def make_backend(api, kubeconfig, log_dir):
     made: list[KubernetesBackend] = []
 
-    def make(**overrides) -> KubernetesBackend:
-        settings = KubernetesSettings(kubeconfig=str(kubeconfig), namespace="default", node_lost_after_s=60,
-                                      **overrides)
-        backend = KubernetesBackend(settings, clock=api.clock)
+    def make(*, node_lost_after_s: float = 60.0, **overrides) -> KubernetesBackend:
+        settings = KubernetesSettings(kubeconfig=str(kubeconfig), namespace="default", **overrides)
+        backend = KubernetesBackend(settings, log_dir=log_dir, log_max_bytes=LOG_MAX_BYTES,
+                                    node_lost_after_s=node_lost_after_s, clock=api.clock)
         made.append(backend)
         return backend
 

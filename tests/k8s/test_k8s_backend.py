@@ -224,7 +224,7 @@ def test_a_hand_uncordon_clears_our_mark(api, backend):
 
 
 def test_cordon_retries_when_the_node_changes_underneath(api, backend, monkeypatch):
-    real_read = backend._read_node
+    real_read = backend._cordons._read_node
     calls = {"n": 0}
 
     def read_then_race(name):
@@ -235,7 +235,7 @@ def test_cordon_retries_when_the_node_changes_underneath(api, backend, monkeypat
                             "application/merge-patch+json")
         return obj
 
-    monkeypatch.setattr(backend, "_read_node", read_then_race)
+    monkeypatch.setattr(backend._cordons, "_read_node", read_then_race)
     assert backend.cordon("n4") is CordonResult.CORDONED
     assert calls["n"] == 2
     assert api.store.get("nodes", "", "n4")["metadata"]["labels"]["touched"] == "yes"

@@ -5,6 +5,7 @@ Each case goes through the official ``kubernetes`` client over HTTP, as the back
 
 from __future__ import annotations
 
+import base64
 import json
 
 import pytest
@@ -299,3 +300,290 @@ def test_nodes_report_their_addresses_and_pods_their_host_ip(api, v1):
     assert v1.read_namespaced_pod("p", "default").status.host_ip == "10.1.2.3"
     ips = {a.address for n in v1.list_node().items for a in n.status.addresses if a.type == "InternalIP"}
     assert len(ips) == len(v1.list_node().items)  # every node its own address
+
+
+# -- paging ---------------------------------------------------------------------------------------
+
+
+def test_lists_page_with_limit_and_continue(v1):
+    for i in range(7):
+        v1.create_namespaced_config_map("default", {"metadata": {"name": f"c{i}", "labels": {"page": "yes"}}})
+    first = v1.list_namespaced_config_map("default", label_selector="page=yes", limit=3)
+    assert [c.metadata.name for c in first.items] == ["c0", "c1", "c2"]
+    assert first.metadata.remaining_item_count == 4 and first.metadata._continue
+    v1.create_namespaced_config_map("default", {"metadata": {"name": "c00", "labels": {"page": "yes"}}})
+    second = v1.list_namespaced_config_map("default", label_selector="page=yes", limit=3,
+                                           _continue=first.metadata._continue)
+    third = v1.list_namespaced_config_map("default", label_selector="page=yes", limit=3,
+                                          _continue=second.metadata._continue)
+    # later pages come from the first page's snapshot: an object created meanwhile is not in them
+    assert [c.metadata.name for c in second.items + third.items] == ["c3", "c4", "c5", "c6"]
+    assert not third.metadata._continue and third.metadata.resource_version == first.metadata.resource_version
+
+
+def test_a_continue_token_of_a_compacted_revision_is_410_expired(api, v1):
+    for i in range(3):
+        v1.create_namespaced_secret("default", {"metadata": {"name": f"s{i}"}})
+    first = v1.list_namespaced_secret("default", limit=1)
+    api.store.compact()
+    with pytest.raises(ApiException) as exc:
+        v1.list_namespaced_secret("default", limit=1, _continue=first.metadata._continue)
+    status = status_of(exc.value)
+    assert (exc.value.status, status["kind"], status["reason"], status["code"]) == (410, "Status", "Expired", 410)
+    assert "too old to display a consistent list result" in status["message"]
+    with pytest.raises(ApiException) as bad:
+        v1.list_namespaced_secret("default", limit=1, _continue="not-a-token")
+    assert bad.value.status == 400
+
+
+# -- NetworkPolicies and pull secrets -------------------------------------------------------------
+
+
+def network_policy(name: str, labels: dict) -> dict:
+    return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+            "metadata": {"name": name, "labels": labels},
+            "spec": {"podSelector": {"matchLabels": {"job": name}}, "policyTypes": ["Ingress", "Egress"],
+                     "ingress": [{"from": [{"podSelector": {"matchLabels": {"job": name}}}]}],
+                     "egress": [{"to": [{"ipBlock": {"cidr": "10.0.0.0/8"}}],
+                                 "ports": [{"protocol": "UDP", "port": 53}]}]}}
+
+
+def test_network_policies_crud_by_label(kubeconfig):
+    api_client = config.new_client_from_config(config_file=str(kubeconfig))
+    net = client.NetworkingV1Api(api_client)
+    net.create_namespaced_network_policy("default", network_policy("a", {"job": "1"}))
+    net.create_namespaced_network_policy("default", network_policy("b", {"job": "2"}))
+    with pytest.raises(ApiException) as dup:
+        net.create_namespaced_network_policy("default", network_policy("a", {"job": "1"}))
+    assert dup.value.status == 409 and status_of(dup.value)["reason"] == "AlreadyExists"
+    got = net.read_namespaced_network_policy("a", "default")
+    assert got.api_version == "networking.k8s.io/v1" and got.spec.egress[0].to[0].ip_block.cidr == "10.0.0.0/8"
+    assert [p.metadata.name for p in net.list_namespaced_network_policy("default", label_selector="job=2").items] == ["b"]
+    bad = network_policy("c", {})
+    bad["spec"]["egress"][0]["to"][0]["ipBlock"]["cidr"] = "10.0.0.0/33"
+    with pytest.raises(ApiException) as invalid:
+        net.create_namespaced_network_policy("default", bad)
+    assert invalid.value.status == 422 and "ipBlock.cidr" in status_of(invalid.value)["message"]
+    net.delete_collection_namespaced_network_policy("default", label_selector="job=1")
+    assert [p.metadata.name for p in net.list_namespaced_network_policy("default").items] == ["b"]
+    api_client.close()
+
+
+def test_dockerconfigjson_secrets_must_carry_their_config(v1):
+    good = base64.b64encode(json.dumps({"auths": {"r.example.com": {"auth": "eDp5"}}}).encode()).decode()
+    v1.create_namespaced_secret("default", {"metadata": {"name": "pull"}, "type": "kubernetes.io/dockerconfigjson",
+                                            "data": {".dockerconfigjson": good}})
+    with pytest.raises(ApiException) as exc:
+        v1.create_namespaced_secret("default", {"metadata": {"name": "bad"}, "type": "kubernetes.io/dockerconfigjson",
+                                                "data": {"other": good}})
+    assert exc.value.status == 422 and "data[.dockerconfigjson]: Required value" in status_of(exc.value)["message"]
+
+
+# -- the scheduler --------------------------------------------------------------------------------
+
+
+def affinity_pod(name: str, node: str, *, gpus: int = 1, image: str = "busybox:1.36.1", **spec) -> dict:
+    body = pod(name, command="sleep 100")
+    del body["spec"]["nodeName"]
+    body["spec"]["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}]}}}
+    body["spec"]["containers"][0].update(image=image, resources={
+        "requests": {"nvidia.com/gpu": str(gpus), "cpu": "8", "memory": "64Gi", "ephemeral-storage": "10Gi"},
+        "limits": {"nvidia.com/gpu": str(gpus), "cpu": "8", "memory": "64Gi", "ephemeral-storage": "10Gi"}})
+    body["spec"].update(spec)
+    return body
+
+
+def scheduled(v1, name: str) -> dict:
+    p = v1.read_namespaced_pod(name, "default")
+    cond = next(c for c in p.status.conditions if c.type == "PodScheduled")
+    return {"node": p.spec.node_name, "status": cond.status, "reason": cond.reason, "message": cond.message}
+
+
+def test_the_scheduler_binds_the_pod_to_its_affinity_node(api, v1):
+    v1.create_namespaced_pod("default", affinity_pod("a", "n2", gpus=8))
+    api.kubelet.tick()
+    assert scheduled(v1, "a")["node"] == "n2" and scheduled(v1, "a")["status"] == "True"
+    assert v1.read_namespaced_pod("a", "default").status.phase == "Running"
+    assert "Scheduled" in {e.reason for e in v1.list_namespaced_event("default").items}
+
+
+def test_more_gpus_than_the_node_has_stays_pending_with_the_schedulers_message(api, v1):
+    v1.create_namespaced_pod("default", affinity_pod("a", "n1", gpus=6))
+    v1.create_namespaced_pod("default", affinity_pod("b", "n1", gpus=4, preemptionPolicy="Never"))
+    api.kubelet.tick()
+    assert scheduled(v1, "a")["node"] == "n1"
+    seen = scheduled(v1, "b")
+    assert (seen["node"], seen["status"], seen["reason"]) == (None, "False", "Unschedulable")
+    assert seen["message"] == ("0/4 nodes are available: 1 Insufficient nvidia.com/gpu, 3 node(s) didn't match "
+                               "Pod's node affinity/selector. preemption: not eligible due to preemptionPolicy=Never.")
+    assert v1.read_namespaced_pod("b", "default").status.phase == "Pending"
+    v1.delete_namespaced_pod("a", "default", grace_period_seconds=0)
+    api.kubelet.tick()  # the scheduler retries: room now
+    assert scheduled(v1, "b")["node"] == "n1"
+
+
+def test_finished_pods_free_their_resources(api, v1):
+    first = affinity_pod("a", "n1", gpus=8)
+    first["spec"]["containers"][0]["env"] = [{"name": "DLTS_COMMAND", "value": "exit 0"}]
+    v1.create_namespaced_pod("default", first)
+    api.kubelet.tick()
+    assert v1.read_namespaced_pod("a", "default").status.phase == "Succeeded"
+    v1.create_namespaced_pod("default", affinity_pod("b", "n1", gpus=8))
+    api.kubelet.tick()
+    assert scheduled(v1, "b")["node"] == "n1"
+
+
+@pytest.mark.parametrize("setup,reason", [
+    (lambda api: api.store.patch("nodes", "", "n1", {"spec": {"unschedulable": True}}, "application/merge-patch+json"),
+     "1 node(s) were unschedulable"),
+    (lambda api: api.set_node_ready("n1", False), "1 node(s) had untolerated taint {node.kubernetes.io/not-ready: }"),
+    (lambda api: None, "1 Insufficient ephemeral-storage"),
+], ids=["cordoned", "not ready", "ephemeral storage"])
+def test_a_node_that_cannot_take_the_pod_is_named_in_the_message(api, v1, setup, reason):
+    setup(api)
+    body = affinity_pod("a", "n1")
+    if "ephemeral" in reason:
+        for kind in ("requests", "limits"):
+            body["spec"]["containers"][0]["resources"][kind]["ephemeral-storage"] = "5000Gi"
+    v1.create_namespaced_pod("default", body)
+    api.kubelet.tick()
+    seen = scheduled(v1, "a")
+    assert seen["node"] is None and reason in seen["message"]
+    assert seen["message"].startswith("0/4 nodes are available: ")
+
+
+# -- init containers, images, security context, logs ----------------------------------------------
+
+
+def runtime_pod(name: str, image: str, init_command: str, *, command: list[str] | None = None,
+                init_image: str = "docker.io/library/busybox:1.36.1", script: str = "echo hello; sleep 2; echo bye",
+                security: dict | None = None) -> dict:
+    return {"metadata": {"name": name}, "spec": {
+        "nodeName": "n1", "restartPolicy": "Never", "securityContext": security or {},
+        "volumes": [{"name": "dlts-runtime", "emptyDir": {}}],
+        "initContainers": [{"name": "dlts-init", "image": init_image, "command": ["/bin/sh", "-c", init_command],
+                            "volumeMounts": [{"name": "dlts-runtime", "mountPath": "/dlts-runtime"}]}],
+        "containers": [{"name": "job", "image": image, "command": command or ["/bin/sh", "-c", "entrypoint"],
+                        "env": [{"name": "DLTS_COMMAND", "value": script}],
+                        "volumeMounts": [{"name": "dlts-runtime", "mountPath": "/dlts-runtime"}]}]}}
+
+
+COPY_BUSYBOX = "cp /bin/busybox /dlts-runtime/busybox && chmod 0755 /dlts-runtime/busybox"
+
+
+def test_init_runs_first_and_the_job_starts_from_what_it_copied(api, v1):
+    v1.create_namespaced_pod("default", runtime_pod("a", "gcr.io/distroless/base-debian12", COPY_BUSYBOX,
+                                                    command=["/dlts-runtime/busybox", "sh", "-c", "entrypoint"]))
+    api.kubelet.tick()
+    status = v1.read_namespaced_pod("a", "default").status
+    assert status.init_container_statuses[0].state.terminated.exit_code == 0
+    assert status.phase == "Running"
+
+
+def test_an_init_command_using_a_file_the_image_lacks_fails_the_pod_init_error(api, v1):
+    v1.create_namespaced_pod("default", runtime_pod("a", "python:3.11", "cp /usr/bin/tini-static /dlts-runtime/tini"))
+    api.kubelet.tick()
+    status = v1.read_namespaced_pod("a", "default").status
+    assert status.phase == "Failed"
+    init = status.init_container_statuses[0].state.terminated
+    assert (init.exit_code, init.reason) == (1, "Error")
+    assert status.container_statuses[0].state.waiting.reason == "PodInitializing"  # the job never started
+    log = v1.read_namespaced_pod_log("a", "default", container="dlts-init")
+    assert "can't stat '/usr/bin/tini-static'" in log
+
+
+@pytest.mark.parametrize("init_image", ["debian:12", "python:3.11", "pytorch/pytorch:2.3.0-cuda12.1-cudnn8-runtime"])
+def test_images_with_a_shell_have_no_busybox_to_copy(api, v1, init_image):
+    v1.create_namespaced_pod("default", runtime_pod("a", "python:3.11", COPY_BUSYBOX, init_image=init_image))
+    api.kubelet.tick()
+    assert v1.read_namespaced_pod("a", "default").status.phase == "Failed"
+
+
+def test_a_job_image_without_the_shell_it_is_started_with_fails_to_start(api, v1):
+    v1.create_namespaced_pod("default", runtime_pod("a", "gcr.io/distroless/static-debian12", COPY_BUSYBOX))
+    api.kubelet.tick()
+    status = v1.read_namespaced_pod("a", "default").status
+    term = status.container_statuses[0].state.terminated
+    assert status.phase == "Failed" and (term.exit_code, term.reason) == (128, "StartError")
+    assert 'exec: "/bin/sh": stat /bin/sh: no such file or directory' in term.message
+
+
+def test_an_unknown_image_is_err_image_pull_then_back_off(api, v1):
+    v1.create_namespaced_pod("default", runtime_pod("a", "registry.example.com/nosuch:1", COPY_BUSYBOX))
+    api.kubelet.tick()
+    waiting = v1.read_namespaced_pod("a", "default").status.container_statuses[0].state.waiting
+    assert waiting.reason == "ErrImagePull" and "registry.example.com/nosuch:1" in waiting.message
+    api.run_until_idle(30)
+    status = v1.read_namespaced_pod("a", "default").status
+    assert status.phase == "Pending"
+    assert status.container_statuses[0].state.waiting.reason == "ImagePullBackOff"
+    with pytest.raises(ApiException) as exc:
+        v1.read_namespaced_pod_log("a", "default", container="job")
+    assert exc.value.status == 400 and "is waiting to start" in status_of(exc.value)["message"]
+
+
+def test_a_private_image_needs_its_pull_secret(api, v1):
+    api.images.add("registry.example.com/team/train:*", {"/bin/sh"}, registry_auth="registry.example.com")
+    v1.create_namespaced_pod("default", runtime_pod("a", "registry.example.com/team/train:1", COPY_BUSYBOX))
+    auth = base64.b64encode(json.dumps({"auths": {"registry.example.com": {"auth": "YTpi"}}}).encode()).decode()
+    v1.create_namespaced_secret("default", {"metadata": {"name": "pull"}, "type": "kubernetes.io/dockerconfigjson",
+                                            "data": {".dockerconfigjson": auth}})
+    body = runtime_pod("b", "registry.example.com/team/train:1", COPY_BUSYBOX)
+    body["spec"]["imagePullSecrets"] = [{"name": "pull"}]
+    v1.create_namespaced_pod("default", body)
+    api.kubelet.tick()
+    assert "authorization failed" in v1.read_namespaced_pod("a", "default").status.container_statuses[0].state.waiting.message
+    assert v1.read_namespaced_pod("b", "default").status.phase == "Running"
+
+
+@pytest.mark.parametrize("security,expected", [
+    ({"runAsNonRoot": True}, "container has runAsNonRoot and image will run as root"),
+    ({"runAsNonRoot": True, "runAsUser": 0}, "container's runAsUser breaks non-root policy"),
+    ({"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000}, None),
+], ids=["no uid", "uid 0", "uid 1000"])
+def test_run_as_non_root_is_enforced_at_container_creation(api, v1, security, expected):
+    v1.create_namespaced_pod("default", runtime_pod("a", "python:3.11", COPY_BUSYBOX, security=security))
+    api.kubelet.tick()
+    status = v1.read_namespaced_pod("a", "default").status
+    if expected is None:
+        assert status.phase == "Running"
+        return
+    # the init container runs as the pod says too: it is the first to be refused
+    waiting = status.init_container_statuses[0].state.waiting
+    assert status.phase == "Pending" and waiting.reason == "CreateContainerConfigError"
+    assert waiting.message.startswith(expected) and 'container: dlts-init' in waiting.message
+
+
+def test_the_log_endpoint_serves_what_the_container_printed(api, v1):
+    v1.create_namespaced_pod("default", runtime_pod("a", "python:3.11", COPY_BUSYBOX))
+    api.kubelet.tick()
+    api.clock.advance(0.25)
+    api.print_output("a", "from the test\n")
+    assert v1.read_namespaced_pod_log("a", "default", container="job") == "hello\nfrom the test\n"
+    api.run_until_idle(3)
+    stamped = v1.read_namespaced_pod_log("a", "default", container="job", timestamps=True)
+    lines = stamped.splitlines()
+    assert [line.split(" ", 1)[1] for line in lines] == ["hello", "from the test", "bye"]
+    assert lines[0].split(" ")[0] == "2027-01-15T08:00:00Z" and lines[1].split(" ")[0] == "2027-01-15T08:00:00.25Z"
+    assert v1.read_namespaced_pod_log("a", "default", container="job", limit_bytes=8) == "hello\nfr"
+    with pytest.raises(ApiException) as exc:
+        v1.read_namespaced_pod_log("a", "default", container="nope")
+    assert exc.value.status == 400 and status_of(exc.value)["message"] == "container nope is not valid for pod a"
+
+
+def test_since_time_reaches_the_kubelet_in_whole_seconds(api, v1, kubeconfig):
+    from dlts.backends.k8s_settings import KubernetesSettings
+    from dlts.backends.kubernetes.api import KubernetesApi
+
+    v1.create_namespaced_pod("default", runtime_pod("a", "python:3.11", COPY_BUSYBOX, script="sleep infinity"))
+    api.kubelet.tick()
+    api.clock.advance(1.5)
+    api.print_output("a", "one")
+    api.clock.advance(1.0)
+    api.print_output("a", "two")
+    raw = KubernetesApi(KubernetesSettings(), v1.api_client, api.clock)
+    since = raw.pod_log("a", "default", container="job", since_time="2027-01-15T08:00:02.9Z", limit_bytes=1000)
+    assert [line.split(b" ", 1)[1] for line in since.splitlines()] == [b"two"]
+    since = raw.pod_log("a", "default", container="job", since_time="2027-01-15T08:00:01.9Z", limit_bytes=1000)
+    assert [line.split(b" ", 1)[1] for line in since.splitlines()] == [b"one", b"two"]  # 01.9 -> 01

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import pytest
@@ -58,10 +59,14 @@ def test_while_the_watch_is_down_observe_lists(api, wbackend):
 
 
 def test_a_failed_watch_reconnects_with_a_fresh_list(api, make_backend):
-    backend = make_backend(watch=True, watch_timeout_s=1)
+    backend = make_backend(watch=True, watch_timeout_s=10)
     backend.launch(make_spec(9, command="sleep infinity"))
     caught_up(api, backend)
     api.fail_next(1, 500, verbs={"watch"})  # the next reconnect fails
+    response = backend._watch._response
+    for method in ("shutdown", "close"):  # the stream breaks (a load balancer's idle timeout)
+        with contextlib.suppress(Exception):
+            getattr(response, method)()
     deadline = time.monotonic() + 10
     while backend._watch.relists < 2 and time.monotonic() < deadline:
         time.sleep(0.05)

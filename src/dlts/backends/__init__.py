@@ -16,6 +16,8 @@ def make_backend(settings: Settings) -> ClusterBackend:
 
         return LocalBackend(settings.effective_run_dir, demo_gpus=settings.demo_gpus, demo_sku=settings.demo_sku,
                             endpoint_host=settings.endpoint_host)
-    from dlts.backends.kubernetes import KubernetesBackend, settings_from_config
+    from dlts.backends.kubernetes import KubernetesBackend
 
-    return KubernetesBackend(settings_from_config(settings))
+    return KubernetesBackend(settings.kubernetes, log_dir=settings.effective_log_dir, log_max_bytes=settings.log_max_bytes,
+                             node_lost_after_s=settings.node_lost_after_s, termination_grace_s=settings.preempt_grace_s,
+                             templates_dir=str(settings.templates_dir) if settings.templates_dir else None)

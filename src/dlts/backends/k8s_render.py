@@ -79,7 +79,7 @@ ENTRYPOINT = (
     "if command -v tini >/dev/null 2>&1; then init=tini; else init=" + RUNTIME_DIR + "/tini; fi; "
     'exec "$init" -g -- /bin/sh -c "$DLTS_COMMAND"'
 )
-INIT_COPY = f"cp /usr/bin/tini-static {RUNTIME_DIR}/tini && chmod 0755 {RUNTIME_DIR}/tini"
+INIT_COPY = f"cp /bin/busybox {RUNTIME_DIR}/busybox && chmod 0755 {RUNTIME_DIR}/busybox"
 
 # libyaml's loader when present: the pure-Python one is 90% of a launch's CPU time.
 _SafeLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
@@ -407,7 +407,14 @@ def _volumes_for(settings: RenderSettings, vc: str) -> tuple[NfsVolume, ...]:
 class ManifestRenderer:
     """Renders the objects of an attempt from the templates; pure apart from reading templates."""
 
-    def __init__(self, settings: RenderSettings) -> None:
+    def __init__(self, settings: Any, *, templates_dir: str | None = None, termination_grace_s: int = 30) -> None:
+        if not isinstance(settings, RenderSettings):  # the kubernetes: section (KubernetesSettings)
+            settings = RenderSettings(
+                namespace=settings.namespace, templates_dir=templates_dir, init_image=settings.init_image,
+                master_port=settings.master_port, termination_grace_s=termination_grace_s,
+                privileged_policy={vc: frozenset(PrivilegedFeature(f.value) for f in fs
+                                                 if f.value in PrivilegedFeature._value2member_map_)
+                                   for vc, fs in settings.privileged_policy.items()})
         self.settings = settings
         self._env = _environment(settings.templates_dir)
 

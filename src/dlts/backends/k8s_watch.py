@@ -1,7 +1,7 @@
 """An in-memory copy of DLTS's pods kept current by one list and a watch (an informer, in short).
 
 With it, ``KubernetesBackend.observe`` reads memory instead of listing every pod each tick: the
-API server sends only changes. It owns the watch thread, the resourceVersion bookkeeping (a 410
+API server sends only changes. The list pages (``limit``/``continue``) like every list DLTS sends. It owns the watch thread, the resourceVersion bookkeeping (a 410
 Expired means "list again"), reconnects with back-off, and says when it cannot be trusted
 (``snapshot()`` returns None until the first list and after any failure, until the next successful
 list), in which case the backend lists as before. Nothing is inferred from a broken watch.
@@ -36,12 +36,14 @@ def _rv(obj: dict) -> int:
 
 class PodWatch:
     def __init__(self, core: k8s.CoreV1Api, namespace: str, selector: str, *, watch_timeout_s: float = 300.0,
-                 request_timeout_s: float = 10.0, on_request: Callable[[], None] = lambda: None) -> None:
+                 request_timeout_s: float = 10.0, page_size: int = 500,
+                 on_request: Callable[[], None] = lambda: None) -> None:
         self.core = core
         self.namespace = namespace
         self.selector = selector
         self.watch_timeout_s = watch_timeout_s
         self.request_timeout_s = request_timeout_s
+        self.page_size = page_size
         self.on_request = on_request  # counts requests for the calls-per-tick measurement
         self._lock = threading.Lock()
         self._pods: dict[str, dict] = {}
@@ -118,12 +120,27 @@ class PodWatch:
         self.watch_once()
 
     def relist(self) -> None:
-        self.on_request()
-        resp: Any = self.core.list_namespaced_pod(self.namespace, label_selector=self.selector,
-                                                  _preload_content=False, _request_timeout=self.request_timeout_s)
-        data = json.loads(resp.data)
+        """List every pod, ``page_size`` at a time; the watch continues from the list's version.
+        A continue token that expired while paging (410) means listing again from the start."""
+        pods: dict[str, dict] = {}
+        token: str | None = None
+        while True:
+            self.on_request()
+            try:
+                resp: Any = self.core.list_namespaced_pod(
+                    self.namespace, label_selector=self.selector, limit=self.page_size, _continue=token,
+                    _preload_content=False, _request_timeout=self.request_timeout_s)
+            except ApiException as exc:
+                if exc.status == 410 and token:
+                    raise WatchExpired(f"list continue token expired: {exc.reason}") from None
+                raise
+            data = json.loads(resp.data)
+            pods.update((p["metadata"]["name"], p) for p in data.get("items") or [])
+            token = (data.get("metadata") or {}).get("continue") or None
+            if token is None:
+                break
         with self._lock:
-            self._pods = {p["metadata"]["name"]: p for p in data.get("items") or []}
+            self._pods = pods
             self.resource_version = data["metadata"]["resourceVersion"]
             self._healthy = True
         self.relists += 1

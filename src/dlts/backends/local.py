@@ -34,6 +34,7 @@ from typing import Iterable, Sequence
 import psutil
 
 from dlts.backends.base import EndpointSpec, EndpointState, LaunchSpec, NodeInfo, Observed, RunPhase
+from dlts.backends.phases import MemberState, attempt_state
 
 log = logging.getLogger(__name__)
 INIT_SCRIPT = Path(__file__).with_name("dlts_init.py")
@@ -235,7 +236,6 @@ class LocalBackend:
                 states.append((index, state))
             present.add(index)
         starts = [o.started_at for _, o in states if o.started_at is not None]
-        ends = [o.finished_at for _, o in states if o.finished_at is not None]
         common = {"started_at": min(starts) if starts else None, "replicas": frozenset(present),
                   "retiring": frozenset(retiring)}
         phases = [o.phase for _, o in states]
@@ -243,19 +243,20 @@ class LocalBackend:
                                               if index not in retiring and unit.exists()):
             # terminate() is under way: the attempt ends when every replica has (each has its deadline)
             return Observed(job_id, attempt, RunPhase.RUNNING, message="stopping", **common)
-        for index, o in states:
-            if o.phase is RunPhase.FAILED:
-                return Observed(job_id, attempt, RunPhase.FAILED, o.exit_code, finished_at=max(ends),
-                                message=f"replica {index} exited with code {o.exit_code}", **common)
-        for index, o in states:
-            if o.phase is RunPhase.GONE:
-                return Observed(job_id, attempt, RunPhase.GONE, o.exit_code, finished_at=max(ends),
-                                message=f"replica {index}: {o.message}", node_lost=o.node_lost, **common)
-        if states and all(ph is RunPhase.SUCCEEDED for ph in phases):
-            return Observed(job_id, attempt, RunPhase.SUCCEEDED, 0, finished_at=max(ends), **common)
-        if RunPhase.RUNNING in phases or (not states and retiring):
+        if not states and retiring:  # only replicas on their way out: the attempt itself runs on
             return Observed(job_id, attempt, RunPhase.RUNNING, **common)
-        return Observed(job_id, attempt, RunPhase.PENDING, **common)
+        verdict = attempt_state([MemberState(index, o.phase, o.exit_code, o.started_at, o.finished_at, o.message,
+                                             node_lost=o.node_lost) for index, o in states], all_must_run=False)
+        cause = verdict.cause
+        if verdict.phase is RunPhase.FAILED and cause is not None:
+            return Observed(job_id, attempt, RunPhase.FAILED, cause.exit_code, finished_at=verdict.finished_at,
+                            message=f"replica {cause.index} exited with code {cause.exit_code}", **common)
+        if verdict.phase is RunPhase.GONE and cause is not None:
+            return Observed(job_id, attempt, RunPhase.GONE, cause.exit_code, finished_at=verdict.finished_at,
+                            message=f"replica {cause.index}: {cause.message}", node_lost=cause.node_lost, **common)
+        if verdict.phase is RunPhase.SUCCEEDED:
+            return Observed(job_id, attempt, RunPhase.SUCCEEDED, 0, finished_at=verdict.finished_at, **common)
+        return Observed(job_id, attempt, verdict.phase, **common)
 
     def _enforce_deadline(self, unit: Path, proc: psutil.Process, now: float) -> None:
         try:
@@ -377,6 +378,9 @@ class LocalBackend:
         shutil.rmtree(run, ignore_errors=True)
         for unit in [u for u in self._children if u == run or run in u.parents]:
             self._children.pop(unit, None)
+
+    def sync_logs(self, attempts: Iterable[tuple[int, int]]) -> None:
+        """Nothing to copy: the DLTS init writes the job's output to the log store itself."""
 
     def collect_garbage(self, live: Iterable[tuple[int, int]]) -> Sequence[tuple[int, int]]:
         """Stop and remove run records of attempts the database no longer owns."""

@@ -19,7 +19,7 @@ from dlts.backends.k8s_render import (
     TemplateError,
     render_yaml,
 )
-from dlts.backends.kubernetes import KubernetesSettings, settings_from_config
+from dlts.backends.k8s_settings import KubernetesSettings
 from dlts.scheduler.model import Placement
 
 
@@ -88,14 +88,10 @@ def render_command(job_file: str, user: str, nodes: str, job_id: int, attempt: i
                    templates_dir: str | None) -> None:
     """Print, as YAML documents, the Kubernetes objects a job would produce on NODES."""
     config = getattr(click.get_current_context().find_root().obj, "settings", None)
-    settings = settings_from_config(config) if config is not None else KubernetesSettings()
-    overrides = {}
+    settings = config.kubernetes if config is not None else KubernetesSettings()
     if namespace:
-        overrides["namespace"] = namespace
-    if templates_dir:
-        overrides["templates_dir"] = templates_dir
-    if overrides:
-        settings = KubernetesSettings(**{**settings.__dict__, **overrides})
+        settings = settings.model_copy(update={"namespace": namespace})
+    templates_dir = templates_dir or (str(config.templates_dir) if getattr(config, "templates_dir", None) else None)
     node_list = [n.strip() for n in nodes.split(",") if n.strip()]
     if not node_list:
         raise click.UsageError("--nodes needs at least one node name")
@@ -106,7 +102,7 @@ def render_command(job_file: str, user: str, nodes: str, job_id: int, attempt: i
                       memory_bytes=memory_bytes or int(getattr(config, "cpu_job_default_memory_bytes", 2 << 30)),
                       ssh_keys=keys)
     try:
-        rendered = ManifestRenderer(settings.render_settings()).render(spec)
+        rendered = ManifestRenderer(settings, templates_dir=templates_dir).render(spec)
     except (LaunchRefused, TemplateError) as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(render_yaml(rendered.all()), nl=False)

@@ -1,0 +1,184 @@
+"""KubernetesBackend: pod output copied into the log store, paged lists, waiting reasons, NetworkPolicies."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import LOG_MAX_BYTES, make_spec
+
+from dlts.backends.base import RunPhase
+from dlts.backends.kubernetes import KubernetesUnavailable
+from dlts.backends.kubernetes.logcopy import cursor_path
+from dlts.logstore import iter_log
+
+
+def stored(log_dir, job_id: int, attempt: int = 1) -> bytes:
+    return b"".join(iter_log(log_dir, job_id, attempt))
+
+
+def by_key(observed):
+    return {(o.job_id, o.attempt): o for o in observed}
+
+
+def test_sync_copies_new_output_once_across_calls(api, backend, log_dir):
+    backend.launch(make_spec(1, command="echo starting; sleep 10; echo done"))
+    api.kubelet.tick()
+    backend.sync_logs([(1, 1)])
+    assert stored(log_dir, 1) == b"starting\n"
+    for i in range(3):  # several lines within the same second: kept apart by count, not time
+        api.print_output("dlts-1-1-0", f"step {i}")
+    backend.sync_logs([(1, 1)])
+    backend.sync_logs([(1, 1)])
+    assert stored(log_dir, 1) == b"starting\nstep 0\nstep 1\nstep 2\n"
+    api.clock.advance(0.5)
+    api.print_output("dlts-1-1-0", "step 3")
+    backend.sync_logs([(1, 1)])
+    assert stored(log_dir, 1).endswith(b"step 2\nstep 3\n")
+
+
+def test_a_restarted_manager_resumes_from_the_cursor(api, make_backend, log_dir):
+    first = make_backend()
+    first.launch(make_spec(2, command="sleep infinity"))
+    api.kubelet.tick()
+    api.print_output("dlts-2-1-0", "before the restart")
+    first.sync_logs([(2, 1)])
+    first.close()
+    api.print_output("dlts-2-1-0", "after the restart")
+    again = make_backend()  # a new managers process: no memory but the cursor next to the log
+    again.sync_logs([(2, 1)])
+    assert stored(log_dir, 2) == b"before the restart\nafter the restart\n"
+    assert cursor_path(log_dir, 2, 1).exists()
+
+
+def test_a_batch_journalled_but_not_committed_is_not_lost_or_doubled(api, backend, log_dir, monkeypatch):
+    backend.launch(make_spec(3, command="sleep infinity"))
+    api.kubelet.tick()
+    api.print_output("dlts-3-1-0", "one")
+    backend.sync_logs([(3, 1)])
+    api.clock.advance(1)
+    api.print_output("dlts-3-1-0", "two")
+    from dlts.backends.kubernetes import logcopy
+
+    real_write = logcopy.AttemptLogWriter.write
+
+    def crash_after_write(self, data):
+        real_write(self, data)
+        raise SystemExit("the managers process dies between the log write and the cursor commit")
+
+    monkeypatch.setattr(logcopy.AttemptLogWriter, "write", crash_after_write)
+    with pytest.raises(SystemExit):
+        backend.sync_logs([(3, 1)])
+    monkeypatch.undo()
+    backend.sync_logs([(3, 1)])
+    assert stored(log_dir, 3) == b"one\ntwo\n"
+
+
+def test_forget_copies_the_rest_and_the_log_outlives_the_pod(api, backend, log_dir):
+    backend.launch(make_spec(4, command="echo hello; sleep 5; echo goodbye; exit 3"))
+    api.run_until_idle(6)
+    assert by_key(backend.observe())[(4, 1)].phase is RunPhase.FAILED
+    backend.forget(4, 1)
+    assert api.pods() == []
+    assert stored(log_dir, 4) == b"hello\ngoodbye\n"
+
+
+def test_forget_keeps_the_pods_while_their_log_cannot_be_read(api, backend, log_dir, monkeypatch):
+    backend.launch(make_spec(5, command="echo hi"))
+    api.kubelet.tick()
+
+    def refuse(*args, **kwargs):
+        from kubernetes.client.exceptions import ApiException
+
+        raise ApiException(status=500, reason="Internal Server Error")
+
+    monkeypatch.setattr(backend.api, "pod_log", refuse)
+    with pytest.raises(KubernetesUnavailable, match="cannot read the log of pod dlts-5-1-0"):
+        backend.forget(5, 1)
+    assert len(api.pods()) == 1
+    monkeypatch.undo()
+    backend.forget(5, 1)
+    assert api.pods() == [] and stored(log_dir, 5) == b"hi\n"
+
+
+def test_the_pods_of_a_distributed_job_share_one_log_prefixed_by_index(api, backend, log_dir):
+    backend.launch(make_spec(6, type="distributed", nodes=("n1", "n2"), command="sleep infinity"))
+    api.kubelet.tick()
+    api.print_output("dlts-6-1-0", "rank 0 up")
+    api.print_output("dlts-6-1-1", "rank 1 up")
+    backend.sync_logs([(6, 1)])
+    assert stored(log_dir, 6) == b"rank 0 up\n[1] rank 1 up\n"
+
+
+def test_sync_copies_many_attempts_in_parallel_and_only_those_asked(api, backend, log_dir):
+    for job_id in range(10, 20):
+        backend.launch(make_spec(job_id, command=f"echo job {job_id}; sleep infinity", nodes=(f"n{job_id % 4 + 1}",)))
+    api.kubelet.tick()
+    backend.sync_logs([(j, 1) for j in range(10, 19)])
+    assert all(stored(log_dir, j) == f"job {j}\n".encode() for j in range(10, 19))
+    assert stored(log_dir, 19) == b""
+
+
+def test_the_log_cap_applies_to_copied_output(api, backend, log_dir):
+    backend.launch(make_spec(7, command="sleep infinity"))
+    api.kubelet.tick()
+    line = "x" * 1023
+    for i in range(3 * LOG_MAX_BYTES // 1024):
+        if i % 500 == 0:
+            api.clock.advance(1)
+        api.print_output("dlts-7-1-0", line)
+    backend.sync_logs([(7, 1)])
+    data = stored(log_dir, 7)
+    assert len(data) < 1.5 * LOG_MAX_BYTES and b"bytes of this log were dropped" in data
+
+
+def test_every_list_pages(api, make_backend):
+    backend = make_backend(list_page_size=10)
+    for job_id in range(30, 55):
+        backend.launch(make_spec(job_id, nodes=(f"n{job_id % 4 + 1}",)))
+    api.reset_counts()
+    assert len(backend.observe()) == 25
+    assert api.requests[("list", "pods")] == 3  # 10 + 10 + 5
+
+
+def test_a_list_whose_continue_token_expires_starts_again(api, make_backend, monkeypatch):
+    backend = make_backend(list_page_size=10)
+    for job_id in range(60, 85):
+        backend.launch(make_spec(job_id, nodes=(f"n{job_id % 4 + 1}",)))
+    real = api.store._continued
+    calls = {"n": 0}
+
+    def compact_once(token):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            api.store.compact()  # etcd compacted while we paged
+        return real(token)
+
+    monkeypatch.setattr(api.store, "_continued", compact_once)
+    api.reset_counts()
+    assert len(backend.observe()) == 25
+    assert api.requests[("list", "pods")] == 2 + 3  # first page, expired second, then a whole list again
+
+
+def test_an_image_that_cannot_be_pulled_is_the_attempts_reason(api, backend):
+    backend.launch(make_spec(90, image="registry.example.com/nosuch:1"))
+    api.run_until_idle(5)
+    seen = by_key(backend.observe())[(90, 1)]
+    assert (seen.phase, seen.reason) == (RunPhase.PENDING, "image_pull")
+    assert seen.message.startswith("pod dlts-90-1-0: ImagePullBackOff: Back-off pulling image")
+
+
+def test_garbage_collection_and_forget_remove_network_policies(api, backend):
+    from kubernetes import client
+
+    net = client.NetworkingV1Api(backend.api.client)
+    for job_id in (91, 92):
+        backend.launch(make_spec(job_id))
+        net.create_namespaced_network_policy("default", {
+            "metadata": {"name": f"dlts-{job_id}-1", "labels": {
+                "app.kubernetes.io/managed-by": "dlts", "dlts.io/job-id": str(job_id), "dlts.io/attempt": "1"}},
+            "spec": {"podSelector": {"matchLabels": {"dlts.io/job-id": str(job_id)}}}})
+    backend.forget(91, 1)
+    assert [p["metadata"]["name"] for p in api.objects("networkpolicies")] == ["dlts-92-1"]
+    api.store.remove_internal("pods", "default", "dlts-92-1-0")
+    api.store.remove_internal("configmaps", "default", "dlts-92-1-endpoints")
+    assert backend.collect_garbage(live=set()) == ((92, 1),)  # found by its NetworkPolicy alone
+    assert api.objects("networkpolicies") == []
