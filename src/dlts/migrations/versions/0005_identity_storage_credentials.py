@@ -47,9 +47,7 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    with op.batch_alter_table('registry_credentials', schema=None) as batch_op:
-        batch_op.drop_index('ix_registry_credentials_vc_id')
-        batch_op.drop_index('ix_registry_credentials_user_id')
+    # its indexes go with it (MariaDB refuses to drop an index a foreign key needs)
     op.drop_table('registry_credentials')
     with op.batch_alter_table('vcs', schema=None) as batch_op:
         batch_op.drop_column('ephemeral_storage_bytes')
