@@ -221,6 +221,7 @@ STORAGE_CASES = [
     ("a mount inside the homes", {"home": {"kind": "host", "path": "/h", "mount_path": "/home"},
                                   "host": [{"path": "/srv/a", "mount_path": "/home/shared"}]}, "storage.home.mount_path"),
     ("bad lustre settings", {"lustre": {"pool": "p" * 40, "osts": "0"}}, "storage.lustre"),
+    ("lustre settings for another VC", {"lustre": {"name": "nlp", "pool": "p", "osts": "0"}}, "storage.lustre.name"),
     ("too many entries", {"host": [{"path": f"/srv/{i}", "mount_path": f"/m{i}"} for i in range(40)]}, "host"),
 ]
 

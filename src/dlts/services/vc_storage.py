@@ -142,6 +142,8 @@ def check_lustre(vc_name: str, value: Any) -> dict:
 
     if not isinstance(value, Mapping):
         raise _bad("lustre", "must be an object (docs/lustre.md).")
+    if "name" in value:  # the VC's name is the entry's name; another one would apply this to that VC
+        raise _bad("lustre.name", "is the VC's own name; leave it out.")
     lustre = {k: v for k, v in value.items() if v is not None}
     try:  # the VC's entry alone; filesystem-wide checks happen when the storage manager applies it
         policy_from_vcs([{"name": vc_name, **lustre}], {"filesystem": {"name": "check", "mount": "/check"}})
