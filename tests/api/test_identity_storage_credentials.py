@@ -9,6 +9,7 @@ import sqlalchemy as sa
 
 from dlts.models import RegistryCredential, User, VcEvent, VirtualCluster
 from dlts.services import registry_credentials
+
 from .helpers import assert_envelope
 
 JOB = {"vc": "vision", "image": "debian:12", "command": "true"}

@@ -22,7 +22,8 @@ from __future__ import annotations
 import ipaddress
 import posixpath
 import re
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from dlts.backends.base import StorageMount
 from dlts.errors import InvalidInput
@@ -108,7 +109,7 @@ def _entries(kind: str, value: Any) -> list[dict]:
         elif not isinstance(name, str) or not LABEL.match(name):
             raise _bad(f"{where}.name", "must be a DNS label: lowercase letters, digits and '-', at most 40, "
                                         "starting and ending with a letter or digit.")
-        normalized = {"name": name}
+        normalized: dict[str, Any] = {"name": name}
         if kind == "nfs":
             normalized["server"] = _server(f"{where}.server", entry.get("server"))
         normalized["path"] = _path(f"{where}.path", entry.get("path"))
