@@ -192,17 +192,39 @@ def user() -> None:
     """Users and their API tokens."""
 
 
+POSIX_ID = click.IntRange(0, 2**31 - 1)  # the service refuses 0-999 with a message that says why
+
+
 @user.command("add")
 @click.argument("name")
 @click.option("--admin", is_flag=True, help="Make the user a cluster admin.")
 @click.option("--email")
+@click.option("--uid", type=POSIX_ID, help="The uid the user's jobs run as (1000 or more; with --gid).")
+@click.option("--gid", type=POSIX_ID, help="The user's primary gid (1000 or more; with --uid).")
 @pass_ctx
-def user_add(ctx: Context, name: str, admin: bool, email: str | None) -> None:
+def user_add(ctx: Context, name: str, admin: bool, email: str | None, uid: int | None, gid: int | None) -> None:
     from dlts.services import admin as admin_service
 
     with ctx.session() as session:
-        admin_service.add_user(session, name, admin=admin, email=email)
-    click.echo(f"user {name} added" + (" (cluster admin)" if admin else ""))
+        admin_service.add_user(session, name, admin=admin, email=email, uid=uid, gid=gid)
+    click.echo(f"user {name} added" + (" (cluster admin)" if admin else "") + (f", uid {uid} gid {gid}" if uid else ""))
+
+
+@user.command("set")
+@click.argument("name")
+@click.option("--uid", type=POSIX_ID, help="The uid the user's jobs run as (1000 or more).")
+@click.option("--gid", type=POSIX_ID, help="The user's primary gid (1000 or more).")
+@pass_ctx
+def user_set(ctx: Context, name: str, uid: int | None, gid: int | None) -> None:
+    """Set the uid/gid NAME's jobs run as; idempotent, prints 'updated' or 'unchanged' (for Ansible)."""
+    from dlts.services import admin as admin_service
+
+    changes = {k: v for k, v in (("uid", uid), ("gid", gid)) if v is not None}
+    if not changes:
+        raise click.UsageError("give --uid and/or --gid")
+    with ctx.session() as session:
+        _, said = admin_service.set_user(session, name, changes)
+    click.echo(f"user {name} updated: {'; '.join(said)}" if said else f"user {name} unchanged")
 
 
 @user.command("token")
@@ -258,18 +280,80 @@ def vc_add(ctx: Context, name: str, quota: tuple[str, ...], policy: str) -> None
 @click.option("--quota", "quota", multiple=True, metavar="SKU=GPUS",
               help="GPU quota per SKU; repeat for more SKUs. The whole quota: SKUs not given go to 0.")
 @click.option("--policy", type=click.Choice(["RF", "FIFO"]), help="Scheduling policy (default: RF for a new VC, else kept).")
+@click.option("--gid", help="The VC's group (1000 or more), a supplementary group of its jobs; 'none' clears it "
+                            "(default: kept).")
+@click.option("--ephemeral-storage", "ephemeral", metavar="BYTES",
+              help="Scratch space per job pod and the most a job may ask (bytes or '50Gi'); 'none': the cluster "
+                   "default (default: kept).")
 @pass_ctx
-def vc_set(ctx: Context, name: str, quota: tuple[str, ...], policy: str | None) -> None:
-    """Create VC NAME or bring its quota and policy to these values; idempotent, prints 'added', 'updated'
-    or 'unchanged' (for Ansible)."""
+def vc_set(ctx: Context, name: str, quota: tuple[str, ...], policy: str | None, gid: str | None,
+           ephemeral: str | None) -> None:
+    """Create VC NAME or bring its quota and policy (and group, scratch space) to these values; idempotent,
+    prints 'added', 'updated' or 'unchanged' (for Ansible)."""
     from dlts.services import admin as admin_service
 
+    extra = {}
+    if gid is not None:
+        extra["gid"] = _optional_int("--gid", gid)
+    if ephemeral is not None:
+        extra["ephemeral_storage_bytes"] = _optional_bytes("--ephemeral-storage", ephemeral)
     with ctx.session() as session:
-        result = admin_service.set_vc(session, name, admin_service.parse_quota(quota), policy=policy)
+        result = admin_service.set_vc(session, name, admin_service.parse_quota(quota), policy=policy, **extra)
     if not result.changes:
         click.echo(f"VC {name} unchanged")
     else:
         click.echo(f"VC {name} {'added' if result.created else 'updated'}: {'; '.join(result.changes)}")
+
+
+def _optional_int(option: str, value: str) -> int | None:
+    if value.lower() == "none":
+        return None
+    if not value.isdigit():
+        raise click.BadParameter(f"{value!r} is not a whole number or 'none'", param_hint=option)
+    return int(value)
+
+
+def _optional_bytes(option: str, value: str) -> int | None:
+    from marshmallow import ValidationError
+
+    from dlts.api.schemas import Memory
+
+    if value.lower() == "none":
+        return None
+    try:
+        return Memory(max_bytes=2**50).deserialize(int(value) if value.isdigit() else value)
+    except ValidationError as exc:
+        raise click.BadParameter(f"{value!r} {' '.join(exc.messages)}", param_hint=option) from None
+
+
+@vc.command("storage")
+@click.argument("vc_name", metavar="VC")
+@click.option("--json", "document", metavar="JSON", help="The whole storage document (nfs, host, home, lustre), "
+                                                         "replacing the VC's; see docs/kubernetes.md.")
+@click.option("--show", is_flag=True, help="Print the VC's storage document as JSON.")
+@pass_ctx
+def vc_storage(ctx: Context, vc_name: str, document: str | None, show: bool) -> None:
+    """Set or show the storage VC's jobs mount: NFS exports, host directories, the users' homes, Lustre.
+    Idempotent: prints 'updated' or 'unchanged' (for Ansible)."""
+    import json
+
+    from dlts.services import admin as admin_service
+
+    if (document is None) == (not show):
+        raise click.UsageError("give --json JSON to set the storage, or --show to print it")
+    parsed = None
+    if document is not None:
+        try:
+            parsed = json.loads(document)
+        except ValueError as exc:
+            raise click.BadParameter(f"not JSON: {exc}", param_hint="--json") from None
+    with ctx.session() as session:
+        vc = admin_service.get_vc(session, vc_name)
+        if parsed is None:
+            click.echo(json.dumps(vc.storage or {}, indent=2, sort_keys=True))
+            return
+        changed = admin_service.replace_vc_storage(session, vc, parsed, "cli")
+    click.echo(f"VC {vc_name} storage {'updated' if changed else 'unchanged'}")
 
 
 @vc.command("member")

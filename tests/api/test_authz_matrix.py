@@ -27,7 +27,7 @@ USER_OF = {"member": "bob", "other_vc": "carol", "vc_admin": "vcadmin", "cluster
 class Case:
     name: str
     method: str
-    path: str  # formatted with the prepared targets: {job}, {vc}, {key}, {ip}, {endpoint}
+    path: str  # formatted with the prepared targets: {job}, {vc}, {key}, {ip}, {endpoint}, {cred}
     expected: tuple[int, int, int, int, int, int]  # in ROLES order
     body: Callable[[dict], dict] | None = None
     prepare: Callable | None = None  # (sessions, settings) -> dict of targets
@@ -91,6 +91,26 @@ def alice_token(sessions, settings):
         return {"token": tokens.create_token(s, principal(s, "alice"), unique("t")).id}
 
 
+def alice_registry_credential(sessions, settings):
+    from dlts.services import registry_credentials
+
+    from .helpers import principal
+
+    with sessions() as s:
+        return {"cred": registry_credentials.add_mine(s, settings.secret_key, principal(s, "alice"), unique("r") + ".example.com",
+                                                      "alice", "s3cret").id}
+
+
+def vision_registry_credential(sessions, settings):
+    from dlts.services import registry_credentials
+
+    from .helpers import principal
+
+    with sessions() as s:
+        return {"cred": registry_credentials.add_vc(s, settings.secret_key, principal(s, "admin"), "vision",
+                                                    unique("r") + ".example.com", "robot", "s3cret").id}
+
+
 def with_job(sessions, settings):
     return job_in(JobStatus.QUEUED)(sessions, settings)
 
@@ -152,6 +172,22 @@ TABLE = [
     Case("list my tokens", "GET", "/api/v1/me/tokens", ALL_200),
     Case("create a token", "POST", "/api/v1/me/tokens", (401, 201, 201, 201, 201, 201), body=lambda t: {"name": "ci"}),
     Case("revoke alice's token", "DELETE", "/api/v1/me/tokens/{token}", (401, 404, 404, 404, 404, 204), prepare=alice_token),
+    Case("list my registry credentials", "GET", "/api/v1/me/registry-credentials", ALL_200),
+    Case("add a registry credential", "POST", "/api/v1/me/registry-credentials", (401, 201, 201, 201, 201, 201),
+         body=lambda t: {"server": "ghcr.io", "username": "me", "password": "s3cret"}),
+    Case("delete alice's registry credential", "DELETE", "/api/v1/me/registry-credentials/{cred}",
+         (401, 404, 404, 404, 404, 204), prepare=alice_registry_credential),
+    Case("set alice's uid and gid", "PATCH", "/api/v1/users/alice", (401, 403, 403, 403, 200, 403),
+         body=lambda t: {"uid": 5000 + int(unique("")), "gid": 5000}),
+    Case("replace VC vision's storage", "PUT", "/api/v1/vcs/vision/storage", (401, 403, 404, 403, 200, 403),
+         body=lambda t: {"nfs": [{"server": "10.0.0.5", "path": "/export/vision", "mount_path": "/data"}]}),
+    Case("list VC vision's registry credentials", "GET", "/api/v1/vcs/vision/registry-credentials",
+         (401, 403, 404, 200, 200, 403)),
+    Case("add a registry credential to VC vision", "POST", "/api/v1/vcs/vision/registry-credentials",
+         (401, 403, 404, 201, 201, 403),
+         body=lambda t: {"server": unique("r") + ".example.com", "username": "robot", "password": "s3cret"}),
+    Case("delete a registry credential of VC vision", "DELETE", "/api/v1/vcs/vision/registry-credentials/{cred}",
+         (401, 403, 404, 204, 204, 403), prepare=vision_registry_credential),
     Case("list nodes", "GET", "/api/v1/nodes", ALL_200),
     Case("read a node", "GET", "/api/v1/nodes/testnode", ALL_200),
     Case("cordon a node", "POST", "/api/v1/nodes/testnode/cordon", (401, 403, 403, 403, 200, 403)),
@@ -165,7 +201,8 @@ TABLE = [
 ]
 
 
-PATH_TARGETS = {"job_id": "{job}", "key_id": "{key}", "entry_id": "{ip}", "token_id": "{token}", "endpoint_id": "{endpoint}"}
+PATH_TARGETS = {"job_id": "{job}", "key_id": "{key}", "entry_id": "{ip}", "token_id": "{token}", "endpoint_id": "{endpoint}",
+                "credential_id": "{cred}", "user_name": "alice"}
 
 
 def test_the_table_covers_every_api_route(app):

@@ -177,3 +177,101 @@ def test_hostile_endpoint_ids_are_404(client, world, sessions, settings):
     for path in (f"/api/v1/jobs/{job_id}/endpoints/0", f"/api/v1/jobs/{job_id}/endpoints/18446744073709551616",
                  f"/api/v1/jobs/{job_id}/endpoints/-1", f"/api/v1/jobs/{job_id}/endpoints/1%20OR%201=1"):
         assert_envelope(client.delete(path, headers=auth), 404)
+
+
+@pytest.mark.parametrize("body,field", [
+    (JOB | {"ephemeral_storage_bytes": -1}, "ephemeral_storage_bytes"),
+    (JOB | {"ephemeral_storage_bytes": "lots"}, "ephemeral_storage_bytes"),
+    (JOB | {"ephemeral_storage_bytes": 2**70}, "ephemeral_storage_bytes"),
+    (JOB | {"run_as_root": "yes please"}, "run_as_root"),
+])
+def test_hostile_identity_asks_are_400_and_nothing_is_written(client, world, sessions, body, field):
+    error = assert_envelope(client.post("/api/v1/jobs", json=body, headers=world.auth("alice")), 400)
+    assert field in json.dumps(error), error
+    assert job_count(sessions) == 0
+
+
+STORAGE_CASES = [
+    ("a list", ["nfs"], None),
+    ("unknown key", {"ceph": []}, "ceph"),
+    ("nfs not a list", {"nfs": {"server": "x"}}, "nfs"),
+    ("nfs entry without server", {"nfs": [{"path": "/export", "mount_path": "/data"}]}, "storage.nfs[0].server"),
+    ("relative path", {"nfs": [{"server": "nfs1", "path": "export", "mount_path": "/data"}]}, "storage.nfs[0].path"),
+    ("dot-dot in the path", {"host": [{"path": "/srv/../etc", "mount_path": "/data"}]}, "storage.host[0].path"),
+    ("dot-dot in the mount", {"host": [{"path": "/srv/a", "mount_path": "/data/../etc"}]}, "storage.host[0].mount_path"),
+    ("mount over /etc", {"host": [{"path": "/srv/a", "mount_path": "/etc/ssl"}]}, "storage.host[0].mount_path"),
+    ("mount over the root", {"host": [{"path": "/srv/a", "mount_path": "/"}]}, "storage.host[0].mount_path"),
+    ("mount over DLTS's own", {"host": [{"path": "/srv/a", "mount_path": "/dlts-runtime"}]}, "storage.host[0].mount_path"),
+    ("NUL in a path", {"host": [{"path": "/srv/a\x00b", "mount_path": "/data"}]}, "storage.host[0].path"),
+    ("huge path", {"host": [{"path": "/" + "a" * 5000, "mount_path": "/data"}]}, "storage.host[0].path"),
+    ("name not a DNS label", {"host": [{"name": "Data_1", "path": "/srv/a", "mount_path": "/data"}]}, "storage.host[0].name"),
+    ("name injection", {"host": [{"name": "a; rm -rf /", "path": "/srv/a", "mount_path": "/data"}]}, "storage.host[0].name"),
+    ("two entries, one name", {"host": [{"name": "d", "path": "/srv/a", "mount_path": "/a"},
+                                        {"name": "d", "path": "/srv/b", "mount_path": "/b"}]}, "storage.host[1].name"),
+    ("two entries, one mount", {"host": [{"path": "/srv/a", "mount_path": "/a"}, {"path": "/srv/b", "mount_path": "/a"}]},
+     "storage.host[1].mount_path"),
+    ("host with a server", {"host": [{"server": "nfs1", "path": "/srv/a", "mount_path": "/a"}]}, "storage.host[0].server"),
+    ("server not a host name", {"nfs": [{"server": "nfs1; reboot", "path": "/e", "mount_path": "/a"}]}, "storage.nfs[0].server"),
+    ("read_only as a string", {"nfs": [{"server": "nfs1", "path": "/e", "mount_path": "/a", "read_only": "no"}]},
+     "storage.nfs[0].read_only"),
+    ("home of kind ceph", {"home": {"kind": "ceph", "path": "/export/home", "mount_path": "/home"}}, "storage.home.kind"),
+    ("nfs home without server", {"home": {"kind": "nfs", "path": "/export/home", "mount_path": "/home"}}, "storage.home.server"),
+    ("host home with a server", {"home": {"kind": "host", "server": "nfs1", "path": "/h", "mount_path": "/home"}},
+     "storage.home.server"),
+    ("a mount inside the homes", {"home": {"kind": "host", "path": "/h", "mount_path": "/home"},
+                                  "host": [{"path": "/srv/a", "mount_path": "/home/shared"}]}, "storage.home.mount_path"),
+    ("bad lustre settings", {"lustre": {"pool": "p" * 40, "osts": "0"}}, "storage.lustre"),
+    ("lustre settings for another VC", {"lustre": {"name": "nlp", "pool": "p", "osts": "0"}}, "storage.lustre.name"),
+    ("too many entries", {"host": [{"path": f"/srv/{i}", "mount_path": f"/m{i}"} for i in range(40)]}, "host"),
+]
+
+
+@pytest.mark.parametrize("name,body,field", STORAGE_CASES, ids=[c[0] for c in STORAGE_CASES])
+def test_hostile_storage_documents_are_400_and_nothing_changes(client, world, sessions, name, body, field):
+    error = assert_envelope(client.put("/api/v1/vcs/vision/storage", json=body, headers=world.auth("admin")), 400)
+    if field:
+        assert field in json.dumps(error), error
+    with sessions() as s:
+        assert s.scalar(sa.select(VirtualCluster.storage).where(VirtualCluster.name == "vision")) == {}
+        assert s.scalar(sa.text("SELECT count(*) FROM vc_events")) == 0
+
+
+@pytest.mark.parametrize("body,field", [
+    ({"server": "ghcr.io", "username": "me"}, "password"),
+    ({"server": "ghcr.io", "username": "me", "password": ""}, "password"),
+    ({"server": "ghcr.io", "username": "me", "password": "x" * 5000}, "password"),
+    ({"server": "ghcr.io", "username": "me", "password": "line1\nline2-s3cret"}, "password"),
+    ({"server": "ghcr.io", "username": "me:you", "password": "p"}, "username"),
+    ({"server": "ghcr.io evil.com", "username": "me", "password": "p"}, "server"),
+    ({"server": "ghcr.io/../../etc", "username": "me", "password": "p"}, "server"),
+    ({"server": "", "username": "me", "password": "p"}, "server"),
+    ({"server": 5, "username": "me", "password": "p"}, "server"),
+    ({"server": "ghcr.io", "username": "me", "password": "p", "scope": "vc"}, "scope"),
+    (["ghcr.io"], None),
+])
+def test_hostile_registry_credentials_are_400_and_nothing_is_written(client, world, sessions, body, field):
+    from dlts.models import RegistryCredential
+
+    for path, who in (("/api/v1/me/registry-credentials", "alice"), ("/api/v1/vcs/vision/registry-credentials", "vcadmin")):
+        response = client.post(path, json=body, headers=world.auth(who))
+        error = assert_envelope(response, 400)
+        if field:
+            assert field in json.dumps(error), error
+        if isinstance(body, dict) and len(body.get("password", "")) > 8:
+            assert body["password"][-8:] not in response.get_data(as_text=True)  # a refused password is not echoed
+    with sessions() as s:
+        assert s.scalar(sa.select(sa.func.count(RegistryCredential.id))) == 0
+
+
+@pytest.mark.parametrize("body,field", [
+    ({"uid": 0, "gid": 1000}, "uid"), ({"uid": 999, "gid": 1000}, "uid"), ({"uid": 2**31, "gid": 1000}, "uid"),
+    ({"uid": "1000", "gid": 1000}, "uid"), ({"uid": 1000.5, "gid": 1000}, "uid"), ({"uid": -1, "gid": 1000}, "uid"),
+    ({"uid": 1000}, "gid"), ({"uid": 1000, "gid": 0}, "gid"), ({"name": "root"}, "name"), ({}, "body"),
+])
+def test_hostile_identity_changes_are_400_and_nothing_changes(client, world, sessions, body, field):
+    from dlts.models import User
+
+    error = assert_envelope(client.patch("/api/v1/users/alice", json=body, headers=world.auth("admin")), 400)
+    assert field in json.dumps(error), error
+    with sessions() as s:
+        assert s.execute(sa.select(User.uid, User.gid).where(User.name == "alice")).one() == (None, None)

@@ -685,3 +685,29 @@ def test_database_outage_gives_a_503_page_and_the_portal_recovers(as_user, app, 
     assert response.status_code == 503 and "Database unavailable" in text(response)
     monkeypatch.undo()
     assert alice.get("/jobs").status_code == 200
+
+
+def test_vc_page_shows_the_vcs_storage_group_and_scratch_space(as_user, sessions):
+    from dlts.services import admin
+
+    with sessions() as s:
+        vc = s.scalar(sa.select(VirtualCluster).where(VirtualCluster.name == "vision"))
+        vc.gid, vc.ephemeral_storage_bytes = 30000, 20 * 2**30
+        admin.replace_vc_storage(s, vc, {
+            "nfs": [{"name": "datasets", "server": "10.0.0.5", "path": "/export/datasets", "mount_path": "/datasets",
+                     "read_only": True}],
+            "host": [{"path": "/mnt/lustre/vision", "mount_path": "/lustre"}],
+            "home": {"kind": "nfs", "server": "nfs1.lab", "path": "/export/home", "mount_path": "/home"},
+            "lustre": {"pool": "vision", "osts": "0-1", "mdt": 0}}, "test")
+    page = text(as_user("bob").get("/vcs/vision"))
+    table = page.split('id="vc-storage"', 1)[1].split("</table>", 1)[0]
+    assert "10.0.0.5:/export/datasets" in table and "/datasets" in table and "read-only" in table
+    assert "/mnt/lustre/vision" in table and "/lustre" in table
+    assert "nfs1.lab:/export/home/<user>" in table and "/home/<user>" in table
+    assert 'id="vc-gid">30000<' in page and 'id="vc-ephemeral">20.0 GiB<' in page
+    assert "Lustre: pool <code>vision</code>" in page
+
+
+def test_vc_page_says_when_no_storage_is_configured(as_user):
+    page = text(as_user("alice").get("/vcs/vision"))
+    assert "No shared storage is configured for this VC" in page and 'id="vc-ephemeral">cluster default<' in page

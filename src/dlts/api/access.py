@@ -1,4 +1,5 @@
-"""/api/v1/me/ssh-keys, /me/allowed-ips, /me/tokens: the caller's SSH keys, allowed IPs and API tokens."""
+"""/api/v1/me/ssh-keys, /me/allowed-ips, /me/tokens, /me/registry-credentials: the caller's SSH keys,
+allowed IPs, API tokens and image registry logins."""
 
 from __future__ import annotations
 
@@ -8,13 +9,14 @@ from flask_smorest import Blueprint
 
 from dlts.api.auth import authenticate, principal
 from dlts.api.schemas import (AllowedIpArgs, AllowedIpCreateSchema, AllowedIpListSchema, AllowedIpSchema,
+                              RegistryCredentialCreateSchema, RegistryCredentialListSchema, RegistryCredentialSchema,
                               SshKeyCreateSchema, SshKeyListSchema, SshKeySchema, TokenCreateSchema, TokenListSchema,
                               TokenSchema)
 from dlts.app import settings_of
 from dlts.extensions import db
-from dlts.services import allowed_ips, ssh_keys, tokens
+from dlts.services import allowed_ips, registry_credentials, ssh_keys, tokens
 
-blp = Blueprint("access", __name__, description="Your SSH keys, allowed IPs and API tokens")
+blp = Blueprint("access", __name__, description="Your SSH keys, allowed IPs, API tokens and registry credentials")
 blp.before_request(authenticate)
 SECURITY = [{"bearer": []}]
 
@@ -90,3 +92,29 @@ class Tokens(MethodView):
 def revoke_token(token_id: int):
     """Revoke one of your tokens; it stops working at once."""
     tokens.revoke_token(db.session, principal(), token_id)
+
+
+@blp.route("/me/registry-credentials")
+class RegistryCredentials(MethodView):
+    @blp.response(200, RegistryCredentialListSchema)
+    @blp.doc(security=SECURITY)
+    def get(self):
+        """Your private registry logins (server, username, created); never the passwords."""
+        return {"items": registry_credentials.list_mine(db.session, principal()), "next_cursor": None}
+
+    @blp.arguments(RegistryCredentialCreateSchema)
+    @blp.response(201, RegistryCredentialSchema)
+    @blp.doc(security=SECURITY)
+    def post(self, body):
+        """Add a registry login your jobs pull their images with (before the VC's); the password is stored
+        encrypted and never returned."""
+        return registry_credentials.add_mine(db.session, settings_of(current_app).secret_key, principal(),
+                                             body["server"], body["username"], body["password"])
+
+
+@blp.route("/me/registry-credentials/<int(max=4611686018427387904):credential_id>", methods=["DELETE"])
+@blp.response(204)
+@blp.doc(security=SECURITY)
+def delete_registry_credential(credential_id: int):
+    """Remove one of your registry credentials."""
+    registry_credentials.delete_mine(db.session, principal(), credential_id)

@@ -57,7 +57,8 @@ def job_dict(job: Job, visibility: Visibility, attempts: list[JobAttempt] | None
         "submitted_at": iso(job.submitted_at), "queue_time": iso(job.queue_time),
         "started_at": iso(job.started_at), "finished_at": iso(job.finished_at), "exit_code": job.exit_code,
         "attempt": job.attempt, "env": job.spec.get("env", {}), "ports": job.spec.get("ports", []),
-        "ssh": job.spec.get("ssh", False), "visibility": visibility.value,
+        "ssh": job.spec.get("ssh", False), "ephemeral_storage_bytes": job.spec.get("ephemeral_storage_bytes"),
+        "run_as_root": bool(job.spec.get("run_as_root")), "visibility": visibility.value,
     }
     if attempts is not None:
         data["attempts"] = [{

@@ -70,6 +70,11 @@ class JobSubmitSchema(Schema):
     ib_domain = fields.String(load_default=None, allow_none=True, validate=validate.Length(min=1, max=64))
     min_replicas = fields.Integer(load_default=0, strict=True, validate=validate.Range(0, 256))
     max_replicas = fields.Integer(load_default=0, strict=True, validate=validate.Range(0, 256))
+    ephemeral_storage_bytes = Memory(load_default=None, allow_none=True, max_bytes=2**50, metadata={
+        "description": "scratch space on the node (bytes or '20Gi'); at most the VC's ephemeral_storage_bytes "
+                       "(null: the VC's or the cluster's default)"})
+    run_as_root = fields.Boolean(load_default=False, metadata={
+        "description": "run as uid 0 instead of your uid; only in VCs whose pod_policy allows run_as_root"})
 
     @validates("env")
     def _env_names(self, value, **kwargs):
@@ -188,6 +193,8 @@ class JobSchema(Schema):
     placements = fields.List(fields.Nested(PlacementSchema))
     attempts = fields.List(fields.Nested(AttemptSchema))
     endpoints = fields.List(fields.Nested(EndpointSchema), metadata={"description": "full visibility, GET only"})
+    ephemeral_storage_bytes = fields.Integer(allow_none=True, metadata={"description": "null: the VC's default"})
+    run_as_root = fields.Boolean()
     visibility = fields.String(metadata={"description": "full, or public for other members of the VC"})
 
 
@@ -208,6 +215,8 @@ class LogSchema(Schema):
 
 class MeSchema(Schema):
     name = fields.String()
+    uid = fields.Integer(allow_none=True, metadata={"description": "the uid your jobs run as (null: none yet)"})
+    gid = fields.Integer(allow_none=True)
     cluster_admin = fields.Boolean()
     vcs = fields.List(fields.Dict())
 
@@ -278,6 +287,7 @@ class AttemptPageSchema(Schema):
 # -- VCs -----------------------------------------------------------------------------------------------
 
 SKU_NAME = fields.String(validate=validate.Length(1, 64))
+POSIX_ID = validate.Range(1000, 2**31 - 1, error="must be between {min} and {max}: ids below 1000 (root is 0) belong to the system.")
 QUOTA = fields.Dict(keys=SKU_NAME, values=fields.Integer(strict=True, validate=_nonneg(1_000_000)),
                     validate=validate.Length(max=64), metadata={"description": "GPUs per SKU, e.g. {\"a100\": 64}"})
 
@@ -292,6 +302,14 @@ class VcSettingsFields(Schema):
     cpu_quota = fields.Float(allow_none=True, validate=validate.Range(0, 10**7),
                              metadata={"description": "cores; null: in proportion to the GPU quota"})
     memory_quota_bytes = Memory(allow_none=True, max_bytes=2**62, metadata={"description": "bytes or '16Gi'; null: in proportion"})
+    gid = fields.Integer(strict=True, allow_none=True, validate=POSIX_ID,
+                         metadata={"description": "cluster admin: the VC's group, a supplementary group of its jobs"})
+    ephemeral_storage_bytes = Memory(allow_none=True, max_bytes=2**50, metadata={
+        "description": "cluster admin: scratch space per job pod, the most a job may ask; null: the cluster default"})
+    pod_policy = fields.Dict(keys=fields.String(validate=validate.Length(1, 32)), values=fields.Boolean(truthy={True}, falsy={False}),
+                             validate=validate.Length(max=16), metadata={
+                                 "description": "cluster admin: privileged features the VC's jobs may use, e.g. "
+                                                "{\"run_as_root\": true}"})
 
 
 class VcCreateSchema(VcSettingsFields):
@@ -334,6 +352,10 @@ class VcSchema(Schema):
     max_interactive_gpus = fields.Integer(allow_none=True)
     user_gpu_quota = fields.Integer(allow_none=True)
     notice = fields.String(allow_none=True)
+    gid = fields.Integer(allow_none=True)
+    ephemeral_storage_bytes = fields.Integer(allow_none=True, metadata={"description": "null: the cluster default"})
+    pod_policy = fields.Dict(keys=fields.String(), values=fields.Boolean())
+    storage = fields.Dict(metadata={"description": "nfs, host, home and lustre (PUT /vcs/{name}/storage)"})
     users = fields.List(fields.Nested(UserUseSchema))
     admins = fields.List(fields.String())
     members = fields.List(fields.String())
@@ -344,6 +366,18 @@ class VcSchema(Schema):
 class VcPageSchema(Schema):
     items = fields.List(fields.Nested(VcSchema))
     next_cursor = fields.String(allow_none=True)
+
+
+class VcStorageSchema(Schema):
+    """The whole storage document; ``services.vc_storage`` checks each entry and names the field at fault."""
+
+    nfs = fields.List(fields.Dict(), validate=validate.Length(max=32), metadata={
+        "description": "[{name?, server, path, mount_path, read_only?}]: NFS exports mounted into the VC's jobs"})
+    host = fields.List(fields.Dict(), validate=validate.Length(max=32), metadata={
+        "description": "[{name?, path, mount_path, read_only?}]: directories present on every node"})
+    home = fields.Dict(allow_none=True, metadata={
+        "description": "{kind: nfs|host, server?, path, mount_path}: a job of user U gets <path>/U at <mount_path>/U"})
+    lustre = fields.Dict(allow_none=True, metadata={"description": "the VC's Lustre pool, MDT and project (docs/lustre.md)"})
 
 
 class VcEventSchema(Schema):
@@ -548,3 +582,39 @@ class TokenSchema(Schema):
 class TokenListSchema(Schema):
     items = fields.List(fields.Nested(TokenSchema))
     next_cursor = fields.String(allow_none=True, metadata={"description": "always null: at most 20 tokens per user"})
+
+
+# -- users, registry credentials -------------------------------------------------------------------------
+
+class UserPatchSchema(Schema):
+    uid = fields.Integer(strict=True, allow_none=True, validate=POSIX_ID, metadata={"description": "null with gid: unset"})
+    gid = fields.Integer(strict=True, allow_none=True, validate=POSIX_ID)
+
+
+class UserSchema(Schema):
+    name = fields.String()
+    email = fields.String(allow_none=True)
+    uid = fields.Integer(allow_none=True)
+    gid = fields.Integer(allow_none=True)
+
+
+class RegistryCredentialCreateSchema(Schema):
+    server = fields.String(required=True, validate=validate.Length(1, 255), metadata={"description": "e.g. ghcr.io"})
+    username = fields.String(required=True, validate=validate.Length(1, 255))
+    password = fields.String(required=True, load_only=True, validate=validate.Length(1, 4096),
+                             metadata={"description": "stored encrypted; never returned"})
+
+
+class RegistryCredentialSchema(Schema):
+    id = fields.Integer()
+    scope = fields.String(metadata={"description": "user or vc"})
+    owner = fields.String(metadata={"description": "the user's or the VC's name"})
+    server = fields.String()
+    username = fields.String()
+    created_by = fields.String()
+    created_at = fields.String(allow_none=True)
+
+
+class RegistryCredentialListSchema(Schema):
+    items = fields.List(fields.Nested(RegistryCredentialSchema))
+    next_cursor = fields.String(allow_none=True, metadata={"description": "always null: at most 20 per user or VC"})

@@ -1,14 +1,20 @@
-"""/api/v1/vcs: virtual clusters (quota, usage per SKU, per-user use, policy, limits) and their history."""
+"""/api/v1/vcs: virtual clusters (quota, usage per SKU, per-user use, policy, limits, storage), their
+registry credentials and their history."""
 
 from __future__ import annotations
 
+from flask import current_app
 from flask.views import MethodView
 from flask_smorest import Blueprint
 
 from dlts.api import pagination
 from dlts.api.auth import authenticate, principal
-from dlts.api.schemas import PageArgs, VcCreateSchema, VcEventPageSchema, VcPageSchema, VcPatchSchema, VcSchema
+from dlts.api.schemas import (PageArgs, RegistryCredentialCreateSchema, RegistryCredentialListSchema,
+                              RegistryCredentialSchema, VcCreateSchema, VcEventPageSchema, VcPageSchema, VcPatchSchema,
+                              VcSchema, VcStorageSchema)
+from dlts.app import settings_of
 from dlts.extensions import db
+from dlts.services import registry_credentials
 from dlts.services import vcs as vc_service
 
 blp = Blueprint("vcs", __name__, description="Virtual clusters")
@@ -68,3 +74,39 @@ def vc_events(args, name: str):
     items = vc_service.events(db.session, principal(), name, before_id=before, limit=args["limit"] + 1)
     page = items[: args["limit"]]
     return {"items": page, "next_cursor": pagination.encode("ve", page[-1].id) if len(items) > args["limit"] else None}
+
+
+@blp.route("/vcs/<string:name>/storage", methods=["PUT"])
+@blp.arguments(VcStorageSchema)
+@blp.response(200, VcSchema)
+@blp.doc(security=SECURITY)
+def put_vc_storage(body, name: str):
+    """Replace the VC's whole storage document: NFS exports, host directories, users' homes, Lustre (cluster
+    admin). Attempts launched from now on mount it."""
+    return vc_service.set_storage(db.session, principal(), name, body)
+
+
+@blp.route("/vcs/<string:name>/registry-credentials")
+class VcRegistryCredentials(MethodView):
+    @blp.response(200, RegistryCredentialListSchema)
+    @blp.doc(security=SECURITY)
+    def get(self, name: str):
+        """The VC's registry credentials (VC admins); never the passwords."""
+        return {"items": registry_credentials.list_vc(db.session, principal(), name), "next_cursor": None}
+
+    @blp.arguments(RegistryCredentialCreateSchema)
+    @blp.response(201, RegistryCredentialSchema)
+    @blp.doc(security=SECURITY)
+    def post(self, body, name: str):
+        """Add a registry login every job of the VC pulls its image with (VC admins); the password is stored
+        encrypted and never returned."""
+        return registry_credentials.add_vc(db.session, settings_of(current_app).secret_key, principal(), name,
+                                           body["server"], body["username"], body["password"])
+
+
+@blp.route("/vcs/<string:name>/registry-credentials/<int(max=4611686018427387904):credential_id>", methods=["DELETE"])
+@blp.response(204)
+@blp.doc(security=SECURITY)
+def delete_vc_registry_credential(name: str, credential_id: int):
+    """Remove one of the VC's registry credentials (VC admins)."""
+    registry_credentials.delete_vc(db.session, principal(), name, credential_id)

@@ -1,6 +1,6 @@
 """All models, imported here so that Alembic and ``create_all`` see every table."""
 
-from dlts.models.access import AllowedIp, SshKey, StorageUsage
+from dlts.models.access import AllowedIp, RegistryCredential, SshKey, StorageUsage
 from dlts.models.base import Base, iso, utcnow
 from dlts.models.identity import ApiToken, Group, GroupMember, Role, RoleBinding, User
 from dlts.models.job import (
@@ -23,6 +23,6 @@ from dlts.models.vc import VcEvent, VirtualCluster
 __all__ = [
     "ACTIVE", "TERMINAL", "TRANSITIONS", "AllowedIp", "ApiToken", "Base", "EndpointKind", "EndpointStatus", "Group",
     "GroupMember", "Job", "JobAttempt", "JobEndpoint", "JobEvent", "JobStatus", "JobTemplate", "Node", "NodeFinding", "NodeOrder", "NodeState",
-    "OutboxMessage", "OutboxStatus",
+    "OutboxMessage", "OutboxStatus", "RegistryCredential",
     "Role", "RoleBinding", "SshKey", "StorageUsage", "User", "VcEvent", "VirtualCluster", "iso", "utcnow",
 ]

@@ -1,4 +1,4 @@
-"""Per-user access material: SSH public keys, allowed IPs; and storage usage scans."""
+"""Per-user access material: SSH public keys, allowed IPs, registry credentials; and storage usage scans."""
 
 from __future__ import annotations
 
@@ -48,3 +48,30 @@ class StorageUsage(Base):
     user: Mapped[str | None] = mapped_column(sa.String(64))
     bytes_used: Mapped[int] = mapped_column(sa.BigInteger)
     files: Mapped[int | None] = mapped_column(sa.BigInteger)
+
+
+class RegistryCredential(Base):
+    """A private image registry login of a user or of a VC (revision 0005).
+
+    The password is stored encrypted (Fernet, key derived from ``secret_key``; see
+    ``services.registry_credentials``) and never leaves the control plane except to the cluster, as
+    the image pull secret of a job of that user or VC.
+    """
+
+    __tablename__ = "registry_credentials"
+    __table_args__ = (
+        sa.CheckConstraint("(scope = 'user' AND user_id IS NOT NULL AND vc_id IS NULL) OR "
+                           "(scope = 'vc' AND vc_id IS NOT NULL AND user_id IS NULL)", name="one_owner"),
+        sa.Index("ix_registry_credentials_user_id", "user_id"),
+        sa.Index("ix_registry_credentials_vc_id", "vc_id"),
+    )
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    scope: Mapped[str] = mapped_column(sa.String(8))  # user | vc
+    user_id: Mapped[int | None] = mapped_column(sa.ForeignKey("users.id", ondelete="CASCADE"))
+    vc_id: Mapped[int | None] = mapped_column(sa.ForeignKey("vcs.id", ondelete="CASCADE"))
+    server: Mapped[str] = mapped_column(sa.String(255))
+    username: Mapped[str] = mapped_column(sa.String(255))
+    password_encrypted: Mapped[str] = mapped_column(sa.Text)  # a Fernet token
+    created_by: Mapped[str] = mapped_column(sa.String(64))
+    created_at: Mapped[dt.datetime] = mapped_column(Timestamp, default=utcnow)

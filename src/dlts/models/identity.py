@@ -22,6 +22,10 @@ class User(Base):
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True)
     name: Mapped[str] = mapped_column(sa.String(64), unique=True)
+    # POSIX identity the user's jobs run as (revision 0005); NULL: none yet, such jobs are refused at
+    # launch unless their VC lets them run as root
+    uid: Mapped[int | None] = mapped_column(sa.Integer, unique=True)
+    gid: Mapped[int | None] = mapped_column(sa.Integer)
     email: Mapped[str | None] = mapped_column(sa.String(254))
     # werkzeug/scrypt hash for the portal login; NULL: no password login
     password_hash: Mapped[str | None] = mapped_column(sa.String(255))

@@ -28,8 +28,13 @@ class VirtualCluster(Base):
     allow_cpu_jobs_on_gpu_nodes: Mapped[bool] = mapped_column(sa.Boolean, default=True)
     # privileged pod features this VC may use (cluster admin): {"privileged": false, "host_network": ...}
     pod_policy: Mapped[dict] = mapped_column(sa.JSON, default=dict)
-    # {"lustre": {"pool", "osts", "mdt", "directory", "project_id", ...} (docs/lustre.md), "nfs": [...]}
+    # mounted into the VC's jobs, validated by services.vc_storage: {"nfs": [...], "host": [...], "home": {...},
+    # "lustre": {"pool", "osts", "mdt", "directory", "project_id", ...} (docs/lustre.md)}
     storage: Mapped[dict] = mapped_column(sa.JSON, default=dict)
+    # the VC's POSIX group, a supplementary group of its jobs' processes (revision 0005)
+    gid: Mapped[int | None] = mapped_column(sa.Integer)
+    # scratch space a job's pod may use on its node, and the most a job may ask; NULL: the cluster default
+    ephemeral_storage_bytes: Mapped[int | None] = mapped_column(sa.BigInteger)
     notice: Mapped[str | None] = mapped_column(sa.Text)  # banner VC admins set for members
     created_at: Mapped[dt.datetime] = mapped_column(Timestamp, default=utcnow)
     updated_at: Mapped[dt.datetime] = mapped_column(Timestamp, default=utcnow, onupdate=utcnow)

@@ -1,9 +1,11 @@
-"""Operator use-cases behind the CLI (and later the admin API): users, tokens, VCs, membership."""
+"""Operator use-cases behind the CLI and the cluster-admin API: users (and their uid/gid), tokens, VCs
+(quota, group, storage, scratch space), membership."""
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any, Mapping
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
@@ -11,9 +13,40 @@ from sqlalchemy.orm import Session
 from dlts.errors import InvalidInput, NotFound, WrongState
 from dlts.models import Role, RoleBinding, User, VirtualCluster
 from dlts.repositories import vc_events
-from dlts.services.auth import forget_principals, issue_token
+from dlts.services import policy as access_policy
+from dlts.services import vc_storage
+from dlts.services.auth import Principal, forget_principals, issue_token
 
 NAME_RE = re.compile(r"^[a-z][a-z0-9_.-]{0,63}$")
+# POSIX ids DLTS runs jobs as: below 1000 are the system's (root 0, daemon, disk, shadow, ...)
+MIN_ID = 1000
+MAX_ID = 2**31 - 1
+MIN_EPHEMERAL_BYTES = 2**20
+MAX_EPHEMERAL_BYTES = 2**50
+
+
+def check_id(field: str, value: Any) -> int | None:
+    """A uid or gid DLTS may run jobs as (None: unset)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidInput(f"{field} must be a whole number between {MIN_ID} and {MAX_ID}.", details={"field": field})
+    if value == 0:
+        raise InvalidInput(f"{field} 0 is root's; jobs never run as root through a user's {field}. Use the user's own "
+                           f"{field} (from the directory, `id NAME`).", code="root_id_refused", details={"field": field})
+    if not MIN_ID <= value <= MAX_ID:
+        raise InvalidInput(f"{field} {value} is outside {MIN_ID}..{MAX_ID}; ids below {MIN_ID} belong to the system.",
+                           details={"field": field})
+    return value
+
+
+def check_ephemeral(field: str, value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not MIN_EPHEMERAL_BYTES <= value <= MAX_EPHEMERAL_BYTES:
+        raise InvalidInput(f"{field} must be bytes between {MIN_EPHEMERAL_BYTES} (1 MiB) and {MAX_EPHEMERAL_BYTES} "
+                           "(1 PiB), or null for the cluster default.", details={"field": field})
+    return value
 
 
 def _check_name(kind: str, name: str) -> None:
@@ -45,17 +78,69 @@ def _bind(session: Session, role: Role, user: User, vc: VirtualCluster | None) -
         forget_principals()
 
 
-def add_user(session: Session, name: str, *, admin: bool = False, email: str | None = None) -> User:
+def _check_identity(session: Session, name: str, uid: int | None, gid: int | None, user_id: int | None = None) -> None:
+    check_id("uid", uid)
+    check_id("gid", gid)
+    if (uid is None) != (gid is None):
+        raise InvalidInput(f"Give user {name} both a uid and a gid (jobs run as uid:gid), or neither.",
+                           details={"field": "gid" if gid is None else "uid"})
+    if uid is not None:
+        holder = session.scalar(sa.select(User.name).where(User.uid == uid, User.id != (user_id or 0)))
+        if holder is not None:
+            raise WrongState(f"uid {uid} already belongs to user {holder}; a uid names one person.", code="uid_taken",
+                             details={"field": "uid", "user": holder})
+
+
+def add_user(session: Session, name: str, *, admin: bool = False, email: str | None = None,
+             uid: int | None = None, gid: int | None = None) -> User:
     _check_name("User", name)
     if session.scalar(sa.select(User.id).where(User.name == name)) is not None:
         raise WrongState(f"User {name!r} already exists.", code="user_exists")
-    user = User(name=name, email=email, preferences={})
+    _check_identity(session, name, uid, gid)
+    user = User(name=name, email=email, preferences={}, uid=uid, gid=gid)
     session.add(user)
     session.flush()
     if admin:
         _bind(session, Role.CLUSTER_ADMIN, user, None)
     session.commit()
     return user
+
+
+USER_FIELDS = ("uid", "gid")
+
+
+@dataclass(frozen=True)
+class UserView:
+    name: str
+    email: str | None
+    uid: int | None
+    gid: int | None
+
+
+def set_user(session: Session, name: str, changes: Mapping[str, Any]) -> tuple[UserView, tuple[str, ...]]:
+    """Change ``uid``/``gid`` of user ``name`` (only the keys present; both end up set or both unset).
+    Returns the user and what changed (empty: it already was so)."""
+    unknown = sorted(set(changes) - set(USER_FIELDS))
+    if unknown:
+        raise InvalidInput(f"unknown user setting {unknown[0][:40]!r}; settable: {', '.join(USER_FIELDS)}.",
+                           details={"field": unknown[0][:40]})
+    if not changes:
+        raise InvalidInput("Send uid and/or gid.", details={"field": "body"})
+    user = get_user(session, name)
+    uid = changes["uid"] if "uid" in changes else user.uid
+    gid = changes["gid"] if "gid" in changes else user.gid
+    _check_identity(session, name, uid, gid, user.id)
+    said = tuple(f"{key} {getattr(user, key)} -> {value}" for key, value in (("uid", uid), ("gid", gid))
+                 if getattr(user, key) != value)
+    user.uid, user.gid = uid, gid
+    session.commit()
+    return UserView(user.name, user.email, user.uid, user.gid), said
+
+
+def update_user(session: Session, principal: Principal, name: str, changes: Mapping[str, Any]) -> UserView:
+    """``PATCH /users/{name}`` (cluster admins)."""
+    access_policy.require_cluster_admin(principal, "change a user's uid or gid")
+    return set_user(session, name, changes)[0]
 
 
 def new_token(session: Session, name: str, token_name: str = "cli", expires_days: int | None = None) -> str:
@@ -95,21 +180,31 @@ class VcSetResult:
     changes: tuple[str, ...]  # empty: the VC already was as asked
 
 
+UNSET: Any = object()  # set_vc: leave this setting as it is
+
+
 def set_vc(session: Session, name: str, quota: dict[str, int], *, policy: str | None = None,
-           actor: str = "cli") -> VcSetResult:
+           gid: int | None = UNSET, ephemeral_storage_bytes: int | None = UNSET, actor: str = "cli") -> VcSetResult:
     """Create VC ``name`` or bring it to ``quota`` (the whole quota: SKUs left out go to 0) and ``policy``
-    (None: RF for a new VC, unchanged otherwise), for deployments that declare their VCs. Returns what
-    changed; each change is recorded as a VC event by ``actor``."""
+    (None: RF for a new VC, unchanged otherwise), for deployments that declare their VCs; ``gid`` and
+    ``ephemeral_storage_bytes`` change only when given (None clears them). Returns what changed; each
+    change is recorded as a VC event by ``actor``."""
     _check_name("VC", name)
     if policy is not None and policy not in ("RF", "FIFO"):
         raise InvalidInput("policy must be RF or FIFO.", details={"field": "policy"})
+    extra = {}
+    if gid is not UNSET:
+        extra["gid"] = check_id("gid", gid)
+    if ephemeral_storage_bytes is not UNSET:
+        extra["ephemeral_storage_bytes"] = check_ephemeral("ephemeral_storage_bytes", ephemeral_storage_bytes)
     wanted = {sku: gpus for sku, gpus in sorted(quota.items()) if gpus}  # 0 and absent mean the same
     vc = session.scalar(sa.select(VirtualCluster).where(VirtualCluster.name == name))
     if vc is None:
-        session.add(VirtualCluster(name=name, quota=wanted, policy=policy or "RF", pod_policy={}, storage={}))
-        vc_events.record(session, name, actor, "created", None, {"quota": wanted, "policy": policy or "RF"})
+        session.add(VirtualCluster(name=name, quota=wanted, policy=policy or "RF", pod_policy={}, storage={}, **extra))
+        vc_events.record(session, name, actor, "created", None, {"quota": wanted, "policy": policy or "RF", **extra})
         session.commit()
-        return VcSetResult(created=True, changes=(f"quota {wanted}, policy {policy or 'RF'}",))
+        return VcSetResult(created=True, changes=(", ".join([f"quota {wanted}", f"policy {policy or 'RF'}"]
+                                                            + [f"{k} {v}" for k, v in extra.items()]),))
     changes = []
     current = {sku: int(gpus) for sku, gpus in sorted((vc.quota or {}).items()) if gpus}
     if current != wanted:
@@ -120,6 +215,11 @@ def set_vc(session: Session, name: str, quota: dict[str, int], *, policy: str | 
         vc_events.record(session, name, actor, "policy", vc.policy, policy)
         changes.append(f"policy {vc.policy} -> {policy}")
         vc.policy = policy
+    for key, value in extra.items():
+        if getattr(vc, key) != value:
+            vc_events.record(session, name, actor, key, getattr(vc, key), value)
+            changes.append(f"{key} {getattr(vc, key)} -> {value}")
+            setattr(vc, key, value)
     session.commit()
     return VcSetResult(created=False, changes=tuple(changes))
 
@@ -132,16 +232,22 @@ def add_member(session: Session, vc_name: str, user_name: str, *, admin: bool = 
     session.commit()
 
 
-def set_vc_lustre(session: Session, vc_name: str, settings: dict) -> dict:
-    """Store a VC's Lustre settings (pool, OSTs, MDT, directory, project); the storage manager applies them."""
-    from dlts_lustre.policy import PolicyError, policy_from_vcs
-
+def set_vc_lustre(session: Session, vc_name: str, settings: dict, actor: str = "cli") -> dict:
+    """Store a VC's Lustre settings (pool, OSTs, MDT, directory, project); the storage manager applies them.
+    The rest of the VC's storage document is kept."""
     vc = get_vc(session, vc_name)
-    lustre = {k: v for k, v in settings.items() if v is not None}
-    try:  # validate the VC's entry alone; filesystem-wide checks happen when the manager applies it
-        policy_from_vcs([{"name": vc.name, **lustre}], {"filesystem": {"name": "check", "mount": "/check"}})
-    except PolicyError as exc:
-        raise InvalidInput(str(exc), code="invalid_lustre_settings", details={"field": "storage.lustre"}) from None
-    vc.storage = {**(vc.storage or {}), "lustre": lustre}
-    session.commit()
+    lustre = vc_storage.check_lustre(vc.name, settings)
+    replace_vc_storage(session, vc, {**(vc.storage or {}), "lustre": lustre}, actor)
     return lustre
+
+
+def replace_vc_storage(session: Session, vc: VirtualCluster, document: Any, actor: str) -> bool:
+    """Make ``document`` (checked by ``services.vc_storage``) the VC's whole storage document, recorded as
+    a VC event; returns False when it already was (nothing written)."""
+    stored = vc_storage.normalize(vc.name, document)
+    if stored == (vc.storage or {}):
+        return False
+    vc_events.record(session, vc.name, actor, "storage", vc.storage or {}, stored)
+    vc.storage = stored
+    session.commit()
+    return True

@@ -57,6 +57,32 @@ class JobRequest:
     ib_domain: str | None = None  # "any": a distributed job may span IB domains
     min_replicas: int = 0
     max_replicas: int = 0
+    ephemeral_storage_bytes: int | None = None  # None: the VC's default
+    run_as_root: bool = False
+
+
+def _check_identity_asks(req: JobRequest, vc, settings: Settings) -> None:
+    """Scratch space up to the VC's default, and root only where the VC's policy allows it."""
+    if req.ephemeral_storage_bytes is not None:
+        limit = vc.ephemeral_storage_bytes or settings.kubernetes.default_ephemeral_storage_bytes
+        source = f"VC {vc.name}'s" if vc.ephemeral_storage_bytes else "the cluster's default"
+        if req.ephemeral_storage_bytes > limit:
+            raise Refused(f"This job asks {req.ephemeral_storage_bytes} bytes of ephemeral storage; {source} limit is "
+                          f"{limit}. Ask for at most {limit}, or leave ephemeral_storage_bytes out to get it.",
+                          code="ephemeral_storage_exceeds_vc",
+                          details={"field": "ephemeral_storage_bytes", "max": limit, "asked": req.ephemeral_storage_bytes})
+    if req.run_as_root and not root_allowed(settings, vc):
+        raise Refused(f"VC {vc.name} does not let jobs run as root; leave run_as_root out (jobs run as your uid), or ask "
+                      "a cluster admin to allow run_as_root in the VC's pod_policy.",
+                      code="run_as_root_not_allowed", details={"field": "run_as_root"})
+
+
+def root_allowed(settings: Settings, vc) -> bool:
+    """The VC's pod policy or the cluster's ``kubernetes.privileged_policy`` allows ``run_as_root``."""
+    from dlts.backends.k8s_settings import PrivilegedFeature
+
+    return bool((vc.pod_policy or {}).get(PrivilegedFeature.RUN_AS_ROOT.value)) or \
+        PrivilegedFeature.RUN_AS_ROOT in settings.kubernetes.features_for(vc.name)
 
 
 def _choose_sku(req: JobRequest, quota: Mapping[str, int], shapes: Mapping[str, SkuShape]) -> str:
@@ -159,6 +185,7 @@ def submit(session: Session, settings: Settings, principal: Principal, req: JobR
     policy.check_priority(principal, vc.name, req.priority)
     policy.check_max_time(principal, vc.name, req.max_time_s, vc.max_job_time_s)
     wanted_endpoints = _submitted_endpoints(req)
+    _check_identity_asks(req, vc, settings)
     # A CPU-only job that names no SKU takes the configured defaults: the node shapes (a query
     # over the nodes) are read only when a SKU must be chosen, checked or sized.
     needs_shapes = bool(req.sku) or req.gpus > 0 or req.type == "distributed"
@@ -176,6 +203,10 @@ def submit(session: Session, settings: Settings, principal: Principal, req: JobR
     spec = {"env": dict(req.env), "ports": list(req.ports), "ssh": req.ssh}
     if req.ib_domain:
         spec["ib_domain"] = req.ib_domain
+    if req.ephemeral_storage_bytes is not None:
+        spec["ephemeral_storage_bytes"] = req.ephemeral_storage_bytes
+    if req.run_as_root:
+        spec["run_as_root"] = True
     if req.type == "inference":
         spec["min_replicas"], spec["max_replicas"] = req.min_replicas, max(req.max_replicas, req.min_replicas)
     now = utcnow()

@@ -5,8 +5,10 @@ No Flask: the API and the portal call these. Rules (who may change what) are in 
 Quota: a cluster admin sets GPUs per SKU. CPU and memory follow in proportion to the SKU's node
 shape (GPUs / GPUs per node x cores and bytes per node), as the 2020 system did; ``cpu_quota`` and
 ``memory_quota_bytes`` override the derived totals (``None`` goes back to derived). VC admins change
-policy, wall time, interactive cap, per-user quota and the notice. Every change writes a
-``vc_events`` row; the job manager reads the VC table on each tick, so changes apply on the next one.
+policy, wall time, interactive cap, per-user quota and the notice; cluster admins also the VC's
+group (``gid``), its jobs' scratch space (``ephemeral_storage_bytes``), its pod policy and its storage
+document (``set_storage``, checked by ``services.vc_storage``). Every change writes a ``vc_events``
+row; the job manager reads the VC table on each tick, so changes apply on the next one.
 """
 
 from __future__ import annotations
@@ -24,12 +26,13 @@ from dlts.repositories import vc_events
 from dlts.repositories.cluster import sku_shapes
 from dlts.scheduler.model import CPU_SKU, SkuShape
 from dlts.services import policy
+from dlts.services import admin
 from dlts.services.admin import NAME_RE
 from dlts.services.auth import Principal
 
 POLICIES = ("RF", "FIFO")
 VC_ADMIN_FIELDS = ("policy", "max_job_time_s", "max_interactive_gpus", "user_gpu_quota", "notice")
-CLUSTER_ADMIN_FIELDS = ("quota", "cpu_quota", "memory_quota_bytes")
+CLUSTER_ADMIN_FIELDS = ("quota", "cpu_quota", "memory_quota_bytes", "gid", "ephemeral_storage_bytes", "pod_policy")
 MAX_QUOTA_GPUS = 1_000_000
 
 
@@ -68,6 +71,10 @@ class VcView:
     max_interactive_gpus: int | None
     user_gpu_quota: int | None
     notice: str | None
+    gid: int | None
+    ephemeral_storage_bytes: int | None  # None: the cluster default
+    pod_policy: dict[str, bool]
+    storage: dict[str, Any]
     users: list[UserUse]
     admins: list[str]
     members: list[str]
@@ -99,6 +106,9 @@ class VcSpec:
     max_interactive_gpus: int | None = None
     user_gpu_quota: int | None = None
     notice: str | None = None
+    gid: int | None = None
+    ephemeral_storage_bytes: int | None = None
+    pod_policy: Mapping[str, bool] = field(default_factory=dict)
 
 
 def derived_cpu_memory(quota: Mapping[str, int], shapes: Mapping[str, SkuShape]) -> tuple[float, int]:
@@ -145,7 +155,9 @@ def _view(session: Session, vc: VirtualCluster, shapes: Mapping[str, SkuShape],
         memory_quota_bytes=vc.memory_quota_bytes if vc.memory_quota_bytes is not None else derived_memory,
         memory_quota_source="override" if vc.memory_quota_bytes is not None else "derived",
         max_job_time_s=vc.max_job_time_s, max_interactive_gpus=vc.max_interactive_gpus,
-        user_gpu_quota=vc.user_gpu_quota, notice=vc.notice,
+        user_gpu_quota=vc.user_gpu_quota, notice=vc.notice, gid=vc.gid,
+        ephemeral_storage_bytes=vc.ephemeral_storage_bytes, pod_policy=dict(vc.pod_policy or {}),
+        storage=dict(vc.storage or {}),
         users=[UserUse(u, sum(r.jobs for r in rows), sum(r.gpus for r in rows if not r.preemptible),
                        sum(r.gpus for r in rows if r.preemptible), round(sum(r.cpu for r in rows), 3),
                        sum(r.memory_bytes for r in rows)) for u, rows in sorted(users.items())],
@@ -226,6 +238,29 @@ def _check_settings(changes: Mapping[str, Any]) -> None:
             raise InvalidInput(f"{key} must be a number between {low} and {high}, or null for no limit.", details={"field": key})
     if changes.get("notice") is not None and (not isinstance(changes["notice"], str) or len(changes["notice"]) > 2000):
         raise InvalidInput("notice must be text of at most 2000 characters.", details={"field": "notice"})
+    if "gid" in changes:
+        admin.check_id("gid", changes["gid"])
+    if "ephemeral_storage_bytes" in changes:
+        admin.check_ephemeral("ephemeral_storage_bytes", changes["ephemeral_storage_bytes"])
+    if "pod_policy" in changes:
+        check_pod_policy(changes["pod_policy"])
+
+
+def check_pod_policy(value: Any) -> dict[str, bool]:
+    """``{"run_as_root": true, "host_network": false, ...}``: the privileged features the VC's jobs may use."""
+    from dlts.backends.k8s_settings import PrivilegedFeature
+
+    known = [f.value for f in PrivilegedFeature]
+    if not isinstance(value, Mapping):
+        raise InvalidInput(f"pod_policy must be an object of feature: true/false; features: {', '.join(known)}.",
+                           details={"field": "pod_policy"})
+    for key, allowed in value.items():
+        if key not in known:
+            raise InvalidInput(f"pod_policy: unknown feature {str(key)[:40]!r}; features: {', '.join(known)}.",
+                               details={"field": f"pod_policy.{str(key)[:40]}"})
+        if not isinstance(allowed, bool):
+            raise InvalidInput(f"pod_policy.{key} must be true or false.", details={"field": f"pod_policy.{key}"})
+    return dict(value)
 
 
 def create_vc(session: Session, principal: Principal, spec: VcSpec) -> VcView:
@@ -233,12 +268,13 @@ def create_vc(session: Session, principal: Principal, spec: VcSpec) -> VcView:
     if not NAME_RE.match(spec.name):
         raise InvalidInput(f"VC name {spec.name[:70]!r} must start with a lowercase letter and use a-z, 0-9, '.', '_' or '-' (at most 64).",
                            details={"field": "name"})
-    settings = {k: getattr(spec, k) for k in VC_ADMIN_FIELDS + ("cpu_quota", "memory_quota_bytes")}
+    settings = {k: getattr(spec, k) for k in VC_ADMIN_FIELDS + CLUSTER_ADMIN_FIELDS if k != "quota"}
     _check_settings(settings)
+    settings["pod_policy"] = dict(settings["pod_policy"])
     quota = _check_quota(session, spec.name, spec.quota)
     if session.scalar(sa.select(VirtualCluster.id).where(VirtualCluster.name == spec.name)) is not None:
         raise WrongState(f"VC {spec.name!r} already exists; change it with PATCH /vcs/{spec.name}.", code="vc_exists")
-    vc = VirtualCluster(name=spec.name, quota=quota, pod_policy={}, storage={}, **settings)
+    vc = VirtualCluster(name=spec.name, quota=quota, storage={}, **settings)
     session.add(vc)
     vc_events.record(session, spec.name, principal.name, "created", None, {"quota": quota, **settings})
     session.commit()
@@ -284,6 +320,14 @@ def update_vc(session: Session, principal: Principal, name: str, changes: Mappin
             vc_events.record(session, name, principal.name, key, old, new)
             setattr(vc, key, new)
     session.commit()
+    return get_vc(session, principal, name)
+
+
+def set_storage(session: Session, principal: Principal, name: str, document: Any) -> VcView:
+    """Replace the VC's whole storage document (cluster admins); applies to attempts launched from now on."""
+    vc = _load(session, principal, name)
+    policy.require_cluster_admin(principal, f"change the storage of VC {name}")
+    admin.replace_vc_storage(session, vc, document, principal.name)
     return get_vc(session, principal, name)
 
 
