@@ -379,7 +379,7 @@ class Identity:
         self.uid, self.gid, self.groups = uid, gid, groups
 
     @classmethod
-    def from_spec(cls, spec: dict) -> "Identity":
+    def from_spec(cls, spec: dict) -> Identity:
         uid = spec.get("uid")
         if uid is None:
             return cls(None, None, [])
@@ -390,14 +390,14 @@ class Identity:
         """In a child, before exec: become the job's user (groups first, the uid last)."""
         if self.uid is None:
             return
-        os.setgroups(sorted(set([self.gid, *self.groups])))
+        os.setgroups(sorted({self.gid, *self.groups}))
         os.setgid(self.gid)
         os.setuid(self.uid)
 
     def popen_kwargs(self) -> dict:
         if self.uid is None:
             return {}
-        return {"user": self.uid, "group": self.gid, "extra_groups": sorted(set([self.gid, *self.groups]))}
+        return {"user": self.uid, "group": self.gid, "extra_groups": sorted({self.gid, *self.groups})}
 
 
 def _start_time() -> float:

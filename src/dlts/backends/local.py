@@ -45,12 +45,19 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Sequence
 
 import psutil
 
-from dlts.backends.base import EndpointSpec, EndpointState, LaunchSpec, NodeInfo, Observed, RunPhase
+from dlts.backends.base import (
+    EndpointSpec,
+    EndpointState,
+    LaunchSpec,
+    NodeInfo,
+    Observed,
+    RunPhase,
+)
 
 log = logging.getLogger(__name__)
 INIT_SCRIPT = Path(__file__).with_name("dlts_init.py")
