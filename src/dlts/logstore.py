@@ -29,7 +29,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-CHUNK_MIN = 64 * 1024
+CHUNK_MIN = 16 * 1024  # the smallest tail part
+MIN_MAX_BYTES = 64 * 1024  # the smallest cap (Settings.log_max_bytes' lower bound)
 _PART = re.compile(r"^attempt-(\d+)\.log\.(\d+)$")
 
 
@@ -69,8 +70,8 @@ class AttemptLogWriter:
     """
 
     def __init__(self, log_dir: Path, job_id: int, attempt: int, max_bytes: int, *, shared: bool = False) -> None:
-        if max_bytes < 2 * CHUNK_MIN:
-            raise ValueError(f"log_max_bytes must be at least {2 * CHUNK_MIN}")
+        if max_bytes < MIN_MAX_BYTES:
+            raise ValueError(f"log_max_bytes must be at least {MIN_MAX_BYTES}")
         self.dir = job_dir(log_dir, job_id)
         self.dir.mkdir(parents=True, exist_ok=True)
         if self.dir.is_symlink() or not self.dir.is_dir():
@@ -259,7 +260,8 @@ def read_log(log_dir: Path, job_id: int, attempt: int, offset: int = 0, limit: i
         stored = _Stored(dir_fd, attempt)
         if not stored.pieces:
             return None
-        size, out, pos = stored.size, bytearray(), max(0, offset)
+        size, out = stored.size, bytearray()
+        pos = min(max(0, offset), size)  # past the end: at the end (a follower waits there)
         for start, length, name in stored.pieces:
             if len(out) >= limit:
                 break
@@ -272,7 +274,7 @@ def read_log(log_dir: Path, job_id: int, attempt: int, offset: int = 0, limit: i
             take = min(end - pos, limit - len(out))
             out += stored.read(start, pos, take, name)
             pos += take
-        return LogSlice(bytes(out), max(pos, min(offset, size)), size, stored.dropped)
+        return LogSlice(bytes(out), pos, size, stored.dropped)
     finally:
         os.close(dir_fd)
 

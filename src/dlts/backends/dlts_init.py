@@ -470,9 +470,14 @@ def run(argv: list[str], exit_file: str | None, endpoints_dir: str | None = None
     _become_subreaper()
     spec = run_spec or {}
     identity = Identity.from_spec(spec)
+    try:
+        pump = LogPump(spec["log"]) if spec.get("log") else None
+    except (OSError, ValueError) as exc:
+        # no pid record: the job manager reports the attempt as not started (init_failed, this line)
+        sys.stderr.write(f"dlts-init: cannot open the job's log in the log store: {exc}\n")
+        return 1
     if pid_file:
         _write_atomic(pid_file, f"{os.getpid()} {_start_time()}\n")
-    pump = LogPump(spec["log"]) if spec.get("log") else None
     if pump is not None and spec.get("note"):
         pump.say(f"[dlts] {spec['note']}\n")
     child = os.fork()

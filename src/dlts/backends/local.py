@@ -207,6 +207,25 @@ class LocalBackend:
         except FileNotFoundError:
             return False
 
+    def _why_not_started(self, unit: Path) -> dict[str, str]:
+        """A unit with no pid record whose init has exited: it failed before it could start the job
+        (reason ``init_failed``, its last words from ``init.log``); empty while it is starting."""
+        child = self._children.get(unit)
+        if child is not None and child.poll() is None:
+            return {}
+        try:
+            with open(unit / "init.log", "rb") as fh:
+                fh.seek(0, os.SEEK_END)
+                fh.seek(max(0, fh.tell() - 4096))
+                lines = [line.strip() for line in fh.read().decode("utf-8", "replace").splitlines() if line.strip()]
+        except FileNotFoundError:
+            lines = []
+        if child is None and not lines:
+            return {}  # started by another job manager: nothing known yet
+        code = "" if child is None else f" with code {child.returncode}"
+        said = f": {lines[-1]}" if lines else ""
+        return {"reason": "init_failed", "message": f"the DLTS init exited{code} before starting the job{said}"[:1024]}
+
     def _launch_unit(self, unit: Path, spec: LaunchSpec, placements, extra_env: dict[str, str], identity: dict,
                      note: str | None, endpoints: bool = False, shared_log: bool = False) -> None:
         if unit.exists():
@@ -329,7 +348,7 @@ class LocalBackend:
         if (unit / "pid").exists():
             # the process vanished without its init writing an exit code (SIGKILLed init, reboot)
             return Observed(job_id, attempt, RunPhase.GONE, None, started, now, "the job's process vanished")
-        return Observed(job_id, attempt, RunPhase.PENDING)
+        return Observed(job_id, attempt, RunPhase.PENDING, **self._why_not_started(unit))
 
     def _observe_replicas(self, key: tuple[int, int], replicas: list[tuple[int, Path]], now: float) -> Observed:
         """An inference attempt as a whole: RUNNING while any replica runs; removed replicas do
