@@ -288,14 +288,7 @@ class LocalBackend:
             pid_text, started_text = (unit / "pid").read_text().split()
             pid, started = int(pid_text), float(started_text)
         except (FileNotFoundError, ValueError):
-            child = self._children.get(unit)
-            if child is None or child.poll() is not None:
-                return None, None
-            try:  # our init, so new it has not written its record yet
-                proc = psutil.Process(child.pid)
-                return proc, proc.create_time()
-            except psutil.Error:
-                return None, None
+            return None, None  # not started yet (its init records itself before it starts the job)
         try:
             proc = psutil.Process(pid)
             if abs(proc.create_time() - started) > 1 or proc.status() == psutil.STATUS_ZOMBIE:
