@@ -6,15 +6,17 @@ measure our code + the client + a Python HTTP server, not etcd or a real apiserv
 
 Two parts:
 
-1. backend: N 1-GPU LaunchSpecs handed to ``launch`` one after another, as the job manager does
-   after one scheduling pass decided to start them all. For each job: seconds from the decision
-   (all decided at t0) to its pod's create returning 201, and the launch call's own duration.
-   Then API calls (and seconds) for one tick's ``nodes()`` + ``observe()`` at 0, 10, 100 and N
-   running jobs.
+1. backend: N 1-GPU LaunchSpecs handed to ``launch`` as the job manager does after one scheduling
+   pass decided to start them all: ``jobmanager.manager.launch_all``, at most the backend's
+   ``launch_parallelism`` (``kubernetes.launch_parallelism``, ``--parallelism`` overrides) at once.
+   For each job: seconds from the decision (all decided at t0) to its launch returning (its pod's
+   create answered 201), and the launch call's own duration. Then API calls (and seconds) for one
+   tick's ``nodes()`` + ``observe()`` at 0 and N running jobs.
 2. jobmanager: N jobs submitted through the job service, then ``JobManager.tick()``s until every
-   job has a pod: the first tick's duration and the API calls of each tick, with SQLite.
+   job has a pod: each tick's duration and API calls, and decision -> pod created for every job
+   (from the start of the tick that decided it to its launch returning), with SQLite.
 
-    .venv/bin/python bench/k8s_launch.py [--jobs 1000] [--repeat 3] [--skip-jobmanager]
+    .venv/bin/python bench/k8s_launch.py [--jobs 1000] [--repeat 3] [--parallelism N] [--skip-jobmanager]
 
 The backend part runs twice: pods listed every tick (the default) and kept by a watch
 (``KubernetesSettings.watch``).
@@ -34,7 +36,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from dlts.backends.base import LaunchSpec
-from dlts.backends.kubernetes import KubernetesBackend, KubernetesSettings
+from dlts.backends.k8s_settings import KubernetesSettings
+from dlts.backends.kubernetes import KubernetesBackend
+from dlts.jobmanager.manager import launch_all
 from dlts.scheduler.model import Placement
 from tests.fakes.kube_apiserver import FakeClock, FakeKubeApiServer
 
@@ -48,10 +52,33 @@ def _cluster(nodes: int) -> FakeKubeApiServer:
     return api
 
 
+PARALLELISM: int | None = None  # --parallelism: instead of KubernetesSettings' default
+
+
 def _backend(api: FakeKubeApiServer, tmp: Path, watch: bool = False) -> KubernetesBackend:
     kubeconfig = api.write_kubeconfig(tmp / "kubeconfig")
-    return KubernetesBackend(KubernetesSettings(kubeconfig=str(kubeconfig), namespace="default", watch=watch),
-                             clock=api.clock)
+    extra = {} if PARALLELISM is None else {"launch_parallelism": PARALLELISM}
+    settings = KubernetesSettings(kubeconfig=str(kubeconfig), namespace="default", watch=watch, **extra)
+    return KubernetesBackend(settings, log_dir=tmp / "logs", log_max_bytes=64 * 1024**2, clock=api.clock)
+
+
+class _Timed:
+    """The backend with each launch's completion time recorded (what the job manager sees)."""
+
+    def __init__(self, backend: KubernetesBackend) -> None:
+        self._backend = backend
+        self.launch_parallelism = getattr(backend, "launch_parallelism", 1)
+        self.done: dict[int, float] = {}
+        self.took: dict[int, float] = {}
+
+    def launch(self, spec: LaunchSpec) -> None:
+        t = time.perf_counter()
+        self._backend.launch(spec)
+        done = time.perf_counter()
+        self.done[spec.job_id], self.took[spec.job_id] = done, done - t
+
+    def __getattr__(self, name: str):
+        return getattr(self._backend, name)
 
 
 def _caught_up(api: FakeKubeApiServer, backend: KubernetesBackend) -> None:
@@ -92,25 +119,19 @@ def bench_backend(jobs: int, watch: bool = False) -> dict:
                      for j in range(1, jobs + 1)]
             calls: dict[int, tuple[int, float]] = {0: _tick_cost(api, backend)}
             api.reset_counts()
+            timed = _Timed(backend)
             decided = time.perf_counter()
-            latency, launch_s = [], []
-            for i, spec in enumerate(specs, 1):
-                t = time.perf_counter()
-                backend.launch(spec)
-                done = time.perf_counter()
-                launch_s.append(done - t)
-                latency.append(done - decided)
-                if i in (10, 100):
-                    paused = time.perf_counter()
-                    calls[i] = _tick_cost(api, backend)
-                    decided += time.perf_counter() - paused  # do not charge the measurement to the launches
+            results = launch_all(timed, specs)
+            assert all(exc is None for _, exc in results), [exc for _, exc in results if exc][:3]
+            latency = sorted(t - decided for t in timed.done.values())
+            launch_s = list(timed.took.values())
             create_calls = api.store.created["pods"]
             api.kubelet.tick()
             calls[jobs] = _tick_cost(api, backend)
             assert len(api.pods()) == jobs and create_calls == jobs
             backend.close()
             return {
-                "jobs": jobs, "nodes": nodes,
+                "jobs": jobs, "nodes": nodes, "launch_parallelism": timed.launch_parallelism,
                 "launch_median_ms": statistics.median(launch_s) * 1e3,
                 "launch_p95_ms": _pct(launch_s, 0.95) * 1e3,
                 "decision_to_pod_median_s": statistics.median(latency),
@@ -147,7 +168,8 @@ def bench_jobmanager(jobs: int) -> dict:
             db_migrate.upgrade(engine_of(app))
             sessions = session_factory(app)
             backend = _backend(api, Path(tmp))
-            manager = JobManager(sessions, backend, settings, clock=api.clock)
+            timed = _Timed(backend)
+            manager = JobManager(sessions, timed, settings, clock=api.clock)
             with sessions() as s:
                 admin.add_vc(s, "vision", {"a100": nodes * 8})
                 admin.add_user(s, "alice")
@@ -157,13 +179,16 @@ def bench_jobmanager(jobs: int) -> dict:
                 for _ in range(jobs):
                     job_service.submit(s, settings, principal, job_service.JobRequest(
                         vc="vision", image="pytorch/pytorch:2.3", command="sleep infinity", gpus=1))
-            ticks = []
+            ticks, decided_at = [], {}
             while len(api.pods()) < jobs and len(ticks) < 10:
                 api.reset_counts()
                 t = time.perf_counter()
+                launched = set(timed.done)
                 manager.tick()
+                decided_at.update({j: t for j in timed.done if j not in launched})
                 ticks.append({"seconds": round(time.perf_counter() - t, 3), "calls": api.total_requests(),
                               "pods": len(api.pods())})
+            to_pod = sorted(timed.done[j] - decided_at[j] for j in decided_at)
             api.kubelet.tick()
             for _ in range(2):  # steady state: everything running
                 api.reset_counts()
@@ -175,7 +200,11 @@ def bench_jobmanager(jobs: int) -> dict:
                 running = s.scalar(sa.select(sa.func.count()).select_from(Job).where(Job.status == JobStatus.RUNNING))
             backend.close()
             engine_of(app).dispose()
-            return {"jobs": jobs, "ticks": ticks, "running_at_end": running}
+            return {"jobs": jobs, "launch_parallelism": timed.launch_parallelism, "ticks": ticks,
+                    "running_at_end": running,
+                    "tick_start_to_pod_median_s": round(statistics.median(to_pod), 3),
+                    "tick_start_to_pod_p95_s": round(_pct(to_pod, 0.95), 3),
+                    "tick_start_to_last_pod_s": round(to_pod[-1], 3)}
     finally:
         api.stop()
 
@@ -184,8 +213,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--jobs", type=int, default=1000)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--parallelism", type=int, help="kubernetes.launch_parallelism (default: the setting's)")
     parser.add_argument("--skip-jobmanager", action="store_true")
     args = parser.parse_args()
+    global PARALLELISM
+    PARALLELISM = args.parallelism
     runs = [bench_backend(args.jobs) for _ in range(args.repeat)]
     watch_runs = [bench_backend(args.jobs, watch=True) for _ in range(args.repeat)]
     keys = ("launch_median_ms", "launch_p95_ms", "decision_to_pod_median_s", "decision_to_pod_p95_s",

@@ -10,7 +10,9 @@ Layout, per job, in ``<log_dir>/<job id>/``:
 
 Offsets are positions in the whole output as the job wrote it, so a reader following the log with
 ``next_offset`` never sees a byte twice or skips one that is still stored, even while parts
-rotate. One writer per attempt (the local backend's init, or the Kubernetes backend's log copy).
+rotate. One writer per attempt (the Kubernetes backend's log copy), or several that each pass
+``shared=True`` (the local backend's inits of an inference attempt's replicas): they take an
+``flock`` on ``attempt-<n>.log.lock`` for each write and re-read the files' sizes under it.
 
 Every read opens the job directory and then each file relative to it with ``O_NOFOLLOW``: a job
 that replaced its log with a symlink (to ``/etc/passwd``, to another job's log) gets nothing read
@@ -19,6 +21,7 @@ through it; ``UnsafeLog`` says so and the API answers ``no_log``.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import stat
@@ -26,7 +29,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-CHUNK_MIN = 64 * 1024
+CHUNK_MIN = 16 * 1024  # the smallest tail part
+MIN_MAX_BYTES = 64 * 1024  # the smallest cap (Settings.log_max_bytes' lower bound)
 _PART = re.compile(r"^attempt-(\d+)\.log\.(\d+)$")
 
 
@@ -65,24 +69,44 @@ class AttemptLogWriter:
     Re-opening continues where the files end (a restarted copier or init appends, never rewrites).
     """
 
-    def __init__(self, log_dir: Path, job_id: int, attempt: int, max_bytes: int) -> None:
-        if max_bytes < 2 * CHUNK_MIN:
-            raise ValueError(f"log_max_bytes must be at least {2 * CHUNK_MIN}")
+    def __init__(self, log_dir: Path, job_id: int, attempt: int, max_bytes: int, *, shared: bool = False) -> None:
+        if max_bytes < MIN_MAX_BYTES:
+            raise ValueError(f"log_max_bytes must be at least {MIN_MAX_BYTES}")
         self.dir = job_dir(log_dir, job_id)
         self.dir.mkdir(parents=True, exist_ok=True)
+        if self.dir.is_symlink() or not self.dir.is_dir():
+            raise UnsafeLog(f"log directory {self.dir} is not a plain directory")
         self.attempt = int(attempt)
         self.head_bytes, self.tail_bytes, self.part_bytes = _limits(max_bytes)
         self._head = self.dir / f"attempt-{self.attempt}.log"
-        head_size = self._head.stat().st_size if self._head.exists() else 0
-        self._parts = {start: (self.dir / f"attempt-{self.attempt}.log.{start}").stat().st_size
-                       for start in _parts(os.listdir(self.dir), self.attempt)}
-        if self._parts:
-            last = max(self._parts)
-            self.size = last + self._parts[last]
-        else:
-            self.size = head_size
         self._fh = None
         self._fh_start: int | None = None
+        self._lock_fd: int | None = None
+        if shared:
+            self._lock_fd = os.open(self.dir / f"attempt-{self.attempt}.log.lock",
+                                    os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o640)
+        self._refresh()
+
+    def _refresh(self) -> None:
+        """Sizes from the files (what other writers of a shared log wrote meanwhile)."""
+        try:
+            head_size = os.lstat(self._head).st_size
+        except FileNotFoundError:
+            head_size = 0
+        parts = {}
+        for start in _parts(os.listdir(self.dir), self.attempt):
+            try:
+                parts[start] = os.lstat(self.dir / f"attempt-{self.attempt}.log.{start}").st_size
+            except FileNotFoundError:
+                continue  # rotated away by another writer
+        self._parts = parts
+        if parts:
+            last = max(parts)
+            self.size = last + parts[last]
+        else:
+            self.size = head_size
+        if self._fh_start is not None and self._fh_start not in parts:
+            self._close_fh()
 
     def _target(self) -> tuple[int | None, int]:
         """(part start or None for the head, room left there)."""
@@ -95,11 +119,15 @@ class AttemptLogWriter:
                 return last, room
         return self.size, self.part_bytes  # a new part starting here
 
+    def _close_fh(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+        self._fh, self._fh_start = None, None
+
     def _open(self, start: int | None) -> None:
         if self._fh is not None and self._fh_start == start:
             return
-        if self._fh is not None:
-            self._fh.close()
+        self._close_fh()
         path = self._head if start is None else self.dir / f"attempt-{self.attempt}.log.{start}"
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o640)
         self._fh = os.fdopen(fd, "ab", buffering=0)
@@ -108,6 +136,17 @@ class AttemptLogWriter:
             self._parts.setdefault(start, 0)
 
     def write(self, data: bytes) -> None:
+        if self._lock_fd is None:
+            self._write(data)
+            return
+        fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
+        try:
+            self._refresh()
+            self._write(data)
+        finally:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+
+    def _write(self, data: bytes) -> None:
         view = memoryview(data)
         while view:
             start, room = self._target()
@@ -131,9 +170,10 @@ class AttemptLogWriter:
             del self._parts[oldest]
 
     def close(self) -> None:
-        if self._fh is not None:
-            self._fh.close()
-            self._fh = None
+        self._close_fh()
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
 
 
 @dataclass(frozen=True)
@@ -220,7 +260,8 @@ def read_log(log_dir: Path, job_id: int, attempt: int, offset: int = 0, limit: i
         stored = _Stored(dir_fd, attempt)
         if not stored.pieces:
             return None
-        size, out, pos = stored.size, bytearray(), max(0, offset)
+        size, out = stored.size, bytearray()
+        pos = min(max(0, offset), size)  # past the end: at the end (a follower waits there)
         for start, length, name in stored.pieces:
             if len(out) >= limit:
                 break
@@ -233,7 +274,7 @@ def read_log(log_dir: Path, job_id: int, attempt: int, offset: int = 0, limit: i
             take = min(end - pos, limit - len(out))
             out += stored.read(start, pos, take, name)
             pos += take
-        return LogSlice(bytes(out), max(pos, min(offset, size)), size, stored.dropped)
+        return LogSlice(bytes(out), pos, size, stored.dropped)
     finally:
         os.close(dir_fd)
 

@@ -318,9 +318,16 @@ def test_a_retried_attempt_exposes_its_endpoints_anew(live, world, sessions, tmp
     # in the tick that sees the new attempt running
     row = endpoint(sessions, endpoint_id)
     assert (row.status, row.attempt) == (EndpointStatus.READY, 1)
-    live.tick()
-    with sessions() as s:
-        assert s.get(Job, job["id"]).status.value == "running"
+    deadline = time.monotonic() + 10
+    while True:  # until a tick sees attempt 2 running (its init has recorded itself)
+        live.tick()
+        with sessions() as s:
+            if s.get(Job, job["id"]).status.value == "running":
+                break
+        row = endpoint(sessions, endpoint_id)
+        assert (row.status, row.attempt) == (EndpointStatus.READY, 1)  # not exposed anew before that
+        assert time.monotonic() < deadline, "attempt 2 never ran"
+        time.sleep(0.05)
     row = endpoint(sessions, endpoint_id)
     assert (row.status, row.attempt) == (EndpointStatus.READY, 2)
     assert http_get(f"http://127.0.0.1:{row.host_port}/") == "attempt 2\n"

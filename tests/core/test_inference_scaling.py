@@ -151,14 +151,14 @@ def test_a_replica_that_fails_by_itself_fails_the_attempt(live, world, sessions)
 def _spec(tmp_path, replicas, command='echo "up $DLTS_REPLICA"; exec sleep 600', attempt=1) -> LaunchSpec:
     return LaunchSpec(job_id=9, attempt=attempt, user="alice", vc="vision", type="inference", image="-",
                       command=command, placements=tuple(Placement("local", (i,), 0.5, 2**20) for i in replicas),
-                      replicas=tuple(replicas), log_path=str(tmp_path / "log" / "attempt.log"))
+                      replicas=tuple(replicas), log_path=str(tmp_path / "log" / "9" / f"attempt-{attempt}.log"))
 
 
 def _up(tmp_path, *replicas, word="up", timeout_s=10.0) -> None:
     """Wait until those replicas' commands run (their init has its signal handlers by then)."""
-    log = tmp_path / "log" / "attempt.log"
+    logs = tmp_path / "log" / "9"  # every attempt's log (the helpers launch attempts 1 and 2)
     deadline = time.monotonic() + timeout_s
-    while not all(f"{word} {i}\n" in (log.read_text() if log.exists() else "") for i in replicas):
+    while not all(f"{word} {i}\n" in "".join(p.read_text() for p in logs.glob("attempt-*.log")) for i in replicas):
         assert time.monotonic() < deadline, f"replicas {replicas} never started"
         time.sleep(0.02)
 

@@ -288,3 +288,45 @@ def test_endpoints_are_exposed_changed_and_taken_down_end_to_end(h):
     assert h.job(job_id).status is S.KILLED
     assert h.api.objects("services") == [] and h.api.objects("configmaps") == []
     assert {v.status for v in views().values()} == {"closed"}
+
+
+def _submit_image(h, image: str, **kw) -> int:
+    from dlts.models import User
+    from dlts.services import jobs as job_service
+    from dlts.services.auth import principal_for
+
+    with h.sessions() as s:
+        principal = principal_for(s, s.scalar(sa.select(User).where(User.name == "alice")))
+        req = job_service.JobRequest(vc="vision", image=image, command="sleep 10", gpus=1, **kw)
+        return job_service.submit(s, h.settings, principal, req).id
+
+
+def test_an_image_that_cannot_be_pulled_shows_as_the_reason_and_ends_after_the_start_timeout(h):
+    h.settings = h.settings.model_copy(update={"start_timeout_s": 60.0})
+    h.manager.settings = h.settings
+    job_id = _submit_image(h, "registry.example.com/nobody/missing:1", max_retries=1)
+    h.tick()  # started: the pod is created
+    h.tick()  # the kubelet cannot pull it; this tick shows why
+    job = h.job(job_id)
+    assert job.status is S.SCHEDULING and job.reason == "image_pull"
+    assert "ErrImagePull" in job.reason_detail or "ImagePullBackOff" in job.reason_detail
+    h.tick(10)
+    h.tick(10)
+    assert h.job(job_id).reason == "image_pull"
+    h.tick(45)  # past start_timeout_s: the attempt ends with its reason and spends the retry
+    job = h.job(job_id)
+    assert (job.status, job.attempt, job.retries_used) == (S.SCHEDULING, 2, 1)  # requeued, started again
+    first = h.attempts(job_id)[0]
+    assert (first.end_reason, first.spends_retry) == ("start_timeout", True)
+    h.tick()
+    h.tick(61)
+    job = h.job(job_id)
+    assert (job.status, job.reason) == (S.FAILED, "start_timeout")
+    assert job.reason_detail.startswith("image_pull: pod dlts-")
+    assert h.api.pods() == []  # its resources are free
+    with h.sessions() as s:
+        from dlts.models import JobEvent
+
+        reasons = s.scalars(sa.select(JobEvent.reason).where(JobEvent.job_id == job_id, JobEvent.kind == "reason")
+                            .order_by(JobEvent.id)).all()
+    assert reasons == ["image_pull", "image_pull"]  # once per attempt, not once per tick

@@ -29,7 +29,6 @@ from dlts.api.schemas import (
     PageArgs,
 )
 from dlts.app import settings_of
-from dlts.errors import InvalidInput
 from dlts.extensions import db
 from dlts.models import Job, JobAttempt, JobStatus, User, VirtualCluster, iso
 from dlts.repositories import jobs as job_repo
@@ -229,23 +228,14 @@ def close_job_endpoint(job_id: int, endpoint_id: int):
 @blp.response(200, LogSchema)
 @blp.doc(security=[{"bearer": []}])
 def job_log(args, job_id: int):
-    """A slice of an attempt's log (follow with next_offset), or the whole file with download=1."""
+    """A slice of an attempt's log (follow with next_offset), or the whole log with download=1
+    (rotated parts in order, a line where the middle was dropped)."""
     settings = settings_of(current_app)
-    offset, limit = (0, 1) if args["download"] else (args["offset"], args["limit"])
-    job, number, data, size, path = job_service.read_log(db.session, settings, principal(), job_id,
-                                                         args.get("attempt"), offset, limit)
     if args["download"]:
-        if not size:
-            raise InvalidInput(f"Job {job_id} has no log yet.", code="no_log")
-
-        def chunks():
-            with path.open("rb") as fh:
-                while block := fh.read(256 * 1024):
-                    yield block
-
-        return Response(stream_with_context(chunks()), mimetype="text/plain",
+        _job, number, chunks = job_service.download_log(db.session, settings, principal(), job_id, args.get("attempt"))
+        return Response(stream_with_context(chunks), mimetype="text/plain",
                         headers={"Content-Disposition": f'attachment; filename="job-{job_id}-attempt-{number}.log"'})
-    next_offset = min(offset, size) + len(data)
-    return {"job_id": job.id, "attempt": number, "offset": offset, "next_offset": next_offset, "size": size,
-            "data": data.decode("utf-8", errors="replace"),
-            "complete": job_service.is_ended(job) and number == job.attempt and next_offset >= size}
+    read = job_service.read_log(db.session, settings, principal(), job_id, args.get("attempt"),
+                                args["offset"], args["limit"])
+    return {"job_id": read.job.id, "attempt": read.attempt, "offset": read.offset, "next_offset": read.next_offset,
+            "size": read.size, "data": read.data.decode("utf-8", errors="replace"), "complete": read.complete}

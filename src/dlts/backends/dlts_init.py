@@ -1,10 +1,25 @@
-"""The DLTS init: PID 1 of a job (``python -I -S dlts_init.py [--exit-file F] [--endpoints-dir D] -- CMD ...``).
+"""The DLTS init: PID 1 of a job (``python -I -S dlts_init.py [--run-spec F] [--pid-file F] [--exit-file F]
+[--endpoints-dir D] -- CMD ...``).
 
 It starts CMD in a process group of its own, forwards SIGTERM/SIGINT/SIGHUP/SIGQUIT to that whole
 group, reaps every zombie that lands on it (it makes itself a child subreaper), and exits with the
 child's code (128 + N when the child died of signal N). Standard library only: it runs as a script
 so that it starts in milliseconds. The code is also written atomically to
 ``--exit-file`` so the job manager learns it even after a restart of its own.
+
+``--pid-file``: the init records its own pid and start time there (atomically) before it starts
+CMD, so that a job never runs without a record even when the job manager that started the init
+died before it could write one.
+
+``--run-spec`` (JSON written by the local backend) says how CMD runs:
+
+* ``log``: ``{"dir", "job_id", "attempt", "max_bytes", "shared"}``: CMD's stdout and stderr go
+  through a pipe to the init, which appends them to the log store (``dlts/logstore.py``, loaded by
+  path: capped at ``max_bytes``, head and tail kept). The job never holds its log file open, and
+  the exit code is written only once the log has all of CMD's output.
+* ``cwd``: CMD's working directory (never the log directory).
+* ``uid`` / ``gid`` / ``groups``: CMD (and the jupyter / code-server servers) run as this identity;
+  the init stays as it was started (root) to record the exit and reap.
 
 With ``--endpoints-dir`` it also runs the endpoint supervisor of the local backend: about every
 0.5 s it reads ``endpoints.json`` there (written by ``LocalBackend.expose``), starts the servers of
@@ -20,9 +35,11 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import json
 import os
 import signal
 import sys
+import threading
 import time
 
 PR_SET_CHILD_SUBREAPER = 36
@@ -174,8 +191,9 @@ class Supervisor:
     ``endpoints.state.json``. Driven by the init's loop: ``poll`` now and then, ``exited`` for every
     reaped child that is not the job, ``stop_all`` when the job ends or the init is told to stop."""
 
-    def __init__(self, directory: str):
+    def __init__(self, directory: str, identity: Identity | None = None):
         self.dir = os.path.abspath(directory)
+        self.identity = identity or Identity(None, None, [])
         self.servers: dict[str, Server] = {}
         self.by_pid: dict[int, Server] = {}
         self.written: dict | None = None
@@ -246,8 +264,6 @@ class Supervisor:
 
     # -- starting and stopping --------------------------------------------------------------------
     def _read(self):
-        import json
-
         try:
             with open(self.path(ENDPOINTS_FILE)) as fh:
                 data = json.load(fh)
@@ -272,8 +288,6 @@ class Supervisor:
             self.keys_text = text
 
     def _write_state(self) -> None:
-        import json
-
         state = {i: s.state() for i, s in self.servers.items()}
         if state != self.written:
             _write_atomic(self.path(STATE_FILE), json.dumps(state, sort_keys=True))
@@ -298,6 +312,7 @@ class Supervisor:
             return
         port = _free_port()
         env = dict(os.environ)
+        as_user = {} if kind == "ssh" else self.identity.popen_kwargs()  # sshd needs root to log users in
         if kind == "ssh":
             argv = self._sshd_argv(server, os.path.abspath(found), port)
             if argv is None:
@@ -307,7 +322,7 @@ class Supervisor:
                     "--IdentityProvider.token=",
                     # jupyter_server's passwd_check: sha256(password + salt) with an empty salt
                     f"--PasswordIdentityProvider.hashed_password=sha256::{secret_hash}"]
-            if os.geteuid() == 0:
+            if os.geteuid() == 0 and not as_user:
                 argv.append("--allow-root")
         else:
             # code-server takes a HASHED_PASSWORD that is not argon2 as the SHA-256 hex of the password
@@ -318,7 +333,7 @@ class Supervisor:
         try:
             with open(server.log_path, "ab") as out:
                 server.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                               env=env, start_new_session=True, close_fds=True)
+                                               env=env, start_new_session=True, close_fds=True, **as_user)
         except OSError as exc:
             server.fail(f"cannot start {program}: {exc.strerror}")
             return
@@ -357,22 +372,138 @@ class Supervisor:
         self.stopped.append(server)
 
 
-def run(argv: list[str], exit_file: str | None, endpoints_dir: str | None = None) -> int:
+class Identity:
+    """Who CMD runs as (None: as the init itself)."""
+
+    def __init__(self, uid: int | None, gid: int | None, groups: list[int]):
+        self.uid, self.gid, self.groups = uid, gid, groups
+
+    @classmethod
+    def from_spec(cls, spec: dict) -> Identity:
+        uid = spec.get("uid")
+        if uid is None:
+            return cls(None, None, [])
+        gid = spec.get("gid")
+        return cls(int(uid), int(uid if gid is None else gid), [int(g) for g in spec.get("groups") or ()])
+
+    def drop(self) -> None:
+        """In a child, before exec: become the job's user (groups first, the uid last)."""
+        if self.uid is None:
+            return
+        os.setgroups(sorted({self.gid, *self.groups}))
+        os.setgid(self.gid)
+        os.setuid(self.uid)
+
+    def popen_kwargs(self) -> dict:
+        if self.uid is None:
+            return {}
+        return {"user": self.uid, "group": self.gid, "extra_groups": sorted({self.gid, *self.groups})}
+
+
+def _start_time() -> float:
+    """This process's start time as psutil computes it (boot time + start ticks), so the job
+    manager's pid check (pid and start time) recognises the record; now where /proc is missing."""
+    try:
+        with open("/proc/self/stat", "rb") as fh:
+            stat = fh.read()
+        ticks = int(stat[stat.rfind(b")") + 2:].split()[19])
+        with open("/proc/stat", "rb") as fh:
+            btime = next(float(line.split()[1]) for line in fh if line.startswith(b"btime"))
+        return btime + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return time.time()
+
+
+def _load_logstore():
+    """``dlts/logstore.py`` by its path: the init runs with -I -S and must not import the dlts package."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "logstore.py")
+    loaded = importlib.util.spec_from_file_location("dlts_init_logstore", path)
+    module = importlib.util.module_from_spec(loaded)
+    sys.modules[loaded.name] = module  # dataclasses look their module up there
+    loaded.loader.exec_module(module)
+    return module
+
+
+class LogPump:
+    """CMD's stdout+stderr: a pipe the init reads in a thread and appends to the log store."""
+
+    def __init__(self, log: dict):
+        self.writer = _load_logstore().AttemptLogWriter(log["dir"], int(log["job_id"]), int(log["attempt"]),
+                                                        int(log["max_bytes"]), shared=bool(log.get("shared")))
+        self.read_fd, self.write_fd = os.pipe()
+        self.thread = threading.Thread(target=self._pump, name="log", daemon=True)
+
+    def start(self) -> None:
+        os.close(self.write_fd)  # only the job holds the write end: EOF once it and its children are gone
+        self.thread.start()
+
+    def _pump(self) -> None:
+        while True:
+            try:
+                data = os.read(self.read_fd, 65536)
+            except InterruptedError:
+                continue
+            except OSError:
+                return
+            if not data:
+                return
+            try:
+                self.writer.write(data)
+            except OSError as exc:  # the log store is full or gone: keep the job running, drop output
+                sys.stderr.write(f"dlts-init: cannot write the job's log: {exc}\n")
+
+    def say(self, text: str) -> None:
+        try:
+            self.writer.write(text.encode())
+        except OSError:
+            pass
+
+    def finish(self, timeout_s: float = 10.0) -> None:
+        self.thread.join(timeout_s)
+        self.writer.close()
+
+
+def run(argv: list[str], exit_file: str | None, endpoints_dir: str | None = None, run_spec: dict | None = None,
+        pid_file: str | None = None) -> int:
     _become_subreaper()
+    spec = run_spec or {}
+    identity = Identity.from_spec(spec)
+    try:
+        pump = LogPump(spec["log"]) if spec.get("log") else None
+    except (OSError, ValueError) as exc:
+        # no pid record: the job manager reports the attempt as not started (init_failed, this line)
+        sys.stderr.write(f"dlts-init: cannot open the job's log in the log store: {exc}\n")
+        return 1
+    if pid_file:
+        _write_atomic(pid_file, f"{os.getpid()} {_start_time()}\n")
+    if pump is not None and spec.get("note"):
+        pump.say(f"[dlts] {spec['note']}\n")
     child = os.fork()
     if child == 0:  # the job: its own process group, default signal handling
         os.setpgid(0, 0)
         for sig in FORWARDED:
             signal.signal(sig, signal.SIG_DFL)
         try:
+            if pump is not None:
+                os.dup2(pump.write_fd, 1)
+                os.dup2(pump.write_fd, 2)
+                os.close(pump.write_fd)
+                os.close(pump.read_fd)
+            if spec.get("cwd"):
+                os.chdir(spec["cwd"])
+            identity.drop()
             os.execvp(argv[0], argv)
         except OSError as exc:
-            sys.stderr.write(f"dlts-init: cannot run {argv[0]}: {exc.strerror}\n")
+            os.write(2, f"dlts-init: cannot run {argv[0]}: {exc.strerror}\n".encode())
             os._exit(127)
     try:
         os.setpgid(child, child)
     except OSError:  # the child already did it (or already exec'd)
         pass
+    if pump is not None:
+        pump.start()
     told_to_stop: list[int] = []
 
     def forward(signum, _frame):
@@ -388,7 +519,9 @@ def run(argv: list[str], exit_file: str | None, endpoints_dir: str | None = None
     if endpoints_dir is None:
         code = _wait(child)
     else:
-        code = _wait_supervising(child, Supervisor(endpoints_dir), told_to_stop)
+        code = _wait_supervising(child, Supervisor(endpoints_dir, identity), told_to_stop)
+    if pump is not None:
+        pump.finish()
     _write_exit(exit_file, code)
     return code
 
@@ -447,12 +580,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="dlts-init")
     parser.add_argument("--exit-file")
     parser.add_argument("--endpoints-dir", help="run the endpoint supervisor on endpoints.json in this directory")
+    parser.add_argument("--run-spec", help="JSON: the job's log, working directory and identity")
+    parser.add_argument("--pid-file", help="record the init's pid and start time here before starting the job")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args()
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("give the command after --")
-    sys.exit(run(command, args.exit_file, args.endpoints_dir))
+    spec = None
+    if args.run_spec:
+        with open(args.run_spec) as fh:
+            spec = json.load(fh)
+    sys.exit(run(command, args.exit_file, args.endpoints_dir, spec, args.pid_file))
 
 
 if __name__ == "__main__":

@@ -1,14 +1,31 @@
 """The local backend: each attempt is a real process tree on this machine (the demo's executor).
 
-An attempt lives in ``<run_dir>/<job>-<attempt>/``. Every type but inference runs one process
-there; an inference attempt runs one process per replica, each in ``replicas/<index>/`` (the
-replica index of its placement) with its own ``CUDA_VISIBLE_DEVICES``. Each process directory (a
-*unit*) holds ``pid`` (pid and start time, so a reused pid is never mistaken for the job), ``exit``
-(written by the DLTS init when the command ends), ``kill_at`` (the SIGKILL deadline after a
-SIGTERM), ``stopped`` (the demo shut down under it) and, for a replica, ``removed`` (scale-down:
-it is on its way out and its ending does not end the attempt; the directory goes once it exited).
-Because the state is on disk and the job runs in its own session, a restarted job manager adopts
-running attempts instead of losing them, and ``launch`` twice never starts a unit twice.
+An attempt lives in ``<run_dir>/<job>-<attempt>/``. Most attempts run one process there; an
+inference attempt runs one process per replica, and a distributed attempt one per placement (as
+one pod per node), each in ``replicas/<index>/`` (the replica index of its placement) with its own
+``CUDA_VISIBLE_DEVICES``. Each process directory (a *unit*) holds ``spec.json`` (the init's run
+spec: log, working directory, identity), ``pid`` (pid and start time, written by the DLTS init
+itself before it starts the job, so a reused pid is never mistaken for the job and no job runs
+without a record), ``exit`` (written by the init when the command ends and its output is in the
+log), ``kill_at`` (the SIGKILL deadline after a SIGTERM), ``stopped`` (the demo shut down under it),
+``work/`` (the job's working directory) and, for a replica, ``removed`` (scale-down: it is on its
+way out and its ending does not end the attempt; the directory goes once it exited). Because the
+state is on disk and the job runs in its own session, a restarted job manager adopts running
+attempts instead of losing them, and ``launch`` twice never starts a unit twice.
+
+A crash of the job manager in the middle of ``launch`` leaves a unit without a ``pid`` record:
+nothing of the job runs there (the init records itself before it starts the job). Once such a
+*half-made* unit is older than ``LAUNCH_GRACE_S`` (time for an init to start) ``observe`` no longer
+reports it, so the job manager launches the attempt again (``launch`` clears the unit and starts it
+afresh) or, when the job is being killed, ends it.
+
+The job's output goes through the init to the log store (``dlts.logstore``, capped at
+``log_max_bytes``); the job's working directory is its unit's ``work/``, never the log directory.
+Distributed attempts get the rendezvous variables the Kubernetes backend sets (``MASTER_ADDR`` is
+this machine, ``MASTER_PORT`` a free port chosen once per attempt). Identity: when DLTS runs as
+root and the spec has a uid, the job runs as that uid/gid with its supplementary groups; when DLTS
+is not root, every job runs as the DLTS service user, and a job whose owner has another uid is
+told so in its log and by a note ``launch`` returns (the job manager records it as an event).
 
 Endpoints (``expose``): a port endpoint is the job's own port on this machine, ready at once. The
 servers of ssh / jupyter / vscode endpoints run under the DLTS init of unit 0 (the attempt's
@@ -28,8 +45,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Sequence
 
 import psutil
 
@@ -43,6 +60,9 @@ REPLICAS = "replicas"  # an inference attempt's per-replica directories live her
 ENDPOINTS_FILE = "endpoints.json"  # in unit 0: what expose wants (read by the init's supervisor)
 ENDPOINTS_STATE_FILE = "endpoints.state.json"  # in unit 0: what the supervisor reports
 SERVED = ("ssh", "jupyter", "vscode")  # endpoint kinds whose server the init starts
+LAUNCH_GRACE_S = 10.0  # a unit without a pid record this old was left half-made by a crash
+RENDEZVOUS_FILE = "rendezvous"  # in the attempt's directory: the distributed attempt's MASTER_PORT
+DEFAULT_LOG_MAX_BYTES = 256 * 1024**2  # Settings.log_max_bytes' default
 
 
 def detect_gpus() -> tuple[str, int] | None:
@@ -72,9 +92,13 @@ def detect_gpus() -> tuple[str, int] | None:
 class LocalBackend:
     name = "local"
 
+    launch_parallelism = 1  # launches are a fork each: the job manager makes them one after another
+
     def __init__(self, run_dir: Path, *, node_name: str | None = None, demo_gpus: int = 0,
-                 demo_sku: str = "demo-gpu", endpoint_host: str = "127.0.0.1", clock=time.time):
+                 demo_sku: str = "demo-gpu", endpoint_host: str = "127.0.0.1",
+                 log_max_bytes: int = DEFAULT_LOG_MAX_BYTES, clock=time.time):
         self.run_dir = Path(run_dir)
+        self.log_max_bytes = log_max_bytes
         self.endpoint_host = endpoint_host  # the address users reach this machine's endpoints at
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.node_name = node_name or socket.gethostname().split(".")[0] or "localhost"
@@ -110,28 +134,112 @@ class LocalBackend:
         return [run] if replicas is None else [d for _, d in replicas]
 
     # -- protocol ---------------------------------------------------------------------------------
-    def launch(self, spec: LaunchSpec) -> None:
+    def launch(self, spec: LaunchSpec) -> str | None:
+        """Start the attempt's units that have not started (a half-made one is started afresh).
+        Returns a note for the job's events when the job cannot run as its owner's uid."""
         run = self._dir(spec.job_id, spec.attempt)
-        if spec.type != "inference":
-            try:
-                run.mkdir()
-            except FileExistsError:
-                return  # launched before (perhaps by a job manager that crashed): nothing to do
-            self._start(run, spec, spec.placements, {}, endpoints=True)
-            return
+        identity, note = self._identity(spec)
+        if spec.type != "inference" and not (spec.type == "distributed" and len(spec.placements) > 1):
+            self._launch_unit(run, spec, spec.placements, {}, identity, note, endpoints=True)
+            return note
         (run / REPLICAS).mkdir(parents=True, exist_ok=True)
+        rendezvous = self._rendezvous(run, spec) if spec.type == "distributed" else {}
         for index, placement in spec.indexed():
-            unit = run / REPLICAS / str(index)
-            try:
-                unit.mkdir()
-            except FileExistsError:
-                continue  # this replica was started before
-            self._start(unit, spec, (placement,), {"DLTS_REPLICA": str(index)}, endpoints=index == 0)
+            env = {"DLTS_REPLICA": str(index)} if spec.type == "inference" else rendezvous[index]
+            self._launch_unit(run / REPLICAS / str(index), spec, (placement,), env, identity, note,
+                              endpoints=index == 0, shared_log=True)
+        return note
 
-    def _start(self, unit: Path, spec: LaunchSpec, placements, extra_env: dict[str, str],
-               endpoints: bool = False) -> None:
+    def _identity(self, spec: LaunchSpec) -> tuple[dict, str | None]:
+        """(run spec identity, note): the owner's uid/gid where DLTS can switch to it."""
+        if spec.uid is None:
+            return {}, None  # no uid (the demo's users): the service user, as DLTS runs
+        if os.geteuid() == 0:
+            gid = spec.uid if spec.gid is None else spec.gid
+            return {"uid": spec.uid, "gid": gid, "groups": list(spec.supplemental_groups)}, None
+        if spec.uid == os.geteuid():
+            return {}, None
+        note = (f"runs as the DLTS service user (uid {os.geteuid()}), not as {spec.user} (uid {spec.uid}): "
+                "DLTS is not running as root, so it cannot switch users; run the managers as root to run "
+                "jobs as their owners")
+        log.warning("job %s attempt %s %s", spec.job_id, spec.attempt, note)
+        return {}, note
+
+    def _rendezvous(self, run: Path, spec: LaunchSpec) -> dict[int, dict[str, str]]:
+        """Per replica index: the rendezvous variables of a distributed attempt (k8s_render's meaning:
+        one node per placement; RANK is the node's first global rank). The port is chosen once and
+        kept in the attempt's directory, so units started later (after a crash) meet at the same one."""
+        path = run / RENDEZVOUS_FILE
+        try:
+            port = int(path.read_text())
+        except (FileNotFoundError, ValueError):
+            with socket.socket() as sock:
+                sock.bind(("127.0.0.1", 0))
+                port = sock.getsockname()[1]
+            tmp = run / (RENDEZVOUS_FILE + ".tmp")
+            tmp.write_text(str(port))
+            tmp.replace(path)
+        indexed = spec.indexed()
+        nodes = len(indexed)
+        out = {}
+        for rank, (index, placement) in enumerate(indexed):
+            local = max(len(placement.gpu_indices), 1)
+            out[index] = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "NNODES": str(nodes),
+                          "NODE_RANK": str(rank), "LOCAL_WORLD_SIZE": str(local), "WORLD_SIZE": str(nodes * local),
+                          "RANK": str(rank * local)}
+        return out
+
+    def _half_made(self, unit: Path, now: float) -> bool:
+        """A unit a crash left without a pid record, too old for an init still starting."""
+        if (unit / "pid").exists() or (unit / "exit").exists():
+            return False
+        child = self._children.get(unit)
+        if child is not None and child.poll() is None:
+            return False  # our init, still starting
+        try:
+            return now - unit.stat().st_mtime > LAUNCH_GRACE_S
+        except FileNotFoundError:
+            return False
+
+    def _why_not_started(self, unit: Path) -> dict[str, str]:
+        """A unit with no pid record whose init has exited: it failed before it could start the job
+        (reason ``init_failed``, its last words from ``init.log``); empty while it is starting."""
+        child = self._children.get(unit)
+        if child is not None and child.poll() is None:
+            return {}
+        try:
+            with open(unit / "init.log", "rb") as fh:
+                fh.seek(0, os.SEEK_END)
+                fh.seek(max(0, fh.tell() - 4096))
+                lines = [line.strip() for line in fh.read().decode("utf-8", "replace").splitlines() if line.strip()]
+        except FileNotFoundError:
+            lines = []
+        if child is None and not lines:
+            return {}  # started by another job manager: nothing known yet
+        code = "" if child is None else f" with code {child.returncode}"
+        said = f": {lines[-1]}" if lines else ""
+        return {"reason": "init_failed", "message": f"the DLTS init exited{code} before starting the job{said}"[:1024]}
+
+    def _launch_unit(self, unit: Path, spec: LaunchSpec, placements, extra_env: dict[str, str], identity: dict,
+                     note: str | None, endpoints: bool = False, shared_log: bool = False) -> None:
+        if unit.exists():
+            if not self._half_made(unit, self.clock()):
+                return  # started before (perhaps by a job manager that crashed), or still starting
+            log.warning("job %s attempt %s: %s was left half-made (no pid record); starting it again",
+                        spec.job_id, spec.attempt, unit)
+            shutil.rmtree(unit, ignore_errors=True)
+        try:
+            unit.mkdir(parents=True)
+        except FileExistsError:
+            return
+        self._start(unit, spec, placements, extra_env, identity, note, endpoints, shared_log)
+
+    def _start(self, unit: Path, spec: LaunchSpec, placements, extra_env: dict[str, str], identity: dict,
+               note: str | None, endpoints: bool, shared_log: bool) -> None:
         """Start one unit's DLTS init; ``endpoints``: unit 0, whose init supervises the endpoint servers."""
         gpu_indices = [i for p in placements for i in p.gpu_indices]
+        work = unit / "work"
+        work.mkdir(exist_ok=True)
         env = {k: v for k, v in os.environ.items() if not k.startswith("DLTS_")}
         env.update(spec.env)
         env.update({
@@ -139,33 +247,42 @@ class LocalBackend:
             "DLTS_NUM_GPUS": str(len(gpu_indices)), "DLTS_ATTEMPT": str(spec.attempt),
             "DLTS_PREEMPTIBLE": "1" if spec.preemptible else "0",
             "CUDA_VISIBLE_DEVICES": ",".join(map(str, gpu_indices)),
+            # CUDA's default order is fastest-first; NVML's (what the agent reports) is PCI bus order
+            "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
         })
+        if spec.type == "distributed" and unit == self._dir(spec.job_id, spec.attempt):  # one node, one unit
+            extra_env = self._rendezvous(unit, spec)[spec.indexed()[0][0]]
         env.update(extra_env)
+        if identity:
+            os.chown(work, identity["uid"], identity["gid"])
+            env.update({"HOME": str(work), "USER": spec.user, "LOGNAME": spec.user})
         log_path = Path(spec.log_path)
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        (unit / "spec.json").write_text(json.dumps({"command": spec.command, "log": str(log_path)}))
-        # Replicas of one attempt append to the same attempt log (O_APPEND), as pods do on Kubernetes.
-        with open(log_path, "ab") as out:
+        run_spec = {"command": spec.command, "cwd": str(work), "note": note, **identity,
+                    "log": {"dir": str(log_path.parent.parent), "job_id": spec.job_id, "attempt": spec.attempt,
+                            "max_bytes": self.log_max_bytes, "shared": shared_log}}
+        (unit / "spec.json").write_text(json.dumps(run_spec))
+        # the init's own complaints (it cannot start, the log store fails) go to init.log in the unit
+        with open(unit / "init.log", "ab") as init_log:
             child = subprocess.Popen(
                 # -I -S: the init needs only the standard library and must install its signal
                 # handlers within milliseconds, before anyone can send it SIGTERM
-                [sys.executable, "-I", "-S", str(INIT_SCRIPT), "--exit-file", str(unit / "exit"),
+                [sys.executable, "-I", "-S", str(INIT_SCRIPT), "--run-spec", str(unit / "spec.json"),
+                 "--pid-file", str(unit / "pid"), "--exit-file", str(unit / "exit"),
                  *(["--endpoints-dir", str(unit)] if endpoints else []), "--", "/bin/sh", "-c", spec.command],
-                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
-                cwd=str(log_path.parent), start_new_session=True, close_fds=True,
+                stdin=subprocess.DEVNULL, stdout=init_log, stderr=subprocess.STDOUT, env=env,
+                cwd=str(work), start_new_session=True, close_fds=True,
             )
         self._children[unit] = child
-        started = psutil.Process(child.pid).create_time() if psutil.pid_exists(child.pid) else self.clock()
-        tmp = unit / "pid.tmp"
-        tmp.write_text(f"{child.pid} {started}\n")
-        tmp.replace(unit / "pid")
+
+    def sync_logs(self, attempts: Iterable[tuple[int, int]]) -> None:
+        """Nothing to copy: each job's init writes its output to the log store itself."""
 
     def _process(self, unit: Path) -> tuple[psutil.Process | None, float | None]:
         try:
             pid_text, started_text = (unit / "pid").read_text().split()
             pid, started = int(pid_text), float(started_text)
         except (FileNotFoundError, ValueError):
-            return None, None
+            return None, None  # not started yet (its init records itself before it starts the job)
         try:
             proc = psutil.Process(pid)
             if abs(proc.create_time() - started) > 1 or proc.status() == psutil.STATUS_ZOMBIE:
@@ -189,8 +306,11 @@ class LocalBackend:
                 continue
             replicas = self._replica_units(run)
             if replicas is None:
-                seen.append(self._observe_unit(key, run, now))
-            else:
+                if not self._half_made(run, now):  # unreported: the job manager launches or ends it
+                    seen.append(self._observe_unit(key, run, now))
+                continue
+            replicas = [(index, unit) for index, unit in replicas if not self._half_made(unit, now)]
+            if replicas or (run / REPLICAS).stat().st_mtime + LAUNCH_GRACE_S >= now:
                 seen.append(self._observe_replicas(key, replicas, now))
         return seen
 
@@ -215,7 +335,7 @@ class LocalBackend:
         if (unit / "pid").exists():
             # the process vanished without its init writing an exit code (SIGKILLed init, reboot)
             return Observed(job_id, attempt, RunPhase.GONE, None, started, now, "the job's process vanished")
-        return Observed(job_id, attempt, RunPhase.PENDING)
+        return Observed(job_id, attempt, RunPhase.PENDING, **self._why_not_started(unit))
 
     def _observe_replicas(self, key: tuple[int, int], replicas: list[tuple[int, Path]], now: float) -> Observed:
         """An inference attempt as a whole: RUNNING while any replica runs; removed replicas do
@@ -378,9 +498,6 @@ class LocalBackend:
         shutil.rmtree(run, ignore_errors=True)
         for unit in [u for u in self._children if u == run or run in u.parents]:
             self._children.pop(unit, None)
-
-    def sync_logs(self, attempts: Iterable[tuple[int, int]]) -> None:
-        """Nothing to copy: the DLTS init writes the job's output to the log store itself."""
 
     def collect_garbage(self, live: Iterable[tuple[int, int]]) -> Sequence[tuple[int, int]]:
         """Stop and remove run records of attempts the database no longer owns."""

@@ -5,15 +5,23 @@ status writes are compare-and-set, backend objects are named from (job id, attem
 between any two steps is finished by the next tick.
 
     1 observe   backend.observe() once: phases and exit codes of every attempt it holds
-    2 reconcile attempts that started or ended -> job transitions; orphans removed
+    2 reconcile attempts that started or ended -> job transitions; orphans removed; a pending
+                attempt's reason (image pull, unschedulable, ...) onto its job; an attempt not
+                started within start_timeout_s ended with that reason (a retry spent)
+    2b logs     every log_sync_s: backend.sync_logs(running attempts) (Kubernetes copies pod logs)
     3 requests  jobs users put in killing/pausing -> backend.terminate(grace)
     3b endpoints running jobs whose endpoints are pending, closing or of an earlier attempt ->
                 backend.expose(the job's whole wanted set) -> rows ready/failed/pending, closing rows
                 deleted; closing rows of jobs not running deleted (one query when nothing needs work)
     4 decide    snapshot -> scheduler core -> starts, stops, waits
-    5 apply     starts -> attempt row + launch; stops -> terminate; waits -> reason + queue position;
+    5 apply     starts -> attempt rows (one commit), then the launches, at most the backend's
+                ``launch_parallelism`` at once in a thread pool, their outcomes recorded here (the
+                session is not thread-safe); stops -> terminate; waits -> reason + queue position;
                 inference scale-up -> new replicas in the attempt row + launch (creates the missing
                 ones); scale-down -> replicas marked retiring + backend.remove_replicas
+
+Times of attempts (created, started) come from the manager's clock, never from the backend's
+(a process's or container's start time is rounded and may precede the submission).
 """
 
 from __future__ import annotations
@@ -21,13 +29,23 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import time
-from typing import Callable
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from dlts.backends.base import BackendUnavailable, ClusterBackend, EndpointSpec, EndpointState, Observed, RunPhase
+from dlts.backends.base import (
+    BackendUnavailable,
+    ClusterBackend,
+    EndpointSpec,
+    EndpointState,
+    LaunchSpec,
+    Observed,
+    RunPhase,
+)
 from dlts.config import Settings
+from dlts.jobmanager.launch_spec import build_launch_spec
 from dlts.jobmanager.snapshot import (
     Replica,
     load_snapshot,
@@ -35,8 +53,18 @@ from dlts.jobmanager.snapshot import (
     replicas_from_json,
     replicas_to_json,
 )
-from dlts.jobmanager.launch_spec import build_launch_spec
-from dlts.models import ACTIVE, EndpointKind, EndpointStatus, Job, JobAttempt, JobEndpoint, JobStatus, Node, SshKey, utcnow
+from dlts.models import (
+    ACTIVE,
+    EndpointKind,
+    EndpointStatus,
+    Job,
+    JobAttempt,
+    JobEndpoint,
+    JobStatus,
+    Node,
+    SshKey,
+    utcnow,
+)
 from dlts.repositories import jobs as job_repo
 from dlts.scheduler import decide
 from dlts.scheduler.model import Decisions, Placement, Stop, StopReason
@@ -48,10 +76,32 @@ ACTOR = "jobmanager"
 SCALED = "scaled"  # job_events kind of inference replica changes (reason scale_up / scale_down)
 ENDPOINT = "endpoint"  # job_events kind of endpoints becoming ready or failing (reason ready / failed)
 GC_INTERVAL_S = 60.0  # how often the backend's objects are checked against the database's live attempts
+START_TIMEOUT = "start_timeout"  # reason of an attempt that had not started after start_timeout_s
+IDENTITY = "identity"  # reason of the event a backend's launch note becomes (e.g. not run as the owner)
 
 
 def _dt(epoch: float | None) -> dt.datetime | None:
-    return None if epoch is None else dt.datetime.fromtimestamp(epoch, dt.timezone.utc).replace(tzinfo=None)
+    return None if epoch is None else dt.datetime.fromtimestamp(epoch, dt.UTC).replace(tzinfo=None)
+
+
+def _epoch(moment: dt.datetime) -> float:
+    return moment.replace(tzinfo=dt.UTC).timestamp()
+
+
+def launch_all(backend: ClusterBackend, specs: Sequence[LaunchSpec]) -> list[tuple[object, BaseException | None]]:
+    """``backend.launch`` for each spec, at most ``backend.launch_parallelism`` at once (1 when the
+    backend does not say); (its result, its exception) per spec, in order."""
+    def one(spec: LaunchSpec) -> tuple[object, BaseException | None]:
+        try:
+            return backend.launch(spec), None
+        except Exception as exc:  # noqa: BLE001 - any failure is the caller's to record, in its thread
+            return None, exc
+
+    workers = min(max(1, int(getattr(backend, "launch_parallelism", 1) or 1)), len(specs))
+    if workers <= 1:
+        return [one(spec) for spec in specs]
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="launch") as pool:
+        return list(pool.map(one, specs))
 
 
 class JobManager:
@@ -63,6 +113,7 @@ class JobManager:
         self.clock = clock
         self.last_decisions: Decisions | None = None
         self._next_gc = 0.0
+        self._next_log_sync = 0.0
 
     # -- the tick -------------------------------------------------------------------------------
     def tick(self) -> Decisions:
@@ -71,6 +122,7 @@ class JobManager:
             self.sync_nodes(session)
             observed = {(o.job_id, o.attempt): o for o in self.backend.observe()}
             self.reconcile(session, observed)
+            self.sync_logs(observed)
             self.carry_out_requests(session, observed)
             self._reconcile_endpoints(session)
             decisions = decide(load_snapshot(session, self.settings), self.clock())
@@ -124,7 +176,9 @@ class JobManager:
             live.add(key)
             seen = observed.get(key)
             if seen is None:
-                if job.status is S.SCHEDULING and attempt is not None:
+                if job.status is S.SCHEDULING and attempt is not None and self._start_timed_out(attempt):
+                    self._ended(session, job, attempt, None, timed_out=True)  # its launches never got through
+                elif job.status is S.SCHEDULING and attempt is not None:
                     self._launch(session, job, attempt)  # the launch was lost (crash after the decision)
                 elif job.status in (S.KILLING, S.PAUSING):
                     self._ended(session, job, attempt, None)
@@ -132,11 +186,19 @@ class JobManager:
                     self._ended(session, job, attempt, Observed(job.id, job.attempt, RunPhase.GONE, message="the backend lost the job"))
                 continue
             if seen.phase is RunPhase.RUNNING and job.status is S.SCHEDULING:
-                started = _dt(seen.started_at) or utcnow()
-                if job_repo.set_status(session, job.id, S.SCHEDULING, S.RUNNING, actor=ACTOR, values={"started_at": started}):
+                started = self._now()
+                if attempt is not None and attempt.created_at is not None:
+                    started = max(started, attempt.created_at)
+                values = {"started_at": started, "reason": None, "reason_detail": None}
+                if job_repo.set_status(session, job.id, S.SCHEDULING, S.RUNNING, actor=ACTOR, values=values):
                     if attempt is not None:
                         attempt.started_at = started
                 session.commit()
+            elif seen.phase is RunPhase.PENDING and job.status is S.SCHEDULING and attempt is not None:
+                if self._start_timed_out(attempt):
+                    self._ended(session, job, attempt, seen, timed_out=True)
+                    continue
+                self._pending_reason(session, job, seen)
             elif seen.phase in (RunPhase.SUCCEEDED, RunPhase.FAILED, RunPhase.GONE):
                 self._ended(session, job, attempt, seen)
                 continue
@@ -149,6 +211,44 @@ class JobManager:
                     self.backend.terminate(key[0], key[1], 0)
                 else:
                     self.backend.forget(*key)
+
+    def _now(self) -> dt.datetime:
+        return _dt(self.clock())  # type: ignore[return-value]
+
+    def _start_timed_out(self, attempt: JobAttempt) -> bool:
+        created = attempt.created_at
+        return created is not None and self.clock() - _epoch(created) > self.settings.start_timeout_s
+
+    def _pending_reason(self, session: Session, job: Job, seen: Observed) -> None:
+        """Show why the attempt has not started on the job (``reason``/``reason_detail``); an event
+        when the reason changes. A reason that went away (the image is pulled) is cleared."""
+        code = seen.reason or None
+        detail = (seen.message or "")[:512] or None if code else None
+        if (job.reason, job.reason_detail) == (code, detail):
+            return
+        done = session.execute(sa.update(Job).where(Job.id == job.id, Job.status == S.SCHEDULING)
+                               .values(reason=code, reason_detail=detail, updated_at=utcnow())
+                               .execution_options(synchronize_session=False))
+        if done.rowcount and code is not None and code != job.reason:
+            job_repo.add_event(session, job.id, "reason", reason=code, message=detail, actor=ACTOR)
+        session.commit()
+
+    def sync_logs(self, observed: dict[tuple[int, int], Observed]) -> None:
+        """Every ``kubernetes.log_sync_s``: the backend copies the running attempts' new output into
+        the log store (a no-op where jobs write there themselves)."""
+        now = self.clock()
+        if now < self._next_log_sync:
+            return
+        self._next_log_sync = now + self.settings.kubernetes.log_sync_s
+        running = sorted(key for key, seen in observed.items() if seen.phase is RunPhase.RUNNING)
+        if not running:
+            return
+        try:
+            self.backend.sync_logs(running)
+        except BackendUnavailable as exc:
+            log.warning("logs not copied, the cluster is unavailable: %s", exc)
+        except Exception:  # a log copy never stops the tick
+            log.exception("copying the logs of %d running attempt(s) failed", len(running))
 
     def _reconcile_replicas(self, session: Session, job: Job, attempt: JobAttempt, seen: Observed) -> None:
         """Bring an inference attempt's replicas in the backend in line with its row.
@@ -172,11 +272,16 @@ class JobManager:
             log.info("job %s attempt %s: creating missing replicas %s", job.id, attempt.number, _list(missing))
             self._launch(session, job, attempt)
 
-    def _ended(self, session: Session, job: Job, attempt: JobAttempt | None, seen: Observed | None) -> None:
-        """The attempt is over: decide what the job becomes, record the attempt, release the backend."""
+    def _ended(self, session: Session, job: Job, attempt: JobAttempt | None, seen: Observed | None,
+               timed_out: bool = False) -> None:
+        """The attempt is over: decide what the job becomes, record the attempt, release the backend.
+        ``timed_out``: it had not started after ``start_timeout_s``; it ends with the reason it was
+        waiting for and spends a retry."""
         now = utcnow()
         code = seen.exit_code if seen else None
         ended_at = _dt(seen.finished_at) if seen and seen.finished_at else now
+        if job.started_at is not None and ended_at < job.started_at:
+            ended_at = job.started_at  # the manager's clock saw it start after the backend's clock saw it end
         requested = attempt.stop_requested if attempt else None
         values = {"exit_code": code, "queue_position": None}
         spends_retry = False
@@ -189,6 +294,22 @@ class JobManager:
         elif requested == "preempted":
             target, reason = S.QUEUED, "preempted"  # queue_time kept: back to the head of the queue
             values |= {"reason": "preempted", "reason_detail": "preempted to make room for a non-preemptible job"}
+        elif timed_out:
+            limit = self.settings.start_timeout_s
+            cause = f"{seen.reason}: {seen.message}" if seen is not None and seen.reason else \
+                f"the cluster did not start it within {limit:g} s"
+            code = None
+            ended_at = self._now()
+            if job.retries_used < job.max_retries:
+                target, reason, spends_retry = S.QUEUED, START_TIMEOUT, True
+                values |= {"retries_used": job.retries_used + 1, "reason": START_TIMEOUT, "reason_detail": cause[:512]}
+                said = f"not started within {limit:g} s ({cause}); retry {job.retries_used + 1} of {job.max_retries}"
+            else:
+                target, reason = S.FAILED, START_TIMEOUT
+                values |= {"finished_at": ended_at, "reason": START_TIMEOUT, "reason_detail": cause[:512]}
+                said = f"not started within {limit:g} s ({cause})"
+            seen = Observed(job.id, job.attempt, RunPhase.FAILED, message=said[:1024])
+            self.backend.terminate(job.id, job.attempt, 0)
         elif seen is not None and seen.node_lost:
             target, reason = S.QUEUED, "node_lost"
             values |= {"reason": "node_lost", "reason_detail": seen.message or "the node was lost"}
@@ -204,7 +325,7 @@ class JobManager:
             why = seen.message if seen and seen.message else f"exit code {code}"
             values |= {"finished_at": ended_at, "reason": "failed", "reason_detail": why[:512]}
         if job.started_at is None and seen is not None and seen.started_at:
-            values["started_at"] = _dt(seen.started_at)  # it ended before a tick saw it running
+            values["started_at"] = self._started_before_seen(job, attempt, seen, ended_at)
         if not job_repo.set_status(session, job.id, job.status, target, actor=ACTOR, reason=reason,
                                    message=seen.message if seen else None, values=values):
             session.rollback()
@@ -215,9 +336,18 @@ class JobManager:
             attempt.end_reason = requested or reason
             attempt.spends_retry = spends_retry
             if attempt.started_at is None and seen is not None and seen.started_at:
-                attempt.started_at = _dt(seen.started_at)
+                attempt.started_at = self._started_before_seen(job, attempt, seen, ended_at)
         session.commit()
         self.backend.forget(job.id, job.attempt)
+
+    @staticmethod
+    def _started_before_seen(job: Job, attempt: JobAttempt | None, seen: Observed, ended_at: dt.datetime) -> dt.datetime:
+        """An attempt that ended before a tick saw it running: the backend's start time, but never
+        before the attempt was made (nor the submission) and never after it ended."""
+        started = _dt(seen.started_at)
+        assert started is not None
+        floor = max(t for t in (job.submitted_at, attempt.created_at if attempt else None) if t is not None)
+        return min(max(started, floor), max(ended_at, floor))
 
     def collect_garbage(self, session: Session) -> None:
         """Objects a crash or a restored database left behind (services, secrets, run records)."""
@@ -331,11 +461,16 @@ class JobManager:
                 self._scale_down(session, stop)
             else:
                 self._stop(session, stop.job_id, stop.reason)
+        started = []
         for start in decisions.starts:
             if start.scale_up:
                 self._scale_up(session, start.job_id, start.placements)
             else:
-                self._start(session, start.job_id, start.placements)
+                made = self._start(session, start.job_id, start.placements)
+                if made is not None:
+                    started.append(made)
+        session.commit()  # every start's attempt row before any launch
+        self._launch_many(session, [(job, attempt, None, True) for job, attempt in started])
         self._record_waits(session, decisions)
 
     def _current_attempt(self, session: Session, job: Job) -> JobAttempt | None:
@@ -387,46 +522,68 @@ class JobManager:
         session.commit()
         self.backend.remove_replicas(job.id, attempt.number, sorted(indexes), self.settings.preempt_grace_s)
 
-    def _start(self, session: Session, job_id: int, placements) -> None:
+    def _start(self, session: Session, job_id: int, placements) -> tuple[Job, JobAttempt] | None:
+        """The start decision in the rows (the caller commits, then launches): the job scheduling,
+        its new attempt made now by the manager's clock."""
         job = session.get(Job, job_id)
         if job is None or job.status is not S.QUEUED:
-            return
+            return None
         number = job.attempt + 1
         if not job_repo.set_status(session, job.id, S.QUEUED, S.SCHEDULING, actor="scheduler", reason="started",
                                    message="placed on " + ", ".join(p.node for p in placements),
                                    values={"attempt": number, "reason": None, "reason_detail": None, "queue_position": None}):
-            session.rollback()
-            return
-        attempt = JobAttempt(job_id=job.id, number=number, placements=placements_to_json(placements))
+            return None  # changed meanwhile (killed): nothing was written
+        attempt = JobAttempt(job_id=job.id, number=number, placements=placements_to_json(placements),
+                             created_at=max(self._now(), job.submitted_at or self._now()))
         session.add(attempt)
-        session.commit()
-        session.refresh(job)
-        self._launch(session, job, attempt)
+        return job, attempt
 
     def _launch(self, session: Session, job: Job, attempt: JobAttempt, added: list[int] | None = None) -> None:
         """Create the attempt's objects in the backend (only those missing there). ``added``: the
         replicas a scale-up adds to a running inference job; if the backend refuses them, only
         they go (the job keeps running)."""
-        spec = build_launch_spec(session, self.settings, job, attempt)
-        try:
-            self.backend.launch(spec)
-        except BackendUnavailable as exc:
-            # transient: the job stays scheduling and the next tick launches it again (idempotent)
-            log.warning("launch of job %s attempt %s deferred: %s", job.id, attempt.number, exc)
-            session.rollback()
-        except Exception as exc:  # the backend refused: record it on the job, never lose it silently
-            log.exception("launch of job %s attempt %s failed", job.id, attempt.number)
-            session.rollback()
-            if added and job.status in (S.SCHEDULING, S.RUNNING):
-                self._refused_replicas(session, job, attempt, added, exc)
-                return
-            if job_repo.set_status(session, job.id, S.SCHEDULING, S.ERROR, actor=ACTOR, reason="launch_error",
-                                   message=str(exc)[:1024], values={"finished_at": utcnow(), "reason": "launch_error",
-                                                                    "reason_detail": str(exc)[:512]}):
-                attempt.end_reason, attempt.ended_at = "launch_error", utcnow()
-            session.commit()
+        self._launch_many(session, [(job, attempt, added, False)])
 
-    def _refused_replicas(self, session: Session, job: Job, attempt: JobAttempt, added: list[int], exc: Exception) -> None:
+    def _launch_many(self, session: Session, items: list[tuple[Job, JobAttempt, list[int] | None, bool]]) -> None:
+        """Launch attempts (job, attempt, added replicas, first launch): the specs are built and the
+        outcomes recorded in this thread, the backend calls run in ``launch_all``'s pool."""
+        ready: list[tuple[Job, JobAttempt, list[int] | None, bool, LaunchSpec]] = []
+        for job, attempt, added, first in items:
+            try:
+                spec = build_launch_spec(session, self.settings, job, attempt)
+            except Exception as exc:  # noqa: BLE001 - the job cannot be launched as it is (no uid, bad storage): say so
+                log.warning("job %s attempt %s cannot be launched: %s", job.id, attempt.number, exc)
+                self._launch_failed(session, job, attempt, added, exc)
+                continue
+            ready.append((job, attempt, added, first, spec))
+        if not ready:
+            return
+        results = launch_all(self.backend, [item[-1] for item in ready])
+        for (job, attempt, added, first, _spec), (note, exc) in zip(ready, results):
+            if exc is None:
+                if first and isinstance(note, str) and note:
+                    job_repo.add_event(session, job.id, "reason", reason=IDENTITY, message=note, actor=ACTOR)
+                    session.commit()
+            elif isinstance(exc, BackendUnavailable):
+                # transient: the job stays scheduling and the next tick launches it again (idempotent)
+                log.warning("launch of job %s attempt %s deferred: %s", job.id, attempt.number, exc)
+            else:  # the backend refused: record it on the job, never lose it silently
+                log.error("launch of job %s attempt %s failed", job.id, attempt.number, exc_info=exc)
+                self._launch_failed(session, job, attempt, added, exc)
+
+    def _launch_failed(self, session: Session, job: Job, attempt: JobAttempt, added: list[int] | None,
+                       exc: BaseException) -> None:
+        if added and job.status in (S.SCHEDULING, S.RUNNING):
+            self._refused_replicas(session, job, attempt, added, exc)
+            return
+        if job_repo.set_status(session, job.id, S.SCHEDULING, S.ERROR, actor=ACTOR, reason="launch_error",
+                               message=str(exc)[:1024], values={"finished_at": utcnow(), "reason": "launch_error",
+                                                                "reason_detail": str(exc)[:512]}):
+            attempt.end_reason, attempt.ended_at = "launch_error", utcnow()
+        session.commit()
+
+    def _refused_replicas(self, session: Session, job: Job, attempt: JobAttempt, added: list[int],
+                          exc: BaseException) -> None:
         """The backend refused new replicas of a running inference job: the job keeps running with
         the replicas it has; the refused ones are retired (and whatever of them got created removed)."""
         replicas = replicas_from_json(attempt.placements)

@@ -299,17 +299,14 @@ def job_log(job_id: int):
     settings = settings_of(current_app)
     try:
         if tail is not None:
-            *_, size, _path = job_service.read_log(db.session, settings, principal(), job_id, attempt, 0, 0)
-            offset = max(0, size - tail)
-        job, number, data, size, _path = job_service.read_log(db.session, settings, principal(), job_id, attempt,
-                                                              offset, LOG_CHUNK_BYTES)
+            offset = max(0, job_service.read_log(db.session, settings, principal(), job_id, attempt, 0, 0).size - tail)
+        read = job_service.read_log(db.session, settings, principal(), job_id, attempt, offset, LOG_CHUNK_BYTES)
     except DltsError as exc:
         db.session.rollback()
         return jsonify({"error": exc.message}), exc.http_status
-    next_offset = min(offset, size) + len(data)
-    return jsonify({"attempt": number, "latest_attempt": job.attempt, "offset": offset, "data": data.decode("utf-8", errors="replace"),
-                    "next_offset": next_offset, "size": size, "status": job.status.value,
-                    "complete": job.status in TERMINAL and number == job.attempt and next_offset >= size})
+    return jsonify({"attempt": read.attempt, "latest_attempt": read.job.attempt, "offset": offset,
+                    "data": read.data.decode("utf-8", errors="replace"), "next_offset": read.next_offset,
+                    "size": read.size, "status": read.job.status.value, "complete": read.complete})
 
 
 @bp.route("/jobs/<int(max=4611686018427387904):job_id>/log")
@@ -317,18 +314,16 @@ def job_log(job_id: int):
 def job_log_download(job_id: int):
     """The attempt's whole log as a file, streamed."""
     attempt = request.args.get("attempt", "")
-    job, number, _data, size, path = job_service.read_log(db.session, settings_of(current_app), principal(), job_id,
-                                                          int(attempt) if attempt.isdigit() else None, 0, 1)
-    if not size:
-        flash(f"Job {job_id} has no log yet.", "error")
+    try:
+        job, number, chunks = job_service.download_log(db.session, settings_of(current_app), principal(), job_id,
+                                                       int(attempt) if attempt.isdigit() else None)
+    except InvalidInput as exc:
+        if exc.code != "no_log":
+            raise
+        db.session.rollback()
+        flash(exc.message, "error")
         return redirect(url_for("portal.job", job_id=job_id))
-
-    def chunks():
-        with path.open("rb") as fh:
-            while block := fh.read(256 * 1024):
-                yield block
-
-    return Response(stream_with_context(chunks()), mimetype="text/plain",
+    return Response(stream_with_context(chunks), mimetype="text/plain",
                     headers={"Content-Disposition": f'attachment; filename="job-{job.id}-attempt-{number}.log"'})
 
 

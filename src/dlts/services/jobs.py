@@ -8,16 +8,16 @@ what they write at its next tick.
 from __future__ import annotations
 
 import datetime as dt
+import logging
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Mapping
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
+from dlts import logstore
 from dlts.config import Settings
 from dlts.errors import InvalidInput, NotFound, Refused, WrongState
-from dlts.logs import attempt_log_path
 from dlts.models import TERMINAL, EndpointKind, Job, JobStatus, utcnow
 from dlts.repositories import commit_keeping_loaded
 from dlts.repositories import jobs as job_repo
@@ -26,6 +26,9 @@ from dlts.scheduler.model import CPU_SKU, SkuShape
 from dlts.services import endpoints as endpoint_service
 from dlts.services import policy
 from dlts.services.auth import Principal
+
+log = logging.getLogger(__name__)
+LOG_DOWNLOAD_CHUNK = 256 * 1024
 
 S = JobStatus
 JOB_TYPES = ("batch", "interactive", "distributed", "inference")
@@ -325,27 +328,89 @@ def approve(session: Session, principal: Principal, job_id: int) -> Job:
     return job
 
 
-def read_log(session: Session, settings: Settings, principal: Principal, job_id: int,
-             attempt: int | None, offset: int, limit: int) -> tuple[Job, int, bytes, int, Path]:
-    """``limit`` bytes of an attempt's log from ``offset``; returns (job, attempt, data, size, path)."""
+@dataclass(frozen=True)
+class LogRead:
+    """A slice of an attempt's log (``dlts.logstore``): follow it with ``next_offset``."""
+
+    job: Job
+    attempt: int  # 0: the job has not run yet
+    data: bytes
+    offset: int
+    next_offset: int
+    size: int  # bytes the attempt has written so far (stored or dropped)
+    dropped: int  # bytes of the middle dropped to keep the log within log_max_bytes
+
+    @property
+    def complete(self) -> bool:
+        return is_ended(self.job) and self.attempt == self.job.attempt and self.next_offset >= self.size
+
+
+def _log_attempt(session: Session, principal: Principal, job_id: int, attempt: int | None) -> tuple[Job, int]:
     job = session.get(Job, job_id)
     policy.require_visible(principal, job, job_id)
     assert job is not None
     policy.require_manage(principal, job, "read the log of")
     number = attempt or job.attempt
-    if number < 1 or number > max(job.attempt, 0):
-        if job.attempt == 0:
-            return job, 0, b"", 0, Path()
+    if job.attempt == 0:
+        return job, 0
+    if number < 1 or number > job.attempt:
         raise InvalidInput(f"Job {job.id} has attempts 1-{job.attempt}.", details={"field": "attempt"})
-    path = attempt_log_path(settings, job.id, number)
+    return job, number
+
+
+def _unsafe(job: Job, number: int, exc: logstore.UnsafeLog) -> InvalidInput:
+    log.warning("job %s attempt %s: refusing to serve its log: %s", job.id, number, exc)
+    return InvalidInput(f"Job {job.id} has no log DLTS can serve: its log file was replaced by something that "
+                        "is not a plain file (a link?), so it is not read.", code="no_log")
+
+
+def read_log(session: Session, settings: Settings, principal: Principal, job_id: int,
+             attempt: int | None, offset: int, limit: int) -> LogRead:
+    """``limit`` bytes of an attempt's log from ``offset`` (a position in all the attempt wrote; a
+    line stands for the dropped middle). No log yet: empty. A log that is a link or not a plain
+    file is never read: ``no_log``."""
+    job, number = _log_attempt(session, principal, job_id, attempt)
+    if number == 0:
+        return LogRead(job, 0, b"", offset, offset, 0, 0)
     try:
-        with path.open("rb") as fh:
-            size = fh.seek(0, 2)
-            fh.seek(min(offset, size))
-            data = fh.read(limit)
-    except FileNotFoundError:
-        return job, number, b"", 0, path
-    return job, number, data, size, path
+        piece = logstore.read_log(settings.effective_log_dir, job.id, number, offset, limit)
+    except logstore.UnsafeLog as exc:
+        raise _unsafe(job, number, exc) from None
+    if piece is None:
+        return LogRead(job, number, b"", offset, 0, 0, 0)
+    return LogRead(job, number, piece.data, offset, piece.next_offset, piece.size, piece.dropped)
+
+
+def download_log(session: Session, settings: Settings, principal: Principal, job_id: int,
+                 attempt: int | None) -> tuple[Job, int, Iterator[bytes]]:
+    """The attempt's whole stored log, its rotated parts in order with a line for the dropped
+    middle: (job, attempt, chunks). ``no_log`` when it has none (or only an unsafe one)."""
+    job, number = _log_attempt(session, principal, job_id, attempt)
+    first = None
+    if number:
+        try:
+            first = logstore.read_log(settings.effective_log_dir, job.id, number, 0, LOG_DOWNLOAD_CHUNK)
+        except logstore.UnsafeLog as exc:
+            raise _unsafe(job, number, exc) from None
+    if first is None or not first.size:
+        raise InvalidInput(f"Job {job_id} has no log yet.", code="no_log")
+    log_dir, job_key = settings.effective_log_dir, job.id
+
+    def chunks() -> Iterator[bytes]:
+        yield first.data
+        offset = first.next_offset
+        while True:
+            try:
+                piece = logstore.read_log(log_dir, job_key, number, offset, LOG_DOWNLOAD_CHUNK)
+            except logstore.UnsafeLog as exc:  # replaced while it was being sent: stop there
+                log.warning("job %s attempt %s: log download stopped: %s", job_key, number, exc)
+                return
+            if piece is None or not piece.data:
+                return
+            yield piece.data
+            offset = piece.next_offset
+
+    return job, number, chunks()
 
 
 def is_ended(job: Job) -> bool:

@@ -91,6 +91,7 @@ class KubernetesBackend:
         self.settings = settings
         self.clock = clock
         self.termination_grace_s = termination_grace_s
+        self.launch_parallelism = settings.launch_parallelism  # the job manager's launch pool size
         self.renderer = ManifestRenderer(settings, templates_dir=templates_dir,
                                          termination_grace_s=int(termination_grace_s))
         self.api = KubernetesApi(settings, api_client or connect(settings), clock)

@@ -1,0 +1,192 @@
+"""The log store (dlts.logstore): the cap keeps the head and the newest tail and says what was
+dropped, offsets stay positions in the whole output while parts rotate, a writer re-opened appends,
+and a read never follows a link or leaves the job's directory."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+
+from dlts import logstore
+from dlts.logstore import AttemptLogWriter, UnsafeLog, iter_log, read_log
+
+CAP = 64 * 1024  # the smallest cap: a 32 KiB head, 16 KiB tail parts
+
+
+def _lines(start: int, count: int) -> bytes:
+    return b"".join(f"line {i:06d}\n".encode() for i in range(start, start + count))  # 12 bytes a line
+
+
+def _write(tmp_path, data: bytes, *, job: int = 7, attempt: int = 1, cap: int = CAP, piece: int = 1000) -> None:
+    writer = AttemptLogWriter(tmp_path, job, attempt, cap)
+    for i in range(0, len(data), piece):
+        writer.write(data[i:i + piece])
+    writer.close()
+
+
+def _stored_bytes(tmp_path, job: int = 7) -> int:
+    return sum(p.stat().st_size for p in (tmp_path / str(job)).iterdir() if ".lock" not in p.name)
+
+
+def test_a_log_under_the_cap_is_stored_and_read_whole(tmp_path):
+    data = _lines(0, 100)
+    _write(tmp_path, data)
+    piece = read_log(tmp_path, 7, 1)
+    assert (piece.data, piece.size, piece.dropped, piece.next_offset) == (data, len(data), 0, len(data))
+    assert sorted(p.name for p in (tmp_path / "7").iterdir()) == ["attempt-1.log"]
+
+
+def test_rotation_keeps_the_head_and_the_newest_tail_within_the_cap(tmp_path):
+    data = _lines(0, 50_000)  # 600 KB through a 64 KiB cap
+    _write(tmp_path, data)
+    stored = _stored_bytes(tmp_path)
+    assert stored <= CAP + 16 * 1024  # the cap plus at most one part being filled
+    whole = b"".join(iter_log(tmp_path, 7, 1))
+    head = data[:CAP // 2]
+    assert whole.startswith(head)
+    assert whole.endswith(data[-16 * 1024:])  # the newest output is all there
+    piece = read_log(tmp_path, 7, 1, 0, 1 << 30)
+    assert piece.size == len(data) and piece.dropped == len(data) - stored
+
+
+def test_the_dropped_middle_is_one_line_saying_how_much(tmp_path):
+    data = _lines(0, 50_000)
+    _write(tmp_path, data)
+    whole = b"".join(iter_log(tmp_path, 7, 1))
+    dropped = read_log(tmp_path, 7, 1).dropped
+    line = (f"\n[dlts: {dropped} bytes of this log were dropped here to keep it within log_max_bytes; "
+            "the head and the newest output are kept]\n").encode()
+    assert whole.count(b"[dlts: ") == 1
+    assert whole == data[:CAP // 2] + line + data[CAP // 2 + dropped:]
+
+
+def test_offsets_are_positions_in_the_whole_output_while_parts_rotate(tmp_path):
+    """A follower reading as the job writes gets every stored byte once, in order: what it missed
+    while it was rotated away is the one dropped-line, never a repeat."""
+    writer = AttemptLogWriter(tmp_path, 7, 1, CAP)
+    data = _lines(0, 40_000)
+    offset, seen = 0, bytearray()
+    for i in range(0, len(data), 4000):
+        writer.write(data[i:i + 4000])
+        piece = read_log(tmp_path, 7, 1, offset, 2000)  # a slow reader: 2 KB per 4 KB written
+        seen += piece.data
+        assert piece.next_offset >= offset
+        offset = piece.next_offset
+    writer.close()
+    while (piece := read_log(tmp_path, 7, 1, offset, 1 << 20)).data:
+        seen += piece.data
+        offset = piece.next_offset
+    assert offset == len(data)
+    text = bytes(seen)
+    assert text.startswith(data[:CAP // 2]) and text.endswith(data[-16 * 1024:])
+    # every line outside the dropped notes is whole and in order, each once
+    kept = [line for line in text.split(b"\n") if line.startswith(b"line ")]
+    numbers = [int(line.split()[1]) for line in kept if len(line) == 11]
+    assert numbers == sorted(set(numbers))
+
+
+def test_an_offset_past_the_end_returns_nothing_and_stays_at_the_end(tmp_path):
+    _write(tmp_path, b"abc\n")
+    piece = read_log(tmp_path, 7, 1, 100)
+    assert (piece.data, piece.next_offset) == (b"", 4)
+
+
+def test_a_reopened_writer_appends_where_the_files_end(tmp_path):
+    first, second = _lines(0, 10_000), _lines(10_000, 10_000)
+    _write(tmp_path, first)
+    _write(tmp_path, second)  # a restarted init or log copier
+    whole = b"".join(iter_log(tmp_path, 7, 1))
+    assert read_log(tmp_path, 7, 1).size == len(first) + len(second)
+    assert whole.endswith(second[-16 * 1024:]) and whole.startswith(first[:CAP // 2])
+
+
+def test_writers_sharing_an_attempt_log_keep_one_consistent_cap(tmp_path):
+    """Replicas of a local inference attempt: each init writes under the lock."""
+    writers = [AttemptLogWriter(tmp_path, 7, 1, CAP, shared=True) for _ in range(3)]
+    total = 0
+    for i in range(3000):
+        chunk = f"replica {i % 3} line {i:06d}\n".encode()
+        writers[i % 3].write(chunk)
+        total += len(chunk)
+    for writer in writers:
+        writer.close()
+    piece = read_log(tmp_path, 7, 1)
+    assert piece.size == total
+    assert _stored_bytes(tmp_path) <= CAP + 16 * 1024
+    whole = b"".join(iter_log(tmp_path, 7, 1))
+    assert whole.startswith(b"replica 0 line 000000\nreplica 1 line 000001\n")
+    assert whole.endswith(b"replica 2 line 002999\n")
+
+
+def test_no_log_yet_is_none(tmp_path):
+    assert read_log(tmp_path, 7, 1) is None
+    (tmp_path / "7").mkdir()
+    assert read_log(tmp_path, 7, 1) is None
+    assert list(iter_log(tmp_path, 7, 1)) == []
+
+
+def test_a_log_replaced_by_a_symlink_is_refused(tmp_path):
+    _write(tmp_path, b"mine\n")
+    head = tmp_path / "7" / "attempt-1.log"
+    head.unlink()
+    head.symlink_to("/etc/passwd")
+    with pytest.raises(UnsafeLog):
+        read_log(tmp_path, 7, 1)
+    with pytest.raises(UnsafeLog):
+        list(iter_log(tmp_path, 7, 1))
+
+
+def test_a_tail_part_replaced_by_a_symlink_is_refused(tmp_path):
+    _write(tmp_path, _lines(0, 10_000))
+    part = next(p for p in (tmp_path / "7").iterdir() if p.name.startswith("attempt-1.log."))
+    part.unlink()
+    part.symlink_to(tmp_path / "7" / "attempt-1.log")
+    with pytest.raises(UnsafeLog):
+        read_log(tmp_path, 7, 1)
+
+
+def test_a_log_that_is_not_a_regular_file_is_refused(tmp_path):
+    (tmp_path / "7").mkdir()
+    os.mkfifo(tmp_path / "7" / "attempt-1.log")  # a read would block forever
+    with pytest.raises(UnsafeLog):
+        read_log(tmp_path, 7, 1)
+    os.unlink(tmp_path / "7" / "attempt-1.log")
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.bind(str(tmp_path / "7" / "attempt-1.log"))
+        with pytest.raises(UnsafeLog):
+            read_log(tmp_path, 7, 1)
+    os.unlink(tmp_path / "7" / "attempt-1.log")
+    (tmp_path / "7" / "attempt-1.log").mkdir()
+    with pytest.raises(UnsafeLog):
+        read_log(tmp_path, 7, 1)
+
+
+def test_a_job_directory_that_leads_outside_the_store_is_refused(tmp_path):
+    """The job's directory replaced by a link to another job's (or anywhere): nothing is read through it."""
+    store, elsewhere = tmp_path / "logs", tmp_path / "elsewhere"
+    _write(elsewhere, b"secret\n", job=8)
+    store.mkdir()
+    (store / "7").symlink_to(elsewhere / "8")
+    with pytest.raises(UnsafeLog):
+        read_log(store, 7, 1)
+    with pytest.raises(UnsafeLog):
+        AttemptLogWriter(store, 7, 1, CAP)  # nor is anything written through it
+
+
+def test_the_writer_does_not_write_through_a_symlinked_log(tmp_path):
+    (tmp_path / "7").mkdir()
+    target = tmp_path / "target"
+    target.write_bytes(b"")
+    (tmp_path / "7" / "attempt-1.log").symlink_to(target)
+    writer = AttemptLogWriter(tmp_path, 7, 1, CAP)
+    with pytest.raises(OSError):
+        writer.write(b"x")
+    writer.close()
+    assert target.read_bytes() == b""
+
+
+def test_a_cap_below_the_smallest_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="at least"):
+        AttemptLogWriter(tmp_path, 7, 1, logstore.MIN_MAX_BYTES - 1)
