@@ -147,3 +147,19 @@ def test_config_check_prints_the_kubernetes_section(tmp_path):
     assert "  namespace: jobs" in section and "  kubeconfig: /etc/dlts/kubeconfig" in section
     assert '  privileged_policy: {"ml-ops": ["host_ipc", "privileged"]}' in section
     assert "  watch: false" in section and "  context: null" in section
+
+
+def test_docs_list_every_kubernetes_key_and_show_its_real_defaults():
+    import re
+    from pathlib import Path
+
+    import yaml
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "configuration.md").read_text()
+    section = text[text.index("\n## kubernetes\n"):]
+    table = {key for row in re.findall(r"^\| (`[^|]+`) \|", section, re.MULTILINE) for key in re.findall(r"`(\w+)`", row)}
+    assert table == set(KubernetesSettings.model_fields)
+    shown = section[section.index("as `dlts config check` prints it:"):]
+    start = shown.index("```yaml\n") + len("```yaml\n")
+    block = shown[start:shown.index("\n```", start)]
+    assert yaml.safe_load(block)["kubernetes"] == KubernetesSettings().model_dump(mode="json")
