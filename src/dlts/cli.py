@@ -424,12 +424,10 @@ def config() -> None:
 @pass_ctx
 def config_check(ctx: Context) -> None:
     """Validate the configuration and print the effective values (secrets hidden)."""
-    settings = ctx.settings
-    for key, value in settings.model_dump().items():
-        shown = "***" if key == "secret_key" and value else value
-        if key == "database_url" and value and "@" in str(value):
-            shown = str(value).split("://")[0] + "://***@" + str(value).split("@", 1)[1]
-        click.echo(f"{key}: {shown}")
+    from dlts.config import describe
+
+    for line in describe(ctx.settings):
+        click.echo(line)
 
 
 def _register_subsystem_commands() -> None:

@@ -12,6 +12,7 @@ demo.
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
 from pathlib import Path
 from typing import Any, Literal, Mapping
@@ -79,15 +80,11 @@ class Settings(BaseModel):
     # demo on a GPU-less machine: pretend the local node has this many GPUs of demo_sku
     demo_gpus: int = Field(0, ge=0, le=64)
     demo_sku: str = "demo-gpu"
-    # the Kubernetes backend's settings (docs/configuration.md#kubernetes)
+    # the Kubernetes backend's settings: the ``kubernetes:`` section (docs/configuration.md#kubernetes)
     kubernetes: KubernetesSettings = Field(default_factory=KubernetesSettings)
-    # Kubernetes backend
-    kubeconfig: Path | None = None
-    namespace: str = "dlts"
-    node_label_sku: str = "dlts.io/sku"
-    node_label_ib_domain: str = "dlts.io/ib-domain"
-    node_label_vc: str = "dlts.io/vc"
-    node_lost_after_s: float = Field(300.0, ge=0)
+    # both backends: a node NotReady (or gone) this long loses its attempts (node_lost, requeued at
+    # the head of the queue, no retry spent)
+    node_lost_after_s: float = Field(300.0, ge=0, le=86400)
     # DB janitor: jobs finished longer ago are deleted, this many rows a transaction, a pause between
     retention_days: int = Field(180, ge=1)
     janitor_batch_rows: int = Field(500, ge=1, le=100_000)
@@ -108,6 +105,12 @@ class Settings(BaseModel):
     templates_dir: Path | None = None
     # the notifier: SMTP server, sender, rate limits (docs/notifications.md)
     notify: NotifySettings = Field(default_factory=NotifySettings)
+
+    @field_validator("kubernetes", mode="before")
+    @classmethod
+    def _empty_section(cls, value: Any) -> Any:
+        # "kubernetes:" with nothing under it is YAML null: the section with every default
+        return {} if value is None else value
 
     @field_validator("database_url")
     @classmethod
@@ -180,16 +183,41 @@ def _read_file(path: Path) -> dict[str, Any]:
     return data
 
 
-def _from_env(environ: Mapping[str, str]) -> dict[str, Any]:
+# Keys that moved into the kubernetes: section (an old file is refused with the new name).
+MOVED_KEYS = {
+    "kubeconfig": "kubernetes.kubeconfig",
+    "namespace": "kubernetes.namespace",
+    "node_label_sku": "kubernetes.sku_label",
+    "node_label_ib_domain": "kubernetes.ib_domain_label",
+    "node_label_vc": "kubernetes.vc_label",
+}
+# Sections whose keys the environment sets one by one: DLTS_KUBERNETES__NAMESPACE=jobs.
+SECTIONS = {"kubernetes": KubernetesSettings}
+
+
+def _from_env(environ: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, str]]:
+    """The settings the environment gives, and for each (dotted) key the variable it came from."""
     known = {name.upper(): name for name in Settings.model_fields}
+    sections = {name.upper(): (name, {key.upper(): key for key in model.model_fields})
+                for name, model in SECTIONS.items()}
     values: dict[str, Any] = {}
+    origins: dict[str, str] = {}
     for key, raw in environ.items():
         if not key.startswith(ENV_PREFIX) or key in ("DLTS_CONFIG", "DLTS_TEST_DATABASE_URL"):
             continue
-        name = known.get(key[len(ENV_PREFIX) :])
-        if name is not None:
+        rest = key[len(ENV_PREFIX):]
+        if "__" in rest:
+            section, _, sub = rest.partition("__")
+            if section in sections and sub in sections[section][1]:
+                name, subkey = sections[section][0], sections[section][1][sub]
+                values.setdefault(name, {})[subkey] = raw
+                origins[f"{name}.{subkey}"] = key
+            continue
+        name = known.get(rest)
+        if name is not None and name not in SECTIONS:
             values[name] = raw
-    return values
+            origins[name] = key
+    return values, origins
 
 
 def config_path(explicit: str | os.PathLike[str] | None, environ: Mapping[str, str]) -> Path | None:
@@ -217,7 +245,13 @@ def load_settings(
     source = {"file": str(path)} if path else {}
     if path is not None:
         values.update(_read_file(path))
-    values.update(_from_env(environ))
+    from_env, origins = _from_env(environ)
+    for name, value in from_env.items():
+        if name in SECTIONS:  # the environment sets single keys of the file's section
+            section = values.get(name)
+            values[name] = {**(section if isinstance(section, dict) else {}), **value}
+        else:
+            values[name] = value
     values.update(overrides)
     try:
         return Settings(**values)
@@ -225,13 +259,42 @@ def load_settings(
         problems = []
         for err in exc.errors():
             key = ".".join(str(p) for p in err["loc"]) or "?"
-            origin = f"DLTS_{key.upper()}" if key.upper() in {k[5:] for k in environ if k.startswith(ENV_PREFIX)} else key
-            if err["type"] == "extra_forbidden":
+            origin = origins.get(key, key)
+            if err["type"] == "extra_forbidden" and key in MOVED_KEYS:
+                problems.append(f"{origin}: moved into the kubernetes: section, write it as {MOVED_KEYS[key]}")
+            elif err["type"] == "extra_forbidden":
                 problems.append(f"{origin}: unknown key (known keys: see docs/configuration.md)")
             else:
                 problems.append(f"{origin}: {err['msg']} (got {err.get('input')!r})")
         where = f" in {source['file']}" if source else ""
         raise ConfigError(f"invalid configuration{where}: " + "; ".join(problems)) from None
+
+
+def describe(settings: Settings) -> list[str]:
+    """The effective values as ``key: value`` lines (``dlts config check``), secrets hidden; the
+    ``kubernetes:`` section as indented lines under its name."""
+    lines = []
+    for key, value in settings.model_dump().items():
+        if key in SECTIONS:
+            lines.append(f"{key}:")
+            section = getattr(settings, key).model_dump(mode="json")
+            lines.extend(f"  {sub}: {_shown(v)}" for sub, v in section.items())
+            continue
+        shown = "***" if key == "secret_key" and value else value
+        if key == "database_url" and value and "@" in str(value):
+            shown = str(value).split("://")[0] + "://***@" + str(value).split("@", 1)[1]
+        lines.append(f"{key}: {shown}")
+    return lines
+
+
+def _shown(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, dict)):
+        return json.dumps(value, sort_keys=True)
+    return str(value)
 
 
 def require_production_secrets(settings: Settings) -> None:

@@ -123,6 +123,8 @@ def write_inventory(root: Path, machine: DebianVM | DebianContainer, wheelhouse:
         "dlts_node_label_sku": "dlts.io/sku",
         "dlts_node_label_ib_domain": "dlts.io/ib-domain",
         "dlts_node_label_vc": "dlts.io/vc",
+        "dlts_priority_class": "dlts-default",
+        "dlts_preemptible_priority_class": "dlts-preemptible",
         "dlts_preempt_grace_s": 30,
         "dlts_tick_s": 1,
         "dlts_retention_days": 180,

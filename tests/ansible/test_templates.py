@@ -31,6 +31,7 @@ from ansible_helpers import (
 pytestmark = pytest.mark.slow
 
 FAKE_LUSTRE_BIN = REPO / "tests" / "lustre" / "fakebin"
+OPTIONAL_SETTINGS = {"dlts_log_max_bytes": 1048576, "dlts_start_timeout_s": 900, "dlts_node_lost_after_s": 240}
 
 
 @pytest.fixture(scope="module", params=sorted(INVENTORIES))
@@ -58,6 +59,8 @@ def rendered(request, tmp_path_factory):
         "monitoring_kubernetes_ca_file": str(work / "k8s-ca.crt"),
         "lustre_mount_point": str(work / "lustre-mount"),
     }
+    if name == "example":  # the optional lifecycle settings, set (the lab leaves them to DLTS's defaults)
+        overrides.update(OPTIONAL_SETTINGS)
     return name, render_templates(name, work / "out", overrides), work
 
 
@@ -137,6 +140,31 @@ def test_dlts_config_passes_dlts_config_check(rendered):
     assert "database_url: mysql+pymysql://***@" in result.stdout
     expected_backend = "kubernetes"  # both inventories run jobs on Kubernetes
     assert f"backend: {expected_backend}" in result.stdout, name
+
+
+def test_the_kubernetes_section_comes_from_the_inventory(rendered):
+    from dlts.config import load_settings
+
+    name, out, _ = rendered
+    inventory = yaml.safe_load((INVENTORIES[name] / "group_vars/all/dlts.yml").read_text())
+    k8s = load_settings(out["dlts_control"] / "dlts.yaml", environ={}).kubernetes
+    assert k8s.kubeconfig == "/etc/dlts/kubeconfig"  # written there by the kubernetes_control_plane role
+    assert (k8s.namespace, k8s.sku_label, k8s.ib_domain_label, k8s.vc_label) == tuple(
+        inventory[v] for v in ("dlts_namespace", "dlts_node_label_sku", "dlts_node_label_ib_domain", "dlts_node_label_vc"))
+    assert (k8s.priority_class, k8s.preemptible_priority_class) == (
+        inventory["dlts_priority_class"], inventory["dlts_preemptible_priority_class"])
+    settings = load_settings(out["dlts_control"] / "dlts.yaml", environ={})
+    lifecycle = (settings.log_max_bytes, settings.start_timeout_s, settings.node_lost_after_s)
+    if name == "example":
+        assert lifecycle == tuple(OPTIONAL_SETTINGS.values())
+    else:
+        defaults = load_settings(environ={})
+        assert lifecycle == (defaults.log_max_bytes, defaults.start_timeout_s, defaults.node_lost_after_s)
+    dumped = k8s.model_dump(mode="json")
+    for key, value in inventory["dlts_kubernetes"].items():
+        if isinstance(value, dict):  # privileged_policy: VC -> features, dumped sorted
+            value = {vc: sorted(features) for vc, features in value.items()}
+        assert dumped[key] == value, key
 
 
 def test_dlts_config_check_rejects_a_bad_rendered_value(rendered, tmp_path):
@@ -261,13 +289,39 @@ def test_managers_kubeconfig_loads_in_the_kubernetes_client(rendered):
     assert "Bearer fake-service-account-token" in configuration.api_key.values()
 
 
+def _granted(rules: list[dict], group: str, resource: str) -> set[str]:
+    return {verb for rule in rules if group in rule.get("apiGroups", []) and resource in rule.get("resources", [])
+            for verb in rule["verbs"]}
+
+
 def test_kubernetes_manifests_parse_and_grant_what_the_managers_need(rendered):
-    _, out, _ = rendered
+    name, out, _ = rendered
     docs = list(yaml.safe_load_all((out["kubernetes_control_plane"] / "dlts-rbac.yaml").read_text()))
     kinds = [doc["kind"] for doc in docs]
     assert kinds.count("ServiceAccount") == 2 and "ClusterRole" in kinds and "Namespace" in kinds
     node_rules = next(d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "dlts-nodes")["rules"]
-    assert "patch" in node_rules[0]["verbs"]  # cordon
+    assert {"get", "list", "patch"} <= _granted(node_rules, "", "nodes")  # node sync, cordon
+    jobs = next(d for d in docs if d["kind"] == "Role" and d["metadata"]["name"] == "dlts-jobs")
+    inventory = yaml.safe_load((INVENTORIES[name] / "group_vars/all/dlts.yml").read_text())
+    assert jobs["metadata"]["namespace"] == inventory["dlts_namespace"]
+    objects = {"get", "list", "watch", "create", "delete", "deletecollection", "patch"}
+    for resource in ("pods", "services", "configmaps", "secrets"):
+        assert objects <= _granted(jobs["rules"], "", resource), resource
+    assert "get" in _granted(jobs["rules"], "", "pods/log")  # the log store copies pod output
+    assert objects <= _granted(jobs["rules"], "networking.k8s.io", "networkpolicies")
+    classes = {d["metadata"]["name"]: d for d in docs if d["kind"] == "PriorityClass"}
+    normal, preemptible = classes[inventory["dlts_priority_class"]], classes[inventory["dlts_preemptible_priority_class"]]
+    assert normal["preemptionPolicy"] == preemptible["preemptionPolicy"] == "Never"  # only DLTS preempts
+    assert preemptible["value"] < normal["value"] and not normal["globalDefault"] and not preemptible["globalDefault"]
+
+
+def test_kubernetes_manifests_pass_kubernetes_validate_for_the_installed_release(rendered):
+    import kubernetes_validate
+
+    name, out, _ = rendered
+    release = yaml.safe_load((INVENTORIES[name] / "group_vars/all/kubernetes.yml").read_text())["kube_version"]
+    for doc in yaml.safe_load_all((out["kubernetes_control_plane"] / "dlts-rbac.yaml").read_text()):
+        kubernetes_validate.validate(doc, f"{release}.0", strict=True)
     kubeadm = list(yaml.safe_load_all((out["kubernetes_control_plane"] / "kubeadm-config.yaml").read_text()))
     assert [d["kind"] for d in kubeadm] == ["InitConfiguration", "ClusterConfiguration", "KubeletConfiguration"]
     assert kubeadm[2]["cgroupDriver"] == "systemd"

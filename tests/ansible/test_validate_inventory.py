@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from ansible_helpers import EXAMPLE_SECRETS, INVENTORIES, run_playbook
+from ansible_helpers import EXAMPLE_SECRETS, INVENTORIES, ROLES_DIR, run_playbook
 
 
 class Inventory:
@@ -67,6 +67,14 @@ def _duplicate_ost_index(inv: Inventory) -> None:
 
 def _set_vc(inv: Inventory, index: int, **values) -> None:
     inv.edit("group_vars/all/dlts.yml", lambda d: d["dlts_vcs"][index].update(values))
+
+
+def _set_dlts(inv: Inventory, key: str, value) -> None:
+    inv.set("group_vars/all/dlts.yml", key, value)
+
+
+def _set_kubernetes(inv: Inventory, **values) -> None:
+    inv.edit("group_vars/all/dlts.yml", lambda d: d.setdefault("dlts_kubernetes", {}).update(values))
 
 
 def _quota_above_capacity(inv: Inventory) -> None:
@@ -181,6 +189,72 @@ CASES = {
         _quota_above_capacity,
         'Virtual cluster product asks for {"lab-gpu": 5}, which the workers in kube_node cannot give',
     ),
+    "kubernetes settings that are not a mapping": (
+        lambda inv: _set_dlts(inv, "dlts_kubernetes", "watch"),
+        'dlts_kubernetes must be a mapping of keys of DLTS\'s kubernetes: section, such as {watch: true, '
+        'storage_cidrs: ["10.20.0.0/24"]} (found "watch")',
+    ),
+    "kubernetes setting that has a variable of its own": (
+        lambda inv: _set_kubernetes(inv, namespace="jobs"),
+        "dlts_kubernetes.namespace is set by the variable dlts_namespace (the cluster roles read it too)",
+    ),
+    "kubernetes setting that does not exist": (
+        lambda inv: _set_kubernetes(inv, page_size=100),
+        "dlts_kubernetes.page_size is not a key of DLTS's kubernetes: section (known: backoff_initial_s,",
+    ),
+    "kubernetes watch switch written as a string": (
+        lambda inv: _set_kubernetes(inv, watch="yes"),
+        'dlts_kubernetes.watch must be true or false (found "yes")',
+    ),
+    "kubernetes page size below the least": (
+        lambda inv: _set_kubernetes(inv, list_page_size=5),
+        "dlts_kubernetes.list_page_size must be an integer of at least 10 and at most 10000 (found 5)",
+    ),
+    "kubernetes request timeout of zero": (
+        lambda inv: _set_kubernetes(inv, request_timeout_s=0),
+        "dlts_kubernetes.request_timeout_s must be a number above 0 and at most 300 (found 0)",
+    ),
+    "kubernetes storage networks given as one string": (
+        lambda inv: _set_kubernetes(inv, storage_cidrs="10.20.0.0/24"),
+        'dlts_kubernetes.storage_cidrs must be a list of CIDR strings such as ["10.20.0.0/24"] (found "10.20.0.0/24")',
+    ),
+    "kubernetes privilege policy with an unknown feature": (
+        lambda inv: _set_kubernetes(inv, privileged_policy={"research": ["fly"]}),
+        ('dlts_kubernetes.privileged_policy must be a mapping of VC name (or "*") to a list of features (features: '
+         'privileged, host_network, host_ipc, host_pid, host_path, run_as_root) (found {"research": ["fly"]})'),
+    ),
+    "kubernetes init image with a space": (
+        lambda inv: _set_kubernetes(inv, init_image="busy box"),
+        'dlts_kubernetes.init_image must be an image reference such as docker.io/library/busybox:1.36.1 (found "busy box")',
+    ),
+    "namespace that is not a Kubernetes name": (
+        lambda inv: _set_dlts(inv, "dlts_namespace", "DLTS_jobs"),
+        'dlts_namespace must be a namespace name (lowercase letters, digits, \'-\'; found "DLTS_jobs")',
+    ),
+    "one priority class for normal and preemptible jobs": (
+        lambda inv: _set_dlts(inv, "dlts_preemptible_priority_class", "dlts-default"),
+        'two different PriorityClass names (found ["dlts-default", "dlts-default"])',
+    ),
+    "log cap below the least": (
+        lambda inv: _set_dlts(inv, "dlts_log_max_bytes", 1000),
+        "dlts_log_max_bytes, when set, must be an integer between 65536 and 1099511627776 (found 1000)",
+    ),
+    "virtual cluster storage with a relative mount path": (
+        lambda inv: _set_vc(inv, 0, storage={"host": [{"path": "/srv/scratch", "mount_path": "scratch"}]}),
+        "Virtual cluster research: storage takes nfs (a list of {server, path, mount_path, read_only?})",
+    ),
+    "virtual cluster NFS storage without a server": (
+        lambda inv: _set_vc(inv, 0, storage={"nfs": [{"path": "/srv/nfs/data", "mount_path": "/data"}]}),
+        'Found {"nfs": [{"path": "/srv/nfs/data", "mount_path": "/data"}]}',
+    ),
+    "virtual cluster Lustre settings inside its storage": (
+        lambda inv: _set_vc(inv, 1, storage={"lustre": {"pool": "product"}}),
+        "Lustre has its own keys (lustre_pool, ...). Found {\"lustre\": {\"pool\": \"product\"}}",
+    ),
+    "virtual cluster with group id 0": (
+        lambda inv: _set_vc(inv, 1, gid=0),
+        "Virtual cluster product: gid, when set, is the Unix group of the VC's shared storage",
+    ),
     "user quota with an unknown key": (
         lambda inv: inv.edit("group_vars/all/lustre.yml", lambda d: d["lustre_user_quota"]["default"].update(blocks=5)),
         "lustre_user_quota.default takes block_soft and block_hard",
@@ -261,3 +335,39 @@ def test_site_playbook_touches_no_host_when_the_inventory_is_broken(lab, tmp_pat
     # The lab's addresses are unreachable from here: any attempt to touch a host would show up.
     assert "PLAY [Prepare every host]" not in result.stdout
     assert "UNREACHABLE" not in result.stdout
+
+
+def test_a_full_kubernetes_section_and_vc_storage_pass(lab, tmp_path):
+    lab.edit("group_vars/all/dlts.yml", lambda d: d.update(
+        dlts_kubernetes={"watch": False, "list_page_size": 100, "request_timeout_s": 2.5, "network_policy": True,
+                         "storage_cidrs": ["10.20.0.0/24", "fd00::/64"], "privileged_policy": {"*": ["host_ipc"]},
+                         "init_image": "registry.example.com/busybox@sha256:" + "a" * 64},
+        dlts_log_max_bytes=1048576, dlts_node_lost_after_s=120))
+    _set_vc(lab, 1, gid=4000, storage={
+        "host": [{"name": "scratch", "path": "/srv/scratch", "mount_path": "/scratch", "read_only": False}],
+        "home": {"kind": "host", "path": "/srv/home", "mount_path": "/home"}})
+    result = _validate(lab, tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:]
+
+
+def test_the_inventory_check_knows_every_key_of_the_kubernetes_section_with_its_bounds():
+    """validate_inventory's table of dlts_kubernetes keys is the code's KubernetesSettings: same keys
+    (or a variable of their own), same bounds, so an inventory it passes is one DLTS accepts."""
+    import annotated_types
+
+    from dlts.backends.k8s_settings import KubernetesSettings, PrivilegedFeature
+
+    defaults = yaml.safe_load((ROLES_DIR / "validate_inventory" / "defaults" / "main.yml").read_text())
+    table = defaults["validate_inventory_kubernetes_settings"]
+    own = defaults["validate_inventory_kubernetes_own_variables"]
+    assert set(table) | set(own) == set(KubernetesSettings.model_fields) and not set(table) & set(own)
+    assert defaults["validate_inventory_privileged_features"] == [f.value for f in PrivilegedFeature]
+    for name, spec in table.items():
+        if spec["type"] not in ("integer", "number"):
+            continue
+        metadata = KubernetesSettings.model_fields[name].metadata
+        gt = [m.gt for m in metadata if isinstance(m, annotated_types.Gt)]
+        ge = [m.ge for m in metadata if isinstance(m, annotated_types.Ge)]
+        le = [m.le for m in metadata if isinstance(m, annotated_types.Le)]
+        expected = ((gt or ge)[0], bool(gt), le[0] if le else None)
+        assert (spec["min"], spec.get("exclusive_min", False), spec.get("max")) == expected, name

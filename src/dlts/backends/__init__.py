@@ -1,4 +1,5 @@
-"""Cluster backends behind the ``ClusterBackend`` protocol; ``make_backend`` picks one from settings."""
+"""Cluster backends behind the ``ClusterBackend`` protocol; ``make_backend`` builds the one the
+configuration names, from the configuration alone (the deployed path: ``dlts.yaml`` -> backend)."""
 
 from __future__ import annotations
 
@@ -15,9 +16,16 @@ def make_backend(settings: Settings) -> ClusterBackend:
         from dlts.backends.local import LocalBackend
 
         return LocalBackend(settings.effective_run_dir, demo_gpus=settings.demo_gpus, demo_sku=settings.demo_sku,
-                            endpoint_host=settings.endpoint_host)
+                            endpoint_host=settings.endpoint_host, log_max_bytes=settings.log_max_bytes)
     from dlts.backends.kubernetes import KubernetesBackend
 
-    return KubernetesBackend(settings.kubernetes, log_dir=settings.effective_log_dir, log_max_bytes=settings.log_max_bytes,
-                             node_lost_after_s=settings.node_lost_after_s, termination_grace_s=settings.preempt_grace_s,
-                             templates_dir=str(settings.templates_dir) if settings.templates_dir else None)
+    # The kubernetes: section is the backend's settings as it is; the rest are the top-level
+    # settings both backends share.
+    return KubernetesBackend(
+        settings.kubernetes,
+        log_dir=settings.effective_log_dir,
+        log_max_bytes=settings.log_max_bytes,
+        node_lost_after_s=settings.node_lost_after_s,
+        termination_grace_s=int(settings.preempt_grace_s),
+        templates_dir=str(settings.templates_dir) if settings.templates_dir else None,
+    )

@@ -12,7 +12,8 @@ import enum
 import re
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_validator, model_validator
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
@@ -39,7 +40,7 @@ class KubernetesSettings(BaseModel):
     # kubeconfig file and context; no kubeconfig: the in-cluster service account
     kubeconfig: str | None = None
     context: str | None = None
-    # the namespace every job object lives in (the dlts_k8s role creates it with its RBAC)
+    # the namespace every job object lives in (the kubernetes_control_plane role creates it with its RBAC)
     namespace: str = "dlts"
     # node labels DLTS reads (SKU, InfiniBand domain, VC-dedicated nodes)
     sku_label: str = "dlts.io/sku"
@@ -62,7 +63,8 @@ class KubernetesSettings(BaseModel):
     master_port: int = Field(29500, ge=1024, le=65535)
     # VC name ("*": every VC) -> privileged features its jobs may use
     privileged_policy: dict[str, frozenset[PrivilegedFeature]] = Field(default_factory=dict)
-    # priority classes of the job pods (the dlts_k8s role creates both)
+    # priority classes of the job pods: preemptible jobs get the second (the kubernetes_control_plane
+    # role creates both, with preemptionPolicy Never: only DLTS preempts)
     priority_class: str = "dlts-default"
     preemptible_priority_class: str = "dlts-preemptible"
     # ephemeral-storage request and limit of each job container unless the VC sets its own
@@ -109,6 +111,11 @@ class KubernetesSettings(BaseModel):
     @field_validator("privileged_policy", mode="before")
     @classmethod
     def _policy(cls, value: Any) -> Any:
+        if isinstance(value, str):  # DLTS_KUBERNETES__PRIVILEGED_POLICY='{"ml-ops": [host_ipc]}'
+            try:
+                value = yaml.safe_load(value) or {}
+            except yaml.YAMLError:
+                raise ValueError("must be a mapping of VC name to a list of features") from None
         if not isinstance(value, dict):
             return value
         known = ", ".join(f.value for f in PrivilegedFeature)
@@ -138,6 +145,22 @@ class KubernetesSettings(BaseModel):
             except ValueError as exc:
                 raise ValueError(f"{item!r} is not an IPv4/IPv6 address or CIDR network ({exc})") from None
         return tuple(out)
+
+    @field_serializer("privileged_policy")
+    def _policy_out(self, value: dict[str, frozenset[PrivilegedFeature]]) -> dict[str, list[str]]:
+        return {vc: sorted(f.value for f in features) for vc, features in sorted(value.items())}
+
+    @model_validator(mode="after")
+    def _consistent(self) -> KubernetesSettings:
+        if self.context and not self.kubeconfig:
+            raise ValueError("context needs kubeconfig (the in-cluster service account has no contexts)")
+        if self.backoff_initial_s > self.backoff_max_s:
+            raise ValueError(f"backoff_initial_s ({self.backoff_initial_s}) must not exceed backoff_max_s "
+                             f"({self.backoff_max_s})")
+        if self.priority_class == self.preemptible_priority_class:
+            raise ValueError("priority_class and preemptible_priority_class must differ (the kubelet tells "
+                             "preemptible pods by their class)")
+        return self
 
     def features_for(self, vc: str) -> frozenset[PrivilegedFeature]:
         """What the cluster config allows jobs of ``vc`` (its own entry plus "*")."""
