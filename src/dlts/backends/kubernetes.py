@@ -69,10 +69,8 @@ from dlts.backends.k8s_render import (
     MANAGED_SELECTOR,
     LaunchRefused,
     ManifestRenderer,
-    NfsVolume,
     PrivilegedFeature,
     RenderedAttempt,
-    RenderSettings,
     TemplateError,
     attempt_selector,
     authorized_keys,
@@ -85,11 +83,12 @@ from dlts.backends.k8s_render import (
     pod_name,
     valid_ssh_key,
 )
+from dlts.backends.k8s_settings import KubernetesSettings as RenderKubernetesSettings
 from dlts.backends.k8s_watch import PodWatch
 
 __all__ = [
     "CordonResult", "KubernetesBackend", "KubernetesSettings", "KubernetesUnavailable", "LaunchRefused",
-    "NfsVolume", "NodeNotFound", "PrivilegedFeature", "TemplateError",
+    "NodeNotFound", "PrivilegedFeature", "TemplateError",
 ]
 
 log = logging.getLogger(__name__)
@@ -120,23 +119,19 @@ class KubernetesSettings:
     # Keep the pods in memory from one list + a watch instead of listing them every tick.
     watch: bool = False
     watch_timeout_s: float = 300.0
-    nfs_volumes: Mapping[str, tuple[NfsVolume, ...]] = field(default_factory=dict)  # VC ("*": all) -> volumes
     privileged_policy: Mapping[str, frozenset[PrivilegedFeature]] = field(default_factory=dict)  # VC ("*": all)
     templates_dir: str | None = None
     init_image: str = "docker.io/library/debian:12"
     master_port: int = 29500
     termination_grace_s: int = 30
-    log_volume: NfsVolume | None = None
     request_timeout_s: float = 10.0
     backoff_initial_s: float = 1.0
     backoff_max_s: float = 60.0
 
-    def render_settings(self) -> RenderSettings:
-        return RenderSettings(
-            namespace=self.namespace, templates_dir=self.templates_dir, init_image=self.init_image,
-            master_port=self.master_port, termination_grace_s=self.termination_grace_s,
-            nfs_volumes=self.nfs_volumes, privileged_policy=self.privileged_policy, log_volume=self.log_volume,
-        )
+    def render_settings(self) -> "RenderKubernetesSettings":
+        # bridge to the typed kubernetes: section until this module takes it (H1's rewrite)
+        return RenderKubernetesSettings(namespace=self.namespace, init_image=self.init_image,
+                                        master_port=self.master_port, privileged_policy=dict(self.privileged_policy))
 
 
 def settings_from_config(config: Any, **extra: Any) -> KubernetesSettings:
@@ -228,7 +223,8 @@ class KubernetesBackend:
                  clock: Callable[[], float] = time.time) -> None:
         self.settings = settings
         self.clock = clock
-        self.renderer = ManifestRenderer(settings.render_settings())
+        self.renderer = ManifestRenderer(settings.render_settings(), templates_dir=settings.templates_dir,
+                                         termination_grace_s=settings.termination_grace_s)
         self._api_client = api_client or self._connect(settings)
         self.core = k8s.CoreV1Api(self._api_client)
         self._lock = threading.Lock()
