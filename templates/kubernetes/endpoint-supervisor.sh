@@ -92,27 +92,32 @@ ssh_login() {  # sets _login to the login sshd accepts here; says why ssh cannot
     fi
 }
 
-session_env() {  # sshd_config SetEnv lines: the job's environment, for every ssh session
-    # Names come from env's output; each value is read from the shell's own variable, so a value
-    # holding a newline cannot inject a variable (such values are left out: a config line cannot
-    # hold them). Variables sshd sets for the session itself, and the supervisor's own, are skipped.
-    _seen=" "
-    env | while IFS= read -r _line; do
-        _name=${_line%%=*}
-        case $_name in '' | *[!A-Za-z0-9_]* | [0-9]*) continue ;; esac
-        case $_name in
-            HOME | USER | LOGNAME | SHELL | PWD | OLDPWD | SHLVL | TERM | MAIL | _ | SSH_* | DLTS_ENDPOINTS_STATE | DLTS_ENDPOINTS_POLL_S | DLTS_SSH_HOST_KEY_PREFIX) continue ;;
-        esac
-        case $_seen in *" $_name "*) continue ;; esac
-        _seen="$_seen$_name "
-        eval "_set=\${$_name+x}"
-        [ -n "$_set" ] || continue
-        eval "_value=\$$_name"
-        case $_value in *'
+session_env() {  # the sshd_config SetEnv line: the job's environment, for every ssh session
+    # sshd reads only the first SetEnv line, so every variable goes on one. Names come from env's
+    # output; each value is read from the shell's own variable, so a value holding a newline
+    # cannot inject a variable (such values are left out: a config line cannot hold them).
+    # Variables sshd sets for the session itself, and the supervisor's own, are skipped.
+    env | {
+        _seen=" "
+        _out=
+        while IFS= read -r _line; do
+            _name=${_line%%=*}
+            case $_name in '' | *[!A-Za-z0-9_]* | [0-9]*) continue ;; esac
+            case $_name in
+                HOME | USER | LOGNAME | SHELL | PWD | OLDPWD | SHLVL | TERM | MAIL | _ | SSH_* | \
+                DLTS_ENDPOINTS_STATE | DLTS_ENDPOINTS_POLL_S | DLTS_SSH_HOST_KEY_PREFIX) continue ;;
+            esac
+            case $_seen in *" $_name "*) continue ;; esac
+            _seen="$_seen$_name "
+            eval "_set=\${$_name+x}"
+            [ -n "$_set" ] || continue
+            eval "_value=\$$_name"
+            case $_value in *'
 '*) continue ;; esac
-        _escaped=$(printf '%s' "$_value" | sed 's/[\\"]/\\&/g')
-        printf 'SetEnv "%s=%s"\n' "$_name" "$_escaped"
-    done
+            _out="$_out \"$_name=$(printf '%s' "$_value" | sed 's/[\\"]/\\&/g')\""
+        done
+        if [ -n "$_out" ]; then echo "SetEnv$_out"; fi
+    }
 }
 
 start_ssh() {  # ID PORT

@@ -54,17 +54,23 @@ END { for (g in want) if (!(g in have)) {
 "$bb" mv "$rt/group.new" "$rt/group"
 """
 
-# The job container's script, run by busybox sh. Signals that arrive before the command has
-# started are remembered and forwarded as soon as it has. ``wait`` returns early (>128) when a
-# trapped signal arrives; the loop waits again until the command has really exited.
+# The job container's script, run by busybox sh. Until busybox setsid has made the job's session,
+# a signal sent to the forked child could be swallowed by the shell's copy of the trap before it
+# execs: signals arriving by then are remembered and forwarded once the session exists (a matter
+# of milliseconds). ``wait`` returns early (>128) when a trapped signal arrives, keeping the job
+# known to the shell; waiting again gives its real status once it has exited. Shells start background commands with SIGINT and
+# SIGQUIT ignored when there is no job control (no tty), so a forwarded INT reaches programs that
+# install their own handler; Kubernetes itself sends TERM. (busybox's kill takes no "--": a
+# negative pid right after the signal names the process group.)
 ENTRYPOINT = r"""rt=${DLTS_RUNTIME_DIR:-/dlts-runtime}
 bb=$rt/busybox
 job=
+started=
 pending=
 forward() {
     got=1
-    if [ -z "$job" ]; then pending=$1; return; fi
-    kill "-$1" -- "-$job" 2>/dev/null || kill "-$1" "$job" 2>/dev/null
+    if [ -z "$started" ]; then pending=$1; return; fi
+    kill "-$1" "-$job" 2>/dev/null || kill "-$1" "$job" 2>/dev/null
 }
 trap 'forward TERM' TERM
 trap 'forward INT' INT
@@ -77,13 +83,22 @@ fi
 if [ -x /bin/sh ]; then set -- /bin/sh; else set -- "$bb" sh; fi
 "$bb" setsid "$@" -c "$DLTS_COMMAND" &
 job=$!
+n=0
+while [ "$n" -lt 500 ] && ! kill -0 "-$job" 2>/dev/null && kill -0 "$job" 2>/dev/null; do
+    "$bb" sleep 0.01
+    n=$((n + 1))
+done
+started=1
 if [ -n "$pending" ]; then forward "$pending"; fi
-while :; do
+got=
+wait "$job"
+rc=$?
+while [ -n "$got" ] && [ "$rc" -gt 128 ]; do
     got=
     wait "$job"
-    rc=$?
-    if [ -n "$got" ] && [ "$rc" -gt 128 ] && kill -0 "$job" 2>/dev/null; then continue; fi
-    break
+    r=$?
+    if [ "$r" -eq 127 ]; then break; fi  # it had exited before the signal: rc is its status
+    rc=$r
 done
 if [ -n "$sup" ]; then kill -TERM "$sup" 2>/dev/null; wait "$sup"; fi
 exit "$rc"
