@@ -230,7 +230,7 @@ def ssh_run(port: int, key: Path, user: str, command: str) -> subprocess.Complet
         ["ssh", "-F", "/dev/null", "-p", str(port), "-i", str(key), "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes",
          "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "ConnectTimeout=5",
          "-o", "LogLevel=ERROR", f"{user}@127.0.0.1", command],
-        capture_output=True, text=True, timeout=30)
+        capture_output=True, text=True, timeout=30, check=False)
 
 
 def new_key(path: Path) -> Path:
@@ -255,7 +255,7 @@ def owners_sandbox(tmp_path: Path) -> tuple[Path, list[str], str]:
     """As root: the identity files of a pod (written by IDENTITY_SCRIPT as the owner) and the
     supervisor's argv running it as the owner, with them as /etc/passwd and /etc/group."""
     busybox = shutil.which("busybox")
-    if busybox is None or subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode != 0 \
+    if busybox is None or subprocess.run(["unshare", "-m", "true"], capture_output=True, check=False).returncode != 0 \
             or not shutil.which("setpriv"):
         pytest.skip("as root this test needs busybox, setpriv and unshare -m (a private mount namespace) to run "
                     "sshd as the job's owner without touching this machine's /etc/passwd")
@@ -272,7 +272,7 @@ def owners_sandbox(tmp_path: Path) -> tuple[Path, list[str], str]:
     made = subprocess.run([*drop, "--clear-groups", str(runtime / "busybox"), "sh", "-c", IDENTITY_SCRIPT],
                           env={"PATH": SYSTEM_PATH, "DLTS_RUNTIME_DIR": str(runtime), "DLTS_LOGIN": "alice",
                                "DLTS_UID": str(OWNER_UID), "DLTS_GID": str(OWNER_GID), "DLTS_GROUPS": str(VC_GID),
-                               "HOME": str(home)}, capture_output=True, text=True, timeout=30)
+                               "HOME": str(home)}, capture_output=True, text=True, timeout=30, check=False)
     assert made.returncode == 0, made.stderr
     argv = ["unshare", "-m", "/bin/sh", "-c",
             'mount --bind "$1" /etc/passwd && mount --bind "$2" /etc/group && shift 2 && exec "$@"', "sh",

@@ -18,7 +18,13 @@ from pathlib import Path
 
 import pytest
 
-from dlts.backends.k8s_render import DEFAULT_TEMPLATES_DIR, ENTRYPOINT, IDENTITY_SCRIPT, INIT_COMMAND, RUNTIME_DIR
+from dlts.backends.k8s_render import (
+    DEFAULT_TEMPLATES_DIR,
+    ENTRYPOINT,
+    IDENTITY_SCRIPT,
+    INIT_COMMAND,
+    RUNTIME_DIR,
+)
 
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 SUPERVISOR = DEFAULT_TEMPLATES_DIR / "endpoint-supervisor.sh"
@@ -40,7 +46,8 @@ def runtime(tmp_path) -> Path:
 def test_the_init_command_copies_an_executable_busybox(runtime):
     copied = runtime / "busybox"
     assert os.access(copied, os.X_OK)
-    out = subprocess.run([str(copied), "sh", "-c", "echo $((6 * 7))"], capture_output=True, text=True, timeout=10)
+    out = subprocess.run([str(copied), "sh", "-c", "echo $((6 * 7))"], capture_output=True, text=True, timeout=10,
+                         check=False)
     assert out.stdout == "42\n"
 
 
@@ -137,14 +144,14 @@ def test_the_command_runs_with_the_images_sh_or_busybox_when_it_has_none(runtime
     proc = entrypoint(runtime, "readlink /proc/$$/exe")
     out, _ = proc.communicate(timeout=20)
     assert out.strip() == os.path.realpath("/bin/sh")
-    if os.geteuid() != 0 or subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode != 0:
+    if os.geteuid() != 0 or subprocess.run(["unshare", "-m", "true"], capture_output=True, check=False).returncode != 0:
         pytest.skip("hiding /bin/sh (an image without a shell) needs root and unshare -m")
     # An image without /bin/sh: /dev/null bound over it in a private mount namespace.
     out = subprocess.run(["unshare", "-m", "/bin/sh", "-c", 'mount --bind /dev/null /bin/sh && exec "$@"', "sh",
                           str(runtime / "busybox"), "sh", "-c", ENTRYPOINT],
                          env={"PATH": SYSTEM_PATH, "DLTS_RUNTIME_DIR": str(runtime),
                               "DLTS_COMMAND": "readlink /proc/$$/exe; echo $((1 + 1))"},
-                         capture_output=True, text=True, timeout=20)
+                         capture_output=True, text=True, timeout=20, check=False)
     assert out.stdout.splitlines() == [str(runtime / "busybox"), "2"], out.stderr
 
 
@@ -164,7 +171,7 @@ def identity(runtime: Path, passwd: str, group: str, tmp_path: Path, **env: str)
     full = {"PATH": SYSTEM_PATH, "DLTS_RUNTIME_DIR": str(runtime), "DLTS_LOGIN": "alice", "DLTS_UID": "4242",
             "DLTS_GID": "4242", "DLTS_GROUPS": "5001 100", "HOME": "/home/alice", **env}
     return subprocess.run([str(runtime / "busybox"), "sh", "-c", script], env=full, capture_output=True, text=True,
-                          timeout=20)
+                          timeout=20, check=False)
 
 
 IMAGE_PASSWD = ("root:x:0:0:root:/root:/bin/bash\n"
@@ -196,7 +203,7 @@ def test_an_image_without_etc_files_gets_just_the_owner(runtime, tmp_path):
     out = subprocess.run([str(runtime / "busybox"), "sh", "-c", rt_script],
                          env={"PATH": SYSTEM_PATH, "DLTS_RUNTIME_DIR": str(runtime), "DLTS_LOGIN": "alice",
                               "DLTS_UID": "4242", "DLTS_GID": "4242", "HOME": "/tmp/alice", **script_env},
-                         capture_output=True, text=True, timeout=20)
+                         capture_output=True, text=True, timeout=20, check=False)
     assert out.returncode == 0, out.stderr
     assert (runtime / "passwd").read_text().startswith("alice:x:4242:4242:DLTS job owner:/tmp/alice:")
     assert (runtime / "group").read_text() == "alice:x:4242:\n"

@@ -202,8 +202,8 @@ def test_pods_run_as_the_owner_with_the_vc_group():
 
 
 @pytest.mark.parametrize("fields,message", [
-    ({"uid": None, "gid": None}, "user alice has no uid, and jobs run as their owner's uid and gid; a cluster admin "
-                                 "sets them with: dlts user set alice --uid N --gid N"),
+    ({"uid": None, "gid": None}, ("user alice has no uid, and jobs run as their owner's uid and gid; a cluster admin "
+                                  "sets them with: dlts user set alice --uid N --gid N")),
     ({"gid": None}, "user alice has no gid"),
     ({"uid": 0, "gid": 0}, "0 is root's"),
     ({"run_as_root": True}, "VC vision does not allow its jobs to run as root"),

@@ -54,7 +54,13 @@ from dlts.backends.k8s_render.renderer import (
     to_model,
     yaml_literal,
 )
-from dlts.backends.k8s_render.scripts import BUSYBOX, ENTRYPOINT, IDENTITY_SCRIPT, INIT_COMMAND, RUNTIME_DIR
+from dlts.backends.k8s_render.scripts import (
+    BUSYBOX,
+    ENTRYPOINT,
+    IDENTITY_SCRIPT,
+    INIT_COMMAND,
+    RUNTIME_DIR,
+)
 from dlts.backends.k8s_settings import PrivilegedFeature
 
 __all__ = [

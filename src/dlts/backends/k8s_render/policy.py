@@ -222,8 +222,8 @@ def check_pod_policy(pod: Mapping[str, Any], allowed: frozenset[PrivilegedFeatur
             uid = sc.get("runAsUser", pod_sc.get("runAsUser"))
             non_root = sc.get("runAsNonRoot", pod_sc.get("runAsNonRoot"))
             if not _non_root(uid, non_root):
-                used.append((PrivilegedFeature.RUN_AS_ROOT, f"{name} may run as root (runAsUser {uid}, "
-                                                            f"runAsNonRoot {non_root})"))
+                where = f"{name} may run as root (runAsUser {uid}, runAsNonRoot {non_root})"
+                used.append((PrivilegedFeature.RUN_AS_ROOT, where))
     for feature, where in used:
         if feature not in allowed:
             raise LaunchRefused(f"the pod would use {feature.value} ({where}), which its VC's policy does not allow")

@@ -30,16 +30,12 @@ from dlts.backends.k8s_render.names import (
     ANNOTATION_VC,
     ANNOTATION_WORLD_SIZE,
     GPU_RESOURCE,
-    LABEL_ATTEMPT,
     LABEL_INDEX,
-    LABEL_JOB_ID,
     LABEL_PREEMPTIBLE,
     LABEL_ROLE,
     LABEL_TYPE,
     LABEL_USER,
     LABEL_VC,
-    MANAGED_BY,
-    MANAGED_BY_LABEL,
     LaunchRefused,
     TemplateError,
     attempt_match,
@@ -62,7 +58,13 @@ from dlts.backends.k8s_render.policy import (
     check_storage,
     identity,
 )
-from dlts.backends.k8s_render.scripts import BUSYBOX, ENTRYPOINT, IDENTITY_SCRIPT, INIT_COMMAND, RUNTIME_DIR
+from dlts.backends.k8s_render.scripts import (
+    BUSYBOX,
+    ENTRYPOINT,
+    IDENTITY_SCRIPT,
+    INIT_COMMAND,
+    RUNTIME_DIR,
+)
 from dlts.backends.k8s_settings import KubernetesSettings
 
 # Where the attempt's endpoint ConfigMap is mounted in every pod: ``endpoints`` (one line per
@@ -198,7 +200,7 @@ class ManifestRenderer:
                  termination_grace_s: float = 30) -> None:
         self.settings = settings
         self.templates_dir = templates_dir
-        self.termination_grace_s = max(0, int(round(termination_grace_s)))
+        self.termination_grace_s = max(0, round(termination_grace_s))
         self._env = _environment(templates_dir)
 
     def _render(self, template: str, context: Mapping[str, Any]) -> dict:
@@ -267,7 +269,7 @@ class ManifestRenderer:
         doc = self._render("network-policy.yaml.j2", {
             "name": network_policy_name(job_id, attempt), "namespace": self.settings.namespace,
             "labels": dict(labels), "annotations": dict(annotations), "selector": attempt_match(job_id, attempt),
-            "open_ports": sorted({int(p) for p in open_ports}), "dns_namespace": DNS_NAMESPACE,
+            "open_ports": sorted(set(open_ports)), "dns_namespace": DNS_NAMESPACE,
             "storage_cidrs": list(self.settings.storage_cidrs),
         })
         self._check_ownership(doc, job_id, attempt)
