@@ -8,7 +8,9 @@
 # refreshes within about a minute:
 #   endpoints        one endpoint per line: ID KIND PORT [SECRET_SHA256]
 #   authorized_keys  the SSH public keys of the job's owner
-# For each listed endpoint not yet started it starts: ssh -> sshd on PORT (public keys only);
+# For each listed endpoint not yet started it starts: ssh -> sshd on PORT (public keys only), with
+# its own config, as the container's user: the job's owner logs in under their own name and uid, and
+# every session gets the job's environment (DLTS_*, CUDA_*, NVIDIA_*, MASTER_ADDR, PATH, ...);
 # jupyter -> "jupyter server" on PORT whose password is the endpoint's token (SHA-256 given);
 # vscode -> "code-server" on PORT, same; port -> nothing (the job's own server listens there).
 # Servers of endpoints no longer listed are stopped. A server that exits is started again, up to
@@ -69,25 +71,53 @@ find_sshd() {
     return 1
 }
 
-ssh_login() {  # the login the ssh URL names (the job's owner) must exist in the container
-    _user=${DLTS_USER:-}
-    if [ -z "$_user" ] || id "$_user" >/dev/null 2>&1; then return 0; fi
-    if ! is_root; then
-        say "ssh: this container runs as $(id -un); log in as $(id -un), not $_user"
+ssh_login() {  # sets _login to the login sshd accepts here; says why ssh cannot work and fails when none
+    if is_root; then
+        if [ "$(sed -n 's/^CapEff:[[:space:]]*//p' /proc/self/status 2>/dev/null)" = 0000000000000000 ]; then
+            say "ssh: this container runs as root without capabilities, and sshd needs SETUID, SETGID and SYS_CHROOT to log anyone in; run the job as its owner (without run_as_root) to use ssh"
+            return 1
+        fi
+        _login=root
+        if [ -n "${DLTS_USER:-}" ] && id "$DLTS_USER" >/dev/null 2>&1; then _login=$DLTS_USER; fi
         return 0
     fi
-    case $_user in
-        *[!a-z0-9_.-]* | [!a-z_]*)
-            say "ssh: $_user is not a valid login name in the container; log in as root"
-            return 0 ;;
-    esac
-    _shell=/bin/sh
-    [ -x /bin/bash ] && _shell=/bin/bash
-    if printf '%s:x:0:0:DLTS job owner:%s:%s\n' "$_user" "${HOME:-/root}" "$_shell" >>/etc/passwd; then
-        say "ssh: added the login $_user (uid 0, like root) for the job's owner"
-    else
-        say "ssh: could not add the login $_user to /etc/passwd; log in as root"
+    # Non-root: sshd logs in only the user it runs as, by the name /etc/passwd gives this uid
+    # (the pod's dlts-identity init container added the job's owner there).
+    if ! _login=$(id -un 2>/dev/null) || [ -z "$_login" ]; then
+        say "ssh: uid $(id -u) has no name in this container's /etc/passwd, so sshd cannot log anyone in"
+        return 1
     fi
+    if [ -n "${DLTS_USER:-}" ] && [ "$_login" != "$DLTS_USER" ]; then
+        say "ssh: log in as $_login (the job's owner $DLTS_USER, uid $(id -u), under a name the container accepts)"
+    fi
+}
+
+session_env() {  # the sshd_config SetEnv line: the job's environment, for every ssh session
+    # sshd reads only the first SetEnv line, so every variable goes on one. Names come from env's
+    # output; each value is read from the shell's own variable, so a value holding a newline
+    # cannot inject a variable (such values are left out: a config line cannot hold them).
+    # Variables sshd sets for the session itself, and the supervisor's own, are skipped.
+    env | {
+        _seen=" "
+        _out=
+        while IFS= read -r _line; do
+            _name=${_line%%=*}
+            case $_name in '' | *[!A-Za-z0-9_]* | [0-9]*) continue ;; esac
+            case $_name in
+                HOME | USER | LOGNAME | SHELL | PWD | OLDPWD | SHLVL | TERM | MAIL | _ | SSH_* | \
+                DLTS_ENDPOINTS_STATE | DLTS_ENDPOINTS_POLL_S | DLTS_SSH_HOST_KEY_PREFIX) continue ;;
+            esac
+            case $_seen in *" $_name "*) continue ;; esac
+            _seen="$_seen$_name "
+            eval "_set=\${$_name+x}"
+            [ -n "$_set" ] || continue
+            eval "_value=\$$_name"
+            case $_value in *'
+'*) continue ;; esac
+            _out="$_out \"$_name=$(printf '%s' "$_value" | sed 's/[\\"]/\\&/g')\""
+        done
+        if [ -n "$_out" ]; then echo "SetEnv$_out"; fi
+    }
 }
 
 start_ssh() {  # ID PORT
@@ -104,9 +134,9 @@ start_ssh() {  # ID PORT
     else
         ssh-keygen -A </dev/null >/dev/null
     fi || { say "ssh (port $2): ssh-keygen -A could not create host keys; ssh is not started"; : >"$state/$1.gaveup"; return; }
+    if ! ssh_login; then : >"$state/$1.gaveup"; return; fi
     # Debian and Ubuntu's sshd needs its privilege separation directory (/run is often a fresh tmpfs)
     if is_root; then mkdir -p /run/sshd && chmod 755 /run/sshd; fi
-    ssh_login
     _conf=$state/sshd-$1.conf
     {
         echo "Port $2"
@@ -123,9 +153,10 @@ start_ssh() {  # ID PORT
         echo "PidFile $state/sshd-$1.pid"
         echo "PrintMotd no"
         echo "Subsystem sftp internal-sftp"
+        session_env
     } >"$_conf"
     start_bg "$1" "$_sshd" -D -e -f "$_conf"
-    say "ssh: started sshd on port $2 (public keys of the job's owner; no passwords)"
+    say "ssh: started sshd on port $2 for $_login (public keys of the job's owner; no passwords)"
 }
 
 start_jupyter() {  # ID PORT HASH

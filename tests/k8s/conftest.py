@@ -80,7 +80,7 @@ def placement(node: str, gpus: int = 1, cpu: float = 8.0, memory_bytes: int = 64
 def make_spec(job_id: int = 1, attempt: int = 1, *, command: str = "sleep 10", nodes: tuple[str, ...] = ("n1",),
               gpus: int = 1, type: str = "batch", **kw) -> LaunchSpec:
     values = {"job_id": job_id, "attempt": attempt, "user": "alice", "vc": "vision", "type": type,
-              "image": "pytorch/pytorch:2.3", "command": command,
+              "image": "pytorch/pytorch:2.3", "command": command, "uid": 1000, "gid": 1000,
               "placements": tuple(placement(n, gpus) for n in nodes)}
     values.update(kw)
     return LaunchSpec(**values)

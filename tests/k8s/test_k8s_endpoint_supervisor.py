@@ -1,11 +1,12 @@
 """The endpoint supervisor (templates/kubernetes/endpoint-supervisor.sh) run for real with /bin/sh in a
-temporary directory standing for the mounted ConfigMap, and the job container's entrypoint that
-starts it.
+temporary directory standing for the mounted ConfigMap (the entrypoint that starts it:
+test_k8s_pod_scripts.py).
 
-sshd is the real one (/usr/sbin/sshd) with a real ssh client. As root, the supervisor runs in a
-private mount namespace whose /etc/passwd, /etc/ssh and /run are temporary copies, so it behaves
-exactly as in a root container (adds the owner's login, generates host keys) without touching this
-machine. Jupyter is the real jupyter-server when one is installed (or DLTS_TEST_JUPYTER_BIN names
+sshd is the real one (/usr/sbin/sshd) with a real ssh client, run as the job's owner the way a pod
+runs it: as root, the test gives the supervisor a private mount namespace whose /etc/passwd and
+/etc/group are the files the pod's dlts-identity init container writes (the script run for real)
+and drops to the owner's uid, gid and groups with no capabilities; as any other user it runs as
+that user. Jupyter is the real jupyter-server when one is installed (or DLTS_TEST_JUPYTER_BIN names
 the directory holding ``jupyter``); the arguments given to jupyter and code-server are also checked
 with stand-ins that record them.
 """
@@ -20,6 +21,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 import urllib.error
@@ -29,7 +31,7 @@ from pathlib import Path
 
 import pytest
 
-from dlts.backends.k8s_render import DEFAULT_TEMPLATES_DIR, ENTRYPOINT
+from dlts.backends.k8s_render import DEFAULT_TEMPLATES_DIR, IDENTITY_SCRIPT
 
 SCRIPT = DEFAULT_TEMPLATES_DIR / "endpoint-supervisor.sh"
 TOKEN = "tok-" + "x" * 28
@@ -177,7 +179,10 @@ def test_jupyter_and_code_server_get_the_tokens_hash_as_password_and_stop_when_c
     sup.wait_for("jupyter: started")
     sup.wait_for("vscode: started")
     deadline = time.monotonic() + 5
-    while not (Path(f"{jupyter}.args").exists() and Path(f"{code}.args").exists()) and time.monotonic() < deadline:
+    def written(path: Path) -> bool:  # the stand-in writes its last line last
+        return path.exists() and "HASHED_PASSWORD=" in path.read_text()
+
+    while not (written(Path(f"{jupyter}.args")) and written(Path(f"{code}.args"))) and time.monotonic() < deadline:
         time.sleep(0.05)
     args = Path(f"{jupyter}.args").read_text().splitlines()
     assert args[:2] == ["server", "--no-browser"]
@@ -217,44 +222,6 @@ def test_malformed_lines_are_named_and_skipped(tmp_path, supervisors):
     assert sup.said("ignoring a malformed line in") and len(sup.said("malformed")) >= 2
 
 
-def test_the_entrypoint_starts_the_supervisor_then_runs_the_command_under_the_init(tmp_path):
-    """ENTRYPOINT for real: the job's log gets both the supervisor's lines and the command's output."""
-    endpoints = tmp_path / "dlts-endpoints"
-    endpoints.mkdir()
-    shutil.copy(SCRIPT, endpoints / "supervisor.sh")
-    (endpoints / "endpoints").write_text("3 port 6006\n")
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    tini = bin_dir / "tini"  # stand-in for tini: drop "-g --" and run the command
-    tini.write_text('#!/bin/sh\n[ "$1" = -g ] && shift\n[ "$1" = -- ] && shift\nexec "$@"\n')
-    tini.chmod(0o755)
-    log = tmp_path / "logs" / "job.log"
-    env = {"PATH": f"{bin_dir}:{SYSTEM_PATH}", "DLTS_LOG_PATH": str(log), "DLTS_ENDPOINTS_DIR": str(endpoints),
-           "DLTS_ENDPOINTS_STATE": str(tmp_path / "state"), "DLTS_ENDPOINTS_POLL_S": "0.2",
-           "DLTS_COMMAND": "echo job ran; sleep 1.5; exit 3"}
-    proc = subprocess.Popen(["/bin/sh", "-c", ENTRYPOINT], env=env, start_new_session=True)
-    try:
-        assert proc.wait(20) == 3
-        text = log.read_text()
-        assert "job ran" in text
-        assert "dlts-endpoints: port 6006: nothing to start" in text
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)  # the supervisor (PID 1's exit ends it in a container)
-        except ProcessLookupError:
-            pass
-
-
-def test_without_endpoints_dir_the_entrypoint_starts_no_supervisor(tmp_path):
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "tini").write_text('#!/bin/sh\nshift 2\nexec "$@"\n')
-    (bin_dir / "tini").chmod(0o755)
-    env = {"PATH": f"{bin_dir}:{SYSTEM_PATH}", "DLTS_COMMAND": "echo plain"}
-    out = subprocess.run(["/bin/sh", "-c", ENTRYPOINT], env=env, capture_output=True, text=True, timeout=20)
-    assert (out.returncode, out.stdout) == (0, "plain\n")
-
-
 # -- real servers -------------------------------------------------------------------------------------
 
 
@@ -263,7 +230,7 @@ def ssh_run(port: int, key: Path, user: str, command: str) -> subprocess.Complet
         ["ssh", "-F", "/dev/null", "-p", str(port), "-i", str(key), "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes",
          "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "ConnectTimeout=5",
          "-o", "LogLevel=ERROR", f"{user}@127.0.0.1", command],
-        capture_output=True, text=True, timeout=30)
+        capture_output=True, text=True, timeout=30, check=False)
 
 
 def new_key(path: Path) -> Path:
@@ -271,51 +238,121 @@ def new_key(path: Path) -> Path:
     return path
 
 
-def test_sshd_lets_the_owner_in_with_their_key_only_and_stops_when_closed(tmp_path, supervisors):
+OWNER_UID, OWNER_GID, VC_GID = 4242, 4242, 5001
+JOB_ENV = {
+    "DLTS_USER": "alice", "DLTS_JOB_ID": "77", "CUDA_VISIBLE_DEVICES": "0,1", "NVIDIA_VISIBLE_DEVICES": "GPU-1,GPU-2",
+    "MASTER_ADDR": "dlts-77-1-0.dlts-77-1.dlts.svc", "MASTER_PORT": "29500", "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+    "WEIRD": 'a "quoted" \\back\\slash $HOME #not-a-comment  two  spaces',
+    # a value with a newline cannot go into sshd's config; it must not smuggle a variable in either
+    "MULTI": "first\nLD_PRELOAD=/tmp/evil.so",
+}
+SESSION = ('id -u; id -un; id -G; echo "$DLTS_JOB_ID|$CUDA_VISIBLE_DEVICES|$NVIDIA_VISIBLE_DEVICES|$MASTER_ADDR|'
+           '$MASTER_PORT|$CUDA_DEVICE_ORDER"; printf "%s\\n" "$WEIRD"; echo "${LD_PRELOAD:-no preload}|${MULTI:-no multi}"; '
+           'echo "$PATH"; echo "$HOME"')
+
+
+def owners_sandbox(tmp_path: Path) -> tuple[Path, list[str], str]:
+    """As root: the identity files of a pod (written by IDENTITY_SCRIPT as the owner) and the
+    supervisor's argv running it as the owner, with them as /etc/passwd and /etc/group."""
+    busybox = shutil.which("busybox")
+    if busybox is None or subprocess.run(["unshare", "-m", "true"], capture_output=True, check=False).returncode != 0 \
+            or not shutil.which("setpriv"):
+        pytest.skip("as root this test needs busybox, setpriv and unshare -m (a private mount namespace) to run "
+                    "sshd as the job's owner without touching this machine's /etc/passwd")
+    base = Path(tempfile.mkdtemp(prefix="dlts-sshd-"))  # traversable by the owner (tmp_path is root's only)
+    os.chmod(base, 0o755)
+    runtime, home = base / "runtime", base / "home"
+    for d in (runtime, home):
+        d.mkdir()
+    shutil.copy(busybox, runtime / "busybox")
+    for d in (base, runtime, home):
+        os.chown(d, OWNER_UID, OWNER_GID)
+    drop = ["setpriv", f"--reuid={OWNER_UID}", f"--regid={OWNER_GID}", "--inh-caps=-all", "--bounding-set=-all",
+            "--no-new-privs"]
+    made = subprocess.run([*drop, "--clear-groups", str(runtime / "busybox"), "sh", "-c", IDENTITY_SCRIPT],
+                          env={"PATH": SYSTEM_PATH, "DLTS_RUNTIME_DIR": str(runtime), "DLTS_LOGIN": "alice",
+                               "DLTS_UID": str(OWNER_UID), "DLTS_GID": str(OWNER_GID), "DLTS_GROUPS": str(VC_GID),
+                               "HOME": str(home)}, capture_output=True, text=True, timeout=30, check=False)
+    assert made.returncode == 0, made.stderr
+    argv = ["unshare", "-m", "/bin/sh", "-c",
+            'mount --bind "$1" /etc/passwd && mount --bind "$2" /etc/group && shift 2 && exec "$@"', "sh",
+            str(runtime / "passwd"), str(runtime / "group"), *drop, f"--groups={VC_GID}",
+            str(runtime / "busybox"), "sh", str(SCRIPT)]
+    return base, argv, str(home)
+
+
+def test_sshd_logs_the_owner_in_as_themselves_with_the_jobs_environment(tmp_path, supervisors):
     if not Path("/usr/sbin/sshd").exists() or not shutil.which("ssh") or not shutil.which("ssh-keygen"):
         pytest.skip("needs OpenSSH: /usr/sbin/sshd, ssh and ssh-keygen (apt-get install openssh-server openssh-client)")
     key, stranger = new_key(tmp_path / "id"), new_key(tmp_path / "stranger")
     port = free_port()
-    if os.geteuid() == 0:
-        # A root container: the supervisor adds the owner's login to /etc/passwd and generates host
-        # keys in /etc/ssh. Give it private copies of both (and of /run) in its own mount namespace.
-        if subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode != 0:
-            pytest.skip("running as root but cannot create a mount namespace (unshare -m) to keep the "
-                        "supervisor off this machine's /etc/passwd and /etc/ssh")
-        passwd, etc_ssh, run = tmp_path / "passwd", tmp_path / "etc-ssh", tmp_path / "run"
-        shutil.copy("/etc/passwd", passwd)
-        etc_ssh.mkdir()
-        run.mkdir()
-        user = "alice"
-        argv = ["unshare", "-m", "/bin/sh", "-c", 'mount --bind "$1" /etc/passwd && mount --bind "$2" /etc/ssh && '
-                'mount --bind "$3" /run && exec /bin/sh "$4"', "sh", str(passwd), str(etc_ssh), str(run), str(SCRIPT)]
-        sup = supervisors(tmp_path, env={"DLTS_USER": user}, argv=argv)
-    else:
-        user = getpass.getuser()  # a non-root container: sshd runs as the container's user
-        sup = supervisors(tmp_path, env={"DLTS_USER": user})
-    sup.write("authorized_keys", Path(f"{key}.pub").read_text())
-    sup.write("endpoints", f"5 ssh {port}\n")
-    sup.wait_for(f"ssh: started sshd on port {port}")
-    if os.geteuid() == 0:
-        assert sup.said("ssh: added the login alice (uid 0, like root) for the job's owner")
-        assert "alice:x:0:0:" in (tmp_path / "passwd").read_text()
-        assert (tmp_path / "etc-ssh" / "ssh_host_ed25519_key").exists()
-    deadline = time.monotonic() + 15
-    while True:
-        result = ssh_run(port, key, user, "echo hello $((6 * 7))")
-        if result.returncode == 0 or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)  # sshd is still starting
-    assert (result.returncode, result.stdout) == (0, "hello 42\n"), result.stderr + "\n".join(sup.lines)
-    refused = ssh_run(port, stranger, user, "true")
-    assert refused.returncode == 255 and "Permission denied" in refused.stderr
-    pid = sup.pid_of(5)
-    sup.write("endpoints", "")
-    sup.wait_for(f"ssh: stopped the server on port {port} (endpoint closed)")
-    assert gone(pid)
-    closed = ssh_run(port, key, user, "true")
-    assert closed.returncode == 255 and "refused" in closed.stderr
+    base = None
+    try:
+        if os.geteuid() == 0:
+            base, argv, home = owners_sandbox(tmp_path)
+            passwd = (base / "runtime" / "passwd").read_text().splitlines()
+            assert f"alice:x:{OWNER_UID}:{OWNER_GID}:DLTS job owner:{home}:/bin/bash" in passwd
+            image_root = [line for line in Path("/etc/passwd").read_text().splitlines() if line.split(":")[2] == "0"]
+            assert [line for line in passwd if line.split(":")[2] == "0"] == image_root  # no second uid 0
+            user, uid, groups = "alice", OWNER_UID, {OWNER_GID, VC_GID}
+            sup = supervisors(base, env={**JOB_ENV, "HOME": home}, argv=argv)
+        else:  # a non-root runner is already the owner of its sshd
+            user, uid, groups, home = getpass.getuser(), os.getuid(), set(os.getgroups()), str(tmp_path)
+            sup = supervisors(tmp_path, env={**JOB_ENV, "DLTS_USER": user})
+        sup.write("authorized_keys", Path(f"{key}.pub").read_text())
+        sup.write("endpoints", f"5 ssh {port}\n")
+        sup.wait_for(f"ssh: started sshd on port {port} for {user}")
+        deadline = time.monotonic() + 15
+        while True:
+            result = ssh_run(port, key, user, SESSION)
+            if result.returncode == 0 or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)  # sshd is still starting
+        assert result.returncode == 0, result.stderr + "\n".join(sup.lines)
+        out = result.stdout.splitlines()
+        assert out[0] == str(uid) and out[1] == user and groups <= {int(g) for g in out[2].split()}
+        assert out[3] == "77|0,1|GPU-1,GPU-2|dlts-77-1-0.dlts-77-1.dlts.svc|29500|PCI_BUS_ID"
+        assert out[4] == JOB_ENV["WEIRD"]
+        assert out[5] == "no preload|no multi"
+        assert out[6].split(":")[0] == str(sup.bin)  # the job's PATH, not sshd's default
+        assert out[7] == home
+        refused = ssh_run(port, stranger, user, "true")
+        assert refused.returncode == 255 and "Permission denied" in refused.stderr
+        if os.geteuid() == 0:
+            assert ssh_run(port, key, "root", "true").returncode == 255  # sshd runs as alice: only alice
+        pid = sup.pid_of(5)
+        sup.write("endpoints", "")
+        sup.wait_for(f"ssh: stopped the server on port {port} (endpoint closed)")
+        assert gone(pid)
+        closed = ssh_run(port, key, user, "true")
+        assert closed.returncode == 255 and "refused" in closed.stderr
+    finally:
+        if base is not None:
+            shutil.rmtree(base, ignore_errors=True)
 
+
+def test_ssh_says_why_not_when_the_uid_has_no_login(tmp_path, supervisors):
+    """A container whose uid is not in /etc/passwd (no dlts-identity): sshd could not log anyone in."""
+    if os.geteuid() != 0 or not shutil.which("setpriv") or not shutil.which("busybox"):
+        pytest.skip("needs root and setpriv to run the supervisor as a uid this machine does not know")
+    base = Path(tempfile.mkdtemp(prefix="dlts-sshd-"))
+    os.chmod(base, 0o755)
+    os.chown(base, OWNER_UID, OWNER_GID)
+    try:
+        bin_dir = base / "bin"
+        bin_dir.mkdir()
+        for name in ("sshd", "ssh-keygen"):  # present, so that the login is what is missing
+            stand_in(bin_dir, name, body="exit 0")
+        sup = supervisors(base, bin_dir=bin_dir, argv=["setpriv", f"--reuid={OWNER_UID}", f"--regid={OWNER_GID}",
+                                                       "--clear-groups", shutil.which("busybox"), "sh", str(SCRIPT)])
+        sup.write("endpoints", f"5 ssh {free_port()}\n")
+        assert sup.wait_for("has no name") == (
+            f"dlts-endpoints: ssh: uid {OWNER_UID} has no name in this container's /etc/passwd, so sshd cannot log "
+            "anyone in")
+        time.sleep(0.6)
+        assert len(sup.said("has no name")) == 1 and not sup.said("started sshd")
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
 
 def jupyter_dir() -> str | None:
     given = os.environ.get("DLTS_TEST_JUPYTER_BIN")

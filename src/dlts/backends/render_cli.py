@@ -1,8 +1,10 @@
 """``dlts render``: print the Kubernetes objects a job would produce, without a cluster.
 
 For operators reviewing template changes and for people reviewing what a job body turns into. The
-job body is validated exactly as ``POST /api/v1/jobs`` validates it; the objects go through the same
-renderer, model checks and privilege policy as ``KubernetesBackend.launch``.
+job body is validated exactly as ``POST /api/v1/jobs`` validates it; the objects (the NetworkPolicy
+and the pods with everything they use) go through the same renderer, model checks and privilege
+policy as ``KubernetesBackend.launch``, from the ``kubernetes:`` section of the configuration
+(``dlts --config FILE render ...``).
 """
 
 from __future__ import annotations
@@ -45,7 +47,8 @@ def _load_body(path: str) -> dict:
 
 
 def build_spec(body: dict, *, user: str, nodes: list[str], job_id: int, attempt: int, cpu: float,
-               memory_bytes: int, ssh_keys: tuple[str, ...] = ()) -> LaunchSpec:
+               memory_bytes: int, ssh_keys: tuple[str, ...] = (), uid: int | None = None, gid: int | None = None,
+               groups: tuple[int, ...] = ()) -> LaunchSpec:
     """The ``LaunchSpec`` the job manager would hand the backend for ``body`` placed on ``nodes``."""
     job_type = body["type"]
     if job_type == "distributed":
@@ -59,12 +62,12 @@ def build_spec(body: dict, *, user: str, nodes: list[str], job_id: int, attempt:
     placements = tuple(Placement(node=n, gpu_indices=tuple(range(gpus)), cpu=per_node_cpu,
                                  memory_bytes=per_node_memory) for n in nodes)
     ports = tuple(body.get("ports") or ())
-    if body.get("ssh") and 22 not in ports:
-        ports = (22, *ports)
     return LaunchSpec(job_id=job_id, attempt=attempt, user=user, vc=body["vc"], type=job_type,
                       image=body["image"], command=body["command"], placements=placements,
                       env=dict(body.get("env") or {}), preemptible=bool(body.get("preemptible")), ports=ports,
-                      ssh_public_keys=ssh_keys)
+                      ssh_public_keys=ssh_keys, uid=uid, gid=gid, supplemental_groups=groups,
+                      run_as_root=bool(body.get("run_as_root")),
+                      ephemeral_storage_bytes=body.get("ephemeral_storage_bytes"))
 
 
 @click.command("render")
@@ -80,29 +83,39 @@ def build_spec(body: dict, *, user: str, nodes: list[str], job_id: int, attempt:
               help="Cores per node when the job sets none (default: cpu_job_default_cpu).")
 @click.option("--memory-bytes", type=click.IntRange(1), default=None,
               help="Bytes per node when the job sets none (default: cpu_job_default_memory_bytes).")
+@click.option("--uid", type=click.IntRange(0, 2**31 - 1), default=None,
+              help="The user's uid (as `dlts user set USER --uid` records it); the pods run as it.")
+@click.option("--gid", type=click.IntRange(0, 2**31 - 1), default=None, help="The user's gid (default: --uid).")
+@click.option("--group", "groups", type=click.IntRange(0, 2**31 - 1), multiple=True,
+              help="A supplementary group of the pods (the VC's gid; repeatable).")
 @click.option("--namespace", default=None, help="Override the configured namespace.")
 @click.option("--templates-dir", type=click.Path(file_okay=False), default=None,
               help="Override the configured templates directory.")
 def render_command(job_file: str, user: str, nodes: str, job_id: int, attempt: int, ssh_key_file: tuple[str, ...],
-                   cpu: float | None, memory_bytes: int | None, namespace: str | None,
-                   templates_dir: str | None) -> None:
-    """Print, as YAML documents, the Kubernetes objects a job would produce on NODES."""
-    config = getattr(click.get_current_context().find_root().obj, "settings", None)
-    settings = config.kubernetes if config is not None else KubernetesSettings()
+                   cpu: float | None, memory_bytes: int | None, uid: int | None, gid: int | None,
+                   groups: tuple[int, ...], namespace: str | None, templates_dir: str | None) -> None:
+    """Print, as YAML documents, the Kubernetes objects a job would produce on NODES: the
+    NetworkPolicy, the Services and the pods, from the kubernetes: section of the configuration."""
+    config = click.get_current_context().find_root().obj.settings
+    settings: KubernetesSettings = config.kubernetes
     if namespace:
-        settings = settings.model_copy(update={"namespace": namespace})
-    templates_dir = templates_dir or (str(config.templates_dir) if getattr(config, "templates_dir", None) else None)
+        try:
+            settings = KubernetesSettings.model_validate({**settings.model_dump(), "namespace": namespace})
+        except ValueError as exc:
+            raise click.BadParameter(str(exc).splitlines()[-1], param_hint="--namespace") from None
+    templates = templates_dir or (str(config.templates_dir) if config.templates_dir else None)
     node_list = [n.strip() for n in nodes.split(",") if n.strip()]
     if not node_list:
         raise click.UsageError("--nodes needs at least one node name")
     keys = tuple(line.strip() for f in ssh_key_file for line in Path(f).read_text().splitlines() if line.strip())
     body = _load_body(job_file)
     spec = build_spec(body, user=user, nodes=node_list, job_id=job_id, attempt=attempt,
-                      cpu=cpu or float(getattr(config, "cpu_job_default_cpu", 1.0)),
-                      memory_bytes=memory_bytes or int(getattr(config, "cpu_job_default_memory_bytes", 2 << 30)),
-                      ssh_keys=keys)
+                      cpu=cpu or float(config.cpu_job_default_cpu),
+                      memory_bytes=memory_bytes or int(config.cpu_job_default_memory_bytes),
+                      ssh_keys=keys, uid=uid, gid=gid if gid is not None else uid, groups=tuple(groups))
     try:
-        rendered = ManifestRenderer(settings, templates_dir=templates_dir).render(spec)
+        renderer = ManifestRenderer(settings, templates_dir=templates, termination_grace_s=config.preempt_grace_s)
+        rendered = renderer.render(spec)
     except (LaunchRefused, TemplateError) as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(render_yaml(rendered.all()), nl=False)
