@@ -328,8 +328,9 @@ def _optional_bytes(option: str, value: str) -> int | None:
 
 @vc.command("storage")
 @click.argument("vc_name", metavar="VC")
-@click.option("--json", "document", metavar="JSON", help="The whole storage document (nfs, host, home, lustre), "
-                                                         "replacing the VC's; see docs/kubernetes.md.")
+@click.option("--json", "document", metavar="JSON", help="The storage document (nfs, host, home, and lustre), "
+                                                         "replacing the VC's; without a lustre key the VC's Lustre "
+                                                         "settings are kept. See docs/kubernetes.md.")
 @click.option("--show", is_flag=True, help="Print the VC's storage document as JSON.")
 @pass_ctx
 def vc_storage(ctx: Context, vc_name: str, document: str | None, show: bool) -> None:

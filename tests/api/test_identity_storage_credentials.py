@@ -108,6 +108,9 @@ def test_lustre_settings_live_in_the_same_document_and_the_lustre_command_keeps_
         admin.set_vc_lustre(s, "vision", {"pool": "vision2", "osts": "2", "mdt": 1})
         storage = s.scalar(sa.select(VirtualCluster.storage).where(VirtualCluster.name == "vision"))
     assert storage == {"host": STORED["host"], "lustre": {"pool": "vision2", "osts": "2", "mdt": 1}}
+    # a document without a lustre key (the inventory's mounts) replaces the mounts and keeps Lustre
+    kept = client.put("/api/v1/vcs/vision/storage", json={"nfs": STORAGE["nfs"]}, headers=world.auth("admin")).get_json()
+    assert kept["storage"] == {"nfs": STORED["nfs"], "lustre": {"pool": "vision2", "osts": "2", "mdt": 1}}
 
 
 def test_a_vc_admin_cannot_change_storage(client, world, sessions):

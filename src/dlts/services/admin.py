@@ -242,12 +242,17 @@ def set_vc_lustre(session: Session, vc_name: str, settings: dict, actor: str = "
 
 
 def replace_vc_storage(session: Session, vc: VirtualCluster, document: Any, actor: str) -> bool:
-    """Make ``document`` (checked by ``services.vc_storage``) the VC's whole storage document, recorded as
-    a VC event; returns False when it already was (nothing written)."""
+    """Make ``document`` (checked by ``services.vc_storage``) the VC's storage document, recorded as a VC
+    event; returns False when it already was (nothing written). A document without a ``lustre`` key
+    keeps the VC's Lustre settings (``dlts vc lustre`` owns them), so seeding the mounts from an
+    inventory never undoes what an admin set for Lustre."""
+    current = vc.storage or {}
+    if isinstance(document, dict) and "lustre" not in document and "lustre" in current:
+        document = {**document, "lustre": current["lustre"]}
     stored = vc_storage.normalize(vc.name, document)
-    if stored == (vc.storage or {}):
+    if stored == current:
         return False
-    vc_events.record(session, vc.name, actor, "storage", vc.storage or {}, stored)
+    vc_events.record(session, vc.name, actor, "storage", current, stored)
     vc.storage = stored
     session.commit()
     return True
