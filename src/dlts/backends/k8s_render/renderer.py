@@ -14,6 +14,9 @@ import base64
 import enum
 import json
 import re
+import secrets
+import threading
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -137,7 +140,24 @@ def yaml_literal(value: Any) -> str:
         raise TemplateError(f"cannot render {type(value).__name__} value into a manifest: {exc}") from None
     if _SURROGATE.search(text):
         raise LaunchRefused("text contains an unpaired UTF-16 surrogate; send valid Unicode")
+    recorded = getattr(_recording, "values", None)
+    if recorded is not None:  # ManifestRenderer._render: the value goes in after parsing (see there)
+        recorded.append(text)
+        return f'"{_TOKEN}{len(recorded) - 1}@"'
     return _NON_ASCII.sub(_yaml_escape, text)
+
+
+# -- parse once per shape ---------------------------------------------------------------------
+#
+# Parsing the rendered YAML was ~70 % of a launch's CPU. ``_render`` renders the template with
+# every {{ value }} replaced by a token (``_TOKEN`` + its index), so the text depends only on the
+# template's structure and control flow (how many containers, which optional blocks), not on the
+# values; that text is parsed once and kept, and each render fills the kept structure with its own
+# values (each one the JSON literal ``yaml_literal`` made of it, read back with ``json.loads``).
+# A template that puts {{ ... }} inside a longer string cannot be filled and is refused.
+_recording = threading.local()
+_TOKEN = f"@dlts-{secrets.token_hex(6)}-"
+_SHAPES_MAX = 512
 
 
 def _environment(templates_dir: str | None) -> jinja2.Environment:
@@ -161,6 +181,22 @@ def _environment(templates_dir: str | None) -> jinja2.Environment:
         autoescape=False,
         keep_trailing_newline=True,
     )
+
+
+def _fill(node: Any, values: Sequence[str], template: str) -> Any:
+    """A copy of the parsed ``node`` with every token replaced by its value."""
+    if isinstance(node, str):
+        if _TOKEN in node:
+            if not (node.startswith(_TOKEN) and node.endswith("@") and node[len(_TOKEN):-1].isdecimal()):
+                raise TemplateError(f"template {template} puts {{{{ ... }}}} inside a longer string; write each "
+                                    "value on its own (a key's whole value or a list item), DLTS quotes it")
+            return json.loads(values[int(node[len(_TOKEN):-1])])
+        return node
+    if isinstance(node, dict):
+        return {_fill(k, values, template): _fill(v, values, template) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_fill(item, values, template) for item in node]
+    return node
 
 
 _MODELS: dict[str, type[pydantic.BaseModel]] = {
@@ -202,8 +238,12 @@ class ManifestRenderer:
         self.templates_dir = templates_dir
         self.termination_grace_s = max(0, round(termination_grace_s))
         self._env = _environment(templates_dir)
+        self._shapes: OrderedDict[str, dict] = OrderedDict()  # rendered text with tokens -> parsed
+        self._shapes_lock = threading.Lock()
 
     def _render(self, template: str, context: Mapping[str, Any]) -> dict:
+        values: list[str] = []
+        _recording.values = values
         try:
             text = self._env.get_template(template).render(**context)
         except jinja2.TemplateNotFound:
@@ -212,14 +252,31 @@ class ManifestRenderer:
             raise TemplateError(f"template {template}: {exc}") from None
         except jinja2.TemplateSyntaxError as exc:
             raise TemplateError(f"template {template} line {exc.lineno}: {exc.message}") from None
-        try:
-            docs = [d for d in yaml.load_all(text, Loader=_SafeLoader) if d is not None]
-        except yaml.YAMLError as exc:
-            raise TemplateError(f"template {template} rendered invalid YAML: {exc}") from None
-        if len(docs) != 1 or not isinstance(docs[0], dict):
-            raise TemplateError(f"template {template} must render exactly one object, got {len(docs)}")
-        to_model(docs[0], template)
-        return docs[0]
+        finally:
+            _recording.values = None
+        with self._shapes_lock:
+            shape = self._shapes.get(text)
+            if shape is not None:
+                self._shapes.move_to_end(text)
+        fresh = shape is None
+        if fresh:
+            try:
+                docs = [d for d in yaml.load_all(text, Loader=_SafeLoader) if d is not None]
+            except yaml.YAMLError as exc:
+                raise TemplateError(f"template {template} rendered invalid YAML: {exc}") from None
+            if len(docs) != 1 or not isinstance(docs[0], dict):
+                raise TemplateError(f"template {template} must render exactly one object, got {len(docs)}")
+            shape = docs[0]
+        doc = _fill(shape, values, template)
+        if fresh:
+            # The client's models check the structure (a typo'd key, a list where a map belongs),
+            # which is the shape's: once per shape is enough.
+            to_model(doc, template)
+            with self._shapes_lock:
+                self._shapes[text] = shape
+                while len(self._shapes) > _SHAPES_MAX:
+                    self._shapes.popitem(last=False)
+        return doc
 
     def supervisor_script(self) -> str:
         """The endpoint supervisor (``endpoint-supervisor.sh``: the operator's copy when there is
