@@ -114,7 +114,7 @@ def bench_backend(jobs: int, watch: bool = False) -> dict:
         with tempfile.TemporaryDirectory() as tmp:
             backend = _backend(api, Path(tmp), watch)
             specs = [LaunchSpec(job_id=j, attempt=1, user="alice", vc="vision", type="batch",
-                                image="pytorch/pytorch:2.3", command="sleep infinity",
+                                image="pytorch/pytorch:2.3", command="sleep infinity", uid=1000, gid=1000,
                                 placements=(Placement(f"g{(j - 1) // 8:04d}", ((j - 1) % 8,), 8.0, 64 * GIB),))
                      for j in range(1, jobs + 1)]
             calls: dict[int, tuple[int, float]] = {0: _tick_cost(api, backend)}
@@ -172,7 +172,7 @@ def bench_jobmanager(jobs: int) -> dict:
             manager = JobManager(sessions, timed, settings, clock=api.clock)
             with sessions() as s:
                 admin.add_vc(s, "vision", {"a100": nodes * 8})
-                admin.add_user(s, "alice")
+                admin.add_user(s, "alice", uid=1000, gid=1000)
                 admin.add_member(s, "vision", "alice")
                 manager.sync_nodes(s)
                 principal = principal_for(s, s.scalar(sa.select(User).where(User.name == "alice")))
