@@ -88,7 +88,7 @@ import time
 import uuid
 from collections import Counter, deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -1010,16 +1010,22 @@ class Image:
     registry_auth: str = ""
 
 
-_BUSYBOX_APPLETS = ("sh", "ash", "cp", "chmod", "mkdir", "sleep", "echo", "cat", "ls", "env", "true", "false",
-                    "test", "[", "kill", "id", "whoami", "ln", "rm", "mv", "printf", "sed", "grep", "nc", "wget")
+_BUSYBOX_APPLETS = (
+    "sh", "ash", "cp", "chmod", "chown", "mkdir", "sleep", "echo", "cat", "ls", "env", "true", "false", "test", "[",
+    "[[", "kill", "id", "whoami", "ln", "rm", "mv", "printf", "sed", "grep", "nc", "wget", "awk", "setsid",
+    "head", "tail", "tr", "cut", "wc", "touch", "basename", "dirname", "expr", "seq", "hostname", "uname", "tee",
+    "xargs", "find", "ps", "nohup", "timeout", "sort", "uniq", "stat", "readlink", "realpath", "date", "pwd",
+    "install", "df", "du", "ip", "ping", "nslookup", "vi", "which", "yes", "usleep", "mktemp", "sync")
 _COREUTILS = ("sh", "dash", "bash", "cp", "chmod", "mkdir", "sleep", "echo", "cat", "ls", "env", "true", "false",
               "test", "[", "kill", "id", "whoami", "ln", "rm", "mv", "printf", "sed", "grep", "tail", "head")
-BUSYBOX = Image(frozenset({"/bin/busybox"} | {f"/bin/{a}" for a in _BUSYBOX_APPLETS}), ("sh",))
-DEBIAN = Image(frozenset({f"/bin/{a}" for a in _COREUTILS} | {f"/usr/bin/{a}" for a in _COREUTILS}), ("bash",))
+_ETC = {"/etc/passwd", "/etc/group"}  # every image here has them (distroless too)
+BUSYBOX = Image(frozenset({"/bin/busybox"} | {f"/bin/{a}" for a in _BUSYBOX_APPLETS} | _ETC), ("sh",))
+DEBIAN = Image(frozenset({f"/bin/{a}" for a in _COREUTILS} | {f"/usr/bin/{a}" for a in _COREUTILS} | _ETC
+                         | {"/usr/bin/awk", "/usr/bin/mawk", "/usr/bin/setsid"}), ("bash",))
 PYTHON = Image(DEBIAN.files | {"/usr/local/bin/python", "/usr/local/bin/python3"}, ("python3",))
 PYTORCH = Image(DEBIAN.files | {"/opt/conda/bin/python", "/opt/conda/bin/python3"}, ("/bin/bash",))
-DISTROLESS = Image(frozenset())
-DISTROLESS_NONROOT = Image(frozenset(), user=65532)
+DISTROLESS = Image(frozenset(_ETC))
+DISTROLESS_NONROOT = Image(frozenset(_ETC), user=65532)
 
 # Repository (registry prefix and library/ stripped) -> tag glob -> image. The defaults are the
 # images the tests and the docs use; ``FakeKubeApiServer.images.add`` registers more.
@@ -1067,94 +1073,958 @@ class Script:
     exit_code: int
     # (seconds after the start, line) the program prints
     output: tuple[tuple[float, str], ...] = ()
-    # files the program created: absolute paths (cp into a volume)
+    # files the program left behind: absolute paths (written, copied or moved into place)
     created: tuple[str, ...] = ()
+    # files the program removed (``mv`` sources, ``rm``)
+    removed: tuple[str, ...] = ()
 
 
-_BUILTINS = frozenset({"echo", "exit", "true", "false", "sleep", "cd", "export", "set", "test", "[", "command",
-                       "exec", "trap", "wait", "kill", "printf", "read", ":", "umask", "unset", "shift"})
+class FileView:
+    """What a container's program can see of files: ``exists``, ``is_dir`` and ``writable`` of an
+    absolute path. The default sees everything and may write anywhere (a program whose files the
+    fake does not model: the job's own command)."""
+
+    def exists(self, path: str) -> bool:
+        return True
+
+    def is_dir(self, path: str) -> bool:
+        return False
+
+    def writable(self, path: str) -> bool:
+        return True
 
 
-def _split_statements(command: str) -> list[tuple[str, str]]:
-    """[(connector before it: ";", "&&" or "||", statement)] of a shell command line."""
-    out: list[tuple[str, str]] = []
-    connector = ";"
-    for part in re.split(r"(;|&&|\|\||\n)", command):
-        if part in (";", "\n", "&&", "||"):
-            connector = ";" if part == "\n" else part
-        elif part.strip():
-            out.append((connector, part.strip()))
-            connector = ";"
-    return out
+class _CallableFiles(FileView):
+    def __init__(self, exists: Callable[[str], bool]) -> None:
+        self._exists = exists
+
+    def exists(self, path: str) -> bool:
+        return self._exists(path)
 
 
-def parse_script(command: str, exists: Callable[[str], bool] | None = None) -> Script:
-    """Interpret the script convention described in the module docstring.
+# What busybox (the docker.io/library/busybox build) answers to ``busybox APPLET``.
+BUSYBOX_APPLETS = frozenset(_BUSYBOX_APPLETS)
+# The shell's own commands (busybox ash, dash): they need no file.
+_BUILTINS = frozenset({"echo", "exit", "true", "false", "cd", "export", "set", "test", "[", "command", "exec", "trap",
+                       "wait", "kill", "printf", "read", ":", "umask", "unset", "shift", "eval", "local", "return",
+                       ".", "readonly", "type", "alias", "ulimit"})
+_SHELLS = frozenset({"sh", "bash", "dash", "ash"})
+_RESERVED = frozenset({"if", "then", "elif", "else", "fi", "for", "in", "do", "done", "while", "until", "{", "}",
+                       "!", "case", "esac"})
+_LOOP_MAX = 1000  # iterations after which a loop is taken to run for ever (until the pod is deleted)
 
-    With ``exists`` (does this absolute path exist in the container?) the files the script uses
-    are checked as a shell would find out: a command that is not there exits 127 with
-    ``sh: NAME: not found``; ``cp``'s source and ``chmod``'s target must exist (exit 1 with
-    coreutils' message); what ``cp`` writes is reported in ``created``.
-    """
-    duration = 0.0
-    code = 0
-    output: list[tuple[float, str]] = []
-    created: list[str] = []
-    for connector, stmt in _split_statements(command):
-        if (connector == "&&" and code != 0) or (connector == "||" and code == 0):
-            continue
-        try:
-            words = shlex.split(stmt)
-        except ValueError:
-            words = stmt.split()
-        if words and words[0] == "exec":
-            words = words[1:]
-        if not words:
-            continue
-        cmd = words[0]
-        if exists is not None and cmd not in _BUILTINS:
-            found = exists(cmd) if cmd.startswith("/") else any(exists(f"{d}/{cmd}") for d in PATH_DIRS)
-            if not found:
-                output.append((duration, f"sh: 1: {cmd}: not found"))
-                code = 127
+
+class _Forever(Exception):
+    """``sleep infinity`` or an endless loop: the program runs until it is killed."""
+
+
+class _Exit(Exception):
+    def __init__(self, code: int) -> None:
+        self.code = code
+
+
+class _ScriptError(Exception):
+    """What the shell refuses to run (a syntax error): ``sh: ...`` and exit 2."""
+
+
+# -- the shell's words ------------------------------------------------------------------------------
+# A word is a tuple of parts (kind, text): "lit" (unquoted: expanded and split), "dq" (double-quoted:
+# expanded, not split), "sq" (single-quoted or escaped: as it is).
+
+_OPERATORS = ("&&", "||", ";;", ">>", ">&", "<&", "2>&1", ";", "&", "|", "(", ")", "<", ">", "\n")
+
+
+def _lex(text: str) -> list[tuple[str, Any]]:
+    """[("op", operator) | ("word", parts)] of a shell script, quote-aware; comments dropped."""
+    tokens: list[tuple[str, Any]] = []
+    parts: list[tuple[str, str]] = []
+    buf: list[str] = []
+    i, n = 0, len(text)
+
+    def flush_buf(kind: str = "lit") -> None:
+        if buf:
+            parts.append((kind, "".join(buf)))
+            buf.clear()
+
+    def end_word() -> None:
+        flush_buf()
+        if parts:
+            tokens.append(("word", tuple(parts)))
+            parts.clear()
+
+    while i < n:
+        ch = text[i]
+        if ch == "\\" and i + 1 < n:
+            if text[i + 1] == "\n":
+                i += 2
                 continue
-        if cmd == "sleep" and len(words) > 1:
-            if words[1] == "infinity":
-                return Script(float("inf"), 0, tuple(output), tuple(created))
-            try:
-                duration += float(words[1])
-            except ValueError:
-                pass
-            code = 0
-        elif cmd == "exit":
-            try:
-                code = int(words[1]) if len(words) > 1 else code
-            except ValueError:
-                code = 2
-            return Script(duration, code & 0xFF, tuple(output), tuple(created))
-        elif cmd == "false":
-            code = 1
-        elif cmd == "echo":
-            output.append((duration, " ".join(w for w in words[1:] if w != "-n")))
-            code = 0
-        elif exists is not None and cmd.rsplit("/", 1)[-1] == "cp" and len(words) >= 3:
-            source, target = words[-2], words[-1]
-            if not exists(source):
-                output.append((duration, f"cp: can't stat '{source}': No such file or directory"))
-                code = 1
-            else:
-                created.append(target.rstrip("/") + "/" + source.rsplit("/", 1)[-1] if target.endswith("/") else target)
-                code = 0
-        elif exists is not None and cmd.rsplit("/", 1)[-1] == "chmod" and len(words) >= 3:
-            missing = [w for w in words[2:] if not exists(w) and w not in created]
-            if missing:
-                output.append((duration, f"chmod: {missing[0]}: No such file or directory"))
-                code = 1
-            else:
-                code = 0
+            flush_buf()
+            parts.append(("sq", text[i + 1]))
+            i += 2
+        elif ch == "'":
+            end = text.find("'", i + 1)
+            if end < 0:
+                raise _ScriptError("unterminated quoted string")
+            flush_buf()
+            parts.append(("sq", text[i + 1:end]))
+            i = end + 1
+        elif ch == '"':
+            flush_buf()
+            j, out = i + 1, []
+            while j < n and text[j] != '"':
+                if text[j] == "\\" and j + 1 < n and text[j + 1] in '"\\$`\n':
+                    out.append("\\" + text[j + 1] if text[j + 1] == "$" else text[j + 1])
+                    j += 2
+                else:
+                    out.append(text[j])
+                    j += 1
+            if j >= n:
+                raise _ScriptError("unterminated quoted string")
+            parts.append(("dq", "".join(out)))
+            i = j + 1
+        elif ch == "$" and text.startswith("$(", i):
+            depth, j = 0, i + 1  # $(...) and $((...)) kept whole for the expansion
+            while j < n:
+                if text[j] == "(":
+                    depth += 1
+                elif text[j] == ")":
+                    depth -= 1
+                    if depth == 0:
+                        break
+                j += 1
+            buf.append(text[i:j + 1])
+            i = j + 1
+        elif ch == "$" and text.startswith("${", i):
+            j = text.find("}", i)
+            j = n - 1 if j < 0 else j
+            buf.append(text[i:j + 1])
+            i = j + 1
+        elif ch == "#" and not buf and not parts:
+            while i < n and text[i] != "\n":
+                i += 1
+        elif ch in " \t":
+            end_word()
+            i += 1
         else:
-            code = 0
-    return Script(duration, code, tuple(output), tuple(created))
+            op = next((o for o in _OPERATORS if text.startswith(o, i)), None)
+            if op is not None and op == "2>&1" and (buf or parts):
+                op = None
+            if op is None and ch.isdigit() and not buf and not parts and text.startswith(">", i + 1):
+                op = ch + ">>" if text.startswith(">>", i + 1) else ch + ">"  # 2>file
+            if op is None:
+                buf.append(ch)
+                i += 1
+                continue
+            end_word()
+            tokens.append(("op", op))
+            i += len(op)
+    end_word()
+    return tokens
+
+
+def _literal(word: tuple[tuple[str, str], ...]) -> str | None:
+    """The word's text when it is one unquoted literal (a reserved word can only be that)."""
+    return word[0][1] if len(word) == 1 and word[0][0] == "lit" else None
+
+
+class _Parser:
+    """Shell grammar, the parts scripts use: lists, and-or lists, pipelines, ``!``, ``if``, ``for``,
+    ``while``/``until``, ``{ ...; }``, ``( ... )``, functions, simple commands with assignments and
+    redirections."""
+
+    def __init__(self, tokens: list[tuple[str, Any]]) -> None:
+        self.tokens = tokens
+        self.pos = 0
+
+    def peek(self) -> tuple[str, Any] | None:
+        return self.tokens[self.pos] if self.pos < len(self.tokens) else None
+
+    def peek_word(self) -> str | None:
+        tok = self.peek()
+        return _literal(tok[1]) if tok and tok[0] == "word" else None
+
+    def skip_newlines(self) -> None:
+        while self.peek() in (("op", "\n"), ("op", ";")):
+            self.pos += 1
+
+    def expect(self, word: str) -> None:
+        self.skip_newlines()
+        if self.peek_word() != word:
+            tok = self.peek()
+            got = "end of file" if tok is None else (tok[1] if tok[0] == "op" else "".join(t for _, t in tok[1]))
+            raise _ScriptError(f"syntax error: unexpected {got!r} (expecting {word!r})")
+        self.pos += 1
+
+    def program(self) -> list:
+        body = self.list_until(set())
+        if self.peek() is not None:
+            tok = self.peek()
+            raise _ScriptError(f"syntax error: unexpected {tok[1] if tok[0] == 'op' else _literal(tok[1])!r}")
+        return body
+
+    def list_until(self, stops: set[str]) -> list:
+        items: list = []
+        while True:
+            self.skip_newlines()
+            tok = self.peek()
+            if tok is None or (tok == ("op", ")") and ")" in stops) or self.peek_word() in stops:
+                return items
+            items.append(self.and_or())
+            tok = self.peek()
+            if tok is not None and tok[0] == "op" and tok[1] in (";", "\n", "&"):
+                self.pos += 1
+
+    def and_or(self) -> tuple:
+        first = self.pipeline()
+        rest: list[tuple[str, tuple]] = []
+        while self.peek() in (("op", "&&"), ("op", "||")):
+            op = self.peek()[1]  # type: ignore[index]
+            self.pos += 1
+            while self.peek() == ("op", "\n"):
+                self.pos += 1
+            rest.append((op, self.pipeline()))
+        return ("andor", first, rest)
+
+    def pipeline(self) -> tuple:
+        negate = False
+        if self.peek_word() == "!":
+            negate = True
+            self.pos += 1
+        commands = [self.command()]
+        while self.peek() == ("op", "|"):
+            self.pos += 1
+            while self.peek() == ("op", "\n"):
+                self.pos += 1
+            commands.append(self.command())
+        return ("pipe", negate, commands)
+
+    def command(self) -> tuple:
+        word = self.peek_word()
+        if word == "if":
+            self.pos += 1
+            branches = []
+            cond = self.list_until({"then"})
+            self.expect("then")
+            body = self.list_until({"elif", "else", "fi"})
+            branches.append((cond, body))
+            otherwise: list = []
+            while True:
+                self.skip_newlines()
+                word = self.peek_word()
+                self.pos += 1
+                if word == "elif":
+                    cond = self.list_until({"then"})
+                    self.expect("then")
+                    branches.append((cond, self.list_until({"elif", "else", "fi"})))
+                elif word == "else":
+                    otherwise = self.list_until({"fi"})
+                    self.expect("fi")
+                    break
+                elif word == "fi":
+                    break
+                else:
+                    raise _ScriptError("syntax error: unexpected end of file (expecting 'fi')")
+            return ("if", branches, otherwise, self.redirections())
+        if word in ("while", "until"):
+            self.pos += 1
+            cond = self.list_until({"do"})
+            self.expect("do")
+            body = self.list_until({"done"})
+            self.expect("done")
+            return ("while", word == "until", cond, body, self.redirections())
+        if word == "for":
+            self.pos += 1
+            tok = self.peek()
+            if tok is None or tok[0] != "word":
+                raise _ScriptError("syntax error: bad for loop variable")
+            name = _literal(tok[1]) or ""
+            self.pos += 1
+            items: list | None = None
+            while self.peek() == ("op", "\n"):
+                self.pos += 1
+            if self.peek_word() == "in":
+                self.pos += 1
+                items = []
+                while self.peek() is not None and self.peek()[0] == "word":  # type: ignore[index]
+                    items.append(self.peek()[1])  # type: ignore[index]
+                    self.pos += 1
+            self.expect("do")
+            body = self.list_until({"done"})
+            self.expect("done")
+            return ("for", name, items, body, self.redirections())
+        if word == "{":
+            self.pos += 1
+            body = self.list_until({"}"})
+            self.expect("}")
+            return ("group", body, self.redirections())
+        if self.peek() == ("op", "("):
+            self.pos += 1
+            body = self.list_until({")"})
+            if self.peek() != ("op", ")"):
+                raise _ScriptError("syntax error: unexpected end of file (expecting ')')")
+            self.pos += 1
+            return ("subshell", body, self.redirections())
+        if word == "case":
+            raise _ScriptError("the fake shell does not know 'case'")
+        if word is not None and self.tokens[self.pos + 1:self.pos + 3] == [("op", "("), ("op", ")")]:
+            self.pos += 3
+            self.skip_newlines()
+            return ("function", word, self.command())
+        return self.simple()
+
+    def redirections(self) -> list[tuple[str, tuple]]:
+        out: list[tuple[str, tuple]] = []
+        while True:
+            tok = self.peek()
+            if tok is None or tok[0] != "op":
+                return out
+            op = tok[1]
+            if op == "2>&1":
+                self.pos += 1
+                continue
+            if op not in ("<", ">", ">>", ">&", "<&") and not (op[:1].isdigit() and ">" in op):
+                return out
+            self.pos += 1
+            target = self.peek()
+            if target is None or target[0] != "word":
+                raise _ScriptError(f"syntax error: unexpected redirection {op!r}")
+            self.pos += 1
+            out.append((op, target[1]))
+
+    def simple(self) -> tuple:
+        assignments: list[tuple[str, tuple]] = []
+        words: list[tuple] = []
+        redirects: list[tuple[str, tuple]] = []
+        while True:
+            redirects += self.redirections()
+            tok = self.peek()
+            if tok is None or tok[0] != "word":
+                break
+            first = tok[1][0]
+            m = re.match(r"^([A-Za-z_][A-Za-z0-9_]*)=", first[1]) if first[0] == "lit" else None
+            if not words and m:
+                value = ((("lit", first[1][m.end():]),) if first[1][m.end():] else ()) + tuple(tok[1][1:])
+                assignments.append((m.group(1), value))
+            else:
+                if not words and not assignments and _literal(tok[1]) in ("then", "do", "done", "fi", "elif",
+                                                                           "else", "}", "esac"):
+                    raise _ScriptError(f"syntax error: unexpected {_literal(tok[1])!r}")
+                words.append(tok[1])
+            self.pos += 1
+        if not words and not assignments and not redirects:
+            tok = self.peek()
+            raise _ScriptError(f"syntax error: unexpected {tok[1] if tok else 'end of file'!r}")
+        return ("simple", assignments, words, redirects)
+
+
+class _Shell:
+    """Runs a parsed script against a container's files and env, on the fake clock (no processes)."""
+
+    def __init__(self, files: FileView, env: dict[str, str], checks: bool) -> None:
+        self.files = files
+        self.checks = checks  # check commands against the files (init containers); the job's own program is not
+        self.vars: dict[str, str] = dict(env)
+        self.vars.setdefault("PATH", ":".join(PATH_DIRS))
+        self.exported: set[str] = set(env) | {"PATH"}
+        self.args: list[str] = []
+        self.functions: dict[str, tuple] = {}
+        self.flags: set[str] = set()
+        self.status = 0
+        self.duration = 0.0
+        self.output: list[tuple[float, str]] = []
+        self.created: dict[str, None] = {}
+        self.removed: set[str] = set()
+        self.made_dirs: set[str] = set()
+
+    # -- files as the script changed them
+    def exists(self, path: str) -> bool:
+        path = path.rstrip("/") or "/"
+        if path.startswith("/dev/") or path in self.created or path in self.made_dirs:
+            return True
+        return path not in self.removed and self.files.exists(path)
+
+    def is_dir(self, path: str) -> bool:
+        path = path.rstrip("/") or "/"
+        return path in self.made_dirs or (path not in self.removed and self.files.is_dir(path))
+
+    def write(self, path: str, who: str) -> bool:
+        if path.startswith("/dev/"):
+            return True
+        if not self.files.writable(path):
+            self.say(f"{who}: can't create '{path}': Read-only file system")
+            return False
+        parent = path.rsplit("/", 1)[0] or "/"
+        if self.checks and not self.exists(parent):
+            self.say(f"{who}: can't create '{path}': No such file or directory")
+            return False
+        self.removed.discard(path)
+        self.created[path] = None
+        return True
+
+    def remove(self, path: str) -> None:
+        self.created.pop(path, None)
+        self.removed.add(path)
+
+    def say(self, line: str) -> None:
+        self.output.append((self.duration, line))
+
+    # -- expansion
+    def _param(self, name: str, word: str) -> str:
+        if name == "?":
+            return str(self.status)
+        if name in ("$", "!"):
+            return "1" if name == "$" else "2"
+        if name == "#":
+            return str(len(self.args))
+        if name in ("@", "*"):
+            return " ".join(self.args)
+        if name.isdigit():
+            k = int(name)
+            return "sh" if k == 0 else (self.args[k - 1] if k <= len(self.args) else self._unset(name, word))
+        if name in self.vars:
+            return self.vars[name]
+        return self._unset(name, word)
+
+    def _unset(self, name: str, word: str) -> str:
+        if "u" in self.flags:
+            self.say(f"sh: {name}: parameter not set")
+            raise _Exit(2)
+        return ""
+
+    def _braced(self, inner: str) -> str:
+        m = re.match(r"^(#?)([A-Za-z_][A-Za-z0-9_]*|[0-9]+|[?$!#@*])(?:(:?[-=+?])(.*))?$", inner, re.S)
+        if not m:
+            self.say(f"sh: syntax error: bad substitution")
+            raise _Exit(2)
+        length, name, op, arg = m.group(1), m.group(2), m.group(3), m.group(4) or ""
+        value = self.vars.get(name) if not (name.isdigit() or name in "?$!#@*") else self._param(name, inner)
+        if length:
+            return str(len(value or ""))
+        if op is None:
+            return value if value is not None else self._unset(name, inner)
+        empty = value is None or (op.startswith(":") and value == "")
+        kind = op[-1]
+        if kind == "-":
+            return self.expand_text(arg) if empty else value or ""
+        if kind == "=":
+            if empty:
+                self.vars[name] = self.expand_text(arg)
+            return self.vars[name]
+        if kind == "+":
+            return "" if empty else self.expand_text(arg)
+        if empty:  # ?
+            self.say(f"sh: {name}: {self.expand_text(arg) or 'parameter not set'}")
+            raise _Exit(2)
+        return value or ""
+
+    def _arith(self, expr: str) -> str:
+        expr = re.sub(r"\$?\b([A-Za-z_][A-Za-z0-9_]*)\b", lambda m: self.vars.get(m.group(1), "0") or "0",
+                      self.expand_text(expr))
+        if not re.fullmatch(r"[0-9+\-*/%()<>=!&| ]*", expr):
+            return "0"
+        try:
+            return str(int(eval(expr.replace("/", "//").replace("&&", " and ").replace("||", " or "),  # noqa: S307
+                                {"__builtins__": {}})))
+        except Exception:  # noqa: BLE001 - an arithmetic error is the script's
+            return "0"
+
+    def expand_text(self, text: str) -> str:
+        out: list[str] = []
+        i, n = 0, len(text)
+        while i < n:
+            ch = text[i]
+            if ch == "\\" and i + 1 < n and text[i + 1] == "$":
+                out.append("$")
+                i += 2
+            elif ch == "$" and text.startswith("$((", i):
+                end = text.find("))", i)
+                end = n if end < 0 else end
+                out.append(self._arith(text[i + 3:end]))
+                i = end + 2
+            elif ch == "$" and text.startswith("$(", i):
+                end = text.find(")", i)  # command substitution: the fake runs no program for its output
+                i = n if end < 0 else end + 1
+            elif ch == "$" and text.startswith("${", i):
+                end = text.find("}", i)
+                end = n if end < 0 else end
+                out.append(self._braced(text[i + 2:end]))
+                i = end + 1
+            elif ch == "$" and i + 1 < n:
+                m = re.match(r"[A-Za-z_][A-Za-z0-9_]*|[0-9]|[?$!#@*]", text[i + 1:])
+                if m:
+                    out.append(self._param(m.group(0), text))
+                    i += 1 + m.end()
+                else:
+                    out.append("$")
+                    i += 1
+            else:
+                out.append(ch)
+                i += 1
+        return "".join(out)
+
+    def expand(self, word: tuple, split: bool = True) -> list[str]:
+        fields: list[str] = []
+        current: list[str] = []
+        have = False  # a quoted part makes a field even when empty
+        for kind, text in word:
+            if kind == "sq":
+                current.append(text)
+                have = True
+            elif kind == "dq":
+                current.append(self.expand_text(text))
+                have = True
+            else:
+                value = self.expand_text(text)
+                if not split:
+                    current.append(value)
+                    continue
+                pieces = re.split(r"[ \t\n]+", value)
+                for k, piece in enumerate(pieces):
+                    if k > 0 and (current or have):
+                        fields.append("".join(current))
+                        current, have = [], False
+                    if piece:
+                        current.append(piece)
+        if current or have:
+            fields.append("".join(current))
+        return fields
+
+    # -- running
+    def run(self, nodes: list, checked: bool = True) -> int:
+        for node in nodes:
+            self.status = self.run_andor(node, checked)
+        return self.status
+
+    def run_andor(self, node: tuple, checked: bool) -> int:
+        _, first, rest = node
+        status = self.run_pipe(first, checked and not rest)
+        for k, (op, pipe) in enumerate(rest):
+            if (op == "&&") == (status == 0):
+                status = self.run_pipe(pipe, checked and k == len(rest) - 1)
+        return status
+
+    def run_pipe(self, node: tuple, checked: bool) -> int:
+        _, negate, commands = node
+        status = 0
+        for command in commands:
+            status = self.run_command(command, checked and not negate)
+        self.status = status
+        if negate:
+            return 0 if status else 1
+        return status
+
+    def run_command(self, node: tuple, checked: bool) -> int:
+        kind = node[0]
+        if kind == "simple":
+            status = self.run_simple(node)
+        elif kind == "if":
+            status = 0
+            for cond, body in node[1]:
+                if self.run(cond, checked=False) == 0:
+                    status = self.run(body, checked)
+                    break
+            else:
+                status = self.run(node[2], checked) if node[2] else 0
+        elif kind == "while":
+            status, rounds = 0, 0
+            while (self.run(node[2], checked=False) == 0) != node[1]:
+                status = self.run(node[3], checked)
+                rounds += 1
+                if rounds >= _LOOP_MAX:
+                    raise _Forever
+        elif kind == "for":
+            items = [f for w in node[2] for f in self.expand(w)] if node[2] is not None else list(self.args)
+            status = 0
+            for item in items:
+                self.vars[node[1]] = item
+                status = self.run(node[3], checked)
+        elif kind == "group":
+            status = self.run(node[1], checked)
+        elif kind == "subshell":
+            saved = (dict(self.vars), list(self.args), set(self.flags))
+            try:
+                status = self.run(node[1], checked)
+            except _Exit as e:
+                status = e.code
+            self.vars, self.args, self.flags = saved[0], saved[1], saved[2]
+        elif kind == "function":
+            self.functions[node[1]] = node[2]
+            status = 0
+        else:
+            raise _ScriptError(f"unknown node {kind}")
+        self.status = status
+        if status != 0 and checked and "e" in self.flags and kind == "simple":
+            raise _Exit(status)
+        return status
+
+    def run_simple(self, node: tuple) -> int:
+        _, assignments, words, redirects = node
+        argv = [f for w in words for f in self.expand(w)]
+        values = {name: "".join(self.expand(value, split=False)) for name, value in assignments}
+        quiet = False
+        for op, target in redirects:
+            path = "".join(self.expand(target, split=False))
+            if op in ("<", "<&") or (op == ">&" and path.isdigit()):
+                if op == "<" and self.checks and not self.exists(path):
+                    self.say(f"sh: can't open '{path}': No such file or directory")
+                    return 1
+                if op == ">&" and path == "2":
+                    continue
+                continue
+            if op.startswith("2"):
+                if not path.startswith("/dev/") and not self.write(path, "sh"):
+                    return 1
+                continue
+            if not self.write(path, "sh"):
+                return 1
+            quiet = True  # stdout goes to the file
+        if not argv:
+            self.vars.update(values)
+            return 0
+        env = {**{k: v for k, v in self.vars.items() if k in self.exported}, **values}
+        return self.call(argv, env, quiet)
+
+    def call(self, argv: list[str], env: dict[str, str], quiet: bool = False) -> int:
+        """Run one command: a builtin, a function, busybox's applet or a program in the container."""
+        cmd, args = argv[0], argv[1:]
+        if "/" not in cmd and cmd in self.functions:
+            saved = self.args
+            self.args = args
+            try:
+                return self.run_command(self.functions[cmd], checked=True)
+            finally:
+                self.args = saved
+        if "/" not in cmd and cmd in _BUILTINS:
+            return self.builtin(cmd, args, env, quiet)
+        path = self.lookup(cmd, env)
+        if path is None:
+            self.say(f"sh: {cmd}: not found")
+            return 127
+        name = path.rsplit("/", 1)[-1]
+        if name == "busybox":
+            if not args:
+                return 0
+            if args[0] not in BUSYBOX_APPLETS:
+                self.say(f"{args[0]}: applet not found")
+                return 127
+            name, args = args[0], args[1:]
+        return self.program(name, args, env, quiet)
+
+    def lookup(self, cmd: str, env: dict[str, str]) -> str | None:
+        if "/" in cmd:
+            return cmd if not self.checks or self.exists(cmd) else None
+        if not self.checks:
+            return f"/usr/bin/{cmd}"
+        for d in (env.get("PATH") or self.vars.get("PATH") or "").split(":"):
+            if d and self.exists(f"{d}/{cmd}"):
+                return f"{d}/{cmd}"
+        return None
+
+    def builtin(self, cmd: str, args: list[str], env: dict[str, str], quiet: bool) -> int:
+        if cmd in ("true", ":"):
+            return 0
+        if cmd == "false":
+            return 1
+        if cmd == "exit":
+            try:
+                raise _Exit(int(args[0]) & 0xFF if args else self.status)
+            except ValueError:
+                self.say(f"sh: exit: Illegal number: {args[0]}")
+                raise _Exit(2) from None
+        if cmd == "echo":
+            words = args[1:] if args[:1] == ["-n"] else args
+            if not quiet:
+                self.say(" ".join(words))
+            return 0
+        if cmd == "printf":
+            if not args:
+                self.say("printf: usage: printf FORMAT [ARGUMENT...]")
+                return 2
+            if not quiet:
+                text = self.printf(args[0], args[1:])
+                for line in text.split("\n")[:-1] if text.endswith("\n") else text.split("\n"):
+                    self.say(line)
+            return 0
+        if cmd in ("test", "["):
+            if cmd == "[":
+                if not args or args[-1] != "]":
+                    self.say("sh: [: missing ]")
+                    return 2
+                args = args[:-1]
+            return self.test(args)
+        if cmd == "set":
+            if args and args[0] == "--":
+                self.args = args[1:]
+                return 0
+            for a in args:
+                if a[:1] in "-+" and len(a) > 1 and a[1] != "o":
+                    for flag in a[1:]:
+                        (self.flags.add if a[0] == "-" else self.flags.discard)(flag)
+            rest = [a for a in args if a[:1] not in "-+"]
+            if rest:
+                self.args = rest
+            return 0
+        if cmd in ("export", "readonly", "local"):
+            for a in args:
+                if a.startswith("-"):
+                    continue
+                name, eq, value = a.partition("=")
+                if eq:
+                    self.vars[name] = value
+                self.exported.add(name)
+            return 0
+        if cmd == "unset":
+            for a in args:
+                self.vars.pop(a, None)
+                self.functions.pop(a, None)
+            return 0
+        if cmd == "umask":
+            if args and not re.fullmatch(r"[0-7]{1,4}", args[0]):
+                self.say(f"sh: umask: Illegal mode: {args[0]}")
+                return 1
+            return 0
+        if cmd == "shift":
+            k = int(args[0]) if args and args[0].isdigit() else 1
+            if k > len(self.args):
+                return 1
+            self.args = self.args[k:]
+            return 0
+        if cmd == "exec":
+            if not args:
+                return 0
+            raise _Exit(self.call(args, env, quiet))
+        if cmd == "command":
+            if args[:1] == ["-v"]:
+                found = [a for a in args[1:] if a in _BUILTINS or a in self.functions or self.lookup(a, env)]
+                return 0 if len(found) == len(args[1:]) and found else 1
+            return self.call(args, env, quiet) if args else 0
+        if cmd == "eval":
+            return self.run(_Parser(_lex(" ".join(args))).program())
+        if cmd == "cd":
+            target = args[0] if args else self.vars.get("HOME", "/")
+            if self.checks and not self.exists(target):
+                self.say(f"sh: cd: can't cd to {target}: No such file or directory")
+                return 2
+            return 0
+        if cmd == "read":
+            return 1  # no input
+        return 0  # trap, wait, kill, type, alias, ulimit, return, .
+
+    def printf(self, fmt: str, values: list[str]) -> str:
+        fmt = fmt.replace("\\n", "\n").replace("\\t", "\t").replace("\\\\", "\\")
+        out, rest = [], list(values)
+        while True:
+            def sub(m: re.Match[str]) -> str:
+                if m.group(0) == "%%":
+                    return "%"
+                return rest.pop(0) if rest else ""
+            out.append(re.sub(r"%%|%[-0-9.]*[sdixXfuc]", sub, fmt))
+            if not rest or not re.search(r"%[-0-9.]*[sdixXfuc]", fmt):
+                return "".join(out)
+
+    def test(self, args: list[str]) -> int:
+        if not args:
+            return 1
+        if args[0] == "!":
+            return 1 - self.test(args[1:]) if self.test(args[1:]) in (0, 1) else 2
+        if "-a" in args[1:-1] or "-o" in args[1:-1]:
+            k = next(i for i, a in enumerate(args) if i > 0 and a in ("-a", "-o"))
+            left, right = self.test(args[:k]), self.test(args[k + 1:])
+            return 0 if ((left == 0 and right == 0) if args[k] == "-a" else (left == 0 or right == 0)) else 1
+        if len(args) == 1:
+            return 0 if args[0] else 1
+        if len(args) == 2:
+            op, value = args
+            if op == "-z":
+                return 0 if not value else 1
+            if op == "-n":
+                return 0 if value else 1
+            if op in ("-e", "-f", "-r", "-x", "-s", "-w", "-L", "-h", "-S", "-b", "-c", "-p"):
+                return 0 if self.exists(value) else 1
+            if op == "-d":
+                return 0 if self.is_dir(value) else 1
+            self.say(f"sh: {op}: unknown operand")
+            return 2
+        if len(args) == 3:
+            left, op, right = args
+            if op in ("=", "=="):
+                return 0 if left == right else 1
+            if op == "!=":
+                return 0 if left != right else 1
+            ops = {"-eq": int.__eq__, "-ne": int.__ne__, "-lt": int.__lt__, "-le": int.__le__, "-gt": int.__gt__,
+                   "-ge": int.__ge__}
+            if op in ops:
+                try:
+                    return 0 if ops[op](int(left), int(right)) else 1
+                except ValueError:
+                    self.say(f"sh: {left if not left.lstrip('-').isdigit() else right}: bad number")
+                    return 2
+        self.say("sh: [: syntax error")
+        return 2
+
+    def program(self, name: str, args: list[str], env: dict[str, str], quiet: bool) -> int:
+        """A program of the container (or busybox's applet of that name) on the files the fake knows."""
+        if name in _BUILTINS and name not in ("exec", "command", "eval", "exit", "set", "export", "unset", "cd",
+                                              "shift", "umask", "readonly", "local"):
+            return self.builtin(name, args, env, quiet)
+        if name == "sleep":
+            if not args:
+                self.say("sleep: missing operand")
+                return 1
+            if args[0] == "infinity":
+                raise _Forever
+            try:
+                self.duration += float(args[0].rstrip("s"))
+            except ValueError:
+                self.say(f"sleep: invalid number '{args[0]}'")
+                return 1
+            return 0
+        if name in _SHELLS:
+            if "-c" in args:
+                rest = args[args.index("-c") + 1:]
+                saved = (dict(self.vars), list(self.args), set(self.flags), set(self.exported))
+                self.vars = dict(env, PATH=env.get("PATH", self.vars.get("PATH", "")))
+                self.args, self.flags, self.exported = rest[2:], set(), set(env)
+                try:
+                    status = self.run(_Parser(_lex(rest[0] if rest else "")).program())
+                except _Exit as e:
+                    status = e.code
+                except _ScriptError as e:
+                    self.say(f"sh: {e}")
+                    status = 2
+                self.vars, self.args, self.flags, self.exported = saved
+                return status
+            if args and self.checks and not self.exists(args[0]):
+                self.say(f"{name}: can't open '{args[0]}': No such file or directory")
+                return 2 if name != "bash" else 127
+            return 0
+        if name in ("setsid", "nohup", "env", "timeout", "nice"):
+            rest = list(args)
+            while rest and (rest[0].startswith("-") or (name == "env" and "=" in rest[0])):
+                if name == "env" and "=" in rest[0]:
+                    k, _, v = rest[0].partition("=")
+                    env = {**env, k: v}
+                rest.pop(0)
+            if name == "timeout" and rest:
+                rest.pop(0)
+            return self.call(rest, env, quiet) if rest else 0
+        if not self.checks:
+            return 0
+        opts = [a for a in args if a.startswith("-") and len(a) > 1]
+        operands = [a for a in args if not (a.startswith("-") and len(a) > 1)]
+        if name in ("cp", "mv", "install", "ln"):
+            if name == "install" and opts and any(o in ("-d",) for o in opts):
+                return self._mkdir(operands, name)
+            if len(operands) < 2:
+                self.say(f"{name}: missing destination file operand")
+                return 1
+            *sources, target = operands
+            for source in sources:
+                if name != "ln" and not self.exists(source):
+                    self.say(f"{name}: can't stat '{source}': No such file or directory")
+                    return 1
+            for source in sources:
+                dest = target.rstrip("/") + "/" + source.rstrip("/").rsplit("/", 1)[-1] \
+                    if target.endswith("/") or self.is_dir(target) else target
+                if not self.write(dest, name):
+                    return 1
+                if name == "mv":
+                    self.remove(source)
+            return 0
+        if name in ("chmod", "chown"):
+            for path in operands[1:]:
+                if not self.exists(path):
+                    self.say(f"{name}: {path}: No such file or directory")
+                    return 1
+            return 0
+        if name == "mkdir":
+            return self._mkdir(operands, name, parents="-p" in opts)
+        if name == "touch":
+            return 0 if all(self.write(p, name) for p in operands) else 1
+        if name == "rm":
+            for path in operands:
+                if not self.exists(path):
+                    if "-f" in opts or "-rf" in opts or "-fr" in opts:
+                        continue
+                    self.say(f"rm: can't remove '{path}': No such file or directory")
+                    return 1
+                self.remove(path)
+            return 0
+        if name == "awk":
+            files, program, k = [], None, 0
+            while k < len(args):
+                a = args[k]
+                if a in ("-F", "-v", "-f"):
+                    if a == "-f":
+                        program = ""
+                    k += 2
+                    continue
+                if a.startswith("-F") or a.startswith("-v"):
+                    k += 1
+                    continue
+                if program is None:
+                    program = a
+                else:
+                    files.append(a)
+                k += 1
+            for path in files:
+                if path != "-" and "=" not in path and not self.exists(path):
+                    self.say(f"awk: cannot open {path} (No such file or directory)")
+                    return 2
+            return 0
+        if name in ("cat", "head", "tail", "grep", "sed", "sort", "uniq", "wc", "cut", "tr", "stat", "tee"):
+            files = operands[1:] if name in ("grep", "sed") else ([] if name in ("tr", "tee") else operands)
+            for path in files:
+                if path != "-" and not self.exists(path):
+                    self.say(f"{name}: {path}: No such file or directory" if name != "cat"
+                             else f"cat: can't open '{path}': No such file or directory")
+                    return 2 if name == "grep" else 1
+            if name == "tee":
+                return 0 if all(self.write(p, name) for p in operands) else 1
+            return 0
+        return 0
+
+    def _mkdir(self, paths: list[str], who: str, parents: bool = True) -> int:
+        for path in paths:
+            path = path.rstrip("/")
+            if not self.files.writable(path + "/."):
+                self.say(f"{who}: can't create directory '{path}': Read-only file system")
+                return 1
+            if not parents and not self.exists(path.rsplit("/", 1)[0] or "/"):
+                self.say(f"{who}: can't create directory '{path}': No such file or directory")
+                return 1
+            self.made_dirs.add(path)
+        return 0
+
+
+def parse_script(command: str, exists: Callable[[str], bool] | FileView | None = None,
+                 env: dict[str, str] | None = None, *, argv: list[str] | None = None) -> Script:
+    """Run ``command`` (a shell script; or ``argv``, a program started without a shell) as the
+    module docstring describes and say how it ends.
+
+    With ``exists`` (does this absolute path exist in the container?, or a ``FileView``) the files
+    the script uses are checked as a shell and busybox find out: a command that is not there
+    exits 127 with ``sh: NAME: not found``; ``busybox APPLET`` needs the applet; ``cp``/``mv``
+    sources, ``chmod`` targets, ``awk``/``cat`` inputs, ``<`` and ``[ -e ]`` see the container's
+    files and what the script made; ``>`` and ``cp``/``mv`` targets must be writable. What stays
+    written is ``created`` (``removed``: what it removed).
+    """
+    files = FileView() if exists is None else exists if isinstance(exists, FileView) else _CallableFiles(exists)
+    shell = _Shell(files, dict(env or {}), checks=exists is not None)
+    code = 0
+    try:
+        if argv is not None:
+            code = shell.call(list(argv), dict(env or {})) if argv else 0
+        else:
+            code = shell.run(_Parser(_lex(command)).program())
+    except _Exit as e:
+        code = e.code
+    except _ScriptError as e:
+        shell.say(f"sh: {e}")
+        code = 2
+    except _Forever:
+        return Script(float("inf"), 0, tuple(shell.output), tuple(shell.created), tuple(shell.removed))
+    return Script(shell.duration, code & 0xFF, tuple(shell.output), tuple(shell.created), tuple(shell.removed))
 
 
 def _container_script(container: dict) -> str:
@@ -1165,20 +2035,9 @@ def _container_script(container: dict) -> str:
     return argv[-1] if argv else ""
 
 
-_SHELLS = frozenset({"sh", "bash", "dash", "ash"})
-
-
-def _shell_script(argv: list[str]) -> str | None:
-    """The script of ``sh -c SCRIPT`` (also ``busybox sh -c``); None when argv is not a shell."""
-    words = list(argv)
-    if words and words[0].rsplit("/", 1)[-1] == "busybox":
-        words = words[1:]
-    if not words or words[0].rsplit("/", 1)[-1] not in _SHELLS:
-        return None
-    if "-c" in words[1:]:
-        rest = words[words.index("-c") + 1:]
-        return rest[0] if rest else ""
-    return ""
+def _container_env(container: dict) -> dict[str, str]:
+    """The literal ``env`` values of a container (``valueFrom`` is not resolved by the fake)."""
+    return {e["name"]: str(e["value"]) for e in container.get("env") or [] if "value" in e}
 
 
 def _condition(obj: dict, ctype: str) -> dict | None:
@@ -1392,11 +2251,69 @@ def _record_event(store: Store, clock: Callable[[], float], pod: dict, reason: s
     store.create("events", ns, body)
 
 
+class _ContainerFiles(FileView):
+    """A container's view of files: its volume mounts (emptyDir contents as the kubelet's run
+    remembers them, subPath mounts, configMap keys; nfs and hostPath volumes are taken to hold
+    whatever is asked), else the image's files; writes need a mount that is not ``readOnly``, or a
+    root filesystem that is not ``readOnlyRootFilesystem``."""
+
+    def __init__(self, store: Store, pod: dict, container: dict, image: Image, run: _PodRun) -> None:
+        self.store, self.pod, self.image, self.run = store, pod, image, run
+        self.volumes = {v.get("name"): v for v in (pod.get("spec") or {}).get("volumes") or []}
+        self.mounts = sorted(container.get("volumeMounts") or [],
+                             key=lambda m: -len(m.get("mountPath", "").rstrip("/")))
+        self.read_only_root = bool((container.get("securityContext") or {}).get("readOnlyRootFilesystem"))
+
+    def locate(self, path: str) -> tuple[dict, dict, str] | None:
+        """(mount, volume, path inside the volume) of the mount ``path`` is under, if any."""
+        path = path.rstrip("/") or "/"
+        for m in self.mounts:
+            mount_path = m.get("mountPath", "").rstrip("/")
+            if path == mount_path or path.startswith(mount_path + "/"):
+                rel = path[len(mount_path):].strip("/")
+                key = "/".join(p for p in ((m.get("subPath") or "").strip("/"), rel) if p)
+                return m, self.volumes.get(m.get("name")) or {}, key
+        return None
+
+    def exists(self, path: str) -> bool:
+        found = self.locate(path)
+        if found is None:
+            path = path.rstrip("/") or "/"
+            return path in self.image.files or any(f.startswith(path + "/") for f in self.image.files)
+        mount, volume, key = found
+        if "emptyDir" in volume:
+            return key == "" or key in self.run.volumes.get(mount.get("name"), set())
+        if "configMap" in volume:
+            cm = self.store.objects.get(("configmaps", self.pod["metadata"]["namespace"],
+                                         volume["configMap"].get("name")))
+            return key == "" or key in ((cm or {}).get("data") or {})
+        return True  # nfs, hostPath, ...: what is there is not the fake's to know
+
+    def is_dir(self, path: str) -> bool:
+        found = self.locate(path)
+        if found is None:
+            path = path.rstrip("/") or "/"
+            return any(f.startswith(path + "/") for f in self.image.files)
+        mount, volume, key = found
+        if key == "":
+            return "configMap" in volume or "emptyDir" in volume or not mount.get("subPath")
+        entries = self.run.volumes.get(mount.get("name"), set())
+        return key in self.run.dirs.get(mount.get("name"), set()) or any(e.startswith(key + "/") for e in entries)
+
+    def writable(self, path: str) -> bool:
+        found = self.locate(path)
+        if found is None:
+            return not self.read_only_root
+        mount, volume, _ = found
+        return not mount.get("readOnly") and not ({"configMap", "secret", "downwardAPI", "projected"} & set(volume))
+
+
 @dataclass
 class _PodRun:
     """The kubelet's memory of one pod: its emptyDir contents and where its containers are."""
 
-    volumes: dict[str, set[str]]
+    volumes: dict[str, set[str]]  # emptyDir name -> the paths in it (relative), files and directories
+    dirs: dict[str, set[str]] = field(default_factory=dict)  # emptyDir name -> which of them are directories
     init_index: int = 0
     init_started: float | None = None
     init_script: Script | None = None
@@ -1404,6 +2321,7 @@ class _PodRun:
     main_script: Script | None = None
     printed: int = 0  # lines of the running container's output already logged
     pulls: dict[str, int] | None = None  # image -> failed pull attempts
+    start_error: str = ""  # why the running init container could not be started
 
 
 class FakeKubelet:
@@ -1454,27 +2372,33 @@ class FakeKubelet:
 
     # -- files, images, security ------------------------------------------------------------------
 
-    def _exists(self, pod: dict, container: dict, image: Image, run: _PodRun) -> Callable[[str], bool]:
-        """Does an absolute path exist in this container: in a mounted volume, else in the image."""
+    def _files(self, pod: dict, container: dict, image: Image, run: _PodRun) -> _ContainerFiles:
+        return _ContainerFiles(self.store, pod, container, image, run)
+
+    def _mount_error(self, pod: dict, container: dict, image: Image, run: _PodRun) -> str:
+        """runc's words when a subPath mount cannot be made ("" when all can). A subPath the
+        emptyDir lacks is made a directory by the kubelet; a directory cannot be mounted on a file."""
         volumes = {v.get("name"): v for v in (pod.get("spec") or {}).get("volumes") or []}
-        mounts = sorted(((m.get("mountPath", "").rstrip("/"), m.get("name")) for m in container.get("volumeMounts") or []),
-                        key=lambda m: -len(m[0]))
-
-        def exists(path: str) -> bool:
-            for mount_path, vname in mounts:
-                if path == mount_path or path.startswith(mount_path + "/"):
-                    rel = path[len(mount_path):].lstrip("/")
-                    volume = volumes.get(vname) or {}
-                    if "emptyDir" in volume:
-                        return rel == "" or rel in run.volumes.get(vname, set())
-                    if "configMap" in volume:
-                        cm = self.store.objects.get(("configmaps", pod["metadata"]["namespace"],
-                                                     volume["configMap"].get("name")))
-                        return rel == "" or rel in ((cm or {}).get("data") or {})
-                    return True  # nfs, hostPath, ...: what is there is not the fake's to know
-            return path in image.files
-
-        return exists
+        for k, m in enumerate(container.get("volumeMounts") or []):
+            sub = (m.get("subPath") or "").strip("/")
+            if not sub or "emptyDir" not in (volumes.get(m.get("name")) or {}):
+                continue
+            entries = run.volumes.setdefault(m["name"], set())
+            if sub in entries:
+                continue
+            entries.add(sub)
+            run.dirs.setdefault(m["name"], set()).add(sub)
+            target = m.get("mountPath", "")
+            if target in image.files:
+                source = f"/var/lib/kubelet/pods/{pod['metadata']['uid']}/volume-subpaths/{m['name']}/" \
+                         f"{container['name']}/{k}"
+                return ("failed to create containerd task: failed to create shim task: OCI runtime create failed: "
+                        "runc create failed: unable to start container process: error during container init: "
+                        f'error mounting "{source}" to rootfs at "{target}": mount {source}:{target} (via '
+                        "/proc/self/fd/6), flags: 0x5001: not a directory: unknown: Are you trying to mount a "
+                        "directory onto a file (or vice-versa)? Check if the specified host path exists and is "
+                        "the expected type")
+        return ""
 
     def _config_error(self, pod: dict, container: dict, image: Image) -> str:
         """The kubelet's CreateContainerConfigError message for the container ("" when none)."""
@@ -1597,35 +2521,39 @@ class FakeKubelet:
                 self._set_status(pod, lambda o, i=i, state=state: self._init_status(o, i, {"waiting": state}, now))
                 return False
             if run.init_started is None:
-                exists = self._exists(pod, c, image, run)
+                files = self._files(pod, c, image, run)
                 argv = self._argv(c, image)
                 run.init_started = now
-                if not argv or not (exists(argv[0]) if argv[0].startswith("/") else
-                                    any(exists(f"{d}/{argv[0]}") for d in PATH_DIRS)):
+                run.start_error = self._mount_error(pod, c, image, run)
+                if not argv or not (files.exists(argv[0]) if argv[0].startswith("/") else
+                                    any(files.exists(f"{d}/{argv[0]}") for d in PATH_DIRS)):
+                    run.start_error = _start_error(argv[0] if argv else "<none>")
+                if run.start_error:
                     run.init_script = None
                 else:
-                    script = _shell_script(argv)
-                    run.init_script = parse_script(script if script is not None else " ".join(argv), exists)
+                    # the program runs as the container's argv: a shell interprets its -c script
+                    run.init_script = parse_script("", files, _container_env(c), argv=argv)
                     for t, line in run.init_script.output:
                         self.store.append_log(pod["metadata"]["namespace"], pod["metadata"]["uid"], c["name"],
                                               now + t, line)
                 self._set_status(pod, lambda o, i=i: self._init_status(o, i, {"running": {"startedAt": rfc3339(now)}},
                                                                        now))
             script = run.init_script
-            if script is None:  # the entry binary is not in the image
-                missing = self._argv(c, image)[:1] or ["<none>"]
-                self._fail_init(pod, i, 128, "StartError", run, now, _start_error(missing[0]))
+            if script is None:  # the entry binary is not there, or a mount could not be made
+                self._fail_init(pod, i, 128, "StartError", run, now, run.start_error)
                 return False
             if now < run.init_started + script.duration_s:
                 return False
             if script.exit_code != 0:
                 self._fail_init(pod, i, script.exit_code, "Error", run, now)
                 return False
-            for path in script.created:  # what the init copied into shared volumes
-                for mount in c.get("volumeMounts") or []:
-                    mount_path = mount.get("mountPath", "").rstrip("/")
-                    if path.startswith(mount_path + "/") and mount.get("name") in run.volumes:
-                        run.volumes[mount["name"]].add(path[len(mount_path) + 1:])
+            files = self._files(pod, c, image, run)
+            for path, keep in [(p, False) for p in script.removed] + [(p, True) for p in script.created]:
+                found = files.locate(path)  # what the init wrote into (or removed from) shared volumes
+                if found is None or found[0].get("name") not in run.volumes or not found[2]:
+                    continue
+                entries = run.volumes[found[0]["name"]]
+                (entries.add if keep else entries.discard)(found[2])
             started = run.init_started
             done = {"terminated": {"exitCode": 0, "reason": "Completed", "startedAt": rfc3339(started),
                                    "finishedAt": rfc3339(now)}}
@@ -1701,25 +2629,26 @@ class FakeKubelet:
             return False
         first = spec["containers"][0]
         argv = self._argv(first, images[first["name"]])
-        exists = self._exists(pod, first, images[first["name"]], run)
-        if not argv or not (exists(argv[0]) if argv[0].startswith("/") else
-                            any(exists(f"{d}/{argv[0]}") for d in PATH_DIRS)):
-            entry = argv[0] if argv else "<none>"
-
+        files = self._files(pod, first, images[first["name"]], run)
+        failure = "" if argv and (files.exists(argv[0]) if argv[0].startswith("/") else
+                                  any(files.exists(f"{d}/{argv[0]}") for d in PATH_DIRS)) \
+            else _start_error(argv[0] if argv else "<none>")
+        failure = self._mount_error(pod, first, images[first["name"]], run) or failure
+        if failure:
             def start_error(o: dict) -> None:
                 st = o["status"]
                 st["phase"] = "Failed"
                 st["containerStatuses"] = [
                     {"name": c["name"], "image": c["image"], "imageID": "", "ready": False, "restartCount": 0,
                      "started": False, "state": {"terminated": {
-                         "exitCode": 128, "reason": "StartError", "message": _start_error(entry),
+                         "exitCode": 128, "reason": "StartError", "message": failure,
                          "startedAt": "1970-01-01T00:00:00Z", "finishedAt": rfc3339(now)}}}
                     for c in o["spec"]["containers"]]
                 _set_condition(o, "Ready", "False", now, "PodFailed")
             self._set_status(pod, start_error)
-            self._event(pod, "Failed", f"Error: {_start_error(entry)}", "Warning")
+            self._event(pod, "Failed", f"Error: {failure}", "Warning")
             return False
-        script = parse_script(_container_script(first))
+        script = parse_script(_container_script(first), env=_container_env(first))
         run.main_started, run.main_script, run.printed = now, script, 0
         host_ip = self._host_ip(spec["nodeName"])
         count = sum(1 for r in self._runs.values() if r.main_started is not None)
