@@ -114,8 +114,9 @@ def cluster(sessions, vision_quota):
     with sessions() as s:
         admin.add_vc(s, "vision", {"a100": vision_quota})
         admin.add_vc(s, "spare", {"a100": 0})
-        for name in ("alice", "bob"):
-            admin.add_user(s, name)
+        # jobs run as their owner's uid/gid: an owner without them is refused at launch
+        for uid, name in enumerate(("alice", "bob"), start=1000):
+            admin.add_user(s, name, uid=uid, gid=uid)
         admin.add_member(s, "vision", "alice")
         admin.add_member(s, "spare", "bob")
     return sessions
@@ -174,6 +175,18 @@ def h(request, api, cluster, settings, make_backend) -> Harness:
     with cluster() as s:
         harness.manager.sync_nodes(s)
     return harness
+
+
+def affinity_node(pod: dict) -> str | None:
+    """The node DLTS chose for the pod: its required node affinity on ``metadata.name``. Pods are not
+    bound with ``nodeName``; kube-scheduler (the fake's scheduler) binds them there on its next pass."""
+    required = (((pod["spec"].get("affinity") or {}).get("nodeAffinity") or {})
+                .get("requiredDuringSchedulingIgnoredDuringExecution") or {})
+    for term in required.get("nodeSelectorTerms") or []:
+        for field in term.get("matchFields") or []:
+            if field.get("key") == "metadata.name" and field.get("operator") == "In" and len(field["values"]) == 1:
+                return str(field["values"][0])
+    return None
 
 
 def env_of(pod: dict) -> dict[str, str | None]:

@@ -163,19 +163,15 @@ def test_an_image_that_cannot_be_pulled_is_the_attempts_reason(api, backend):
     api.run_until_idle(5)
     seen = by_key(backend.observe())[(90, 1)]
     assert (seen.phase, seen.reason) == (RunPhase.PENDING, "image_pull")
-    assert seen.message.startswith("pod dlts-90-1-0: ImagePullBackOff: Back-off pulling image")
+    # the first container to need the job's image is the identity init (init containers start first)
+    assert seen.message.startswith("pod dlts-90-1-0: init container dlts-identity: ImagePullBackOff: "
+                                   'Back-off pulling image "registry.example.com/nosuch:1"')
 
 
 def test_garbage_collection_and_forget_remove_network_policies(api, backend):
-    from kubernetes import client
-
-    net = client.NetworkingV1Api(backend.api.client)
     for job_id in (91, 92):
-        backend.launch(make_spec(job_id))
-        net.create_namespaced_network_policy("default", {
-            "metadata": {"name": f"dlts-{job_id}-1", "labels": {
-                "app.kubernetes.io/managed-by": "dlts", "dlts.io/job-id": str(job_id), "dlts.io/attempt": "1"}},
-            "spec": {"podSelector": {"matchLabels": {"dlts.io/job-id": str(job_id)}}}})
+        backend.launch(make_spec(job_id))  # each attempt gets its own NetworkPolicy (network_policy: true)
+    assert sorted(p["metadata"]["name"] for p in api.objects("networkpolicies")) == ["dlts-91-1", "dlts-92-1"]
     backend.forget(91, 1)
     assert [p["metadata"]["name"] for p in api.objects("networkpolicies")] == ["dlts-92-1"]
     api.store.remove_internal("pods", "default", "dlts-92-1-0")

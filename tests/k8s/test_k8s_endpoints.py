@@ -62,7 +62,9 @@ def test_launch_makes_no_endpoint_service_from_ports_only_the_empty_configmap(ap
     assert {"name": "dlts-endpoints", "configMap": {"name": "dlts-1-1-endpoints", "optional": True,
                                                     "defaultMode": 0o444}} in pod["spec"]["volumes"]
     assert env_of(pod)["DLTS_ENDPOINTS_DIR"] == "/dlts-endpoints"
-    assert 'then /bin/sh "$DLTS_ENDPOINTS_DIR/supervisor.sh" </dev/null & fi' in pod["spec"]["containers"][0]["command"][2]
+    command = pod["spec"]["containers"][0]["command"]
+    assert command[:3] == ["/dlts-runtime/busybox", "sh", "-c"]  # the entrypoint starts the supervisor
+    assert '"$bb" sh "$DLTS_ENDPOINTS_DIR/supervisor.sh" </dev/null &' in command[3]
 
 
 def test_only_the_first_pod_of_a_distributed_job_runs_the_supervisor(api, backend):

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 import sqlalchemy as sa
-from conftest import caught_up, env_of, make_spec
+from conftest import affinity_node, caught_up, env_of, make_spec
 
 from dlts.backends.base import RunPhase
 from dlts.models import JobEvent, JobStatus
@@ -42,7 +42,7 @@ def test_launch_with_more_replicas_creates_only_the_new_pods_named_by_replica_in
     assert names(api) == ["dlts-7-1-0", "dlts-7-1-3", "dlts-7-1-4"]
     pods = {p["metadata"]["name"]: p for p in api.pods()}
     new = pods["dlts-7-1-3"]
-    assert new["spec"]["nodeName"] == "n2" and new["metadata"]["labels"]["dlts.io/index"] == "3"
+    assert affinity_node(new) == "n2" and new["metadata"]["labels"]["dlts.io/index"] == "3"
     assert new["metadata"]["labels"]["dlts.io/role"] == "replica" and env_of(new)["DLTS_REPLICA"] == "3"
     # every replica runs the endpoint supervisor (the endpoint Service selects them all)
     assert {env_of(p).get("DLTS_ENDPOINTS_DIR") for p in pods.values()} == {"/dlts-endpoints"}

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import sqlalchemy as sa
-from conftest import env_of
+from conftest import affinity_node, env_of
 
 from dlts.models import Job, JobStatus
 
@@ -34,7 +34,7 @@ def test_a_distributed_job_gets_one_pod_per_node_with_rank_env(h):
     job_id = h.submit(type="distributed", nodes=2, gpus=8, command="sleep 5")
     h.tick()
     pods = sorted(h.api.pods(), key=lambda p: p["metadata"]["labels"]["dlts.io/index"])
-    assert len(pods) == 2 and len({p["spec"]["nodeName"] for p in pods}) == 2
+    assert len(pods) == 2 and len({affinity_node(p) for p in pods}) == 2
     envs = [env_of(p) for p in pods]
     assert [e["RANK"] for e in envs] == ["0", "8"] and {e["WORLD_SIZE"] for e in envs} == {"16"}
     assert {e["MASTER_ADDR"] for e in envs} == {f"dlts-{job_id}-1-0.dlts-{job_id}-1.default.svc"}
@@ -106,7 +106,7 @@ def test_node_lost_requeues_at_the_head_without_spending_a_retry(h):
     assert job.queue_time == before.queue_time  # keeps its place: head of the queue
     assert second.placements[0]["node"] != node  # the lost node is not ready
     assert job.status is S.SCHEDULING
-    assert [p["spec"]["nodeName"] for p in h.api.pods()] == [second.placements[0]["node"]]  # old pod forced out
+    assert [affinity_node(p) for p in h.api.pods()] == [second.placements[0]["node"]]  # old pod forced out
 
 
 def objects_created(api) -> dict[str, int]:
@@ -213,7 +213,8 @@ def test_hostile_job_fields_stay_data_and_grant_nothing(h):
     env = env_of(pod)
     assert env["DLTS_COMMAND"] == "echo " + evil and env["NOTE"] == evil
     assert pod["spec"]["hostNetwork"] is False and pod["spec"]["hostIPC"] is False
-    assert pod["spec"]["containers"][0]["securityContext"] == {"privileged": False, "allowPrivilegeEscalation": False}
+    assert pod["spec"]["containers"][0]["securityContext"] == {"privileged": False, "allowPrivilegeEscalation": False,
+                                                               "capabilities": {"drop": ["ALL"]}}
     assert not any("hostPath" in v for v in pod["spec"]["volumes"])
     assert h.job(job_id).status is S.SCHEDULING
 
