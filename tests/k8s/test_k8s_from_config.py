@@ -22,6 +22,7 @@ from dlts.backends import make_backend
 from dlts.backends.base import BackendUnavailable
 from dlts.backends.k8s_settings import KubernetesSettings
 from dlts.config import load_settings
+from dlts.errors import Refused
 from dlts.jobmanager import JobManager
 from dlts.models import Job, JobAttempt, JobStatus, Node, User
 from dlts.services import admin
@@ -223,7 +224,9 @@ def test_a_job_from_the_config_file_gets_every_pod_setting(deployed, api, settin
         spec = pod["spec"]
         assert spec["priorityClassName"] == "lab-normal"
         assert spec["terminationGracePeriodSeconds"] == PREEMPT_GRACE_S
-        assert [c["image"] for c in spec["initContainers"]] == ["docker.io/library/busybox:1.36.0"]
+        # dlts-init runs init_image; dlts-identity runs the job's image (it adds the owner to /etc/passwd)
+        assert [(c["name"], c["image"]) for c in spec["initContainers"]] == [
+            ("dlts-init", "docker.io/library/busybox:1.36.0"), ("dlts-identity", "pytorch/pytorch:2.3")]
         job = spec["containers"][0]
         assert parse_quantity(job["resources"]["limits"]["ephemeral-storage"]) == 20 * 1024**3
         assert parse_quantity(job["resources"]["requests"]["ephemeral-storage"]) == 20 * 1024**3
@@ -244,12 +247,16 @@ def test_a_job_from_the_config_file_gets_every_pod_setting(deployed, api, settin
 
 def test_root_only_where_the_configured_vc_policy_allows_it(deployed, api):
     root_job = deployed.submit(command="sleep 30", run_as_root=True)
-    refused = deployed.submit(user="bob", vc="nlp", command="sleep 30", run_as_root=True)
+    # nlp has no run_as_root in privileged_policy: the submission itself is refused, with the way out
+    with pytest.raises(Refused, match="VC nlp does not let jobs run as root"):
+        deployed.submit(user="bob", vc="nlp", command="sleep 30", run_as_root=True)
     deployed.tick()
     [pod] = deployed.pods(root_job)
     assert pod["spec"]["securityContext"]["runAsUser"] == 0
-    assert deployed.pods(refused) == []  # nlp has no run_as_root in privileged_policy
-    assert deployed.job(refused).status is S.FAILED
+    assert pod["spec"]["securityContext"]["runAsNonRoot"] is False
+    assert deployed.api.pods(NAMESPACE, "dlts.io/user=bob") == []
+    deployed.tick()
+    assert deployed.job(root_job).status is S.RUNNING
 
 
 def test_the_log_survives_the_pod_and_is_capped_at_log_max_bytes(deployed, api, client):
@@ -290,7 +297,11 @@ def test_an_unpullable_image_fails_after_start_timeout_s(deployed):
     deployed.tick(START_TIMEOUT_S)
     job = deployed.job(job_id)
     assert job.status is S.FAILED
-    assert deployed.attempts(job_id)[0].end_reason == "image_pull"
+    # the attempt ends because it did not start in time; why it did not is the pull error, kept on the job
+    assert deployed.attempts(job_id)[0].end_reason == "start_timeout"
+    assert job.reason == "start_timeout"
+    assert job.reason_detail.startswith("image_pull: pod dlts-")
+    assert 'pulling image "registry.example.com/missing/image:1"' in job.reason_detail
 
 
 def test_request_timeout_and_back_off_come_from_the_section(deployed, api):
