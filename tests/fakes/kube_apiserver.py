@@ -2932,7 +2932,7 @@ class FakeKubeApiServer:
         self.kubelet = FakeKubelet(self.store, self.clock)
         self.images = self.kubelet.images  # what the container runtime can pull (``images.add``)
         self.requests: Counter[tuple[str, str]] = Counter()
-        self._faults: list[tuple[int, set[str] | None]] = []
+        self._faults: list[tuple[int, set[str] | None, set[str] | None]] = []
         self.delay_s = 0.0
         self._lock = threading.Lock()
         self._http = _HttpServer(("127.0.0.1", 0), _Handler)
@@ -2986,17 +2986,19 @@ class FakeKubeApiServer:
         with self._lock:
             return sum(self.requests.values())
 
-    def fail_next(self, count: int, code: int = 503, verbs: set[str] | None = None) -> None:
-        """The next ``count`` matching requests answer ``code`` (a real Status) instead of working."""
+    def fail_next(self, count: int, code: int = 503, verbs: set[str] | None = None,
+                  resources: set[str] | None = None) -> None:
+        """The next ``count`` matching requests (of these verbs, on these resources: all when None)
+        answer ``code`` (a real Status) instead of working."""
         with self._lock:
-            self._faults.extend([(code, verbs)] * count)
+            self._faults.extend([(code, verbs, resources)] * count)
 
     def before_request(self, verb: str, resource: str) -> None:
         if self.delay_s:
             time.sleep(self.delay_s)
         with self._lock:
-            for i, (code, verbs) in enumerate(self._faults):
-                if verbs is None or verb in verbs:
+            for i, (code, verbs, resources) in enumerate(self._faults):
+                if (verbs is None or verb in verbs) and (resources is None or resource in resources):
                     self._faults.pop(i)
                     reason = HTTPStatus(code).phrase.replace(" ", "")
                     raise ApiError(code, reason, f"injected fault: {HTTPStatus(code).phrase}")

@@ -125,6 +125,55 @@ def test_adding_and_removing_endpoints_keeps_the_others_addresses_and_the_last_r
     assert configmap(api)["data"]["endpoints"] == ""
 
 
+def open_ports(api, job_id: int = 1, attempt: int = 1) -> set[int]:
+    """The ports the attempt's NetworkPolicy lets in from anywhere (ingress rules without ``from``)."""
+    [policy] = [p for p in api.objects("networkpolicies") if p["metadata"]["name"] == f"dlts-{job_id}-{attempt}"]
+    return {port["port"] for rule in policy["spec"]["ingress"] if not rule.get("from") for port in rule["ports"]}
+
+
+def test_the_network_policy_opens_the_declared_and_the_ready_endpoints_ports_only(api, backend):
+    backend.launch(make_spec(1, command="sleep infinity", nodes=("n2",), ports=(7000,)))
+    assert open_ports(api) == {7000}  # at launch: the job's declared ports
+    states = by_id(backend.expose(1, 1, [SSH, TENSORBOARD], (KEY,)))
+    assert {s.status for s in states.values()} == {"pending"}
+    assert open_ports(api) == {7000}  # nothing runs yet: no endpoint port is opened
+    api.kubelet.tick()
+    states = by_id(backend.expose(1, 1, [SSH, TENSORBOARD], (KEY,)))
+    assert {s.status for s in states.values()} == {"ready"}
+    assert open_ports(api) == {7000, 22, 6006}
+    # the pods of the attempt still reach each other on every port
+    [policy] = api.objects("networkpolicies")
+    assert {"podSelector": {"matchLabels": {"dlts.io/job-id": "1", "dlts.io/attempt": "1",
+                                            "app.kubernetes.io/managed-by": "dlts"}}} in policy["spec"]["ingress"][0]["from"]
+    backend.expose(1, 1, [SSH], (KEY,))  # TensorBoard closed
+    assert open_ports(api) == {7000, 22}
+    backend.expose(1, 1, [], (KEY,))
+    assert open_ports(api) == {7000}
+
+
+def test_a_deleted_network_policy_is_made_again_by_expose(api, running):
+    api.store.remove_internal("networkpolicies", "default", "dlts-1-1")
+    assert running.expose(1, 1, [TENSORBOARD])[0].status == "ready"
+    assert open_ports(api) == {6006}
+
+
+def test_a_refused_network_policy_fails_the_endpoints_it_would_have_opened(api, running):
+    running.expose(1, 1, [SSH], (KEY,))
+    api.fail_next(1, 403, verbs={"patch"}, resources={"networkpolicies"})
+    states = by_id(running.expose(1, 1, [SSH, TENSORBOARD], (KEY,)))
+    assert states[11].status == "ready"  # already open
+    assert states[13].status == "failed" and states[13].message.startswith("Kubernetes refused NetworkPolicy dlts-1-1")
+    assert open_ports(api) == {22}
+
+
+def test_without_network_policy_expose_makes_none(api, make_backend):
+    backend = make_backend(network_policy=False)
+    backend.launch(make_spec(1, command="sleep infinity", nodes=("n2",)))
+    api.kubelet.tick()
+    assert backend.expose(1, 1, [TENSORBOARD])[0].status == "ready"
+    assert api.objects("networkpolicies") == []
+
+
 def test_a_repeated_expose_writes_nothing_and_reads_a_few_objects(api, running):
     running.nodes()  # the tick's node list, as the job manager's node sync fetches it
     running.expose(1, 1, [SSH, JUPYTER], (KEY,))
@@ -132,7 +181,8 @@ def test_a_repeated_expose_writes_nothing_and_reads_a_few_objects(api, running):
     api.reset_counts()
     again = running.expose(1, 1, [SSH, JUPYTER], (KEY,))
     assert writes(api) == 0
-    assert api.total_requests() == 3  # the ConfigMap, the Service, the attempt's pods (no node: cached)
+    # the ConfigMap, the Service, the NetworkPolicy, the attempt's pods (no node: cached)
+    assert api.total_requests() == 4
     assert service(api)["metadata"]["resourceVersion"] == svc["metadata"]["resourceVersion"]
     assert {s.status for s in again} == {"ready"}
 

@@ -1,10 +1,11 @@
 """The endpoints of an attempt (ssh, Jupyter, VS Code, ports) on Kubernetes: ``expose``.
 
 What this module owns: one NodePort Service per attempt whose ports match the endpoints exactly
-(created, patched, deleted) and the endpoint ConfigMap the supervisor in the job's container
-reads. An endpoint is ready once a pod it selects runs and its port has a nodePort, at the
-InternalIP of the pod's node. A few requests per call, however large the cluster: the ConfigMap
-and the Service by name, the attempt's pods (from the watch when there is one, else one list by
+(created, patched, deleted), the endpoint ConfigMap the supervisor in the job's container
+reads, and (with ``network_policy: true``) the ingress of the attempt's NetworkPolicy: open from
+anywhere on exactly the job's declared ports and its ready endpoints' container ports. An endpoint is ready once a pod it selects runs and its port has a nodePort, at the
+InternalIP of the pod's node. A few requests per call, however large the cluster: the ConfigMap,
+the Service and the NetworkPolicy by name, the attempt's pods (from the watch when there is one, else one list by
 label), the pod's node when no recent node list has it; then only the writes that change
 something.
 """
@@ -38,6 +39,7 @@ from dlts.backends.kubernetes.names import (
     endpoint_configmap_name,
     endpoint_service_name,
     is_retiring,
+    network_policy_name,
     pod_name,
     replica_index,
 )
@@ -48,6 +50,21 @@ log = logging.getLogger(__name__)
 
 def _port_key(port: Mapping[str, Any]) -> tuple[Any, ...]:
     return (port.get("name"), port.get("port"), port.get("targetPort"), port.get("protocol") or "TCP")
+
+
+def _open_ports(policy: Mapping[str, Any] | None) -> set[int]:
+    """The ports a NetworkPolicy lets in from anywhere (its ingress rules without ``from``)."""
+    ports: set[int] = set()
+    for rule in ((policy or {}).get("spec") or {}).get("ingress") or []:
+        if not rule.get("from"):
+            ports |= {int(p["port"]) for p in rule.get("ports") or [] if isinstance(p.get("port"), int)}
+    return ports
+
+
+def _declared_ports(pods: Sequence[Mapping[str, Any]]) -> set[int]:
+    """The job's declared ports: the container ports its pods were launched with."""
+    return {int(port["containerPort"]) for pod in pods for c in (pod.get("spec") or {}).get("containers") or []
+            for port in c.get("ports") or [] if port.get("containerPort")}
 
 
 class Endpoints:
@@ -144,7 +161,42 @@ class Endpoints:
                 states[endpoint.id] = EndpointState(endpoint.id, "pending", message="waiting for a node port")
             else:
                 states[endpoint.id] = EndpointState(endpoint.id, "ready", host=host, host_port=int(node_port))
+        if self.renderer.settings.network_policy and pods:
+            ready = [e for e in wanted if states[e.id].status == "ready"]
+            refused, still_closed = self._sync_network_policy(job_id, attempt, labels, annotations, pods, ready)
+            for endpoint in ready:
+                if endpoint.port in still_closed:  # the cluster would drop its traffic: not ready
+                    states[endpoint.id] = EndpointState(endpoint.id, "failed", message=refused)
         return [states[e.id] for e in endpoints]
+
+    def _sync_network_policy(self, job_id: int, attempt: int, labels: Mapping[str, str],
+                             annotations: Mapping[str, str], pods: Sequence[Mapping[str, Any]],
+                             ready: Sequence[EndpointSpec]) -> tuple[str, set[int]]:
+        """Open the attempt's NetworkPolicy on exactly the declared ports and the ready endpoints'
+        ports (created when missing, patched when its ports differ). Returns the API's refusal ("")
+        and the ready endpoints' ports the policy still does not open."""
+        ns, name = self.namespace, network_policy_name(job_id, attempt)
+        net = self.api.networking
+        wanted = _declared_ports(pods) | {e.port for e in ready}
+        current = self.api.read(net.read_namespaced_network_policy, name, ns)
+        if current is not None and _open_ports(current) == wanted:
+            return "", set()
+        doc = self.renderer.network_policy(job_id, attempt, labels, annotations, wanted)
+        try:
+            if current is None:
+                self.api.call(net.create_namespaced_network_policy, ns, doc, ok=(409,),
+                              passthrough=(400, 403, 422), _preload_content=False)
+            else:
+                patch = {"metadata": {"resourceVersion": current["metadata"]["resourceVersion"]},
+                         "spec": {"ingress": doc["spec"]["ingress"]}}
+                self.api.call(net.patch_namespaced_network_policy, name, ns, patch, passthrough=(400, 403, 409, 422),
+                              _content_type=MERGE_PATCH, _preload_content=False)
+        except ApiException as exc:
+            if exc.status == 409:  # changed by someone since we read it: the next call
+                return "", set()
+            closed = {e.port for e in ready} - _open_ports(current)
+            return f"Kubernetes refused NetworkPolicy {name}: {status_message(exc)}", closed
+        return "", set()
 
     def _sync_configmap(self, job_id: int, attempt: int, current: dict | None, labels: Mapping[str, str],
                                  annotations: Mapping[str, str], endpoints: Sequence[EndpointSpec],
