@@ -20,6 +20,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from dlts.backends.k8s_settings import KubernetesSettings
+from dlts.repair.settings import RepairSettings
 
 ENV_PREFIX = "DLTS_"
 SYSTEM_CONFIG = Path("/etc/dlts/dlts.yaml")
@@ -80,6 +81,8 @@ class Settings(BaseModel):
     demo_sku: str = "demo-gpu"
     # the Kubernetes backend's settings (docs/configuration.md#kubernetes)
     kubernetes: KubernetesSettings = Field(default_factory=KubernetesSettings)
+    # the repair manager: rules file, budget, flap window, validation (docs/repair.md)
+    repair: RepairSettings = Field(default_factory=RepairSettings)
     # Kubernetes backend
     kubeconfig: Path | None = None
     namespace: str = "dlts"
