@@ -313,3 +313,30 @@ def test_a_returned_node_that_fails_validation_goes_back_to_a_human():
     ret = Cycle(9, Scope.NODE, (), (), 0, "critical", "returned by a human", NOW - 200, validation_since_s=NOW - 120, kind="return")
     view = node(N.VALIDATING, cycle=ret, health=Health(report_s=NOW - 1, gpu_count=6, gpu_driver_ok=True))
     assert decide(view, ctx()).to_state is N.OUT_OF_SERVICE
+
+
+# -- the scheduler never assigns an unhealthy GPU ----------------------------------------------------
+
+def test_the_placement_never_assigns_an_unhealthy_gpu_and_reclaim_does_not_free_it():
+    from dlts.scheduler import decide as schedule
+    from dlts.scheduler import model as core
+
+    skus = {"a100": core.SkuShape("a100", 8, 64, 512 * 2**30)}
+    node_ = core.Node("g017", "a100", 8, 64, 512 * 2**30, unhealthy_gpus=(3,))
+    vcs = {"v": core.Vc("v", {"a100": 16})}
+
+    def job(i, gpus, **kw):
+        return core.Job(i, "v", "u", core.JobType.BATCH, "a100", gpus, 8, 64 * 2**30, queue_time=float(i), **kw)
+
+    # seven single-GPU jobs fit, on every GPU but 3; an eighth waits
+    decisions = schedule(core.Snapshot(skus, (node_,), vcs, tuple(job(i, 1) for i in range(8))), NOW)
+    used = sorted(i for s in decisions.starts for p in s.placements for i in p.gpu_indices)
+    assert used == [0, 1, 2, 4, 5, 6, 7] and len(decisions.waits) == 1
+    # a whole-node (8 GPU) job cannot start there, even by preempting the job that holds GPU 3
+    squatter = job(50, 1, preemptible=True, running=True, started_at=NOW - 10,
+                   placements=(core.Placement("g017", (3,), 8, 64 * 2**30),))
+    decisions = schedule(core.Snapshot(skus, (node_,), vcs, (squatter, job(51, 8))), NOW)
+    assert decisions.starts == () and decisions.stops == ()
+    # distributed jobs (whole nodes) never get the node
+    gang = core.Job(60, "v", "u", core.JobType.DISTRIBUTED, "a100", 8, 64, 512 * 2**30, queue_time=1.0, nodes=1)
+    assert schedule(core.Snapshot(skus, (node_,), vcs, (gang,)), NOW).starts == ()
