@@ -139,6 +139,15 @@ def managers(ctx: Context) -> None:
     entries = [Periodic("jobmanager.tick", settings.tick_s, manager.tick),
                Periodic("janitor.purge", 3600.0, janitor.run),
                Periodic("allowlist.purge_expired", 600.0, functools.partial(allowlist.purge_expired_entries, sessions))]
+    if settings.repair.enabled:
+        from dlts.managers.repair import RepairManager
+        from dlts.repair.rules import RuleError
+
+        try:
+            repair = RepairManager(sessions, settings)  # a bad rules file stops start-up, naming the rule
+        except RuleError as exc:
+            raise click.ClickException(str(exc)) from None
+        entries.append(Periodic("repair.tick", settings.repair.interval_s, repair.run_once))
     if settings.lustre_defaults_file is not None:
         from dlts.managers.storage import LustreStorageManager
 

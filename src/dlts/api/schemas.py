@@ -501,6 +501,10 @@ class RepairPauseSchema(Schema):
     reason = fields.String(load_default="", validate=validate.Length(max=500))
 
 
+class RepairReturnSchema(Schema):
+    reason = fields.String(load_default="", validate=validate.Length(max=500))
+
+
 class RepairStatusSchema(Schema):
     paused = fields.Boolean()
     paused_by = fields.String(allow_none=True)

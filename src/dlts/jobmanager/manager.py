@@ -37,6 +37,7 @@ from dlts.jobmanager.snapshot import (
 )
 from dlts.jobmanager.launch_spec import build_launch_spec
 from dlts.models import ACTIVE, EndpointKind, EndpointStatus, Job, JobAttempt, JobEndpoint, JobStatus, Node, SshKey, utcnow
+from dlts.repair.cordon import repair_cordon
 from dlts.repositories import jobs as job_repo
 from dlts.scheduler import decide
 from dlts.scheduler.model import Decisions, Placement, Stop, StopReason
@@ -48,6 +49,7 @@ ACTOR = "jobmanager"
 SCALED = "scaled"  # job_events kind of inference replica changes (reason scale_up / scale_down)
 ENDPOINT = "endpoint"  # job_events kind of endpoints becoming ready or failing (reason ready / failed)
 GC_INTERVAL_S = 60.0  # how often the backend's objects are checked against the database's live attempts
+REPAIR_STOPS = ("node_repair", "node_lost")  # stop_requested by the repair manager: requeue at the head
 
 
 def _dt(epoch: float | None) -> dt.datetime | None:
@@ -101,11 +103,16 @@ class JobManager:
                                  ib_domain=info.ib_domain, vc=info.vc, ready=info.ready, backend=self.backend.name,
                                  labels={}, metrics={}))
                 continue
+            # a cordon DLTS set for a repair is the node's state, not "not ready"
             changes = {"sku": info.sku, "gpus": info.gpus, "cpu": info.cpu, "memory_bytes": info.memory_bytes,
-                       "ib_domain": info.ib_domain, "vc": info.vc, "ready": info.ready and not info.unschedulable}
+                       "ib_domain": info.ib_domain, "vc": info.vc,
+                       "ready": info.ready and (not info.unschedulable or info.cordoned_by_dlts)}
             for key, value in changes.items():
                 if getattr(node, key) != value:
                     setattr(node, key, value)
+            cordon = repair_cordon(node, info)
+            if cordon is not None and hasattr(self.backend, "cordon"):
+                self.backend.cordon(node.name, node.state_reason or node.state.value) if cordon else self.backend.uncordon(node.name)
         for name, node in known.items():
             if name not in seen and node.backend == self.backend.name and node.ready:
                 node.ready = False
@@ -124,9 +131,9 @@ class JobManager:
             live.add(key)
             seen = observed.get(key)
             if seen is None:
-                if job.status is S.SCHEDULING and attempt is not None:
+                if job.status is S.SCHEDULING and attempt is not None and attempt.stop_requested not in REPAIR_STOPS:
                     self._launch(session, job, attempt)  # the launch was lost (crash after the decision)
-                elif job.status in (S.KILLING, S.PAUSING):
+                elif job.status in (S.KILLING, S.PAUSING) or (attempt is not None and attempt.stop_requested in REPAIR_STOPS):
                     self._ended(session, job, attempt, None)
                 elif job.status is S.RUNNING:
                     self._ended(session, job, attempt, Observed(job.id, job.attempt, RunPhase.GONE, message="the backend lost the job"))
@@ -189,6 +196,9 @@ class JobManager:
         elif requested == "preempted":
             target, reason = S.QUEUED, "preempted"  # queue_time kept: back to the head of the queue
             values |= {"reason": "preempted", "reason_detail": "preempted to make room for a non-preemptible job"}
+        elif requested in REPAIR_STOPS:  # the repair manager drained it: back to the head, no retry spent
+            target, reason = S.QUEUED, requested
+            values |= {"reason": requested, "reason_detail": "stopped for a node repair; requeued at the head of its queue"}
         elif seen is not None and seen.node_lost:
             target, reason = S.QUEUED, "node_lost"
             values |= {"reason": "node_lost", "reason_detail": seen.message or "the node was lost"}
@@ -233,6 +243,12 @@ class JobManager:
         for job in session.scalars(sa.select(Job).where(Job.status.in_([S.KILLING, S.PAUSING]))):
             if (job.id, job.attempt) in observed:
                 self.backend.terminate(job.id, job.attempt, self.settings.preempt_grace_s)
+        # jobs the repair manager drains (managers/repair.py writes stop_requested; only we touch the cluster)
+        for job_id, number in session.execute(sa.select(JobAttempt.job_id, JobAttempt.number).join(
+                Job, sa.and_(Job.id == JobAttempt.job_id, Job.attempt == JobAttempt.number)).where(
+                Job.status.in_([S.SCHEDULING, S.RUNNING]), JobAttempt.stop_requested.in_(REPAIR_STOPS))):
+            if (job_id, number) in observed:
+                self.backend.terminate(job_id, number, self.settings.preempt_grace_s)
 
     # -- endpoints --------------------------------------------------------------------------------
     def _reconcile_endpoints(self, session: Session) -> None:
