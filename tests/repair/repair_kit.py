@@ -9,7 +9,16 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from dlts.models import Job, JobAttempt, JobEvent, JobStatus, Node, NodeOrder, User, utcnow
+from dlts.models import (
+    Job,
+    JobAttempt,
+    JobEvent,
+    JobStatus,
+    Node,
+    NodeOrder,
+    User,
+    utcnow,
+)
 from dlts.repositories import jobs as job_repo
 from dlts.services import nodes as node_service
 

@@ -15,12 +15,14 @@ from dlts.repair.machine import (
     Health,
     JobOnNode,
     LastReturn,
-    NodeState as N,
     NodeView,
     StepRun,
     counts_against_budget,
     decide,
     schedulable,
+)
+from dlts.repair.machine import (
+    NodeState as N,
 )
 from dlts.repair.rules import (
     DEFAULT_RULES,

@@ -10,6 +10,17 @@ from __future__ import annotations
 
 import pytest
 import sqlalchemy as sa
+from repair_kit import (
+    DBE,
+    Clock,
+    NotifyDouble,
+    end_stopped_attempts,
+    events,
+    job_row,
+    pending_orders,
+    report,
+    running_job,
+)
 
 from dlts.managers.repair import RepairManager
 from dlts.models import (
@@ -23,18 +34,6 @@ from dlts.models import (
 )
 from dlts.repair.settings import RepairSettings
 from dlts.services import repair as repair_service
-from repair_kit import (
-    DBE,
-    Clock,
-    NotifyDouble,
-    end_stopped_attempts,
-    events,
-    healthy_metrics,
-    job_row,
-    pending_orders,
-    report,
-    running_job,
-)
 
 N = NodeState
 
@@ -224,8 +223,8 @@ def test_with_a_budget_of_two_three_failing_nodes_leave_two_at_a_time(kit, sessi
     # budget 2 of demo-gpu: the critical ones first (nothing to drain: ordered at once), the warning waits
     assert states == {"n1": N.QUARANTINED, "n2": N.REMEDIATING, "n3": N.REMEDIATING}
     with sessions() as s:
-        from dlts.services.auth import principal_for
         from dlts.models import User
+        from dlts.services.auth import principal_for
 
         status = repair_service.status(s, principal_for(s, s.scalar(sa.select(User).where(User.name == "admin"))), None)
     assert [q["node"] for q in status["queue"]] == ["n1"]

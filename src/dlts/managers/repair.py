@@ -39,10 +39,15 @@ from dlts.models import (
     NodeState,
     RepairCycle,
     RepairStep,
-    utcnow,
 )
 from dlts.repair import machine as core
-from dlts.repair.rules import HEARTBEAT_LOST, Remediation, RuleBook, Scope, load_rulebook
+from dlts.repair.rules import (
+    HEARTBEAT_LOST,
+    Remediation,
+    RuleBook,
+    Scope,
+    load_rulebook,
+)
 from dlts.repositories import jobs as job_repo
 from dlts.repositories import repair as repo
 from dlts.services.repair import queue_key
@@ -298,9 +303,7 @@ class RepairManager:
             values: dict[str, Any] = {}
             if d.to_state is N.IN_SERVICE:
                 values = {"repair_scope": None, "unhealthy_gpus": []}
-            elif d.widen_to_node:
-                values = {"repair_scope": Scope.NODE.value}
-            elif d.to_state is N.LOST:
+            elif d.widen_to_node or d.to_state is N.LOST:
                 values = {"repair_scope": Scope.NODE.value}
             if not repo.set_state(session, node, d.to_state, actor=ACTOR, reason=d.reason, message=d.message,
                                   cycle_id=cycle.id if cycle else None, values=values, now=now):

@@ -11,7 +11,18 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
 
-from dlts.models import ACTIVE, Job, JobAttempt, Node, NodeEvent, NodeState, RepairControl, RepairCycle, RepairStep, utcnow
+from dlts.models import (
+    ACTIVE,
+    Job,
+    JobAttempt,
+    Node,
+    NodeEvent,
+    NodeState,
+    RepairControl,
+    RepairCycle,
+    RepairStep,
+    utcnow,
+)
 from dlts.repair.machine import allowed
 from dlts.repair.rules import Remediation, Step
 

@@ -17,7 +17,15 @@ from sqlalchemy.orm import Session
 
 from dlts.config import Settings
 from dlts.errors import InvalidInput, NotFound, WrongState
-from dlts.models import Node, NodeState, RepairControl, RepairCycle, RepairStep, iso, utcnow
+from dlts.models import (
+    Node,
+    NodeState,
+    RepairControl,
+    RepairCycle,
+    RepairStep,
+    iso,
+    utcnow,
+)
 from dlts.repair.machine import IN_REPAIR, counts_against_budget
 from dlts.repair.rules import RuleError, Scope, rule_from_mapping
 from dlts.repositories import repair as repo
