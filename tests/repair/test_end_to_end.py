@@ -14,7 +14,7 @@ import time
 import pytest
 import requests
 import sqlalchemy as sa
-from conftest import drive, four_gpus
+from repair_agents import drive, four_gpus
 from repair_kit import NotifyDouble
 
 from dlts.managers.repair import RepairManager

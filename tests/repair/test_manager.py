@@ -375,3 +375,30 @@ def test_cancel_returns_the_node_and_withdraws_its_orders(kit, sessions, world, 
     assert node_row(sessions).state is N.IN_SERVICE
     listed = client.get("/api/v1/nodes/testnode/repairs", headers=world.auth("admin")).get_json()["items"]
     assert [(c["id"], c["outcome"], [st["result"] for st in c["steps"]]) for c in listed] == [(cycle_id, "cancelled", ["cancelled"])]
+
+
+def test_metrics_count_states_cycles_durations_and_outcomes_per_remediation(kit, sessions):
+    from prometheus_client import CollectorRegistry
+
+    from dlts.managers.repair_metrics import RepairMetrics
+
+    manager, clock, notify = kit
+    registry = CollectorRegistry()
+    registry.register(RepairMetrics(sessions))
+    report(sessions, findings=DBE)
+    manager().run_once()
+    assert registry.get_sample_value("dlts_nodes", {"state": "remediating"}) == 1
+    assert registry.get_sample_value("dlts_nodes", {"state": "in_service"}) == 0
+    agent_does(sessions, "failed", findings=DBE)
+    manager().run_once()
+    assert registry.get_sample_value("dlts_repair_steps_total", {"remediation": "reset_gpu", "result": "failed"}) == 1
+    agent_does(sessions)
+    manager().run_once()
+    clock.advance(31)
+    report(sessions)
+    manager().run_once()
+    assert registry.get_sample_value("dlts_repair_cycles_total", {"outcome": "returned"}) == 1
+    assert registry.get_sample_value("dlts_repair_steps_total", {"remediation": "reboot", "result": "succeeded"}) == 1
+    assert registry.get_sample_value("dlts_repair_cycle_duration_seconds_count", {"outcome": "returned"}) == 1
+    assert registry.get_sample_value("dlts_repair_cycle_duration_seconds_sum", {"outcome": "returned"}) >= 31
+    assert registry.get_sample_value("dlts_repair_paused") == 0
