@@ -78,14 +78,17 @@ def main(ctx: click.Context, config_file: str | None, verbose: bool) -> None:
 @main.command()
 @click.option("--port", type=click.IntRange(0, 65535), help="API port (default: listen_port, 5000).")
 @click.option("--demo-gpus", type=click.IntRange(0, 64), help="Pretend the machine has N GPUs (no real GPU use).")
+@click.option("--fake-nvml", "fake_nvml", metavar="SCENARIO",
+              help="Run the node agent on a fake NVML scenario (dbe-gpu3, remap-failure, ...) to watch a repair cycle; "
+                   "refused where NVIDIA devices exist.")
 @pass_ctx
-def demo(ctx: Context, port: int | None, demo_gpus: int | None) -> None:
-    """Run everything embedded: API, job manager, local jobs, SQLite under $DLTS_HOME."""
+def demo(ctx: Context, port: int | None, demo_gpus: int | None, fake_nvml: str | None) -> None:
+    """Run everything embedded: API, job manager, repair manager, local jobs, SQLite under $DLTS_HOME."""
     from dlts.demo import run_demo
 
     settings = ctx.settings
     updates = {k: v for k, v in {"listen_port": port, "demo_gpus": demo_gpus}.items() if v is not None}
-    run_demo(settings.model_copy(update=updates) if updates else settings)
+    run_demo(settings.model_copy(update=updates) if updates else settings, fake_nvml=fake_nvml)
 
 
 @main.command()

@@ -7,10 +7,12 @@ from repair_agents import FakeDriver, RunningAgent, agent_config, make_fake_node
 
 
 @pytest.fixture
-def start_agent(tmp_path, live, sessions):
-    """start_agent(name, lib) -> a RunningAgent reporting to the live API every 0.2 s."""
+def start_agent(tmp_path, live, sessions, app):
+    """start_agent(name, lib) -> a RunningAgent reporting to the live API every 0.2 s. The API runs
+    as the demo does (it acts on reports read from a fake NVML; any other API ignores their findings)."""
     from dlts.services import nodes as node_service
 
+    app.config["DLTS_DEMO"] = True
     agents: list[RunningAgent] = []
 
     def start(name: str, lib, gpus: int = 4) -> RunningAgent:

@@ -153,5 +153,6 @@ def report(body, name: str):
                for r in body["order_results"]]
     parsed = node_service.Report(node=body["node"], agent_version=body["agent_version"], heartbeat_at=body.get("heartbeat_at"),
                                  boot_id=body["boot_id"], findings=findings, metrics=body["metrics"],
-                                 collectors=body["collectors"], order_results=results)
-    return node_service.answer_report(db.session, settings_of(current_app), g.node, parsed)
+                                 collectors=body["collectors"], order_results=results, fake=body["fake"])
+    return node_service.answer_report(db.session, settings_of(current_app), g.node, parsed,
+                                      accept_fake=bool(current_app.config.get("DLTS_DEMO")))

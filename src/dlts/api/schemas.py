@@ -562,6 +562,7 @@ class NodeReportSchema(Schema):
     findings = fields.List(fields.Nested(ReportFindingSchema), load_default=list, validate=validate.Length(max=1000))
     metrics = fields.Dict(load_default=dict)
     order_results = fields.List(fields.Nested(ReportOrderResultSchema), load_default=list, validate=validate.Length(max=100))
+    fake = fields.Boolean(load_default=False, metadata={"description": "read from a fake NVML: findings ignored outside the demo"})
 
 
 class FirewallRuleSchema(Schema):

@@ -20,7 +20,7 @@ from __future__ import annotations
 import hmac
 import secrets
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import sqlalchemy as sa
@@ -99,6 +99,7 @@ class Report:
     metrics: Mapping[str, Any]
     collectors: Mapping[str, Any]
     order_results: list[OrderResultIn]
+    fake: bool = False  # the agent read a fake NVML (dlts demo --fake-nvml)
 
 
 def cycle_brief(cycle: RepairCycle | None) -> dict[str, Any] | None:
@@ -277,15 +278,19 @@ def _health(findings: list[FindingIn]) -> str:
     return {0: "ok", 1: "warning", 2: "critical"}[worst]
 
 
-def record_report(session: Session, node: Node, report: Report) -> list[dict[str, Any]]:
-    """Store heartbeat, health, findings history and order results; return the orders to carry out."""
+def record_report(session: Session, node: Node, report: Report, accept_fake: bool = False) -> list[dict[str, Any]]:
+    """Store heartbeat, health, findings history and order results; return the orders to carry out.
+    Findings read from a fake NVML are dropped unless the API runs as the demo (``accept_fake``),
+    so a test agent pointed at a real cluster can never take a node out of service."""
     if report.node != node.name:
         raise InvalidInput(f"The report names node {report.node[:253]!r} but was posted for {node.name}.", details={"field": "node"})
+    if report.fake and not accept_fake:
+        report = replace(report, findings=[])
     now = utcnow()
     node.last_heartbeat_at = now
     node.health = _health(report.findings)
     node.metrics = {"agent_version": report.agent_version, "boot_id": report.boot_id, "heartbeat_at": report.heartbeat_at,
-                    "collectors": dict(report.collectors), **dict(report.metrics)}
+                    "collectors": dict(report.collectors), **dict(report.metrics), **({"fake": True} if report.fake else {})}
     # a lost node returns through validation: the repair manager sees this heartbeat
     open_rows = {(f.code, f.device or ""): f for f in session.scalars(
         sa.select(NodeFinding).where(NodeFinding.node_id == node.id, NodeFinding.cleared_at.is_(None)))}
@@ -322,7 +327,7 @@ def record_report(session: Session, node: Node, report: Report) -> list[dict[str
     return [_order_json(o) for o in orders]
 
 
-def answer_report(session: Session, settings: Settings, node: Node, report: Report) -> dict[str, Any]:
+def answer_report(session: Session, settings: Settings, node: Node, report: Report, accept_fake: bool = False) -> dict[str, Any]:
     """Record the report; answer with the orders to carry out and the endpoint firewall to enforce."""
-    orders = record_report(session, node, report)
+    orders = record_report(session, node, report, accept_fake)
     return {"orders": orders, "firewall": allowlist.desired_state(session, settings)}
