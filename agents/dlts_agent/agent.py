@@ -59,6 +59,7 @@ class Agent:
         self.node = cfg.effective_node_name
         state_path = os.path.join(cfg.state_dir, "state.json") if persistent else None
         self.state = AgentState.load(state_path)
+        self.nvml_lib = nvml_lib
         self.nvml = Nvml(nvml_lib) if cfg.collectors.gpu.enabled or cfg.collectors.xid.nvml_events else None
         self.collectors: dict[str, Collector] = {}
         cc, paths = cfg.collectors, cfg.paths
@@ -245,6 +246,7 @@ class Agent:
                 on_firewall=self.firewall.update if self.firewall is not None else None,
                 boot_id=self.boot_id(),
                 clock=self.clock,
+                fake=bool(getattr(self.nvml_lib, "is_fake", False)),
             )
         self.collect_once()  # the first scrape must see data, and READY means "measuring"
         threads: list[threading.Thread] = []

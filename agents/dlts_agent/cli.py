@@ -44,8 +44,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     nvml_lib = None
     if args.fake_nvml:
-        from dlts_agent.fake_nvml import scenario
+        from dlts_agent.fake_nvml import real_gpu_devices, scenario
 
+        devices = real_gpu_devices()
+        if devices:
+            print(f"dlts-agent: --fake-nvml is refused on a machine with NVIDIA devices ({devices[0]}); "
+                  "the fake NVML is for tests and demos on machines without GPUs", file=sys.stderr)
+            return 2
         try:
             nvml_lib = scenario(args.fake_nvml)
         except ValueError as e:

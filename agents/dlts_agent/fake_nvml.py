@@ -12,6 +12,8 @@ a test, ``dlts-agent --fake-nvml SCENARIO`` or the benchmark asks for it.
 
 from __future__ import annotations
 
+import glob
+import os
 import threading
 from collections import deque
 from dataclasses import dataclass, field
@@ -68,6 +70,7 @@ class FakeNvmlLib:
     """Module-shaped fake: pass it where ``pynvml`` would go (``Nvml(lib=FakeNvmlLib(...))``)."""
 
     NVMLError = pynvml.NVMLError
+    is_fake = True  # the agent marks its reports as fake (the API ignores their findings outside the demo)
 
     def __init__(
         self, gpus: list[FakeGpu], *, init_error: int | None = None, driver_version: str = "550.127.05"
@@ -378,6 +381,37 @@ SCENARIOS: dict[str, Callable[[], FakeNvmlLib]] = {
     "not-supported": not_supported,
     "init-failure": init_failure,
 }
+
+
+def real_gpu_devices(dev: str = "/dev") -> list[str]:
+    """NVIDIA device nodes of this machine: where they exist, the fake NVML is refused."""
+    return sorted(glob.glob(os.path.join(dev, "nvidia[0-9]*")))
+
+
+class FakeDriver:
+    """The agent's command runner for a fake-NVML node (the demo): ``nvidia-smi --gpu-reset`` does
+    to the fake GPU what the driver does (volatile ECC cleared, a pending remap applied); a reboot
+    is refused, since a demo cannot reboot the machine it runs on."""
+
+    def __init__(self, lib: FakeNvmlLib) -> None:
+        self.lib = lib
+        self.commands: list[list[str]] = []
+
+    def __call__(self, argv: list[str], timeout_s: float) -> tuple[int, str]:
+        self.commands.append(list(argv))
+        if "--gpu-reset" in argv:
+            target = argv[-1]
+            for index, g in enumerate(self.lib.gpus):
+                if target in (g.uuid, str(index)):
+                    try:
+                        self.lib.reset_gpu(index)
+                    except NVMLError:
+                        return 255, f"GPU {target} is lost; a reset cannot reach it"
+                    return 0, f"GPU {target} was successfully reset (fake NVML)."
+            return 6, f"no GPU {target}"
+        if argv[-1:] == ["reboot"]:
+            return 1, "a fake-NVML node does not reboot (demo)"
+        return 0, ""
 
 
 def scenario(name: str) -> FakeNvmlLib:

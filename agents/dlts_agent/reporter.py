@@ -42,9 +42,11 @@ def iso(ts: float | None) -> str | None:
     return dt.datetime.fromtimestamp(ts, dt.timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def build_payload(snap: AgentSnapshot, results: list[OrderResult], heartbeat_s: float, boot_id: str) -> dict[str, Any]:
+def build_payload(snap: AgentSnapshot, results: list[OrderResult], heartbeat_s: float, boot_id: str,
+                  fake: bool = False) -> dict[str, Any]:
     c = snap.collection
-    return {
+    extra = {"fake": True} if fake else {}  # read from a fake NVML: the API acts on it only in the demo
+    return extra | {
         "schema_version": SCHEMA_VERSION,
         "node": snap.node,
         "agent_version": snap.version,
@@ -89,7 +91,9 @@ class Reporter:
         boot_id: str = "",
         clock: Callable[[], float] = time.time,
         rng: random.Random | None = None,
+        fake: bool = False,
     ) -> None:
+        self.fake = fake
         self.cfg = cfg
         self.url = f"{cfg.api_url.rstrip('/')}/api/v1/nodes/{urllib.parse.quote(node, safe='')}/report"
         self._token = token
@@ -131,7 +135,7 @@ class Reporter:
         now = self.clock()
         with self._lock:
             self._status.last_attempt_s = now
-        body = json.dumps(build_payload(snap, results, now, self.boot_id)).encode()
+        body = json.dumps(build_payload(snap, results, now, self.boot_id, self.fake)).encode()
         req = urllib.request.Request(
             self.url,
             data=body,

@@ -78,14 +78,17 @@ def main(ctx: click.Context, config_file: str | None, verbose: bool) -> None:
 @main.command()
 @click.option("--port", type=click.IntRange(0, 65535), help="API port (default: listen_port, 5000).")
 @click.option("--demo-gpus", type=click.IntRange(0, 64), help="Pretend the machine has N GPUs (no real GPU use).")
+@click.option("--fake-nvml", "fake_nvml", metavar="SCENARIO",
+              help="Run the node agent on a fake NVML scenario (dbe-gpu3, remap-failure, ...) to watch a repair cycle; "
+                   "refused where NVIDIA devices exist.")
 @pass_ctx
-def demo(ctx: Context, port: int | None, demo_gpus: int | None) -> None:
-    """Run everything embedded: API, job manager, local jobs, SQLite under $DLTS_HOME."""
+def demo(ctx: Context, port: int | None, demo_gpus: int | None, fake_nvml: str | None) -> None:
+    """Run everything embedded: API, job manager, repair manager, local jobs, SQLite under $DLTS_HOME."""
     from dlts.demo import run_demo
 
     settings = ctx.settings
     updates = {k: v for k, v in {"listen_port": port, "demo_gpus": demo_gpus}.items() if v is not None}
-    run_demo(settings.model_copy(update=updates) if updates else settings)
+    run_demo(settings.model_copy(update=updates) if updates else settings, fake_nvml=fake_nvml)
 
 
 @main.command()
@@ -139,6 +142,15 @@ def managers(ctx: Context) -> None:
     entries = [Periodic("jobmanager.tick", settings.tick_s, manager.tick),
                Periodic("janitor.purge", 3600.0, janitor.run),
                Periodic("allowlist.purge_expired", 600.0, functools.partial(allowlist.purge_expired_entries, sessions))]
+    if settings.repair.enabled:
+        from dlts.managers.repair import RepairManager
+        from dlts.repair.rules import RuleError
+
+        try:
+            repair = RepairManager(sessions, settings)  # a bad rules file stops start-up, naming the rule
+        except RuleError as exc:
+            raise click.ClickException(str(exc)) from None
+        entries.append(Periodic("repair.tick", settings.repair.interval_s, repair.run_once))
     if settings.lustre_defaults_file is not None:
         from dlts.managers.storage import LustreStorageManager
 
@@ -414,6 +426,167 @@ def node_token(ctx: Context, name: str, token_file) -> None:
             return
         changed = node_service.register_node_token(session, name, token_file.read().strip())
     click.echo(f"token of node {name} {'registered' if changed else 'unchanged'}")
+
+
+def _operator():
+    """The CLI runs on the control host with the database's credentials: a cluster admin, named
+    after the operating-system user in the audit trail."""
+    import getpass
+
+    from dlts.services.auth import Principal
+
+    return Principal(user_id=0, name=f"cli:{getpass.getuser()}"[:64], is_cluster_admin=True)
+
+
+@node.command("list")
+@pass_ctx
+def node_list(ctx: Context) -> None:
+    """Nodes with their state, GPUs in use, health and current repair."""
+    from dlts.services import nodes as node_service
+
+    with ctx.session() as session:
+        rows = node_service.list_nodes(session, _operator())
+    click.echo(f"{'NODE':<20} {'SKU':<12} {'STATE':<15} {'GPUS':>7} {'HEALTH':<9} REPAIR")
+    for n in rows:
+        repair = n.repair["problem"] if n.repair else (n.state_reason or "")
+        flags = (" [cordoned by " + n.cordoned_by + "]" if n.cordoned_by else "") + (" [paused]" if n.repair_paused else "")
+        bad = f" (GPU {','.join(map(str, n.unhealthy_gpus))} out)" if n.unhealthy_gpus else ""
+        click.echo(f"{n.name:<20} {n.sku:<12} {n.state:<15} {f'{n.gpus_used}/{n.gpus}':>7} {n.health:<9} {repair}{bad}{flags}")
+
+
+@node.command("show")
+@click.argument("name")
+@click.option("--json", "as_json", is_flag=True, help="Print the node and its repair cycles as JSON.")
+@pass_ctx
+def node_show(ctx: Context, name: str, as_json: bool) -> None:
+    """One node: state, open findings, recent events and repair cycles."""
+    import dataclasses
+    import json
+
+    from dlts.services import nodes as node_service
+    from dlts.services import repair as repair_service
+
+    with ctx.session() as session:
+        view = node_service.get_node(session, _operator(), name)
+        cycles = repair_service.list_cycles(session, _operator(), name, limit=10)
+    if as_json:
+        click.echo(json.dumps({"node": dataclasses.asdict(view), "repairs": cycles}, indent=2, default=str))
+        return
+    click.echo(f"{view.name}: {view.state} ({view.state_reason or 'no reason recorded'}); health {view.health}; "
+               f"GPUs {view.gpus_used}/{view.gpus} used; last heartbeat {view.last_heartbeat_at or 'never'}")
+    if view.unhealthy_gpus:
+        click.echo(f"  unhealthy GPUs (never assigned): {', '.join(map(str, view.unhealthy_gpus))}")
+    details = view.details or {}
+    open_findings = [f for f in details.get("findings", []) if f["cleared_at"] is None]
+    click.echo(f"open findings: {len(open_findings)}")
+    for f in open_findings:
+        click.echo(f"  {f['severity']:<8} {f['code']:<28} {f['device'] or 'node':<8} since {f['first_seen_at']}")
+    click.echo("repairs:")
+    for c in cycles:
+        chain = " -> ".join(st["remediation"] for st in c["chain"]) or "validate"
+        click.echo(f"  #{c['id']} {c['started_at']} {c['kind']} {c['scope']}: {c['problem']} [{chain}] "
+                   f"{c['outcome'] or c['state']}")
+        for st in c["steps"]:
+            click.echo(f"     step {st['number']} {st['remediation']} {st['target'] or ''}: {st['result'] or 'running'}"
+                       f"{' - ' + st['message'] if st['message'] else ''}")
+    click.echo("events:")
+    for e in reversed(details.get("events", [])[:15]):
+        move = f"{e['from_state']} -> {e['to_state']}" if e["to_state"] else e["kind"]
+        click.echo(f"  {e['at']} {move}: {e['message'] or e['reason'] or ''} ({e['actor']})")
+
+
+@node.command("repair")
+@click.argument("name")
+@click.option("--step", "steps", multiple=True, type=click.Choice(["reset_gpu", "restart_service", "reboot", "ticket", "rma"]),
+              help="A remediation of the chain, in order (repeat; default: reboot, then ticket).")
+@click.option("--gpu", "gpus", multiple=True, type=click.IntRange(0, 63), help="Repair only this GPU (repeat for more).")
+@click.option("--target", help="restart_service: the unit to restart.")
+@click.option("--reason", default="", help="Why (shown in the node's history).")
+@pass_ctx
+def node_repair(ctx: Context, name: str, steps: tuple[str, ...], gpus: tuple[int, ...], target: str | None, reason: str) -> None:
+    """Start a repair cycle on NAME by hand: quarantine, drain, then the chain (budget and pause apply)."""
+    from dlts.services import repair as repair_service
+
+    with ctx.session() as session:
+        cycle = repair_service.start(session, _operator(), name, steps=list(steps) or ["reboot", "ticket"],
+                                     gpus=list(gpus), target=target, reason=reason)
+    click.echo(f"repair {cycle['id']} of node {name} started: {cycle['problem']}; the repair manager takes it from here")
+
+
+@node.command("return")
+@click.argument("name")
+@click.option("--reason", default="", help="What was done (shown in the node's history).")
+@pass_ctx
+def node_return(ctx: Context, name: str, reason: str) -> None:
+    """Return an out_of_service or rma node: it validates, then serves again."""
+    from dlts.services import repair as repair_service
+
+    with ctx.session() as session:
+        repair_service.return_node(session, _operator(), name, reason)
+    click.echo(f"node {name} is validating; it returns to service after a healthy report and the quiet period")
+
+
+@node.command("cancel-repair")
+@click.argument("name")
+@click.argument("cycle_id", type=int)
+@pass_ctx
+def node_cancel_repair(ctx: Context, name: str, cycle_id: int) -> None:
+    """Cancel repair CYCLE_ID of NAME: its orders are withdrawn and the node returns to service."""
+    from dlts.services import repair as repair_service
+
+    with ctx.session() as session:
+        repair_service.cancel(session, _operator(), name, cycle_id)
+    click.echo(f"repair {cycle_id} of node {name} cancelled; the node is in service")
+
+
+@main.group()
+def repair() -> None:
+    """The repair loop: pause, resume, status."""
+
+
+@repair.command("pause")
+@click.argument("node_name", metavar="[NODE]", required=False)
+@click.option("--reason", default="")
+@pass_ctx
+def repair_pause(ctx: Context, node_name: str | None, reason: str) -> None:
+    """Stop new repair actions (everywhere, or on NODE); actions in flight finish."""
+    from dlts.services import repair as repair_service
+
+    with ctx.session() as session:
+        repair_service.set_pause(session, _operator(), True, node_name, reason)
+    click.echo(f"repairs paused {'on node ' + node_name if node_name else 'everywhere'}")
+
+
+@repair.command("resume")
+@click.argument("node_name", metavar="[NODE]", required=False)
+@pass_ctx
+def repair_resume(ctx: Context, node_name: str | None) -> None:
+    """Resume repairs (everywhere, or on NODE)."""
+    from dlts.services import repair as repair_service
+
+    with ctx.session() as session:
+        repair_service.set_pause(session, _operator(), False, node_name)
+    click.echo(f"repairs resumed {'on node ' + node_name if node_name else 'everywhere'}")
+
+
+@repair.command("status")
+@pass_ctx
+def repair_status(ctx: Context) -> None:
+    """Nodes per state, the budget per SKU, the queue and the latest cycles."""
+    from dlts.services import repair as repair_service
+
+    with ctx.session() as session:
+        st = repair_service.status(session, _operator(), ctx.settings)
+    pause = f"PAUSED by {st['paused_by']} at {st['paused_at']}: {st['reason'] or ''}" if st["paused"] else "running"
+    click.echo(f"repair loop: {pause}{' (dry run)' if st['dry_run'] else ''}")
+    if st["paused_nodes"]:
+        click.echo(f"paused nodes: {', '.join(st['paused_nodes'])}")
+    click.echo("nodes: " + ", ".join(f"{k} {v}" for k, v in st["states"].items() if v))
+    for b in st["budget"]:
+        click.echo(f"budget {b['sku']}: {b['in_repair']} of {b['budget']} in repair ({b['nodes']} nodes)")
+    click.echo(f"queue: {', '.join(q['node'] + ' (' + q['severity'] + ')' for q in st['queue']) or 'empty'}")
+    for c in st["recent"][:10]:
+        click.echo(f"  #{c['id']} {c['node']} {c['problem']}: {c['outcome'] or c['state']}")
 
 
 @main.group()

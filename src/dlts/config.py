@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from dlts.backends.k8s_settings import KubernetesSettings
 from dlts.notify_settings import NotifySettings
+from dlts.repair.settings import RepairSettings
 
 ENV_PREFIX = "DLTS_"
 SYSTEM_CONFIG = Path("/etc/dlts/dlts.yaml")
@@ -82,6 +83,8 @@ class Settings(BaseModel):
     demo_sku: str = "demo-gpu"
     # the Kubernetes backend's settings: the ``kubernetes:`` section (docs/configuration.md#kubernetes)
     kubernetes: KubernetesSettings = Field(default_factory=KubernetesSettings)
+    # the repair manager: rules file, budget, flap window, validation (docs/repair.md)
+    repair: RepairSettings = Field(default_factory=RepairSettings)
     # both backends: a node NotReady (or gone) this long loses its attempts (node_lost, requeued at
     # the head of the queue, no retry spent)
     node_lost_after_s: float = Field(300.0, ge=0, le=86400)

@@ -71,30 +71,78 @@ def bootstrap(session, backend: LocalBackend, home: Path) -> bool:
 
 
 class TickThread(threading.Thread):
-    def __init__(self, manager: JobManager, interval_s: float):
-        super().__init__(name="jobmanager", daemon=True)
+    """Runs ``tick`` every ``interval_s`` (the job manager's by default; the repair manager's too)."""
+
+    def __init__(self, manager: JobManager | None, interval_s: float, *, name: str = "jobmanager", tick=None):
+        super().__init__(name=name, daemon=True)
         self.manager, self.interval_s = manager, interval_s
+        self.tick = tick or manager.tick
         self.stopping = threading.Event()
 
     def run(self) -> None:
         while not self.stopping.is_set():
             try:
-                self.manager.tick()
+                self.tick()
             except Exception:
-                log.exception("job manager tick failed; retrying")
+                log.exception("%s tick failed; retrying", self.name)
             self.stopping.wait(self.interval_s)
+
+
+def start_fake_agent(settings: Settings, sessions, node, url: str, scenario_name: str):
+    """The real node agent for the demo's node, reading the fake NVML scenario ``scenario_name``
+    (its reports say so; only the demo's API acts on them). GPU resets act on the fake GPUs; the
+    agent reads this machine's /proc (it sees the demo's jobs) but not its kernel log."""
+    from dlts_agent.agent import Agent
+    from dlts_agent.config import config_from_mapping
+    from dlts_agent.fake_nvml import FakeDriver, scenario
+
+    from dlts.services import nodes as node_service
+
+    lib = scenario(scenario_name)
+    lib.gpus = lib.gpus[: node.gpus]
+    home = settings.home.resolve() / "agent"
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "kmsg").touch()
+    with sessions() as session:
+        token = node_service.issue_node_token(session, node.name)
+    _write_secret(home / "node-token", token)
+    cfg = config_from_mapping({
+        "node_name": node.name, "interval_s": 1, "state_dir": str(home), "expected_gpu_count": len(lib.gpus),
+        "exporter": {"enabled": False}, "firewall": {"enabled": False},
+        "collectors": {"host": {"mounts": [str(settings.home.resolve())]}, "xid": {"source": "kmsg", "kmsg_path": str(home / "kmsg")}},
+        "report": {"enabled": True, "api_url": url, "node_token_file": str(home / "node-token"), "interval_s": 1},
+    })
+    agent = Agent(cfg, nvml_lib=lib)
+    agent.executor.runner = FakeDriver(lib)
+    stop = threading.Event()
+    thread = threading.Thread(target=agent.run, args=(stop,), name="agent", daemon=True)
+    return agent, stop, thread
 
 
 def _interrupt(_signum, _frame):
     raise KeyboardInterrupt
 
 
-def run_demo(settings: Settings) -> None:
+def run_demo(settings: Settings, fake_nvml: str | None = None) -> None:
     home = settings.home.resolve()
     home.mkdir(parents=True, exist_ok=True)
     if not settings.secret_key:
         settings = settings.model_copy(update={"secret_key": demo_secret_key(home)})
+    if fake_nvml:
+        from dlts_agent.fake_nvml import SCENARIOS, real_gpu_devices
+
+        devices = real_gpu_devices()
+        if devices:
+            raise click.ClickException(f"--fake-nvml is refused on a machine with NVIDIA devices ({devices[0]}): "
+                                       "run the demo without it, and the agent reads the real GPUs")
+        if fake_nvml not in SCENARIOS:
+            raise click.ClickException(f"unknown fake NVML scenario {fake_nvml!r}; choose one of {', '.join(SCENARIOS)}")
+        # a cycle a newcomer can watch: a pass every 2 s, a 10 s quiet period (or less if configured)
+        repair = settings.repair.model_copy(update={"interval_s": min(settings.repair.interval_s, 2.0),
+                                                    "quiet_period_s": min(settings.repair.quiet_period_s, 10.0)})
+        settings = settings.model_copy(update={"repair": repair, "demo_gpus": settings.demo_gpus or 8})
     app = create_app(settings)
+    app.config["DLTS_DEMO"] = True  # the API acts on reports of the demo's fake-NVML agent
     db_migrate.upgrade(engine_of(app))
     backend = LocalBackend(settings.effective_run_dir, demo_gpus=settings.demo_gpus, demo_sku=settings.demo_sku,
                            endpoint_host=settings.endpoint_host)
@@ -104,9 +152,15 @@ def run_demo(settings: Settings) -> None:
     manager = JobManager(sessions, backend, settings)
     manager.sync_nodes(sessions())
     ticker = TickThread(manager, settings.tick_s)
+    from dlts.managers.repair import RepairManager
+
+    repairer = TickThread(None, settings.repair.interval_s, name="repair", tick=RepairManager(sessions, settings).run_once)
     server = make_server(settings.listen_host, settings.listen_port, app, threaded=True)
     url = f"http://{settings.listen_host}:{server.server_port}"
     node = backend.nodes()[0]
+    agent = None
+    if fake_nvml:
+        agent, agent_stop, agent_thread = start_fake_agent(settings, sessions, node, url, fake_nvml)
     gpus = "no GPUs" if node.gpus == 0 else f"{node.gpus} {node.sku} GPUs" + (
         " (pretend GPUs from demo_gpus; nothing runs on a real GPU)" if node.sku == settings.demo_sku else "")
     click.echo(f"DLTS demo {'created' if created else 'resumed'} in {home}")
@@ -118,8 +172,15 @@ def run_demo(settings: Settings) -> None:
         for line in (home / "demo-credentials").read_text().split():
             click.echo(f"    {line}")
     click.echo(f"  try:   curl -H \"Authorization: Bearer $(cat {home / 'alice-token'})\" {url}/api/v1/me")
+    if fake_nvml:
+        click.echo(f"  node agent: fake NVML scenario {fake_nvml!r}; watch the repair loop with `dlts node show {node.name}` "
+                   f"or {url}/repair")
     click.echo("Ctrl-C stops the demo (running jobs are stopped and requeued at the next start).", err=False)
     ticker.start()
+    if settings.repair.enabled:
+        repairer.start()
+    if agent is not None:
+        agent_thread.start()
     signal.signal(signal.SIGTERM, _interrupt)
     signal.signal(signal.SIGINT, _interrupt)
     try:
@@ -130,6 +191,12 @@ def run_demo(settings: Settings) -> None:
         click.echo("stopping: job manager, then running jobs ...")
         server.server_close()
         ticker.stopping.set()
+        repairer.stopping.set()
+        if agent is not None:
+            agent_stop.set()
+            agent_thread.join(timeout=10)
         ticker.join(timeout=30)
+        if repairer.is_alive():
+            repairer.join(timeout=30)
         stopped = backend.shutdown_running(min(settings.preempt_grace_s, 10))
         click.echo(f"stopped ({stopped} running job(s) will be requeued at the next start)")

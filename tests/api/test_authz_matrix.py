@@ -71,6 +71,25 @@ def alice_key(sessions, settings):
         return {"key": row.id}
 
 
+def open_repair(sessions, settings):
+    from dlts.services import repair as repair_service
+
+    from .helpers import principal
+
+    with sessions() as s:
+        open_id = s.scalar(sa.text("SELECT id FROM repair_cycles WHERE open_node_id IS NOT NULL"))
+        if open_id is None:  # one open cycle per node: every role tries the same one
+            open_id = repair_service.start(s, principal(s, "admin"), "testnode", steps=["ticket"], gpus=[], reason="authz")["id"]
+    return {"cycle": open_id}
+
+
+def held_node(sessions, settings):
+    with sessions() as s:
+        s.execute(sa.text("UPDATE nodes SET state = 'out_of_service' WHERE name = 'testnode'"))
+        s.commit()
+    return {}
+
+
 def alice_ip(sessions, settings):
     import datetime as dt
 
@@ -194,6 +213,15 @@ TABLE = [
     Case("uncordon a node", "POST", "/api/v1/nodes/testnode/uncordon", (401, 403, 403, 403, 200, 403)),
     Case("order a node repair", "POST", "/api/v1/nodes/testnode/repair", (401, 403, 403, 403, 202, 403),
          body=lambda t: {"action": "drop_caches", "dry_run": True}),
+    Case("list a node's repairs", "GET", "/api/v1/nodes/testnode/repairs", (401, 403, 403, 403, 200, 403)),
+    Case("start a node repair", "POST", "/api/v1/nodes/testnode/repairs", (401, 403, 403, 403, 201, 403),
+         body=lambda t: {"steps": ["ticket"], "reason": "authz"}),
+    Case("cancel a node repair", "POST", "/api/v1/nodes/testnode/repairs/{cycle}/cancel", (401, 403, 403, 403, 200, 403),
+         prepare=open_repair),
+    Case("return a node", "POST", "/api/v1/nodes/testnode/return", (401, 403, 403, 403, 200, 403), prepare=held_node),
+    Case("pause repairs", "POST", "/api/v1/repair/pause", (401, 403, 403, 403, 200, 403), body=lambda t: {}),
+    Case("resume repairs", "POST", "/api/v1/repair/resume", (401, 403, 403, 403, 200, 403), body=lambda t: {}),
+    Case("repair status", "GET", "/api/v1/repair/status", (401, 403, 403, 403, 200, 403)),
     Case("report as a node with a user token", "POST", "/api/v1/nodes/testnode/report", (401, 403, 403, 403, 403, 403),
          body=lambda t: {"schema_version": 1, "node": "testnode"}),
     Case("cluster status", "GET", "/api/v1/cluster/status", ALL_200),
@@ -201,8 +229,8 @@ TABLE = [
 ]
 
 
-PATH_TARGETS = {"job_id": "{job}", "key_id": "{key}", "entry_id": "{ip}", "token_id": "{token}", "endpoint_id": "{endpoint}",
-                "credential_id": "{cred}", "user_name": "alice"}
+PATH_TARGETS = {"cycle_id": "{cycle}", "job_id": "{job}", "key_id": "{key}", "entry_id": "{ip}", "token_id": "{token}",
+                "endpoint_id": "{endpoint}", "credential_id": "{cred}", "user_name": "alice"}
 
 
 def test_the_table_covers_every_api_route(app):

@@ -101,14 +101,15 @@ def test_findings_history_health_and_heartbeat(client, world, sessions, node_tok
     assert node["health"] == "ok" and node["details"]["findings"][0]["cleared_at"] is not None
 
 
-def test_repair_orders_are_sent_once_results_recorded_and_the_node_returns_to_service(client, world, sessions, node_token):
+def test_repair_orders_are_sent_once_and_results_recorded_without_changing_the_node_state(client, world, sessions, node_token):
     auth = {"Authorization": f"Bearer {node_token}"}
     order = client.post("/api/v1/nodes/testnode/repair", json={"action": "reset_gpu", "target": "3", "reason": "ECC"},
                         headers=world.auth("admin"))
     assert order.status_code == 202, order.get_json()
     order_id = order.get_json()["id"]
     node = client.get("/api/v1/nodes/testnode", headers=world.auth("bob")).get_json()
-    assert (node["state"], node["schedulable"], node["repair_state"]) == ("in_repair", False, "ordered")
+    # a hand-made order is one action, not a repair: the repair loop alone moves the node's state
+    assert (node["state"], node["repair"]) == ("in_service", None)
     assert_envelope(client.post("/api/v1/nodes/testnode/repair", json={"action": "reboot"}, headers=world.auth("admin")),
                     409, "repair_in_progress")
     assert_envelope(client.post("/api/v1/nodes/testnode/repair", json={"action": "reset_gpu"}, headers=world.auth("admin")), 400)
@@ -126,13 +127,14 @@ def test_repair_orders_are_sent_once_results_recorded_and_the_node_returns_to_se
         row = s.get(NodeOrder, int(order_id))
         assert (row.status, row.result["agent"]["message"]) == ("done", "reset gpu 3")
         node = s.scalar(sa.select(Node).where(Node.name == "testnode"))
-        assert (node.state, node.repair_state) == (NodeState.IN_SERVICE, "done")
+        assert node.state is NodeState.IN_SERVICE  # a "done" order never returns a node unvalidated
 
 
 def test_cordon_and_uncordon_change_what_the_scheduler_may_use(client, world, sessions, settings):
     from dlts.jobmanager.snapshot import load_snapshot
 
-    assert client.post("/api/v1/nodes/testnode/cordon", headers=world.auth("admin")).get_json()["state"] == "cordoned"
+    cordoned = client.post("/api/v1/nodes/testnode/cordon", headers=world.auth("admin")).get_json()
+    assert (cordoned["state"], cordoned["cordoned_by"], cordoned["schedulable"]) == ("in_service", "admin", False)
     with sessions() as s:
         assert [n.schedulable for n in load_snapshot(s, settings).nodes if n.name == "testnode"] == [False]
     assert client.post("/api/v1/nodes/testnode/cordon", headers=world.auth("admin")).status_code == 200  # idempotent

@@ -1,4 +1,5 @@
-"""/api/v1/nodes: read, cordon/uncordon/repair (cluster admin), and the node agent's report."""
+"""/api/v1/nodes: read, cordon/uncordon/repair orders, repair cycles (list, start, cancel, return),
+/api/v1/repair: pause, resume, status (cluster admin), and the node agent's report."""
 
 from __future__ import annotations
 
@@ -8,10 +9,12 @@ from flask_smorest import Blueprint
 from dlts.api import pagination
 from dlts.api.auth import authenticate, principal
 from dlts.api.schemas import (NodeOrderSchema, NodePageSchema, NodeRepairSchema, NodeReportResponseSchema,
-                              NodeReportSchema, NodeSchema, PageArgs)
+                              NodeReportSchema, NodeSchema, PageArgs, RepairCycleListSchema, RepairCycleSchema,
+                              RepairPauseSchema, RepairReturnSchema, RepairStartSchema, RepairStatusSchema)
 from dlts.app import settings_of
 from dlts.extensions import db
 from dlts.services import nodes as node_service
+from dlts.services import repair as repair_service
 
 blp = Blueprint("nodes", __name__, description="Nodes")
 blp.before_request(authenticate)
@@ -63,6 +66,68 @@ def repair(body, name: str):
     return node_service.repair(db.session, principal(), name, body["action"], body.get("target"), body["dry_run"], body["reason"])
 
 
+@blp.route("/nodes/<string:name>/repairs")
+@blp.response(200, RepairCycleListSchema)
+@blp.doc(security=SECURITY)
+def list_repairs(name: str):
+    """The node's repair cycles, newest first, with their steps, times and results (cluster admin)."""
+    return {"items": repair_service.list_cycles(db.session, principal(), name)}
+
+
+@blp.route("/nodes/<string:name>/repairs", methods=["POST"])
+@blp.arguments(RepairStartSchema)
+@blp.response(201, RepairCycleSchema)
+@blp.doc(security=SECURITY)
+def start_repair(body, name: str):
+    """Start a repair cycle by hand (cluster admin): quarantine now, then the given chain; the
+    budget and the pause apply. 409 unless the node is in service."""
+    return repair_service.start(db.session, principal(), name, steps=body["steps"], gpus=body["gpus"],
+                                target=body.get("target"), reason=body["reason"])
+
+
+@blp.route("/nodes/<string:name>/repairs/<int:cycle_id>/cancel", methods=["POST"])
+@blp.response(200, RepairCycleSchema)
+@blp.doc(security=SECURITY)
+def cancel_repair(name: str, cycle_id: int):
+    """Cancel an open cycle (cluster admin): its orders are withdrawn, the node returns to service."""
+    return repair_service.cancel(db.session, principal(), name, cycle_id)
+
+
+@blp.route("/nodes/<string:name>/return", methods=["POST"])
+@blp.arguments(RepairReturnSchema)
+@blp.response(200, RepairCycleSchema)
+@blp.doc(security=SECURITY)
+def return_node(body, name: str):
+    """A human returns an out_of_service or rma node (cluster admin): it validates, then serves."""
+    return repair_service.return_node(db.session, principal(), name, body["reason"])
+
+
+@blp.route("/repair/pause", methods=["POST"])
+@blp.arguments(RepairPauseSchema)
+@blp.response(200, RepairStatusSchema)
+@blp.doc(security=SECURITY)
+def pause_repairs(body):
+    """Stop new repair actions everywhere, or on ``node`` (cluster admin); those in flight finish."""
+    return repair_service.set_pause(db.session, principal(), True, body.get("node"), body["reason"])
+
+
+@blp.route("/repair/resume", methods=["POST"])
+@blp.arguments(RepairPauseSchema)
+@blp.response(200, RepairStatusSchema)
+@blp.doc(security=SECURITY)
+def resume_repairs(body):
+    """Resume repairs everywhere, or on ``node`` (cluster admin)."""
+    return repair_service.set_pause(db.session, principal(), False, body.get("node"), body["reason"])
+
+
+@blp.route("/repair/status")
+@blp.response(200, RepairStatusSchema)
+@blp.doc(security=SECURITY)
+def repair_status():
+    """Nodes per state, the budget per SKU, the queue, recent cycles, the pauses (cluster admin)."""
+    return repair_service.status(db.session, principal(), settings_of(current_app))
+
+
 # The agent authenticates with a node token, not a user token: a blueprint of its own.
 agent_blp = Blueprint("agent", __name__, description="Node agent reports (node tokens)")
 
@@ -88,5 +153,6 @@ def report(body, name: str):
                for r in body["order_results"]]
     parsed = node_service.Report(node=body["node"], agent_version=body["agent_version"], heartbeat_at=body.get("heartbeat_at"),
                                  boot_id=body["boot_id"], findings=findings, metrics=body["metrics"],
-                                 collectors=body["collectors"], order_results=results)
-    return node_service.answer_report(db.session, settings_of(current_app), g.node, parsed)
+                                 collectors=body["collectors"], order_results=results, fake=body["fake"])
+    return node_service.answer_report(db.session, settings_of(current_app), g.node, parsed,
+                                      accept_fake=bool(current_app.config.get("DLTS_DEMO")))

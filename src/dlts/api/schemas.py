@@ -459,9 +459,13 @@ class NodeSchema(Schema):
     ready = fields.Boolean()
     schedulable = fields.Boolean()
     health = fields.String()
-    repair_state = fields.String(allow_none=True)
+    state_reason = fields.String(allow_none=True, metadata={"description": "why the node is in its state"})
+    cordoned_by = fields.String(allow_none=True, metadata={"description": "the cluster admin whose cordon holds it"})
+    unhealthy_gpus = fields.List(fields.Integer(), metadata={"description": "GPU indices the scheduler never assigns"})
+    repair_paused = fields.Boolean()
+    repair = fields.Dict(allow_none=True, metadata={"description": "the open repair cycle: id, state, kind, scope, gpus, problem, step, started_at"})
     last_heartbeat_at = fields.String(allow_none=True)
-    details = fields.Dict(allow_none=True, metadata={"description": "cluster admins only: findings, orders, metrics, labels, jobs"})
+    details = fields.Dict(allow_none=True, metadata={"description": "cluster admins only: findings, orders, events, metrics, labels, jobs"})
 
 
 class NodePageSchema(Schema):
@@ -474,6 +478,78 @@ class NodeRepairSchema(Schema):
     target = fields.String(validate=validate.Length(1, 128), metadata={"description": "GPU index/UUID or service name"})
     dry_run = fields.Boolean(load_default=False)
     reason = fields.String(load_default="", validate=validate.Length(max=500))
+
+
+class RepairStepSchema(Schema):
+    number = fields.Integer()
+    remediation = fields.String()
+    target = fields.String(allow_none=True)
+    order_ids = fields.List(fields.String())
+    started_at = fields.String(allow_none=True)
+    deadline_at = fields.String(allow_none=True)
+    ended_at = fields.String(allow_none=True)
+    result = fields.String(allow_none=True, metadata={"description": "succeeded | failed | timed_out | cancelled"})
+    message = fields.String(allow_none=True)
+
+
+class RepairCycleSchema(Schema):
+    id = fields.Integer()
+    node = fields.String()
+    kind = fields.String(metadata={"description": "rule | manual | return"})
+    rule = fields.String(allow_none=True)
+    scope = fields.String(metadata={"description": "gpu | node"})
+    gpus = fields.List(fields.Integer())
+    severity = fields.String()
+    problem = fields.String()
+    triggers = fields.List(fields.Dict())
+    chain = fields.List(fields.Dict(), metadata={"description": "the remediations in order, with timeout_s"})
+    step_index = fields.Integer()
+    state = fields.String(metadata={"description": "the node's state while open, 'ended' after"})
+    flap = fields.Boolean()
+    started_by = fields.String()
+    started_at = fields.String(allow_none=True)
+    validation_since = fields.String(allow_none=True)
+    ended_at = fields.String(allow_none=True)
+    duration_s = fields.Float(allow_none=True)
+    outcome = fields.String(allow_none=True, metadata={"description": "returned | out_of_service | rma | lost | cancelled"})
+    message = fields.String(allow_none=True)
+    steps = fields.List(fields.Nested(RepairStepSchema))
+
+
+class RepairCycleListSchema(Schema):
+    items = fields.List(fields.Nested(RepairCycleSchema))
+
+
+class RepairStartSchema(Schema):
+    steps = fields.List(fields.String(validate=validate.OneOf(["reset_gpu", "restart_service", "reboot", "ticket", "rma"])),
+                        load_default=lambda: ["reboot", "ticket"], validate=validate.Length(1, 8),
+                        metadata={"description": "the chain to follow; ticket or rma only last (default reboot, ticket)"})
+    gpus = fields.List(fields.Integer(strict=True, validate=validate.Range(0, 63)), load_default=list,
+                       validate=validate.Length(max=64), metadata={"description": "a GPU-scope repair of these GPUs"})
+    target = fields.String(validate=validate.Length(1, 128), metadata={"description": "restart_service: the unit"})
+    reason = fields.String(load_default="", validate=validate.Length(max=500))
+
+
+class RepairPauseSchema(Schema):
+    node = fields.String(validate=validate.Length(1, 253), metadata={"description": "pause one node only"})
+    reason = fields.String(load_default="", validate=validate.Length(max=500))
+
+
+class RepairReturnSchema(Schema):
+    reason = fields.String(load_default="", validate=validate.Length(max=500))
+
+
+class RepairStatusSchema(Schema):
+    paused = fields.Boolean()
+    paused_by = fields.String(allow_none=True)
+    paused_at = fields.String(allow_none=True)
+    reason = fields.String(allow_none=True)
+    dry_run = fields.Boolean()
+    paused_nodes = fields.List(fields.String())
+    states = fields.Dict(metadata={"description": "state -> number of nodes"})
+    budget = fields.List(fields.Dict(), metadata={"description": "per SKU: nodes, budget, in_repair"})
+    queue = fields.List(fields.Dict(), metadata={"description": "quarantined nodes waiting for the budget, in order"})
+    recent = fields.List(fields.Dict(), metadata={"description": "the latest cycles"})
 
 
 class NodeOrderSchema(Schema):
@@ -520,6 +596,7 @@ class NodeReportSchema(Schema):
     findings = fields.List(fields.Nested(ReportFindingSchema), load_default=list, validate=validate.Length(max=1000))
     metrics = fields.Dict(load_default=dict)
     order_results = fields.List(fields.Nested(ReportOrderResultSchema), load_default=list, validate=validate.Length(max=100))
+    fake = fields.Boolean(load_default=False, metadata={"description": "read from a fake NVML: findings ignored outside the demo"})
 
 
 class FirewallRuleSchema(Schema):

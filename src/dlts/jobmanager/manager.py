@@ -65,6 +65,7 @@ from dlts.models import (
     SshKey,
     utcnow,
 )
+from dlts.repair.cordon import repair_cordon
 from dlts.repositories import jobs as job_repo
 from dlts.scheduler import decide
 from dlts.scheduler.model import Decisions, Placement, Stop, StopReason
@@ -78,6 +79,7 @@ ENDPOINT = "endpoint"  # job_events kind of endpoints becoming ready or failing 
 GC_INTERVAL_S = 60.0  # how often the backend's objects are checked against the database's live attempts
 START_TIMEOUT = "start_timeout"  # reason of an attempt that had not started after start_timeout_s
 IDENTITY = "identity"  # reason of the event a backend's launch note becomes (e.g. not run as the owner)
+REPAIR_STOPS = ("node_repair", "node_lost")  # stop_requested by the repair manager: requeue at the head
 
 
 def _dt(epoch: float | None) -> dt.datetime | None:
@@ -153,11 +155,16 @@ class JobManager:
                                  ib_domain=info.ib_domain, vc=info.vc, ready=info.ready, backend=self.backend.name,
                                  labels={}, metrics={}))
                 continue
+            # a cordon DLTS set for a repair is the node's state, not "not ready"
             changes = {"sku": info.sku, "gpus": info.gpus, "cpu": info.cpu, "memory_bytes": info.memory_bytes,
-                       "ib_domain": info.ib_domain, "vc": info.vc, "ready": info.ready and not info.unschedulable}
+                       "ib_domain": info.ib_domain, "vc": info.vc,
+                       "ready": info.ready and (not info.unschedulable or info.cordoned_by_dlts)}
             for key, value in changes.items():
                 if getattr(node, key) != value:
                     setattr(node, key, value)
+            cordon = repair_cordon(node, info)
+            if cordon is not None and hasattr(self.backend, "cordon"):
+                self.backend.cordon(node.name, node.state_reason or node.state.value) if cordon else self.backend.uncordon(node.name)
         for name, node in known.items():
             if name not in seen and node.backend == self.backend.name and node.ready:
                 node.ready = False
@@ -176,11 +183,12 @@ class JobManager:
             live.add(key)
             seen = observed.get(key)
             if seen is None:
-                if job.status is S.SCHEDULING and attempt is not None and self._start_timed_out(attempt):
+                if job.status is S.SCHEDULING and attempt is not None and self._start_timed_out(attempt) \
+                        and attempt.stop_requested not in REPAIR_STOPS:
                     self._ended(session, job, attempt, None, timed_out=True)  # its launches never got through
-                elif job.status is S.SCHEDULING and attempt is not None:
+                elif job.status is S.SCHEDULING and attempt is not None and attempt.stop_requested not in REPAIR_STOPS:
                     self._launch(session, job, attempt)  # the launch was lost (crash after the decision)
-                elif job.status in (S.KILLING, S.PAUSING):
+                elif job.status in (S.KILLING, S.PAUSING) or (attempt is not None and attempt.stop_requested in REPAIR_STOPS):
                     self._ended(session, job, attempt, None)
                 elif job.status is S.RUNNING:
                     self._ended(session, job, attempt, Observed(job.id, job.attempt, RunPhase.GONE, message="the backend lost the job"))
@@ -294,6 +302,9 @@ class JobManager:
         elif requested == "preempted":
             target, reason = S.QUEUED, "preempted"  # queue_time kept: back to the head of the queue
             values |= {"reason": "preempted", "reason_detail": "preempted to make room for a non-preemptible job"}
+        elif requested in REPAIR_STOPS:  # the repair manager drained it: back to the head, no retry spent
+            target, reason = S.QUEUED, requested
+            values |= {"reason": requested, "reason_detail": "stopped for a node repair; requeued at the head of its queue"}
         elif timed_out:
             limit = self.settings.start_timeout_s
             cause = f"{seen.reason}: {seen.message}" if seen is not None and seen.reason else \
@@ -363,6 +374,12 @@ class JobManager:
         for job in session.scalars(sa.select(Job).where(Job.status.in_([S.KILLING, S.PAUSING]))):
             if (job.id, job.attempt) in observed:
                 self.backend.terminate(job.id, job.attempt, self.settings.preempt_grace_s)
+        # jobs the repair manager drains (managers/repair.py writes stop_requested; only we touch the cluster)
+        for job_id, number in session.execute(sa.select(JobAttempt.job_id, JobAttempt.number).join(
+                Job, sa.and_(Job.id == JobAttempt.job_id, Job.attempt == JobAttempt.number)).where(
+                Job.status.in_([S.SCHEDULING, S.RUNNING]), JobAttempt.stop_requested.in_(REPAIR_STOPS))):
+            if (job_id, number) in observed:
+                self.backend.terminate(job_id, number, self.settings.preempt_grace_s)
 
     # -- endpoints --------------------------------------------------------------------------------
     def _reconcile_endpoints(self, session: Session) -> None:

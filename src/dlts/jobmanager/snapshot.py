@@ -75,7 +75,8 @@ def load_snapshot(session: Session, settings: Settings) -> core.Snapshot:
             allow_cpu_jobs_on_gpu_nodes=vc.allow_cpu_jobs_on_gpu_nodes,
         )
     nodes = tuple(
-        core.Node(n.name, n.sku, n.gpus, n.cpu, n.memory_bytes, n.ib_domain, n.vc, n.schedulable)
+        core.Node(n.name, n.sku, n.gpus, n.cpu, n.memory_bytes, n.ib_domain, n.vc, n.schedulable,
+                  tuple(i for i in (n.unhealthy_gpus or []) if isinstance(i, int) and 0 <= i < n.gpus))
         for n in session.scalars(sa.select(Node).order_by(Node.name))
     )
     rows = session.execute(

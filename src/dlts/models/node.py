@@ -1,22 +1,21 @@
-"""Nodes, their health findings from the agent, and repair orders for the agent."""
+"""Nodes, their health findings from the agent, repair orders for the agent, and node events.
+
+``Node.state`` is the repair state machine's (dlts.repair.machine: one transition table; every
+change is a compare-and-set with a ``node_events`` row, see repositories/repair.py). A cordon by a
+cluster admin is separate (``cordoned_by``): repair never lifts it.
+"""
 
 from __future__ import annotations
 
 import datetime as dt
-import enum
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Mapped, mapped_column
 
 from dlts.models.base import Base, BigId, Timestamp, str_enum, utcnow
+from dlts.repair.machine import NodeState, schedulable
 
-
-class NodeState(str, enum.Enum):
-    IN_SERVICE = "in_service"
-    CORDONED = "cordoned"
-    UNHEALTHY = "unhealthy"
-    IN_REPAIR = "in_repair"
-    LOST = "lost"
+__all__ = ["Node", "NodeEvent", "NodeFinding", "NodeOrder", "NodeState"]
 
 
 class Node(Base):
@@ -33,7 +32,17 @@ class Node(Base):
     state: Mapped[NodeState] = mapped_column(str_enum(NodeState, 32), default=NodeState.IN_SERVICE)
     ready: Mapped[bool] = mapped_column(sa.Boolean, default=True)
     health: Mapped[str] = mapped_column(sa.String(16), default="unknown")  # ok | warning | critical | unknown
-    repair_state: Mapped[str | None] = mapped_column(sa.String(32))
+    # why the node is in its state (the last transition's message) and since when
+    state_reason: Mapped[str | None] = mapped_column(sa.String(512))
+    state_changed_at: Mapped[dt.datetime | None] = mapped_column(Timestamp)
+    # "gpu" while a repair keeps the node serving with its healthy GPUs, "node" when it is all out
+    repair_scope: Mapped[str | None] = mapped_column(sa.String(8))
+    # GPU indices the scheduler never assigns (a GPU-scope repair, or one held for a human)
+    unhealthy_gpus: Mapped[list] = mapped_column(sa.JSON, default=list)
+    # a cluster admin's pause of repairs on this node: no new action, those in flight finish
+    repair_paused: Mapped[bool] = mapped_column(sa.Boolean, default=False)
+    # a cluster admin's cordon (their name): no new work; repair never lifts it
+    cordoned_by: Mapped[str | None] = mapped_column(sa.String(64))
     backend: Mapped[str] = mapped_column(sa.String(32), default="local")
     agent_token_hash: Mapped[str | None] = mapped_column(sa.String(64), unique=True)
     last_heartbeat_at: Mapped[dt.datetime | None] = mapped_column(Timestamp)
@@ -44,7 +53,27 @@ class Node(Base):
 
     @property
     def schedulable(self) -> bool:
-        return self.ready and self.state is NodeState.IN_SERVICE
+        """New work may go here: ready, not cordoned by a human, in service (or serving with its
+        healthy GPUs during a GPU-scope repair; ``unhealthy_gpus`` are excluded)."""
+        return self.ready and self.cordoned_by is None and schedulable(self.state, self.repair_scope)
+
+
+class NodeEvent(Base):
+    """Append-only history of a node: state transitions, repair steps, pauses, dry-run decisions."""
+
+    __tablename__ = "node_events"
+    __table_args__ = (sa.Index("ix_node_events_node_id_id", "node_id", "id"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    node_id: Mapped[int] = mapped_column(sa.ForeignKey("nodes.id", ondelete="CASCADE"))
+    at: Mapped[dt.datetime] = mapped_column(Timestamp, default=utcnow)
+    kind: Mapped[str] = mapped_column(sa.String(16))  # transition | step | pause | dry_run | cordon
+    from_state: Mapped[str | None] = mapped_column(sa.String(32))
+    to_state: Mapped[str | None] = mapped_column(sa.String(32))
+    reason: Mapped[str | None] = mapped_column(sa.String(64))
+    message: Mapped[str | None] = mapped_column(sa.String(1024))
+    actor: Mapped[str | None] = mapped_column(sa.String(64))  # "repair" or the cluster admin's name
+    cycle_id: Mapped[int | None] = mapped_column(sa.BigInteger().with_variant(sa.Integer(), "sqlite"))
 
 
 class NodeFinding(Base):
@@ -73,11 +102,11 @@ class NodeOrder(Base):
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True)
     node_id: Mapped[int] = mapped_column(sa.ForeignKey("nodes.id", ondelete="CASCADE"))
-    action: Mapped[str] = mapped_column(sa.String(32))  # gpu_reset | restart_service | reboot | drop_caches
+    action: Mapped[str] = mapped_column(sa.String(32))  # reset_gpu | restart_service | reboot | drop_caches
     target: Mapped[str | None] = mapped_column(sa.String(128))
     dry_run: Mapped[bool] = mapped_column(sa.Boolean, default=False)
-    status: Mapped[str] = mapped_column(sa.String(16), default="pending")  # pending|sent|done|failed
+    status: Mapped[str] = mapped_column(sa.String(16), default="pending")  # pending|sent|done|failed|cancelled
     result: Mapped[dict] = mapped_column(sa.JSON, default=dict)
-    created_by: Mapped[str | None] = mapped_column(sa.String(64))
+    created_by: Mapped[str | None] = mapped_column(sa.String(64))  # a cluster admin, or "repair"
     created_at: Mapped[dt.datetime] = mapped_column(Timestamp, default=utcnow)
     completed_at: Mapped[dt.datetime | None] = mapped_column(Timestamp)

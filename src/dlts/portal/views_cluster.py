@@ -53,7 +53,7 @@ def node_action(name: str, action: str):
         abort(404)
     try:
         node = actions[action](db.session, principal(), name)
-        flash(f"Node {node.name} is now {node.state}.", "ok")
+        flash(f"Node {node.name} is now {'cordoned' if node.cordoned_by else 'uncordoned'}.", "ok")
     except DltsError as exc:
         flash_error(exc)
     return redirect(url_for("portal.cluster"))

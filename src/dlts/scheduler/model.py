@@ -71,6 +71,8 @@ class Node:
     ib_domain: str = "default"
     vc: str | None = None  # hard assignment: only this VC may use the node
     schedulable: bool = True  # False when cordoned, unhealthy, in repair or lost
+    # GPU indices never assigned (a GPU-scope repair: the node serves with its other GPUs)
+    unhealthy_gpus: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -83,6 +83,8 @@ class NodeState:
     reclaim_gpus: int = 0
     victim_order: list[Holding] | None = None  # holdings sorted for reclaim, built on first use
     name: str = ""  # the node's name, copied for the hot loops
+    # the GPUs that may ever be free here: all but ``Node.unhealthy_gpus`` (-1: all)
+    usable_mask: int = -1
 
     def __post_init__(self) -> None:
         self.name = self.node.name
@@ -213,7 +215,8 @@ class PassState:
     def _build_nodes(self) -> None:
         for node in self.snapshot.nodes:
             full = (1 << node.gpus) - 1
-            ns = NodeState(node, full, full, node.gpus, float(node.cpu), int(node.memory_bytes))
+            free = full & ~mask_of(node.unhealthy_gpus)  # a faulty GPU is never free, so never placed
+            ns = NodeState(node, full, free, bin(free).count("1"), float(node.cpu), int(node.memory_bytes), usable_mask=free)
             self.nodes[node.name] = ns
 
     def _apply_running(self) -> None:
@@ -373,7 +376,7 @@ class PassState:
         self._move(ns, ns.free_mask & ~mask, ns.free_cpu - cpu, ns.free_memory_bytes - memory_bytes)
 
     def give(self, ns: NodeState, mask: int, cpu: float, memory_bytes: int) -> None:
-        self._move(ns, ns.free_mask | mask, ns.free_cpu + cpu, ns.free_memory_bytes + memory_bytes)
+        self._move(ns, ns.free_mask | (mask & ns.usable_mask), ns.free_cpu + cpu, ns.free_memory_bytes + memory_bytes)
 
     def _move(self, ns: NodeState, new_mask: int, new_cpu: float, new_mem: int) -> None:
         pool = ns.pool

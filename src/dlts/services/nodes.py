@@ -5,8 +5,11 @@ The report's response carries the node's repair orders and the endpoint firewall
 enforces (services/allowlist.py).
 
 Cordon and repair are real: the job manager's snapshot only places work on ``schedulable`` nodes
-(ready and ``in_service``), and repair orders are ``node_orders`` rows that the agent receives in the
-response to its next report and answers with ``order_results`` in a later one.
+(ready, not cordoned by a cluster admin, ``in_service`` or serving its healthy GPUs during a
+GPU-scope repair), and repair orders are ``node_orders`` rows that the agent receives in the response
+to its next report and answers with ``order_results`` in a later one. The node's state belongs to
+the repair loop (services/repair.py, managers/repair.py): an order's result never changes it; the
+repair manager validates the node before it returns.
 
 Node tokens are per node, stored as SHA-256 in ``nodes.agent_token_hash``; a token may report for
 its own node only (another node's token, or a wrong one: 403).
@@ -17,7 +20,7 @@ from __future__ import annotations
 import hmac
 import secrets
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import sqlalchemy as sa
@@ -25,7 +28,8 @@ from sqlalchemy.orm import Session
 
 from dlts.config import Settings
 from dlts.errors import Forbidden, InvalidInput, NotFound, Unauthenticated, WrongState
-from dlts.models import Node, NodeFinding, NodeOrder, NodeState, iso, utcnow
+from dlts.models import Node, NodeEvent, NodeFinding, NodeOrder, RepairCycle, iso, utcnow
+from dlts.repositories import repair as repair_repo
 from dlts.repositories import usage as usage_repo
 from dlts.services import allowlist, policy
 from dlts.services.auth import Principal, hash_token
@@ -35,6 +39,7 @@ REPAIR_ACTIONS = ("reset_gpu", "restart_service", "reboot", "drop_caches")
 NEEDS_TARGET = {"reset_gpu": "the GPU index or UUID", "restart_service": "the service name"}
 # agent result status -> order status
 RESULT_STATUS = {"succeeded": "done", "dry_run": "done", "failed": "failed", "rejected": "failed", "in_progress": "sent"}
+OPEN_ORDER = ("pending", "sent")
 SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
 HISTORY_ROWS = 50
 
@@ -56,7 +61,12 @@ class NodeView:
     ready: bool
     schedulable: bool
     health: str
-    repair_state: str | None
+    state_reason: str | None
+    cordoned_by: str | None
+    unhealthy_gpus: list[int]
+    repair_paused: bool
+    # the open repair cycle: {"id", "state", "scope", "gpus", "problem", "step", "started_at"} or None
+    repair: dict[str, Any] | None
     last_heartbeat_at: str | None
     # cluster admins only (None for everybody else)
     details: dict[str, Any] | None = None
@@ -89,16 +99,27 @@ class Report:
     metrics: Mapping[str, Any]
     collectors: Mapping[str, Any]
     order_results: list[OrderResultIn]
+    fake: bool = False  # the agent read a fake NVML (dlts demo --fake-nvml)
 
 
-def _view(node: Node, use: usage_repo.NodeUse | None, details: dict | None) -> NodeView:
+def cycle_brief(cycle: RepairCycle | None) -> dict[str, Any] | None:
+    if cycle is None:
+        return None
+    steps = cycle.steps or []
+    step = steps[cycle.step_index]["remediation"] if cycle.step_index < len(steps) else None
+    return {"id": cycle.id, "state": cycle.state, "kind": cycle.kind, "scope": cycle.scope, "gpus": list(cycle.gpus or []),
+            "problem": cycle.problem, "step": step, "started_at": iso(cycle.started_at)}
+
+
+def _view(node: Node, use: usage_repo.NodeUse | None, details: dict | None, cycle: RepairCycle | None = None) -> NodeView:
     gpus_used = len(use.gpu_indices) if use else 0
     return NodeView(
         name=node.name, sku=node.sku, gpus=node.gpus, gpus_used=gpus_used, gpus_free=max(0, node.gpus - gpus_used),
         cpu=node.cpu, cpu_used=round(use.cpu, 3) if use else 0.0, memory_bytes=node.memory_bytes,
         memory_used_bytes=use.memory_bytes if use else 0, ib_domain=node.ib_domain, vc=node.vc, state=node.state.value,
-        ready=node.ready, schedulable=node.schedulable, health=node.health, repair_state=node.repair_state,
-        last_heartbeat_at=iso(node.last_heartbeat_at), details=details,
+        ready=node.ready, schedulable=node.schedulable, health=node.health, state_reason=node.state_reason,
+        cordoned_by=node.cordoned_by, unhealthy_gpus=list(node.unhealthy_gpus or []), repair_paused=node.repair_paused,
+        repair=cycle_brief(cycle), last_heartbeat_at=iso(node.last_heartbeat_at), details=details,
     )
 
 
@@ -116,6 +137,10 @@ def _details(session: Session, node: Node, use: usage_repo.NodeUse | None) -> di
                       "cleared_at": iso(f.cleared_at)} for f in findings],
         "orders": [_order_json(o) | {"status": o.status, "result": o.result, "created_by": o.created_by,
                                      "created_at": iso(o.created_at), "completed_at": iso(o.completed_at)} for o in orders],
+        "events": [{"at": iso(e.at), "kind": e.kind, "from_state": e.from_state, "to_state": e.to_state, "reason": e.reason,
+                    "message": e.message, "actor": e.actor, "cycle_id": e.cycle_id}
+                   for e in session.scalars(sa.select(NodeEvent).where(NodeEvent.node_id == node.id)
+                                            .order_by(NodeEvent.id.desc()).limit(HISTORY_ROWS))],
     }
 
 
@@ -134,8 +159,15 @@ def list_nodes(session: Session, principal: Principal, *, after_name: str | None
         query = query.limit(limit)
     use = usage_repo.node_use(session)
     detailed = policy.can_see_node_details(principal)
-    return [_view(n, use.get(n.name), _details(session, n, use.get(n.name)) if detailed else None)
-            for n in session.scalars(query)]
+    nodes = list(session.scalars(query))
+    cycles = {c.node_id: c for c in session.scalars(sa.select(RepairCycle).where(
+        RepairCycle.open_node_id.in_([n.id for n in nodes])))} if nodes else {}
+    return [_view(n, use.get(n.name), _details(session, n, use.get(n.name)) if detailed else None, cycles.get(n.id))
+            for n in nodes]
+
+
+def node_by_name(session: Session, name: str) -> Node:
+    return _node(session, name)
 
 
 def _node(session: Session, name: str) -> Node:
@@ -148,37 +180,41 @@ def _node(session: Session, name: str) -> Node:
 def get_node(session: Session, principal: Principal, name: str) -> NodeView:
     node = _node(session, name)
     use = usage_repo.node_use(session).get(node.name)
-    return _view(node, use, _details(session, node, use) if policy.can_see_node_details(principal) else None)
+    return _view(node, use, _details(session, node, use) if policy.can_see_node_details(principal) else None,
+                 repair_repo.open_cycle(session, node.id))
 
 
 def cordon(session: Session, principal: Principal, name: str) -> NodeView:
-    """No new work on the node; running jobs stay. Idempotent."""
+    """No new work on the node; running jobs stay. Idempotent. Independent of repairs: the repair
+    loop never lifts a cordon a person set."""
     policy.require_cluster_admin(principal, "cordon a node")
     node = _node(session, name)
-    if node.state is NodeState.IN_SERVICE:
-        node.state = NodeState.CORDONED
+    if node.cordoned_by is None:
+        node.cordoned_by = principal.name
+        repair_repo.add_event(session, node.id, "cordon", actor=principal.name, reason="cordoned",
+                              message=f"cordoned by {principal.name}")
         session.commit()
     return get_node(session, principal, name)
 
 
 def uncordon(session: Session, principal: Principal, name: str) -> NodeView:
+    """Lift a cluster admin's cordon. A node in repair stays in repair (``dlts node return`` for a
+    node that needs a human)."""
     policy.require_cluster_admin(principal, "uncordon a node")
     node = _node(session, name)
-    if node.state is NodeState.LOST:
-        raise WrongState(f"Node {name} is lost (no heartbeat); it returns to service when its agent reports again.",
-                         code="node_lost")
-    if node.state is not NodeState.IN_SERVICE:
-        node.state = NodeState.IN_SERVICE
-        if node.repair_state in ("ordered", "sent"):
-            node.repair_state = "cancelled"
+    if node.cordoned_by is not None:
+        repair_repo.add_event(session, node.id, "cordon", actor=principal.name, reason="uncordoned",
+                              message=f"uncordoned by {principal.name} (cordoned by {node.cordoned_by})")
+        node.cordoned_by = None
         session.commit()
     return get_node(session, principal, name)
 
 
 def repair(session: Session, principal: Principal, name: str, action: str, target: str | None = None,
            dry_run: bool = False, reason: str = "") -> dict[str, Any]:
-    """Order a repair action; the agent receives it with its next report. A real order takes the node
-    out of service (``in_repair``) until the agent reports success."""
+    """Order one action by hand; the agent receives it with its next report. It changes no state:
+    to take a node through a whole repair (drain, remediate, validate), start a repair cycle
+    (services/repair.py)."""
     policy.require_cluster_admin(principal, "order a node repair")
     if action not in REPAIR_ACTIONS:
         raise InvalidInput(f"action must be one of {', '.join(REPAIR_ACTIONS)}.", details={"field": "action"})
@@ -186,16 +222,13 @@ def repair(session: Session, principal: Principal, name: str, action: str, targe
         raise InvalidInput(f"{action} needs target: {NEEDS_TARGET[action]}.", details={"field": "target"})
     node = _node(session, name)
     busy = session.scalar(sa.select(sa.func.count(NodeOrder.id)).where(
-        NodeOrder.node_id == node.id, NodeOrder.status.in_(["pending", "sent"]), NodeOrder.dry_run.is_(False)))
+        NodeOrder.node_id == node.id, NodeOrder.status.in_(OPEN_ORDER), NodeOrder.dry_run.is_(False)))
     if busy and not dry_run:
         raise WrongState(f"Node {name} already has {busy} repair order(s) in flight; wait for the agent's result.",
                          code="repair_in_progress")
     order = NodeOrder(node_id=node.id, action=action, target=target or None, dry_run=dry_run, status="pending",
                       result={"reason": reason[:500]} if reason else {}, created_by=principal.name)
     session.add(order)
-    if not dry_run:
-        node.state = NodeState.IN_REPAIR
-        node.repair_state = "ordered"
     session.commit()
     return _order_json(order) | {"status": order.status, "node": node.name}
 
@@ -245,17 +278,20 @@ def _health(findings: list[FindingIn]) -> str:
     return {0: "ok", 1: "warning", 2: "critical"}[worst]
 
 
-def record_report(session: Session, node: Node, report: Report) -> list[dict[str, Any]]:
-    """Store heartbeat, health, findings history and order results; return the orders to carry out."""
+def record_report(session: Session, node: Node, report: Report, accept_fake: bool = False) -> list[dict[str, Any]]:
+    """Store heartbeat, health, findings history and order results; return the orders to carry out.
+    Findings read from a fake NVML are dropped unless the API runs as the demo (``accept_fake``),
+    so a test agent pointed at a real cluster can never take a node out of service."""
     if report.node != node.name:
         raise InvalidInput(f"The report names node {report.node[:253]!r} but was posted for {node.name}.", details={"field": "node"})
+    if report.fake and not accept_fake:
+        report = replace(report, findings=[])
     now = utcnow()
     node.last_heartbeat_at = now
     node.health = _health(report.findings)
     node.metrics = {"agent_version": report.agent_version, "boot_id": report.boot_id, "heartbeat_at": report.heartbeat_at,
-                    "collectors": dict(report.collectors), **dict(report.metrics)}
-    if node.state is NodeState.LOST:
-        node.state = NodeState.IN_SERVICE
+                    "collectors": dict(report.collectors), **dict(report.metrics), **({"fake": True} if report.fake else {})}
+    # a lost node returns through validation: the repair manager sees this heartbeat
     open_rows = {(f.code, f.device or ""): f for f in session.scalars(
         sa.select(NodeFinding).where(NodeFinding.node_id == node.id, NodeFinding.cleared_at.is_(None)))}
     seen = set()
@@ -276,28 +312,22 @@ def record_report(session: Session, node: Node, report: Report) -> list[dict[str
     for result in report.order_results:
         # ids are ours (decimal row ids); anything else is not an order of this API
         order = session.get(NodeOrder, int(result.id)) if result.id.isdigit() and len(result.id) <= 18 else None
-        if order is None or order.node_id != node.id or order.status in ("done", "failed"):
+        if order is None or order.node_id != node.id or order.status not in OPEN_ORDER:
             continue  # unknown, another node's, or already recorded (results are re-sent until a 2xx)
         order.status = RESULT_STATUS.get(result.status, "failed")
         order.result = {**(order.result or {}), "agent": dict(result.raw)}
         if order.status in ("done", "failed"):
             order.completed_at = now
-            if not order.dry_run:
-                node.repair_state = "done" if order.status == "done" else "failed"
-                if order.status == "done" and node.state is NodeState.IN_REPAIR:
-                    node.state = NodeState.IN_SERVICE
-    orders = list(session.scalars(sa.select(NodeOrder).where(NodeOrder.node_id == node.id, NodeOrder.status.in_(["pending", "sent"]),
+    orders = list(session.scalars(sa.select(NodeOrder).where(NodeOrder.node_id == node.id, NodeOrder.status.in_(OPEN_ORDER),
                                                              NodeOrder.completed_at.is_(None)).order_by(NodeOrder.id).limit(20)))
     for order in orders:
         if order.status == "pending":
             order.status = "sent"
-            if not order.dry_run:
-                node.repair_state = "sent"
     session.commit()
     return [_order_json(o) for o in orders]
 
 
-def answer_report(session: Session, settings: Settings, node: Node, report: Report) -> dict[str, Any]:
+def answer_report(session: Session, settings: Settings, node: Node, report: Report, accept_fake: bool = False) -> dict[str, Any]:
     """Record the report; answer with the orders to carry out and the endpoint firewall to enforce."""
-    orders = record_report(session, node, report)
+    orders = record_report(session, node, report, accept_fake)
     return {"orders": orders, "firewall": allowlist.desired_state(session, settings)}

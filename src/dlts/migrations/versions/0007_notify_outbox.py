@@ -1,14 +1,14 @@
 """notify_outbox: the notifier's persistent outbox (queued, sent, failed and duplicate notices)
 
 Revision ID: 0007
-Revises: 0005 (on the notify branch; re-chained after 0006 when the branches merge)
+Revises: 0006
 """
 from alembic import op
 import sqlalchemy as sa
 from sqlalchemy.dialects import mysql
 
 revision = '0007'
-down_revision = '0005'
+down_revision = '0006'
 branch_labels = None
 depends_on = None
 

@@ -19,8 +19,9 @@ from dlts.scheduler.state import Holding, NodeState, PassState, Pool, Request, b
 Free = list  # [gpu mask, cores, bytes]
 
 
-def _share(h: Holding, node: str) -> tuple[int, float, int]:
-    """What holding ``h`` holds on ``node`` (computed once per holding and pass)."""
+def _share(h: Holding, ns: NodeState) -> tuple[int, float, int]:
+    """What holding ``h`` holds on node ``ns`` and would free there (computed once per holding and
+    pass): a faulty GPU a job holds does not come free when the job stops."""
     shares = h.shares
     if shares is None:
         shares = {}
@@ -28,7 +29,8 @@ def _share(h: Holding, node: str) -> tuple[int, float, int]:
             m, c, b = shares.get(p.node, (0, 0.0, 0))
             shares[p.node] = (m | mask_of(p.gpu_indices), c + p.cpu, b + p.memory_bytes)
         h.shares = shares
-    return shares.get(node, (0, 0.0, 0))
+    m, c, b = shares.get(ns.name, (0, 0.0, 0))
+    return m & ns.usable_mask, c, b
 
 
 def _ordered(ns: NodeState) -> list[Holding]:
@@ -149,7 +151,7 @@ class Reclaim:
                     if other is None:
                         continue
                     f = self._free(overlay, other)
-                    m, c, b = _share(h, p.node)
+                    m, c, b = _share(h, other)
                     overlay[p.node] = [f[0] | m, f[1] + c, f[2] + b]
             f = self._free(overlay, ns)
             start = best_run(f[0], ns.node.gpus, req.gpus) if req.gpus else 0
@@ -168,7 +170,7 @@ class Reclaim:
         for h in _ordered(ns):
             if h.claimed or (taken and id(h) in taken):
                 continue
-            m, c, b = _share(h, name)
+            m, c, b = _share(h, ns)
             mask, cpu, mem = mask | m, cpu + c, mem + b
             picked.append(h)
             if cpu >= need_cpu and mem >= need_mem and (g == 0 or best_run(mask, n_gpus, g) >= 0):
@@ -182,7 +184,7 @@ class Reclaim:
                 rest = [x for x in picked if x is not h]
                 rm, rc, rb = free
                 for x in rest:
-                    xm, xc, xb = _share(x, name)
+                    xm, xc, xb = _share(x, ns)
                     rm, rc, rb = rm | xm, rc + xc, rb + xb
                 if rc >= need_cpu and rb >= need_mem and (g == 0 or best_run(rm, n_gpus, g) >= 0):
                     picked = rest
@@ -202,7 +204,7 @@ class Reclaim:
                 mask, cpu, mem = ns.free_mask, ns.free_cpu, ns.free_memory_bytes
                 hs = [h for h in ns.holdings if not h.claimed]
                 for h in hs:
-                    m, c, b = _share(h, ns.name)
+                    m, c, b = _share(h, ns)
                     mask, cpu, mem = mask | m, cpu + c, mem + b
                 if mask != ns.full_mask or cpu + 1e-9 < req.cpu or mem < req.memory_bytes:
                     continue  # something non-preemptible stays on this node

@@ -1,0 +1,109 @@
+"""`dlts demo --fake-nvml dbe-gpu3` as a real process: the demo's own node agent reads the fake
+scenario, the repair loop quarantines GPU 3, drains its job, the agent resets the GPU, validation
+passes and the GPU serves again. Fake reports are acted on only by the demo's API; the agent and
+the demo refuse the fake NVML where NVIDIA devices exist."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import requests
+
+DLTS = [sys.executable, "-m", "dlts.cli"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_the_demo_shows_a_whole_repair_cycle(tmp_path):
+    home, port = tmp_path / "demo", free_port()
+    home.mkdir()
+    (home / "dlts.yaml").write_text("repair:\n  interval_s: 0.5\n  quiet_period_s: 2\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DLTS_")} | {
+        "DLTS_HOME": str(home), "DLTS_PREEMPT_GRACE_S": "1", "DLTS_TICK_S": "0.3"}
+    proc = subprocess.Popen(DLTS + ["demo", "--port", str(port), "--demo-gpus", "4", "--fake-nvml", "dbe-gpu3"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}/api/v1"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if requests.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
+                    break
+            except requests.ConnectionError:
+                pass
+            assert proc.poll() is None, proc.stdout.read()
+            assert time.monotonic() < deadline, "demo did not come up"
+            time.sleep(0.2)
+        admin = {"Authorization": "Bearer " + (home / "demo-token").read_text().strip()}
+        alice = {"Authorization": "Bearer " + (home / "alice-token").read_text().strip()}
+        node_name = requests.get(f"{url}/nodes", headers=admin, timeout=5).json()["items"][0]["name"]
+        jobs = [requests.post(f"{url}/jobs", json={"vc": "default", "image": "debian:12", "command": "sleep 600", "gpus": 1},
+                              headers=alice, timeout=10).json()["id"] for _ in range(4)]
+
+        def cycles():
+            return requests.get(f"{url}/nodes/{node_name}/repairs", headers=admin, timeout=5).json()["items"]
+
+        deadline = time.monotonic() + 120
+        while not (cycles() and cycles()[0]["outcome"] == "returned"):
+            assert proc.poll() is None, proc.stdout.read()
+            assert time.monotonic() < deadline, (cycles(), requests.get(f"{url}/nodes/{node_name}", headers=admin, timeout=5).json())
+            time.sleep(0.5)
+        cycle = cycles()[0]
+        assert (cycle["gpus"], [(s["remediation"], s["result"]) for s in cycle["steps"]]) == ([3], [("reset_gpu", "succeeded")])
+        stopped = [j for j in jobs if any(e["kind"] == "repair" for e in
+                                          requests.get(f"{url}/jobs/{j}/events", headers=alice, timeout=5).json()["items"])]
+        assert len(stopped) == 1  # only the job on GPU 3
+        node = requests.get(f"{url}/nodes/{node_name}", headers=admin, timeout=5).json()
+        assert node["state"] == "in_service" and node["unhealthy_gpus"] == [] and node["details"]["metrics"]["fake"] is True
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+    assert "fake NVML scenario 'dbe-gpu3'" in out
+
+
+def test_fake_reports_are_ignored_outside_the_demo(client, world, sessions):
+    from dlts.services import nodes as node_service
+
+    with sessions() as s:
+        token = node_service.issue_node_token(s, "testnode")
+    body = {"schema_version": 1, "node": "testnode", "fake": True, "findings": [
+        {"code": "gpu_ecc_uncorrected", "severity": "critical", "device": "gpu3"}]}
+    assert client.post("/api/v1/nodes/testnode/report", json=body, headers={"Authorization": f"Bearer {token}"}).status_code == 200
+    node = client.get("/api/v1/nodes/testnode", headers=world.auth("admin")).get_json()
+    assert node["details"]["findings"] == [] and node["health"] == "ok" and node["details"]["metrics"]["fake"] is True
+
+
+def test_the_agent_refuses_the_fake_nvml_where_nvidia_devices_exist(monkeypatch, capsys, tmp_path):
+    from dlts_agent import cli, fake_nvml
+
+    monkeypatch.setattr(fake_nvml, "real_gpu_devices", lambda dev="/dev": ["/dev/nvidia0"])
+    config = tmp_path / "agent.yaml"
+    config.write_text(f"node_name: n1\nstate_dir: {tmp_path}\nexporter: {{enabled: false}}\n")
+    assert cli.main(["--config", str(config), "--once", "--fake-nvml", "dbe-gpu3"]) == 2
+    assert "refused on a machine with NVIDIA devices (/dev/nvidia0)" in capsys.readouterr().err
+    assert fake_nvml.real_gpu_devices.__name__ == "<lambda>"
+    monkeypatch.undo()
+    assert fake_nvml.real_gpu_devices(str(tmp_path)) == []
+    (tmp_path / "nvidia0").touch()
+    assert fake_nvml.real_gpu_devices(str(tmp_path)) == [str(tmp_path / "nvidia0")]
+
+
+@pytest.mark.parametrize("name", ["dbe-gpu3"])
+def test_the_fake_driver_resets_the_fake_gpu_and_refuses_a_reboot(name):
+    from dlts_agent.fake_nvml import FakeDriver, scenario
+
+    lib = scenario(name)
+    driver = FakeDriver(lib)
+    assert driver(["nvidia-smi", "--gpu-reset", "-i", lib.gpus[3].uuid], 10)[0] == 0
+    assert lib.resets == [3] and lib.gpus[3].remapped_rows[2] == 0 and lib.gpus[3].ecc[(1, 0)] == 0
+    assert driver(["systemctl", "reboot"], 10)[0] != 0
