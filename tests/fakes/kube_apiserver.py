@@ -42,21 +42,37 @@ HTTP through an ordinary kubeconfig. What it owns:
 
 Script convention (what the fake kubelet runs)
 -----------------------------------------------
-The kubelet reads the *first* container's shell command: the value of its env variable
-``DLTS_COMMAND`` when present (DLTS passes the user's command that way), else the last element of
-``command + args``. It is split into statements on ``;``, ``&&``, ``||`` and newlines and
-interpreted as:
+Containers run no processes: a small POSIX-shell interpreter (``parse_script``) works out how a
+program ends on the fake clock. The job container's program is its env variable ``DLTS_COMMAND``
+when present (DLTS passes the user's command that way), else the last element of
+``command + args``; init containers run their ``command + args`` as a kubelet would (a shell's
+``-c`` script is interpreted, ``busybox APPLET ...`` and ``/path/busybox APPLET`` dispatch to the
+applet, a name without ``/`` is looked up on ``$PATH``). The shell knows:
 
-* ``sleep N`` (seconds, may be fractional): the container keeps running N more seconds of the fake
-  clock; ``sleep infinity`` runs until the pod is deleted;
-* ``exit N``: the container exits with code N (statements after it are not run);
-* ``echo WORDS`` prints a line (at that point of the run: after the sleeps before it);
-* ``false`` sets the status to 1, ``true`` and anything else set it to 0 (the last statement's
-  status is the exit code, as with ``sh``); ``&&`` and ``||`` short-circuit.
+* quoting ('...', "...", backslashes), ``$VAR``, ``${VAR}``, ``${VAR:-default}`` (and ``-``, ``=``,
+  ``+``, ``?``), ``$?``, ``$#``, ``$1``..., ``$((...))``; values come from the container's ``env``
+  and the script's own assignments (``$(...)`` expands to nothing: no program runs for output);
+* ``;``, newlines, ``&&``, ``||``, ``|``, ``&`` (run in line), ``!``, ``{ ...; }``, ``( ... )``,
+  ``if/then/elif/else/fi``, ``for/in/do/done``, ``while``/``until`` (a loop past 1000 rounds runs
+  until the pod is deleted), functions; ``case`` is a syntax error of the fake;
+* builtins ``echo``, ``printf``, ``exit N``, ``true``/``:``, ``false``, ``set`` (``-e``, ``-u``,
+  ``--``), ``export``, ``unset``, ``umask``, ``test``/``[`` (files, strings, integers), ``cd``,
+  ``command -v``, ``exec``, ``shift``, ``eval``; others (``trap``, ``wait``, ``kill``) succeed;
+* ``sleep N`` (seconds, may be fractional): N more seconds of the fake clock; ``sleep infinity``
+  runs until the pod is deleted; ``echo``/``printf`` print a line at that point of the run;
+* redirections: ``>``/``>>`` write the file (so stdout is not printed), ``<`` needs the file,
+  ``2>``/``2>&1``/``>&2`` are accepted.
 
-Init containers' commands are also checked against the container's files: a command that is not
-there exits 127, ``cp`` / ``chmod`` of a missing file exit 1 with coreutils' words, and what ``cp``
-writes into an emptyDir is there for the containers after it.
+In init containers every file is checked against the container's view (``_ContainerFiles``: its
+mounts, subPath included, then the image's files): a command that is not there exits 127 with
+``sh: NAME: not found``; an applet busybox lacks, 127 ``NAME: applet not found``; ``cp``/``mv``
+sources, ``chmod`` targets, ``awk``/``cat`` inputs must exist (busybox's words); a write needs a
+mount that is not ``readOnly`` or a root filesystem that is not ``readOnlyRootFilesystem``. What
+an init writes into an emptyDir (and removes from it) is there for the containers after it; a
+subPath of an emptyDir nobody wrote is made a directory, which cannot be mounted on a file the
+image has (StartError, as from runc). The job container's own program is not checked against
+files: it stands for the user's program (``python train.py`` succeeds at once). The last
+command's status is the exit code (``set -e`` and ``exit`` end it earlier).
 
 So ``sleep 5; exit 3`` runs 5 s then fails with 3; ``python train.py`` succeeds at once.
 A pod annotation ``fake.dlts.io/start-delay-s`` delays Pending -> Running (image pull time).
@@ -68,8 +84,9 @@ compacted resourceVersion) over chunked HTTP until ``timeoutSeconds``.
 Limits (documented, not hidden): no admission beyond the validations named above (no
 PriorityClass lookup: a pod's ``preemptionPolicy`` is taken as given; no quota), no kubelet
 admission of pods bound with ``nodeName`` (they run even when they do not fit), init containers
-run once (``restartPolicy`` is taken as Never), the shell in init commands knows statements, not
-``if``/loops, and only core/v1 and networking.k8s.io/v1.
+run once (``restartPolicy`` is taken as Never), the shell runs no real program (file contents are
+not modelled: ``awk`` and ``cat`` only need their inputs to exist), and only core/v1 and
+networking.k8s.io/v1.
 """
 
 from __future__ import annotations
@@ -81,7 +98,6 @@ import fnmatch
 import json
 import random
 import re
-import shlex
 import socket
 import threading
 import time
@@ -1492,9 +1508,9 @@ class _Shell:
         return ""
 
     def _braced(self, inner: str) -> str:
-        m = re.match(r"^(#?)([A-Za-z_][A-Za-z0-9_]*|[0-9]+|[?$!#@*])(?:(:?[-=+?])(.*))?$", inner, re.S)
+        m = re.match(r"^(#?)([A-Za-z_][A-Za-z0-9_]*|[0-9]+|[?$!#@*])(?:(:?[-=+?])(.*))?$", inner, re.DOTALL)
         if not m:
-            self.say(f"sh: syntax error: bad substitution")
+            self.say("sh: syntax error: bad substitution")
             raise _Exit(2)
         length, name, op, arg = m.group(1), m.group(2), m.group(3), m.group(4) or ""
         value = self.vars.get(name) if not (name.isdigit() or name in "?$!#@*") else self._param(name, inner)
@@ -1523,7 +1539,7 @@ class _Shell:
         if not re.fullmatch(r"[0-9+\-*/%()<>=!&| ]*", expr):
             return "0"
         try:
-            return str(int(eval(expr.replace("/", "//").replace("&&", " and ").replace("||", " or "),  # noqa: S307
+            return str(int(eval(expr.replace("/", "//").replace("&&", " and ").replace("||", " or "),
                                 {"__builtins__": {}})))
         except Exception:  # noqa: BLE001 - an arithmetic error is the script's
             return "0"
@@ -1959,7 +1975,7 @@ class _Shell:
                         program = ""
                     k += 2
                     continue
-                if a.startswith("-F") or a.startswith("-v"):
+                if a.startswith(("-F", "-v")):
                     k += 1
                     continue
                 if program is None:

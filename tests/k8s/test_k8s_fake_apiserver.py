@@ -587,3 +587,136 @@ def test_since_time_reaches_the_kubelet_in_whole_seconds(api, v1, kubeconfig):
     assert [line.split(b" ", 1)[1] for line in since.splitlines()] == [b"two"]
     since = raw.pod_log("a", "default", container="job", since_time="2027-01-15T08:00:01.9Z", limit_bytes=1000)
     assert [line.split(b" ", 1)[1] for line in since.splitlines()] == [b"one", b"two"]  # 01.9 -> 01
+
+
+# -- the pods DLTS renders, run by the fake kubelet's shell ------------------------------------------
+
+
+def rendered_pod(image: str = "python:3.11", **settings) -> dict:
+    """The pod the renderer makes for a job (owner alice, uid 1000) on n1, as the API receives it."""
+    from conftest import make_spec
+
+    from dlts.backends.k8s_render import ManifestRenderer
+    from dlts.backends.k8s_settings import KubernetesSettings
+
+    renderer = ManifestRenderer(KubernetesSettings(namespace="default", **settings))
+    return json.loads(json.dumps(renderer.render(make_spec(1, image=image, command="echo hi; sleep 5")).pods[0]))
+
+
+def init_states(v1, name: str) -> list:
+    return [s.state for s in v1.read_namespaced_pod(name, "default").status.init_container_statuses]
+
+
+@pytest.mark.parametrize("image", ["python:3.11", "debian:12", "busybox:1.36.1", "gcr.io/distroless/base-debian12"])
+def test_a_rendered_pod_starts_on_any_known_image(api, v1, image):
+    v1.create_namespaced_pod("default", rendered_pod(image))
+    api.kubelet.tick()
+    current = v1.read_namespaced_pod("dlts-1-1-0", "default")
+    assert [s.state.terminated.exit_code for s in current.status.init_container_statuses] == [0, 0]
+    assert current.status.phase == "Running" and current.spec.node_name == "n1"
+    uid = current.metadata.uid
+    # dlts-init copied busybox; dlts-identity wrote passwd and group (the job container mounts them)
+    assert {"busybox", "passwd", "group"} <= api.kubelet._runs[uid].volumes["dlts-runtime"]
+    assert "passwd.new" not in api.kubelet._runs[uid].volumes["dlts-runtime"]  # moved into place
+    api.run_until_idle(6)
+    assert v1.read_namespaced_pod("dlts-1-1-0", "default").status.phase == "Succeeded"
+    assert v1.read_namespaced_pod_log("dlts-1-1-0", "default", container="job") == "hi\n"
+
+
+def test_an_init_image_without_busybox_fails_the_pod(api, v1):
+    v1.create_namespaced_pod("default", rendered_pod(init_image="python:3.11"))
+    api.kubelet.tick()
+    status = v1.read_namespaced_pod("dlts-1-1-0", "default").status
+    term = status.init_container_statuses[0].state.terminated
+    assert status.phase == "Failed" and (term.exit_code, term.reason) == (128, "StartError")
+    assert 'exec: "/bin/busybox": stat /bin/busybox: no such file or directory' in term.message
+
+
+def test_without_the_copied_busybox_the_identity_init_cannot_start(api, v1):
+    body = rendered_pod()
+    body["spec"]["initContainers"][0]["command"] = ["/bin/busybox", "true"]  # copies nothing
+    v1.create_namespaced_pod("default", body)
+    api.kubelet.tick()
+    status = v1.read_namespaced_pod("dlts-1-1-0", "default").status
+    term = status.init_container_statuses[1].state.terminated
+    assert status.phase == "Failed" and term.reason == "StartError"
+    assert "stat /dlts-runtime/busybox: no such file or directory" in term.message
+
+
+def test_the_identity_script_needs_its_environment(api, v1):
+    body = rendered_pod()
+    identity = body["spec"]["initContainers"][1]
+    identity["env"] = [e for e in identity["env"] if e["name"] != "DLTS_UID"]
+    v1.create_namespaced_pod("default", body)
+    api.kubelet.tick()
+    term = init_states(v1, "dlts-1-1-0")[1].terminated
+    assert (term.exit_code, term.reason) == (2, "Error")  # set -u
+    assert "DLTS_UID: parameter not set" in v1.read_namespaced_pod_log("dlts-1-1-0", "default", container="dlts-identity")
+
+
+def test_a_read_only_runtime_volume_cannot_take_the_identity_files(api, v1):
+    body = rendered_pod()
+    body["spec"]["initContainers"][1]["volumeMounts"][0]["readOnly"] = True
+    v1.create_namespaced_pod("default", body)
+    api.kubelet.tick()
+    assert init_states(v1, "dlts-1-1-0")[1].terminated.exit_code != 0
+    log = v1.read_namespaced_pod_log("dlts-1-1-0", "default", container="dlts-identity")
+    assert "can't create '/dlts-runtime/passwd.new': Read-only file system" in log
+
+
+def test_a_passwd_subpath_nobody_wrote_cannot_be_mounted_on_the_images_file(api, v1):
+    body = rendered_pod()
+    del body["spec"]["initContainers"][1]  # no dlts-identity: the subPath does not exist
+    v1.create_namespaced_pod("default", body)
+    api.kubelet.tick()
+    status = v1.read_namespaced_pod("dlts-1-1-0", "default").status
+    term = status.container_statuses[0].state.terminated
+    assert status.phase == "Failed" and term.reason == "StartError"
+    assert 'to rootfs at "/etc/passwd"' in term.message and "not a directory" in term.message
+
+
+def files(*paths: str, dirs: tuple[str, ...] = (), read_only: tuple[str, ...] = ()):
+    from tests.fakes.kube_apiserver import FileView
+
+    class View(FileView):
+        def exists(self, path: str) -> bool:
+            return path in paths or path in dirs
+
+        def is_dir(self, path: str) -> bool:
+            return path in dirs
+
+        def writable(self, path: str) -> bool:
+            return not any(path.startswith(d + "/") for d in read_only)
+
+    return View()
+
+
+@pytest.mark.parametrize("script,code,output", [
+    ("/bin/busybox nosuch x", 127, ["nosuch: applet not found"]),
+    ("/bin/busybox echo hi", 0, ["hi"]),
+    ("awk '{print}' /etc/passwd", 127, ["sh: awk: not found"]),  # not on PATH: only busybox has it
+    ("/bin/busybox awk -F: '$1 != n; {x = 1}' /etc/shadow", 2, ["awk: cannot open /etc/shadow (No such file or directory)"]),
+    ('if [ -x /bin/bash ]; then echo bash; elif [ -x /bin/sh ]; then echo sh; else echo none; fi', 0, ["sh"]),
+    ("x=${UNSET:-dflt}; y=${X}; echo \"$x\" $y '$x'", 0, ["dflt from-env $x"]),
+    ("for d in a b; do echo $d; done", 0, ["a", "b"]),
+    ("set -e; false; echo not reached", 1, []),
+    ("set -e; false || echo handled; ! false; echo on", 0, ["handled", "on"]),
+    ("set -u; echo $NOPE", 2, ["sh: NOPE: parameter not set"]),
+    ("umask 022; export A=1; : ; true && echo ok", 0, ["ok"]),
+    ("echo x >/rt/f; /bin/busybox mv /rt/f /rt/g; [ -e /rt/f ] || echo moved", 0, ["moved"]),
+    ("echo x >/ro/f", 1, ["sh: can't create '/ro/f': Read-only file system"]),
+    ("cat </nope", 1, ["sh: can't open '/nope': No such file or directory"]),
+    ("if true; then echo unterminated", 2, ["sh: syntax error: unexpected end of file (expecting 'fi')"]),
+])
+def test_the_shell_of_init_containers(script, code, output):
+    view = files("/bin/busybox", "/bin/sh", "/bin/cat", "/etc/passwd", dirs=("/rt", "/ro"), read_only=("/ro",))
+    parsed = parse_script(script, view, {"X": "from-env"})
+    assert (parsed.exit_code, [line for _, line in parsed.output]) == (code, output)
+
+
+def test_what_a_script_leaves_behind_is_created_minus_removed():
+    parsed = parse_script('rt=/rt; "$rt/../bin/busybox" true; printf "%s\\n" a >"$rt/p.new"; '
+                          "/bin/busybox mv $rt/p.new $rt/p; /bin/busybox cp /bin/busybox $rt/",
+                          files("/bin/busybox", "/rt/../bin/busybox", dirs=("/rt",)))
+    assert parsed.exit_code == 0
+    assert set(parsed.created) == {"/rt/p", "/rt/busybox"} and "/rt/p.new" in parsed.removed

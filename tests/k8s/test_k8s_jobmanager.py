@@ -167,9 +167,8 @@ def test_a_crash_before_the_create_is_finished_by_the_next_manager(h, monkeypatc
 
 
 def test_orphan_objects_are_removed(h):
-    from tests.k8s.conftest import make_spec
-
     from dlts.backends.base import EndpointSpec, RegistryCredential
+    from tests.k8s.conftest import make_spec
 
     key = "ssh-rsa AAAAB3Nz x"
     h.backend.launch(make_spec(999, command="sleep infinity", ssh_public_keys=(key,),
