@@ -83,6 +83,9 @@ class Settings(BaseModel):
     demo_sku: str = "demo-gpu"
     # the Kubernetes backend's settings: the ``kubernetes:`` section (docs/configuration.md#kubernetes)
     kubernetes: KubernetesSettings = Field(default_factory=KubernetesSettings)
+    # dlts managers serves Prometheus metrics (the repair loop's, docs/repair.md#metrics) on this
+    # HOST:PORT at /metrics; "" serves none
+    managers_metrics_listen: str = "127.0.0.1:9465"
     # the repair manager: rules file, budget, flap window, validation (docs/repair.md)
     repair: RepairSettings = Field(default_factory=RepairSettings)
     # both backends: a node NotReady (or gone) this long loses its attempts (node_lost, requeued at
@@ -120,6 +123,15 @@ class Settings(BaseModel):
     def _known_database(cls, value: str) -> str:
         if value and not value.startswith(("sqlite:", "mysql+pymysql:", "mariadb+pymysql:")):
             raise ValueError("must be sqlite:///PATH or mysql+pymysql://USER:PASS@HOST/DB")
+        return value
+
+    @field_validator("managers_metrics_listen")
+    @classmethod
+    def _host_port(cls, value: str) -> str:
+        if value:
+            host, sep, port = value.rpartition(":")
+            if not sep or not host or not port.isascii() or not port.isdigit() or not 1 <= int(port) <= 65535:
+                raise ValueError("must be HOST:PORT (e.g. 0.0.0.0:9465), or empty for no metrics endpoint")
         return value
 
     @field_validator("demo_sku")

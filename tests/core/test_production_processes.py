@@ -22,11 +22,12 @@ def free_port() -> int:
 
 
 def test_api_and_managers_processes_run_a_job_end_to_end(tmp_path, database_url):
-    port = free_port()
+    port, metrics_port = free_port(), free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("DLTS_")} | {
         "DLTS_HOME": str(tmp_path), "DLTS_DATABASE_URL": database_url,
         "DLTS_SECRET_KEY": "a-test-secret-key-123456", "DLTS_LISTEN_PORT": str(port), "DLTS_TICK_S": "0.3",
         "DLTS_DEMO_GPUS": "2", "DLTS_RUN_DIR": str(tmp_path / "run"), "DLTS_LOG_DIR": str(tmp_path / "logs"),
+        "DLTS_MANAGERS_METRICS_LISTEN": f"127.0.0.1:{metrics_port}",
     }
 
     def cli(*args):
@@ -67,6 +68,9 @@ def test_api_and_managers_processes_run_a_job_end_to_end(tmp_path, database_url)
             time.sleep(0.3)
         log = requests.get(f"{url}/api/v1/jobs/{job_id}/log", headers=auth, timeout=10).json()
         assert log["data"] == "via-gunicorn\n"
+        # the managers process serves the repair loop's metrics, read from the database at scrape time
+        metrics = requests.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).text
+        assert 'dlts_nodes{state="in_service"} 1.0' in metrics and "dlts_repair_paused 0.0" in metrics
     finally:
         for proc in (api, managers):
             proc.send_signal(signal.SIGTERM)
