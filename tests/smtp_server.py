@@ -1,5 +1,8 @@
 """A real SMTP server in-process (aiosmtpd on loopback) that records what it receives, a self-signed
-certificate made here for its TLS, and the notifier's settings pointed at it."""
+certificate made here for its TLS, and the notifier's settings pointed at it.
+
+Shared by the notifier's tests (tests/notify) and every test that checks the mails a manager sends
+(tests/repair): a conftest imports the fixtures (``from tests.smtp_server import smtp_server, ...``)."""
 
 from __future__ import annotations
 

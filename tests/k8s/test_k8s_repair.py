@@ -30,8 +30,7 @@ def state(sessions, name) -> NodeState:
 
 
 def test_a_node_repair_cordons_with_dlts_ownership_and_uncordons_only_its_own(h, settings):
-    repair = RepairManager(h.sessions, settings.model_copy(update={"repair": RepairSettings(quiet_period_s=0)}),
-                           notify_module=None)
+    repair = RepairManager(h.sessions, settings.model_copy(update={"repair": RepairSettings(quiet_period_s=0)}))
     h.api.store.patch("nodes", "", "n2", {"spec": {"unschedulable": True}}, "application/merge-patch+json")  # a human's
     job_id = h.submit(command="sleep infinity", gpus=8)
     h.tick()

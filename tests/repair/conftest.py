@@ -1,9 +1,26 @@
-"""Fixtures for the repair tests: the real node agent reporting to the live API (repair_agents.py)."""
+"""Fixtures for the repair tests: the test world with e-mail addresses (the repair notices go
+through the real notifier's outbox), the shared in-process SMTP server (tests/smtp_server.py), and
+the real node agent reporting to the live API (repair_agents.py)."""
 
 from __future__ import annotations
 
 import pytest
+import sqlalchemy as sa
 from repair_agents import FakeDriver, RunningAgent, agent_config, make_fake_node
+
+from tests.smtp_server import down_smtp_server, smtp_server  # noqa: F401  (fixtures)
+
+
+@pytest.fixture
+def world(world, sessions):
+    """The shared world (tests/conftest.py) whose users have addresses: NAME@example.org."""
+    from dlts.models import User
+
+    with sessions() as s:
+        for user in s.scalars(sa.select(User)):
+            user.email = f"{user.name}@example.org"
+        s.commit()
+    return world
 
 
 @pytest.fixture

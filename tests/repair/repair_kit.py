@@ -1,10 +1,9 @@
-"""Builders for the repair tests: a notifier double with the plan's interface, a clock that can
-jump, node reports through the real service, and jobs placed on a node's GPUs."""
+"""Builders for the repair tests: the notifier's outbox as rows, a clock that can jump, node reports through the real service, and jobs placed on a node's GPUs."""
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
@@ -16,6 +15,7 @@ from dlts.models import (
     JobStatus,
     Node,
     NodeOrder,
+    OutboxMessage,
     User,
     utcnow,
 )
@@ -24,28 +24,17 @@ from dlts.services import nodes as node_service
 
 
 @dataclass
-class NotifyDouble:
-    """Stands in for dlts.services.notify (H6's notifier; not in this branch): the same three
-    functions, with enqueue's dedup_key honoured, recording what would become outbox rows."""
+class Outbox:
+    """The real notifier's outbox as the repair manager left it (``dlts.services.notify.enqueue``
+    rows written in the repair decision's transaction), oldest first."""
 
-    rows: list[dict[str, Any]] = field(default_factory=list)
-    seen: set[str] = field(default_factory=set)
+    sessions: Any
 
-    def enqueue(self, session, *, template, to, context, dedup_key=None):
-        if dedup_key is not None and dedup_key in self.seen:
-            return None
-        if not to:
-            return None
-        if dedup_key is not None:
-            self.seen.add(dedup_key)
-        self.rows.append({"template": template, "to": list(to), "context": dict(context), "dedup_key": dedup_key})
-        return len(self.rows)
-
-    def cluster_admin_emails(self, session):
-        return ["ops@example.org"]
-
-    def job_notice_emails(self, session, job):
-        return [f"{job.user.name}@example.org"]
+    @property
+    def rows(self) -> list[dict[str, Any]]:
+        with self.sessions() as s:
+            return [{"template": r.template, "to": list(r.recipients), "context": dict(r.context), "dedup_key": r.dedup_key,
+                     "status": r.status.value} for r in s.scalars(sa.select(OutboxMessage).order_by(OutboxMessage.id))]
 
     def templates(self) -> list[str]:
         return [r["template"] for r in self.rows]

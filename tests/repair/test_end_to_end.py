@@ -15,11 +15,13 @@ import pytest
 import requests
 import sqlalchemy as sa
 from repair_agents import drive, four_gpus
-from repair_kit import NotifyDouble
+from repair_kit import Outbox
 
+from dlts.managers.notify import NotifyManager
 from dlts.managers.repair import RepairManager
 from dlts.models import JobAttempt, Node, NodeOrder, NodeState, RepairCycle, RepairStep
 from dlts.repair.settings import RepairSettings
+from tests.smtp_server import with_notify
 
 N = NodeState
 REPAIR = RepairSettings(interval_s=0.2, quiet_period_s=1.0, validation_timeout_s=60, lost_after_s=3.0,
@@ -28,9 +30,8 @@ REPAIR = RepairSettings(interval_s=0.2, quiet_period_s=1.0, validation_timeout_s
 
 @pytest.fixture
 def repair(live, sessions, settings):
-    notify = NotifyDouble()
-    manager = RepairManager(sessions, settings.model_copy(update={"repair": REPAIR}), notify_module=notify)
-    manager.notify_double = notify
+    manager = RepairManager(sessions, settings.model_copy(update={"repair": REPAIR}))
+    manager.outbox = Outbox(sessions)  # the real notifier's rows, written in the repair transactions
     return manager
 
 
@@ -71,7 +72,8 @@ def start_four(live, world, placed):
     return placed(ids)
 
 
-def test_a_dbe_on_gpu3_runs_the_whole_cycle_with_the_real_agent(live, world, sessions, repair, start_agent, placed):
+def test_a_dbe_on_gpu3_runs_the_whole_cycle_with_the_real_agent(live, world, sessions, settings, repair, start_agent, placed,
+                                                                 smtp_server):
     jobs = start_four(live, world, placed)
     victim = jobs[3]
     before = api(live, world, "GET", f"/jobs/{victim}", user="alice")
@@ -103,18 +105,34 @@ def test_a_dbe_on_gpu3_runs_the_whole_cycle_with_the_real_agent(live, world, ses
     job = drive(live, repair, lambda: (j := api(live, world, "GET", f"/jobs/{victim}", user="alice"))["status"] == "running" and j,
                 what="the requeued job to run again")
     assert placed([victim]) == {3: victim} and job["queue_time"] == before["queue_time"]
-    templates = repair.notify_double.templates()
+    templates = repair.outbox.templates()
     assert templates.count("node_out_of_service") == 1 and templates.count("job_stopped_for_repair") == 1
+    # the notifier (managers.notify, as `dlts managers` runs it) mails them over SMTP
+    notifier = NotifyManager(sessions, with_notify(settings, smtp_port=smtp_server.port))
+    assert notifier.run_once().sent == 2
+    mails = {m.message["Subject"].removeprefix(notifier.settings.subject_prefix): m for m in smtp_server.received}
+    [left] = [m for subject, m in mails.items() if subject.startswith("Node testnode left service")]
+    assert left.rcpt_tos == ["admin@example.org"] and "gpu_ecc_uncorrected (critical) on gpu3" in left.body
+    stopped = mails[f"Job {victim} ({before['name']}) was stopped for a node repair"]
+    assert stopped.rcpt_tos == ["alice@example.org", "vcadmin@example.org"]  # the owner and the VC's admins
+    assert ("node testnode GPU 3 has uncorrectable ECC errors; your job was stopped and requeued at the head of its "
+            "queue (no retry spent)") in " ".join(stopped.body.split())
+    assert notifier.run_once().sent == 0  # each notice once
 
 
-def test_a_remap_failure_goes_to_rma_and_the_other_gpus_keep_serving(live, world, sessions, repair, start_agent, placed):
+def test_a_remap_failure_goes_to_rma_and_the_other_gpus_keep_serving(live, world, sessions, settings, repair, start_agent,
+                                                                      placed, smtp_server):
     lib = four_gpus("healthy-8xa100")
     lib.gpus[2].remapped_rows = (3, 9, 0, 1)
     start_agent("testnode", lib)
     drive(live, repair, lambda: node_state(sessions) is N.RMA, what="rma")
     node = api(live, world, "GET", "/nodes/testnode")
     assert (node["unhealthy_gpus"], node["schedulable"]) == ([2], True)
-    assert repair.notify_double.templates()[-1] == "node_needs_human"
+    assert repair.outbox.templates()[-1] == "node_needs_human"
+    notifier = NotifyManager(sessions, with_notify(settings, smtp_port=smtp_server.port))
+    notifier.run_once()
+    [human] = [m for m in smtp_server.received if "needs a person" in m.message["Subject"]]
+    assert human.rcpt_tos == ["admin@example.org"] and "dlts node return testnode" in human.body
     jobs = [api(live, world, "POST", "/jobs", user="alice", json={"vc": "vision", "image": "debian:12", "command": "sleep 600",
                                                                   "gpus": 1})["id"] for _ in range(4)]
     for _ in range(10):
@@ -145,7 +163,7 @@ def test_a_failed_validation_escalates_to_a_reboot_and_a_flapping_node_goes_to_a
     drive(live, repair, lambda: node_state(sessions) is N.OUT_OF_SERVICE, agents=[agent], what="out of service")
     second = api(live, world, "GET", "/nodes/testnode/repairs")["items"][0]
     assert (second["flap"], second["outcome"], second["steps"]) == (True, "out_of_service", [])
-    assert repair.notify_double.templates()[-1] == "node_needs_human"
+    assert repair.outbox.templates()[-1] == "node_needs_human"
     # the human swaps the board and returns the node: it validates and serves again
     agent.lib.reset_gpu(3)
     api(live, world, "POST", "/nodes/testnode/return", json={"reason": "GPU 3 reseated"})

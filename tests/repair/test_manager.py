@@ -8,12 +8,14 @@ HTTP."""
 
 from __future__ import annotations
 
+import datetime as dt
+
 import pytest
 import sqlalchemy as sa
 from repair_kit import (
     DBE,
     Clock,
-    NotifyDouble,
+    Outbox,
     end_stopped_attempts,
     events,
     job_row,
@@ -22,6 +24,7 @@ from repair_kit import (
     running_job,
 )
 
+from dlts.managers.notify import NotifyManager, backoff_s
 from dlts.managers.repair import RepairManager
 from dlts.models import (
     JobStatus,
@@ -31,9 +34,12 @@ from dlts.models import (
     NodeState,
     RepairCycle,
     RepairStep,
+    utcnow,
 )
 from dlts.repair.settings import RepairSettings
 from dlts.services import repair as repair_service
+from dlts.services.notify import MailRenderer
+from tests.smtp_server import with_notify
 
 N = NodeState
 
@@ -46,13 +52,13 @@ def rsettings(settings):
 
 @pytest.fixture
 def kit(world, sessions, rsettings, monkeypatch):
-    clock, notify = Clock(), NotifyDouble()
+    clock, outbox = Clock(), Outbox(sessions)
     clock.patch(monkeypatch)  # reports, returns and cancels are stamped by the same clock as the manager's
 
     def manager(**kw):
-        return RepairManager(sessions, rsettings, clock=clock, notify_module=notify, **kw)
+        return RepairManager(sessions, rsettings, clock=clock, **kw)
 
-    return manager, clock, notify
+    return manager, clock, outbox
 
 
 def node_row(sessions, name="testnode") -> Node:
@@ -72,7 +78,7 @@ def agent_does(sessions, results_status="succeeded", findings=(), metrics=None, 
 
 
 def test_a_dbe_on_gpu3_runs_the_whole_cycle_and_requeues_the_job_at_the_head(kit, sessions, rsettings):
-    manager, clock, notify = kit
+    manager, clock, outbox = kit
     victim = running_job(sessions, rsettings, "testnode", (3,))
     bystander = running_job(sessions, rsettings, "testnode", (0, 1))
     before = job_row(sessions, victim)
@@ -116,13 +122,17 @@ def test_a_dbe_on_gpu3_runs_the_whole_cycle_and_requeues_the_job_at_the_head(kit
                                                                     .order_by(NodeEvent.id))]
     assert transitions == [("in_service", "quarantined"), ("quarantined", "draining"), ("draining", "remediating"),
                            ("remediating", "validating"), ("validating", "in_service")]
-    assert notify.templates() == ["node_out_of_service", "job_stopped_for_repair"]
-    job_notice = notify.rows[1]
-    assert job_notice["to"] == ["alice@example.org"] and job_notice["context"]["job_id"] == victim
+    assert outbox.templates() == ["node_out_of_service", "job_stopped_for_repair"]
+    node_notice, job_notice = outbox.rows
+    assert node_notice["to"] == ["admin@example.org"] and node_notice["context"]["node"] == "testnode"
+    # the owner, then the VC's admins; the message is the job's `repair` event
+    assert job_notice["to"] == ["alice@example.org", "vcadmin@example.org"]
+    assert (job_notice["context"]["job_id"], job_notice["context"]["message"]) == (victim, repair_events[0].message)
+    assert {r["status"] for r in outbox.rows} == {"queued"}  # sent later by managers.notify
 
 
 def test_a_failed_reset_escalates_to_a_reboot_of_the_drained_node(kit, sessions, rsettings):
-    manager, clock, notify = kit
+    manager, clock, outbox = kit
     other = running_job(sessions, rsettings, "testnode", (0,))
     report(sessions, findings=DBE)
     for _ in range(2):
@@ -140,14 +150,57 @@ def test_a_failed_reset_escalates_to_a_reboot_of_the_drained_node(kit, sessions,
     report(sessions)
     manager().run_once()
     assert node_row(sessions).state is N.IN_SERVICE
-    assert "node_escalated" in notify.templates()
+    assert "node_escalated" in outbox.templates()
     with sessions() as s:
         assert [(st.number, st.remediation, st.result) for st in s.scalars(sa.select(RepairStep).order_by(RepairStep.id))] == [
             (0, "reset_gpu", "failed"), (1, "reboot", "succeeded")]
 
 
+def test_every_repair_notice_renders_and_a_refused_smtp_connection_keeps_it_for_a_later_run(
+        kit, sessions, rsettings, down_smtp_server):
+    """A chain run to its end writes all four repair notices; each renders from templates/email with
+    the context the repair manager gives (StrictUndefined: a missing key fails). The mail server is
+    down at first: the notices stay in the outbox and the next run after the back-off sends them."""
+    manager, clock, outbox = kit
+    victim = running_job(sessions, rsettings, "testnode", (3,))
+    report(sessions, findings=DBE)
+    manager().run_once()
+    end_stopped_attempts(sessions, rsettings)
+    manager().run_once()
+    agent_does(sessions, "failed", findings=DBE)  # the reset fails: escalate to a reboot
+    manager().run_once()
+    manager().run_once()
+    agent_does(sessions, "failed", findings=DBE)  # the reboot fails too: a ticket, a person
+    manager().run_once()
+    assert node_row(sessions).state is N.OUT_OF_SERVICE
+    assert outbox.templates() == ["node_out_of_service", "job_stopped_for_repair", "node_escalated", "node_escalated",
+                                  "node_needs_human"]
+    renderer = MailRenderer()
+    subjects = [renderer.render(r["template"], r["context"]).subject for r in outbox.rows]
+    assert subjects[1].startswith(f"Job {victim} (") and subjects[1].endswith(") was stopped for a node repair")
+    assert subjects[0].startswith("Node testnode left service")
+    assert subjects[2].startswith("Node testnode escalated to reboot") and subjects[3].startswith("Node testnode escalated to ticket")
+    assert subjects[4].startswith("Node testnode needs a person")
+
+    now = [utcnow() + dt.timedelta(seconds=5)]
+    notifier = NotifyManager(sessions, with_notify(rsettings, smtp_port=down_smtp_server.port), clock=lambda: now[0])
+    first = notifier.run_once()
+    assert first.sent == 0 and first.unreachable
+    assert {r["status"] for r in outbox.rows} == {"queued"}
+    down_smtp_server.start()
+    now[0] += dt.timedelta(seconds=backoff_s(notifier.settings, 1) + 1)
+    assert notifier.run_once().sent == 5
+    assert {r["status"] for r in outbox.rows} == {"sent"}
+    prefix = notifier.settings.subject_prefix
+    got = {(m.message["Subject"].removeprefix(prefix), tuple(m.rcpt_tos)) for m in down_smtp_server.received}
+    assert got == {(sub, tuple(r["to"])) for sub, r in zip(subjects, outbox.rows)}
+    [job_mail] = [m for m in down_smtp_server.received if "alice@example.org" in m.rcpt_tos]
+    assert ("node testnode GPU 3 has uncorrectable ECC errors; your job was stopped and requeued at the head of its queue"
+            in " ".join(job_mail.body.split()))
+
+
 def test_a_node_that_fails_validation_escalates(kit, sessions):
-    manager, clock, notify = kit
+    manager, clock, outbox = kit
     report(sessions, findings=DBE)
     for _ in range(2):
         manager().run_once()
@@ -164,12 +217,12 @@ def test_a_node_that_fails_validation_escalates(kit, sessions):
 
 
 def test_a_remap_failure_goes_to_rma_and_only_a_human_returns_it(kit, sessions, world, client):
-    manager, clock, notify = kit
+    manager, clock, outbox = kit
     report(sessions, findings=[{"code": "gpu_row_remap_failure", "severity": "critical", "device": "gpu2", "action": "ticket"}])
     manager().run_once()
     n = node_row(sessions)
     assert (n.state, n.unhealthy_gpus, n.schedulable) == (N.RMA, [2], True)  # the other GPUs keep serving
-    assert notify.templates()[-1] == "node_needs_human"
+    assert outbox.templates()[-1] == "node_needs_human"
     for _ in range(3):
         manager().run_once()
     assert node_row(sessions).state is N.RMA
@@ -184,7 +237,7 @@ def test_a_remap_failure_goes_to_rma_and_only_a_human_returns_it(kit, sessions, 
 
 
 def test_a_flapping_node_escalates_instead_of_repeating(kit, sessions):
-    manager, clock, notify = kit
+    manager, clock, outbox = kit
 
     def cycle_once(expect_action):
         report(sessions, findings=DBE)
@@ -205,7 +258,7 @@ def test_a_flapping_node_escalates_instead_of_repeating(kit, sessions):
 
 
 def test_with_a_budget_of_two_three_failing_nodes_leave_two_at_a_time(kit, sessions):
-    manager, clock, notify = kit
+    manager, clock, outbox = kit
     with sessions() as s:
         for name in ("n1", "n2", "n3"):
             s.add(Node(name=name, sku="demo-gpu", gpus=4, cpu=8, memory_bytes=2**34, ib_domain="x", backend="test",
@@ -243,7 +296,7 @@ def test_with_a_budget_of_two_three_failing_nodes_leave_two_at_a_time(kit, sessi
 
 
 def test_a_lost_heartbeat_marks_the_node_lost_requeues_its_jobs_and_a_report_validates_it(kit, sessions, rsettings):
-    manager, clock, notify = kit
+    manager, clock, outbox = kit
     job = running_job(sessions, rsettings, "testnode", (1,))
     report(sessions)
     clock.advance(rsettings.node_lost_after_s + 1)
@@ -270,7 +323,7 @@ def test_a_lost_heartbeat_marks_the_node_lost_requeues_its_jobs_and_a_report_val
 
 
 def test_pause_holds_new_actions_and_resume_goes_on(kit, sessions, world, client):
-    manager, clock, notify = kit
+    manager, clock, outbox = kit
     assert client.post("/api/v1/repair/pause", json={"reason": "maintenance"}, headers=world.auth("admin")).status_code == 200
     report(sessions, findings=DBE)
     manager().run_once()
@@ -292,13 +345,13 @@ def test_pause_holds_new_actions_and_resume_goes_on(kit, sessions, world, client
 
 
 def test_dry_run_records_what_it_would_do_and_changes_nothing(kit, sessions, rsettings):
-    _, clock, notify = kit
+    _, clock, outbox = kit
     dry = rsettings.model_copy(update={"repair": rsettings.repair.model_copy(update={"dry_run": True})})
     report(sessions, findings=DBE)
     for _ in range(3):
-        RepairManager(sessions, dry, clock=clock, notify_module=notify).run_once()
+        RepairManager(sessions, dry, clock=clock).run_once()
     assert pending_orders(sessions) == []
-    assert node_row(sessions).state is N.IN_SERVICE and notify.rows == []
+    assert node_row(sessions).state is N.IN_SERVICE and outbox.rows == []
     with sessions() as s:
         messages = list(s.scalars(sa.select(NodeEvent.message).where(NodeEvent.kind == "dry_run")))
     assert len(messages) == 1 and "in_service -> quarantined" in messages[0] and "reset_gpu -> reboot -> ticket" in messages[0]
@@ -311,7 +364,7 @@ EFFECTS = ["open_cycle", "transition", "stop_jobs", "start_step", "end_step", "n
 def test_a_crash_at_any_effect_of_any_step_finishes_the_cycle_exactly_once(kit, sessions, rsettings, effect):
     """Every tick runs in a fresh manager (a restart); the first time each step reaches ``effect``
     it crashes there. The cycle still ends once, with each order, stop and notice once."""
-    manager, clock, notify = kit
+    manager, clock, outbox = kit
     job = running_job(sessions, rsettings, "testnode", (3,))
     crashed: set[tuple[str, str]] = set()
 
@@ -353,12 +406,12 @@ def test_a_crash_at_any_effect_of_any_step_finishes_the_cycle_exactly_once(kit, 
         assert s.scalar(sa.select(sa.func.count(NodeOrder.id))) == 1
         assert s.scalar(sa.select(sa.func.count(RepairStep.id))) == 1
     assert len(events(sessions, job, "repair")) == 1
-    assert notify.templates().count("node_out_of_service") == 1
+    assert outbox.templates().count("node_out_of_service") == 1
     assert job_row(sessions, job).status is JobStatus.QUEUED
 
 
 def test_cancel_returns_the_node_and_withdraws_its_orders(kit, sessions, world, client):
-    manager, clock, notify = kit
+    manager, clock, outbox = kit
     started = client.post("/api/v1/nodes/testnode/repairs", json={"steps": ["reset_gpu", "ticket"], "gpus": [1]},
                           headers=world.auth("admin"))
     assert started.status_code == 201, started.get_json()
@@ -382,7 +435,7 @@ def test_metrics_count_states_cycles_durations_and_outcomes_per_remediation(kit,
 
     from dlts.managers.repair_metrics import RepairMetrics
 
-    manager, clock, notify = kit
+    manager, clock, outbox = kit
     registry = CollectorRegistry()
     registry.register(RepairMetrics(sessions))
     report(sessions, findings=DBE)

@@ -18,7 +18,6 @@ node events of kind ``dry_run`` and changes nothing.
 from __future__ import annotations
 
 import datetime as dt
-import importlib
 import logging
 import time
 from dataclasses import dataclass, field
@@ -50,6 +49,7 @@ from dlts.repair.rules import (
 )
 from dlts.repositories import jobs as job_repo
 from dlts.repositories import repair as repo
+from dlts.services import notify
 from dlts.services.repair import queue_key
 
 log = logging.getLogger(__name__)
@@ -88,28 +88,25 @@ def finding_of(row: NodeFinding) -> core.Finding:
 
 
 class Notices:
-    """The repair loop's notices through the central notifier (``dlts.services.notify``: outbox
-    rows in the caller's transaction). ``module`` is that service, or a stand-in with the same
-    three functions; None: the notifier is not installed here, notices are logged only."""
+    """The repair loop's notices through the central notifier: outbox rows written by
+    ``dlts.services.notify.enqueue`` in the caller's transaction (so a notice exists exactly when the
+    decision commits), sent later by ``managers.notify``. ``enabled`` False (``repair.notify: false``):
+    notices are only logged."""
 
-    def __init__(self, module: Any = None, enabled: bool = True):
-        if module is None and enabled:
-            try:
-                module = importlib.import_module("dlts.services.notify")
-            except ModuleNotFoundError:
-                log.warning("repair: dlts.services.notify is not installed; repair notices are only logged")
-        self.module = module if enabled else None
+    def __init__(self, enabled: bool = True):
+        self.enabled = enabled
 
     def to_admins(self, session: Session, template: str, context: dict[str, Any], dedup_key: str) -> None:
         log.info("repair notice %s: node %s: %s", template, context.get("node"), context.get("reason"))
-        if self.module is not None:
-            self.module.enqueue(session, template=template, to=self.module.cluster_admin_emails(session),
-                                context=context, dedup_key=dedup_key)
+        if self.enabled:
+            notify.enqueue(session, template=template, to=notify.cluster_admin_emails(session), context=context,
+                           dedup_key=dedup_key)
 
     def to_job(self, session: Session, job: Job, context: dict[str, Any], dedup_key: str) -> None:
-        if self.module is not None:
-            self.module.enqueue(session, template="job_stopped_for_repair", to=self.module.job_notice_emails(session, job),
-                                context=context, dedup_key=dedup_key)
+        log.info("repair notice job_stopped_for_repair: job %s: %s", job.id, context.get("message"))
+        if self.enabled:
+            notify.enqueue(session, template="job_stopped_for_repair", to=notify.job_notice_emails(session, job),
+                           context=context, dedup_key=dedup_key)
 
 
 @dataclass
@@ -121,14 +118,14 @@ class TickResult:
 
 class RepairManager:
     def __init__(self, session_factory: Callable[[], Session], settings: Settings, *,
-                 clock: Callable[[], float] = time.time, rules: RuleBook | None = None, notify_module: Any = None,
+                 clock: Callable[[], float] = time.time, rules: RuleBook | None = None,
                  fail_after: Callable[[str, str], None] | None = None):
         self.session_factory = session_factory
         self.settings = settings
         self.repair = settings.repair
         self.clock = clock
         self.rules = rules if rules is not None else load_rulebook(self.repair.rules_file)
-        self.notices = Notices(notify_module, self.repair.notify)
+        self.notices = Notices(self.repair.notify)
         self.lost_after_s = self.repair.lost_after_s or settings.node_lost_after_s
         # tests: called as (node, effect) before each effect is written, to crash a tick anywhere
         self.fail_after = fail_after
