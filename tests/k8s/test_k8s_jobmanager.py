@@ -129,14 +129,14 @@ def test_a_restart_between_create_and_observe_creates_nothing_twice(h):
 
 def test_a_crash_in_the_middle_of_a_launch_is_completed_without_duplicates(h, monkeypatch):
     job_id = h.submit(type="distributed", nodes=2, gpus=8, command="sleep 5")
-    real_create = h.backend.core.create_namespaced_pod
+    real_create = h.backend.api.create
 
-    def create_then_die(namespace, body, **kw):
-        if body["metadata"]["name"].endswith("-1"):
+    def create_then_die(kind, namespace, doc, **kw):
+        if kind == "Pod" and doc["metadata"]["name"].endswith("-1"):
             raise KeyboardInterrupt  # the process dies after rank 0's pod, before rank 1's
-        return real_create(namespace, body, **kw)
+        return real_create(kind, namespace, doc, **kw)
 
-    monkeypatch.setattr(h.backend.core, "create_namespaced_pod", create_then_die)
+    monkeypatch.setattr(h.backend.api, "create", create_then_die)
     with pytest.raises(KeyboardInterrupt):
         h.manager_tick()
     assert [p["metadata"]["name"] for p in h.api.pods()] == [f"dlts-{job_id}-1-0"]

@@ -31,7 +31,6 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
 
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
@@ -122,16 +121,11 @@ class KubernetesBackend:
     def launch(self, spec: LaunchSpec) -> None:
         rendered = self.renderer.render(spec)
         ns = self.settings.namespace
-        creators: dict[str, Callable[..., Any]] = {
-            "Secret": self.core.create_namespaced_secret, "ConfigMap": self.core.create_namespaced_config_map,
-            "Service": self.core.create_namespaced_service, "Pod": self.core.create_namespaced_pod,
-            "NetworkPolicy": self.api.networking.create_namespaced_network_policy}
         for doc in rendered.all():
             # 409 AlreadyExists: the deterministic name belongs to this attempt, created by an
             # earlier launch (e.g. before a restart); creating nothing twice is the point.
             try:
-                created = self.api.call(creators[doc["kind"]], ns, doc, ok=(409,), passthrough=(400, 403, 422),
-                                        _preload_content=False)
+                created = self.api.create(doc["kind"], ns, doc, ok=(409,), passthrough=(400, 403, 422))
             except ApiException as exc:  # admission (quota, pod security) or validation said no
                 raise LaunchRefused(f"Kubernetes refused {doc['kind']} {doc['metadata']['name']}: "
                                     f"{status_message(exc)}") from None
