@@ -2,18 +2,46 @@
 
 from __future__ import annotations
 
+import pytest
 import sqlalchemy as sa
 from alembic import command
+from sqlalchemy.engine import make_url
 
 from dlts import db_migrate
+from tests.conftest import IS_MYSQL, TEST_DATABASE_URL
+
+
+@pytest.fixture
+def scratch_engine(tmp_path):
+    """An empty database of the kind the tests run on: a SQLite file, or on MariaDB
+    (DLTS_TEST_DATABASE_URL) a scratch database next to the test one (``<name>_migration``), so the
+    migrations can go down and up without touching the schema the other tests share."""
+    if not IS_MYSQL:
+        engine = sa.create_engine(f"sqlite:///{tmp_path / 'm.db'}")
+        yield engine
+        engine.dispose()
+        return
+    url = make_url(TEST_DATABASE_URL)
+    name = f"{url.database}_migration"
+    server = sa.create_engine(url.set(database=None))
+    with server.begin() as conn:
+        conn.execute(sa.text(f"DROP DATABASE IF EXISTS `{name}`"))
+        conn.execute(sa.text(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4"))
+    engine = sa.create_engine(url.set(database=name))
+    yield engine
+    engine.dispose()
+    with server.begin() as conn:
+        conn.execute(sa.text(f"DROP DATABASE IF EXISTS `{name}`"))
+    server.dispose()
 
 
 def _nodes(conn):
     return {r.name: r for r in conn.execute(sa.text("SELECT * FROM nodes ORDER BY name"))}
 
 
-def test_old_node_states_migrate_and_downgrade(tmp_path):
-    engine = sa.create_engine(f"sqlite:///{tmp_path / 'm.db'}")
+@pytest.mark.db
+def test_old_node_states_migrate_and_downgrade(scratch_engine):
+    engine = scratch_engine
     db_migrate.upgrade(engine, "0004")
     with engine.begin() as conn:
         for i, state in enumerate(("in_service", "cordoned", "unhealthy", "in_repair", "lost")):
@@ -38,4 +66,3 @@ def test_old_node_states_migrate_and_downgrade(tmp_path):
         back = {n: r.state for n, r in _nodes(conn).items()}
     assert back == {"n0-in_service": "in_service", "n1-cordoned": "cordoned", "n2-unhealthy": "unhealthy",
                     "n3-in_repair": "unhealthy", "n4-lost": "lost"}
-    engine.dispose()

@@ -122,12 +122,8 @@ def upgrade() -> None:
 def downgrade() -> None:
     op.drop_table('repair_control')
     op.drop_table('repair_steps')
-    with op.batch_alter_table('repair_cycles', schema=None) as batch_op:
-        batch_op.drop_index('ix_repair_cycles_ended_at')
-        batch_op.drop_index('ix_repair_cycles_node_id_id')
+    # the tables' indexes go with them (MariaDB refuses to drop an index a foreign key needs first)
     op.drop_table('repair_cycles')
-    with op.batch_alter_table('node_events', schema=None) as batch_op:
-        batch_op.drop_index('ix_node_events_node_id_id')
     op.drop_table('node_events')
     nodes = sa.table('nodes', sa.column('state', sa.String), sa.column('cordoned_by', sa.String))
     with op.batch_alter_table('nodes', schema=None) as batch_op:
