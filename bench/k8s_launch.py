@@ -2,7 +2,9 @@
 
 Runs the real ``KubernetesBackend`` and the official client against the fake API server
 (tests/fakes/kube_apiserver.py) over loopback HTTP; no real cluster is involved, so absolute times
-measure our code + the client + a Python HTTP server, not etcd or a real apiserver.
+measure our code + the client + a Python HTTP server, not etcd or a real apiserver. The fake runs
+in a process of its own, as an API server does (``--api-in-process`` puts it in the bench's process,
+where its request handling takes CPU and the interpreter lock from the launches being measured).
 
 Two parts:
 
@@ -17,6 +19,7 @@ Two parts:
    (from the start of the tick that decided it to its launch returning), with SQLite.
 
     .venv/bin/python bench/k8s_launch.py [--jobs 1000] [--repeat 3] [--parallelism N] [--skip-jobmanager]
+                                         [--api-in-process]
 
 The backend part runs twice: pods listed every tick (the default) and kept by a watch
 (``KubernetesSettings.watch``).
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import statistics
 import sys
 import tempfile
@@ -45,17 +49,126 @@ from tests.fakes.kube_apiserver import FakeClock, FakeKubeApiServer
 GIB = 1024**3
 
 
-def _cluster(nodes: int) -> FakeKubeApiServer:
+def _serve(conn, nodes: int) -> None:
+    """The fake API server in a process of its own, answering the bench's few questions on ``conn``."""
+    api = _in_process_cluster(nodes)
+    store = api.store
+    answers = {
+        "kubeconfig": lambda path: str(api.write_kubeconfig(Path(path))),
+        "created_pods": lambda: store.created["pods"],
+        "kubelet_tick": lambda: api.kubelet.tick(),
+        "pods": lambda: len(api.pods()),
+        "reset_counts": lambda: api.reset_counts(),
+        "total_requests": lambda: api.total_requests(),
+        "pods_version": lambda: _pods_version(store),
+    }
+    while True:
+        name, args = conn.recv()
+        if name == "stop":
+            api.stop()
+            conn.send(None)
+            return
+        conn.send(answers[name](*args))
+
+
+def _pods_version(store) -> int:
+    with store.lock:
+        return max((e[0] for e in store.history if e[2] == "pods"), default=0)
+
+
+class RemoteCluster:
+    """The fake API server in another process, as a real API server is: its CPU is not the
+    bench's. The same few methods the bench uses on an in-process ``FakeKubeApiServer``."""
+
+    clock = staticmethod(time.time)  # the backend and job manager keep the wall clock
+
+    def __init__(self, nodes: int) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self._conn, child = ctx.Pipe()
+        self._proc = ctx.Process(target=_serve, args=(child, nodes), daemon=True)
+        self._proc.start()
+
+    def _ask(self, name: str, *args):
+        self._conn.send((name, args))
+        return self._conn.recv()
+
+    def write_kubeconfig(self, path: Path) -> Path:
+        return Path(self._ask("kubeconfig", str(path)))
+
+    def created_pods(self) -> int:
+        return self._ask("created_pods")
+
+    def kubelet_tick(self) -> None:
+        self._ask("kubelet_tick")
+
+    def pod_count(self) -> int:
+        return self._ask("pods")
+
+    def reset_counts(self) -> None:
+        self._ask("reset_counts")
+
+    def total_requests(self) -> int:
+        return self._ask("total_requests")
+
+    def pods_version(self) -> int:
+        return self._ask("pods_version")
+
+    def stop(self) -> None:
+        self._ask("stop")
+        self._proc.join(10)
+
+
+class LocalCluster:
+    """The fake API server in the bench's own process (``--api-in-process``): its request handling
+    shares the bench's CPU and interpreter lock, so launches look slower than they are."""
+
+    def __init__(self, nodes: int) -> None:
+        self.api = _in_process_cluster(nodes)
+        self.clock = self.api.clock
+
+    def write_kubeconfig(self, path: Path) -> Path:
+        return self.api.write_kubeconfig(path)
+
+    def created_pods(self) -> int:
+        return self.api.store.created["pods"]
+
+    def kubelet_tick(self) -> None:
+        self.api.kubelet.tick()
+
+    def pod_count(self) -> int:
+        return len(self.api.pods())
+
+    def reset_counts(self) -> None:
+        self.api.reset_counts()
+
+    def total_requests(self) -> int:
+        return self.api.total_requests()
+
+    def pods_version(self) -> int:
+        return _pods_version(self.api.store)
+
+    def stop(self) -> None:
+        self.api.stop()
+
+
+def _in_process_cluster(nodes: int) -> FakeKubeApiServer:
     api = FakeKubeApiServer(FakeClock()).start()
     for i in range(nodes):
         api.add_node(f"g{i:04d}", gpus=8, labels={"dlts.io/sku": "a100", "dlts.io/ib-domain": f"pod{i // 32}"})
     return api
 
 
+API_IN_PROCESS = False  # --api-in-process
+
+
+def _cluster(nodes: int):
+    return LocalCluster(nodes) if API_IN_PROCESS else RemoteCluster(nodes)
+
+
 PARALLELISM: int | None = None  # --parallelism: instead of KubernetesSettings' default
 
 
-def _backend(api: FakeKubeApiServer, tmp: Path, watch: bool = False) -> KubernetesBackend:
+def _backend(api, tmp: Path, watch: bool = False) -> KubernetesBackend:
     kubeconfig = api.write_kubeconfig(tmp / "kubeconfig")
     extra = {} if PARALLELISM is None else {"launch_parallelism": PARALLELISM}
     settings = KubernetesSettings(kubeconfig=str(kubeconfig), namespace="default", watch=watch, **extra)
@@ -81,12 +194,11 @@ class _Timed:
         return getattr(self._backend, name)
 
 
-def _caught_up(api: FakeKubeApiServer, backend: KubernetesBackend) -> None:
+def _caught_up(api, backend: KubernetesBackend) -> None:
     """With a watch: wait until it has applied every pod event (not charged to any measurement)."""
     if backend._watch is None:
         return
-    with api.store.lock:
-        target = max((e[0] for e in api.store.history if e[2] == "pods"), default=0)
+    target = api.pods_version()
     while backend._watch.snapshot() is None or int(backend._watch.resource_version or 0) < target:
         time.sleep(0.005)
 
@@ -96,7 +208,7 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def _tick_cost(api: FakeKubeApiServer, backend: KubernetesBackend) -> tuple[int, float]:
+def _tick_cost(api, backend: KubernetesBackend) -> tuple[int, float]:
     _caught_up(api, backend)
     api.reset_counts()
     t = time.perf_counter()
@@ -125,10 +237,10 @@ def bench_backend(jobs: int, watch: bool = False) -> dict:
             assert all(exc is None for _, exc in results), [exc for _, exc in results if exc][:3]
             latency = sorted(t - decided for t in timed.done.values())
             launch_s = list(timed.took.values())
-            create_calls = api.store.created["pods"]
-            api.kubelet.tick()
+            create_calls = api.created_pods()
+            api.kubelet_tick()
             calls[jobs] = _tick_cost(api, backend)
-            assert len(api.pods()) == jobs and create_calls == jobs
+            assert api.pod_count() == jobs and create_calls == jobs
             backend.close()
             return {
                 "jobs": jobs, "nodes": nodes, "launch_parallelism": timed.launch_parallelism,
@@ -180,22 +292,22 @@ def bench_jobmanager(jobs: int) -> dict:
                     job_service.submit(s, settings, principal, job_service.JobRequest(
                         vc="vision", image="pytorch/pytorch:2.3", command="sleep infinity", gpus=1))
             ticks, decided_at = [], {}
-            while len(api.pods()) < jobs and len(ticks) < 10:
+            while api.pod_count() < jobs and len(ticks) < 10:
                 api.reset_counts()
                 t = time.perf_counter()
                 launched = set(timed.done)
                 manager.tick()
                 decided_at.update({j: t for j in timed.done if j not in launched})
                 ticks.append({"seconds": round(time.perf_counter() - t, 3), "calls": api.total_requests(),
-                              "pods": len(api.pods())})
+                              "pods": api.pod_count()})
             to_pod = sorted(timed.done[j] - decided_at[j] for j in decided_at)
-            api.kubelet.tick()
+            api.kubelet_tick()
             for _ in range(2):  # steady state: everything running
                 api.reset_counts()
                 t = time.perf_counter()
                 manager.tick()
                 ticks.append({"seconds": round(time.perf_counter() - t, 3), "calls": api.total_requests(),
-                              "pods": len(api.pods())})
+                              "pods": api.pod_count()})
             with sessions() as s:
                 running = s.scalar(sa.select(sa.func.count()).select_from(Job).where(Job.status == JobStatus.RUNNING))
             backend.close()
@@ -215,9 +327,12 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--parallelism", type=int, help="kubernetes.launch_parallelism (default: the setting's)")
     parser.add_argument("--skip-jobmanager", action="store_true")
+    parser.add_argument("--api-in-process", action="store_true",
+                        help="run the fake API server in this process (its CPU then counts against DLTS's)")
     args = parser.parse_args()
-    global PARALLELISM
+    global PARALLELISM, API_IN_PROCESS
     PARALLELISM = args.parallelism
+    API_IN_PROCESS = args.api_in_process
     runs = [bench_backend(args.jobs) for _ in range(args.repeat)]
     watch_runs = [bench_backend(args.jobs, watch=True) for _ in range(args.repeat)]
     keys = ("launch_median_ms", "launch_p95_ms", "decision_to_pod_median_s", "decision_to_pod_p95_s",
