@@ -146,7 +146,7 @@ def test_a_bad_budget_is_refused(value):
 def test_only_a_human_or_validation_leaves_out_of_service_and_rma():
     assert TRANSITIONS[N.OUT_OF_SERVICE] == {N.VALIDATING, N.RMA}
     assert TRANSITIONS[N.RMA] == {N.VALIDATING, N.OUT_OF_SERVICE}
-    assert TRANSITIONS[N.LOST] == {N.VALIDATING}
+    assert TRANSITIONS[N.LOST] == {N.VALIDATING, N.QUARANTINED}  # quarantined: back with a fault, its rule chain
     assert all(N.IN_SERVICE not in TRANSITIONS[s] for s in (N.OUT_OF_SERVICE, N.RMA, N.LOST))
 
 
@@ -309,6 +309,30 @@ def test_a_silent_agent_makes_the_node_lost_and_its_return_validates():
     d = decide(back, ctx())
     assert (d.to_state, d.open_cycle.kind, d.begin_validation) == (N.VALIDATING, "return", True)
     assert decide(node(N.LOST, state_since_s=NOW - 50, health=Health(report_s=NOW - 400)), ctx()).to_state is None
+
+
+def test_a_lost_node_back_with_a_fault_enters_that_faults_rule_chain_not_out_of_service():
+    health = Health(report_s=NOW - 1, gpu_count=8, gpu_driver_ok=True)
+    back = node(N.LOST, state_since_s=NOW - 50, health=health, findings=(finding(age_s=1.0),), jobs=(job(1),))
+    d = decide(back, ctx())
+    assert (d.to_state, d.open_cycle.kind, d.open_cycle.scope, d.open_cycle.gpus) == (N.QUARANTINED, "rule", Scope.GPU, (3,))
+    assert d.open_cycle.steps == GPU_CHAIN and d.open_cycle.step_index == 0 and not d.begin_validation
+    assert (d.stop_jobs, d.stop_reason, d.notices) == ((1,), "node_lost", ("node_out_of_service",))
+    # a warning's hold-down does not apply to a returning node (it would fail validation anyway)
+    ib = finding("ib_port_down", "warning", "mlx5_0", age_s=1.0)
+    assert decide(replace(back, findings=(ib,)), ctx()).open_cycle.rule_key == "ib_port_down/warning"
+    # a finding no rule knows does not hold it: it validates as before
+    assert decide(replace(back, findings=(finding("disk_nearly_full", "warning", "node"),)), ctx()).to_state is N.VALIDATING
+    # paused: it waits lost (its jobs still leave)
+    paused = decide(replace(back, paused=True), ctx())
+    assert (paused.to_state, paused.waiting, paused.stop_jobs) == (None, "paused", (1,))
+    # the fault shows up while the lost node validates: its rule's chain too, the return cycle ends "fault"
+    ret = Cycle(9, Scope.NODE, (), (), 0, "critical", "stopped reporting", NOW - 200, validation_since_s=NOW - 120,
+                kind="return")
+    during = node(N.VALIDATING, cycle=ret, health=health, findings=(finding(age_s=30.0),))
+    d = decide(during, ctx())
+    assert (d.to_state, d.end_cycle, d.open_cycle.steps) == (N.QUARANTINED, "fault", GPU_CHAIN)
+    assert (N.LOST, N.QUARANTINED) in {(a, b) for a, bs in TRANSITIONS.items() for b in bs}
 
 
 def test_a_returned_node_that_fails_validation_goes_back_to_a_human():

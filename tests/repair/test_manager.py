@@ -322,6 +322,53 @@ def test_a_lost_heartbeat_marks_the_node_lost_requeues_its_jobs_and_a_report_val
         assert s.scalar(sa.text("SELECT count(*) FROM node_findings WHERE cleared_at IS NULL")) == 0
 
 
+def test_a_lost_node_that_comes_back_with_a_fault_goes_into_that_faults_chain(kit, sessions, rsettings):
+    manager, clock, outbox = kit
+    job = running_job(sessions, rsettings, "testnode", (3,))
+    report(sessions)
+    clock.advance(rsettings.node_lost_after_s + 1)
+    manager().run_once()
+    assert node_row(sessions).state is N.LOST
+    end_stopped_attempts(sessions, rsettings)
+    report(sessions, findings=DBE)  # back, with uncorrectable ECC errors on GPU 3
+    manager().run_once()  # quarantined into the DBE rule's chain, admitted, nothing to drain: the reset ordered
+    n = node_row(sessions)
+    assert (n.state, n.repair_scope, n.unhealthy_gpus) == (N.REMEDIATING, "gpu", [3])
+    assert pending_orders(sessions)[0].action == "reset_gpu"
+    with sessions() as s:
+        cycles = [(c.kind, c.rule, c.outcome) for c in s.scalars(sa.select(RepairCycle).order_by(RepairCycle.id))]
+        transitions = [(e.from_state, e.to_state) for e in s.scalars(
+            sa.select(NodeEvent).where(NodeEvent.kind == "transition").order_by(NodeEvent.id))]
+    assert cycles == [("rule", "gpu_ecc_uncorrected/critical", None)]
+    assert transitions == [("in_service", "lost"), ("lost", "quarantined"), ("quarantined", "draining"),
+                           ("draining", "remediating")]
+    assert job_row(sessions, job).reason == "node_lost"
+    agent_does(sessions)
+    manager().run_once()
+    clock.advance(31)
+    report(sessions)
+    manager().run_once()
+    assert node_row(sessions).state is N.IN_SERVICE
+    assert outbox.templates().count("node_out_of_service") == 2  # lost, then the fault
+
+
+def test_a_fault_seen_while_a_lost_node_validates_goes_into_that_faults_chain(kit, sessions, rsettings):
+    manager, clock, outbox = kit
+    report(sessions)
+    clock.advance(rsettings.node_lost_after_s + 1)
+    manager().run_once()
+    report(sessions)  # back, healthy: validating
+    manager().run_once()
+    assert node_row(sessions).state is N.VALIDATING
+    clock.advance(31)
+    report(sessions, findings=DBE)  # the errors show up in the quiet period
+    manager().run_once()
+    assert node_row(sessions).state is N.REMEDIATING
+    with sessions() as s:
+        cycles = [(c.kind, c.outcome) for c in s.scalars(sa.select(RepairCycle).order_by(RepairCycle.id))]
+    assert cycles == [("return", "fault"), ("rule", None)]
+
+
 def test_pause_holds_new_actions_and_resume_goes_on(kit, sessions, world, client):
     manager, clock, outbox = kit
     assert client.post("/api/v1/repair/pause", json={"reason": "maintenance"}, headers=world.auth("admin")).status_code == 200

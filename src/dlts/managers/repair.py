@@ -281,7 +281,7 @@ class RepairManager:
             plan = d.open_cycle
             triggers = [{"code": f.code, "severity": f.severity, "device": f.device,
                          "message": str(f.evidence.get("message") or "")[:300]} for f in plan.triggers]
-            if cycle is not None and d.end_cycle:  # lost -> validating: the old one ends first
+            if cycle is not None and d.end_cycle:  # a new cycle replaces an open one: the old one ends first
                 repo.end_cycle(session, cycle, d.end_cycle, d.message, now)
                 session.flush()
             try:
@@ -319,7 +319,7 @@ class RepairManager:
                     repo.add_event(session, node.id, "step", actor=ACTOR, reason=d.reason, message=d.message, cycle_id=cycle.id, at=now)
             if d.begin_validation and d.open_cycle is None:
                 cycle.validation_since = now
-            if d.end_cycle is not None:
+            if d.end_cycle is not None and d.open_cycle is None:  # (with a new cycle: the old one ended above)
                 repo.end_cycle(session, cycle, d.end_cycle, d.message, now)
         if d.stop_jobs:
             self._check(node, "stop_jobs")

@@ -53,10 +53,11 @@ TRANSITIONS: dict[NodeState, frozenset[NodeState]] = {
     N.DRAINING: frozenset({N.REMEDIATING, N.IN_SERVICE, N.LOST}),
     # remediating -> draining: the next step needs the whole node (a GPU fault escalated to a reboot)
     N.REMEDIATING: frozenset({N.VALIDATING, N.DRAINING, N.OUT_OF_SERVICE, N.RMA, N.IN_SERVICE, N.LOST}),
-    N.VALIDATING: frozenset({N.IN_SERVICE, N.REMEDIATING, N.OUT_OF_SERVICE, N.LOST}),
+    # -> quarantined: a node back from lost shows a fault during validation: its rule's chain
+    N.VALIDATING: frozenset({N.IN_SERVICE, N.REMEDIATING, N.OUT_OF_SERVICE, N.LOST, N.QUARANTINED}),
     N.OUT_OF_SERVICE: frozenset({N.VALIDATING, N.RMA}),
     N.RMA: frozenset({N.VALIDATING, N.OUT_OF_SERVICE}),
-    N.LOST: frozenset({N.VALIDATING}),
+    N.LOST: frozenset({N.VALIDATING, N.QUARANTINED}),  # quarantined: it reports again with a fault
 }
 # a cycle is open in these states
 IN_REPAIR = frozenset({N.QUARANTINED, N.DRAINING, N.REMEDIATING, N.VALIDATING})
@@ -312,6 +313,18 @@ def _escalate(node: NodeView, ctx: Context, why: str, end_step: tuple[str, str] 
                     advance_to=nxt, notices=("node_escalated",))
 
 
+LOST_PROBLEM = "stopped reporting"  # the problem of the validate-only cycle of a node back from lost
+
+
+def _quarantine_returning(node: NodeView, ctx: Context, why: str, stop_jobs: tuple[int, ...] = (),
+                          end_cycle: str | None = None) -> Decision:
+    """A node back from ``lost`` with a fault: quarantined into the chain of the fault's rule."""
+    plan = _plan(node, ctx, actionable(node, ctx, hold_down=False))
+    what = "; ".join(f.describe() for f in plan.triggers)
+    return Decision(N.QUARANTINED, "findings", f"{why} {what}", open_cycle=plan, stop_jobs=stop_jobs,
+                    stop_reason="node_lost", end_cycle=end_cycle, notices=("node_out_of_service",))
+
+
 def decide(node: NodeView, ctx: Context) -> Decision:
     s = node.state
     if s in LOST_CHECKED and _heartbeat_lost(node, ctx):
@@ -328,8 +341,14 @@ def decide(node: NodeView, ctx: Context) -> Decision:
         return Decision(N.QUARANTINED, "findings", f"{what}{flap}", open_cycle=plan, notices=("node_out_of_service",))
     if s is N.LOST:
         if node.health.report_s is not None and node.health.report_s > node.state_since_s:
-            plan = OpenCycle(Scope.NODE, (), (), 0, "critical", "stopped reporting", "lost", (), kind="return")
             remaining = tuple(j.job_id for j in node.jobs if not j.stopping)
+            # back with a fault a rule acts on (no hold-down: a returning node must be clean): that
+            # rule's chain, as for a node in service, instead of a validation bound to fail
+            if actionable(node, ctx, hold_down=False):
+                if node.paused:
+                    return Decision(stop_jobs=remaining, stop_reason="node_lost", waiting="paused")
+                return _quarantine_returning(node, ctx, "the agent reports again with", remaining)
+            plan = OpenCycle(Scope.NODE, (), (), 0, "critical", LOST_PROBLEM, "lost", (), kind="return")
             return Decision(N.VALIDATING, "reported_again", "the agent reports again; validating before return",
                             open_cycle=plan, begin_validation=True, stop_jobs=remaining, stop_reason="node_lost")
         remaining = tuple(j.job_id for j in node.jobs if not j.stopping)
@@ -434,5 +453,9 @@ def _validating(node: NodeView, ctx: Context, cycle: Cycle) -> Decision:
         return Decision(waiting="quiet period")
     problems = validation_problems(node, ctx, cycle)
     if problems:
+        if cycle.kind == "return" and cycle.problem == LOST_PROBLEM and actionable(node, ctx, hold_down=False) \
+                and not node.paused:
+            # back from lost, and a fault a rule acts on showed up while it validated: that rule's chain
+            return _quarantine_returning(node, ctx, "validation after lost found", end_cycle="fault")
         return _escalate(node, ctx, "validation failed: " + "; ".join(problems), None)
     return Decision(N.IN_SERVICE, "validated", "healthy after the quiet period: back in service", end_cycle="returned")
