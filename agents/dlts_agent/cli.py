@@ -44,7 +44,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     nvml_lib = None
     if args.fake_nvml:
-        from dlts_agent.fake_nvml import real_gpu_devices, scenario
+        from dlts_testing.fake_nvml import scenario
+
+        from dlts_agent.nvml import real_gpu_devices
 
         devices = real_gpu_devices()
         if devices:

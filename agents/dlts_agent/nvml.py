@@ -1,7 +1,7 @@
 """The one module that talks to NVML.
 
 ``Nvml`` takes the NVML library as a constructor argument: the real ``pynvml`` module from
-nvidia-ml-py in production, ``dlts_agent.fake_nvml.FakeNvmlLib`` in tests and demos. Nothing else in
+nvidia-ml-py in production, ``dlts_testing.fake_nvml.FakeNvmlLib`` in tests and demos. Nothing else in
 the agent imports pynvml.
 
 Rules (as gpustat does): a field the GPU does not support is ``None``, never 0; a GPU that is lost
@@ -12,7 +12,9 @@ here raises except ``NvmlUnavailable`` when NVML itself cannot start.
 from __future__ import annotations
 
 import ctypes
+import glob
 import logging
+import os
 from typing import Any, Callable
 
 from dlts_agent.model import GpuReadout, GpuSample
@@ -49,6 +51,13 @@ class NvmlUnavailable(RuntimeError):
 
 class _GpuLost(Exception):
     pass
+
+
+def real_gpu_devices(dev: str = "/dev") -> list[str]:
+    """NVIDIA device nodes of this machine. Where they exist, ``dlts-agent --fake-nvml`` and
+    ``dlts demo --fake-nvml`` refuse the fake NVML (``dlts_testing.fake_nvml``): a node with GPUs
+    reports what its driver says."""
+    return sorted(glob.glob(os.path.join(dev, "nvidia[0-9]*")))
 
 
 def normalize_bus_id(raw: str | bytes | None) -> str | None:

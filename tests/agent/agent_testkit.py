@@ -1,6 +1,6 @@
 """Test kit for the node agent: a fake node (``/proc`` and ``/sys`` trees, kernel log file), config
 builders, and fake executables (nvidia-smi, systemctl, journalctl) that record their arguments.
-NVML is faked at its seam with ``dlts_agent.fake_nvml`` scenarios. A uniquely named module (not
+NVML is faked at its seam with ``dlts_testing.fake_nvml`` scenarios. A uniquely named module (not
 ``conftest``) so that test files can import it whatever other conftest.py files pytest loads."""
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from dlts_agent.collectors.infiniband import InfinibandCollector
 from dlts_agent.collectors.jobs import JobsCollector
 from dlts_agent.collectors.lustre import LustreCollector
 from dlts_agent.collectors.nfs import NfsCollector
-from dlts_agent.fake_nvml import healthy_8xa100
+from dlts_testing.fake_nvml import healthy_8xa100
 from dlts_agent.model import CollectorStatus, FindingCode, JobLabels
 
 

@@ -29,7 +29,7 @@ from agent_testkit import FakeNode, agent_config
 from dlts_agent import firewall as firewall_module
 from dlts_agent.agent import Agent
 from dlts_agent.config import ConfigError, FirewallConfig, ReportConfig, config_from_mapping
-from dlts_agent.fake_nvml import healthy_8xa100
+from dlts_testing.fake_nvml import healthy_8xa100
 from dlts_agent.firewall import Firewall, FirewallSpecError, find_nft, parse_spec, render
 from dlts_agent.reporter import Reporter
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from agent_testkit import FakeNode, agent_config
 from dlts_agent.agent import Agent
-from dlts_agent.fake_nvml import SCENARIOS, scenario
+from dlts_testing.fake_nvml import SCENARIOS, scenario
 from dlts_agent.model import CollectorStatus, FindingCode, RecommendedAction, Severity
 from dlts_agent.nvml import Nvml, NvmlUnavailable, normalize_bus_id
 

@@ -8,7 +8,7 @@ from dlts_agent.actions import OrderError, parse_order
 from dlts_agent.agent import Agent
 from dlts_agent.collectors.infiniband import _enum_name
 from dlts_agent.collectors.xid import XidCollector
-from dlts_agent.fake_nvml import healthy_8xa100
+from dlts_testing.fake_nvml import healthy_8xa100
 from dlts_agent.kernel_log import XidLineParser, parse_kmsg_record
 from dlts_agent.model import CollectorStatus
 from dlts_agent.nvml import Nvml

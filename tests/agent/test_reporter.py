@@ -20,7 +20,7 @@ from dlts_agent.config import (
     config_from_mapping,
     read_node_token,
 )
-from dlts_agent.fake_nvml import dbe_gpu3, healthy_8xa100
+from dlts_testing.fake_nvml import dbe_gpu3, healthy_8xa100
 from dlts_agent.reporter import Reporter, ReportError
 from report_api import ReportAPI
 

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-TREES = {"dlts": ROOT / "src" / "dlts", "dlts_agent": ROOT / "agents" / "dlts_agent", "dlts_lustre": ROOT / "lustre" / "dlts_lustre"}
+TREES = {"dlts": ROOT / "src" / "dlts", "dlts_agent": ROOT / "agents" / "dlts_agent", "dlts_lustre": ROOT / "lustre" / "dlts_lustre",
+         "dlts_testing": ROOT / "agents" / "dlts_testing"}
 
 
 @pytest.fixture(scope="module")

@@ -84,7 +84,7 @@ class RunningAgent:
 
 def four_gpus(scenario_name: str):
     """A fake NVML scenario cut to the test node's 4 GPUs (the local backend's demo_gpus)."""
-    from dlts_agent.fake_nvml import scenario
+    from dlts_testing.fake_nvml import scenario
 
     lib = scenario(scenario_name)
     lib.gpus = lib.gpus[:4]

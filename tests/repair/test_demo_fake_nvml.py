@@ -84,23 +84,54 @@ def test_fake_reports_are_ignored_outside_the_demo(client, world, sessions):
 
 
 def test_the_agent_refuses_the_fake_nvml_where_nvidia_devices_exist(monkeypatch, capsys, tmp_path):
-    from dlts_agent import cli, fake_nvml
+    from dlts_agent import cli, nvml
 
-    monkeypatch.setattr(fake_nvml, "real_gpu_devices", lambda dev="/dev": ["/dev/nvidia0"])
+    monkeypatch.setattr(nvml, "real_gpu_devices", lambda dev="/dev": ["/dev/nvidia0"])
     config = tmp_path / "agent.yaml"
     config.write_text(f"node_name: n1\nstate_dir: {tmp_path}\nexporter: {{enabled: false}}\n")
     assert cli.main(["--config", str(config), "--once", "--fake-nvml", "dbe-gpu3"]) == 2
     assert "refused on a machine with NVIDIA devices (/dev/nvidia0)" in capsys.readouterr().err
-    assert fake_nvml.real_gpu_devices.__name__ == "<lambda>"
     monkeypatch.undo()
-    assert fake_nvml.real_gpu_devices(str(tmp_path)) == []
+    assert nvml.real_gpu_devices(str(tmp_path)) == []
     (tmp_path / "nvidia0").touch()
-    assert fake_nvml.real_gpu_devices(str(tmp_path)) == [str(tmp_path / "nvidia0")]
+    assert nvml.real_gpu_devices(str(tmp_path)) == [str(tmp_path / "nvidia0")]
+
+
+def test_the_demo_refuses_the_fake_nvml_where_nvidia_devices_exist(monkeypatch, settings):
+    import click
+
+    from dlts import demo
+    from dlts_agent import nvml
+
+    monkeypatch.setattr(nvml, "real_gpu_devices", lambda dev="/dev": ["/dev/nvidia0"])
+    with pytest.raises(click.ClickException, match=r"refused on a machine with NVIDIA devices \(/dev/nvidia0\)"):
+        demo.run_demo(settings, fake_nvml="dbe-gpu3")
+
+
+def test_the_fake_nvml_lives_in_the_testing_package_not_in_the_agent():
+    import importlib.util
+
+    assert importlib.util.find_spec("dlts_agent.fake_nvml") is None
+    from dlts_testing import fake_nvml
+
+    assert "dbe-gpu3" in fake_nvml.SCENARIOS
+
+
+def test_the_demo_agent_reads_the_scenario_the_real_gpus_or_nothing(settings):
+    from types import SimpleNamespace
+
+    from dlts.demo import agent_mode
+
+    pretend = SimpleNamespace(gpus=4, sku=settings.demo_sku)
+    assert agent_mode(pretend, settings, "dbe-gpu3") == "fake"
+    assert agent_mode(pretend, settings, None) == "host"  # no NVML sees pretend GPUs: none claimed
+    assert agent_mode(SimpleNamespace(gpus=0, sku="cpu"), settings, None) == "host"
+    assert agent_mode(SimpleNamespace(gpus=8, sku="a100-sxm4-80gb"), settings, None) == "nvml"
 
 
 @pytest.mark.parametrize("name", ["dbe-gpu3"])
 def test_the_fake_driver_resets_the_fake_gpu_and_refuses_a_reboot(name):
-    from dlts_agent.fake_nvml import FakeDriver, scenario
+    from dlts_testing.fake_nvml import FakeDriver, scenario
 
     lib = scenario(name)
     driver = FakeDriver(lib)

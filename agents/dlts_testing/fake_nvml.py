@@ -7,13 +7,13 @@ applies a pending row remap; an XID is queued for ``nvmlEventSetWait``; a GPU th
 answers ``NVML_ERROR_GPU_IS_LOST`` to everything.
 
 Named scenarios (``scenario(name)``) cover the cases the agent must recognise. Never used unless
-a test, ``dlts-agent --fake-nvml SCENARIO`` or the benchmark asks for it.
+a test, ``dlts-agent --fake-nvml SCENARIO``, ``dlts demo --fake-nvml SCENARIO`` or the benchmark
+asks for it; both commands refuse it where ``dlts_agent.nvml.real_gpu_devices()`` finds devices.
+It lives in ``dlts_testing``, not in the agent's package: the product does not carry its fakes.
 """
 
 from __future__ import annotations
 
-import glob
-import os
 import threading
 from collections import deque
 from dataclasses import dataclass, field
@@ -21,7 +21,6 @@ from types import SimpleNamespace
 from typing import Any, Callable
 
 import pynvml
-
 from dlts_agent.nvml import NVML_FI_DEV_GET_GPU_RECOVERY_ACTION
 
 NVMLError = pynvml.NVMLError
@@ -381,11 +380,6 @@ SCENARIOS: dict[str, Callable[[], FakeNvmlLib]] = {
     "not-supported": not_supported,
     "init-failure": init_failure,
 }
-
-
-def real_gpu_devices(dev: str = "/dev") -> list[str]:
-    """NVIDIA device nodes of this machine: where they exist, the fake NVML is refused."""
-    return sorted(glob.glob(os.path.join(dev, "nvidia[0-9]*")))
 
 
 class FakeDriver:
