@@ -88,35 +88,64 @@ class TickThread(threading.Thread):
             self.stopping.wait(self.interval_s)
 
 
-def start_fake_agent(settings: Settings, sessions, node, url: str, scenario_name: str):
-    """The real node agent for the demo's node, reading the fake NVML scenario ``scenario_name``
-    (its reports say so; only the demo's API acts on them). GPU resets act on the fake GPUs; the
-    agent reads this machine's /proc (it sees the demo's jobs) but not its kernel log."""
+def agent_mode(node, settings: Settings, scenario_name: str | None) -> str:
+    """What the demo's node agent reads: ``fake`` (the fake NVML scenario asked for), ``nvml`` (the
+    machine's real GPUs, through the real NVML), or ``host`` (no GPU telemetry: the machine has no
+    GPU, or only the pretend ones of ``demo_gpus``, which no NVML can see; the agent does not
+    pretend to observe them, and reports heartbeats and host health only)."""
+    if scenario_name:
+        return "fake"
+    if node.gpus and node.sku != settings.demo_sku:
+        return "nvml"
+    return "host"
+
+
+def start_agent(settings: Settings, sessions, node, url: str, scenario_name: str | None = None):
+    """The real node agent for the demo's node, reporting to the demo's API every second.
+
+    With ``scenario_name`` it reads that fake NVML scenario (``dlts_testing.fake_nvml``; its reports
+    say so and only the demo's API acts on them) and its GPU resets act on the fake GPUs
+    (``FakeDriver``; a reboot is refused). Without, it reads the real NVML where the machine has
+    GPUs, and nothing GPU-related where it has none or only pretend ones; it carries out no repair
+    action then (``actions.enabled: false``: a demo does not reset or reboot your machine): a real
+    fault takes the node through quarantine to ``out_of_service``, for you to look at. The agent
+    reads this machine's /proc (it sees the demo's jobs) but not its kernel log."""
     from dlts_agent.agent import Agent
     from dlts_agent.config import config_from_mapping
-    from dlts_agent.fake_nvml import FakeDriver, scenario
 
     from dlts.services import nodes as node_service
 
-    lib = scenario(scenario_name)
-    lib.gpus = lib.gpus[: node.gpus]
+    mode = agent_mode(node, settings, scenario_name)
+    lib = None
+    if mode == "fake":
+        from dlts_testing.fake_nvml import scenario
+
+        lib = scenario(scenario_name)
+        lib.gpus = lib.gpus[: node.gpus]
     home = settings.home.resolve() / "agent"
     home.mkdir(parents=True, exist_ok=True)
     (home / "kmsg").touch()
     with sessions() as session:
         token = node_service.issue_node_token(session, node.name)
     _write_secret(home / "node-token", token)
+    gpus = len(lib.gpus) if lib is not None else node.gpus if mode == "nvml" else 0
     cfg = config_from_mapping({
-        "node_name": node.name, "interval_s": 1, "state_dir": str(home), "expected_gpu_count": len(lib.gpus),
+        "node_name": node.name, "interval_s": 1, "state_dir": str(home), "expected_gpu_count": gpus,
         "exporter": {"enabled": False}, "firewall": {"enabled": False},
-        "collectors": {"host": {"mounts": [str(settings.home.resolve())]}, "xid": {"source": "kmsg", "kmsg_path": str(home / "kmsg")}},
+        "actions": {"enabled": mode == "fake"},
+        "collectors": {"host": {"mounts": [str(settings.home.resolve())]},
+                       "gpu": {"enabled": mode != "host"},
+                       "xid": {"source": "kmsg", "kmsg_path": str(home / "kmsg"), "nvml_events": mode != "host"}},
         "report": {"enabled": True, "api_url": url, "node_token_file": str(home / "node-token"), "interval_s": 1},
     })
     agent = Agent(cfg, nvml_lib=lib)
-    agent.executor.runner = FakeDriver(lib)
+    if lib is not None:
+        from dlts_testing.fake_nvml import FakeDriver
+
+        agent.executor.runner = FakeDriver(lib)
     stop = threading.Event()
     thread = threading.Thread(target=agent.run, args=(stop,), name="agent", daemon=True)
-    return agent, stop, thread
+    return agent, stop, thread, mode
 
 
 def _interrupt(_signum, _frame):
@@ -129,7 +158,8 @@ def run_demo(settings: Settings, fake_nvml: str | None = None) -> None:
     if not settings.secret_key:
         settings = settings.model_copy(update={"secret_key": demo_secret_key(home)})
     if fake_nvml:
-        from dlts_agent.fake_nvml import SCENARIOS, real_gpu_devices
+        from dlts_agent.nvml import real_gpu_devices
+        from dlts_testing.fake_nvml import SCENARIOS
 
         devices = real_gpu_devices()
         if devices:
@@ -158,9 +188,7 @@ def run_demo(settings: Settings, fake_nvml: str | None = None) -> None:
     server = make_server(settings.listen_host, settings.listen_port, app, threaded=True)
     url = f"http://{settings.listen_host}:{server.server_port}"
     node = backend.nodes()[0]
-    agent = None
-    if fake_nvml:
-        agent, agent_stop, agent_thread = start_fake_agent(settings, sessions, node, url, fake_nvml)
+    _agent, agent_stop, agent_thread, agent_reads = start_agent(settings, sessions, node, url, fake_nvml)
     gpus = "no GPUs" if node.gpus == 0 else f"{node.gpus} {node.sku} GPUs" + (
         " (pretend GPUs from demo_gpus; nothing runs on a real GPU)" if node.sku == settings.demo_sku else "")
     click.echo(f"DLTS demo {'created' if created else 'resumed'} in {home}")
@@ -172,15 +200,21 @@ def run_demo(settings: Settings, fake_nvml: str | None = None) -> None:
         for line in (home / "demo-credentials").read_text().split():
             click.echo(f"    {line}")
     click.echo(f"  try:   curl -H \"Authorization: Bearer $(cat {home / 'alice-token'})\" {url}/api/v1/me")
-    if fake_nvml:
+    if agent_reads == "fake":
         click.echo(f"  node agent: fake NVML scenario {fake_nvml!r}; watch the repair loop with `dlts node show {node.name}` "
                    f"or {url}/repair")
+    elif agent_reads == "nvml":
+        click.echo(f"  node agent: this machine's GPUs (NVML); it carries out no repair action in the demo "
+                   f"(`dlts node show {node.name}`)")
+    else:
+        click.echo("  node agent: no GPU telemetry (" + ("pretend GPUs: no NVML sees them" if node.gpus else "no GPUs")
+                   + f"); heartbeats and host health (`dlts node show {node.name}`); "
+                   "--fake-nvml SCENARIO shows a repair cycle")
     click.echo("Ctrl-C stops the demo (running jobs are stopped and requeued at the next start).", err=False)
     ticker.start()
     if settings.repair.enabled:
         repairer.start()
-    if agent is not None:
-        agent_thread.start()
+    agent_thread.start()
     signal.signal(signal.SIGTERM, _interrupt)
     signal.signal(signal.SIGINT, _interrupt)
     try:
@@ -192,9 +226,8 @@ def run_demo(settings: Settings, fake_nvml: str | None = None) -> None:
         server.server_close()
         ticker.stopping.set()
         repairer.stopping.set()
-        if agent is not None:
-            agent_stop.set()
-            agent_thread.join(timeout=10)
+        agent_stop.set()
+        agent_thread.join(timeout=10)
         ticker.join(timeout=30)
         if repairer.is_alive():
             repairer.join(timeout=30)

@@ -89,9 +89,20 @@ def test_demo_runs_jobs_survives_a_restart_and_takes_users_from_a_second_termina
         assert requests.get(f"{demo.url}/api/v1/me", headers={"Authorization": f"Bearer {dave}"}, timeout=5).status_code == 200
         bad = demo.cli("vc", "add", "x", "--quota", "nonsense")
         assert bad.returncode != 0 and "quota" in bad.stderr and "Traceback" not in bad.stderr
+        # the real node agent reports for the demo's node; with pretend GPUs it claims no GPU readings
+        admin_auth = {"Authorization": f"Bearer {admin_token}"}
+        deadline = time.monotonic() + 20
+        while not (node := requests.get(f"{demo.url}/api/v1/nodes", headers=admin_auth, timeout=5).json()["items"][0]
+                   ).get("last_heartbeat_at"):
+            assert time.monotonic() < deadline, node
+            time.sleep(0.3)
+        node = requests.get(f"{demo.url}/api/v1/nodes/{node['name']}", headers=admin_auth, timeout=5).json()
+        assert node["state"] == "in_service" and node["details"]["metrics"].get("fake") is not True
+        assert node["details"]["findings"] == [] or all(f["severity"] != "critical" for f in node["details"]["findings"])
     finally:
         out = demo.stop()
     assert "1 running job(s) will be requeued" in out
+    assert "node agent: no GPU telemetry (pretend GPUs" in out
     token = demo.start()
     try:
         auth = {"Authorization": f"Bearer {token}"}
