@@ -166,20 +166,25 @@ def managers(ctx: Context) -> None:
     except (ConfigError, TemplateError) as exc:
         raise click.ClickException(str(exc)) from None
     entries.append(Periodic("notify.send", settings.notify.interval_s, notifier.run_once))
-    if settings.managers_metrics_listen:
-        from prometheus_client import CollectorRegistry, start_http_server
+    run_forever(entries, metrics=functools.partial(_serve_managers_metrics, settings, sessions)
+                if settings.managers_metrics_listen else None)
 
-        from dlts.managers.repair_metrics import RepairMetrics
 
-        registry = CollectorRegistry()
-        registry.register(RepairMetrics(sessions))
-        host, _, port = settings.managers_metrics_listen.rpartition(":")
-        try:
-            start_http_server(int(port), addr=host.strip("[]"), registry=registry)
-        except OSError as exc:
-            raise click.ClickException(f"managers_metrics_listen: cannot listen on "
-                                       f"{settings.managers_metrics_listen}: {exc.strerror}") from None
-    run_forever(entries)
+def _serve_managers_metrics(settings, sessions):
+    """The managers process's /metrics on ``managers_metrics_listen``: the repair loop's collector."""
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    from dlts.managers.repair_metrics import RepairMetrics
+
+    registry = CollectorRegistry()
+    registry.register(RepairMetrics(sessions))
+    host, _, port = settings.managers_metrics_listen.rpartition(":")
+    try:
+        server, _thread = start_http_server(int(port), addr=host.strip("[]"), registry=registry)
+    except OSError as exc:
+        raise click.ClickException(f"managers_metrics_listen: cannot listen on "
+                                   f"{settings.managers_metrics_listen}: {exc.strerror}") from None
+    return server
 
 
 # -- database -----------------------------------------------------------------------------------

@@ -219,7 +219,7 @@ def test_dlts_managers_purges_expired_allowed_ips_every_ten_minutes(settings, se
                   .values(expires_at=utcnow() - dt.timedelta(minutes=1)))
         s.commit()
     seen = {}
-    monkeypatch.setattr(dlts.managers, "run_forever", lambda entries: seen.update({e.id: e for e in entries}))
+    monkeypatch.setattr(dlts.managers, "run_forever", lambda entries, **kw: seen.update({e.id: e for e in entries}))
     monkeypatch.setenv("DLTS_DATABASE_URL", settings.database_url)
     monkeypatch.setenv("DLTS_HOME", str(settings.home))
     result = CliRunner().invoke(main, ["managers"])

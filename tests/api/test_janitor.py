@@ -100,7 +100,7 @@ def test_dlts_managers_registers_the_janitor(settings, monkeypatch):
     from dlts.cli import main
 
     seen = {}
-    monkeypatch.setattr(dlts.managers, "run_forever", lambda entries: seen.update({e.id: e for e in entries}))
+    monkeypatch.setattr(dlts.managers, "run_forever", lambda entries, **kw: seen.update({e.id: e for e in entries}))
     monkeypatch.setenv("DLTS_DATABASE_URL", settings.database_url)
     monkeypatch.setenv("DLTS_HOME", str(settings.home))
     monkeypatch.setenv("DLTS_RETENTION_DAYS", "42")

@@ -9,6 +9,7 @@ import base64
 import json
 
 import pytest
+from conftest import make_spec  # tests/k8s/conftest.py, imported at collection like the other k8s tests do
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
@@ -594,8 +595,6 @@ def test_since_time_reaches_the_kubelet_in_whole_seconds(api, v1, kubeconfig):
 
 def rendered_pod(image: str = "python:3.11", **settings) -> dict:
     """The pod the renderer makes for a job (owner alice, uid 1000) on n1, as the API receives it."""
-    from conftest import make_spec
-
     from dlts.backends.k8s_render import ManifestRenderer
     from dlts.backends.k8s_settings import KubernetesSettings
 

@@ -22,7 +22,10 @@ class Periodic:
     run: Callable[[], object]
 
 
-def run_forever(entries: list[Periodic]) -> None:
+def run_forever(entries: list[Periodic], metrics: Callable[[], object] | None = None) -> None:
+    """Run every entry until SIGINT/SIGTERM. ``metrics`` starts the process's /metrics server
+    (it returns the server, which is shut down on the way out)."""
+    server = metrics() if metrics is not None else None
     scheduler = BlockingScheduler(timezone="UTC")
     for entry in entries:
         scheduler.add_job(_guarded(entry), "interval", seconds=entry.interval_s, id=entry.id,
@@ -32,6 +35,10 @@ def run_forever(entries: list[Periodic]) -> None:
         scheduler.start()
     except (KeyboardInterrupt, SystemExit):
         scheduler.shutdown(wait=True)
+    finally:
+        if server is not None:
+            server.shutdown()  # type: ignore[attr-defined]
+            server.server_close()  # type: ignore[attr-defined]
 
 
 def _guarded(entry: Periodic) -> Callable[[], None]:
