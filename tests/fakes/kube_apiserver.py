@@ -2927,6 +2927,9 @@ class _Handler(BaseHTTPRequestHandler):
 class _HttpServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
+    # socketserver's default listen backlog is 5: a burst of more parallel connections than that
+    # (launch_parallelism is 16) gets resets a real API server's backlog would never give
+    request_queue_size = 1024
     api: FakeKubeApiServer
 
     def handle_error(self, request: Any, client_address: Any) -> None:
