@@ -11,7 +11,6 @@ demo.
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import os
 from pathlib import Path
@@ -20,7 +19,7 @@ from typing import Any, Literal, Mapping
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from dlts.backends.k8s_settings import KubernetesSettings
+from dlts.backends.k8s_settings import KubernetesSettings, cidr_list
 from dlts.notify_settings import NotifySettings
 from dlts.repair.settings import RepairSettings
 
@@ -144,17 +143,7 @@ class Settings(BaseModel):
     @field_validator("endpoint_allow_cidrs", mode="before")
     @classmethod
     def _cidr_list(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            value = [part for part in value.replace(",", " ").split()]
-        if not isinstance(value, (list, tuple)):
-            return value
-        canonical = []
-        for item in value:
-            try:
-                canonical.append(str(ipaddress.ip_network(str(item).strip(), strict=True)))
-            except ValueError as exc:
-                raise ValueError(f"{item!r} is not an IPv4/IPv6 address or CIDR network ({exc})") from None
-        return tuple(canonical)
+        return cidr_list(value)
 
     @field_validator("endpoint_port_range", mode="before")
     @classmethod

@@ -21,6 +21,25 @@ _LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-
 _IMAGE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-/:@]*$")
 
 
+def cidr_list(value: Any) -> Any:
+    """A list of networks (or a comma/space-separated string of them) as canonical CIDR strings;
+    a value that is no list is left for pydantic to refuse. Shared by every setting that lists
+    networks (``kubernetes.storage_cidrs``, ``endpoint_allow_cidrs``)."""
+    import ipaddress
+
+    if isinstance(value, str):
+        value = value.replace(",", " ").split()
+    if not isinstance(value, (list, tuple)):
+        return value
+    out = []
+    for item in value:
+        try:
+            out.append(str(ipaddress.ip_network(str(item).strip(), strict=True)))
+        except ValueError as exc:
+            raise ValueError(f"{item!r} is not an IPv4/IPv6 address or CIDR network ({exc})") from None
+    return tuple(out)
+
+
 class PrivilegedFeature(str, enum.Enum):
     """What a VC's policy may allow its jobs (cluster admin setting); nothing is allowed by default."""
 
@@ -132,19 +151,7 @@ class KubernetesSettings(BaseModel):
     @field_validator("storage_cidrs", mode="before")
     @classmethod
     def _cidrs(cls, value: Any) -> Any:
-        import ipaddress
-
-        if isinstance(value, str):
-            value = value.replace(",", " ").split()
-        if not isinstance(value, (list, tuple)):
-            return value
-        out = []
-        for item in value:
-            try:
-                out.append(str(ipaddress.ip_network(str(item).strip(), strict=True)))
-            except ValueError as exc:
-                raise ValueError(f"{item!r} is not an IPv4/IPv6 address or CIDR network ({exc})") from None
-        return tuple(out)
+        return cidr_list(value)
 
     @field_serializer("privileged_policy")
     def _policy_out(self, value: dict[str, frozenset[PrivilegedFeature]]) -> dict[str, list[str]]:
