@@ -337,6 +337,13 @@ def test_site_playbook_touches_no_host_when_the_inventory_is_broken(lab, tmp_pat
     assert "UNREACHABLE" not in result.stdout
 
 
+def test_an_inventory_without_a_kubernetes_section_passes(lab, tmp_path):
+    # dlts_kubernetes is optional: every key keeps DLTS's default (the converge inventory has none)
+    lab.edit("group_vars/all/dlts.yml", lambda d: d.pop("dlts_kubernetes", None))
+    result = _validate(lab, tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:]
+
+
 def test_a_full_kubernetes_section_and_vc_storage_pass(lab, tmp_path):
     lab.edit("group_vars/all/dlts.yml", lambda d: d.update(
         dlts_kubernetes={"watch": False, "list_page_size": 100, "request_timeout_s": 2.5, "network_policy": True,
