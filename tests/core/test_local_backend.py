@@ -107,14 +107,37 @@ def test_the_init_records_its_own_pid_and_start_time_before_the_job_runs(backend
     backend.launch(_spec(tmp_path, command="exec sleep 600"))
     seen = _observe(backend, until=lambda o: o is not None and o.phase is RunPhase.RUNNING
                     and (tmp_path / "run" / "5-1" / "pid").exists())
-    pid_text, started_text = (tmp_path / "run" / "5-1" / "pid").read_text().split()
+    pid_text, started_text, ticks_text = (tmp_path / "run" / "5-1" / "pid").read_text().split()
     init = psutil.Process(int(pid_text))
     assert "dlts_init.py" in " ".join(init.cmdline())
     assert abs(init.create_time() - float(started_text)) < 0.05  # the same clock as psutil's
+    assert int(ticks_text) == local_backend._start_ticks(init.pid)  # what identifies the process exactly
     assert [c.name() for c in init.children()] == ["sleep"]
     assert seen.started_at is not None
     backend.terminate(5, 1, 0)
     assert _observe(backend).exit_code == 137
+
+
+def test_the_process_is_known_by_its_start_ticks_not_the_wall_clock(backend, tmp_path):
+    """A wall clock stepped while a job runs moves the boot time psutil adds to start ticks: the
+    job still runs. A pid whose start ticks differ (reused by another process) is the job gone."""
+    backend.launch(_spec(tmp_path, command="exec sleep 600"))
+    record = tmp_path / "run" / "5-1" / "pid"
+    _observe(backend, until=lambda o: o is not None and o.phase is RunPhase.RUNNING and record.exists())
+    pid, started, ticks = record.read_text().split()
+    init = psutil.Process(int(pid))
+    try:
+        record.write_text(f"{pid} {float(started) - 5} {ticks}\n")  # the clock was 5 s behind then
+        assert _observe(backend, until=lambda o: o is not None).phase is RunPhase.RUNNING
+        record.write_text(f"{pid} {started} {int(ticks) + 1}\n")
+        gone = _observe(backend, until=lambda o: o is not None)
+        assert gone.phase is RunPhase.GONE
+        assert gone.message == f"the job's process vanished (pid {pid} now belongs to another process)"
+    finally:
+        for proc in init.children(recursive=True) + [init]:
+            proc.kill()
+        init.wait(10)
+    assert "no process with pid" in _observe(backend, until=lambda o: o is not None).message
 
 
 def test_an_init_that_cannot_open_the_log_is_pending_with_reason_init_failed(backend, tmp_path):

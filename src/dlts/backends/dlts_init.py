@@ -400,18 +400,20 @@ class Identity:
         return {"user": self.uid, "group": self.gid, "extra_groups": sorted({self.gid, *self.groups})}
 
 
-def _start_time() -> float:
-    """This process's start time as psutil computes it (boot time + start ticks), so the job
-    manager's pid check (pid and start time) recognises the record; now where /proc is missing."""
+def _start_record() -> str:
+    """``START_TIME TICKS``: this process's start as psutil computes it (boot time + start ticks;
+    the attempt's start) and the raw start ticks since boot (field 22 of /proc/self/stat), which
+    identify the process exactly: the wall clock and so the boot time can be stepped while a job
+    runs, the ticks never change. Just the time where /proc is missing."""
     try:
         with open("/proc/self/stat", "rb") as fh:
             stat = fh.read()
         ticks = int(stat[stat.rfind(b")") + 2:].split()[19])
         with open("/proc/stat", "rb") as fh:
             btime = next(float(line.split()[1]) for line in fh if line.startswith(b"btime"))
-        return btime + ticks / os.sysconf("SC_CLK_TCK")
+        return f"{btime + ticks / os.sysconf('SC_CLK_TCK')} {ticks}"
     except (OSError, ValueError, IndexError, StopIteration):
-        return time.time()
+        return str(time.time())
 
 
 def _load_logstore():
@@ -477,7 +479,7 @@ def run(argv: list[str], exit_file: str | None, endpoints_dir: str | None = None
         sys.stderr.write(f"dlts-init: cannot open the job's log in the log store: {exc}\n")
         return 1
     if pid_file:
-        _write_atomic(pid_file, f"{os.getpid()} {_start_time()}\n")
+        _write_atomic(pid_file, f"{os.getpid()} {_start_record()}\n")
     if pump is not None and spec.get("note"):
         pump.say(f"[dlts] {spec['note']}\n")
     child = os.fork()

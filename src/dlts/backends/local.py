@@ -4,7 +4,7 @@ An attempt lives in ``<run_dir>/<job>-<attempt>/``. Most attempts run one proces
 inference attempt runs one process per replica, and a distributed attempt one per placement (as
 one pod per node), each in ``replicas/<index>/`` (the replica index of its placement) with its own
 ``CUDA_VISIBLE_DEVICES``. Each process directory (a *unit*) holds ``spec.json`` (the init's run
-spec: log, working directory, identity), ``pid`` (pid and start time, written by the DLTS init
+spec: log, working directory, identity), ``pid`` (pid, start time and start ticks since boot, written by the DLTS init
 itself before it starts the job, so a reused pid is never mistaken for the job and no job runs
 without a record), ``exit`` (written by the init when the command ends and its output is in the
 log), ``kill_at`` (the SIGKILL deadline after a SIGTERM), ``stopped`` (the demo shut down under it),
@@ -87,6 +87,13 @@ def detect_gpus() -> tuple[str, int] | None:
         return None
     finally:
         pynvml.nvmlShutdown()
+
+
+def _start_ticks(pid: int) -> int:
+    """A process's start in clock ticks since boot (field 22 of /proc/PID/stat)."""
+    with open(f"/proc/{pid}/stat", "rb") as fh:
+        stat = fh.read()
+    return int(stat[stat.rfind(b")") + 2:].split()[19])
 
 
 class LocalBackend:
@@ -278,18 +285,33 @@ class LocalBackend:
         """Nothing to copy: each job's init writes its output to the log store itself."""
 
     def _process(self, unit: Path) -> tuple[psutil.Process | None, float | None]:
+        proc, started, _ = self._identify(unit)
+        return proc, started
+
+    @staticmethod
+    def _identify(unit: Path) -> tuple[psutil.Process | None, float | None, str]:
+        """The unit's init from its ``pid`` record (pid, start time and, from current inits, start
+        ticks), its start time, and why not when it is not running."""
         try:
-            pid_text, started_text = (unit / "pid").read_text().split()
-            pid, started = int(pid_text), float(started_text)
-        except (FileNotFoundError, ValueError):
-            return None, None  # not started yet (its init records itself before it starts the job)
+            fields = (unit / "pid").read_text().split()
+            pid, started = int(fields[0]), float(fields[1])
+            ticks = int(fields[2]) if len(fields) > 2 else None
+        except (FileNotFoundError, ValueError, IndexError):
+            return None, None, "not started"  # its init records itself before it starts the job
         try:
             proc = psutil.Process(pid)
-            if abs(proc.create_time() - started) > 1 or proc.status() == psutil.STATUS_ZOMBIE:
-                return None, started
-            return proc, started
-        except psutil.Error:
-            return None, started
+            if ticks is not None:
+                # exact: the ticks since boot never change, the wall clock (and so the boot time
+                # psutil adds to them) can be stepped while a job runs
+                if _start_ticks(pid) != ticks:
+                    return None, started, f"pid {pid} now belongs to another process"
+            elif abs(proc.create_time() - started) > 1:
+                return None, started, f"pid {pid} now belongs to another process"
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                return None, started, f"its init (pid {pid}) exited without recording an exit code"
+            return proc, started, ""
+        except (psutil.Error, OSError, ValueError, IndexError):
+            return None, started, f"no process with pid {pid}"
 
     def _reap(self) -> None:
         for key, child in list(self._children.items()):
@@ -334,7 +356,8 @@ class LocalBackend:
             return Observed(job_id, attempt, RunPhase.RUNNING, None, started)
         if (unit / "pid").exists():
             # the process vanished without its init writing an exit code (SIGKILLed init, reboot)
-            return Observed(job_id, attempt, RunPhase.GONE, None, started, now, "the job's process vanished")
+            _, _, why = self._identify(unit)
+            return Observed(job_id, attempt, RunPhase.GONE, None, started, now, f"the job's process vanished ({why})")
         return Observed(job_id, attempt, RunPhase.PENDING, **self._why_not_started(unit))
 
     def _observe_replicas(self, key: tuple[int, int], replicas: list[tuple[int, Path]], now: float) -> Observed:
