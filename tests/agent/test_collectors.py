@@ -282,3 +282,34 @@ def test_malformed_input_raises_that_collectors_error_metric_only(node: FakeNode
             assert res.status is CollectorStatus.OK, (other, res.errors)
             assert r.get_sample_value("dlts_node_collector_errors_total", {"collector": other}) == 0, other
     assert r.get_sample_value("dlts_node_collector_success", {"collector": "gpu"}) == 1
+
+
+def test_the_host_collector_never_changes_what_other_threads_read_from_proc(node: FakeNode):
+    """Other threads of the process (the reporter; in the repair tests the job manager, whose
+    process checks then saw the fake /proc and took every job's process for vanished) keep seeing
+    the real /proc while the collector reads a fake one."""
+    import os
+
+    import psutil
+
+    real_boot, me = psutil.boot_time(), psutil.Process(os.getpid())
+    wrong: list[str] = []
+    stop = threading.Event()
+
+    def watch():
+        while not stop.is_set():
+            try:
+                if psutil.boot_time() != real_boot or not psutil.pid_exists(me.pid):
+                    wrong.append("psutil read another /proc")
+            except Exception as exc:  # noqa: BLE001 - anything the fake /proc made psutil raise
+                wrong.append(repr(exc))
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        for _ in range(300):
+            HostCollector(str(node.proc), (str(node.root),)).collect()
+    finally:
+        stop.set()
+        watcher.join()
+    assert wrong == []
