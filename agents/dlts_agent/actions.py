@@ -1,4 +1,5 @@
-"""Repair actions the control plane may order: reset a GPU, restart a named service, reboot, drop caches.
+"""Repair actions the control plane may order: reset a GPU, restart a named service, reboot, drop
+caches, and run the GPU diagnostic (``dcgmi diag``) that validates a repaired node.
 
 Orders arrive only in the response to the agent's authenticated report (the agent listens on no
 port that can act). Each order:
@@ -21,6 +22,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Callable, Mapping, Protocol
 
 from dlts_agent.config import ActionsConfig
+from dlts_agent.dcgm import DiagOutputError, parse_diag
 from dlts_agent.model import (
     AgentSnapshot,
     CollectorStatus,
@@ -40,6 +42,7 @@ class ActionKind(str, enum.Enum):
     RESTART_SERVICE = "restart_service"
     REBOOT = "reboot"
     DROP_CACHES = "drop_caches"
+    GPU_DIAG = "gpu_diag"  # target LEVEL[:GPU,GPU...]: dcgmi diag -r LEVEL [-i GPUS]
 
 
 class OrderStatus(str, enum.Enum):
@@ -48,6 +51,7 @@ class OrderStatus(str, enum.Enum):
     REJECTED = "rejected"  # not tried: invalid, not allowed, or a precondition does not hold
     DRY_RUN = "dry_run"  # not tried on purpose; message says what would have run
     IN_PROGRESS = "in_progress"  # only a reboot, until the agent comes back on a new boot
+    SKIPPED = "skipped"  # not tried: the tool it needs is not installed here (gpu_diag without dcgmi)
 
 
 @dataclass(frozen=True)
@@ -104,7 +108,8 @@ def run_command(argv: list[str], timeout_s: float) -> tuple[int, str]:
         return 127, f"{argv[0]}: command not found"
     except subprocess.TimeoutExpired:
         return 124, f"{' '.join(argv)}: no answer after {timeout_s:g} s"
-    return proc.returncode, (proc.stdout + proc.stderr).strip()[-2000:]
+    # whole (up to 1 MiB): a diagnostic's JSON is read in full; messages are cut where they are made
+    return proc.returncode, (proc.stdout + proc.stderr).strip()[-(1 << 20):]
 
 
 class OrderError(ValueError):
@@ -245,6 +250,7 @@ class ActionExecutor:
             ActionKind.RESTART_SERVICE: self._restart_service,
             ActionKind.REBOOT: self._reboot,
             ActionKind.DROP_CACHES: self._drop_caches,
+            ActionKind.GPU_DIAG: self._gpu_diag,
         }[order.action]
         try:
             status, message = handler(order, now)
@@ -283,11 +289,12 @@ class ActionExecutor:
 
     def _run(self, argv: list[str]) -> tuple[OrderStatus, str]:
         rc, out = self.runner(argv, self.cfg.command_timeout_s)
+        out = out[-2000:]
         if rc == 0:
             return OrderStatus.SUCCEEDED, f"ran {' '.join(argv)}" + (f": {out}" if out else "")
         return OrderStatus.FAILED, f"{' '.join(argv)} exited {rc}" + (f": {out}" if out else "")
 
-    # -- the four actions -----------------------------------------------------------------------
+    # -- the actions -----------------------------------------------------------------------
 
     def _reset_gpu(self, order: Order, now: float) -> tuple[OrderStatus, str]:
         snap = self.snapshot()
@@ -383,6 +390,54 @@ class ActionExecutor:
         with open(path, "w", encoding="ascii") as f:
             f.write("3\n")
         return OrderStatus.SUCCEEDED, f"synced and wrote 3 to {path}"
+
+
+    def _gpu_diag(self, order: Order, now: float) -> tuple[OrderStatus, str]:
+        """``dcgmi diag -r LEVEL -j`` on the order's GPUs (all when none are named), which must be
+        free of jobs: a diagnostic on a busy GPU fails (graphics processes) and disturbs the job."""
+        level_text, _, gpu_text = order.target.partition(":")
+        if level_text not in ("1", "2", "3", "4"):
+            return OrderStatus.REJECTED, f"gpu_diag target {order.target!r}: expected LEVEL[:GPU,...] with LEVEL 1-4"
+        snap = self.snapshot()
+        gpu: GpuReadout | None = snap.collection.sample("gpu") if snap else None
+        if gpu is None:
+            return OrderStatus.REJECTED, "no current GPU reading (NVML failed or not collected yet)"
+        wanted = []
+        for t in filter(None, (x.strip() for x in gpu_text.split(","))):
+            g = _find_gpu(gpu, t)
+            if g is None:
+                return OrderStatus.REJECTED, f"no GPU {t!r} on this node"
+            wanted.append(g)
+        targets = wanted or list(gpu.gpus)
+        if not order.force:
+            if snap is None or snap.collection.status("jobs") is not CollectorStatus.OK:
+                return OrderStatus.REJECTED, "cannot tell which jobs use the GPUs (jobs collector not OK); refusing the diagnostic"
+            jobs: JobsSample = snap.collection.sample("jobs")
+            busy = [f"{g.device} (job {h.job_id})" for g in targets if (h := jobs.for_gpu(g)) is not None]
+            if busy:
+                return OrderStatus.REJECTED, f"in use: {', '.join(busy)}; drain first or send force: true"
+        argv = [self.cfg.dcgmi, "diag", "-r", level_text, "-j"]
+        if wanted:
+            argv += ["-i", ",".join(str(g.index) for g in wanted)]
+        if order.dry_run:
+            return OrderStatus.DRY_RUN, f"would run {' '.join(argv)}"
+        rc, out = self.runner(argv, self.cfg.diag_timeout_s)
+        command = " ".join(argv[1:])
+        if rc == 127 and "not found" in out:
+            return OrderStatus.SKIPPED, f"dcgmi is not installed on this node ({self.cfg.dcgmi}: command not found)"
+        try:
+            diag = parse_diag(out)
+        except DiagOutputError as e:
+            tail = " ".join(out.split())[-300:]
+            return OrderStatus.FAILED, f"dcgmi {command} exited {rc} without a result ({e})" + (f": {tail}" if tail else "")
+        if diag.failed:
+            return OrderStatus.FAILED, f"dcgmi {command}: failed: {'; '.join(diag.failed)}"[:1000]
+        if rc != 0:
+            return OrderStatus.FAILED, f"dcgmi {command} exited {rc} with no failed test"
+        if not diag.ran:
+            return OrderStatus.FAILED, f"dcgmi {command}: no test ran (all skipped: {', '.join(diag.skipped) or 'none'})"[:1000]
+        warned = f"; warnings: {', '.join(diag.warned)}" if diag.warned else ""
+        return OrderStatus.SUCCEEDED, f"dcgmi {command}: {diag.ran} tests passed{warned}"[:1000]
 
 
 def _find_gpu(readout: GpuReadout, target: str) -> GpuSample | None:

@@ -130,6 +130,8 @@ class ActionsConfig:
     systemctl: str = "systemctl"
     command_timeout_s: float = 120.0
     reboot_requires_no_jobs: bool = True
+    dcgmi: str = "dcgmi"  # the GPU diagnostic a repair's validation may order (gpu_diag)
+    diag_timeout_s: float = 900.0  # one dcgmi diag run (level 1 takes about a minute)
 
 
 @dataclass(frozen=True)
@@ -228,6 +230,7 @@ def _validate(cfg: AgentConfig) -> None:
     positive("report.backoff_initial_s", cfg.report.backoff_initial_s)
     positive("collectors.nfs.timeout_s", cfg.collectors.nfs.timeout_s)
     positive("actions.command_timeout_s", cfg.actions.command_timeout_s)
+    positive("actions.diag_timeout_s", cfg.actions.diag_timeout_s)
     positive("firewall.timeout_s", cfg.firewall.timeout_s)
     if cfg.firewall.enabled and not cfg.report.enabled:
         raise ConfigError(

@@ -14,6 +14,7 @@ It lives in ``dlts_testing``, not in the agent's package: the product does not c
 
 from __future__ import annotations
 
+import json
 import threading
 from collections import deque
 from dataclasses import dataclass, field
@@ -405,7 +406,49 @@ class FakeDriver:
             return 6, f"no GPU {target}"
         if argv[-1:] == ["reboot"]:
             return 1, "a fake-NVML node does not reboot (demo)"
+        if argv[1:2] == ["diag"]:
+            return fake_dcgmi_diag(self.lib, argv)
         return 0, ""
+
+
+DEPLOYMENT_TESTS = ("Denylist", "NVML Library", "CUDA Main Library", "Permissions and OS-related Blocks",
+                    "Persistence Mode", "Environmental Variables", "Page Retirement/Row Remap", "Graphics Processes",
+                    "Inforom")
+
+
+def fake_dcgmi_diag(lib: FakeNvmlLib, argv: list[str]) -> tuple[int, str]:
+    """``dcgmi diag -r LEVEL -j [-i GPUS]`` over the fake GPUs, in DCGM 3's JSON document (the
+    format docs/agent.md describes: the deployment tests, one result for the GPUs run on, nulls
+    between the tests as DCGM 3 prints them). What fails: NVML Library when the driver does not
+    load; Page Retirement/Row Remap on a pending or failed row remap or a pending page retirement;
+    Graphics Processes when a GPU has processes. A lost GPU cannot be diagnosed at all."""
+    gpus = list(range(len(lib.gpus)))
+    if "-i" in argv:
+        gpus = [int(x) for x in argv[argv.index("-i") + 1].split(",")]
+    lost = [i for i in gpus if lib.gpus[i].lost]
+    if lost:
+        return 255, f"Error: Unable to run diagnostic: GPU {lost[0]} is not accessible (fake NVML)"
+    ids = ",".join(map(str, gpus))
+    failing: dict[str, list[str]] = {}
+    if lib.init_error is not None:
+        failing["NVML Library"] = [f"nvmlInit failed with error {lib.init_error}"]
+    for i in gpus:
+        g = lib.gpus[i]
+        remap = g.remapped_rows or (0, 0, 0, 0)
+        if remap[2] or remap[3] or g.retired_pending:
+            what = "a row remapping failure" if remap[3] else "pending row remappings" if remap[2] else "pending page retirements"
+            failing.setdefault("Page Retirement/Row Remap", []).append(f"GPU {i} has {what}; reset or reboot the GPU")
+        if g.pids:
+            failing.setdefault("Graphics Processes", []).append(f"GPU {i} is in use by processes {g.pids}")
+    tests: list[dict | None] = []
+    for name in DEPLOYMENT_TESTS:
+        result: dict = {"gpu_ids": ids, "status": "FAIL" if name in failing else "PASS"}
+        if name in failing:
+            result["warnings"] = failing[name]
+        tests += [{"name": name, "results": [result]}, None]
+    doc = {"DCGM GPU Diagnostic": {"test_categories": [{"category": "Deployment", "tests": tests[:-1]}],
+                                   "version": "3.3.9"}}
+    return (1 if failing else 0), json.dumps(doc, indent=1)
 
 
 def scenario(name: str) -> FakeNvmlLib:

@@ -164,7 +164,8 @@ def agent_config(node: FakeNode, **overrides: Any) -> AgentConfig:
             "xid": {"kmsg_path": str(node.kmsg)},
         },
         "paths": {"proc": str(node.proc), "sys": str(node.sys)},
-        "actions": {"nvidia_smi": str(FAKEBIN / "nvidia-smi"), "systemctl": str(FAKEBIN / "systemctl")},
+        "actions": {"nvidia_smi": str(FAKEBIN / "nvidia-smi"), "systemctl": str(FAKEBIN / "systemctl"),
+                    "dcgmi": str(FAKEBIN / "dcgmi")},
     }
     _merge(data, overrides)
     return config_from_mapping(data)

@@ -44,7 +44,7 @@ def state(sessions, name) -> NodeState:
 
 
 def test_a_node_repair_cordons_with_dlts_ownership_and_uncordons_only_its_own(h, settings):
-    repair = RepairManager(h.sessions, settings.model_copy(update={"repair": RepairSettings(quiet_period_s=0)}))
+    repair = RepairManager(h.sessions, settings.model_copy(update={"repair": RepairSettings(quiet_period_s=0, validation_diag="off")}))
     h.api.store.patch("nodes", "", "n2", {"spec": {"unschedulable": True}}, "application/merge-patch+json")  # a human's
     job_id = h.submit(command="sleep infinity", gpus=8)
     h.tick()
@@ -140,8 +140,12 @@ def kh(request, api, cluster, settings, make_backend) -> Harness:
 
 
 @pytest.fixture
-def repair(kh):
-    manager = RepairManager(kh.sessions, kh.settings)
+def repair(kh, request):
+    """The repair manager; its silent-agent timer LOST_AFTER_S only where a test asks for it
+    (``indirect`` param True): elsewhere 30 s, since a busy machine can starve the agent's thread."""
+    lost_after = LOST_AFTER_S if getattr(request, "param", False) else 30.0
+    manager = RepairManager(kh.sessions, kh.settings.model_copy(
+        update={"repair": kh.settings.repair.model_copy(update={"lost_after_s": lost_after})}))
     manager.outbox = Outbox(kh.sessions)
     return manager
 
@@ -240,6 +244,7 @@ def test_a_dbe_on_gpu3_of_a_kubernetes_node_runs_the_whole_cycle_with_the_real_a
     # the agent resets GPU 3 (the order in its report response), validation passes, the GPU returns
     drive(lambda: state(h.sessions, target) is N.IN_SERVICE, "the node back in service", agents=[agent])
     assert agent.lib.resets == [3] and any("--gpu-reset" in c for c in agent.driver.commands)
+    assert [c[1:] for c in agent.driver.commands if c[1:2] == ["diag"]] == [["diag", "-r", "1", "-j", "-i", "3"]]
     assert N.REMEDIATING in drive.states and N.VALIDATING in drive.states
     assert drive.states.index(N.REMEDIATING) < drive.states.index(N.VALIDATING) < len(drive.states) - 1
     with h.sessions() as s:
@@ -254,6 +259,7 @@ def test_a_dbe_on_gpu3_of_a_kubernetes_node_runs_the_whole_cycle_with_the_real_a
     assert len(h.attempts(victim)) == 2 and h.job(victim).queue_time == before.queue_time
 
 
+@pytest.mark.parametrize("repair", [True], indirect=True, ids=["lost_after_3s"])
 def test_a_lost_heartbeat_on_kubernetes_cordons_requeues_and_the_node_returns_through_validation(kh, repair, start_agent):
     from dlts_testing.fake_nvml import scenario
 

@@ -14,16 +14,19 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "agent"))  # agent_testkit
 
 from agent_testkit import FakeNode, agent_config, make_fake_node  # noqa: E402,F401
+from dlts_testing.fake_nvml import fake_dcgmi_diag  # noqa: E402
 
 
 class FakeDriver:
-    """The agent's command runner (its seam for nvidia-smi and systemctl) wired to the fake NVML:
-    a GPU reset does to the fake what the driver does; a reboot is recorded for the harness to
-    carry out (stop the agent, new boot id, GPUs fresh, start it again)."""
+    """The agent's command runner (its seam for nvidia-smi, systemctl and dcgmi) wired to the fake
+    NVML: a GPU reset does to the fake what the driver does; dcgmi diag diagnoses the fake GPUs; a
+    reboot is recorded for the harness to carry out (stop the agent, new boot id, GPUs fresh, start
+    it again)."""
 
     def __init__(self, lib) -> None:
         self.lib = lib
         self.reset_works = True  # False: nvidia-smi says it reset the GPU, but nothing changed
+        self.dcgmi_installed = True  # dcgmi diag reads the fake GPUs (dlts_testing.fake_nvml.fake_dcgmi_diag)
         self.reboot_requested = threading.Event()
         self.commands: list[list[str]] = []
 
@@ -38,6 +41,10 @@ class FakeDriver:
         if argv[-1] == "reboot":
             self.reboot_requested.set()
             return 0, ""
+        if argv[1:2] == ["diag"]:
+            if not self.dcgmi_installed:
+                return 127, f"{argv[0]}: command not found"
+            return fake_dcgmi_diag(self.lib, argv)
         return 0, ""
 
 

@@ -46,24 +46,24 @@ def test_the_demo_shows_a_whole_repair_cycle(tmp_path):
             time.sleep(0.2)
         admin = {"Authorization": "Bearer " + (home / "demo-token").read_text().strip()}
         alice = {"Authorization": "Bearer " + (home / "alice-token").read_text().strip()}
-        node_name = requests.get(f"{url}/nodes", headers=admin, timeout=5).json()["items"][0]["name"]
+        node_name = requests.get(f"{url}/nodes", headers=admin, timeout=30).json()["items"][0]["name"]
         jobs = [requests.post(f"{url}/jobs", json={"vc": "default", "image": "debian:12", "command": "sleep 600", "gpus": 1},
-                              headers=alice, timeout=10).json()["id"] for _ in range(4)]
+                              headers=alice, timeout=30).json()["id"] for _ in range(4)]
 
         def cycles():
-            return requests.get(f"{url}/nodes/{node_name}/repairs", headers=admin, timeout=5).json()["items"]
+            return requests.get(f"{url}/nodes/{node_name}/repairs", headers=admin, timeout=30).json()["items"]
 
         deadline = time.monotonic() + 120
         while not (cycles() and cycles()[0]["outcome"] == "returned"):
             assert proc.poll() is None, proc.stdout.read()
-            assert time.monotonic() < deadline, (cycles(), requests.get(f"{url}/nodes/{node_name}", headers=admin, timeout=5).json())
+            assert time.monotonic() < deadline, (cycles(), requests.get(f"{url}/nodes/{node_name}", headers=admin, timeout=30).json())
             time.sleep(0.5)
         cycle = cycles()[0]
         assert (cycle["gpus"], [(s["remediation"], s["result"]) for s in cycle["steps"]]) == ([3], [("reset_gpu", "succeeded")])
         stopped = [j for j in jobs if any(e["kind"] == "repair" for e in
-                                          requests.get(f"{url}/jobs/{j}/events", headers=alice, timeout=5).json()["items"])]
+                                          requests.get(f"{url}/jobs/{j}/events", headers=alice, timeout=30).json()["items"])]
         assert len(stopped) == 1  # only the job on GPU 3
-        node = requests.get(f"{url}/nodes/{node_name}", headers=admin, timeout=5).json()
+        node = requests.get(f"{url}/nodes/{node_name}", headers=admin, timeout=30).json()
         assert node["state"] == "in_service" and node["unhealthy_gpus"] == [] and node["details"]["metrics"]["fake"] is True
     finally:
         proc.send_signal(signal.SIGINT)

@@ -11,6 +11,7 @@ from dlts.repair.machine import (
     TRANSITIONS,
     Context,
     Cycle,
+    DiagRun,
     Finding,
     Health,
     JobOnNode,
@@ -37,7 +38,8 @@ from dlts.repair.rules import (
 from dlts.repair.settings import RepairSettings
 
 NOW = 1_000_000.0
-SETTINGS = RepairSettings(quiet_period_s=60, validation_timeout_s=900, flap_window_s=3600)
+# (the GPU diagnostic's part of the validation has tests of its own, at the end)
+SETTINGS = RepairSettings(quiet_period_s=60, validation_timeout_s=900, flap_window_s=3600, validation_diag="off")
 
 
 def ctx(**kw) -> Context:
@@ -366,3 +368,53 @@ def test_the_placement_never_assigns_an_unhealthy_gpu_and_reclaim_does_not_free_
     # distributed jobs (whole nodes) never get the node
     gang = core.Job(60, "v", "u", core.JobType.DISTRIBUTED, "a100", 8, 64, 512 * 2**30, queue_time=1.0, nodes=1)
     assert schedule(core.Snapshot(skus, (node_,), vcs, (gang,)), NOW).starts == ()
+
+
+# -- the GPU diagnostic in the validation ---------------------------------------------------------
+
+DIAG = SETTINGS.model_copy(update={"validation_diag": "auto", "validation_diag_timeout_s": 600})
+
+
+def validating(diag=None, **kw) -> NodeView:
+    return node(N.VALIDATING, cycle=cycle(validation_since_s=NOW - 100, diag=diag), **kw)
+
+
+def test_a_healthy_report_orders_the_diagnostic_and_waits_for_it():
+    first = decide(validating(), ctx(settings=DIAG))
+    assert (first.order_diag, first.to_state) == (True, None) and first.changes_anything
+    running = decide(validating(DiagRun(NOW - 30, "sent")), ctx(settings=DIAG))
+    assert (running.order_diag, running.to_state, running.waiting) == (False, None, "the GPU diagnostic runs")
+    assert not running.changes_anything
+
+
+def test_a_passed_diagnostic_returns_the_node_and_says_so():
+    done = decide(validating(DiagRun(NOW - 30, "done", "succeeded", "dcgmi diag -r 1 -j -i 3: 9 tests passed")),
+                  ctx(settings=DIAG))
+    assert (done.to_state, done.end_cycle) == (N.IN_SERVICE, "returned")
+    assert "the GPU diagnostic passed (dcgmi diag -r 1 -j -i 3: 9 tests passed)" in done.message
+
+
+@pytest.mark.parametrize("run, why", [
+    (DiagRun(NOW - 30, "failed", "failed", "dcgmi diag -r 1 -j: failed: Page Retirement/Row Remap (GPU 3)"),
+     "the GPU diagnostic: dcgmi diag -r 1 -j: failed: Page Retirement/Row Remap (GPU 3)"),
+    (DiagRun(NOW - 30, "failed", "rejected", "in use: gpu3 (job 7)"), "the GPU diagnostic: in use: gpu3 (job 7)"),
+    (DiagRun(NOW - 601, "sent"), "the GPU diagnostic had no result after 600 s"),
+])
+def test_a_failed_or_silent_diagnostic_fails_the_validation_and_escalates(run, why):
+    d = decide(validating(run), ctx(settings=DIAG))
+    assert d.reason == "escalated" and d.advance_to == 1 and why in d.message
+
+
+def test_without_dcgmi_auto_returns_and_required_escalates():
+    skipped = DiagRun(NOW - 30, "done", "skipped", "dcgmi is not installed on this node")
+    auto = decide(validating(skipped), ctx(settings=DIAG))
+    assert auto.to_state is N.IN_SERVICE and "dcgmi not installed: no GPU diagnostic" in auto.message
+    required = decide(validating(skipped), ctx(settings=DIAG.model_copy(update={"validation_diag": "required"})))
+    assert required.reason == "escalated" and "required (repair.validation_diag)" in required.message
+
+
+def test_a_report_problem_fails_before_any_diagnostic_and_off_never_orders_one():
+    sick = validating(health=Health(report_s=NOW - 2, gpu_count=7, gpu_driver_ok=True))
+    d = decide(sick, ctx(settings=DIAG))
+    assert not d.order_diag and d.reason == "escalated" and "7 of 8 GPUs visible" in d.message
+    assert decide(validating(), ctx(settings=DIAG.model_copy(update={"validation_diag": "off"}))).to_state is N.IN_SERVICE

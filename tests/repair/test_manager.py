@@ -46,8 +46,10 @@ N = NodeState
 
 @pytest.fixture
 def rsettings(settings):
+    # (no agent runs orders here: the GPU diagnostic has its own test, which answers for the agent)
     return settings.model_copy(update={"repair": RepairSettings(quiet_period_s=30, validation_timeout_s=600,
-                                                                max_nodes_in_repair="2", flap_window_s=3600)})
+                                                                max_nodes_in_repair="2", flap_window_s=3600,
+                                                                validation_diag="off")})
 
 
 @pytest.fixture
@@ -502,3 +504,82 @@ def test_metrics_count_states_cycles_durations_and_outcomes_per_remediation(kit,
     assert registry.get_sample_value("dlts_repair_cycle_duration_seconds_count", {"outcome": "returned"}) == 1
     assert registry.get_sample_value("dlts_repair_cycle_duration_seconds_sum", {"outcome": "returned"}) >= 31
     assert registry.get_sample_value("dlts_repair_paused") == 0
+
+
+def diag_settings(rsettings, **kw):
+    return rsettings.model_copy(update={"repair": rsettings.repair.model_copy(update={"validation_diag": "auto", **kw})})
+
+
+def to_validating(kit, sessions):
+    manager, clock, _ = kit
+    report(sessions, findings=DBE)
+    for _ in range(2):
+        manager().run_once()
+    assert agent_does(sessions) == ["reset_gpu:3"]
+    manager().run_once()
+    assert node_row(sessions).state is N.VALIDATING
+    clock.advance(31)
+    report(sessions)
+
+
+def test_the_validation_orders_dcgmi_diag_on_the_repaired_gpu_and_returns_when_it_passes(kit, sessions, rsettings):
+    manager, clock, _ = kit
+    to_validating(kit, sessions)
+    repair = RepairManager(sessions, diag_settings(rsettings), clock=clock)
+    repair.run_once()
+    repair.run_once()  # ordered once, not again while it runs
+    assert node_row(sessions).state is N.VALIDATING
+    with sessions() as s:
+        orders = [(o.action, o.target, o.status) for o in s.scalars(sa.select(NodeOrder).where(NodeOrder.action == "gpu_diag"))]
+        ordered = s.scalar(sa.select(NodeEvent.message).where(NodeEvent.reason == "diag_ordered"))
+    assert orders == [("gpu_diag", "1:3", "pending")]  # GPU scope: only GPU 3, the others serve jobs
+    assert ordered.startswith("ordered the GPU diagnostic (dcgmi diag -r 1) on GPU 3 (order ")
+    assert agent_does(sessions) == ["gpu_diag:1:3"]
+    repair.run_once()
+    n = node_row(sessions)
+    assert n.state is N.IN_SERVICE
+    with sessions() as s:
+        back = s.scalar(sa.select(NodeEvent.message).where(NodeEvent.to_state == "in_service"))
+    assert back == "healthy after the quiet period and the GPU diagnostic passed (gpu_diag succeeded): back in service"
+
+
+def test_a_failed_diagnostic_escalates_and_a_silent_one_times_out_and_is_cancelled(kit, sessions, rsettings):
+    manager, clock, _ = kit
+    to_validating(kit, sessions)
+    repair = RepairManager(sessions, diag_settings(rsettings, validation_diag_timeout_s=100), clock=clock)
+    repair.run_once()
+    assert agent_does(sessions, results_status="failed") == ["gpu_diag:1:3"]
+    repair.run_once()
+    with sessions() as s:
+        cycle = s.scalar(sa.select(RepairCycle))
+        message = s.scalar(sa.select(NodeEvent.message).where(NodeEvent.from_state == "validating"))
+    assert (cycle.step_index, cycle.state) == (1, "remediating")  # the next step: a reboot
+    assert message.startswith("validation failed: the GPU diagnostic: gpu_diag failed; next: reboot")
+    # the reboot, a new validation, and this time the agent never answers the diagnostic
+    assert agent_does(sessions) == ["reboot:"]
+    repair.run_once()
+    clock.advance(31)
+    report(sessions)
+    repair.run_once()
+    report(sessions)  # the agent takes the order (sent) and says nothing
+    clock.advance(101)
+    report(sessions)
+    repair.run_once()
+    with sessions() as s:
+        diag = s.scalars(sa.select(NodeOrder).where(NodeOrder.action == "gpu_diag").order_by(NodeOrder.id)).all()
+        # a reboot needs the whole node: its validation diagnoses every GPU (no GPU list)
+        assert [(o.target, o.status) for o in diag] == [("1:3", "failed"), ("1", "cancelled")]
+        message = s.scalar(sa.select(NodeEvent.message).where(NodeEvent.from_state == "validating").order_by(NodeEvent.id.desc()))
+    assert "the GPU diagnostic had no result after 100 s" in message
+
+
+def test_required_without_dcgmi_fails_the_validation(kit, sessions, rsettings):
+    manager, clock, _ = kit
+    to_validating(kit, sessions)
+    repair = RepairManager(sessions, diag_settings(rsettings, validation_diag="required"), clock=clock)
+    repair.run_once()
+    assert agent_does(sessions, results_status="skipped") == ["gpu_diag:1:3"]
+    repair.run_once()
+    with sessions() as s:
+        message = s.scalar(sa.select(NodeEvent.message).where(NodeEvent.from_state == "validating"))
+    assert "the GPU diagnostic is required (repair.validation_diag)" in message

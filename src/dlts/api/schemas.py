@@ -474,8 +474,10 @@ class NodePageSchema(Schema):
 
 
 class NodeRepairSchema(Schema):
-    action = fields.String(required=True, validate=validate.OneOf(["reset_gpu", "restart_service", "reboot", "drop_caches"]))
-    target = fields.String(validate=validate.Length(1, 128), metadata={"description": "GPU index/UUID or service name"})
+    action = fields.String(required=True, validate=validate.OneOf(["reset_gpu", "restart_service", "reboot", "drop_caches",
+                                                                   "gpu_diag"]))
+    target = fields.String(validate=validate.Length(1, 128),
+                           metadata={"description": "GPU index/UUID, service name, or LEVEL[:GPU,...] for gpu_diag"})
     dry_run = fields.Boolean(load_default=False)
     reason = fields.String(load_default="", validate=validate.Length(max=500))
 
@@ -577,7 +579,7 @@ class ReportOrderResultSchema(Schema):
     id = fields.String(required=True, validate=validate.Length(1, 128))
     action = fields.String(validate=validate.Length(max=64))
     target = fields.String(allow_none=True, validate=validate.Length(max=128))
-    status = fields.String(required=True, validate=validate.OneOf(["succeeded", "failed", "rejected", "dry_run", "in_progress"]))
+    status = fields.String(required=True, validate=validate.OneOf(["succeeded", "failed", "rejected", "dry_run", "in_progress", "skipped"]))
     message = fields.String(allow_none=True, validate=validate.Length(max=4000))
     dry_run = fields.Boolean()
     started_at = fields.String(allow_none=True, validate=validate.Length(max=64))

@@ -87,6 +87,9 @@ def finding_of(row: NodeFinding) -> core.Finding:
                         dict(row.evidence or {}), row.action, epoch(row.cleared_at))
 
 
+DIAG_ACTION = "gpu_diag"  # the agent's order that runs dcgmi diag (docs/agent.md)
+
+
 class Notices:
     """The repair loop's notices through the central notifier: outbox rows written by
     ``dlts.services.notify.enqueue`` in the caller's transaction (so a notice exists exactly when the
@@ -256,7 +259,22 @@ class RepairManager:
                                epoch(step.deadline_at) or 0.0, tuple(o.status for o in orders), messages)
         return core.Cycle(cycle.id, Scope(cycle.scope), tuple(cycle.gpus or []), repo.steps_of(cycle), cycle.step_index,
                           cycle.severity, cycle.problem, epoch(cycle.started_at) or 0.0, run, epoch(cycle.validation_since),
-                          cycle.kind)
+                          cycle.kind, self._diag_view(session, cycle))
+
+    @staticmethod
+    def _diag_view(session: Session, cycle: RepairCycle) -> core.DiagRun | None:
+        """The GPU diagnostic ordered for this cycle's current validation (the latest since it began)."""
+        if cycle.validation_since is None:
+            return None
+        order = session.scalar(sa.select(NodeOrder).where(
+            NodeOrder.node_id == cycle.node_id, NodeOrder.action == DIAG_ACTION, NodeOrder.created_by == ACTOR,
+            NodeOrder.created_at >= cycle.validation_since).order_by(NodeOrder.id.desc()).limit(1)
+            .execution_options(populate_existing=True))
+        if order is None:
+            return None
+        agent = (order.result or {}).get("agent") or {}
+        return core.DiagRun(epoch(order.created_at) or 0.0, order.status, str(agent.get("status") or ""),
+                            str(agent.get("message") or "")[:1000])
 
     # -- effects ----------------------------------------------------------------------------------
     def _check(self, node: Node, effect: str) -> None:
@@ -327,6 +345,13 @@ class RepairManager:
         if d.start_step is not None and cycle is not None:
             self._check(node, "start_step")
             self._start_step(session, node, cycle, d.start_step, now, now_s)
+        if d.order_diag and cycle is not None:
+            self._check(node, "order_diag")
+            self._order_diag(session, node, cycle, now)
+        if before is N.VALIDATING and (d.to_state not in (None, N.VALIDATING) or d.advance_to is not None) \
+                and view.cycle is not None and view.cycle.diag is not None:
+            # the validation is over (passed, escalated, timed out): an unfinished diagnostic is not sent again
+            repo.cancel_orders(session, self._open_diag_ids(session, node), now)
         for template in d.notices:
             self._check(node, "notice")
             self._notice(session, node, cycle, d, template)
@@ -390,6 +415,27 @@ class RepairManager:
         repo.add_event(session, node.id, "step", actor=ACTOR, reason="ordered",
                        message=f"ordered {what} (order {', '.join(str(o.id) for o in orders)}; "
                                f"timeout {step.timeout_s:g} s)", cycle_id=cycle.id, at=now)
+
+    @staticmethod
+    def _open_diag_ids(session: Session, node: Node) -> list[int]:
+        return list(session.scalars(sa.select(NodeOrder.id).where(
+            NodeOrder.node_id == node.id, NodeOrder.action == DIAG_ACTION, NodeOrder.created_by == ACTOR,
+            NodeOrder.status.in_(("pending", "sent")))))
+
+    def _order_diag(self, session: Session, node: Node, cycle: RepairCycle, now: dt.datetime) -> None:
+        """``dcgmi diag`` on the repaired GPUs (a GPU-scope cycle: its GPUs; the others keep serving
+        jobs), or on every GPU of a drained node."""
+        gpus = [str(g) for g in cycle.gpus or []] if cycle.scope == Scope.GPU.value else []
+        target = f"{self.repair.validation_diag_level}" + (f":{','.join(gpus)}" if gpus else "")
+        order = NodeOrder(node_id=node.id, action=DIAG_ACTION, target=target, dry_run=False, status="pending",
+                          result={"reason": f"repair {cycle.id}: validation"}, created_by=ACTOR, created_at=now)
+        session.add(order)
+        session.flush()
+        where = f"GPU {', '.join(gpus)}" if gpus else "every GPU"
+        repo.add_event(session, node.id, "step", actor=ACTOR, reason="diag_ordered",
+                       message=f"ordered the GPU diagnostic (dcgmi diag -r {self.repair.validation_diag_level}) on {where} "
+                               f"(order {order.id}; timeout {self.repair.validation_diag_timeout_s:g} s)",
+                       cycle_id=cycle.id, at=now)
 
     def _notice(self, session: Session, node: Node, cycle: RepairCycle | None, d: core.Decision, template: str) -> None:
         steps = cycle.steps if cycle is not None else []

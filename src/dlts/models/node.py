@@ -102,7 +102,7 @@ class NodeOrder(Base):
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True)
     node_id: Mapped[int] = mapped_column(sa.ForeignKey("nodes.id", ondelete="CASCADE"))
-    action: Mapped[str] = mapped_column(sa.String(32))  # reset_gpu | restart_service | reboot | drop_caches
+    action: Mapped[str] = mapped_column(sa.String(32))  # reset_gpu | restart_service | reboot | drop_caches | gpu_diag
     target: Mapped[str | None] = mapped_column(sa.String(128))
     dry_run: Mapped[bool] = mapped_column(sa.Boolean, default=False)
     status: Mapped[str] = mapped_column(sa.String(16), default="pending")  # pending|sent|done|failed|cancelled

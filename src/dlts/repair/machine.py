@@ -146,6 +146,16 @@ class StepRun:
 
 
 @dataclass(frozen=True)
+class DiagRun:
+    """The validation's GPU diagnostic order (``gpu_diag``), from when it was ordered."""
+
+    ordered_s: float
+    status: str  # the order's: pending | sent | done | failed | cancelled
+    agent_status: str = ""  # the agent's: succeeded | failed | rejected | skipped (dcgmi not installed)
+    message: str = ""
+
+
+@dataclass(frozen=True)
 class Cycle:
     id: int
     scope: Scope
@@ -158,6 +168,7 @@ class Cycle:
     step: StepRun | None = None  # the current step, while it runs
     validation_since_s: float | None = None
     kind: str = "rule"  # rule | manual | return (a human's return or a lost node's: validate only)
+    diag: DiagRun | None = None  # this validation's GPU diagnostic, once ordered
 
 
 @dataclass(frozen=True)
@@ -229,13 +240,14 @@ class Decision:
     end_cycle: str | None = None  # returned | out_of_service | rma | lost | cleared
     notices: tuple[str, ...] = ()  # node_out_of_service | node_escalated | node_needs_human
     record_heartbeat_lost: bool = False
+    order_diag: bool = False  # order the validation's GPU diagnostic (gpu_diag) now
     waiting: str = ""  # why nothing happens (budget, paused, quiet period, draining N jobs)
 
     @property
     def changes_anything(self) -> bool:
         return any((self.to_state, self.open_cycle, self.stop_jobs, self.start_step is not None, self.end_step,
                     self.advance_to is not None, self.widen_to_node, self.begin_validation, self.end_cycle,
-                    self.record_heartbeat_lost))
+                    self.record_heartbeat_lost, self.order_diag))
 
 
 STAY = Decision()
@@ -458,4 +470,33 @@ def _validating(node: NodeView, ctx: Context, cycle: Cycle) -> Decision:
             # back from lost, and a fault a rule acts on showed up while it validated: that rule's chain
             return _quarantine_returning(node, ctx, "validation after lost found", end_cycle="fault")
         return _escalate(node, ctx, "validation failed: " + "; ".join(problems), None)
-    return Decision(N.IN_SERVICE, "validated", "healthy after the quiet period: back in service", end_cycle="returned")
+    diag = _diag_verdict(node, ctx, cycle)
+    if isinstance(diag, Decision):
+        return diag
+    return Decision(N.IN_SERVICE, "validated", f"healthy after the quiet period{diag}: back in service",
+                    end_cycle="returned")
+
+
+def _diag_verdict(node: NodeView, ctx: Context, cycle: Cycle) -> Decision | str:
+    """The GPU diagnostic's part of the validation, once the report is healthy: order it, wait for
+    it, or fail on it (a Decision); or what it adds to the return's message (a string)."""
+    mode = ctx.settings.validation_diag
+    if mode == "off" or node.gpus == 0:
+        return ""
+    run = cycle.diag
+    if run is None:  # (part of the validation in flight: ordered while paused too)
+        return Decision(order_diag=True, waiting="the GPU diagnostic is ordered")
+    if run.status in ("pending", "sent"):
+        if ctx.now - run.ordered_s > ctx.settings.validation_diag_timeout_s:
+            return _escalate(node, ctx, f"validation failed: the GPU diagnostic had no result after "
+                                        f"{ctx.settings.validation_diag_timeout_s:g} s", None)
+        return Decision(waiting="the GPU diagnostic runs")
+    if run.agent_status == "skipped":
+        if mode == "required":
+            return _escalate(node, ctx, "validation failed: the GPU diagnostic is required (repair.validation_diag) "
+                                        f"and {run.message or 'dcgmi is not installed on the node'}", None)
+        return " (dcgmi not installed: no GPU diagnostic)"
+    if run.status == "done" and run.agent_status == "succeeded":
+        return f" and the GPU diagnostic passed ({run.message})" if run.message else " and the GPU diagnostic passed"
+    return _escalate(node, ctx, f"validation failed: the GPU diagnostic: {run.message or run.agent_status or run.status}",
+                     None)

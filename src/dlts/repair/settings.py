@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -27,6 +28,13 @@ class RepairSettings(BaseModel):
     quiet_period_s: float = Field(60.0, ge=0)
     # ... and within this time, or validation has failed
     validation_timeout_s: float = Field(1800.0, gt=0)
+    # ... and then the GPU diagnostic: the agent runs `dcgmi diag -r validation_diag_level` on the
+    # repaired GPUs (the whole node for a node-scope repair). auto: where dcgmi is installed (a node
+    # without it validates on its report alone); required: a node without dcgmi fails validation;
+    # off: never
+    validation_diag: Literal["auto", "required", "off"] = "auto"
+    validation_diag_level: int = Field(1, ge=1, le=4)
+    validation_diag_timeout_s: float = Field(1200.0, gt=0)  # from the order to its result
     # a heartbeat older than this is the finding heartbeat_lost (None: the top-level node_lost_after_s)
     lost_after_s: float | None = Field(None, gt=0)
     # send notices through the notifier (dlts.services.notify)
