@@ -101,11 +101,12 @@ def api(ctx: Context, workers: int | None) -> None:
     from gunicorn.app.base import BaseApplication
 
     from dlts.app import create_app
-    from dlts.config import require_production_secrets
+    from dlts.config import require_production_secrets, require_trusted_local_backend
 
     settings = ctx.settings
     try:
         require_production_secrets(settings)
+        require_trusted_local_backend(settings)  # the API takes the jobs a local backend would run
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
 
@@ -134,9 +135,13 @@ def managers(ctx: Context) -> None:
     from dlts.services import allowlist
 
     settings = ctx.settings
+    try:
+        backend = make_backend(settings)  # backend: local is refused unless local_backend_trusted_users
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
     app = create_app(settings)
     sessions = session_factory(app)
-    manager = JobManager(sessions, make_backend(settings), settings)
+    manager = JobManager(sessions, backend, settings)
     janitor = Janitor(sessions, settings.retention_days, batch_rows=settings.janitor_batch_rows,
                       pause_s=settings.janitor_pause_s, log_dir=settings.effective_log_dir)
     entries = [Periodic("jobmanager.tick", settings.tick_s, manager.tick),

@@ -65,6 +65,10 @@ class Settings(BaseModel):
     start_timeout_s: float = Field(600.0, ge=5, le=86400)
     # cluster backend the job manager drives
     backend: Literal["local", "kubernetes"] = "local"
+    # backend local outside ``dlts demo``: every member's command runs on this host as the DLTS
+    # service user (who can read the database, secret_key and the admin's tokens); refused at
+    # start-up unless the operator says every user is trusted with that account
+    local_backend_trusted_users: bool = False
     # local backend: where run records (pid, exit code) of attempts live
     run_dir: Path | None = None
     # local backend: the address users reach this machine's job endpoints at (ssh, Jupyter, ports)
@@ -299,6 +303,20 @@ def _shown(value: Any) -> str:
     if isinstance(value, (list, dict)):
         return json.dumps(value, sort_keys=True)
     return str(value)
+
+
+LOCAL_BACKEND_REFUSED = (
+    "backend: local runs every user's job command on this machine as the DLTS service user, which can read "
+    "the database, secret_key and the admin's API tokens, so it is refused outside `dlts demo`. Use "
+    "backend: kubernetes for a shared cluster, or, only if every user of this service may act as that "
+    "account, set local_backend_trusted_users: true in dlts.yaml (docs/security-host.md)")
+
+
+def require_trusted_local_backend(settings: Settings) -> None:
+    """Refuse ``backend: local`` outside the demo unless ``local_backend_trusted_users`` is set: the
+    local backend isolates no job from the service (``dlts managers``, ``dlts api``)."""
+    if settings.backend == "local" and not settings.local_backend_trusted_users:
+        raise ConfigError(LOCAL_BACKEND_REFUSED)
 
 
 def require_production_secrets(settings: Settings) -> None:
