@@ -114,6 +114,14 @@ def api(ctx: Context, workers: int | None) -> None:
         def load_config(self):
             self.cfg.set("bind", f"{settings.listen_host}:{settings.listen_port}")
             self.cfg.set("workers", workers or multiprocessing.cpu_count() * 2 + 1)
+            # gthread: a connection holds a thread only while its request is read and served, idle
+            # keep-alive ones wait in the worker's event loop; with sync workers two clients sending
+            # their headers a byte a second stalled a 2-worker API (docs/security-host.md)
+            self.cfg.set("worker_class", "gthread")
+            self.cfg.set("threads", settings.api_threads)
+            self.cfg.set("timeout", settings.api_timeout_s)
+            self.cfg.set("graceful_timeout", min(settings.api_timeout_s, 30))
+            self.cfg.set("keepalive", settings.api_keepalive_s)
             self.cfg.set("accesslog", "-")
 
         def load(self):

@@ -55,6 +55,13 @@ class Settings(BaseModel):
     auth_cache_s: float = Field(5.0, ge=0, le=300)
     # request bodies above this are refused with 413
     max_body_bytes: int = Field(1024 * 1024, ge=1024)
+    # dlts api (gunicorn, gthread workers): threads per worker, each serving one request at a time, so
+    # a slow client holds a thread, never a whole worker (docs/security-host.md#slow-clients)
+    api_threads: int = Field(8, ge=1, le=256)
+    # a worker silent this long is restarted; a request may take about as long
+    api_timeout_s: int = Field(60, ge=1, le=3600)
+    # idle keep-alive connections wait this long, in the worker's event loop (not in a thread)
+    api_keepalive_s: int = Field(5, ge=0, le=300)
     # attempt logs: <log_dir>/<job id>/attempt-<n>.log (plus rotated parts, see dlts.logstore)
     log_dir: Path | None = None
     # an attempt's log keeps at most this many bytes: its head and its newest tail, with a line
