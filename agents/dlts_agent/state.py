@@ -65,7 +65,7 @@ class AgentState:
     def _from_json(self, data: Any) -> None:
         """Fill in from the saved JSON; ValueError/TypeError/KeyError when it has another shape."""
         if not isinstance(data, dict):
-            raise ValueError(f"expected a JSON object, got {type(data).__name__}")
+            raise TypeError(f"expected a JSON object, got {type(data).__name__}")
         if data.get("version") != STATE_VERSION:
             raise ValueError(f"state version {data.get('version')!r}, expected {STATE_VERSION}")
         kmsg = _mapping(data.get("kmsg", {}), "kmsg")
@@ -134,11 +134,11 @@ class AgentState:
 
 def _mapping(value: Any, where: str) -> dict[str, Any]:
     if not isinstance(value, dict):
-        raise ValueError(f"{where}: expected an object, got {type(value).__name__}")
+        raise TypeError(f"{where}: expected an object, got {type(value).__name__}")
     return value
 
 
 def _list(value: Any, where: str) -> list[Any]:
     if not isinstance(value, list):
-        raise ValueError(f"{where}: expected a list, got {type(value).__name__}")
+        raise TypeError(f"{where}: expected a list, got {type(value).__name__}")
     return value

@@ -17,7 +17,7 @@ def test_clients_sending_headers_a_byte_a_second_do_not_stall_dlts_api(tmp_path)
     port = free_port()
     api = start_api(tmp_path, port, workers=2)
     try:
-        connect = lambda: socket.create_connection(("127.0.0.1", port), timeout=5)  # noqa: E731
+        connect = lambda: socket.create_connection(("127.0.0.1", port), timeout=5)
         with SlowLoris(connect, SLOW_CLIENTS) as slow:
             took = answers_while(slow, lambda timeout: requests.get(f"http://127.0.0.1:{port}/readyz", timeout=timeout), 6)
         # 2 workers, 6 slow clients: with sync workers every request timed out here
