@@ -4,7 +4,8 @@ snapshot, and wires the exporter, the textfile, the reporter and the action exec
 Threads: the main thread collects every ``interval_s``; the metrics server thread serves the latest
 snapshot, rendered by prometheus-client once per collection (a scrape never waits for a collection
 or for the API); the reporter thread posts it and applies the endpoint firewall the API answers with
-(``firewall.enabled``); the executor thread carries out orders one at a time.
+(``firewall.enabled``), and the main thread checks every interval that its table is still in force;
+the executor thread carries out orders one at a time.
 A systemd watchdog ping follows each round. ``registry`` exposes the same snapshot to tests
 (``registry.get_sample_value``).
 """
@@ -229,6 +230,15 @@ class Agent:
             if self.reporter is not None:
                 self.reporter.wake.set()  # tell the API the result now, not at the next interval
 
+    def _check_firewall(self) -> None:
+        """A table flushed or deleted by hand opens the guarded ports: put it back every interval."""
+        if self.firewall is None:
+            return
+        try:
+            self.firewall.check()
+        except Exception:  # noqa: BLE001 - the loop must go on measuring whatever nft does
+            log.exception("checking the endpoint firewall failed")
+
     def run(self, stop: threading.Event) -> None:
         self.executor.resolve_reboots()
         if self.cfg.firewall.enabled:
@@ -266,6 +276,7 @@ class Agent:
         try:
             while not stop.wait(self.cfg.interval_s):
                 self.collect_once()
+                self._check_firewall()
                 sd_notify("WATCHDOG=1")
         finally:
             sd_notify("STOPPING=1")

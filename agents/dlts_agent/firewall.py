@@ -13,7 +13,10 @@ DNAT (-100), so it sees the NodePort the client asked for. Sources are kept in i
 ``ipv4_addr . inet_service`` / ``ipv6_addr . inet_service``.
 
 The script last applied is kept in the state directory (``firewall.nft``) and applied again when the
-agent starts, so a rebooted node closes the guarded ports before its first report. The nft binary
+agent starts, so a rebooted node closes the guarded ports before its first report. Every collection
+interval ``check`` lists the table (``nft -s list table``: without counters) and compares it with
+the listing taken right after the last apply: a table someone flushed or deleted by hand (which opens
+every guarded port) is put back at once, not when the allowlist's version next changes. The nft binary
 is the one seam: the constructor takes the command line to run it (tests run it in a network
 namespace).
 """
@@ -203,6 +206,11 @@ class Firewall:
         self._last_error: str | None = None
         self._logged: tuple[str | None, str] | None = None  # (version, error) last logged, to log a repeat once
         self._warned_missing = False
+        # one apply at a time: the reporter thread applies the API's rules, the agent's loop checks
+        self._apply_lock = threading.RLock()
+        self._in_force: tuple[str, str, int] | None = None  # (version, script, pairs) nft last accepted
+        self._listing: str | None = None  # the table as nft listed it right after that apply
+        self._restores_total = 0
 
     @property
     def applied_version(self) -> str | None:
@@ -212,7 +220,8 @@ class Firewall:
     def status(self) -> FirewallStatus:
         with self._lock:
             return FirewallStatus(self._applied_version, self._pairs, self._last_ok, self._last_success_s,
-                                  self._applies_total, self._failures_total, self._last_error)
+                                  self._applies_total, self._failures_total, self._last_error,
+                                  self._restores_total)
 
     # -- the report response ----------------------------------------------------------------------
 
@@ -230,9 +239,34 @@ class Firewall:
             version = desired.get("version") if isinstance(desired, dict) else None
             self._failed(version if isinstance(version, str) else None, f"refused the API's firewall: {e}")
             return False
-        if spec.version == self.applied_version:
-            return False
-        return self._apply(spec.version, render(spec), spec.pairs)
+        with self._apply_lock:
+            if spec.version == self.applied_version:
+                return False
+            return self._apply(spec.version, render(spec), spec.pairs)
+
+    def check(self) -> bool:
+        """Put the rules in force back when the table is not as the last apply left it (someone ran
+        ``nft flush table``/``delete table``, or another tool replaced it). True when it restored."""
+        with self._apply_lock:
+            if self._in_force is None:
+                return False  # nothing applied since the agent started: nothing to keep
+            listing = self._list_table()
+            if listing is not None and listing == self._listing:
+                return False
+            version, script, pairs = self._in_force
+            what = "is gone" if listing is None else "was changed"
+            log.warning("endpoint firewall: table inet %s %s outside the agent (nft flush/delete?); "
+                        "the guarded ports were open; restoring version %s", TABLE, what, version[:12])
+            restored = self._apply(version, script, pairs, restoring=True)
+            if restored:
+                with self._lock:
+                    self._restores_total += 1
+            return restored
+
+    def _list_table(self) -> str | None:
+        """The table as nft lists it without counters; None when it is missing (or nft fails)."""
+        rc, output = self.runner([*self.nft, "-s", "list", "table", "inet", TABLE], self.cfg.timeout_s)
+        return output if rc == 0 else None
 
     def restore(self) -> bool:
         """At start: apply the script applied last (a reboot lost the table) until the API answers."""
@@ -255,6 +289,10 @@ class Firewall:
         return os.path.join(self.state_dir, name) if self.state_dir else None
 
     def _apply(self, version: str, script: str, pairs: int, *, restoring: bool = False) -> bool:
+        with self._apply_lock:
+            return self._apply_locked(version, script, pairs, restoring=restoring)
+
+    def _apply_locked(self, version: str, script: str, pairs: int, *, restoring: bool) -> bool:
         with self._lock:
             before = self._applied_version
         target = self._path(SCRIPT_NAME)
@@ -294,6 +332,8 @@ class Firewall:
             self._applies_total += 1
             self._last_error = None
             self._logged = None
+        self._in_force = (version, script, pairs)
+        self._listing = self._list_table()
         low_high = re.search(r"TCP ports (\S+);", script)
         log.info("endpoint firewall %s: version %s, %d (source, port) pair(s) may reach TCP %s%s",
                  "restored" if restoring else "applied", version[:12], pairs, low_high.group(1) if low_high else "?",

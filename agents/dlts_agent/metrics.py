@@ -160,7 +160,13 @@ def _firewall_families(fw: FirewallStatus) -> Iterator[Metric]:
         "dlts_node_firewall_apply_failures", "Endpoint firewall changes not applied (nft failed or bad data)."
     )
     failures.add_metric([], fw.failures_total)
-    yield from (applies, failures)
+    restores = CounterMetricFamily(
+        "dlts_node_firewall_restores",
+        "Times the endpoint firewall's nftables table was found changed outside the agent (flushed, deleted) "
+        "and put back.",
+    )
+    restores.add_metric([], fw.restores_total)
+    yield from (applies, failures, restores)
 
 
 def _host_families(h: HostSample) -> Iterator[Metric]:

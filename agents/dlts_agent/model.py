@@ -287,6 +287,8 @@ class FirewallStatus:
     applies_total: int
     failures_total: int
     last_error: str | None
+    # times the table was found changed outside the agent (flushed, deleted) and put back
+    restores_total: int = 0
 
 
 @dataclass(frozen=True)

@@ -48,26 +48,47 @@ class AgentState:
             with open(path, encoding="utf-8") as f:
                 data = json.load(f)
             st._from_json(data)
-        except (OSError, ValueError, TypeError, KeyError) as e:
-            # A corrupt state file must not stop the agent; starting over may recount old kernel
-            # lines once, which is better than exporting nothing.
+        except Exception as e:  # noqa: BLE001 - any bad file (unreadable, not JSON, the wrong shape)
+            # A bad state file must not stop the agent; starting over may recount old kernel
+            # lines once, which is better than exporting nothing. The file is kept for a person.
             st = cls(path)
-            st.load_error = f"{path}: unreadable state ({e}); starting with empty state"
-            log.warning("%s", st.load_error)
+            bad = path + ".bad"
+            try:
+                os.replace(path, bad)
+                kept = f"; the bad file is kept as {bad}"
+            except OSError as err:
+                kept = f"; it could not be moved aside ({err.strerror})"
+            st.load_error = f"{path}: unusable state ({type(e).__name__}: {e}); starting with empty state{kept}"
+            log.error("%s", st.load_error)
         return st
 
-    def _from_json(self, data: dict[str, Any]) -> None:
+    def _from_json(self, data: Any) -> None:
+        """Fill in from the saved JSON; ValueError/TypeError/KeyError when it has another shape."""
+        if not isinstance(data, dict):
+            raise TypeError(f"expected a JSON object, got {type(data).__name__}")
         if data.get("version") != STATE_VERSION:
             raise ValueError(f"state version {data.get('version')!r}, expected {STATE_VERSION}")
-        kmsg = data.get("kmsg", {})
+        kmsg = _mapping(data.get("kmsg", {}), "kmsg")
         self.kmsg_boot_id = str(kmsg.get("boot_id", ""))
         self.kmsg_seq = int(kmsg.get("seq", -1))
         self.journal_cursor = str(data.get("journal_cursor", ""))
-        self.xid_counts = {(str(b), int(x), str(s)): int(n) for b, x, s, n in data.get("xid_counts", [])}
-        self.fell_off_bus_counts = {str(k): int(v) for k, v in data.get("fell_off_bus_counts", {}).items()}
-        self.recent_xids = [dict(e) for e in data.get("recent_xids", [])]
-        self.gpu_reset_at = {str(k): float(v) for k, v in data.get("gpu_reset_at", {}).items()}
-        self.orders = {str(k): dict(v) for k, v in data.get("orders", {}).items()}
+        self.xid_counts = {(str(b), int(x), str(s)): int(n) for b, x, s, n in _list(data.get("xid_counts", []), "xid_counts")}
+        self.fell_off_bus_counts = {str(k): int(v) for k, v in _mapping(data.get("fell_off_bus_counts", {}),
+                                                                        "fell_off_bus_counts").items()}
+        recent = [dict(_mapping(e, "recent_xids[]")) for e in _list(data.get("recent_xids", []), "recent_xids")]
+        for event in recent:  # what the XID collector reads back every round
+            event["time_s"] = float(event["time_s"])
+        self.recent_xids = recent
+        self.gpu_reset_at = {str(k): float(v) for k, v in _mapping(data.get("gpu_reset_at", {}), "gpu_reset_at").items()}
+        from dlts_agent.actions import OrderResult  # the executor's record format (actions imports this module)
+
+        orders = {str(k): dict(_mapping(v, "orders[]")) for k, v in _mapping(data.get("orders", {}), "orders").items()}
+        for order in orders.values():
+            OrderResult.from_json(order)  # every record must read back as a result
+            finished = order.get("finished_at")
+            if finished is not None and (isinstance(finished, bool) or not isinstance(finished, (int, float))):
+                raise ValueError(f"orders[].finished_at: expected a number, got {finished!r}")
+        self.orders = orders
 
     def to_json(self) -> dict[str, Any]:
         with self.lock:
@@ -109,3 +130,15 @@ class AgentState:
             except OSError:
                 pass
             raise
+
+
+def _mapping(value: Any, where: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise TypeError(f"{where}: expected an object, got {type(value).__name__}")
+    return value
+
+
+def _list(value: Any, where: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise TypeError(f"{where}: expected a list, got {type(value).__name__}")
+    return value

@@ -101,11 +101,12 @@ def api(ctx: Context, workers: int | None) -> None:
     from gunicorn.app.base import BaseApplication
 
     from dlts.app import create_app
-    from dlts.config import require_production_secrets
+    from dlts.config import require_production_secrets, require_trusted_local_backend
 
     settings = ctx.settings
     try:
         require_production_secrets(settings)
+        require_trusted_local_backend(settings)  # the API takes the jobs a local backend would run
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
 
@@ -113,6 +114,14 @@ def api(ctx: Context, workers: int | None) -> None:
         def load_config(self):
             self.cfg.set("bind", f"{settings.listen_host}:{settings.listen_port}")
             self.cfg.set("workers", workers or multiprocessing.cpu_count() * 2 + 1)
+            # gthread: a connection holds a thread only while its request is read and served, idle
+            # keep-alive ones wait in the worker's event loop; with sync workers two clients sending
+            # their headers a byte a second stalled a 2-worker API (docs/security-host.md)
+            self.cfg.set("worker_class", "gthread")
+            self.cfg.set("threads", settings.api_threads)
+            self.cfg.set("timeout", settings.api_timeout_s)
+            self.cfg.set("graceful_timeout", min(settings.api_timeout_s, 30))
+            self.cfg.set("keepalive", settings.api_keepalive_s)
             self.cfg.set("accesslog", "-")
 
         def load(self):
@@ -134,9 +143,13 @@ def managers(ctx: Context) -> None:
     from dlts.services import allowlist
 
     settings = ctx.settings
+    try:
+        backend = make_backend(settings)  # backend: local is refused unless local_backend_trusted_users
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
     app = create_app(settings)
     sessions = session_factory(app)
-    manager = JobManager(sessions, make_backend(settings), settings)
+    manager = JobManager(sessions, backend, settings)
     janitor = Janitor(sessions, settings.retention_days, batch_rows=settings.janitor_batch_rows,
                       pause_s=settings.janitor_pause_s, log_dir=settings.effective_log_dir)
     entries = [Periodic("jobmanager.tick", settings.tick_s, manager.tick),

@@ -55,6 +55,13 @@ class Settings(BaseModel):
     auth_cache_s: float = Field(5.0, ge=0, le=300)
     # request bodies above this are refused with 413
     max_body_bytes: int = Field(1024 * 1024, ge=1024)
+    # dlts api (gunicorn, gthread workers): threads per worker, each serving one request at a time, so
+    # a slow client holds a thread, never a whole worker (docs/security-host.md#slow-clients)
+    api_threads: int = Field(8, ge=1, le=256)
+    # a worker silent this long is restarted; a request may take about as long
+    api_timeout_s: int = Field(60, ge=1, le=3600)
+    # idle keep-alive connections wait this long, in the worker's event loop (not in a thread)
+    api_keepalive_s: int = Field(5, ge=0, le=300)
     # attempt logs: <log_dir>/<job id>/attempt-<n>.log (plus rotated parts, see dlts.logstore)
     log_dir: Path | None = None
     # an attempt's log keeps at most this many bytes: its head and its newest tail, with a line
@@ -65,6 +72,10 @@ class Settings(BaseModel):
     start_timeout_s: float = Field(600.0, ge=5, le=86400)
     # cluster backend the job manager drives
     backend: Literal["local", "kubernetes"] = "local"
+    # backend local outside ``dlts demo``: every member's command runs on this host as the DLTS
+    # service user (who can read the database, secret_key and the admin's tokens); refused at
+    # start-up unless the operator says every user is trusted with that account
+    local_backend_trusted_users: bool = False
     # local backend: where run records (pid, exit code) of attempts live
     run_dir: Path | None = None
     # local backend: the address users reach this machine's job endpoints at (ssh, Jupyter, ports)
@@ -299,6 +310,20 @@ def _shown(value: Any) -> str:
     if isinstance(value, (list, dict)):
         return json.dumps(value, sort_keys=True)
     return str(value)
+
+
+LOCAL_BACKEND_REFUSED = (
+    "backend: local runs every user's job command on this machine as the DLTS service user, which can read "
+    "the database, secret_key and the admin's API tokens, so it is refused outside `dlts demo`. Use "
+    "backend: kubernetes for a shared cluster, or, only if every user of this service may act as that "
+    "account, set local_backend_trusted_users: true in dlts.yaml (docs/security-host.md)")
+
+
+def require_trusted_local_backend(settings: Settings) -> None:
+    """Refuse ``backend: local`` outside the demo unless ``local_backend_trusted_users`` is set: the
+    local backend isolates no job from the service (``dlts managers``, ``dlts api``)."""
+    if settings.backend == "local" and not settings.local_backend_trusted_users:
+        raise ConfigError(LOCAL_BACKEND_REFUSED)
 
 
 def require_production_secrets(settings: Settings) -> None:

@@ -10,6 +10,7 @@ survives restarts.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 import secrets
@@ -148,13 +149,46 @@ def start_agent(settings: Settings, sessions, node, url: str, scenario_name: str
     return agent, stop, thread, mode
 
 
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def private_state(settings: Settings) -> None:
+    """Only the demo's user may read its state: tokens, the secret key, the database, logs and run
+    directories (umask 077 for every file the demo and its jobs make, and 0700/0600 on what an
+    earlier start, or a CLI command in a second terminal, made with a looser umask)."""
+    os.umask(0o077)
+    home = settings.home.resolve()
+    dirs = [home, settings.effective_log_dir, settings.effective_run_dir, home / "agent"]
+    for directory in dirs:
+        directory.mkdir(parents=True, exist_ok=True)
+        os.chmod(directory, 0o700)
+    url = settings.effective_database_url
+    if url.startswith("sqlite:///"):
+        database = Path(url[len("sqlite:///"):])
+        for path in (database, Path(f"{database}-wal"), Path(f"{database}-shm"), Path(f"{database}-journal")):
+            if path.exists():
+                os.chmod(path, 0o600)
+
+
 def _interrupt(_signum, _frame):
     raise KeyboardInterrupt
 
 
 def run_demo(settings: Settings, fake_nvml: str | None = None) -> None:
+    if not _loopback(settings.listen_host) and not settings.local_backend_trusted_users:
+        # reachable from other machines, the demo serves other people: its jobs run as you
+        raise click.ClickException(
+            f"listen_host: {settings.listen_host} lets other machines reach the demo, whose jobs run on this machine "
+            "as you (they can read your files and the demo's admin token); keep the demo on 127.0.0.1, or set "
+            "local_backend_trusted_users: true if everyone who can reach it may act as you (docs/security-host.md)")
     home = settings.home.resolve()
-    home.mkdir(parents=True, exist_ok=True)
+    private_state(settings)
     if not settings.secret_key:
         settings = settings.model_copy(update={"secret_key": demo_secret_key(home)})
     if fake_nvml:

@@ -34,6 +34,14 @@ def test_reset_gpu_refuses_a_gpu_a_job_is_using(node, command_log):
     assert logged_commands(command_log) == []
 
 
+def test_junk_in_another_jobs_environment_does_not_block_a_reset(node, command_log):
+    node.add_process(4250, {"DLTS_JOB_ID": "99", "DLTS_USER": "mallory", "DLTS_VC": "vision",
+                            "CUDA_VISIBLE_DEVICES": "\u00b2"})
+    result = agent_on(node).executor.execute({"id": "r1", "action": "reset_gpu", "target": "3"})
+    assert result.status is OrderStatus.SUCCEEDED, result.message
+    assert logged_commands(command_log) == [f"nvidia-smi --gpu-reset -i {UUID3}"]
+
+
 def test_reset_gpu_refuses_a_gpu_with_unknown_processes(node, command_log):
     lib = healthy_8xa100()
     lib.gpus[3].pids = [999]

@@ -119,6 +119,31 @@ def test_jobs_are_found_from_environ_and_linked_to_gpus(node: FakeNode):
     assert sample.job_ids == {"1234", "1235"}
 
 
+@pytest.mark.parametrize("junk", ["\u00b2", "0,\u00b2", "\u0663", "9" * 40, "-1", "GPU", "\x7f"])
+def test_junk_in_one_processs_cuda_visible_devices_skips_that_entry_only_and_logs_it_once(node: FakeNode, junk, caplog):
+    # '²'.isdigit() is True and int('²') raises: once that failed the whole jobs collector, and with
+    # it every GPU reset and reboot on the node ("cannot tell which jobs use the GPU")
+    node.add_process(4242, {"DLTS_JOB_ID": "1234", "DLTS_USER": "alice", "DLTS_VC": "vision", "CUDA_VISIBLE_DEVICES": "0"})
+    node.add_process(4250, {"DLTS_JOB_ID": "99", "DLTS_USER": "mallory", "DLTS_VC": "vision", "CUDA_VISIBLE_DEVICES": junk})
+    collector = JobsCollector(str(node.proc))
+    with caplog.at_level("WARNING", logger="dlts_agent.collectors.jobs"):
+        result = run_collector(collector)
+        again = run_collector(collector)
+    assert result.status is CollectorStatus.OK and again.status is CollectorStatus.OK
+    assert result.sample.by_gpu_index[0] == JobLabels("1234", "alice", "vision", False)
+    assert set(result.sample.by_gpu_index) <= {0}  # the junk GPU entry went; the valid one stayed
+    assert result.sample.job_ids == {"1234", "99"}  # the job stays known: a reboot still waits for it
+    assert result.errors and all("pid 4250" in e for e in result.errors)
+    assert len([r for r in caplog.records if "pid 4250" in r.getMessage()]) == 1  # logged once, not every round
+
+
+def test_a_process_directory_named_with_a_non_ascii_digit_is_not_a_pid(node: FakeNode):
+    node.add_process(4242, {"DLTS_JOB_ID": "1234", "CUDA_VISIBLE_DEVICES": "0"})
+    node.write("proc/\u00b2/environ", b"DLTS_JOB_ID=5\0")
+    result = run_collector(JobsCollector(str(node.proc)))
+    assert result.status is CollectorStatus.OK and result.sample.job_ids == {"1234"}
+
+
 def test_gpu_metrics_carry_the_job_labels(node: FakeNode):
     lib = healthy_8xa100()
     lib.gpus[5].pids = [5555]  # NVML's own pid list wins over environment hints

@@ -313,6 +313,60 @@ def test_after_a_reboot_the_saved_rules_come_back_before_the_first_report(lab):
 
 
 @needs_netns
+@pytest.mark.parametrize("tamper", [("flush", "table", "inet", "dlts_endpoints"),
+                                    ("delete", "table", "inet", "dlts_endpoints"),
+                                    ("flush", "chain", "inet", "dlts_endpoints", "guarded"),
+                                    ("delete", "element", "inet", "dlts_endpoints", "allow4", f"{{ {SRC_A} . {IN_B} }}")])
+def test_a_table_changed_by_hand_is_put_back_by_the_next_check(lab, tamper, caplog):
+    fw = lab.firewall()
+    assert fw.update(spec("v1", (IN_A, [SRC_A]), (IN_B, [SRC_A])))
+    assert not fw.check()  # untouched: nothing to do, nft -f is not run
+    assert fw.status().applies_total == 1
+    in_force = {(SRC_A, IN_A): "open", (SRC_B, IN_A): "dropped", (SRC_A, IN_B): "open"}
+    paths = ((SRC_A, DST_A, IN_A), (SRC_B, DST_B, IN_A), (SRC_A, DST_A, IN_B))
+    assert lab.probe(*paths) == in_force
+    lab.nft(*tamper)
+    assert lab.probe(*paths) != in_force  # the rules the API asked for are not in force (same version)
+    with caplog.at_level(logging.WARNING, logger="dlts_agent.firewall"):
+        assert fw.check()
+    assert "restoring version v1" in caplog.text
+    assert lab.probe(*paths) == in_force
+    status = fw.status()
+    assert (status.applied_version, status.restores_total, status.last_apply_ok) == ("v1", 1, True)
+    assert not fw.check()  # and it is quiet again
+    assert lab.nft("list", "tables").split().count("dlts_endpoints") == 1
+
+
+@needs_netns
+def test_the_running_agent_restores_a_flushed_table_within_an_interval(lab, node: FakeNode, tmp_path, api):
+    wrapper = tmp_path / "nft-in-node"
+    wrapper.write_text(f"#!/bin/sh\nexec ip netns exec {lab.node} {shutil.which('nft') or '/usr/sbin/nft'} \"$@\"\n")
+    wrapper.chmod(0o755)
+    (node.root / "tok").write_text("t0ken\n")
+    api.body = {"orders": [], "firewall": spec("v1", (IN_A, [SRC_A]))}
+    cfg = agent_config(node, interval_s=0.2, firewall={"enabled": True, "nft": str(wrapper)},
+                       report={"enabled": True, "api_url": api.url, "node_token_file": str(node.root / "tok"),
+                               "interval_s": 0.2, "timeout_s": 2})
+    agent = Agent(cfg, nvml_lib=healthy_8xa100())
+    stop = threading.Event()
+    thread = threading.Thread(target=agent.run, args=(stop,), daemon=True)
+    thread.start()
+    closed = {(SRC_A, IN_A): "open", (SRC_B, IN_A): "dropped"}
+    try:
+        assert _wait_for(lambda: agent.registry.get_sample_value("dlts_node_firewall_rules") == 1)
+        assert lab.probe((SRC_A, DST_A, IN_A), (SRC_B, DST_B, IN_A)) == closed
+        for tamper in (("flush", "table"), ("delete", "table")):
+            lab.nft(*tamper, "inet", "dlts_endpoints")
+            assert _wait_for(lambda: lab.probe((SRC_A, DST_A, IN_A), (SRC_B, DST_B, IN_A), timeout_s=0.5) == closed,
+                             timeout_s=15)
+        assert _wait_for(lambda: agent.registry.get_sample_value("dlts_node_firewall_restores_total") == 2)
+        assert agent.registry.get_sample_value("dlts_node_firewall_applies_total") == 3  # v1, then two restores
+    finally:
+        stop.set()
+        thread.join(10)
+
+
+@needs_netns
 def test_overlapping_networks_from_the_api_are_merged_not_refused(lab):
     # nft refuses overlapping elements in an interval set ("File exists"); the agent collapses them
     fw = lab.firewall()
@@ -363,6 +417,7 @@ def fake_nft(directory: Path, rc: int = 0) -> Path:
     path = directory / "nft"
     path.write_text(textwrap.dedent(f"""\
         #!/bin/sh
+        if [ "$1" = "-s" ]; then echo "table inet dlts_endpoints (listed)"; exit {rc}; fi
         n=$(ls "{directory}" | grep -c '^applied-')
         cp "$2" "{directory}/applied-$n.nft"
         [ {rc} = 0 ] || echo "Error: simulated failure" >&2
@@ -415,7 +470,7 @@ def api():
 def test_the_reporter_applies_only_a_new_version_and_survives_malformed_firewalls(tmp_path, api, caplog):
     calls: list[str] = []
     fw = Firewall(FirewallConfig(enabled=True), str(tmp_path), nft=["nft"],
-                  runner=lambda argv, timeout_s: calls.append(Path(argv[-1]).read_text()) or (0, ""))
+                  runner=lambda argv, timeout_s: (calls.append(Path(argv[-1]).read_text()) if "-f" in argv else None) or (0, ""))
     reporter = Reporter(ReportConfig(enabled=True, api_url=api.url, timeout_s=5), "n1", "tok",
                         lambda: _snapshot(), None, on_firewall=fw.update)
     order = {"id": "1", "action": "drop_caches", "target": "", "dry_run": True}

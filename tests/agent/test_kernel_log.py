@@ -238,3 +238,36 @@ def test_a_corrupt_state_file_starts_over_instead_of_stopping_the_agent(node: Fa
     sample, _ = _collector(node, st).collect()
     st.save()
     assert AgentState.load(str(path)).xid_counts == sample.counts
+
+
+WRONG_SHAPES = [
+    "[]", "null", '"state"', "7",
+    '{"version": 1, "kmsg": []}',
+    '{"version": 1, "kmsg": {"seq": null}}',
+    '{"version": 1, "xid_counts": {"a": 1}}',
+    '{"version": 1, "fell_off_bus_counts": [1, 2]}',
+    '{"version": 1, "recent_xids": [5]}',
+    '{"version": 1, "recent_xids": [{"bus_id": "0000:07:00.0"}]}',
+    '{"version": 1, "gpu_reset_at": {"0000:07:00.0": "yesterday"}}',
+    '{"version": 1, "orders": []}',
+    '{"version": 1, "orders": {"r1": 5}}',
+    '{"version": 1, "orders": {"r1": {"id": "r1", "action": "reboot", "status": "exploded"}}}',
+    '{"version": 1, "orders": {"r1": {"id": "r1", "action": "reboot", "status": "succeeded", "finished_at": "x"}}}',
+]
+
+
+@pytest.mark.parametrize("content", WRONG_SHAPES)
+def test_a_state_file_of_the_wrong_shape_is_kept_aside_and_the_agent_starts_empty(node: FakeNode, content, caplog):
+    path = node.root / "state" / "state.json"
+    path.write_text(content)
+    with caplog.at_level("ERROR", logger="dlts_agent.state"):
+        agent = Agent(agent_config(node), nvml_lib=healthy_8xa100())  # start-up reads the state
+    assert agent.state.load_error and "starting with empty state" in agent.state.load_error
+    assert f"kept as {path}.bad" in caplog.text
+    assert (node.root / "state" / "state.json.bad").read_text() == content
+    node.kmsg.write_text((FIXTURES / "kmsg_xid.txt").read_text())
+    agent.executor.resolve_reboots()  # what run() does first with the orders
+    snap = agent.collect_once()  # every round reads the state back (XID window, orders)
+    assert snap.collection.status("xid") is CollectorStatus.OK
+    assert agent.executor.unreported() == []
+    assert AgentState.load(str(path)).load_error is None  # the state saved after the round is good

@@ -119,25 +119,27 @@ FAKE_REGISTERED = {
 }
 
 
-def render_templates(inventory: str, out: Path, overrides: dict) -> dict[str, Path]:
-    """Render every role template with the inventory's variables; return {role: output dir}.
+def render_templates(inventory: str, out: Path, overrides: dict, roles_only: tuple[str, ...] = ()) -> dict[str, Path]:
+    """Render every role template (or those of ``roles_only``) with the inventory's variables;
+    return {role: output dir}.
 
     Each role gets a generated stand-in role whose defaults/ and vars/ are the real role's (so
     variable precedence is exactly a real run's: role defaults < inventory < extra vars) and whose
     only tasks render the real role's templates into ``out``. Facts come from this machine.
     """
     roles = out / "roles"
+    chosen = {role: group for role, group in ROLE_HOST_GROUP.items() if not roles_only or role in roles_only}
     plays = [
         {
             "name": "Gather facts once for the rendering hosts",
-            "hosts": ",".join(f"{group}[0]" for group in sorted(set(ROLE_HOST_GROUP.values()))),
+            "hosts": ",".join(f"{group}[0]" for group in sorted(set(chosen.values()))),
             "connection": "local",
             "gather_facts": True,
             "gather_subset": ["!all", "min", "hardware"],
         }
     ]
     outputs = {}
-    for role, group in ROLE_HOST_GROUP.items():
+    for role, group in chosen.items():
         real = ROLES_DIR / role
         stand_in = roles / f"render_{role}"
         (stand_in / "tasks").mkdir(parents=True)

@@ -222,6 +222,7 @@ def test_dlts_managers_purges_expired_allowed_ips_every_ten_minutes(settings, se
     monkeypatch.setattr(dlts.managers, "run_forever", lambda entries, **kw: seen.update({e.id: e for e in entries}))
     monkeypatch.setenv("DLTS_DATABASE_URL", settings.database_url)
     monkeypatch.setenv("DLTS_HOME", str(settings.home))
+    monkeypatch.setenv("DLTS_LOCAL_BACKEND_TRUSTED_USERS", "true")  # dlts managers with the local backend
     result = CliRunner().invoke(main, ["managers"])
     assert result.exit_code == 0, result.output
     entry = seen["allowlist.purge_expired"]

@@ -103,6 +103,7 @@ def test_dlts_managers_registers_the_janitor(settings, monkeypatch):
     monkeypatch.setattr(dlts.managers, "run_forever", lambda entries, **kw: seen.update({e.id: e for e in entries}))
     monkeypatch.setenv("DLTS_DATABASE_URL", settings.database_url)
     monkeypatch.setenv("DLTS_HOME", str(settings.home))
+    monkeypatch.setenv("DLTS_LOCAL_BACKEND_TRUSTED_USERS", "true")  # dlts managers with the local backend
     monkeypatch.setenv("DLTS_RETENTION_DAYS", "42")
     result = CliRunner().invoke(main, ["managers"])
     assert result.exit_code == 0, result.output

@@ -115,3 +115,40 @@ def test_demo_runs_jobs_survives_a_restart_and_takes_users_from_a_second_termina
         assert requests.get(f"{demo.url}/api/v1/me", headers=admin_auth, timeout=5).json()["cluster_admin"] is True
     finally:
         demo.stop()
+
+
+def test_the_demo_keeps_its_state_private_to_its_user(tmp_path):
+    """Tokens, the secret key, the database, logs and run directories: 0600 files, 0700 directories,
+    whatever the umask of the shell that started the demo (a home made earlier is tightened too)."""
+    home = tmp_path / "home"
+    home.mkdir(mode=0o755)
+    demo = Demo(home, free_port())
+    old = os.umask(0o022)
+    try:
+        token = demo.start()
+    finally:
+        os.umask(old)
+    try:
+        auth = {"Authorization": f"Bearer {token}"}
+        job = requests.post(f"{demo.url}/api/v1/jobs", headers=auth, timeout=5,
+                            json={"vc": "default", "image": "any", "command": "echo private > out.txt; echo logged; sleep 600",
+                                  "gpus": 0}).json()
+        wait_status(demo, token, job["id"], {"running"})
+        deadline = time.monotonic() + 20
+        while not (list((home / "run").rglob("out.txt")) and list((home / "logs").rglob("attempt-*"))):
+            assert time.monotonic() < deadline, "the job wrote nothing"
+            time.sleep(0.2)
+        loose = []
+        for path in [home, *home.rglob("*")]:
+            mode = path.stat().st_mode & 0o777
+            if mode & 0o077:
+                loose.append(f"{path.relative_to(tmp_path)} {mode:o}")
+        assert loose == []
+        for name in ("dlts.db", "demo-token", "alice-token", "secret-key", "demo-credentials", "agent/node-token"):
+            assert (home / name).stat().st_mode & 0o777 == 0o600, name
+        for name in ("logs", "run", "agent"):
+            assert (home / name).stat().st_mode & 0o777 == 0o700, name
+        logs = list((home / "logs").rglob("attempt-*"))
+        assert logs and all(p.stat().st_mode & 0o777 == 0o600 for p in logs)
+    finally:
+        demo.stop()

@@ -129,15 +129,14 @@ def http_job(tmp_path, port: int, text: str) -> str:
     return f"exec {sys.executable} -m http.server {port} --bind 127.0.0.1 --directory {site}"
 
 
-def test_a_port_endpoint_is_ready_at_once_reaches_the_job_and_then_costs_one_query_a_tick(
+def test_a_port_endpoint_is_ready_once_the_job_listens_reaches_the_job_and_then_costs_one_query_a_tick(
         live, world, sessions, tmp_path, app):
     port = free_port()
     job = submit(live, world, command=http_job(tmp_path, port, "hello from the job"))
     wait_for(live, world, job["id"], {"running"})
     endpoint_id = add_endpoint(sessions, job["id"], "port", port)
 
-    live.tick()
-    row = endpoint(sessions, endpoint_id)
+    row = wait_endpoint(live, sessions, endpoint_id, {"ready"})  # once the job's server listens
     assert (row.status, row.host, row.host_port, row.attempt, row.message) == (EndpointStatus.READY, "127.0.0.1", port, 1, None)
     assert endpoint_events(sessions, job["id"]) == [("ready", f"port-{port} ready at 127.0.0.1:{port}")]
     assert http_get(f"http://{row.host}:{row.host_port}/") == "hello from the job"
@@ -166,6 +165,76 @@ def test_a_port_endpoint_is_ready_at_once_reaches_the_job_and_then_costs_one_que
     wait_for(live, world, job["id"], {"killed"})
     live.tick(2)
     assert calls == [] and endpoint(sessions, endpoint_id).status is EndpointStatus.READY
+
+
+LISTEN = """
+import socket, sys, time
+family = socket.AF_INET6 if sys.argv[1] == "v6" else socket.AF_INET
+s = socket.socket(family, socket.SOCK_STREAM)
+if family == socket.AF_INET6:
+    s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+s.bind(("::" if family == socket.AF_INET6 else "0.0.0.0", int(sys.argv[2])))
+s.listen(8)
+print("listening", flush=True)
+time.sleep(600)
+"""
+
+
+def listen_job(tmp_path, family: str, port: int) -> str:
+    script = tmp_path / "listen.py"
+    script.write_text(LISTEN)
+    return f"exec {sys.executable} {script} {family} {port}"
+
+
+def test_a_job_claiming_the_port_another_job_listens_on_never_gets_it(live, world, sessions, tmp_path):
+    """Job B (bob's) opens a port endpoint on the port job A (alice's) serves: it stays pending
+    with the reason, so the endpoint firewall never lets bob's addresses in to alice's server, also
+    when B listens on the same port number in the other address family."""
+    port = free_port()
+    a = submit(live, world, command=http_job(tmp_path, port, "alice's server"), cpu=0.5)
+    b = submit(live, world, user="bob", command="sleep 600", cpu=0.5)
+    wait_for(live, world, a["id"], {"running"})
+    wait_for(live, world, b["id"], {"running"}, user="bob")
+    assert http_get(f"http://127.0.0.1:{port}/") == "alice's server"
+    claim = add_endpoint(sessions, b["id"], "port", port)
+    own = add_endpoint(sessions, a["id"], "port", port)
+    assert wait_endpoint(live, sessions, own, {"ready"}).host_port == port  # A's own endpoint opens
+    live.tick(5)
+    row = endpoint(sessions, claim)
+    assert row.status is EndpointStatus.PENDING and row.host_port is None
+    assert f"port {port} is held by a process that is not part of job {b['id']}" in row.message
+    assert [reason for reason, _ in endpoint_events(sessions, b["id"])] == []
+    r = requests.get(f"{live.url}/api/v1/jobs/{b['id']}/endpoints", headers=world.auth("bob"), timeout=10).json()
+    assert r["items"][0]["status"] == "pending" and "not part of job" in r["items"][0]["message"]
+
+    # the same port number in the other family: A's IPv4 server is still reachable there
+    c = submit(live, world, user="bob", command=listen_job(tmp_path, "v6", port), cpu=0.5)
+    wait_for(live, world, c["id"], {"running"}, user="bob")
+    deadline = time.monotonic() + 10
+    while port not in {conn.laddr.port for conn in psutil.net_connections("tcp6") if conn.status == "LISTEN"}:
+        assert time.monotonic() < deadline, "job C never listened"
+        time.sleep(0.1)
+    dual = add_endpoint(sessions, c["id"], "port", port)
+    live.tick(5)
+    row = endpoint(sessions, dual)
+    assert row.status is EndpointStatus.PENDING and "not part of job" in row.message
+
+
+def test_a_port_endpoint_waits_for_the_jobs_server_and_counts_a_daemonised_one(live, world, sessions, tmp_path):
+    port = free_port()
+    marker = tmp_path / "go"
+    # the server starts late, and leaves its shell behind (setsid + background: a daemon)
+    job = submit(live, world, command=f"while [ ! -e {marker} ]; do sleep 0.1; done; "
+                                      f"setsid {listen_job(tmp_path, 'v4', port)[5:]} & sleep 600")
+    wait_for(live, world, job["id"], {"running"})
+    endpoint_id = add_endpoint(sessions, job["id"], "port", port)
+    live.tick(3)
+    row = endpoint(sessions, endpoint_id)
+    assert row.status is EndpointStatus.PENDING
+    assert row.message == f"no process of job {job['id']} listens on port {port} yet"
+    marker.touch()
+    row = wait_endpoint(live, sessions, endpoint_id, {"ready"})
+    assert (row.host, row.host_port, row.message) == ("127.0.0.1", port, None)
 
 
 def ssh_key(live, world, tmp_path):
@@ -328,8 +397,8 @@ def test_a_retried_attempt_exposes_its_endpoints_anew(live, world, sessions, tmp
         assert (row.status, row.attempt) == (EndpointStatus.READY, 1)  # not exposed anew before that
         assert time.monotonic() < deadline, "attempt 2 never ran"
         time.sleep(0.05)
-    row = endpoint(sessions, endpoint_id)
-    assert (row.status, row.attempt) == (EndpointStatus.READY, 2)
+    # exposed anew for attempt 2 (pending until attempt 2's server listens on the port)
+    row = wait_endpoint(live, sessions, endpoint_id, {"ready"}, attempt=2)
     assert http_get(f"http://127.0.0.1:{row.host_port}/") == "attempt 2\n"
     assert [reason for reason, _ in endpoint_events(sessions, job["id"])] == ["ready", "ready"]
 

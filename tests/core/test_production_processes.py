@@ -28,6 +28,8 @@ def test_api_and_managers_processes_run_a_job_end_to_end(tmp_path, database_url)
         "DLTS_SECRET_KEY": "a-test-secret-key-123456", "DLTS_LISTEN_PORT": str(port), "DLTS_TICK_S": "0.3",
         "DLTS_DEMO_GPUS": "2", "DLTS_RUN_DIR": str(tmp_path / "run"), "DLTS_LOG_DIR": str(tmp_path / "logs"),
         "DLTS_MANAGERS_METRICS_LISTEN": f"127.0.0.1:{metrics_port}",
+        # the local backend outside the demo only with this (docs/security-host.md); here the test is every user
+        "DLTS_LOCAL_BACKEND_TRUSTED_USERS": "true",
     }
 
     def cli(*args):

@@ -11,9 +11,12 @@ Backends start every job process with ``DLTS_JOB_ID``, ``DLTS_USER``, ``DLTS_VC`
 
 from __future__ import annotations
 
+import logging
 import os
 
 from dlts_agent.model import JobLabels, JobsSample
+
+log = logging.getLogger(__name__)
 
 _MARKER = b"DLTS_JOB_ID="
 
@@ -23,6 +26,7 @@ class JobsCollector:
 
     def __init__(self, proc_root: str = "/proc") -> None:
         self.proc_root = proc_root
+        self._logged: set[str] = set()  # problems logged already: each once while it lasts
 
     def collect(self) -> tuple[JobsSample, list[str]]:
         errors: list[str] = []
@@ -30,7 +34,7 @@ class JobsCollector:
         by_uuid: dict[str, JobLabels] = {}
         by_index: dict[int, JobLabels] = {}
         for entry in os.listdir(self.proc_root):
-            if not entry.isdigit():
+            if not (entry.isascii() and entry.isdigit()):
                 continue
             try:
                 with open(os.path.join(self.proc_root, entry, "environ"), "rb") as f:
@@ -39,37 +43,55 @@ class JobsCollector:
                 continue  # exited meanwhile, or a kernel thread: not ours
             if _MARKER not in raw:
                 continue
-            env = _parse_environ(raw)
-            job_id = env.get("DLTS_JOB_ID", "").strip()
-            if not job_id:
-                errors.append(f"pid {entry}: empty DLTS_JOB_ID")
+            try:
+                labels, uuids, indices, junk = _labels_and_gpus(_parse_environ(raw))
+            except ValueError as e:  # junk in one process's environment skips that process only
+                errors.append(f"pid {entry}: {e}; process skipped")
                 continue
-            labels = JobLabels(
-                job_id=job_id,
-                user=env.get("DLTS_USER", ""),
-                vc=env.get("DLTS_VC", ""),
-                preemptible=env.get("DLTS_PREEMPTIBLE", "").lower() in ("1", "true", "yes"),
-            )
             by_pid[int(entry)] = labels
-            nvidia = env.get("NVIDIA_VISIBLE_DEVICES")
-            if nvidia is not None:
-                for dev in _split(nvidia):
-                    if dev.startswith(("GPU-", "MIG-")):
-                        by_uuid[dev] = labels
-                continue
-            cuda = env.get("CUDA_VISIBLE_DEVICES")
-            if cuda is not None:
-                for dev in _split(cuda):
-                    if dev.isdigit():
-                        by_index[int(dev)] = labels
-                    elif dev.startswith(("GPU-", "MIG-")):
-                        by_uuid[dev] = labels
-                    else:
-                        errors.append(f"pid {entry}: malformed CUDA_VISIBLE_DEVICES entry {dev!r}")
+            for uuid in uuids:
+                by_uuid[uuid] = labels
+            for index in indices:
+                by_index[index] = labels
+            # the job stays known (a reboot still waits for it); only its unreadable GPU entries go
+            errors.extend(f"pid {entry}: malformed CUDA_VISIBLE_DEVICES entry {dev[:32]!r} skipped" for dev in junk)
+        for problem in set(errors) - self._logged:
+            log.warning("jobs collector: %s", problem)
+        self._logged = set(errors)
         return JobsSample(by_gpu_uuid=by_uuid, by_gpu_index=by_index, by_pid=by_pid), errors
 
     def close(self) -> None:
         pass
+
+
+def _labels_and_gpus(env: dict[str, str]) -> tuple[JobLabels, list[str], list[int], list[str]]:
+    """(labels, GPU UUIDs, GPU indices, CUDA_VISIBLE_DEVICES entries that are neither) of one job
+    process; ValueError when the process cannot be trusted at all (no job id)."""
+    job_id = env.get("DLTS_JOB_ID", "").strip()
+    if not job_id:
+        raise ValueError("empty DLTS_JOB_ID")
+    labels = JobLabels(
+        job_id=job_id,
+        user=env.get("DLTS_USER", ""),
+        vc=env.get("DLTS_VC", ""),
+        preemptible=env.get("DLTS_PREEMPTIBLE", "").lower() in ("1", "true", "yes"),
+    )
+    uuids: list[str] = []
+    indices: list[int] = []
+    junk: list[str] = []
+    nvidia = env.get("NVIDIA_VISIBLE_DEVICES")
+    if nvidia is not None:
+        uuids = [dev for dev in _split(nvidia) if dev.startswith(("GPU-", "MIG-"))]
+        return labels, uuids, indices, junk
+    for dev in _split(env.get("CUDA_VISIBLE_DEVICES") or ""):
+        # str.isdigit() is true for '²' and other digits int() refuses: ASCII digits only
+        if dev.isascii() and dev.isdigit() and len(dev) <= 4:
+            indices.append(int(dev))
+        elif dev.startswith(("GPU-", "MIG-")):
+            uuids.append(dev)
+        else:
+            junk.append(dev)
+    return labels, uuids, indices, junk
 
 
 def _parse_environ(raw: bytes) -> dict[str, str]:

@@ -12,7 +12,12 @@ if TYPE_CHECKING:  # dlts.config imports dlts.backends.k8s_settings
 
 
 def make_backend(settings: Settings) -> ClusterBackend:
+    """The configured backend; ``backend: local`` only with ``local_backend_trusted_users: true``
+    (``ConfigError`` otherwise: the demo, the one place it is safe by default, makes its own)."""
     if settings.backend == "local":
+        from dlts.config import require_trusted_local_backend
+
+        require_trusted_local_backend(settings)
         from dlts.backends.local import LocalBackend
 
         return LocalBackend(settings.effective_run_dir, demo_gpus=settings.demo_gpus, demo_sku=settings.demo_sku,

@@ -27,7 +27,13 @@ root and the spec has a uid, the job runs as that uid/gid with its supplementary
 is not root, every job runs as the DLTS service user, and a job whose owner has another uid is
 told so in its log and by a note ``launch`` returns (the job manager records it as an event).
 
-Endpoints (``expose``): a port endpoint is the job's own port on this machine, ready at once. The
+Endpoints (``expose``): a port endpoint is the job's own port on this machine. It becomes ready only
+when a process of the attempt (a descendant of one of its DLTS inits, which are child subreapers,
+so even a daemonised server stays below them) listens on that TCP port and no other process does,
+on any address, IPv4 or IPv6 (the listeners of /proc/net/tcp and tcp6 matched by socket inode to
+the attempt's /proc/PID/fd). Every job shares this machine's network, so a job could otherwise
+claim another tenant's listening port and have the endpoint firewall admit its own allowed
+addresses to it. Until then it is pending, with the reason. The
 servers of ssh / jupyter / vscode endpoints run under the DLTS init of unit 0 (the attempt's
 directory, or replica 0's): ``expose`` writes the wanted set to ``endpoints.json`` there, the init's
 supervisor starts and stops the servers and reports them in ``endpoints.state.json``, which
@@ -94,6 +100,47 @@ def _start_ticks(pid: int) -> int:
     with open(f"/proc/{pid}/stat", "rb") as fh:
         stat = fh.read()
     return int(stat[stat.rfind(b")") + 2:].split()[19])
+
+
+def tcp_listeners(proc_net: str = "/proc/net") -> dict[int, set[int]]:
+    """Port -> socket inodes of every TCP socket listening on this machine (IPv4 and IPv6, any
+    address), whoever owns it (/proc/net/tcp and tcp6)."""
+    found: dict[int, set[int]] = {}
+    for name in ("tcp", "tcp6"):
+        try:
+            with open(os.path.join(proc_net, name), encoding="ascii", errors="replace") as fh:
+                next(fh, None)  # the header
+                for line in fh:
+                    fields = line.split()
+                    if len(fields) < 10 or fields[3] != "0A":  # 0A: TCP_LISTEN
+                        continue
+                    try:
+                        port, inode = int(fields[1].rsplit(":", 1)[1], 16), int(fields[9])
+                    except (IndexError, ValueError):
+                        continue
+                    found.setdefault(port, set()).add(inode)
+        except OSError:
+            continue
+    return found
+
+
+def socket_inodes(pids: Iterable[int], proc_root: str = "/proc") -> set[int]:
+    """The inodes of the sockets the processes hold open (their /proc/PID/fd links)."""
+    inodes: set[int] = set()
+    for pid in pids:
+        fd_dir = os.path.join(proc_root, str(pid), "fd")
+        try:
+            names = os.listdir(fd_dir)
+        except OSError:  # exited meanwhile, or not ours to inspect
+            continue
+        for name in names:
+            try:
+                target = os.readlink(os.path.join(fd_dir, name))
+            except OSError:
+                continue
+            if target.startswith("socket:[") and target.endswith("]"):
+                inodes.add(int(target[8:-1]))
+    return inodes
 
 
 class LocalBackend:
@@ -445,10 +492,42 @@ class LocalBackend:
             # the init forwards SIGTERM to the job's process group
             self._signal_group(proc.pid, signal.SIGTERM)
 
+    def _attempt_pids(self, run: Path) -> list[int] | None:
+        """The pids of the attempt's processes: its inits and everything below them (the inits are
+        child subreapers, so a daemonised server stays below); None while none of its units runs."""
+        inits = [proc for proc in (self._process(unit)[0] for unit in self._units(run)) if proc is not None]
+        if not inits:
+            return None
+        pids = []
+        for init in inits:
+            try:
+                pids += [init.pid, *(child.pid for child in init.children(recursive=True))]
+            except psutil.Error:
+                continue
+        return pids
+
+    def _port_state(self, job_id: int, spec: EndpointSpec, pids: list[int] | None,
+                    listeners: dict[int, set[int]], ours: set[int]) -> EndpointState:
+        """Ready only when the port's listening sockets (every address and family) all belong to the
+        attempt: one held by anyone else (another tenant's server) keeps it pending, so the
+        firewall never admits this job's allowed addresses to somebody else's port."""
+        if pids is None:
+            return EndpointState(spec.id, "pending", message="waiting for the job's process to start")
+        held = listeners.get(spec.port, set())
+        if held and held <= ours:
+            return EndpointState(spec.id, "ready", self.endpoint_host, spec.port)
+        if held - ours:
+            return EndpointState(spec.id, "pending", message=(
+                f"port {spec.port} is held by a process that is not part of job {job_id} (another job or a "
+                f"service of this machine); the endpoint stays closed while it is: listen on a free port and "
+                f"open an endpoint for that one"))
+        return EndpointState(spec.id, "pending", message=f"no process of job {job_id} listens on port {spec.port} yet")
+
     def expose(self, job_id: int, attempt: int, endpoints: Sequence[EndpointSpec],
                ssh_public_keys: tuple[str, ...] = ()) -> Sequence[EndpointState]:
-        """Port endpoints are the job's own ports here: ready at once. The others are started by
-        unit 0's init from ``endpoints.json`` (written here, atomically) and reported in its
+        """Port endpoints are the job's own ports here: ready while a process of the attempt listens
+        on the port, pending (with the reason) otherwise. The others are started by unit 0's init
+        from ``endpoints.json`` (written here, atomically) and reported in its
         ``endpoints.state.json``: pending until then, and while unit 0 has not started."""
         run = self._dir(job_id, attempt)
         unit = run / REPLICAS / "0" if (run / REPLICAS).is_dir() else run
@@ -463,10 +542,17 @@ class LocalBackend:
             tmp.write_text(json.dumps(wanted, sort_keys=True))
             tmp.replace(unit / ENDPOINTS_FILE)
             reported = self._endpoint_states(unit)
+        pids: list[int] | None = None
+        listeners: dict[int, set[int]] = {}
+        ours: set[int] = set()
+        if any(e.kind not in SERVED for e in endpoints):
+            pids = self._attempt_pids(run)
+            if pids is not None:
+                listeners, ours = tcp_listeners(), socket_inodes(pids)
         states = []
         for e in endpoints:
             if e.kind not in SERVED:
-                states.append(EndpointState(e.id, "ready", self.endpoint_host, e.port))
+                states.append(self._port_state(job_id, e, pids, listeners, ours))
                 continue
             seen = reported.get(str(e.id))
             if not running:
