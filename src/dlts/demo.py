@@ -10,7 +10,6 @@ survives restarts.
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import os
 import secrets
@@ -27,6 +26,7 @@ from dlts.app import create_app
 from dlts.backends.local import LocalBackend
 from dlts.config import Settings
 from dlts.db import engine_of, session_factory
+from dlts.hosts import is_loopback_host
 from dlts.jobmanager import JobManager
 from dlts.models import User
 from dlts.services import admin, portal_auth
@@ -149,15 +149,6 @@ def start_agent(settings: Settings, sessions, node, url: str, scenario_name: str
     return agent, stop, thread, mode
 
 
-def _loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
 def private_state(settings: Settings) -> None:
     """Only the demo's user may read its state: tokens, the secret key, the database, logs and run
     directories (umask 077 for every file the demo and its jobs make, and 0700/0600 on what an
@@ -181,7 +172,7 @@ def _interrupt(_signum, _frame):
 
 
 def run_demo(settings: Settings, fake_nvml: str | None = None) -> None:
-    if not _loopback(settings.listen_host) and not settings.local_backend_trusted_users:
+    if not is_loopback_host(settings.listen_host) and not settings.local_backend_trusted_users:
         # reachable from other machines, the demo serves other people: its jobs run as you
         raise click.ClickException(
             f"listen_host: {settings.listen_host} lets other machines reach the demo, whose jobs run on this machine "

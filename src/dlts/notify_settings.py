@@ -9,12 +9,13 @@ one default, here.
 from __future__ import annotations
 
 import enum
-import ipaddress
 import re
 from email.utils import parseaddr
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+
+from dlts.hosts import is_loopback_host
 
 _HOST = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.\-]*[A-Za-z0-9])?$|^\[?[0-9A-Fa-f:.]+\]?$")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -36,15 +37,6 @@ def is_address(value: str) -> bool:
     name, address = parseaddr(value)
     local, at, domain = address.rpartition("@")
     return address == value and not name and bool(at and local and domain) and "@" not in local
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 class NotifySettings(BaseModel):
@@ -113,7 +105,7 @@ class NotifySettings(BaseModel):
         if not value or _CONTROL.search(value):
             raise ValueError("must be a non-empty name without control characters")
         host = info.data.get("smtp_host", "")
-        if info.data.get("security") is SmtpSecurity.NONE and host and not _is_loopback(host):
+        if info.data.get("security") is SmtpSecurity.NONE and host and not is_loopback_host(host):
             raise ValueError("would send the password unencrypted: use security starttls or ssl, "
                              "or a relay on localhost")
         return value
