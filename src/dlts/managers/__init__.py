@@ -83,7 +83,7 @@ def _keeper(lease: Lease, watch: Watch) -> Callable[[], None]:
     def keep() -> None:
         try:
             lease.keep(stalled=watch.stalled(lease.lease_s))
-        except Exception as exc:  # the database is away: the lease runs out locally, the next poll retries
+        except Exception as exc:  # noqa: BLE001 - the database is away: the lease runs out locally, the next poll retries
             log.warning("lease %s: could not reach the database: %s", lease.name, exc)
 
     return keep
