@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
 import requests
 import sqlalchemy as sa
 import yaml
@@ -73,20 +74,56 @@ class Managers:
         return self.log.read_text(errors="replace") if self.log.exists() else ""
 
 
+class Forked:
+    """A managers process the zygote forked (not our child: the zygote reaps it)."""
+
+    def __init__(self, pid: int):
+        self.pid = pid
+
+    def poll(self) -> int | None:
+        try:
+            return 0 if psutil.Process(self.pid).status() == psutil.STATUS_ZOMBIE else None
+        except psutil.NoSuchProcess:
+            return 0
+
+    def send_signal(self, sig: int) -> None:
+        try:
+            os.kill(self.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def wait(self, timeout: float) -> int:
+        deadline = time.monotonic() + timeout
+        while self.poll() is None:
+            if time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(str(self.pid), timeout)
+            time.sleep(0.01)
+        return 0
+
+
 @dataclass
 class Cluster:
     config: Path
     logs: Path
     started: list[Managers] = field(default_factory=list)
+    _zygote: subprocess.Popen | None = None
 
-    def start(self, holder: str, kill_in_launch: float = 0.0, seed: int = 0) -> Managers:
+    def _env(self, holder: str, kill_in_launch: float, seed: int, kill_first_launch: bool) -> dict[str, str]:
+        return {"DLTS_LEASE_HOLDER": holder, "DLTS_CHAOS_KILL_IN_LAUNCH": str(kill_in_launch),
+                "DLTS_CHAOS_SEED": str(seed), "DLTS_CHAOS_KILL_FIRST_LAUNCH": "1" if kill_first_launch else "0"}
+
+    @staticmethod
+    def _base_env() -> dict[str, str]:
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT / "agents"), str(ROOT / "lustre"),
+                                                             os.environ.get("PYTHONPATH", "")]))
+        env.pop("DLTS_HOME", None)
+        return env
+
+    def start(self, holder: str, kill_in_launch: float = 0.0, seed: int = 0, kill_first_launch: bool = False) -> Managers:
         """A managers process named ``holder`` in the lease row. ``kill_in_launch``: the chance it
         SIGKILLs itself at each unit start, between the unit's mkdir and its pid record, or just
-        after the init started (seeded)."""
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT / "agents"), str(ROOT / "lustre"),
-                                                             os.environ.get("PYTHONPATH", "")]),
-                   DLTS_LEASE_HOLDER=holder, DLTS_CHAOS_KILL_IN_LAUNCH=str(kill_in_launch), DLTS_CHAOS_SEED=str(seed))
-        env.pop("DLTS_HOME", None)
+        after the init started (seeded); ``kill_first_launch``: at its first unit start, for sure."""
+        env = {**self._base_env(), **self._env(holder, kill_in_launch, seed, kill_first_launch)}
         log = self.logs / f"managers-{holder}.log"
         with open(log, "ab") as out:
             proc = subprocess.Popen([sys.executable, str(CHILD), str(self.config)], env=env, stdout=out,
@@ -95,9 +132,27 @@ class Cluster:
         self.started.append(managers)
         return managers
 
+    def fork(self, holder: str, kill_in_launch: float = 0.0, seed: int = 0, kill_first_launch: bool = False) -> Managers:
+        """As ``start``, forked from a zygote that imported DLTS once (a fresh process in milliseconds)."""
+        if self._zygote is None:
+            self._zygote = subprocess.Popen([sys.executable, str(CHILD), "--zygote"], env=self._base_env(),
+                                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            assert self._zygote.stdout.readline().strip() == "ready"
+        log = self.logs / f"managers-{holder}.log"
+        order = {"config": str(self.config), "log": str(log),
+                 "env": self._env(holder, kill_in_launch, seed, kill_first_launch)}
+        self._zygote.stdin.write(json.dumps(order) + "\n")
+        self._zygote.stdin.flush()
+        managers = Managers(holder, Forked(int(self._zygote.stdout.readline())), log)  # type: ignore[arg-type]
+        self.started.append(managers)
+        return managers
+
     def close(self) -> None:
         for m in self.started:
             m.kill()
+        if self._zygote is not None:
+            self._zygote.kill()
+            self._zygote.wait(10)
 
 
 def lease_row(sessions) -> tuple[str, int, float] | None:
