@@ -52,12 +52,12 @@ def run(config: str) -> None:
 
 
 def zygote() -> None:
-    import dlts.backends.local  # noqa: F401 - what every child needs, imported once
-    import dlts.cli  # noqa: F401
-    import dlts.jobmanager  # noqa: F401
-    import dlts.managers.janitor  # noqa: F401
-    import dlts.managers.lease  # noqa: F401
-    import dlts.managers.notify  # noqa: F401
+    import dlts.backends.local
+    import dlts.cli
+    import dlts.jobmanager
+    import dlts.managers.janitor
+    import dlts.managers.lease
+    import dlts.managers.notify
     import dlts.managers.repair  # noqa: F401
     from dlts.app import create_app  # noqa: F401
 

@@ -58,7 +58,7 @@ def test_the_standby_takes_over_after_kill_9_and_sigstop_and_no_job_runs_twice_o
             a.kill()
             took_after_kill = wait_for_holder(sessions, "ctl-b", LEASE_S + SLACK_S + 5)
             assert took_after_kill <= LEASE_S + SLACK_S, took_after_kill
-            a2 = cluster.start("ctl-a2")  # the killed node's managers come back, as standby
+            cluster.start("ctl-a2")  # the killed node's managers come back, as standby
             time.sleep(1.0 + rng.uniform(0, 1))
             # freeze the leader (a hang), mid-work; the standby takes over, the leader resumes later
             b.proc.send_signal(signal.SIGSTOP)
