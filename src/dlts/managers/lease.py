@@ -32,9 +32,10 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import sqlalchemy as sa
+from sqlalchemy.engine import CursorResult
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -54,6 +55,11 @@ def db_now(session: Session) -> Any:
     if session.get_bind().dialect.name == "sqlite":
         return sa.literal_column("((julianday('now') - 2440587.5) * 86400.0)")
     return sa.func.unix_timestamp(sa.func.now(6))
+
+
+def _matched(session: Session, statement: Any) -> int:
+    """The rows an UPDATE matched (MySQL dialects count matched rows: SQLAlchemy sets FOUND_ROWS)."""
+    return cast(CursorResult, session.execute(statement)).rowcount
 
 
 class Lease:
@@ -115,28 +121,28 @@ class Lease:
             now = db_now(session)
             row = ManagersLease
             if token is not None:
-                renewed = session.execute(
+                renewed = _matched(session,
                     sa.update(row).where(row.name == self.name, row.holder == self.holder, row.token == token,
                                          row.expires_at > now)
                     .values(expires_at=now + self.term_s, renewed_at=now)
-                    .execution_options(synchronize_session=False)).rowcount
+                    .execution_options(synchronize_session=False))
                 session.commit()
                 if renewed == 1:
                     self._held_from(started, token)
                     return self.held()
                 self._lose("it expired or another process took it")
             self._ensure_row(session)
-            taken = session.execute(
+            taken = _matched(session,
                 sa.update(row).where(row.name == self.name, row.expires_at <= now)
                 .values(holder=self.holder, token=row.token + 1, expires_at=now + self.term_s, acquired_at=now,
                         renewed_at=now)
-                .execution_options(synchronize_session=False)).rowcount
+                .execution_options(synchronize_session=False))
             if taken != 1:
                 session.commit()
                 return False
-            new_token = session.scalar(sa.select(row.token).where(row.name == self.name))
+            new_token = int(session.scalar(sa.select(row.token).where(row.name == self.name)) or 0)
             session.commit()
-        self._held_from(started, int(new_token))
+        self._held_from(started, new_token)
         log.warning("lease %s: %s holds it now (token %s)", self.name, self.holder, new_token)
         return self.held()
 
@@ -180,10 +186,10 @@ class Lease:
             token = self.token
         row = ManagersLease
         now = db_now(session)
-        matched = session.execute(
+        matched = _matched(session,
             sa.update(row).where(row.name == self.name, row.holder == self.holder, row.token == token,
                                  row.expires_at > now)
-            .values(token=row.token).execution_options(synchronize_session=False)).rowcount
+            .values(token=row.token).execution_options(synchronize_session=False))
         if matched != 1:
             self._lose("the lease row names another holder or token, or it expired")
             raise LeaseLost(f"a state write: {self.holder} no longer holds the managers' lease (token {token})")
