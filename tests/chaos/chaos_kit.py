@@ -70,6 +70,15 @@ class Managers:
             except subprocess.TimeoutExpired:
                 self.kill()
 
+    def wait_ready(self, timeout_s: float = 120) -> None:
+        """Until it runs its scheduler (an interpreter start with DLTS's imports takes seconds on a
+        busy machine): from then on it polls the lease."""
+        deadline = time.monotonic() + timeout_s
+        while "managers running" not in self.log_text():
+            assert self.proc.poll() is None, self.log_text()[-2000:]
+            assert time.monotonic() < deadline, f"{self.holder} did not start in {timeout_s} s"
+            time.sleep(0.05)
+
     def log_text(self) -> str:
         return self.log.read_text(errors="replace") if self.log.exists() else ""
 

@@ -47,6 +47,7 @@ def test_the_standby_takes_over_after_kill_9_and_sigstop_and_no_job_runs_twice_o
             a = cluster.start("ctl-a")
             wait_for_holder(sessions, "ctl-a", 60)
             b = cluster.start("ctl-b")
+            b.wait_ready()
             submitter = Submitter(api.url, world.tokens["alice"], ledger_command(ledger, 0.4), count=40,
                                   every_s=0.15).start()
             # under load: kill -9 the leader at a seeded moment once jobs run
@@ -58,8 +59,8 @@ def test_the_standby_takes_over_after_kill_9_and_sigstop_and_no_job_runs_twice_o
             a.kill()
             took_after_kill = wait_for_holder(sessions, "ctl-b", LEASE_S + SLACK_S + 5)
             assert took_after_kill <= LEASE_S + SLACK_S, took_after_kill
-            cluster.start("ctl-a2")  # the killed node's managers come back, as standby
-            time.sleep(1.0 + rng.uniform(0, 1))
+            cluster.start("ctl-a2").wait_ready()  # the killed node's managers come back, as standby
+            time.sleep(rng.uniform(0, 1))
             # freeze the leader (a hang), mid-work; the standby takes over, the leader resumes later
             b.proc.send_signal(signal.SIGSTOP)
             try:
@@ -67,7 +68,7 @@ def test_the_standby_takes_over_after_kill_9_and_sigstop_and_no_job_runs_twice_o
                 time.sleep(1.0)
             finally:
                 b.proc.send_signal(signal.SIGCONT)
-            assert took_after_stop <= LEASE_S + SLACK_S + 4.0, took_after_stop  # a2 may still be starting up
+            assert took_after_stop <= LEASE_S + SLACK_S, took_after_stop
             submitter.join(60)
             ended_s = wait_all_ended(sessions, submitter.accepted, 90)
         holder, token, _ = lease_row(sessions)

@@ -58,8 +58,9 @@ def test_thirty_kill_9s_of_the_managers_lose_no_job_and_run_no_command_twice(set
                 del pool[name]
             while len(pool) < 3:
                 n = next(serial)
+                # the first leader, and a few later ones, die at their first launch for sure
                 m = cluster.fork(f"storm-{n}", kill_in_launch=KILL_IN_LAUNCH, seed=rng.randrange(10**6),
-                                  kill_first_launch=n % 8 == 5)  # some die at their first launch, for sure
+                                 kill_first_launch=n % 8 == 0)
                 pool[m.holder] = m
                 if len(pool) == 1:
                     wait_for_holder(sessions, m.holder, 60)
@@ -82,7 +83,7 @@ def test_thirty_kill_9s_of_the_managers_lose_no_job_and_run_no_command_twice(set
                 assert time.monotonic() < deadline, f"no live holder after {kills} kills: {holder}, token {now_token}"
                 time.sleep(0.05)
             token = now_token
-            end = time.monotonic() + rng.uniform(0.1, 0.9)
+            end = time.monotonic() + rng.uniform(0.3, 1.5)
             while time.monotonic() < end and leader.proc.poll() is None:
                 time.sleep(0.02)
             if leader.proc.poll() is None:
