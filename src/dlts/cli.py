@@ -133,13 +133,15 @@ def api(ctx: Context, workers: int | None) -> None:
 @main.command()
 @pass_ctx
 def managers(ctx: Context) -> None:
-    """Run the job manager and the other periodic managers (exactly one per cluster)."""
+    """Run the job manager and the other periodic managers. Run it on several control nodes:
+    exactly one acts (the holder of the lease in the database), the others stand by."""
     from dlts.app import create_app
     from dlts.backends import make_backend
     from dlts.db import session_factory
     from dlts.jobmanager import JobManager
     from dlts.managers import Periodic, run_forever
     from dlts.managers.janitor import Janitor
+    from dlts.managers.lease import FencedBackend, Lease
     from dlts.services import allowlist
 
     settings = ctx.settings
@@ -148,11 +150,14 @@ def managers(ctx: Context) -> None:
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
     app = create_app(settings)
-    sessions = session_factory(app)
-    manager = JobManager(sessions, backend, settings)
+    lease = Lease(session_factory(app), settings.effective_lease_holder, settings.lease_s)
+    # every state write of every manager checks the lease in its transaction; every backend call
+    # is made only while the lease is held with margin
+    sessions = lease.fenced_sessions(session_factory(app))
+    manager = JobManager(sessions, FencedBackend(backend, lease), settings)
     janitor = Janitor(sessions, settings.retention_days, batch_rows=settings.janitor_batch_rows,
                       pause_s=settings.janitor_pause_s, log_dir=settings.effective_log_dir)
-    entries = [Periodic("jobmanager.tick", settings.tick_s, manager.tick),
+    entries = [Periodic("jobmanager.tick", settings.tick_s, manager.tick, watched=True),
                Periodic("janitor.purge", 3600.0, janitor.run),
                Periodic("allowlist.purge_expired", 600.0, functools.partial(allowlist.purge_expired_entries, sessions))]
     if settings.repair.enabled:
@@ -163,7 +168,7 @@ def managers(ctx: Context) -> None:
             repair = RepairManager(sessions, settings)  # a bad rules file stops start-up, naming the rule
         except RuleError as exc:
             raise click.ClickException(str(exc)) from None
-        entries.append(Periodic("repair.tick", settings.repair.interval_s, repair.run_once))
+        entries.append(Periodic("repair.tick", settings.repair.interval_s, repair.run_once, watched=True))
     if settings.lustre_defaults_file is not None:
         from dlts.managers.storage import LustreStorageManager
 
@@ -179,8 +184,8 @@ def managers(ctx: Context) -> None:
     except (ConfigError, TemplateError) as exc:
         raise click.ClickException(str(exc)) from None
     entries.append(Periodic("notify.send", settings.notify.interval_s, notifier.run_once))
-    run_forever(entries, metrics=functools.partial(_serve_managers_metrics, settings, sessions)
-                if settings.managers_metrics_listen else None)
+    run_forever(entries, metrics=functools.partial(_serve_managers_metrics, settings, lease.sessions)
+                if settings.managers_metrics_listen else None, lease=lease)
 
 
 def _serve_managers_metrics(settings, sessions):

@@ -96,6 +96,13 @@ class Settings(BaseModel):
     # dlts managers serves Prometheus metrics (the repair loop's, docs/repair.md#metrics) on this
     # HOST:PORT at /metrics; "" serves none
     managers_metrics_listen: str = "127.0.0.1:9465"
+    # dlts managers may run on several control nodes: a lease in the database makes exactly one act.
+    # The holder renews it every lease_s/6; a standby takes over within lease_s of the last renewal
+    # when the holder stops or hangs; a holder stops acting before its lease could have run out
+    # (docs/reliability.md)
+    lease_s: float = Field(15.0, ge=1.0, le=600.0)
+    # who holds the lease, as the lease row shows it; "" means HOSTNAME:PID
+    lease_holder: str = Field("", max_length=255)
     # the repair manager: rules file, budget, flap window, validation (docs/repair.md)
     repair: RepairSettings = Field(default_factory=RepairSettings)
     # both backends: a node NotReady (or gone) this long loses its attempts (node_lost, requeued at
@@ -182,6 +189,14 @@ class Settings(BaseModel):
     @property
     def effective_run_dir(self) -> Path:
         return (self.run_dir or self.home / "run").resolve()
+
+    @property
+    def effective_lease_holder(self) -> str:
+        if self.lease_holder:
+            return self.lease_holder
+        import socket
+
+        return f"{socket.gethostname()}:{os.getpid()}"
 
 
 def _read_file(path: Path) -> dict[str, Any]:

@@ -151,4 +151,4 @@ def test_example_inventory_has_the_production_layout():
     assert len(groups["lustre_oss"]) == 4
     assert len(groups["gpu_a100"]) == 64
     assert [len(groups[f"ib_domain_{n}"]) for n in range(1, 5)] == [16, 16, 16, 16]
-    assert len(groups["dlts_managers"]) == 1
+    assert len(groups["dlts_managers"]) == 2  # one acts, one stands by (the lease)

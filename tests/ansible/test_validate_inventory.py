@@ -89,9 +89,14 @@ CASES = {
         lambda inv: inv.edit_groups(lambda g: g.pop("dlts_managers")),
         "The inventory has no hosts in group 'dlts_managers'",
     ),
-    "two managers hosts": (
-        lambda inv: inv.edit_groups(lambda g: g["dlts_managers"]["hosts"].update({"worker1": None})),
-        "Group 'dlts_managers' must hold exactly one host (found 2: control, worker1)",
+    "two managers hosts with the local backend": (
+        lambda inv: (inv.edit_groups(lambda g: g["dlts_managers"]["hosts"].update({"worker1": None})),
+                     _set_dlts(inv, "dlts_backend", "local")),
+        "Group 'dlts_managers' holds 2 hosts (control, worker1) but dlts_backend is \"local\"",
+    ),
+    "a lease shorter than a second": (
+        lambda inv: _set_dlts(inv, "dlts_lease_s", 0),
+        "dlts_lease_s, when set, must be an integer between 1 and 600 (found 0)",
     ),
     "lustre enabled without object storage servers": (
         lambda inv: inv.edit_groups(lambda g: g.pop("lustre_oss")),

@@ -219,12 +219,14 @@ def test_dlts_managers_purges_expired_allowed_ips_every_ten_minutes(settings, se
                   .values(expires_at=utcnow() - dt.timedelta(minutes=1)))
         s.commit()
     seen = {}
-    monkeypatch.setattr(dlts.managers, "run_forever", lambda entries, **kw: seen.update({e.id: e for e in entries}))
+    monkeypatch.setattr(dlts.managers, "run_forever",
+                        lambda entries, **kw: seen.update({e.id: e for e in entries}, lease=kw["lease"]))
     monkeypatch.setenv("DLTS_DATABASE_URL", settings.database_url)
     monkeypatch.setenv("DLTS_HOME", str(settings.home))
     monkeypatch.setenv("DLTS_LOCAL_BACKEND_TRUSTED_USERS", "true")  # dlts managers with the local backend
     result = CliRunner().invoke(main, ["managers"])
     assert result.exit_code == 0, result.output
+    assert seen["lease"].keep()  # the entries act only while this process holds the managers' lease
     entry = seen["allowlist.purge_expired"]
     assert entry.interval_s == 600
     assert entry.run() == 1

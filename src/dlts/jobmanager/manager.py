@@ -53,6 +53,7 @@ from dlts.jobmanager.snapshot import (
     replicas_from_json,
     replicas_to_json,
 )
+from dlts.managers.lease import LeaseLost
 from dlts.models import (
     ACTIVE,
     EndpointKind,
@@ -581,6 +582,8 @@ class JobManager:
                 if first and isinstance(note, str) and note:
                     job_repo.add_event(session, job.id, "reason", reason=IDENTITY, message=note, actor=ACTOR)
                     session.commit()
+            elif isinstance(exc, LeaseLost):
+                raise exc  # another managers process acts now: record nothing
             elif isinstance(exc, BackendUnavailable):
                 # transient: the job stays scheduling and the next tick launches it again (idempotent)
                 log.warning("launch of job %s attempt %s deferred: %s", job.id, attempt.number, exc)

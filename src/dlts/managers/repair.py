@@ -28,6 +28,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from dlts.config import Settings
+from dlts.managers.lease import LeaseLost
 from dlts.models import (
     Job,
     JobStatus,
@@ -201,6 +202,9 @@ class RepairManager:
                 break
             try:
                 applied = self._apply(session, node, cycle, view, decision, now_s, on_node)
+            except LeaseLost:  # another managers process acts now: stop this pass, nothing written
+                session.rollback()
+                raise
             except Exception:
                 session.rollback()
                 result.failed.append(node.name)

@@ -16,6 +16,7 @@ from dlts.models.job import (
     JobStatus,
     JobTemplate,
 )
+from dlts.models.lease import ManagersLease
 from dlts.models.node import Node, NodeEvent, NodeFinding, NodeOrder, NodeState
 from dlts.models.notify import OutboxMessage, OutboxStatus
 from dlts.models.repair import RepairControl, RepairCycle, RepairStep
@@ -23,7 +24,7 @@ from dlts.models.vc import VcEvent, VirtualCluster
 
 __all__ = [
     "ACTIVE", "TERMINAL", "TRANSITIONS", "AllowedIp", "ApiToken", "Base", "EndpointKind", "EndpointStatus", "Group",
-    "GroupMember", "Job", "JobAttempt", "JobEndpoint", "JobEvent", "JobStatus", "JobTemplate", "Node", "NodeEvent", "NodeFinding",
+    "GroupMember", "Job", "JobAttempt", "JobEndpoint", "JobEvent", "JobStatus", "JobTemplate", "ManagersLease", "Node", "NodeEvent", "NodeFinding",
     "NodeOrder", "NodeState", "OutboxMessage", "OutboxStatus", "RegistryCredential", "RepairControl", "RepairCycle",
     "RepairStep", "Role", "RoleBinding", "SshKey", "StorageUsage", "User", "VcEvent", "VirtualCluster", "iso", "utcnow",
 ]
