@@ -35,7 +35,7 @@ class SubmitForm:
     errors: dict[str, str] = field(default_factory=dict)
 
     def add_error(self, name: str, message: str) -> None:
-        name = FORM_NAME.get(name, name)
+        name = FORM_NAME.get(name, name).split(".")[0]  # "env.TOKEN" (a limit of one variable) -> env
         self.errors.setdefault(name if name in self.values or name in ("env", "ports") else "_form", message)
 
 

@@ -32,7 +32,7 @@ SETTING_HELP = {
 @login_required
 def cluster():
     who = principal()
-    status = cluster_service.status(db.session)
+    status = cluster_service.status(db.session, who)
     nodes = node_service.list_nodes(db.session, who)
     return render_template("cluster.html", status=status, nodes=nodes, utilisation={n.name: assigned_utilisation(n) for n in nodes},
                            details=who.is_cluster_admin)
@@ -40,8 +40,8 @@ def cluster():
 
 def assigned_utilisation(node: node_service.NodeView) -> float | None:
     """Mean utilisation of the node's GPUs that run a job, from the agent's last report (admins see metrics)."""
-    gpus = ((node.details or {}).get("metrics") or {}).get("gpus") or []
-    ratios = [g["utilization_ratio"] for g in gpus if g.get("job_id") and g.get("utilization_ratio") is not None]
+    gpus = node_service.reported_gpus((node.details or {}).get("metrics"))
+    ratios = [g["utilization_ratio"] for g in gpus if g["job_id"] and g["utilization_ratio"] is not None]
     return sum(ratios) / len(ratios) if ratios else None
 
 
@@ -155,7 +155,7 @@ def quotas():
             flash(f"Quota of {changed} VC{'s' if changed != 1 else ''} saved.", "ok")
         if not errors:
             return redirect(url_for("portal.quotas"))
-    status = cluster_service.status(db.session)
+    status = cluster_service.status(db.session, who)
     views = vc_service.list_vcs(db.session, who)
     # (SKU, GPUs in the cluster); a SKU some VC still has quota for but no node has is shown with 0
     skus = [(s.sku, s.gpus) for s in status.skus if s.gpus > 0]

@@ -334,7 +334,7 @@ def _submit_context(form: forms.SubmitForm) -> dict:
     vc_names = list(db.session.scalars(sa.select(VirtualCluster.name).order_by(VirtualCluster.name))) if who.is_cluster_admin else who.vcs
     vc_name = form.values.get("vc") or (vc_names[0] if vc_names else "")
     shapes = sku_shapes(db.session)
-    status = cluster_service.status(db.session)
+    status = cluster_service.status(db.session, who)
     # what each of the user's VCs has left per SKU, so they can pick a size that starts now
     remaining: dict[str, dict[str, tuple[int, int]]] = {}
     for vc_status in status.vcs:
