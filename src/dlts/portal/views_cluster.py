@@ -17,6 +17,7 @@ from dlts.services import cluster as cluster_service
 from dlts.services import nodes as node_service
 from dlts.services import storage as storage_service
 from dlts.services import vcs as vc_service
+from dlts.strict import is_whole_number, whole_number_or_none
 
 S = JobStatus
 SETTING_HELP = {
@@ -62,12 +63,8 @@ def node_action(name: str, action: str):
 # -- virtual clusters ---------------------------------------------------------------------------------
 
 def _int_or_none(name: str) -> int | None:
-    raw = request.form.get(name, "").strip()
-    if raw == "":
-        return None
-    if not raw.isdigit():
-        raise InvalidInput(f"{name} must be a whole number, or empty for no limit.", details={"field": name})
-    return int(raw)
+    return whole_number_or_none(request.form.get(name), name, max_value=1_000_000,
+                                message=f"{name} must be a whole number (at most 1000000), or empty for no limit.")
 
 
 @bp.route("/vcs/<name>", methods=["GET"])
@@ -137,7 +134,7 @@ def quotas():
                 prefix = f"q:{view.name}:"
                 if not key.startswith(prefix) or not raw.strip():
                     continue
-                if not raw.strip().isdigit():
+                if not is_whole_number(raw.strip(), max_value=1_000_000):
                     errors.append(f"VC {view.name}, {key[len(prefix):]}: {raw[:20]!r} is not a whole number of GPUs.")
                     bad = True
                     continue
