@@ -60,7 +60,6 @@ STATUS_GROUPS = {"active": [S.UNAPPROVED, S.QUEUED, S.SCHEDULING, S.RUNNING, S.P
 ACTIONS = job_service.BATCH_ACTIONS
 MAX_BATCH = 200
 LOG_CHUNK_BYTES = 256 * 1024  # per read of the log viewer; the viewer starts this far before the end
-MAX_ID = 2**62  # ids beyond this are not ours (and would overflow the database's integer)
 # the one-time Jupyter / VS Code token, carried in the session cookie to the job page (never in a URL)
 NEW_ENDPOINT_TOKEN = "endpoint_token"
 
@@ -113,9 +112,7 @@ def jobs():
         empty = empty or user_id is None
     cursor = args.get("cursor")
     try:
-        boundary = job_repo.decode_cursor(cursor) if cursor else None
-        if boundary is not None and not 0 <= boundary <= MAX_ID:
-            raise InvalidInput("cursor is not one this portal made; start again from the first page.")
+        boundary = job_repo.decode_cursor(cursor) if cursor else None  # ASCII digits up to 2**62, or InvalidInput
     except InvalidInput as exc:
         flash_error(exc)
         boundary = None
@@ -275,7 +272,7 @@ def job_settings(job_id: int):
         job_service.patch(db.session, principal(), job_id, changes)
         flash(f"Job {job_id} updated; the scheduler uses the new values from its next pass.", "ok")
     except ValueError:
-        flash("Max time is a number of hours (at most 8784).", "error")
+        flash("Priority is a whole number and max time a number of hours.", "error")
     except DltsError as exc:
         if exc.http_status == 404:
             raise

@@ -61,6 +61,9 @@ def encode_cursor(last_id: int) -> str:
     return base64.urlsafe_b64encode(f"j:{last_id}".encode()).decode().rstrip("=")
 
 
+BAD_CURSOR = "cursor is not one this API returned; start again from the first page, without it."
+
+
 def decode_cursor(cursor: str) -> int:
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
@@ -68,11 +71,9 @@ def decode_cursor(cursor: str) -> int:
         if kind != "j":
             raise ValueError
     except (ValueError, binascii.Error, UnicodeDecodeError):
-        raise InvalidInput("cursor is not one this API returned; start again without it.",
-                           code="invalid_cursor", details={"field": "cursor"}) from None
+        raise InvalidInput(BAD_CURSOR, code="invalid_cursor", details={"field": "cursor"}) from None
     # ASCII digits below 2**62: "²", "-5" or a 20-digit id (an OverflowError on SQLite) are not ours
-    return whole_number(value, "cursor", message="cursor is not one this API returned; start again without it.",
-                        code="invalid_cursor")
+    return whole_number(value, "cursor", message=BAD_CURSOR, code="invalid_cursor")
 
 
 def list_jobs(
