@@ -337,3 +337,10 @@ def test_the_largest_allowed_submission_is_accepted(client, world, sessions):
     assert response.status_code == 201, response.get_json()
     with sessions() as s:
         assert s.scalar(sa.select(sa.func.length(Job.command))) == 16384
+
+
+@pytest.mark.parametrize("memory", ["١Gi", "²Gi", "١٢"])
+def test_sizes_take_ascii_digits_only(client, world, sessions, memory):
+    error = assert_envelope(client.post("/api/v1/jobs", json=JOB | {"memory": memory}, headers=world.auth("alice")), 400)
+    assert "memory" in json.dumps(error)
+    assert job_count(sessions) == 0

@@ -13,7 +13,7 @@ from dlts.services.endpoints import NAME_PATTERN as ENDPOINT_NAME_PATTERN
 from dlts.strict import MAX_ID, MAX_JSON_INT, is_whole_number
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
-MEMORY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
+MEMORY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE | re.ASCII)  # "١Gi" is no size
 UNITS = {"": 1, "b": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
          "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
 JOB_STATUSES = ("unapproved", "queued", "scheduling", "running", "pausing", "paused", "killing",
