@@ -344,3 +344,28 @@ def test_sizes_take_ascii_digits_only(client, world, sessions, memory):
     error = assert_envelope(client.post("/api/v1/jobs", json=JOB | {"memory": memory}, headers=world.auth("alice")), 400)
     assert "memory" in json.dumps(error)
     assert job_count(sessions) == 0
+
+
+@pytest.mark.parametrize("body", ['{"a": NaN}', '{"a": Infinity}', '{"a": 1e400}', '{"a": "\\ud800"}',
+                                  '{"a": ' + "[" * 40 + "]" * 40 + "}"], ids=["NaN", "Infinity", "1e400", "surrogate", "deep"])
+def test_every_operation_with_a_json_body_refuses_what_the_database_cannot_store(client, world, node_token, body):
+    """Walks the served OpenAPI document: no route reads a JSON body past the strict parser."""
+    doc = client.get("/api/v1/openapi.json").get_json()
+    values = {"job_id": "1", "endpoint_id": "1", "name": "testnode", "cycle_id": "1", "credential_id": "1",
+              "key_id": "1", "entry_id": "1", "token_id": "1", "user_name": "alice"}
+    checked = []
+    for path, operations in doc["paths"].items():
+        for method, operation in operations.items():
+            if method not in ("post", "put", "patch") or "requestBody" not in operation:
+                continue
+            url = path
+            for key, value in values.items():
+                url = url.replace("{" + key + "}", value)
+            if "/vcs/" in path:
+                url = url.replace("testnode", "vision")
+            token = node_token if path.endswith("/report") else world.tokens["admin"]
+            response = client.open(url, method=method.upper(), data=body, content_type="application/json",
+                                   headers={"Authorization": f"Bearer {token}"})
+            assert_envelope(response, 400, "invalid_json")
+            checked.append(f"{method} {path}")
+    assert len(checked) >= 15, checked
