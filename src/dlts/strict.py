@@ -30,6 +30,7 @@ MIN_JSON_INT = -(2**63)
 MAX_JSON_INT = 2**64 - 1
 
 _DIGITS = re.compile(r"[0-9]{1,20}")
+_DECIMAL = re.compile(r"[0-9]{1,20}(\.[0-9]{1,20})?|\.[0-9]{1,20}")
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
@@ -52,6 +53,14 @@ def whole_number_or_none(text: str | None, field: str, **kwargs: Any) -> int | N
 
 def is_whole_number(text: Any, *, max_value: int = MAX_ID) -> bool:
     return isinstance(text, str) and bool(_DIGITS.fullmatch(text)) and int(text) <= max_value
+
+
+def decimal(text: str) -> float:
+    """A typed decimal ("2", "0.5", ".5") of ASCII digits as a float; ValueError for anything else
+    (float() itself takes "١", "1_0", "nan", "inf" and "1e400")."""
+    if not isinstance(text, str) or not _DECIMAL.fullmatch(text.strip()):
+        raise ValueError(text)
+    return float(text.strip())
 
 
 # -- JSON -------------------------------------------------------------------------------------------

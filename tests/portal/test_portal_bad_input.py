@@ -52,8 +52,10 @@ def test_unicode_digits_in_forms_are_field_errors(as_user, sessions, digit):
     assert endpoint.status_code == 200 and "port: enter the port" in text(endpoint)
     token = alice.post("/tokens", {"name": "t", "expires_days": digit})
     assert token.status_code == 400 and "whole number of days" in text(token)
-    form = alice.post("/submit", {**JOB, "gpus": digit, "ports": f"8080 {digit}"})
-    assert form.status_code == 400 and 'id="err-gpus"' in text(form) and 'id="err-ports"' in text(form)
+    form = alice.post("/submit", {**JOB, "gpus": digit, "ports": f"8080 {digit}", "cpu": digit, "max_time_h": digit})
+    assert form.status_code == 400
+    for name in ("gpus", "ports", "cpu", "max_time_h"):
+        assert f'id="err-{name}"' in text(form), name
     vcadmin = as_user("vcadmin")
     for name in ("max_interactive_gpus", "user_gpu_quota"):
         response = vcadmin.post("/vcs/vision/settings", {"policy": "RF", name: digit})

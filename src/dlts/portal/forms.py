@@ -18,7 +18,7 @@ from werkzeug.datastructures import MultiDict
 
 from dlts.api.schemas import EndpointCreateSchema, JobSubmitSchema
 from dlts.services.jobs import JobRequest
-from dlts.strict import is_whole_number
+from dlts.strict import decimal, is_whole_number
 
 INT_FIELDS = ("gpus", "nodes", "max_retries", "priority")
 MAX_FORM_INT = 10**12  # typed numbers beyond this are refused here; the schemas range the rest
@@ -42,8 +42,8 @@ class SubmitForm:
 
 
 def hours_to_s(text: str) -> int:
-    """Hours as typed ("2", "0.5") -> whole seconds; ValueError for anything else (inf and nan too)."""
-    hours = float(text)
+    """Hours as typed ("2", "0.5") -> whole seconds; ValueError for anything else (inf, nan, "١" too)."""
+    hours = decimal(text)
     if not math.isfinite(hours) or not 0 < hours <= 366 * 24:
         raise ValueError(text)
     return round(hours * 3600)
@@ -94,7 +94,7 @@ def parse(form_data: Mapping[str, Any] | MultiDict) -> tuple[SubmitForm, JobRequ
                 form.add_error(name, "Enter a whole number.")
     if v["cpu"] != "":
         try:
-            body["cpu"] = float(v["cpu"])
+            body["cpu"] = decimal(v["cpu"])
         except ValueError:
             form.add_error("cpu", "Enter a number of cores, e.g. 4 or 0.5.")
     if v["max_time_h"] != "":
