@@ -74,14 +74,11 @@ def job_dict(job: Job, visibility: Visibility, attempts: list[JobAttempt] | None
 
 
 COMMAND_PREVIEW_CHARS = 200
-# a list item: no env, ports or spec, and only the start of the command (GET /jobs/{id} has all)
-SUMMARY_FIELDS = ("id", "name", "user", "vc", "type", "status", "reason", "reason_detail", "queue_position", "image",
-                  "sku", "gpus", "nodes", "cpu", "memory_bytes", "priority", "preemptible", "max_retries",
-                  "retries_used", "max_time_s", "time_left_s", "submitted_at", "queue_time", "started_at",
-                  "finished_at", "exit_code", "attempt")
 
 
 def job_summary(job: Job, visibility: Visibility, command_start: str) -> dict:
+    """A list item (JobSummarySchema): no env, ports or spec, and only the start of the command
+    (``command_start``, from ``job_repo.command_previews``); GET /jobs/{id} has the whole job."""
     data = {
         "id": job.id, "name": job.name, "user": job.user.name, "vc": job.vc.name, "type": job.type,
         "status": job.status.value, "reason": job.reason, "reason_detail": job.reason_detail,
