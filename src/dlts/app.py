@@ -49,15 +49,19 @@ def create_app(settings: Settings | None = None) -> Flask:
 
 
 def engine_options(url: str) -> dict:
+    from dlts.strict import dumps_for_db
+
+    # JSON columns: NaN and infinities raise instead of being stored (MariaDB's json_valid CHECK
+    # refuses them; SQLite would keep them and answer invalid JSON on every later read)
     if url.startswith("sqlite"):
         # the demo's API threads and job manager thread share one file; wait for locks, don't fail
-        return {"connect_args": {"timeout": 30, "check_same_thread": False}}
+        return {"connect_args": {"timeout": 30, "check_same_thread": False}, "json_serializer": dumps_for_db}
     # MariaDB: recover by itself after the server restarts; keep idle connections fresh
     # (pool_reset_on_return=None: dlts.db.rollback_unless_reset skips the redundant ROLLBACK)
     # READ COMMITTED whatever the server's default: status changes are compare-and-set UPDATEs, and
     # REPEATABLE READ's gap locks on the status indexes let two racing CAS writers deadlock.
     return {"pool_pre_ping": True, "pool_recycle": 3600, "pool_size": 10, "max_overflow": 20, "pool_reset_on_return": None,
-            "isolation_level": "READ COMMITTED",
+            "isolation_level": "READ COMMITTED", "json_serializer": dumps_for_db,
             "connect_args": {"connect_timeout": 5, "read_timeout": 30, "write_timeout": 30}}
 
 

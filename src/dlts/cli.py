@@ -356,7 +356,9 @@ def vc_set(ctx: Context, name: str, quota: tuple[str, ...], policy: str | None, 
 def _optional_int(option: str, value: str) -> int | None:
     if value.lower() == "none":
         return None
-    if not value.isdigit():
+    from dlts.strict import is_whole_number
+
+    if not is_whole_number(value):
         raise click.BadParameter(f"{value!r} is not a whole number or 'none'", param_hint=option)
     return int(value)
 
@@ -365,11 +367,12 @@ def _optional_bytes(option: str, value: str) -> int | None:
     from marshmallow import ValidationError
 
     from dlts.api.schemas import Memory
+    from dlts.strict import is_whole_number
 
     if value.lower() == "none":
         return None
     try:
-        return Memory(max_bytes=2**50).deserialize(int(value) if value.isdigit() else value)
+        return Memory(max_bytes=2**50).deserialize(int(value) if is_whole_number(value) else value)
     except ValidationError as exc:
         raise click.BadParameter(f"{value!r} {' '.join(exc.messages)}", param_hint=option) from None
 
@@ -432,7 +435,9 @@ def vc_lustre(ctx: Context, vc_name: str, pool: str, osts: str, mdt: str, direct
     """Pin VC's Lustre directory to an OST pool and an MDT; `dlts managers` applies it."""
     from dlts.services import admin as admin_service
 
-    settings = {"pool": pool, "osts": osts, "mdt": int(mdt) if mdt.isdigit() else mdt, "directory": directory,
+    from dlts.strict import is_whole_number
+
+    settings = {"pool": pool, "osts": osts, "mdt": int(mdt) if is_whole_number(mdt) else mdt, "directory": directory,
                 "project_id": project_id, "stripe_count": stripe_count}
     with ctx.session() as session:
         stored = admin_service.set_vc_lustre(session, vc_name, settings)

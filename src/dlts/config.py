@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from dlts.backends.k8s_settings import KubernetesSettings, cidr_list
 from dlts.notify_settings import NotifySettings
 from dlts.repair.settings import RepairSettings
+from dlts.strict import is_whole_number
 
 ENV_PREFIX = "DLTS_"
 SYSTEM_CONFIG = Path("/etc/dlts/dlts.yaml")
@@ -147,7 +148,7 @@ class Settings(BaseModel):
     def _host_port(cls, value: str) -> str:
         if value:
             host, sep, port = value.rpartition(":")
-            if not sep or not host or not port.isascii() or not port.isdigit() or not 1 <= int(port) <= 65535:
+            if not sep or not host or not is_whole_number(port, max_value=65535) or not 1 <= int(port) <= 65535:
                 raise ValueError("must be HOST:PORT (e.g. 0.0.0.0:9465), or empty for no metrics endpoint")
         return value
 
@@ -168,7 +169,7 @@ class Settings(BaseModel):
     def _port_range(cls, value: Any) -> Any:
         if isinstance(value, str):
             parts = value.replace(" ", "").split("-")
-            if len(parts) != 2 or not all(p.isdigit() for p in parts):
+            if len(parts) != 2 or not all(is_whole_number(p, max_value=65535) for p in parts):
                 raise ValueError("must be LO-HI, e.g. 30000-32767")
             value = (int(parts[0]), int(parts[1]))
         if isinstance(value, (list, tuple)) and len(value) == 2 and all(isinstance(p, int) for p in value):

@@ -25,7 +25,7 @@ CASES = [
     ("NaN cpu", None, 400, "cpu"),
     ("infinite memory", JOB | {"memory": "1e999"}, 400, "memory"),
     ("negative memory", JOB | {"memory": -5}, 400, "memory"),
-    ("huge command", JOB | {"command": "x" * 20000}, 400, "command"),
+    ("huge command", JOB | {"command": "x" * 20000}, 422, "command"),
     ("huge vc name", JOB | {"vc": "v" * 5000}, 400, "vc"),
     ("env as a list", JOB | {"env": ["A=1"]}, 400, "env"),
     ("env name injection", JOB | {"env": {"A;rm -rf /": "1"}}, 400, "env"),

@@ -69,6 +69,8 @@ def test_vc_usage_per_sku_and_per_user(client, world, sessions, settings):
     demo = next(s for s in status["skus"] if s["sku"] == "demo-gpu")
     assert (demo["gpus"], demo["gpus_used"], demo["gpus_free"]) == (4, 2, 2)
     assert demo["fragmentation"] == {"0": 0, "1": 0, "2": 1, "3": 0, "4": 0}
+    assert [v["vc"] for v in status["vcs"]] == ["nlp"]  # carol is in nlp only: no other VC's name or quota
+    status = client.get("/api/v1/cluster/status", headers=world.auth("bob")).get_json()
     vision = next(v for v in status["vcs"] if v["vc"] == "vision")
     assert vision["gpus_used"] == {"demo-gpu": 2} and vision["gpus_queued"] == {"demo-gpu": 1}
     node = client.get("/api/v1/nodes/testnode", headers=world.auth("bob")).get_json()

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from flask import current_app
 from flask.views import MethodView
-from flask_smorest import Blueprint
 
 from dlts.api.auth import authenticate, principal
+from dlts.api.blueprint import Blueprint
 from dlts.api.schemas import (AllowedIpArgs, AllowedIpCreateSchema, AllowedIpListSchema, AllowedIpSchema,
                               RegistryCredentialCreateSchema, RegistryCredentialListSchema, RegistryCredentialSchema,
                               SshKeyCreateSchema, SshKeyListSchema, SshKeySchema, TokenCreateSchema, TokenListSchema,

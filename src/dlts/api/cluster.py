@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import asdict
 
 from flask import Response
-from flask_smorest import Blueprint
 
-from dlts.api.auth import authenticate
+from dlts.api.auth import authenticate, principal
+from dlts.api.blueprint import Blueprint
 from dlts.api.schemas import ClusterStatusSchema, StorageArgs, StorageUsageSchema
 from dlts.extensions import db
 from dlts.services import cluster as cluster_service
@@ -22,8 +22,9 @@ SECURITY = [{"bearer": []}]
 @blp.response(200, ClusterStatusSchema)
 @blp.doc(security=SECURITY)
 def cluster_status():
-    """Capacity and use per SKU and VC; per SKU, how many nodes have 0..N GPUs free."""
-    return asdict(cluster_service.status(db.session))
+    """Capacity and use per SKU, and per VC for the VCs you belong to (cluster admins: all); per SKU,
+    how many nodes have 0..N GPUs free."""
+    return asdict(cluster_service.status(db.session, principal()))
 
 
 @blp.route("/storage/usage")

@@ -7,10 +7,10 @@ from dataclasses import asdict
 import sqlalchemy as sa
 from flask import Response, current_app, stream_with_context
 from flask.views import MethodView
-from flask_smorest import Blueprint
 
 from dlts.api import pagination
 from dlts.api.auth import authenticate, principal
+from dlts.api.blueprint import Blueprint
 from dlts.api.schemas import (
     AttemptPageSchema,
     BatchResponseSchema,
@@ -73,6 +73,29 @@ def job_dict(job: Job, visibility: Visibility, attempts: list[JobAttempt] | None
     return data
 
 
+COMMAND_PREVIEW_CHARS = 200
+
+
+def job_summary(job: Job, visibility: Visibility, command_start: str) -> dict:
+    """A list item (JobSummarySchema): no env, ports or spec, and only the start of the command
+    (``command_start``, from ``job_repo.command_previews``); GET /jobs/{id} has the whole job."""
+    data = {
+        "id": job.id, "name": job.name, "user": job.user.name, "vc": job.vc.name, "type": job.type,
+        "status": job.status.value, "reason": job.reason, "reason_detail": job.reason_detail,
+        "queue_position": job.queue_position, "image": job.image, "sku": job.sku, "gpus": job.gpus,
+        "nodes": job.nodes, "cpu": job.cpu, "memory_bytes": job.memory_bytes, "priority": job.priority,
+        "preemptible": job.preemptible, "max_retries": job.max_retries, "retries_used": job.retries_used,
+        "max_time_s": job.max_time_s, "time_left_s": job_service.time_left_s(job, job.vc.max_job_time_s),
+        "submitted_at": iso(job.submitted_at), "queue_time": iso(job.queue_time), "started_at": iso(job.started_at),
+        "finished_at": iso(job.finished_at), "exit_code": job.exit_code, "attempt": job.attempt,
+        "command_preview": command_start[:COMMAND_PREVIEW_CHARS],
+        "command_truncated": len(command_start) > COMMAND_PREVIEW_CHARS, "visibility": visibility.value,
+    }
+    if visibility is Visibility.PUBLIC:
+        data = {k: v for k, v in data.items() if k in PUBLIC_FIELDS} | {"visibility": visibility.value}
+    return data
+
+
 def _attempts(job_id: int) -> list[JobAttempt]:
     return list(db.session.scalars(sa.select(JobAttempt).where(JobAttempt.job_id == job_id).order_by(JobAttempt.number)))
 
@@ -83,7 +106,8 @@ class Jobs(MethodView):
     @blp.response(200, JobPageSchema)
     @blp.doc(security=[{"bearer": []}])
     def get(self, args):
-        """List jobs you can see, newest first (keyset pagination)."""
+        """List jobs you can see, newest first (keyset pagination). Items are summaries: no env or
+        ports, the command's first 200 characters; GET /jobs/{id} has the whole job."""
         who = principal()
         visible = job_service.visible_vc_ids(who)
         vc_id = user_id = None
@@ -101,7 +125,8 @@ class Jobs(MethodView):
         rows = job_repo.list_jobs(db.session, visible_vc_ids=visible, user_id=user_id, vc_id=vc_id, statuses=statuses,
                                   job_type=args.get("type"), boundary=before, limit=limit + 1)
         page = rows[:limit]
-        items = [job_dict(j, job_visibility(who, j) or Visibility.PUBLIC) for j in page]
+        previews = job_repo.command_previews(db.session, [j.id for j in page], COMMAND_PREVIEW_CHARS)
+        items = [job_summary(j, job_visibility(who, j) or Visibility.PUBLIC, previews.get(j.id, "")) for j in page]
         return {"items": items, "next_cursor": job_repo.encode_cursor(page[-1].id) if len(rows) > limit else None}
 
     @blp.arguments(JobSubmitSchema)

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import sqlalchemy as sa
-from flask_smorest import Blueprint
 
 from dlts.api.auth import authenticate, principal
+from dlts.api.blueprint import Blueprint
 from dlts.api.schemas import MeSchema
 from dlts.extensions import db
 from dlts.models import User, VirtualCluster

@@ -4,10 +4,10 @@
 from __future__ import annotations
 
 from flask import current_app, g, request
-from flask_smorest import Blueprint
 
 from dlts.api import pagination
 from dlts.api.auth import authenticate, principal
+from dlts.api.blueprint import Blueprint
 from dlts.api.schemas import (NodeOrderSchema, NodePageSchema, NodeRepairSchema, NodeReportResponseSchema,
                               NodeReportSchema, NodeSchema, PageArgs, RepairCycleListSchema, RepairCycleSchema,
                               RepairPauseSchema, RepairReturnSchema, RepairStartSchema, RepairStatusSchema)

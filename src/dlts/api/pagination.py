@@ -6,6 +6,7 @@ import base64
 import binascii
 
 from dlts.errors import InvalidInput
+from dlts.strict import whole_number
 
 
 def encode(kind: str, key: int | str) -> str:
@@ -30,7 +31,5 @@ def decode_int(kind: str, cursor: str | None) -> int | None:
     value = decode(kind, cursor)
     if value is None:
         return None
-    if not value.isdigit() or len(value) > 19:
-        raise InvalidInput("cursor is not one this list returned; start again without it.",
-                           code="invalid_cursor", details={"field": "cursor"})
-    return int(value)
+    return whole_number(value, "cursor", message="cursor is not one this list returned; start again without it.",
+                        code="invalid_cursor")

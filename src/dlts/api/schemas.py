@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import re
 
-from marshmallow import Schema, ValidationError, fields, validate, validates
+from marshmallow import INCLUDE, Schema, ValidationError, fields, validate, validates
 
 from dlts.services.endpoints import NAME_PATTERN as ENDPOINT_NAME_PATTERN
+from dlts.strict import MAX_ID, MAX_JSON_INT, is_whole_number
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
-MEMORY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
+MEMORY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE | re.ASCII)  # "١Gi" is no size
 UNITS = {"": 1, "b": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
          "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
 JOB_STATUSES = ("unapproved", "queued", "scheduling", "running", "pausing", "paused", "killing",
@@ -48,8 +49,8 @@ class JobSubmitSchema(Schema):
     name = fields.String(validate=validate.Length(max=128), load_default="")
     vc = fields.String(required=True, validate=validate.Length(min=1, max=64))
     image = fields.String(required=True, validate=validate.Length(min=1, max=512))
-    command = fields.String(required=True, validate=validate.Length(min=1, max=16384),
-                            metadata={"description": "shell command line run by /bin/sh -c"})
+    command = fields.String(required=True, validate=validate.Length(min=1), metadata={
+        "description": "shell command line run by /bin/sh -c; at most 16384 bytes (422 field_too_large)"})
     type = fields.String(load_default="batch", validate=validate.OneOf(["batch", "interactive", "distributed", "inference"]))
     gpus = fields.Integer(load_default=0, strict=True, validate=validate.Range(0, 1024))
     sku = fields.String(load_default=None, allow_none=True, validate=validate.Length(min=1, max=64))
@@ -60,8 +61,9 @@ class JobSubmitSchema(Schema):
     max_retries = fields.Integer(load_default=None, allow_none=True, strict=True, validate=validate.Range(0, 100))
     max_time_s = fields.Integer(load_default=None, allow_none=True, strict=True, validate=validate.Range(1, 366 * 86400))
     priority = fields.Integer(load_default=100, strict=True, validate=validate.Range(1, 1000))
-    env = fields.Dict(keys=fields.String(validate=validate.Length(max=128)), values=fields.String(validate=validate.Length(max=4096)),
-                      load_default=dict, validate=validate.Length(max=100))
+    env = fields.Dict(keys=fields.String(validate=validate.Length(max=128)), values=fields.String(), load_default=dict,
+                      metadata={"description": "at most 100 variables, each value at most 4096 bytes, 32768 bytes "
+                                               "together (422 field_too_large naming the field and the limit)"})
     ports = fields.List(fields.Integer(strict=True, validate=validate.Range(
         1024, 65535, error="must be a port between {min} and {max}: ports below 1024 belong to the system (ssh: set ssh: true).")),
         load_default=list, validate=validate.Length(max=8, error="at most {max} ports per job (each is an endpoint)."),
@@ -198,8 +200,43 @@ class JobSchema(Schema):
     visibility = fields.String(metadata={"description": "full, or public for other members of the VC"})
 
 
+class JobSummarySchema(Schema):
+    """A job in a list: what a table shows. No env, ports or spec, and only the start of the command."""
+
+    id = fields.Integer()
+    name = fields.String()
+    user = fields.String()
+    vc = fields.String()
+    type = fields.String()
+    status = fields.String()
+    reason = fields.String(allow_none=True)
+    reason_detail = fields.String(allow_none=True)
+    queue_position = fields.Integer(allow_none=True)
+    image = fields.String()
+    sku = fields.String(allow_none=True)
+    gpus = fields.Integer()
+    nodes = fields.Integer()
+    cpu = fields.Float()
+    memory_bytes = fields.Integer()
+    priority = fields.Integer()
+    preemptible = fields.Boolean()
+    max_retries = fields.Integer()
+    retries_used = fields.Integer()
+    max_time_s = fields.Integer(allow_none=True)
+    time_left_s = fields.Float(allow_none=True)
+    submitted_at = fields.String()
+    queue_time = fields.String()
+    started_at = fields.String(allow_none=True)
+    finished_at = fields.String(allow_none=True)
+    exit_code = fields.Integer(allow_none=True)
+    attempt = fields.Integer()
+    command_preview = fields.String(metadata={"description": "the command's first 200 characters (full visibility)"})
+    command_truncated = fields.Boolean(metadata={"description": "the command is longer: GET /jobs/{id} has it all"})
+    visibility = fields.String(metadata={"description": "full, or public for other members of the VC"})
+
+
 class JobPageSchema(Schema):
-    items = fields.List(fields.Nested(JobSchema))
+    items = fields.List(fields.Nested(JobSummarySchema))
     next_cursor = fields.String(allow_none=True)
 
 
@@ -564,6 +601,95 @@ class NodeOrderSchema(Schema):
     status = fields.String()
 
 
+# The node agent's report (docs/agent.md). Known fields are typed and ranged; unknown ones in the
+# metrics, a GPU or a collector are kept as sent (a newer agent may add some), bounded like every
+# body by dlts.strict (depth, numbers, strings) and the body size limit.
+
+COUNT = validate.Range(0, MAX_JSON_INT)
+AGENT_TEXT = validate.Length(max=4000)
+
+
+class ReportJobId(fields.Field):
+    """A job id as the agent read it from a process's DLTS_JOB_ID (a string of digits, or an int).
+
+    A job's own process can set that variable for its children: a value that is no id of ours becomes
+    null instead of failing the whole report (which would look like a lost node). A wrong JSON type is
+    a broken agent and is refused."""
+
+    def _deserialize(self, value, attr, data, **kwargs):
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, (int, str)):
+            raise ValidationError("must be a job id (digits) or null.")
+        if isinstance(value, int):
+            return str(value) if 1 <= value <= MAX_ID else None
+        return value if is_whole_number(value) and int(value) >= 1 else None
+
+    def _serialize(self, value, attr, obj, **kwargs):
+        return value
+
+
+class ReportGpuSchema(Schema):
+    class Meta:
+        unknown = INCLUDE
+
+    index = fields.Integer(required=True, strict=True, validate=validate.Range(0, 1023))
+    uuid = fields.String(allow_none=True, validate=validate.Length(max=128))
+    bus_id = fields.String(allow_none=True, validate=validate.Length(max=64))
+    name = fields.String(allow_none=True, validate=validate.Length(max=256))
+    lost = fields.Boolean(allow_none=True)
+    lost_reason = fields.String(allow_none=True, validate=AGENT_TEXT)
+    utilization_ratio = fields.Float(allow_none=True, validate=validate.Range(0, 1))
+    memory_used_bytes = fields.Integer(allow_none=True, strict=True, validate=COUNT)
+    memory_total_bytes = fields.Integer(allow_none=True, strict=True, validate=COUNT)
+    temperature_celsius = fields.Float(allow_none=True, validate=validate.Range(-273, 1000))
+    power_watts = fields.Float(allow_none=True, validate=validate.Range(0, 100_000))
+    ecc_errors = fields.Dict(keys=fields.String(validate=validate.Length(max=64)),
+                             values=fields.Integer(strict=True, validate=COUNT), validate=validate.Length(max=32))
+    row_remap_pending = fields.Boolean(allow_none=True)
+    row_remap_failure = fields.Boolean(allow_none=True)
+    remapped_rows_uncorrectable = fields.Integer(allow_none=True, strict=True, validate=COUNT)
+    retired_pages_single_bit = fields.Integer(allow_none=True, strict=True, validate=COUNT)
+    retired_pages_double_bit = fields.Integer(allow_none=True, strict=True, validate=COUNT)
+    retired_pages_pending = fields.Boolean(allow_none=True)
+    recovery_action = fields.Integer(allow_none=True, strict=True, validate=COUNT)
+    job_id = ReportJobId(allow_none=True, load_default=None)
+
+
+class ReportFilesystemSchema(Schema):
+    class Meta:
+        unknown = INCLUDE
+
+    mount = fields.String(required=True, validate=validate.Length(1, 4096))
+    size_bytes = fields.Integer(strict=True, validate=COUNT)
+    free_bytes = fields.Integer(strict=True, validate=COUNT)
+
+
+class ReportMetricsSchema(Schema):
+    class Meta:
+        unknown = INCLUDE
+
+    cpu_count = fields.Integer(allow_none=True, strict=True, validate=validate.Range(0, 65536))
+    load1 = fields.Float(allow_none=True, validate=validate.Range(0, 10**7))
+    memory_total_bytes = fields.Integer(allow_none=True, strict=True, validate=COUNT)
+    memory_available_bytes = fields.Integer(allow_none=True, strict=True, validate=COUNT)
+    filesystems = fields.List(fields.Nested(ReportFilesystemSchema), validate=validate.Length(max=256))
+    gpu_count = fields.Integer(allow_none=True, strict=True, validate=validate.Range(0, 1024))
+    driver_version = fields.String(allow_none=True, validate=validate.Length(max=64))
+    gpus = fields.List(fields.Nested(ReportGpuSchema), validate=validate.Length(max=1024))
+    job_ids = fields.List(ReportJobId(allow_none=True), validate=validate.Length(max=4096))
+
+
+class ReportCollectorSchema(Schema):
+    class Meta:
+        unknown = INCLUDE
+
+    status = fields.String(required=True, validate=validate.Length(1, 32))
+    errors = fields.List(fields.String(validate=AGENT_TEXT), load_default=list, validate=validate.Length(max=32))
+    duration_s = fields.Float(allow_none=True, validate=validate.Range(0, 86400))
+    skip_reason = fields.String(allow_none=True, validate=AGENT_TEXT)
+
+
 class ReportFindingSchema(Schema):
     code = fields.String(required=True, validate=validate.Length(1, 64))
     severity = fields.String(required=True, validate=validate.OneOf(["info", "warning", "critical"]))
@@ -572,7 +698,8 @@ class ReportFindingSchema(Schema):
     bus_id = fields.String(allow_none=True, validate=validate.Length(max=64))
     recommended_action = fields.String(allow_none=True, validate=validate.Length(max=64))
     message = fields.String(allow_none=True, validate=validate.Length(max=2000))
-    evidence = fields.Dict(load_default=dict)
+    evidence = fields.Dict(keys=fields.String(validate=validate.Length(max=64)), load_default=dict,
+                           validate=validate.Length(max=64))
 
 
 class ReportOrderResultSchema(Schema):
@@ -593,10 +720,10 @@ class NodeReportSchema(Schema):
     heartbeat_at = fields.String(allow_none=True, validate=validate.Length(max=64))
     collected_at = fields.String(allow_none=True, validate=validate.Length(max=64))
     boot_id = fields.String(load_default="", validate=validate.Length(max=128))
-    collectors = fields.Dict(keys=fields.String(validate=validate.Length(max=64)), values=fields.Dict(), load_default=dict,
-                             validate=validate.Length(max=64))
+    collectors = fields.Dict(keys=fields.String(validate=validate.Length(max=64)), values=fields.Nested(ReportCollectorSchema),
+                             load_default=dict, validate=validate.Length(max=64))
     findings = fields.List(fields.Nested(ReportFindingSchema), load_default=list, validate=validate.Length(max=1000))
-    metrics = fields.Dict(load_default=dict)
+    metrics = fields.Nested(ReportMetricsSchema, load_default=dict)
     order_results = fields.List(fields.Nested(ReportOrderResultSchema), load_default=list, validate=validate.Length(max=100))
     fake = fields.Boolean(load_default=False, metadata={"description": "read from a fake NVML: findings ignored outside the demo"})
 
@@ -620,7 +747,7 @@ class NodeReportResponseSchema(Schema):
 class ClusterStatusSchema(Schema):
     at = fields.String(allow_none=True)
     skus = fields.List(fields.Dict(), metadata={"description": "capacity, use and fragmentation histogram per SKU"})
-    vcs = fields.List(fields.Dict(), metadata={"description": "quota and use per VC"})
+    vcs = fields.List(fields.Dict(), metadata={"description": "quota and use per VC you belong to (cluster admins: every VC)"})
 
 
 class StorageArgs(Schema):

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from flask_smorest import Blueprint
-
 from dlts.api.auth import authenticate, principal
+from dlts.api.blueprint import Blueprint
 from dlts.api.schemas import UserPatchSchema, UserSchema
 from dlts.extensions import db
 from dlts.services import admin

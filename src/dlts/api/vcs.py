@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from flask import current_app
 from flask.views import MethodView
-from flask_smorest import Blueprint
 
 from dlts.api import pagination
 from dlts.api.auth import authenticate, principal
+from dlts.api.blueprint import Blueprint
 from dlts.api.schemas import (PageArgs, RegistryCredentialCreateSchema, RegistryCredentialListSchema,
                               RegistryCredentialSchema, VcCreateSchema, VcEventPageSchema, VcPageSchema, VcPatchSchema,
                               VcSchema, VcStorageSchema)

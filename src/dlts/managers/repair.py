@@ -51,6 +51,7 @@ from dlts.repair.rules import (
 from dlts.repositories import jobs as job_repo
 from dlts.repositories import repair as repo
 from dlts.services import notify
+from dlts.services.nodes import reported_gpus
 from dlts.services.repair import queue_key
 
 log = logging.getLogger(__name__)
@@ -70,16 +71,17 @@ def from_epoch(value: float) -> dt.datetime:
 
 def health_of(node: Node) -> core.Health:
     """The agent's latest report as the validation reads it (docs/agent.md report format)."""
-    metrics = node.metrics or {}
-    gpus = [g for g in metrics.get("gpus") or [] if isinstance(g, dict)]
-    gpu_collector = ((metrics.get("collectors") or {}).get("gpu") or {}).get("status")
+    metrics = node.metrics if isinstance(node.metrics, dict) else {}
+    gpus = reported_gpus(metrics)
+    collectors = metrics.get("collectors") if isinstance(metrics.get("collectors"), dict) else {}
+    gpu_collector = collectors.get("gpu").get("status") if isinstance(collectors.get("gpu"), dict) else None
     count = metrics.get("gpu_count")
     return core.Health(
         report_s=epoch(node.last_heartbeat_at),
         gpu_count=count if isinstance(count, int) else None,
         gpu_driver_ok=None if gpu_collector in (None, "disabled", "skipped") else gpu_collector == "ok",
-        remap_pending=tuple(int(g["index"]) for g in gpus if g.get("row_remap_pending") and isinstance(g.get("index"), int)),
-        lost_gpus=tuple(int(g["index"]) for g in gpus if g.get("lost") and isinstance(g.get("index"), int)),
+        remap_pending=tuple(g["index"] for g in gpus if g.get("row_remap_pending") and g["index"] is not None),
+        lost_gpus=tuple(g["index"] for g in gpus if g.get("lost") and g["index"] is not None),
     )
 
 

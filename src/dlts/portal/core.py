@@ -129,9 +129,16 @@ def admin_only_404(view: Callable) -> Callable:
 def back(default_endpoint: str, **values: Any):
     """Redirect to the page the form came from when it is ours, else to ``default_endpoint``."""
     target = request.form.get("next") or ""
-    if target.startswith("/") and not target.startswith("//"):
+    if is_local_path(target):
         return redirect(target)
     return redirect(url_for(default_endpoint, **values))
+
+
+def is_local_path(target: str) -> bool:
+    """A path on this site: "/..." but not "//host" or "/\\host" (another site to browsers), and no
+    control characters (a newline in a Location header is refused by the server: a 500)."""
+    return (len(target) <= 2000 and target.startswith("/") and not target.startswith(("//", "/\\"))
+            and not any(ord(c) < 0x20 or ord(c) == 0x7F for c in target))
 
 
 def flash_error(exc: DltsError) -> None:

@@ -18,8 +18,10 @@ from werkzeug.datastructures import MultiDict
 
 from dlts.api.schemas import EndpointCreateSchema, JobSubmitSchema
 from dlts.services.jobs import JobRequest
+from dlts.strict import decimal, is_whole_number
 
 INT_FIELDS = ("gpus", "nodes", "max_retries", "priority")
+MAX_FORM_INT = 10**12  # typed numbers beyond this are refused here; the schemas range the rest
 FLOAT_FIELDS = ("cpu",)
 BOOL_FIELDS = ("preemptible", "ssh")
 TEXT_FIELDS = ("name", "vc", "type", "image", "command", "sku", "memory")
@@ -35,13 +37,13 @@ class SubmitForm:
     errors: dict[str, str] = field(default_factory=dict)
 
     def add_error(self, name: str, message: str) -> None:
-        name = FORM_NAME.get(name, name)
+        name = FORM_NAME.get(name, name).split(".")[0]  # "env.TOKEN" (a limit of one variable) -> env
         self.errors.setdefault(name if name in self.values or name in ("env", "ports") else "_form", message)
 
 
 def hours_to_s(text: str) -> int:
-    """Hours as typed ("2", "0.5") -> whole seconds; ValueError for anything else (inf and nan too)."""
-    hours = float(text)
+    """Hours as typed ("2", "0.5") -> whole seconds; ValueError for anything else (inf, nan, "١" too)."""
+    hours = decimal(text)
     if not math.isfinite(hours) or not 0 < hours <= 366 * 24:
         raise ValueError(text)
     return round(hours * 3600)
@@ -86,13 +88,13 @@ def parse(form_data: Mapping[str, Any] | MultiDict) -> tuple[SubmitForm, JobRequ
                             "type": v["type"] or "batch", "preemptible": v["preemptible"], "ssh": v["ssh"]}
     for name in INT_FIELDS:
         if v[name] != "":
-            try:
-                body[name] = int(v[name])
-            except ValueError:
+            if is_whole_number(v[name], max_value=MAX_FORM_INT):
+                body[name] = int(v[name])  # out of the field's range: the schema says which range
+            else:
                 form.add_error(name, "Enter a whole number.")
     if v["cpu"] != "":
         try:
-            body["cpu"] = float(v["cpu"])
+            body["cpu"] = decimal(v["cpu"])
         except ValueError:
             form.add_error("cpu", "Enter a number of cores, e.g. 4 or 0.5.")
     if v["max_time_h"] != "":
@@ -105,9 +107,10 @@ def parse(form_data: Mapping[str, Any] | MultiDict) -> tuple[SubmitForm, JobRequ
             body[name] = v[name]
     body["env"] = _parse_env(v["env"], form)
     if v["ports"]:
-        try:
-            body["ports"] = [int(p) for p in v["ports"].replace(",", " ").split()]
-        except ValueError:
+        ports = v["ports"].replace(",", " ").split()
+        if all(is_whole_number(p, max_value=MAX_FORM_INT) for p in ports):
+            body["ports"] = [int(p) for p in ports]
+        else:
             form.add_error("ports", "List port numbers separated by spaces or commas.")
     if form.errors:
         return form, None
@@ -147,7 +150,7 @@ def parse_endpoint(form_data: Mapping[str, Any] | MultiDict) -> tuple[dict[str, 
     port = (form_data.get("port") or "").strip()
     name = (form_data.get("name") or "").strip()
     if port and body["kind"] == "port":  # the port box is ignored for the kinds whose port is fixed
-        if not port.isdigit() or len(port) > 5:
+        if not is_whole_number(port, max_value=99999):
             return None, "port: enter the port your job listens on, a whole number between 1024 and 65535."
         body["port"] = int(port)
     if name:

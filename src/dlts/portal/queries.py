@@ -15,6 +15,7 @@ from sqlalchemy.sql import expression
 from dlts.models import ACTIVE, Job, JobAttempt, Node, User, VirtualCluster
 from dlts.models.base import Timestamp
 from dlts.repositories.usage import TOTAL_GPUS
+from dlts.services.nodes import reported_gpus
 
 
 @dataclass(frozen=True)
@@ -95,11 +96,11 @@ def idle_gpus_now(session: Session, *, vc_names: Sequence[str] | None) -> list[I
     per_job: dict[int, list[float]] = {}
     reported = False
     for (metrics,) in session.execute(sa.select(Node.metrics)):
-        for gpu in (metrics or {}).get("gpus") or []:
+        for gpu in reported_gpus(metrics):
             reported = True
-            job_id, ratio = gpu.get("job_id"), gpu.get("utilization_ratio")
-            if job_id and str(job_id).isdigit() and ratio is not None:
-                per_job.setdefault(int(job_id), []).append(float(ratio))
+            job_id, ratio = gpu["job_id"], gpu["utilization_ratio"]
+            if job_id and ratio is not None:
+                per_job.setdefault(job_id, []).append(ratio)
     if not reported:
         return None
     query = (sa.select(Job.id, User.name, VirtualCluster.name).join(User, User.id == Job.user_id)

@@ -18,6 +18,7 @@ from dlts.portal.core import (
     SESSION_USER,
     bp,
     flash_error,
+    is_local_path,
     login_limiter,
     login_required,
     principal,
@@ -25,10 +26,11 @@ from dlts.portal.core import (
 from dlts.services import portal_auth
 from dlts.services import tokens as tokens_service
 from dlts.services.portal_auth import TooManyAttempts
+from dlts.strict import whole_number_or_none
 
 
 def _safe_next(target: str | None) -> str:
-    if target and target.startswith("/") and not target.startswith("//"):
+    if target and is_local_path(target):
         return target
     return url_for("portal.jobs")
 
@@ -84,10 +86,10 @@ def tokens():
     if request.method == "POST":
         days = request.form.get("expires_days", "").strip()
         try:
-            if days and not days.isdigit():
-                raise portal_auth.InvalidInput("Expiry must be a whole number of days, or empty.", details={"field": "expires_days"})
+            expires_days = whole_number_or_none(days, "expires_days", min_value=1, max_value=3650,
+                                                message="Expiry must be a whole number of days (1 to 3650), or empty.")
             new_token = tokens_service.create_token(db.session, principal(), request.form.get("name", "").strip(),
-                                                    int(days) if days else None).token
+                                                    expires_days).token
         except DltsError as exc:
             flash_error(exc)
             status = exc.http_status

@@ -17,6 +17,7 @@ from dlts.services import cluster as cluster_service
 from dlts.services import nodes as node_service
 from dlts.services import storage as storage_service
 from dlts.services import vcs as vc_service
+from dlts.strict import is_whole_number, whole_number_or_none
 
 S = JobStatus
 SETTING_HELP = {
@@ -32,7 +33,7 @@ SETTING_HELP = {
 @login_required
 def cluster():
     who = principal()
-    status = cluster_service.status(db.session)
+    status = cluster_service.status(db.session, who)
     nodes = node_service.list_nodes(db.session, who)
     return render_template("cluster.html", status=status, nodes=nodes, utilisation={n.name: assigned_utilisation(n) for n in nodes},
                            details=who.is_cluster_admin)
@@ -40,8 +41,8 @@ def cluster():
 
 def assigned_utilisation(node: node_service.NodeView) -> float | None:
     """Mean utilisation of the node's GPUs that run a job, from the agent's last report (admins see metrics)."""
-    gpus = ((node.details or {}).get("metrics") or {}).get("gpus") or []
-    ratios = [g["utilization_ratio"] for g in gpus if g.get("job_id") and g.get("utilization_ratio") is not None]
+    gpus = node_service.reported_gpus((node.details or {}).get("metrics"))
+    ratios = [g["utilization_ratio"] for g in gpus if g["job_id"] and g["utilization_ratio"] is not None]
     return sum(ratios) / len(ratios) if ratios else None
 
 
@@ -62,12 +63,8 @@ def node_action(name: str, action: str):
 # -- virtual clusters ---------------------------------------------------------------------------------
 
 def _int_or_none(name: str) -> int | None:
-    raw = request.form.get(name, "").strip()
-    if raw == "":
-        return None
-    if not raw.isdigit():
-        raise InvalidInput(f"{name} must be a whole number, or empty for no limit.", details={"field": name})
-    return int(raw)
+    return whole_number_or_none(request.form.get(name), name, max_value=1_000_000,
+                                message=f"{name} must be a whole number (at most 1000000), or empty for no limit.")
 
 
 @bp.route("/vcs/<name>", methods=["GET"])
@@ -137,7 +134,7 @@ def quotas():
                 prefix = f"q:{view.name}:"
                 if not key.startswith(prefix) or not raw.strip():
                     continue
-                if not raw.strip().isdigit():
+                if not is_whole_number(raw.strip(), max_value=1_000_000):
                     errors.append(f"VC {view.name}, {key[len(prefix):]}: {raw[:20]!r} is not a whole number of GPUs.")
                     bad = True
                     continue
@@ -155,7 +152,7 @@ def quotas():
             flash(f"Quota of {changed} VC{'s' if changed != 1 else ''} saved.", "ok")
         if not errors:
             return redirect(url_for("portal.quotas"))
-    status = cluster_service.status(db.session)
+    status = cluster_service.status(db.session, who)
     views = vc_service.list_vcs(db.session, who)
     # (SKU, GPUs in the cluster); a SKU some VC still has quota for but no node has is shown with 0
     skus = [(s.sku, s.gpus) for s in status.skus if s.gpus > 0]

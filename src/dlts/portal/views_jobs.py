@@ -44,6 +44,7 @@ from dlts.services import job_templates, portal_auth
 from dlts.services import jobs as job_service
 from dlts.services.jobs import JOB_TYPES
 from dlts.services.policy import Visibility, job_visibility
+from dlts.strict import is_whole_number, whole_number, whole_number_or_none
 
 S = JobStatus
 PAGE_SIZE = 50
@@ -59,7 +60,6 @@ STATUS_GROUPS = {"active": [S.UNAPPROVED, S.QUEUED, S.SCHEDULING, S.RUNNING, S.P
 ACTIONS = job_service.BATCH_ACTIONS
 MAX_BATCH = 200
 LOG_CHUNK_BYTES = 256 * 1024  # per read of the log viewer; the viewer starts this far before the end
-MAX_ID = 2**62  # ids beyond this are not ours (and would overflow the database's integer)
 # the one-time Jupyter / VS Code token, carried in the session cookie to the job page (never in a URL)
 NEW_ENDPOINT_TOKEN = "endpoint_token"
 
@@ -112,9 +112,7 @@ def jobs():
         empty = empty or user_id is None
     cursor = args.get("cursor")
     try:
-        boundary = job_repo.decode_cursor(cursor) if cursor else None
-        if boundary is not None and not 0 <= boundary <= MAX_ID:
-            raise InvalidInput("cursor is not one this portal made; start again from the first page.")
+        boundary = job_repo.decode_cursor(cursor) if cursor else None  # ASCII digits up to 2**62, or InvalidInput
     except InvalidInput as exc:
         flash_error(exc)
         boundary = None
@@ -150,7 +148,7 @@ def jobs_batch():
     if action not in ACTIONS:
         flash("Choose an action: kill, pause, resume or approve.", "error")
         return back("portal.jobs")
-    ids = sorted({int(i) for i in request.form.getlist("ids") if i.isdigit() and len(i) <= 18})[:MAX_BATCH]
+    ids = sorted({int(i) for i in request.form.getlist("ids") if is_whole_number(i)})[:MAX_BATCH]
     if not ids:
         flash("Tick the jobs to act on first.", "error")
         return back("portal.jobs")
@@ -267,7 +265,8 @@ def job_settings(job_id: int):
         hours = request.form.get("max_time_h", "").strip()
         changes: dict[str, int] = {}
         if priority:
-            changes["priority"] = int(priority)
+            changes["priority"] = whole_number(priority, "priority", min_value=1, max_value=1000,
+                                               message="Priority is a whole number between 1 and 1000.")
         if hours:
             changes["max_time_s"] = forms.hours_to_s(hours)
         job_service.patch(db.session, principal(), job_id, changes)
@@ -291,10 +290,11 @@ def job_log(job_id: int):
     to the next attempt when the job is retried.
     """
     try:
-        offset = max(0, int(request.args.get("offset", "0")))
-        tail = min(max(0, int(request.args["tail"])), LOG_CHUNK_BYTES) if request.args.get("tail") else None
-        attempt = int(request.args["attempt"]) if request.args.get("attempt") else None
-    except ValueError:
+        offset = whole_number_or_none(request.args.get("offset"), "offset", max_value=2**50) or 0
+        tail = whole_number_or_none(request.args.get("tail"), "tail", max_value=2**50)
+        tail = min(tail, LOG_CHUNK_BYTES) if tail is not None else None
+        attempt = whole_number_or_none(request.args.get("attempt"), "attempt", min_value=1, max_value=10000)
+    except InvalidInput:
         return jsonify({"error": "offset, tail and attempt are whole numbers"}), 400
     settings = settings_of(current_app)
     try:
@@ -316,7 +316,7 @@ def job_log_download(job_id: int):
     attempt = request.args.get("attempt", "")
     try:
         job, number, chunks = job_service.download_log(db.session, settings_of(current_app), principal(), job_id,
-                                                       int(attempt) if attempt.isdigit() else None)
+                                                       int(attempt) if is_whole_number(attempt, max_value=10000) else None)
     except InvalidInput as exc:
         if exc.code != "no_log":
             raise
@@ -334,7 +334,7 @@ def _submit_context(form: forms.SubmitForm) -> dict:
     vc_names = list(db.session.scalars(sa.select(VirtualCluster.name).order_by(VirtualCluster.name))) if who.is_cluster_admin else who.vcs
     vc_name = form.values.get("vc") or (vc_names[0] if vc_names else "")
     shapes = sku_shapes(db.session)
-    status = cluster_service.status(db.session)
+    status = cluster_service.status(db.session, who)
     # what each of the user's VCs has left per SKU, so they can pick a size that starts now
     remaining: dict[str, dict[str, tuple[int, int]]] = {}
     for vc_status in status.vcs:
@@ -353,8 +353,9 @@ def submit():
     who = principal()
     if request.method == "GET":
         values = forms.form_values({})
-        if request.args.get("template", "").isdigit():
-            template = job_templates.get_template(db.session, who, int(request.args["template"]))
+        if request.args.get("template"):
+            template = job_templates.get_template(db.session, who, whole_number(
+                request.args["template"], "template", min_value=1, message="template is not the id of a template."))
             values = forms.spec_values(template.spec)
             flash(f"Loaded template {template.name}.", "info")
         elif request.args.get("vc"):

@@ -12,6 +12,7 @@ from dlts.extensions import db
 from dlts.portal.core import admin_only_404, bp, flash_error, principal
 from dlts.services import nodes as node_service
 from dlts.services import repair as repair_service
+from dlts.strict import is_whole_number
 
 
 @bp.route("/repair")
@@ -55,7 +56,7 @@ def repair_node_action(name: str, action: str):
             flash(f"Node {name} is validating; it returns to service after a healthy report.", "ok")
         elif action == "cancel":
             cycle_id = request.form.get("cycle", "")
-            if not cycle_id.isdigit():
+            if not is_whole_number(cycle_id):
                 abort(404)
             repair_service.cancel(db.session, who, name, int(cycle_id))
             flash(f"Repair {cycle_id} of node {name} cancelled.", "ok")

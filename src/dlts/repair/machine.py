@@ -32,6 +32,9 @@ from dlts.repair.rules import (
     Step,
 )
 from dlts.repair.settings import RepairSettings
+from dlts.strict import is_whole_number
+
+MAX_GPU_INDEX = 1023
 
 
 class NodeState(str, enum.Enum):
@@ -87,8 +90,8 @@ def schedulable(state: NodeState, scope: str | None) -> bool:
 
 
 def gpu_index(device: str | None) -> int | None:
-    """The agent names GPUs "gpu3"; anything else is not one GPU."""
-    if device and device.startswith("gpu") and device[3:].isdigit():
+    """The agent names GPUs "gpu3"; anything else ("gpu²", a 30-digit index) is not one GPU."""
+    if device and device.startswith("gpu") and is_whole_number(device[3:], max_value=MAX_GPU_INDEX):
         return int(device[3:])
     return None
 

@@ -12,10 +12,11 @@ import binascii
 from typing import Any, Sequence
 
 import sqlalchemy as sa
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, defer
 
 from dlts.errors import InvalidInput
 from dlts.models import TRANSITIONS, Job, JobEvent, JobStatus, utcnow
+from dlts.strict import whole_number
 
 
 class TransitionRefused(Exception):
@@ -60,16 +61,19 @@ def encode_cursor(last_id: int) -> str:
     return base64.urlsafe_b64encode(f"j:{last_id}".encode()).decode().rstrip("=")
 
 
+BAD_CURSOR = "cursor is not one this API returned; start again from the first page, without it."
+
+
 def decode_cursor(cursor: str) -> int:
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
         kind, value = raw.split(":", 1)
         if kind != "j":
             raise ValueError
-        return int(value)
     except (ValueError, binascii.Error, UnicodeDecodeError):
-        raise InvalidInput("cursor is not one this API returned; start again without it.",
-                           code="invalid_cursor", details={"field": "cursor"}) from None
+        raise InvalidInput(BAD_CURSOR, code="invalid_cursor", details={"field": "cursor"}) from None
+    # ASCII digits below 2**62: "²", "-5" or a 20-digit id (an OverflowError on SQLite) are not ours
+    return whole_number(value, "cursor", message=BAD_CURSOR, code="invalid_cursor")
 
 
 def list_jobs(
@@ -86,6 +90,10 @@ def list_jobs(
 ) -> list[Job]:
     """One keyset page: ``limit`` jobs past ``boundary`` (the last id of the previous page), newest
     first unless ``oldest_first``. ``visible_vc_ids`` None: every VC.
+
+    The rows come without ``spec`` and ``command`` (touching them raises): a page of jobs must not
+    carry every job's environment and command line (up to 48 KiB each); ``command_previews`` gives
+    the start of each command, the detail route the whole job.
 
     Two steps: the page's ids from an index alone, then those rows with their user and VC. With the
     joins in one statement MariaDB may read ``(vc_id, id)`` by ``vc_id`` only and filter ``id`` row
@@ -108,5 +116,15 @@ def list_jobs(
     ids = list(session.scalars(query))
     if not ids:
         return []
-    rows = {job.id: job for job in session.scalars(sa.select(Job).where(Job.id.in_(ids)))}
+    summary = sa.select(Job).where(Job.id.in_(ids)).options(defer(Job.spec, raiseload=True),
+                                                            defer(Job.command, raiseload=True))
+    rows = {job.id: job for job in session.scalars(summary)}
     return [rows[i] for i in ids if i in rows]
+
+
+def command_previews(session: Session, ids: Sequence[int], chars: int) -> dict[int, str]:
+    """The first ``chars + 1`` characters of each job's command (one more tells it was cut)."""
+    if not ids:
+        return {}
+    query = sa.select(Job.id, sa.func.substr(Job.command, 1, chars + 1)).where(Job.id.in_(list(ids)))
+    return {job_id: text or "" for job_id, text in session.execute(query)}

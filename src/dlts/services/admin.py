@@ -16,6 +16,7 @@ from dlts.repositories import vc_events
 from dlts.services import policy as access_policy
 from dlts.services import vc_storage
 from dlts.services.auth import Principal, forget_principals, issue_token
+from dlts.strict import is_whole_number
 
 NAME_RE = re.compile(r"^[a-z][a-z0-9_.-]{0,63}$")
 # POSIX ids DLTS runs jobs as: below 1000 are the system's (root 0, daemon, disk, shadow, ...)
@@ -154,7 +155,7 @@ def parse_quota(items: list[str] | tuple[str, ...]) -> dict[str, int]:
     quota: dict[str, int] = {}
     for item in items:
         sku, sep, value = item.partition("=")
-        if not sep or not sku or not value.isdigit():
+        if not sep or not sku or not is_whole_number(value):
             raise InvalidInput(f"quota {item!r} must look like SKU=GPUS, e.g. a100=64.", details={"field": "quota"})
         quota[sku] = int(value)
     return quota

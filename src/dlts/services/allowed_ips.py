@@ -25,6 +25,23 @@ from dlts.services.auth import Principal
 MAX_ENTRIES_PER_USER = 64
 # wider than these would open endpoints to a large part of the internet
 MIN_PREFIX = {4: 8, 6: 32}
+# Addresses no client reaches a node's endpoint from, and the reason said to the user. Private
+# networks (10/8, 192.168/16, fc00::/7) stay allowed: clusters live on them. Loopback is allowed
+# only with the local backend (the demo), where the jobs run on the machine the browser is on.
+SPECIAL_NETWORKS = [(ipaddress.ip_network(net), why) for net, why in (
+    ("0.0.0.0/8", "is unspecified ('this network'), not an address anyone connects from"),
+    ("127.0.0.0/8", "is loopback: only the node itself, never a client, comes from there"),
+    ("169.254.0.0/16", "is link-local: it never crosses a router to the cluster"),
+    ("224.0.0.0/4", "is multicast, not the address of one client"),
+    ("240.0.0.0/4", "is reserved (240.0.0.0/4 and the broadcast address 255.255.255.255) and never a client's"),
+    ("::/128", "is unspecified, not an address anyone connects from"),
+    ("::1/128", "is loopback: only the node itself, never a client, comes from there"),
+    ("::ffff:0:0/96", "is IPv4-mapped: write the IPv4 address itself (e.g. 203.0.113.7)"),
+    ("::/96", "is IPv4-compatible (deprecated): write the IPv4 address itself (e.g. 203.0.113.7)"),
+    ("fe80::/10", "is link-local: it never crosses a router to the cluster"),
+    ("fec0::/10", "is site-local (deprecated), not routed to the cluster"),
+    ("ff00::/8", "is multicast, not the address of one client"),
+)]
 
 
 @dataclass(frozen=True)
@@ -37,10 +54,17 @@ class AllowedIpView:
     renewed: bool = False
 
 
-def parse_cidr(text: str) -> str:
+LOOPBACK = [ipaddress.ip_network("127.0.0.0/8"), ipaddress.ip_network("::1/128")]
+
+
+def parse_cidr(text: str, *, allow_loopback: bool = False) -> str:
     if not isinstance(text, str) or not text.strip() or len(text) > 64:
         raise InvalidInput("ip must be an IPv4/IPv6 address or a CIDR network such as 203.0.113.7 or 2001:db8::/48.",
                            details={"field": "ip"})
+    if "%" in text:
+        raise Refused(f"{text.strip()[:64]!r} has an IPv6 zone id (the part after '%'), which names an interface of "
+                      "your own machine; write the address without it, as the cluster sees it.",
+                      code="address_not_allowed", details={"field": "ip"})
     try:
         network = ipaddress.ip_network(text.strip(), strict=True)
     except ValueError as exc:
@@ -52,6 +76,11 @@ def parse_cidr(text: str) -> str:
     if network.prefixlen < MIN_PREFIX[network.version]:
         raise Refused(f"{network} is too wide: allow at most a /{MIN_PREFIX[network.version]} network for IPv{network.version}.",
                       code="network_too_wide", details={"field": "ip", "min_prefix": MIN_PREFIX[network.version]})
+    loopback = any(network.version == net.version and network.subnet_of(net) for net in LOOPBACK)  # type: ignore[arg-type]
+    for special, why in SPECIAL_NETWORKS if not (allow_loopback and loopback) else ():
+        if network.version == special.version and network.overlaps(special):
+            raise Refused(f"{network} {why}; allow the public or private address your connections come from.",
+                          code="address_not_allowed", details={"field": "ip", "network": str(special)})
     return str(network) if network.num_addresses > 1 else f"{network.network_address}/{network.prefixlen}"
 
 
@@ -73,7 +102,7 @@ def list_entries(session: Session, principal: Principal, user_name: str | None =
 
 
 def add_entry(session: Session, settings: Settings, principal: Principal, ip: str, user_name: str | None = None) -> AllowedIpView:
-    cidr = parse_cidr(ip)
+    cidr = parse_cidr(ip, allow_loopback=settings.backend == "local")
     user = _user(session, principal, user_name, "change the allowed IPs")
     now = utcnow()
     expires = now + dt.timedelta(days=settings.allow_ip_days)

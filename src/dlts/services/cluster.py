@@ -1,5 +1,7 @@
 """Cluster status: capacity and use per SKU and per VC, and the GPU fragmentation histogram.
 
+Everybody sees the capacity per SKU; the per-VC rows only for the VCs the caller belongs to.
+
 The histogram counts, per SKU, how many schedulable nodes have 0, 1, ..., N GPUs free: a cluster
 with 40 free GPUs spread one per node cannot start an 8-GPU job, and this is where that shows.
 """
@@ -14,6 +16,7 @@ from sqlalchemy.orm import Session
 from dlts.models import Node, VirtualCluster, utcnow, iso
 from dlts.repositories import usage as usage_repo
 from dlts.scheduler.model import CPU_SKU
+from dlts.services.auth import Principal
 
 
 @dataclass(frozen=True)
@@ -50,7 +53,10 @@ class ClusterStatus:
     vcs: list[VcStatus]
 
 
-def status(session: Session) -> ClusterStatus:
+def status(session: Session, principal: Principal | None = None) -> ClusterStatus:
+    """Capacity per SKU for everybody; per VC only the VCs ``principal`` belongs to (cluster admins,
+    and callers inside the system that pass no principal: every VC). Another VC's name and quota
+    are not shown, as its pages answer 404."""
     nodes = list(session.scalars(sa.select(Node).order_by(Node.name)))
     used = usage_repo.node_use(session)
     skus: list[SkuStatus] = []
@@ -77,7 +83,10 @@ def status(session: Session) -> ClusterStatus:
     use = usage_repo.active_use(session)
     queued = usage_repo.queued_gpus(session)
     vcs = []
-    for vc in session.scalars(sa.select(VirtualCluster).order_by(VirtualCluster.name)):
+    query = sa.select(VirtualCluster).order_by(VirtualCluster.name)
+    if principal is not None and not principal.is_cluster_admin:
+        query = query.where(VirtualCluster.name.in_(principal.vcs) if principal.vcs else sa.false())
+    for vc in session.scalars(query):
         rows = [r for r in use if r.vc == vc.name]
         plain: dict[str, int] = {}
         pre: dict[str, int] = {}

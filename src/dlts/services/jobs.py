@@ -32,6 +32,12 @@ LOG_DOWNLOAD_CHUNK = 256 * 1024
 
 S = JobStatus
 JOB_TYPES = ("batch", "interactive", "distributed", "inference")
+# What one job may carry (UTF-8 bytes): every list and page loads jobs by the hundred, so a job's
+# user-supplied text is bounded here; the list routes return summaries without env or command.
+MAX_COMMAND_BYTES = 16384
+MAX_ENV_VARS = 100
+MAX_ENV_VALUE_BYTES = 4096
+MAX_ENV_BYTES = 32768  # names and values of all variables together
 # statuses whose non-preemptible GPUs count against a user's quota inside a VC
 HOLDS_USER_QUOTA = (S.QUEUED, S.SCHEDULING, S.RUNNING, S.PAUSING, S.KILLING)
 
@@ -178,8 +184,31 @@ def _submitted_endpoints(req: JobRequest) -> list[tuple[EndpointKind, int]]:
     return wanted
 
 
+def check_sizes(req: JobRequest) -> None:
+    """The command and the environment within the limits above: a 422 naming the field and the limit."""
+    def too_large(field_name: str, limit: int, what: str, size: int) -> Refused:
+        return Refused(f"{field_name} is {size} {what}; the limit is {limit}. Put large settings in a file in your "
+                       "home or the VC's storage and pass its path instead.",
+                       code="field_too_large", details={"field": field_name, "limit": limit, "size": size})
+
+    command_bytes = len(req.command.encode("utf-8", "surrogatepass"))
+    if command_bytes > MAX_COMMAND_BYTES:
+        raise too_large("command", MAX_COMMAND_BYTES, "bytes", command_bytes)
+    if len(req.env) > MAX_ENV_VARS:
+        raise too_large("env", MAX_ENV_VARS, "variables", len(req.env))
+    total = 0
+    for name, value in req.env.items():
+        value_bytes = len(value.encode("utf-8", "surrogatepass"))
+        if value_bytes > MAX_ENV_VALUE_BYTES:
+            raise too_large(f"env.{name}", MAX_ENV_VALUE_BYTES, "bytes", value_bytes)
+        total += len(name.encode("utf-8", "surrogatepass")) + value_bytes
+    if total > MAX_ENV_BYTES:
+        raise too_large("env", MAX_ENV_BYTES, "bytes (names and values together)", total)
+
+
 def submit(session: Session, settings: Settings, principal: Principal, req: JobRequest) -> Job:
     policy.require_vc_member(principal, req.vc)
+    check_sizes(req)
     vc, user = vc_and_user(session, req.vc, principal.user_id)
     if vc is None or user is None:  # a cluster admin naming a VC that does not exist
         raise NotFound(f"VC {req.vc!r} does not exist.", code="vc_not_found", details={"field": "vc"})
@@ -214,7 +243,8 @@ def submit(session: Session, settings: Settings, principal: Principal, req: JobR
         spec["min_replicas"], spec["max_replicas"] = req.min_replicas, max(req.max_replicas, req.min_replicas)
     now = utcnow()
     job = Job(
-        name=req.name or (req.command.split()[0][:128] if req.command.split() else "job"),
+        # no name given: "<type>-<id>" below, never text of the command (which may start TOKEN=...)
+        name=req.name or req.type,
         user=user, vc=vc, type=req.type, status=S.QUEUED, image=req.image,
         command=req.command, sku=None if sku == CPU_SKU and gpus == 0 else sku, gpus=gpus, nodes=req.nodes,
         cpu=cpu, memory_bytes=memory, priority=req.priority, preemptible=req.preemptible,
@@ -223,6 +253,8 @@ def submit(session: Session, settings: Settings, principal: Principal, req: JobR
     )
     session.add(job)
     session.flush()
+    if not req.name:
+        job.name = f"{req.type}-{job.id}"
     job_repo.add_event(session, job.id, "transition", message="submitted", actor=principal.name)
     if wanted_endpoints:  # written with the job, in its transaction; nothing is read for them
         endpoint_service.add_for_submit(session, job.id, wanted_endpoints, principal.name)

@@ -33,6 +33,7 @@ from dlts.repositories import repair as repair_repo
 from dlts.repositories import usage as usage_repo
 from dlts.services import allowlist, policy
 from dlts.services.auth import Principal, hash_token
+from dlts.strict import is_whole_number
 
 NODE_TOKEN_PREFIX = "dltsn_"
 REPAIR_ACTIONS = ("reset_gpu", "restart_service", "reboot", "drop_caches")
@@ -100,6 +101,30 @@ class Report:
     collectors: Mapping[str, Any]
     order_results: list[OrderResultIn]
     fake: bool = False  # the agent read a fake NVML (dlts demo --fake-nvml)
+
+
+def reported_gpus(metrics: Any) -> list[dict[str, Any]]:
+    """The GPUs of a node's last report (``nodes.metrics["gpus"]``), each a dict whose ``index`` is an
+    int or None, ``job_id`` an int or None and ``utilization_ratio`` a float in [0, 1] or None.
+
+    Reports are checked by schema (api/schemas.py) before they are stored, but rows written before
+    that may hold anything; one node's odd metrics must not break a page for everybody."""
+    gpus = metrics.get("gpus") if isinstance(metrics, dict) else None
+    if not isinstance(gpus, list):
+        return []
+    out = []
+    for gpu in gpus:
+        if not isinstance(gpu, dict):
+            continue
+        index, job_id, ratio = gpu.get("index"), gpu.get("job_id"), gpu.get("utilization_ratio")
+        if isinstance(job_id, str):
+            job_id = int(job_id) if is_whole_number(job_id) else None
+        elif not isinstance(job_id, int) or isinstance(job_id, bool):
+            job_id = None
+        usable = isinstance(ratio, (int, float)) and not isinstance(ratio, bool) and 0 <= ratio <= 1
+        out.append({**gpu, "index": index if isinstance(index, int) and not isinstance(index, bool) else None,
+                    "job_id": job_id, "utilization_ratio": float(ratio) if usable else None})
+    return out
 
 
 def cycle_brief(cycle: RepairCycle | None) -> dict[str, Any] | None:
@@ -310,8 +335,8 @@ def record_report(session: Session, node: Node, report: Report, accept_fake: boo
         if key not in seen:
             row.cleared_at = now  # gone from this report: the condition cleared
     for result in report.order_results:
-        # ids are ours (decimal row ids); anything else is not an order of this API
-        order = session.get(NodeOrder, int(result.id)) if result.id.isdigit() and len(result.id) <= 18 else None
+        # ids are ours (decimal row ids); anything else ("²", a 20-digit number) is not an order of this API
+        order = session.get(NodeOrder, int(result.id)) if is_whole_number(result.id) else None
         if order is None or order.node_id != node.id or order.status not in OPEN_ORDER:
             continue  # unknown, another node's, or already recorded (results are re-sent until a 2xx)
         order.status = RESULT_STATUS.get(result.status, "failed")
