@@ -14,6 +14,7 @@ import logging
 import math
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 import sqlalchemy as sa
 from flask import (
@@ -126,10 +127,37 @@ def admin_only_404(view: Callable) -> Callable:
     return login_required(wrapper)
 
 
+MAX_NEXT_CHARS = 2048
+
+
+def safe_local_path(target: object) -> str | None:
+    """``target`` when it is a path on this site (``/jobs?vc=x``), else None.
+
+    Browsers are lenient where a server check is strict: they drop tabs and newlines from a URL,
+    read ``\\`` as ``/`` and ``//host`` as another site. So the value must be printable ASCII with
+    no whitespace and no backslash, start with exactly one ``/``, and have no scheme or host, both as
+    sent and after percent-decoding (``/%09/evil.example`` decodes to a tab, ``/%2F/evil`` to ``//``)."""
+    if not isinstance(target, str) or not target or len(target) > MAX_NEXT_CHARS:
+        return None
+    seen, value = [target], target
+    for _ in range(3):  # double-encoded tricks: %252F -> %2F -> /
+        value = unquote(value)
+        seen.append(value)
+    for form in seen:
+        if not form.isascii() or any(c.isspace() or not c.isprintable() or c == "\\" for c in form):
+            return None
+        if not form.startswith("/") or form.startswith("//"):
+            return None
+        parts = urlsplit(form)
+        if parts.scheme or parts.netloc:
+            return None
+    return target
+
+
 def back(default_endpoint: str, **values: Any):
     """Redirect to the page the form came from when it is ours, else to ``default_endpoint``."""
-    target = request.form.get("next") or ""
-    if target.startswith("/") and not target.startswith("//"):
+    target = safe_local_path(request.form.get("next"))
+    if target is not None:
         return redirect(target)
     return redirect(url_for(default_endpoint, **values))
 

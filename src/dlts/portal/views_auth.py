@@ -21,6 +21,7 @@ from dlts.portal.core import (
     login_limiter,
     login_required,
     principal,
+    safe_local_path,
 )
 from dlts.services import portal_auth
 from dlts.services import tokens as tokens_service
@@ -28,9 +29,7 @@ from dlts.services.portal_auth import TooManyAttempts
 
 
 def _safe_next(target: str | None) -> str:
-    if target and target.startswith("/") and not target.startswith("//"):
-        return target
-    return url_for("portal.jobs")
+    return safe_local_path(target) or url_for("portal.jobs")
 
 
 @bp.route("/")
