@@ -2,7 +2,7 @@
 
 from dlts.models.access import AllowedIp, RegistryCredential, SshKey, StorageUsage
 from dlts.models.base import Base, iso, utcnow
-from dlts.models.identity import ApiToken, Group, GroupMember, Role, RoleBinding, User
+from dlts.models.identity import ApiToken, Group, GroupMember, PortalSession, RateCounter, Role, RoleBinding, User
 from dlts.models.job import (
     ACTIVE,
     TERMINAL,
@@ -24,6 +24,6 @@ from dlts.models.vc import VcEvent, VirtualCluster
 __all__ = [
     "ACTIVE", "TERMINAL", "TRANSITIONS", "AllowedIp", "ApiToken", "Base", "EndpointKind", "EndpointStatus", "Group",
     "GroupMember", "Job", "JobAttempt", "JobEndpoint", "JobEvent", "JobStatus", "JobTemplate", "Node", "NodeEvent", "NodeFinding",
-    "NodeOrder", "NodeState", "OutboxMessage", "OutboxStatus", "RegistryCredential", "RepairControl", "RepairCycle",
+    "NodeOrder", "NodeState", "OutboxMessage", "OutboxStatus", "PortalSession", "RateCounter", "RegistryCredential", "RepairControl", "RepairCycle",
     "RepairStep", "Role", "RoleBinding", "SshKey", "StorageUsage", "User", "VcEvent", "VirtualCluster", "iso", "utcnow",
 ]
