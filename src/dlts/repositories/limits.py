@@ -75,10 +75,11 @@ def give_back(session: Session, key: str, by: int = 1) -> None:
     session.execute(sa.update(table).where(table.c.key == key, table.c.n >= by).values(n=table.c.n - by))
 
 
-def purge(session: Session, before: dt.datetime, limit: int = 1000) -> int:
-    """Delete counters whose window began before ``before`` (at most ``limit`` rows)."""
+def purge(session: Session, prefix: str, before: dt.datetime, limit: int = 1000) -> int:
+    """Delete counters named ``prefix...`` whose window began before ``before`` (at most ``limit`` rows)."""
     table = RateCounter.__table__
-    keys = list(session.scalars(sa.select(table.c.key).where(table.c.window_start < before).limit(limit)))
+    keys = list(session.scalars(sa.select(table.c.key).where(table.c.window_start < before,
+                                                            table.c.key.startswith(prefix, autoescape=True)).limit(limit)))
     if keys:
         session.execute(sa.delete(table).where(table.c.key.in_(keys)))
     return len(keys)

@@ -105,7 +105,7 @@ def login(session: Session, limits: LoginLimits, user_name: str, password: str, 
     counts = [(limits_repo.hit(session, user_key, limits.window_s, now), limits.per_user),
               (limits_repo.hit(session, ip_key, limits.window_s, now), limits.per_ip)]
     if counts[1][0].n == 1:  # a new window for this address: old counters go (bounded, indexed)
-        limits_repo.purge(session, now - dt.timedelta(seconds=limits.window_s))
+        limits_repo.purge(session, "login-", now - dt.timedelta(seconds=limits.window_s))
     session.commit()
     over = [count.retry_after_s(limits.window_s, now) for count, limit in counts if count.n > limit]
     if over:
