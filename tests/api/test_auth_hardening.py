@@ -119,7 +119,7 @@ def test_abuse_limits_are_checked_and_only_vc_admins_set_them(client, world):
 def test_parallel_submissions_stop_at_the_queued_cap_and_the_rate(live, world, client):
     assert _patch_vc(client, world, max_queued_jobs_per_user=4, max_submissions_per_minute=0).status_code == 200
     url = f"{live.url}/api/v1/jobs"
-    post = lambda user="alice": requests.post(url, json=JOB, headers=world.auth(user), timeout=60)  # noqa: E731
+    post = lambda user="alice": requests.post(url, json=JOB, headers=world.auth(user), timeout=60)
     statuses = sorted(r.status_code for r in parallel([post] * 12))
     assert statuses == [201] * 4 + [422] * 8, statuses
     assert _patch_vc(client, world, max_queued_jobs_per_user=0, max_submissions_per_minute=3).status_code == 200

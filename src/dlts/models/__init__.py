@@ -2,7 +2,16 @@
 
 from dlts.models.access import AllowedIp, RegistryCredential, SshKey, StorageUsage
 from dlts.models.base import Base, iso, utcnow
-from dlts.models.identity import ApiToken, Group, GroupMember, PortalSession, RateCounter, Role, RoleBinding, User
+from dlts.models.identity import (
+    ApiToken,
+    Group,
+    GroupMember,
+    PortalSession,
+    RateCounter,
+    Role,
+    RoleBinding,
+    User,
+)
 from dlts.models.job import (
     ACTIVE,
     TERMINAL,

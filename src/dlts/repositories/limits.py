@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass
+from typing import cast
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import mysql, sqlite
 from sqlalchemy.orm import InstrumentedAttribute, Session
 
 from dlts.models import RateCounter
+
+COUNTERS = cast(sa.Table, RateCounter.__table__)
 
 
 @dataclass(frozen=True)
@@ -36,19 +39,18 @@ def _dialect(session: Session) -> str:
 def hit(session: Session, key: str, window_s: float, now: dt.datetime, by: int = 1) -> Count:
     """Add ``by`` to ``key``'s counter (a window older than ``window_s`` starts again at ``now``) and
     return the count. The row stays locked until the caller's transaction ends."""
-    table = RateCounter.__table__
+    table = COUNTERS
     cutoff = now - dt.timedelta(seconds=window_s)
+    stmt: sa.Insert
     if _dialect(session) == "sqlite":
-        stmt = sqlite.insert(table).values(key=key, window_start=now, n=by)
         old = table.c  # in SQLite's DO UPDATE, column names are the row's values before the update
-        stmt = stmt.on_conflict_do_update(index_elements=[table.c.key], set_={
+        stmt = sqlite.insert(table).values(key=key, window_start=now, n=by).on_conflict_do_update(index_elements=[table.c.key], set_={
             "n": sa.case((old.window_start <= cutoff, by), else_=old.n + by),
             "window_start": sa.case((old.window_start <= cutoff, now), else_=old.window_start)})
     else:
-        stmt = mysql.insert(table).values(key=key, window_start=now, n=by)
         # MariaDB assigns left to right, later assignments seeing earlier ones: n first, while
         # window_start still holds the old value; window_start's own test reads only itself
-        stmt = stmt.on_duplicate_key_update([
+        stmt = mysql.insert(table).values(key=key, window_start=now, n=by).on_duplicate_key_update([
             ("n", sa.case((table.c.window_start <= cutoff, by), else_=table.c.n + by)),
             ("window_start", sa.case((table.c.window_start <= cutoff, now), else_=table.c.window_start))])
     session.execute(stmt)
@@ -58,7 +60,7 @@ def hit(session: Session, key: str, window_s: float, now: dt.datetime, by: int =
 
 def peek(session: Session, key: str, window_s: float, now: dt.datetime) -> Count | None:
     """The counter's current window without counting (None: nothing counted in it)."""
-    table = RateCounter.__table__
+    table = COUNTERS
     row = session.execute(sa.select(table.c.n, table.c.window_start).where(table.c.key == key)).first()
     if row is None or row.window_start <= now - dt.timedelta(seconds=window_s):
         return None
@@ -66,18 +68,18 @@ def peek(session: Session, key: str, window_s: float, now: dt.datetime) -> Count
 
 
 def forget(session: Session, key: str) -> None:
-    session.execute(sa.delete(RateCounter.__table__).where(RateCounter.__table__.c.key == key))
+    session.execute(sa.delete(COUNTERS).where(COUNTERS.c.key == key))
 
 
 def give_back(session: Session, key: str, by: int = 1) -> None:
     """Undo ``by`` of the current window's count (never below 0)."""
-    table = RateCounter.__table__
+    table = COUNTERS
     session.execute(sa.update(table).where(table.c.key == key, table.c.n >= by).values(n=table.c.n - by))
 
 
 def purge(session: Session, prefix: str, before: dt.datetime, limit: int = 1000) -> int:
     """Delete counters named ``prefix...`` whose window began before ``before`` (at most ``limit`` rows)."""
-    table = RateCounter.__table__
+    table = COUNTERS
     keys = list(session.scalars(sa.select(table.c.key).where(table.c.window_start < before,
                                                             table.c.key.startswith(prefix, autoescape=True)).limit(limit)))
     if keys:
@@ -93,7 +95,7 @@ def lock(session: Session, column: InstrumentedAttribute, ident: int, touch: Ins
     changes nothing (``touch = touch``) takes the database's write lock now; the reads that follow
     are then the latest, and no other writer commits before this transaction does."""
     if _dialect(session) == "sqlite":
-        table = column.class_.__table__
+        table = cast(sa.Table, column.class_.__table__)
         session.execute(sa.update(table).where(column == ident).values({touch.key: touch}))
     else:
         session.execute(sa.select(column).where(column == ident).with_for_update())

@@ -4,8 +4,8 @@ every API worker), vcs.max_queued_jobs_per_user and vcs.max_submissions_per_minu
 Revision ID: 0008b
 Revises: 0007
 """
-from alembic import op
 import sqlalchemy as sa
+from alembic import op
 from sqlalchemy.dialects import mysql
 
 revision = '0008b'
