@@ -227,3 +227,28 @@ def test_parallel_guesses_from_one_address_stop_at_its_limit(live, portal_world,
     statuses = sorted(r.status_code for r in responses)
     assert statuses == [401] * 30 + [429] * 6, statuses
     assert _parallel_logins(live.url, [("alice", passwords["alice"])])[0].status_code == 429
+
+
+# -- abuse limits on the VC settings page ----------------------------------------------------------------
+
+def test_vc_admin_sets_the_abuse_limits_on_the_settings_page_and_the_submit_form_says_why(as_user, sessions):
+    from dlts.models import VirtualCluster
+
+    vcadmin = as_user("vcadmin")
+    page = vcadmin.get("/vcs/vision/settings").get_data(as_text=True)
+    assert "empty: the cluster&#39;s default (1000)" in page and "empty: the cluster&#39;s default (300)" in page
+    form = {"policy": "RF", "max_job_time_h": "", "max_interactive_gpus": "", "user_gpu_quota": "", "notice": ""}
+    assert vcadmin.post("/vcs/vision/settings", form | {"max_queued_jobs_per_user": "1",
+                                                        "max_submissions_per_minute": "0"}).status_code == 302
+    with sessions() as s:
+        vc = s.scalar(sa.select(VirtualCluster).where(VirtualCluster.name == "vision"))
+        assert (vc.max_queued_jobs_per_user, vc.max_submissions_per_minute) == (1, 0)
+    alice = as_user("alice")
+    shown = alice.get("/vcs/vision").get_data(as_text=True)
+    assert 'id="vc-max-queued">1<' in shown and 'id="vc-max-rate">no limit<' in shown
+    job = {"vc": "vision", "image": "debian:12", "command": "sleep 1", "gpus": "0", "type": "batch", "name": "a"}
+    assert alice.post("/submit", job).status_code == 302
+    refused = alice.post("/submit", job)
+    assert refused.status_code == 422 and "at most 1 may wait per user" in refused.get_data(as_text=True)
+    bad = vcadmin.post("/vcs/vision/settings", form | {"max_queued_jobs_per_user": "lots"})
+    assert bad.status_code == 400 and 'id="err-max_queued_jobs_per_user"' in bad.get_data(as_text=True)
