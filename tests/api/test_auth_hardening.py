@@ -125,3 +125,65 @@ def test_parallel_submissions_stop_at_the_queued_cap_and_the_rate(live, world, c
     assert _patch_vc(client, world, max_queued_jobs_per_user=0, max_submissions_per_minute=3).status_code == 200
     statuses = sorted(r.status_code for r in parallel([lambda: post("bob")] * 10))
     assert statuses == [201] * 3 + [429] * 7, statuses
+
+
+# -- the same limits across gunicorn workers (separate processes sharing only the database) -----------
+
+def test_limits_hold_across_gunicorn_workers(tmp_path, database_url):
+    import os
+    import re
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DLTS_")} | {
+        "DLTS_HOME": str(tmp_path), "DLTS_DATABASE_URL": database_url, "DLTS_SECRET_KEY": "a-test-secret-key-123456",
+        "DLTS_LISTEN_PORT": str(port), "DLTS_MANAGERS_METRICS_LISTEN": ""}
+    dlts = [sys.executable, "-m", "dlts.cli"]
+
+    def cli(*args):
+        result = subprocess.run(dlts + list(args), env=env, capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stderr
+        return result.stdout.strip()
+
+    cli("db", "upgrade")
+    cli("user", "add", "erin")
+    cli("user", "password", "erin", "--random")
+    token = cli("user", "token", "erin").splitlines()[-1]
+    api = subprocess.Popen(dlts + ["api", "--workers", "2"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if requests.get(f"{url}/readyz", timeout=10).status_code == 200:
+                    break
+            except requests.RequestException:
+                pass
+            assert api.poll() is None and time.monotonic() < deadline, "gunicorn did not come up"
+            time.sleep(0.3)
+
+        def login(i):
+            browser = requests.Session()
+            csrf = re.search(r'name="csrf_token" value="([^"]+)"', browser.get(f"{url}/login", timeout=30).text).group(1)
+            return lambda: browser.post(f"{url}/login", data={"username": "erin", "password": f"wrong-guess-{i:04d}",
+                                                              "csrf_token": csrf}, allow_redirects=False, timeout=60)
+
+        statuses = sorted(r.status_code for r in parallel([login(i) for i in range(12)]))
+        assert statuses == [401] * 5 + [429] * 7, statuses
+        auth = {"Authorization": f"Bearer {token}"}
+        statuses = sorted(r.status_code for r in parallel(
+            [lambda i=i: requests.post(f"{url}/api/v1/me/tokens", json={"name": f"t{i}"}, headers=auth, timeout=60)
+             for i in range(30)]))
+        assert statuses == [201] * (MAX_TOKENS_PER_USER - 1) + [422] * (30 - MAX_TOKENS_PER_USER + 1), statuses
+    finally:
+        api.send_signal(signal.SIGTERM)
+        try:
+            api.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            api.kill()
