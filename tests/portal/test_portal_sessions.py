@@ -29,6 +29,9 @@ NASTY_NEXT = [
     "/%2F/evil.example/x",
     "/%2f%2fevil.example/x",
     "/%252F/evil.example/x",        # double-encoded
+    "/%25%30%39/evil.example/x",    # %09 spelled with encoded digits
+    "/%09?x=1",
+    "/\t?x=1",
     "///evil.example/x",
     "https://evil.example/x",
     "http:evil.example",
@@ -43,7 +46,8 @@ NASTY_NEXT = [
     "",
     "/" + "a" * 5000,
 ]
-GOOD_NEXT = ["/jobs", "/jobs?vc=vision&status=active", "/jobs/3", "/tokens", "/jobs?"]
+GOOD_NEXT = ["/jobs", "/jobs?vc=vision&status=active", "/jobs/3", "/tokens", "/jobs?", "/jobs?name=a%20b",
+             "/jobs?next=//x"]
 
 
 @pytest.mark.parametrize("target", NASTY_NEXT)

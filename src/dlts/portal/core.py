@@ -161,15 +161,17 @@ def safe_local_path(target: object) -> str | None:
 
     Browsers are lenient where a server check is strict: they drop tabs and newlines from a URL,
     read ``\\`` as ``/`` and ``//host`` as another site. So the value must be printable ASCII with
-    no whitespace and no backslash, start with exactly one ``/``, and have no scheme or host, both as
-    sent and after percent-decoding (``/%09/evil.example`` decodes to a tab, ``/%2F/evil`` to ``//``)."""
+    no whitespace and no backslash, start with exactly one ``/`` and have no scheme or host; and its
+    path (before ``?`` or ``#``) must keep all that after percent-decoding too (``/%09/evil.example``
+    decodes to a tab, ``/%2F/evil`` to ``//``). The query may hold encoded spaces (``?q=a%20b``)."""
     if not isinstance(target, str) or not target or len(target) > MAX_NEXT_CHARS:
         return None
-    seen, value = [target], target
+    path = target.split("?", 1)[0].split("#", 1)[0]
+    forms, value = [target], path
     for _ in range(3):  # double-encoded tricks: %252F -> %2F -> /
         value = unquote(value)
-        seen.append(value)
-    for form in seen:
+        forms.append(value)
+    for form in forms:
         if not form.isascii() or any(c.isspace() or not c.isprintable() or c == "\\" for c in form):
             return None
         if not form.startswith("/") or form.startswith("//"):
