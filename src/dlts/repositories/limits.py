@@ -28,7 +28,8 @@ class Count:
 
     def retry_after_s(self, window_s: float, now: dt.datetime) -> int:
         """Whole seconds until this window ends (at least 1)."""
-        left = (self.window_start + dt.timedelta(seconds=window_s) - now).total_seconds()
+        # a parallel request may have opened the window a moment after this one read its clock
+        left = min(window_s, (self.window_start + dt.timedelta(seconds=window_s) - now).total_seconds())
         return max(1, int(left) + (0 if left == int(left) else 1))
 
 
