@@ -274,7 +274,8 @@ def bench_jobmanager(jobs: int) -> dict:
     try:
         with tempfile.TemporaryDirectory() as tmp:
             settings = Settings(home=Path(tmp) / "home", database_url=f"sqlite:///{tmp}/dlts.db",
-                                secret_key="bench-secret-key-0123456789")
+                                secret_key="bench-secret-key-0123456789",
+                                max_submissions_per_minute=0, max_queued_jobs_per_user=0)  # one user, a burst
             settings.home.mkdir()
             app = create_app(settings)
             db_migrate.upgrade(engine_of(app))

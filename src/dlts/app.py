@@ -20,7 +20,6 @@ def create_app(settings: Settings | None = None) -> Flask:
         SQLALCHEMY_ENGINE_OPTIONS=engine_options(settings.effective_database_url),
         SECRET_KEY=settings.secret_key or None,
         MAX_CONTENT_LENGTH=settings.max_body_bytes,
-        SESSION_COOKIE_SECURE=settings.session_cookie_secure,
         JSON_SORT_KEYS=False,
     )
     app.extensions["dlts_settings"] = settings

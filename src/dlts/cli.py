@@ -333,9 +333,15 @@ def vc_add(ctx: Context, name: str, quota: tuple[str, ...], policy: str) -> None
 @click.option("--ephemeral-storage", "ephemeral", metavar="BYTES",
               help="Scratch space per job pod and the most a job may ask (bytes or '50Gi'); 'none': the cluster "
                    "default (default: kept).")
+@click.option("--max-queued-jobs-per-user", "max_queued", metavar="N",
+              help="Jobs one user may have waiting (queued or unapproved) in the VC; 0: no limit; 'none': the "
+                   "cluster's max_queued_jobs_per_user (default: kept).")
+@click.option("--max-submissions-per-minute", "max_rate", metavar="N",
+              help="Submissions one user may make to the VC per minute; 0: no limit; 'none': the cluster's "
+                   "max_submissions_per_minute (default: kept).")
 @pass_ctx
 def vc_set(ctx: Context, name: str, quota: tuple[str, ...], policy: str | None, gid: str | None,
-           ephemeral: str | None) -> None:
+           ephemeral: str | None, max_queued: str | None, max_rate: str | None) -> None:
     """Create VC NAME or bring its quota and policy (and group, scratch space) to these values; idempotent,
     prints 'added', 'updated' or 'unchanged' (for Ansible)."""
     from dlts.services import admin as admin_service
@@ -345,6 +351,10 @@ def vc_set(ctx: Context, name: str, quota: tuple[str, ...], policy: str | None, 
         extra["gid"] = _optional_int("--gid", gid)
     if ephemeral is not None:
         extra["ephemeral_storage_bytes"] = _optional_bytes("--ephemeral-storage", ephemeral)
+    if max_queued is not None:
+        extra["max_queued_jobs_per_user"] = _optional_int("--max-queued-jobs-per-user", max_queued)
+    if max_rate is not None:
+        extra["max_submissions_per_minute"] = _optional_int("--max-submissions-per-minute", max_rate)
     with ctx.session() as session:
         result = admin_service.set_vc(session, name, admin_service.parse_quota(quota), policy=policy, **extra)
     if not result.changes:

@@ -46,8 +46,19 @@ class Settings(BaseModel):
     secret_key: str = ""
     listen_host: str = "127.0.0.1"
     listen_port: int = Field(5000, ge=1, le=65535)
-    # behind HTTPS (nginx in production): session cookies only travel over TLS
-    session_cookie_secure: bool = False
+    # the portal's session cookie is Secure (sent only over TLS): "auto" when the request came over
+    # HTTPS (directly, or per X-Forwarded-Proto from a trusted proxy), true always, false never
+    session_cookie_secure: bool | Literal["auto"] = "auto"
+    # portal login attempts allowed per user name and per client address in one window of
+    # login_limit_window_s seconds; counted in the database (every API worker shares the count)
+    # before the password is checked; a successful login clears its user name's count
+    login_limit_per_user: int = Field(5, ge=1, le=10_000)
+    login_limit_per_ip: int = Field(30, ge=1, le=1_000_000)
+    login_limit_window_s: float = Field(300.0, ge=1, le=86400)
+    # abuse limits per user and VC, the cluster's defaults; a VC's own max_queued_jobs_per_user /
+    # max_submissions_per_minute (dlts vc set, PATCH /vcs/NAME) wins; 0: no limit
+    max_queued_jobs_per_user: int = Field(1000, ge=0, le=10_000_000)
+    max_submissions_per_minute: int = Field(300, ge=0, le=10_000_000)
     # reverse proxies in front of the API whose X-Forwarded-For/-Proto to trust (nginx: 1); the
     # login limiter and "allow my address" then see the client's address, not the proxy's
     trusted_proxies: int = Field(0, ge=0, le=5)

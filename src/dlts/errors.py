@@ -54,3 +54,15 @@ class Refused(DltsError):
 
     code = "refused"
     http_status = 422
+
+
+class RateLimited(DltsError):
+    """Too many requests of a kind in a window; ``details["retry_after_s"]`` says when to come back
+    (the API sends it as ``Retry-After`` too)."""
+
+    code = "too_many_requests"
+    http_status = 429
+
+    def __init__(self, message: str, *, retry_after_s: int, code: str | None = None, details: dict[str, Any] | None = None):
+        super().__init__(message, code=code, details={**(details or {}), "retry_after_s": retry_after_s})
+        self.retry_after_s = retry_after_s

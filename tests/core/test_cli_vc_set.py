@@ -69,3 +69,22 @@ def test_set_refuses_bad_input_and_changes_nothing(dlts, sessions, args, message
     code, output = dlts("vc", "set", *args)
     assert code != 0 and message in output, output
     assert vc_row(sessions, "research") is None
+
+
+def test_set_changes_the_abuse_limits_only_when_given(dlts, sessions, world):
+    assert dlts("vc", "set", "nlp", "--quota", "demo-gpu=2", "--max-queued-jobs-per-user", "50",
+                "--max-submissions-per-minute", "0") == (
+        0, "VC nlp updated: max_queued_jobs_per_user None -> 50; max_submissions_per_minute None -> 0")
+    assert dlts("vc", "set", "nlp", "--quota", "demo-gpu=2") == (0, "VC nlp unchanged")
+    assert dlts("vc", "set", "nlp", "--quota", "demo-gpu=2", "--max-queued-jobs-per-user", "none") == (
+        0, "VC nlp updated: max_queued_jobs_per_user 50 -> None")
+    with sessions() as s:
+        vc = s.scalar(sa.select(VirtualCluster).where(VirtualCluster.name == "nlp"))
+        assert (vc.max_queued_jobs_per_user, vc.max_submissions_per_minute) == (None, 0)
+    assert [e[1] for e in events(sessions, "nlp")][-3:] == ["max_queued_jobs_per_user", "max_submissions_per_minute",
+                                                            "max_queued_jobs_per_user"]
+    for bad in ("-3", "lots", "²"):
+        code, output = dlts("vc", "set", "nlp", "--max-submissions-per-minute", bad)
+        assert code != 0 and "--max-submissions-per-minute" in output and "Traceback" not in output, output
+    code, output = dlts("vc", "set", "nlp", "--max-queued-jobs-per-user", "99999999")
+    assert code != 0 and "max_queued_jobs_per_user must be a whole number between 0" in output, output

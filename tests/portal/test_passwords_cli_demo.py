@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import stat
 
 import pytest
 import sqlalchemy as sa
 from click.testing import CliRunner
+from werkzeug.security import generate_password_hash
 
 from dlts.backends.local import LocalBackend
 from dlts.cli import main
@@ -68,20 +70,30 @@ def test_demo_first_start_writes_random_credentials_mode_600(settings, sessions,
     assert dict(line.split(":", 1) for line in path.read_text().split()) == pairs
 
 
-def test_login_limiter_blocks_a_user_after_five_failures_an_address_after_thirty_and_forgets():
-    now = [1000.0]
-    limiter = portal_auth.LoginLimiter(clock=lambda: now[0])
-    for _ in range(5):
-        limiter.check("user:alice", "ip:1.2.3.4")
-        limiter.failed("user:alice", "ip:1.2.3.4")
-    with pytest.raises(portal_auth.TooManyAttempts, match="wait 301 s"):
-        limiter.check("user:alice", "ip:9.9.9.9")  # the user key alone is enough to block
-    limiter.check("user:bob", "ip:1.2.3.4")  # others behind the same address still may try
-    for i in range(25):
-        limiter.failed(f"user:u{i}", "ip:1.2.3.4")
-    with pytest.raises(portal_auth.TooManyAttempts):
-        limiter.check("user:bob", "ip:1.2.3.4")  # 30 failures from one address
-    now[0] += 150
-    limiter.failed("user:alice", "ip:5.5.5.5")
-    now[0] += 150  # the first five are out of the window; the sixth is not
-    limiter.check("user:alice", "ip:1.2.3.4")
+def test_login_limit_blocks_a_user_after_five_attempts_an_address_after_thirty_and_forgets(sessions, world):
+    limits = portal_auth.LoginLimits(per_user=5, per_ip=30, window_s=300)
+    t0 = dt.datetime(2030, 1, 1, 12, 0, 0)
+    with sessions() as s:
+        s.execute(sa.update(User).where(User.name == "bob").values(
+            password_hash=generate_password_hash("bobs-password-123", method="scrypt:1024:8:1")))
+        s.commit()
+
+        def attempt(user, ip, seconds, password="wrong-password-123"):
+            return portal_auth.login(s, limits, user, password, ip, now=t0 + dt.timedelta(seconds=seconds))
+
+        for _ in range(5):
+            with pytest.raises(Unauthenticated):
+                attempt("alice", "1.2.3.4", 0)
+        with pytest.raises(portal_auth.TooManyAttempts, match="wait 300 s") as err:
+            attempt("Alice", "9.9.9.9", 0)  # the user name alone is enough to block, whatever its case
+        assert err.value.retry_after_s == 300 and err.value.details["limit_per_user"] == 5
+        assert attempt("bob", "1.2.3.4", 1, "bobs-password-123").name == "bob"  # others behind the address may
+        for i in range(25):
+            with pytest.raises(Unauthenticated):
+                attempt(f"u{i}", "1.2.3.4", 2)
+        with pytest.raises(portal_auth.TooManyAttempts, match="wait 298 s"):
+            attempt("bob", "1.2.3.4", 2, "bobs-password-123")  # 30 attempts from one address (bob's was given back)
+        assert attempt("bob", "5.5.5.5", 3, "bobs-password-123").name == "bob"
+        # the window ends: alice's name and the address may try again
+        with pytest.raises(Unauthenticated):
+            attempt("alice", "1.2.3.4", 300)

@@ -8,7 +8,7 @@ from flask import Flask, jsonify
 from sqlalchemy.exc import DBAPIError, OperationalError
 from werkzeug.exceptions import HTTPException
 
-from dlts.errors import DltsError
+from dlts.errors import DltsError, RateLimited
 from dlts.extensions import db
 
 log = logging.getLogger(__name__)
@@ -28,7 +28,10 @@ def register(app: Flask) -> None:
     @app.errorhandler(DltsError)
     def _dlts(exc: DltsError):
         db.session.rollback()
-        return envelope(exc.http_status, exc.code, exc.message, exc.details)
+        response = envelope(exc.http_status, exc.code, exc.message, exc.details)
+        if isinstance(exc, RateLimited):
+            response.headers["Retry-After"] = str(exc.retry_after_s)
+        return response
 
     @app.errorhandler(HTTPException)
     def _http(exc: HTTPException):

@@ -335,6 +335,11 @@ class VcSettingsFields(Schema):
     max_interactive_gpus = fields.Integer(strict=True, allow_none=True, validate=_nonneg(1_000_000))
     user_gpu_quota = fields.Integer(strict=True, allow_none=True, validate=_nonneg(1_000_000))
     notice = fields.String(allow_none=True, validate=validate.Length(max=2000))
+    max_queued_jobs_per_user = fields.Integer(strict=True, allow_none=True, validate=_nonneg(10_000_000), metadata={
+        "description": "jobs one user may have waiting (queued or unapproved) in the VC; 0: no limit; null: the "
+                       "cluster default (max_queued_jobs_per_user in dlts.yaml)"})
+    max_submissions_per_minute = fields.Integer(strict=True, allow_none=True, validate=_nonneg(10_000_000), metadata={
+        "description": "submissions one user may make to the VC per minute; 0: no limit; null: the cluster default"})
     quota = QUOTA
     cpu_quota = fields.Float(allow_none=True, validate=validate.Range(0, 10**7),
                              metadata={"description": "cores; null: in proportion to the GPU quota"})
@@ -389,6 +394,8 @@ class VcSchema(Schema):
     max_interactive_gpus = fields.Integer(allow_none=True)
     user_gpu_quota = fields.Integer(allow_none=True)
     notice = fields.String(allow_none=True)
+    max_queued_jobs_per_user = fields.Integer(allow_none=True, metadata={"description": "null: the cluster default"})
+    max_submissions_per_minute = fields.Integer(allow_none=True, metadata={"description": "null: the cluster default"})
     gid = fields.Integer(allow_none=True)
     ephemeral_storage_bytes = fields.Integer(allow_none=True, metadata={"description": "null: the cluster default"})
     pod_policy = fields.Dict(keys=fields.String(), values=fields.Boolean())

@@ -2,7 +2,16 @@
 
 from dlts.models.access import AllowedIp, RegistryCredential, SshKey, StorageUsage
 from dlts.models.base import Base, iso, utcnow
-from dlts.models.identity import ApiToken, Group, GroupMember, Role, RoleBinding, User
+from dlts.models.identity import (
+    ApiToken,
+    Group,
+    GroupMember,
+    PortalSession,
+    RateCounter,
+    Role,
+    RoleBinding,
+    User,
+)
 from dlts.models.job import (
     ACTIVE,
     TERMINAL,
@@ -24,7 +33,8 @@ from dlts.models.vc import VcEvent, VirtualCluster
 
 __all__ = [
     "ACTIVE", "TERMINAL", "TRANSITIONS", "AllowedIp", "ApiToken", "Base", "EndpointKind", "EndpointStatus", "Group",
-    "GroupMember", "Job", "JobAttempt", "JobEndpoint", "JobEvent", "JobStatus", "JobTemplate", "ManagersLease", "Node", "NodeEvent", "NodeFinding",
-    "NodeOrder", "NodeState", "OutboxMessage", "OutboxStatus", "RegistryCredential", "RepairControl", "RepairCycle",
+    "GroupMember", "Job", "JobAttempt", "JobEndpoint", "JobEvent", "JobStatus", "JobTemplate", "ManagersLease", "Node",
+    "NodeEvent", "NodeFinding", "NodeOrder", "NodeState", "OutboxMessage", "OutboxStatus", "PortalSession", "RateCounter",
+    "RegistryCredential", "RepairControl", "RepairCycle",
     "RepairStep", "Role", "RoleBinding", "SshKey", "StorageUsage", "User", "VcEvent", "VirtualCluster", "iso", "utcnow",
 ]

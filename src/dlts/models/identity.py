@@ -85,3 +85,31 @@ class ApiToken(Base):
     revoked_at: Mapped[dt.datetime | None] = mapped_column(Timestamp)
 
     user: Mapped[User] = relationship(back_populates="tokens")
+
+
+class PortalSession(Base):
+    """A logged-in portal session (revision 0008b). The browser's cookie carries a random id; only its
+    SHA-256 is stored, so a database reader cannot take over a session. Logout deletes the row, a
+    password change deletes every row of the user: the cookie stops working at once, wherever it went."""
+
+    __tablename__ = "portal_sessions"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    token_hash: Mapped[str] = mapped_column(sa.String(64), unique=True)
+    user_id: Mapped[int] = mapped_column(sa.ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    created_at: Mapped[dt.datetime] = mapped_column(Timestamp, default=utcnow)
+    expires_at: Mapped[dt.datetime] = mapped_column(Timestamp)
+    last_seen_at: Mapped[dt.datetime] = mapped_column(Timestamp, default=utcnow)
+
+
+class RateCounter(Base):
+    """One fixed-window counter shared by every API worker (revision 0008b): failed and pending portal
+    logins per user name and per client address, job submissions per user and VC. ``key`` names it
+    (``login-user:alice``, ``login-ip:10.0.0.9``, ``submit:3:17``); ``n`` counts within the window that
+    began at ``window_start``. Writers change ``n`` only with one atomic UPDATE (``repositories.limits``)."""
+
+    __tablename__ = "rate_counters"
+
+    key: Mapped[str] = mapped_column(sa.String(191), primary_key=True)
+    window_start: Mapped[dt.datetime] = mapped_column(Timestamp, index=True)
+    n: Mapped[int] = mapped_column(sa.Integer, default=0)

@@ -1,8 +1,11 @@
 """The portal blueprint and what every page shares: the logged-in principal, CSRF, errors, filters.
 
-Sessions are Flask's signed cookie (HttpOnly, SameSite=Lax) holding the user id only; the principal
-and its roles are read from the database on every request, so a revoked role or a disabled user takes
-effect at once. Every POST is checked against the Flask-WTF CSRF token before any view runs.
+Sessions are server-side rows (``portal_sessions``, see ``services.portal_auth``); Flask's signed
+cookie (HttpOnly, SameSite=Lax, Secure over TLS) carries only the row's random id, the CSRF token and
+flashed messages, never a password or a one-time secret. The session row, the principal and its roles
+are read from the database on every request, so a logout, a password change, a revoked role or a
+disabled user takes effect at once. Every POST is checked against the Flask-WTF CSRF token before any
+view runs.
 """
 
 from __future__ import annotations
@@ -14,36 +17,42 @@ import logging
 import math
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 import sqlalchemy as sa
 from flask import (
     Blueprint,
     Flask,
     abort,
+    current_app,
     flash,
     g,
+    has_request_context,
     redirect,
     render_template,
     request,
     session,
     url_for,
 )
+from flask.sessions import SecureCookieSessionInterface
 from flask_wtf.csrf import CSRFError, generate_csrf, validate_csrf
 from sqlalchemy.exc import DBAPIError
 from werkzeug.exceptions import HTTPException
 from wtforms.validators import ValidationError
 
-from dlts.errors import DltsError
+from dlts.app import settings_of
+from dlts.errors import DltsError, RateLimited
 from dlts.extensions import db
 from dlts.models import JobStatus, VirtualCluster
 from dlts.services.auth import Principal
-from dlts.services.portal_auth import LoginLimiter, principal_for_session
+from dlts.services.portal_auth import LoginLimits, principal_for_session
 
 log = logging.getLogger(__name__)
 bp = Blueprint("portal", __name__, template_folder="templates", static_folder="static",
                static_url_path="/portal-static")
 
-SESSION_USER = "uid"
+SESSION_ID = "sid"  # the portal_sessions row's id, the cookie's only credential
+SESSION_LIFETIME = dt.timedelta(hours=12)
 # how the status badge looks: (CSS class, plain words for screen readers and tooltips)
 STATUS_STYLE = {
     JobStatus.UNAPPROVED: "st-wait", JobStatus.QUEUED: "st-wait", JobStatus.SCHEDULING: "st-run",
@@ -53,19 +62,35 @@ STATUS_STYLE = {
 }
 
 
+class PortalSessionInterface(SecureCookieSessionInterface):
+    """Flask's signed cookie, Secure per ``session_cookie_secure``: "auto" follows the request's scheme
+    (HTTPS directly, or X-Forwarded-Proto from a trusted proxy via ProxyFix)."""
+
+    def __init__(self, secure: bool | str):
+        self.secure = secure
+
+    def get_cookie_secure(self, app: Flask) -> bool:
+        if self.secure == "auto":
+            return has_request_context() and request.is_secure
+        return bool(self.secure)
+
+
 def install(app: Flask) -> None:
     # Flask's defaults are SameSite unset and a 31-day session: the portal wants a working day
     app.config.update(SESSION_COOKIE_HTTPONLY=True, SESSION_COOKIE_SAMESITE="Lax", SESSION_COOKIE_NAME="dlts_session",
-                      PERMANENT_SESSION_LIFETIME=dt.timedelta(hours=12), WTF_CSRF_TIME_LIMIT=12 * 3600)
-    app.extensions["dlts_login_limiter"] = LoginLimiter()
+                      PERMANENT_SESSION_LIFETIME=SESSION_LIFETIME, WTF_CSRF_TIME_LIMIT=12 * 3600)
+    settings = settings_of(app)
+    app.session_interface = PortalSessionInterface(settings.session_cookie_secure)
+    app.extensions["dlts_login_limits"] = LoginLimits(settings.login_limit_per_user, settings.login_limit_per_ip,
+                                                      settings.login_limit_window_s)
     app.jinja_env.globals.update(csrf_token=generate_csrf, status_class=status_class)
     app.jinja_env.filters.update(when=fmt_when, when_short=fmt_when_short, duration=fmt_duration, size=fmt_bytes)
 
 
-def login_limiter() -> LoginLimiter:
+def login_limits() -> LoginLimits:
     from flask import current_app
 
-    return current_app.extensions["dlts_login_limiter"]
+    return current_app.extensions["dlts_login_limits"]
 
 
 # -- authentication -------------------------------------------------------------------------------
@@ -73,11 +98,13 @@ def login_limiter() -> LoginLimiter:
 @bp.before_request
 def _load_principal() -> Any:
     g.principal = None
-    user_id = session.get(SESSION_USER)
-    if user_id is not None:
-        g.principal = principal_for_session(db.session, int(user_id))
-        if g.principal is None:
+    session_id = session.get(SESSION_ID)
+    if session_id is not None:
+        g.principal = principal_for_session(db.session, session_id)
+        if g.principal is None:  # logged out, password changed, expired, or the user disabled
             session.clear()
+    elif session.get("uid") is not None:  # a cookie from before server-side sessions: not a login
+        session.clear()
     if request.method == "POST":
         try:
             validate_csrf(request.form.get("csrf_token"))
@@ -126,19 +153,41 @@ def admin_only_404(view: Callable) -> Callable:
     return login_required(wrapper)
 
 
+MAX_NEXT_CHARS = 2048
+
+
+def safe_local_path(target: object) -> str | None:
+    """``target`` when it is a path on this site (``/jobs?vc=x``), else None.
+
+    Browsers are lenient where a server check is strict: they drop tabs and newlines from a URL,
+    read ``\\`` as ``/`` and ``//host`` as another site. So the value must be printable ASCII with
+    no whitespace and no backslash, start with exactly one ``/`` and have no scheme or host; and its
+    path (before ``?`` or ``#``) must keep all that after percent-decoding too (``/%09/evil.example``
+    decodes to a tab, ``/%2F/evil`` to ``//``). The query may hold encoded spaces (``?q=a%20b``)."""
+    if not isinstance(target, str) or not target or len(target) > MAX_NEXT_CHARS:
+        return None
+    path = target.split("?", 1)[0].split("#", 1)[0]
+    forms, value = [target], path
+    for _ in range(3):  # double-encoded tricks: %252F -> %2F -> /
+        value = unquote(value)
+        forms.append(value)
+    for form in forms:
+        if not form.isascii() or any(c.isspace() or not c.isprintable() or c == "\\" for c in form):
+            return None
+        if not form.startswith("/") or form.startswith("//"):
+            return None
+        parts = urlsplit(form)
+        if parts.scheme or parts.netloc:
+            return None
+    return target
+
+
 def back(default_endpoint: str, **values: Any):
     """Redirect to the page the form came from when it is ours, else to ``default_endpoint``."""
-    target = request.form.get("next") or ""
-    if is_local_path(target):
+    target = safe_local_path(request.form.get("next"))
+    if target is not None:
         return redirect(target)
     return redirect(url_for(default_endpoint, **values))
-
-
-def is_local_path(target: str) -> bool:
-    """A path on this site: "/..." but not "//host" or "/\\host" (another site to browsers), and no
-    control characters (a newline in a Location header is refused by the server: a 500)."""
-    return (len(target) <= 2000 and target.startswith("/") and not target.startswith(("//", "/\\"))
-            and not any(ord(c) < 0x20 or ord(c) == 0x7F for c in target))
 
 
 def flash_error(exc: DltsError) -> None:
@@ -173,8 +222,12 @@ def _dlts_error(exc: DltsError):
     db.session.rollback()
     titles = {401: "Please log in", 403: "Not allowed", 404: "Not found", 409: "Not possible now", 422: "Refused",
               429: "Slow down"}
-    return render_template("error.html", status=exc.http_status, title=titles.get(exc.http_status, "Cannot do that"),
-                           message=exc.message), exc.http_status
+    response = current_app.make_response((render_template(
+        "error.html", status=exc.http_status, title=titles.get(exc.http_status, "Cannot do that"), message=exc.message),
+        exc.http_status))
+    if isinstance(exc, RateLimited):
+        response.headers["Retry-After"] = str(exc.retry_after_s)
+    return response
 
 
 @bp.errorhandler(404)

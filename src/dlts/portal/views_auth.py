@@ -5,6 +5,7 @@ from __future__ import annotations
 from flask import (
     current_app,
     flash,
+    jsonify,
     redirect,
     render_template,
     request,
@@ -12,16 +13,17 @@ from flask import (
     url_for,
 )
 
-from dlts.errors import DltsError, Unauthenticated
+from dlts.errors import DltsError, RateLimited, Unauthenticated
 from dlts.extensions import db
 from dlts.portal.core import (
-    SESSION_USER,
+    SESSION_ID,
+    SESSION_LIFETIME,
     bp,
     flash_error,
-    is_local_path,
-    login_limiter,
+    login_limits,
     login_required,
     principal,
+    safe_local_path,
 )
 from dlts.services import portal_auth
 from dlts.services import tokens as tokens_service
@@ -30,9 +32,7 @@ from dlts.strict import whole_number_or_none
 
 
 def _safe_next(target: str | None) -> str:
-    if target and is_local_path(target):
-        return target
-    return url_for("portal.jobs")
+    return safe_local_path(target) or url_for("portal.jobs")
 
 
 @bp.route("/")
@@ -40,6 +40,23 @@ def home():
     if principal() is None:
         return redirect(url_for("portal.login"))
     return redirect(url_for("portal.jobs"))
+
+
+def _wants_json() -> bool:
+    return request.accept_mimetypes.best_match(["text/html", "application/json"]) == "application/json"
+
+
+def _refused(exc: DltsError, next_url: str | None, user_name: str):
+    """The login page again with the reason; a client that asks for JSON gets the API's error envelope."""
+    if _wants_json():
+        response = jsonify(exc.envelope())
+        response.status_code = exc.http_status
+    else:
+        response = current_app.make_response((render_template("login.html", next=next_url, user_name=user_name,
+                                                              error=exc.message), exc.http_status))
+    if isinstance(exc, RateLimited):
+        response.headers["Retry-After"] = str(exc.retry_after_s)
+    return response
 
 
 @bp.route("/login", methods=["GET", "POST"])
@@ -54,25 +71,20 @@ def login():
         return render_template("login.html", next=next_url, user_name="")
     user_name = request.form.get("username", "").strip()[:64]
     password = request.form.get("password", "")
-    keys = (f"user:{user_name.lower()}", f"ip:{request.remote_addr}")
-    limiter = login_limiter()
     try:
-        limiter.check(*keys)
-        who = portal_auth.authenticate_password(db.session, user_name, password)
-    except TooManyAttempts as exc:
-        return render_template("login.html", next=next_url, user_name=user_name, error=exc.message), 429
-    except Unauthenticated as exc:
-        limiter.failed(*keys)
-        return render_template("login.html", next=next_url, user_name=user_name, error=exc.message), 401
-    limiter.succeeded(keys[0])
+        who = portal_auth.login(db.session, login_limits(), user_name, password, request.remote_addr)
+    except (TooManyAttempts, Unauthenticated) as exc:
+        return _refused(exc, next_url, user_name)
+    session_id = portal_auth.start_session(db.session, who, SESSION_LIFETIME)
     session.clear()  # a fresh session on login: no fixation of a cookie set before it
-    session[SESSION_USER] = who.user_id
+    session[SESSION_ID] = session_id
     session.permanent = True
     return redirect(_safe_next(next_url))
 
 
 @bp.route("/logout", methods=["POST"])
 def logout():
+    portal_auth.end_session(db.session, session.get(SESSION_ID))
     session.clear()
     flash("You are logged out.", "info")
     return redirect(url_for("portal.login"))

@@ -5,8 +5,9 @@ from __future__ import annotations
 import datetime as dt
 
 import sqlalchemy as sa
-from flask import Response, abort, flash, redirect, render_template, request, url_for
+from flask import Response, abort, current_app, flash, redirect, render_template, request, url_for
 
+from dlts.app import settings_of
 from dlts.errors import DltsError, InvalidInput
 from dlts.extensions import db
 from dlts.models import JobStatus, VirtualCluster, utcnow
@@ -26,6 +27,10 @@ SETTING_HELP = {
     "max_interactive_gpus": "Interactive jobs of the VC together may hold at most this many GPUs.",
     "user_gpu_quota": "A member holding more non-preemptible GPUs than this needs a VC admin to approve each further job.",
     "notice": "A banner every member of the VC sees on every page (empty: none).",
+    "max_queued_jobs_per_user": "Jobs one member may have waiting (queued or unapproved) in the VC; 0: no limit; "
+                                "empty: the cluster's default ({default}).",
+    "max_submissions_per_minute": "Jobs one member may submit to the VC per minute; 0: no limit; empty: the cluster's "
+                                  "default ({default}).",
 }
 
 
@@ -62,9 +67,9 @@ def node_action(name: str, action: str):
 
 # -- virtual clusters ---------------------------------------------------------------------------------
 
-def _int_or_none(name: str) -> int | None:
+def _int_or_none(name: str, empty: str = "no limit") -> int | None:
     return whole_number_or_none(request.form.get(name), name, max_value=1_000_000,
-                                message=f"{name} must be a whole number (at most 1000000), or empty for no limit.")
+                                message=f"{name} must be a whole number (at most 1000000), or empty for {empty}.")
 
 
 @bp.route("/vcs/<name>", methods=["GET"])
@@ -103,7 +108,9 @@ def vc_settings(name: str):
             changes = {"policy": request.form.get("policy", ""), "max_job_time_s": max_time_s,
                        "max_interactive_gpus": _int_or_none("max_interactive_gpus"),
                        "user_gpu_quota": _int_or_none("user_gpu_quota"),
-                       "notice": request.form.get("notice", "").strip() or None}
+                       "notice": request.form.get("notice", "").strip() or None,
+                       "max_queued_jobs_per_user": _int_or_none("max_queued_jobs_per_user", "the cluster's default"),
+                       "max_submissions_per_minute": _int_or_none("max_submissions_per_minute", "the cluster's default")}
             view = vc_service.update_vc(db.session, who, name, changes)
             flash(f"Settings of VC {name} saved; the scheduler uses them from its next pass.", "ok")
             return redirect(url_for("portal.vc_settings", name=name))
@@ -111,8 +118,12 @@ def vc_settings(name: str):
             db.session.rollback()
             errors[str(exc.details.get("field", "_form"))] = exc.message
             status = exc.http_status
+    settings = settings_of(current_app)
+    defaults = {"max_queued_jobs_per_user": settings.max_queued_jobs_per_user,
+                "max_submissions_per_minute": settings.max_submissions_per_minute}
+    help_text = {k: v.format(default=defaults.get(k, "")) for k, v in SETTING_HELP.items()}
     return render_template("vc_settings.html", vc=view, tab="settings", can_edit=True, errors=errors,
-                           help=SETTING_HELP, form=request.form if request.method == "POST" else None), status
+                           help=help_text, form=request.form if request.method == "POST" else None), status
 
 
 # -- quota admin (cluster admins only; 404 for everybody else) ----------------------------------------

@@ -15,7 +15,6 @@ from flask import (
     redirect,
     render_template,
     request,
-    session,
     stream_with_context,
     url_for,
 )
@@ -60,8 +59,6 @@ STATUS_GROUPS = {"active": [S.UNAPPROVED, S.QUEUED, S.SCHEDULING, S.RUNNING, S.P
 ACTIONS = job_service.BATCH_ACTIONS
 MAX_BATCH = 200
 LOG_CHUNK_BYTES = 256 * 1024  # per read of the log viewer; the viewer starts this far before the end
-# the one-time Jupyter / VS Code token, carried in the session cookie to the job page (never in a URL)
-NEW_ENDPOINT_TOKEN = "endpoint_token"
 
 
 def _visible_vc_ids(scope: str) -> list[int] | None:
@@ -168,6 +165,12 @@ def jobs_batch():
 @bp.route("/jobs/<int(max=4611686018427387904):job_id>")
 @login_required
 def job(job_id: int):
+    return _job_page(job_id)
+
+
+def _job_page(job_id: int, new_token: dict | None = None, status: int = 200):
+    """The job page; ``new_token``: a Jupyter / VS Code password just made, shown on this response only
+    (it is never stored in the clear, nor put in the session cookie)."""
     who = principal()
     job, visibility = job_service.get(db.session, who, job_id)
     full = visibility is Visibility.FULL
@@ -191,22 +194,23 @@ def job(job_id: int):
     # the owner is told before asking for ssh that nobody could log in without a key
     no_ssh_key = (job.user_id == who.user_id and (can_open_endpoint or any(e.kind == "ssh" for e in endpoints))
                   and db.session.scalar(sa.select(SshKey.id).where(SshKey.user_id == who.user_id).limit(1)) is None)
-    new_token = session.pop(NEW_ENDPOINT_TOKEN, None)
-    if not isinstance(new_token, dict) or new_token.get("job_id") != job.id:
-        new_token = None
-    return render_template(
+    response = current_app.make_response((render_template(
         "job.html", job=job, full=full, attempts=attempts, events=events, placements=placements, actions=actions,
         messages=[e for e in events if e.kind in ("insight", "repair")], vc_admin=vc_admin,
         can_patch=full and job.status not in TERMINAL,
         time_left_s=job_service.time_left_s(job, job.vc.max_job_time_s), ended=job.status in TERMINAL,
         endpoints=endpoints, can_open_endpoint=can_open_endpoint, endpoint_kinds=endpoint_service.KINDS,
-        no_ssh_key=no_ssh_key, new_token=new_token)
+        no_ssh_key=no_ssh_key, new_token=new_token), status))
+    if new_token:
+        response.headers["Cache-Control"] = "no-store"  # the password must not linger in a cache
+    return response
 
 
 @bp.route("/jobs/<int(max=4611686018427387904):job_id>/endpoints", methods=["POST"])
 @login_required
 def open_endpoint(job_id: int):
-    """Open an endpoint via services.endpoints; a Jupyter / VS Code token goes to the job page once."""
+    """Open an endpoint via services.endpoints. A Jupyter / VS Code password is shown on the job page
+    rendered as this POST's answer (no redirect): it exists only in this response."""
     body, error = forms.parse_endpoint(request.form)
     if body is None:
         flash(error or "Choose a kind of endpoint.", "error")
@@ -219,11 +223,10 @@ def open_endpoint(job_id: int):
             raise
         flash_error(exc)
         return redirect(url_for("portal.job", job_id=job_id))
-    if token:
-        session[NEW_ENDPOINT_TOKEN] = {"job_id": job_id, "endpoint_id": view.id, "name": view.name, "kind": view.kind,
-                                       "token": token}
     flash(f"Endpoint {view.name} ({view.kind}, port {view.port}) asked for; it is {view.status} until the job manager "
           "has opened it for the running job.", "ok")
+    if token:
+        return _job_page(job_id, {"endpoint_id": view.id, "name": view.name, "kind": view.kind, "token": token})
     return redirect(url_for("portal.job", job_id=job_id))
 
 

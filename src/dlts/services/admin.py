@@ -185,10 +185,13 @@ UNSET: Any = object()  # set_vc: leave this setting as it is
 
 
 def set_vc(session: Session, name: str, quota: dict[str, int], *, policy: str | None = None,
-           gid: int | None = UNSET, ephemeral_storage_bytes: int | None = UNSET, actor: str = "cli") -> VcSetResult:
+           gid: int | None = UNSET, ephemeral_storage_bytes: int | None = UNSET,
+           max_queued_jobs_per_user: int | None = UNSET, max_submissions_per_minute: int | None = UNSET,
+           actor: str = "cli") -> VcSetResult:
     """Create VC ``name`` or bring it to ``quota`` (the whole quota: SKUs left out go to 0) and ``policy``
-    (None: RF for a new VC, unchanged otherwise), for deployments that declare their VCs; ``gid`` and
-    ``ephemeral_storage_bytes`` change only when given (None clears them). Returns what changed; each
+    (None: RF for a new VC, unchanged otherwise), for deployments that declare their VCs; ``gid``,
+    ``ephemeral_storage_bytes`` and the abuse limits ``max_queued_jobs_per_user`` and
+    ``max_submissions_per_minute`` change only when given (None clears them: the cluster default). Returns what changed; each
     change is recorded as a VC event by ``actor``."""
     _check_name("VC", name)
     if policy is not None and policy not in ("RF", "FIFO"):
@@ -198,6 +201,12 @@ def set_vc(session: Session, name: str, quota: dict[str, int], *, policy: str | 
         extra["gid"] = check_id("gid", gid)
     if ephemeral_storage_bytes is not UNSET:
         extra["ephemeral_storage_bytes"] = check_ephemeral("ephemeral_storage_bytes", ephemeral_storage_bytes)
+    from dlts.services.vcs import check_abuse_limit
+
+    for key, value in (("max_queued_jobs_per_user", max_queued_jobs_per_user),
+                       ("max_submissions_per_minute", max_submissions_per_minute)):
+        if value is not UNSET:
+            extra[key] = check_abuse_limit(key, value)
     wanted = {sku: gpus for sku, gpus in sorted(quota.items()) if gpus}  # 0 and absent mean the same
     vc = session.scalar(sa.select(VirtualCluster).where(VirtualCluster.name == name))
     if vc is None:

@@ -26,6 +26,7 @@ from dlts.errors import InvalidInput, NotFound, Refused, WrongState
 from dlts.models import TERMINAL, EndpointKind, EndpointStatus, Job, JobEndpoint, JobStatus, SshKey, iso, utcnow
 from dlts.repositories import commit_keeping_loaded
 from dlts.repositories import jobs as job_repo
+from dlts.repositories import limits as limits_repo
 from dlts.services import policy
 from dlts.services.auth import Principal
 
@@ -111,10 +112,9 @@ def _rows(session: Session, job_id: int) -> list[JobEndpoint]:
 
 
 def _load(session: Session, principal: Principal, job_id: int, action: str, *, lock: bool = False) -> Job:
-    query = sa.select(Job).where(Job.id == job_id)
-    if lock:  # one writer per job at a time: the per-job cap and the name checks stay exact
-        query = query.with_for_update()
-    job = session.scalar(query)
+    if lock:  # one writer per job at a time (any worker, both databases): the per-job cap and the name checks stay exact
+        limits_repo.lock(session, Job.id, job_id, touch=Job.updated_at)
+    job = session.scalar(sa.select(Job).where(Job.id == job_id))
     policy.require_endpoints(principal, job, job_id, action)
     assert job is not None
     return job

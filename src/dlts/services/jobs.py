@@ -17,10 +17,11 @@ from sqlalchemy.orm import Session
 
 from dlts import logstore
 from dlts.config import Settings
-from dlts.errors import InvalidInput, NotFound, Refused, WrongState
-from dlts.models import TERMINAL, EndpointKind, Job, JobStatus, utcnow
+from dlts.errors import InvalidInput, NotFound, RateLimited, Refused, WrongState
+from dlts.models import TERMINAL, EndpointKind, Job, JobStatus, User, utcnow
 from dlts.repositories import commit_keeping_loaded
 from dlts.repositories import jobs as job_repo
+from dlts.repositories import limits as limits_repo
 from dlts.repositories.cluster import sku_shapes, vc_and_user
 from dlts.scheduler.model import CPU_SKU, SkuShape
 from dlts.services import endpoints as endpoint_service
@@ -206,6 +207,47 @@ def check_sizes(req: JobRequest) -> None:
         raise too_large("env", MAX_ENV_BYTES, "bytes (names and values together)", total)
 
 
+# what counts against max_queued_jobs_per_user: jobs that wait to start
+WAITING = (S.UNAPPROVED, S.QUEUED)
+SUBMIT_WINDOW_S = 60
+
+
+def abuse_limits(settings: Settings, vc) -> tuple[int, int]:
+    """(queued jobs per user, submissions per user and minute) in ``vc``: the VC's own value, else the
+    cluster default; 0 is no limit."""
+    queued = vc.max_queued_jobs_per_user if vc.max_queued_jobs_per_user is not None else settings.max_queued_jobs_per_user
+    rate = vc.max_submissions_per_minute if vc.max_submissions_per_minute is not None else settings.max_submissions_per_minute
+    return queued, rate
+
+
+def _check_abuse_limits(session: Session, settings: Settings, vc, user, now: dt.datetime) -> None:
+    """Refuse a submission over the user's submissions per minute (429) or queued-jobs cap (422) in the VC.
+
+    The submission counter is one atomic upsert whose row stays locked until this transaction ends, so
+    the same user's parallel submissions to the VC (in any API worker) are counted and checked one
+    after the other; without a rate limit the user's row is locked instead. A refused submission
+    rolls back, so it does not count."""
+    max_queued, max_rate = abuse_limits(settings, vc)
+    if max_rate:
+        count = limits_repo.hit(session, f"submit:{vc.id}:{user.id}", SUBMIT_WINDOW_S, now)
+        if count.n > max_rate:
+            wait_s = count.retry_after_s(SUBMIT_WINDOW_S, now)
+            raise RateLimited(f"You may submit at most {max_rate} jobs a minute to VC {vc.name}, and have submitted "
+                              f"{max_rate} in this minute; wait {wait_s} s and submit again.",
+                              code="submission_rate_exceeded", retry_after_s=wait_s,
+                              details={"max_per_minute": max_rate, "vc": vc.name})
+    if not max_queued:
+        return
+    if not max_rate:
+        limits_repo.lock(session, User.id, user.id, touch=User.created_at)
+    waiting = session.scalar(sa.select(sa.func.count(Job.id)).where(
+        Job.user_id == user.id, Job.vc_id == vc.id, Job.status.in_(WAITING))) or 0
+    if waiting >= max_queued:
+        raise Refused(f"You have {waiting} jobs waiting in VC {vc.name}; at most {max_queued} may wait per user. Let some "
+                      "start, or kill some, then submit again.", code="queued_jobs_cap_exceeded",
+                      details={"queued": int(waiting), "max": max_queued, "vc": vc.name})
+
+
 def submit(session: Session, settings: Settings, principal: Principal, req: JobRequest) -> Job:
     policy.require_vc_member(principal, req.vc)
     check_sizes(req)
@@ -242,6 +284,7 @@ def submit(session: Session, settings: Settings, principal: Principal, req: JobR
     if req.type == "inference":
         spec["min_replicas"], spec["max_replicas"] = req.min_replicas, max(req.max_replicas, req.min_replicas)
     now = utcnow()
+    _check_abuse_limits(session, settings, vc, user, now)
     job = Job(
         # no name given: "<type>-<id>" below, never text of the command (which may start TOKEN=...)
         name=req.name or req.type,

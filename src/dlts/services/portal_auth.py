@@ -1,31 +1,37 @@
-"""Portal login: passwords (scrypt via werkzeug), the login check, and the login rate limit.
+"""Portal login: passwords (scrypt via werkzeug), the login check and its rate limit, and the
+server-side portal sessions.
 
 Passwords are stored only as a scrypt hash in ``users.password_hash`` (NULL: this user cannot log in
 with a password, only with API tokens). ``authenticate_password`` answers with one message for every
 failure (unknown user, wrong password, no password, disabled) so that the login form does not tell
 an attacker which user names exist.
 
-The rate limit counts failed logins per user name (5) and per client address (30) in a 5-minute
-sliding window. It lives in the process's memory: with N gunicorn workers an attacker gets at most N times the limit,
-which still makes guessing a random 16-character password hopeless; a shared store would be needed
-for an exact cluster-wide count.
+The rate limit (``login``) counts every attempt per user name and per client address in a fixed
+window, in the database (``repositories.limits``: one atomic upsert), *before* the password hash is
+checked: parallel guesses through any number of API workers each take a distinct count, and those
+over the limit never reach the hash. A successful login clears its user name's count and gives its
+attempt back to the address. Limits and window are settings (``login_limit_per_user``,
+``login_limit_per_ip``, ``login_limit_window_s``).
+
+A portal session is a ``portal_sessions`` row; the browser's cookie holds only its random id (the
+row holds the id's SHA-256). Logout deletes the row and a password change deletes all of the user's
+rows, so a copied cookie stops working at once.
 """
 
 from __future__ import annotations
 
+import datetime as dt
+import hashlib
 import secrets
-import threading
-import time
-from collections import deque
-from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 from werkzeug.security import check_password_hash, generate_password_hash
 
-from dlts.errors import DltsError, InvalidInput, Unauthenticated
-from dlts.models import ApiToken, User
+from dlts.errors import InvalidInput, RateLimited, Unauthenticated
+from dlts.models import ApiToken, PortalSession, User, utcnow
+from dlts.repositories import limits as limits_repo
 from dlts.services.admin import get_user
 from dlts.services.auth import Principal, principal_for
 
@@ -38,9 +44,8 @@ _DUMMY_HASH = generate_password_hash("not-a-real-password-" + secrets.token_hex(
 LOGIN_FAILED = "Wrong user name or password."
 
 
-class TooManyAttempts(DltsError):
+class TooManyAttempts(RateLimited):
     code = "too_many_login_attempts"
-    http_status = 429
 
 
 def check_password_strength(password: str) -> None:
@@ -61,6 +66,7 @@ def set_password(session: Session, user_name: str, password: str) -> User:
     check_password_strength(password)
     user = get_user(session, user_name)
     user.password_hash = generate_password_hash(password, method=PASSWORD_METHOD)
+    end_sessions_of(session, user.id)  # whoever had the old password (or a cookie made with it) is out
     session.commit()
     return user
 
@@ -75,71 +81,95 @@ def authenticate_password(session: Session, user_name: str, password: str) -> Pr
     return principal_for(session, user)
 
 
-def principal_for_session(session: Session, user_id: int) -> Principal | None:
-    """The principal behind a portal session cookie; None when the user is gone or disabled."""
-    user = session.get(User, user_id)
-    if user is None or user.disabled_at is not None:
-        return None
-    return principal_for(session, user)
-
-
 @dataclass(frozen=True)
-class RateLimit:
-    max_failures: int
+class LoginLimits:
+    """Attempts allowed per user name and per client address in one window. Per address more: many
+    people may share one address (a NAT, or a proxy in front of the API), and one of them mistyping
+    must not lock out the others."""
+
+    per_user: int = 5
+    per_ip: int = 30
     window_s: float = 300.0
 
 
-# Per user name: guessing one account's password stops after 5 tries. Per client address, more: many
-# people may share one address (a NAT, or a proxy in front of the API), and one of them mistyping
-# must not lock out the others.
-DEFAULT_LIMITS = {"user": RateLimit(5), "ip": RateLimit(30)}
+def login_keys(user_name: str, client_ip: str | None) -> tuple[str, str]:
+    return f"login-user:{user_name.strip().lower()[:64]}", f"login-ip:{(client_ip or '-')[:100]}"
 
 
-class LoginLimiter:
-    """Sliding-window count of failed logins per key: ``user:NAME`` and ``ip:ADDR``, each kind with its limit."""
+def login(session: Session, limits: LoginLimits, user_name: str, password: str, client_ip: str | None,
+          now: dt.datetime | None = None) -> Principal:
+    """Count the attempt, refuse it over a limit (TooManyAttempts, before any hash is computed), then
+    check the password (Unauthenticated). The count is committed before the slow hash runs."""
+    now = now or utcnow()
+    user_key, ip_key = login_keys(user_name, client_ip)
+    counts = [(limits_repo.hit(session, user_key, limits.window_s, now), limits.per_user),
+              (limits_repo.hit(session, ip_key, limits.window_s, now), limits.per_ip)]
+    if counts[1][0].n == 1:  # a new window for this address: old counters go (bounded, indexed)
+        limits_repo.purge(session, "login-", now - dt.timedelta(seconds=limits.window_s))
+    session.commit()
+    over = [count.retry_after_s(limits.window_s, now) for count, limit in counts if count.n > limit]
+    if over:
+        retry_s = max(over)
+        raise TooManyAttempts(f"Too many failed logins; wait {retry_s} s and try again.", retry_after_s=retry_s,
+                              details={"limit_per_user": limits.per_user, "limit_per_ip": limits.per_ip,
+                                       "window_s": limits.window_s})
+    who = authenticate_password(session, user_name, password)
+    limits_repo.forget(session, user_key)
+    limits_repo.give_back(session, ip_key)
+    session.commit()
+    return who
 
-    def __init__(self, limits: Mapping[str, RateLimit] | None = None, clock: Callable[[], float] = time.monotonic):
-        self.limits = dict(limits or DEFAULT_LIMITS)
-        self.clock = clock
-        self._failures: dict[str, deque[float]] = {}
-        self._lock = threading.Lock()
 
-    def _limit(self, key: str) -> RateLimit:
-        return self.limits[key.split(":", 1)[0]]
+# -- server-side portal sessions --------------------------------------------------------------------
 
-    def _recent(self, key: str, now: float) -> deque[float]:
-        times = self._failures.setdefault(key, deque())
-        window_s = self._limit(key).window_s
-        while times and now - times[0] >= window_s:
-            times.popleft()
-        return times
+SESSION_TOUCH_S = 60  # last_seen_at is written at most this often
 
-    def check(self, *keys: str) -> None:
-        """Raise TooManyAttempts while any key is over its limit, saying when to retry."""
-        now = self.clock()
-        with self._lock:
-            waits = []
-            for key in keys:
-                times, limit = self._recent(key, now), self._limit(key)
-                if len(times) >= limit.max_failures:
-                    waits.append(limit.window_s - (now - times[-limit.max_failures]))
-        if waits:
-            retry_s = max(1, int(max(waits)) + 1)
-            raise TooManyAttempts(f"Too many failed logins; wait {retry_s} s and try again.",
-                                  details={"retry_after_s": retry_s})
 
-    def failed(self, *keys: str) -> None:
-        now = self.clock()
-        with self._lock:
-            for key in keys:
-                self._recent(key, now).append(now)
-            if len(self._failures) > 10000:  # forget idle keys so a scan cannot grow memory forever
-                for key in [k for k, v in self._failures.items() if not v or now - v[-1] >= self._limit(k).window_s]:
-                    del self._failures[key]
+def _session_hash(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
 
-    def succeeded(self, user_key: str) -> None:
-        with self._lock:
-            self._failures.pop(user_key, None)
+
+def start_session(session: Session, principal: Principal, lifetime: dt.timedelta) -> str:
+    """A new session for ``principal``; returns the id for the cookie (never stored in the clear)."""
+    now = utcnow()
+    token = secrets.token_urlsafe(32)
+    session.execute(sa.delete(PortalSession).where(PortalSession.user_id == principal.user_id,
+                                                   PortalSession.expires_at <= now))
+    session.add(PortalSession(token_hash=_session_hash(token), user_id=principal.user_id, created_at=now,
+                              expires_at=now + lifetime, last_seen_at=now))
+    session.commit()
+    return token
+
+
+def principal_for_session(session: Session, token: object) -> Principal | None:
+    """The principal behind a session cookie's id; None when the session ended or expired, or the user
+    is gone or disabled."""
+    if not isinstance(token, str) or not token or len(token) > 128:
+        return None
+    now = utcnow()
+    row = session.execute(sa.select(PortalSession, User).join(User, User.id == PortalSession.user_id)
+                          .where(PortalSession.token_hash == _session_hash(token))).first()
+    if row is None:
+        return None
+    record, user = row
+    if record.expires_at <= now or user.disabled_at is not None:
+        return None
+    if (now - record.last_seen_at).total_seconds() >= SESSION_TOUCH_S:
+        session.execute(sa.update(PortalSession).where(PortalSession.id == record.id).values(last_seen_at=now))
+        session.commit()
+    return principal_for(session, user)
+
+
+def end_session(session: Session, token: object) -> None:
+    """Logout: this session's row goes; its cookie, wherever a copy is, no longer logs anybody in."""
+    if isinstance(token, str) and token:
+        session.execute(sa.delete(PortalSession).where(PortalSession.token_hash == _session_hash(token)))
+        session.commit()
+
+
+def end_sessions_of(session: Session, user_id: int) -> int:
+    """Every portal session of the user ends (a password change); the caller commits."""
+    return session.execute(sa.delete(PortalSession).where(PortalSession.user_id == user_id)).rowcount
 
 
 # -- the user's own API tokens (the portal's "My API tokens" page; creating and revoking: services.tokens)

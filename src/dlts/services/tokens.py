@@ -10,6 +10,7 @@ from sqlalchemy.orm import Session
 
 from dlts.errors import InvalidInput, NotFound, Refused
 from dlts.models import ApiToken, User, iso, utcnow
+from dlts.repositories import limits as limits_repo
 from dlts.services.auth import Principal, forget_principals, issue_token
 
 MAX_TOKENS_PER_USER = 20
@@ -46,6 +47,8 @@ def create_token(session: Session, principal: Principal, name: str, expires_days
         raise InvalidInput("name must be printable text of 1-64 characters.", details={"field": "name"})
     if expires_days is not None and not 1 <= expires_days <= 3650:
         raise InvalidInput("expires_days must be between 1 and 3650, or null for no expiry.", details={"field": "expires_days"})
+    # one creation per user at a time, so parallel requests cannot all pass the count (any worker, both databases)
+    limits_repo.lock(session, User.id, principal.user_id, touch=User.created_at)
     count = session.scalar(sa.select(sa.func.count()).select_from(_live(principal.user_id).subquery()))
     if count >= MAX_TOKENS_PER_USER:
         raise Refused(f"You have {count} working tokens, the most allowed is {MAX_TOKENS_PER_USER}; revoke one first.",

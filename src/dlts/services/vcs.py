@@ -31,7 +31,9 @@ from dlts.services.admin import NAME_RE
 from dlts.services.auth import Principal
 
 POLICIES = ("RF", "FIFO")
-VC_ADMIN_FIELDS = ("policy", "max_job_time_s", "max_interactive_gpus", "user_gpu_quota", "notice")
+VC_ADMIN_FIELDS = ("policy", "max_job_time_s", "max_interactive_gpus", "user_gpu_quota", "notice",
+                   "max_queued_jobs_per_user", "max_submissions_per_minute")
+MAX_ABUSE_LIMIT = 10_000_000
 CLUSTER_ADMIN_FIELDS = ("quota", "cpu_quota", "memory_quota_bytes", "gid", "ephemeral_storage_bytes", "pod_policy")
 MAX_QUOTA_GPUS = 1_000_000
 
@@ -71,6 +73,8 @@ class VcView:
     max_interactive_gpus: int | None
     user_gpu_quota: int | None
     notice: str | None
+    max_queued_jobs_per_user: int | None  # None: the cluster default; 0: no limit
+    max_submissions_per_minute: int | None
     gid: int | None
     ephemeral_storage_bytes: int | None  # None: the cluster default
     pod_policy: dict[str, bool]
@@ -106,6 +110,8 @@ class VcSpec:
     max_interactive_gpus: int | None = None
     user_gpu_quota: int | None = None
     notice: str | None = None
+    max_queued_jobs_per_user: int | None = None
+    max_submissions_per_minute: int | None = None
     gid: int | None = None
     ephemeral_storage_bytes: int | None = None
     pod_policy: Mapping[str, bool] = field(default_factory=dict)
@@ -155,7 +161,8 @@ def _view(session: Session, vc: VirtualCluster, shapes: Mapping[str, SkuShape],
         memory_quota_bytes=vc.memory_quota_bytes if vc.memory_quota_bytes is not None else derived_memory,
         memory_quota_source="override" if vc.memory_quota_bytes is not None else "derived",
         max_job_time_s=vc.max_job_time_s, max_interactive_gpus=vc.max_interactive_gpus,
-        user_gpu_quota=vc.user_gpu_quota, notice=vc.notice, gid=vc.gid,
+        user_gpu_quota=vc.user_gpu_quota, notice=vc.notice, max_queued_jobs_per_user=vc.max_queued_jobs_per_user,
+        max_submissions_per_minute=vc.max_submissions_per_minute, gid=vc.gid,
         ephemeral_storage_bytes=vc.ephemeral_storage_bytes, pod_policy=dict(vc.pod_policy or {}),
         storage=dict(vc.storage or {}),
         users=[UserUse(u, sum(r.jobs for r in rows), sum(r.gpus for r in rows if not r.preemptible),
@@ -236,6 +243,8 @@ def _check_settings(changes: Mapping[str, Any]) -> None:
         value = changes.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high):
             raise InvalidInput(f"{key} must be a number between {low} and {high}, or null for no limit.", details={"field": key})
+    for key in ("max_queued_jobs_per_user", "max_submissions_per_minute"):
+        check_abuse_limit(key, changes.get(key))
     if changes.get("notice") is not None and (not isinstance(changes["notice"], str) or len(changes["notice"]) > 2000):
         raise InvalidInput("notice must be text of at most 2000 characters.", details={"field": "notice"})
     if "gid" in changes:
@@ -244,6 +253,14 @@ def _check_settings(changes: Mapping[str, Any]) -> None:
         admin.check_ephemeral("ephemeral_storage_bytes", changes["ephemeral_storage_bytes"])
     if "pod_policy" in changes:
         check_pod_policy(changes["pod_policy"])
+
+
+def check_abuse_limit(key: str, value: Any) -> int | None:
+    """A per-user abuse limit: a whole number (0: no limit), or None for the cluster's default."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_ABUSE_LIMIT):
+        raise InvalidInput(f"{key} must be a whole number between 0 (no limit) and {MAX_ABUSE_LIMIT}, or null for the "
+                           "cluster's default.", details={"field": key})
+    return value
 
 
 def check_pod_policy(value: Any) -> dict[str, bool]:
