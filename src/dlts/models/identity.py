@@ -88,7 +88,7 @@ class ApiToken(Base):
 
 
 class PortalSession(Base):
-    """A logged-in portal session (revision 0008b). The browser's cookie carries a random id; only its
+    """A logged-in portal session (revision 0008). The browser's cookie carries a random id; only its
     SHA-256 is stored, so a database reader cannot take over a session. Logout deletes the row, a
     password change deletes every row of the user: the cookie stops working at once, wherever it went."""
 
@@ -103,7 +103,7 @@ class PortalSession(Base):
 
 
 class RateCounter(Base):
-    """One fixed-window counter shared by every API worker (revision 0008b): failed and pending portal
+    """One fixed-window counter shared by every API worker (revision 0008): failed and pending portal
     logins per user name and per client address, job submissions per user and VC. ``key`` names it
     (``login-user:alice``, ``login-ip:10.0.0.9``, ``submit:3:17``); ``n`` counts within the window that
     began at ``window_start``. Writers change ``n`` only with one atomic UPDATE (``repositories.limits``)."""

@@ -36,7 +36,7 @@ class VirtualCluster(Base):
     # scratch space a job's pod may use on its node, and the most a job may ask; NULL: the cluster default
     ephemeral_storage_bytes: Mapped[int | None] = mapped_column(sa.BigInteger)
     notice: Mapped[str | None] = mapped_column(sa.Text)  # banner VC admins set for members
-    # abuse limits per user in this VC (revision 0008b); NULL: the cluster's default from dlts.yaml
+    # abuse limits per user in this VC (revision 0008); NULL: the cluster's default from dlts.yaml
     # (max_queued_jobs_per_user, max_submissions_per_minute); 0: no limit
     max_queued_jobs_per_user: Mapped[int | None] = mapped_column(sa.Integer)
     max_submissions_per_minute: Mapped[int | None] = mapped_column(sa.Integer)

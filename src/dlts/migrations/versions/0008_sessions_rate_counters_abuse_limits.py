@@ -1,14 +1,14 @@
 """portal_sessions (server-side portal sessions), rate_counters (login and submission limits shared by
 every API worker), vcs.max_queued_jobs_per_user and vcs.max_submissions_per_minute
 
-Revision ID: 0008b
+Revision ID: 0008
 Revises: 0007
 """
 import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import mysql
 
-revision = '0008b'
+revision = '0008'
 down_revision = '0007'
 branch_labels = None
 depends_on = None

@@ -1,13 +1,13 @@
 """managers_lease: the lease that makes exactly one `dlts managers` process act (holder, fencing token, expiry)
 
-Revision ID: 0008d
-Revises: 0007
+Revision ID: 0009
+Revises: 0008
 """
 from alembic import op
 import sqlalchemy as sa
 
-revision = '0008d'
-down_revision = '0007'
+revision = '0009'
+down_revision = '0008'
 branch_labels = None
 depends_on = None
 
