@@ -143,7 +143,8 @@ def test_limits_hold_across_gunicorn_workers(tmp_path, database_url):
         port = sock.getsockname()[1]
     env = {k: v for k, v in os.environ.items() if not k.startswith("DLTS_")} | {
         "DLTS_HOME": str(tmp_path), "DLTS_DATABASE_URL": database_url, "DLTS_SECRET_KEY": "a-test-secret-key-123456",
-        "DLTS_LISTEN_PORT": str(port), "DLTS_MANAGERS_METRICS_LISTEN": ""}
+        "DLTS_LISTEN_PORT": str(port), "DLTS_MANAGERS_METRICS_LISTEN": "",
+        "DLTS_LOCAL_BACKEND_TRUSTED_USERS": "true"}  # dlts api with the local backend (docs/security-host.md)
     dlts = [sys.executable, "-m", "dlts.cli"]
 
     def cli(*args):
@@ -155,7 +156,7 @@ def test_limits_hold_across_gunicorn_workers(tmp_path, database_url):
     cli("user", "add", "erin")
     cli("user", "password", "erin", "--random")
     token = cli("user", "token", "erin").splitlines()[-1]
-    api = subprocess.Popen(dlts + ["api", "--workers", "2"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    api = subprocess.Popen(dlts + ["api", "--workers", "2"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60
@@ -165,7 +166,8 @@ def test_limits_hold_across_gunicorn_workers(tmp_path, database_url):
                     break
             except requests.RequestException:
                 pass
-            assert api.poll() is None and time.monotonic() < deadline, "gunicorn did not come up"
+            assert api.poll() is None and time.monotonic() < deadline, \
+                "gunicorn did not come up: " + (api.stderr.read()[-2000:] if api.poll() is not None else "still starting")
             time.sleep(0.3)
 
         def login(i):
