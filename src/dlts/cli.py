@@ -166,18 +166,22 @@ def managers(ctx: Context) -> None:
     except (ConfigError, TemplateError) as exc:
         raise click.ClickException(str(exc)) from None
     entries.append(Periodic("notify.send", settings.notify.interval_s, notifier.run_once))
+    from dlts.metrics import instrumented
+
+    entries = [Periodic(e.id, e.interval_s, instrumented(e.id, e.run)) for e in entries]  # dlts_manager_runs_total
     run_forever(entries, metrics=functools.partial(_serve_managers_metrics, settings, sessions)
                 if settings.managers_metrics_listen else None)
 
 
 def _serve_managers_metrics(settings, sessions):
-    """The managers process's /metrics on ``managers_metrics_listen``: the repair loop's collector."""
-    from prometheus_client import CollectorRegistry, start_http_server
+    """The managers process's /metrics on ``managers_metrics_listen``: its own instruments (ticks,
+    scheduler, Kubernetes, manager runs) and the collectors that read the database at scrape time
+    (jobs, GPU allocation, the repair loop); docs/monitoring.md."""
+    from prometheus_client import start_http_server
 
-    from dlts.managers.repair_metrics import RepairMetrics
+    from dlts.metrics import managers_registry
 
-    registry = CollectorRegistry()
-    registry.register(RepairMetrics(sessions))
+    registry = managers_registry(sessions)
     host, _, port = settings.managers_metrics_listen.rpartition(":")
     try:
         server, _thread = start_http_server(int(port), addr=host.strip("[]"), registry=registry)
