@@ -80,6 +80,24 @@ REPAIR_NODE_DECISIONS = Counter("dlts_repair_node_decisions", "Node decisions of
                                 "(applied, failed).", ["result"])
 
 
+
+
+def _known_label_values() -> None:
+    """Series for every known label value from the start (0 until it happens), so a rate() or an
+    alert sees the first event, and dashboards show 0 rather than nothing."""
+    from dlts.scheduler.model import StopReason
+
+    for kind in ("start", "scale_up"):
+        PLACEMENTS.labels(kind)
+    for reason in StopReason:
+        STOPS.labels(reason.value)
+    for error in ("backend_unavailable", "exception"):
+        TICK_ERRORS.labels(error)
+
+
+_known_label_values()
+
+
 # -- Flask ----------------------------------------------------------------------------------------
 def init_app(app) -> None:  # type: ignore[no-untyped-def]
     """Count and time every request (the URL rule is the label: bounded), and time its SQL."""
@@ -274,6 +292,8 @@ class ClusterMetrics:
         dlts_node_gpus{node,sku}                             GPUs of each node
         dlts_node_gpus_allocated{node,sku}                   GPUs of each node held by active jobs
         dlts_vc_gpu_quota{vc,sku}                            each VC's quota
+        dlts_node_state{node,state}                          1 for each node's current repair state
+        dlts_node_last_heartbeat_timestamp_seconds{node}     its agent's last report
     """
 
     def __init__(self, session_factory: Callable[[], Any], clock: Callable[[], float] = time.time):
@@ -307,7 +327,17 @@ class ClusterMetrics:
                 oldest.add_metric([vc], max(0.0, (now - since).total_seconds()) if since is not None else 0.0)
             yield oldest
 
-            nodes = {name: (sku, gpus) for name, sku, gpus in s.execute(sa.select(Node.name, Node.sku, Node.gpus))}
+            node_rows = s.execute(sa.select(Node.name, Node.sku, Node.gpus, Node.state, Node.last_heartbeat_at)).all()
+            nodes = {name: (sku, gpus) for name, sku, gpus, _, _ in node_rows}
+            state = GaugeMetricFamily("dlts_node_state", "1 for each node's current repair state.", labels=["node", "state"])
+            heartbeat = GaugeMetricFamily("dlts_node_last_heartbeat_timestamp_seconds",
+                                          "When each node's agent last reported (absent: never).", labels=["node"])
+            for name, _, _, current, beat in sorted(node_rows):
+                state.add_metric([name, getattr(current, "value", str(current))], 1)
+                if beat is not None:
+                    heartbeat.add_metric([name], beat.replace(tzinfo=dt.UTC).timestamp())
+            yield state
+            yield heartbeat
             users = dict(s.execute(sa.select(User.id, User.name)).all())
             held: dict[tuple[str, str, str, str], int] = {}
             on_node: dict[str, int] = {}

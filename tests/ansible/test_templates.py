@@ -213,6 +213,39 @@ def test_alertmanager_config_passes_amtool(rendered):
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+def test_prometheus_scrapes_the_managers_through_nginx_and_nginx_serves_them(rendered):
+    name, out, _ = rendered
+    from ansible.inventory.manager import InventoryManager
+    from ansible.parsing.dataloader import DataLoader
+
+    inventory = InventoryManager(loader=DataLoader(), sources=[str(INVENTORIES[name])])
+    managers = inventory.get_groups_dict()["dlts_managers"]
+    config = yaml.safe_load((out["monitoring"] / "prometheus.yml").read_text())
+    job = next(job for job in config["scrape_configs"] if job["job_name"] == "dlts-managers")
+    assert job["metrics_path"] == "/metrics/managers" and job["scheme"] == "https"
+    targets = [t for entry in job["static_configs"] for t in entry["targets"]]
+    assert len(targets) == len(managers) and all("labels" not in entry for entry in job["static_configs"])
+    dlts_yaml = yaml.safe_load((out["dlts_control"] / "dlts.yaml").read_text())
+    assert dlts_yaml["managers_metrics_listen"] == "127.0.0.1:9465"
+    site = (out["dlts_control"] / "nginx-dlts.conf").read_text()
+    assert "location = /metrics/managers" in site and "proxy_pass http://127.0.0.1:9465/metrics;" in site
+    unit = (out["dlts_control"] / "dlts-api.service").read_text()
+    assert "PROMETHEUS_MULTIPROC_DIR=/run/dlts-api-metrics" in unit and "RuntimeDirectory=dlts-api-metrics" in unit
+    assert "--config python:dlts.gunicorn_conf" in unit
+
+
+def test_alertmanager_routes_each_severity_to_its_receiver(rendered):
+    _, out, _ = rendered
+    config = out["monitoring"] / "alertmanager.yml"
+    for labels, receiver in ((["severity=critical", "alertname=DltsNodeLost"], "critical"),
+                             (["severity=warning", "alertname=DltsDiskNearlyFull"], "warning"),
+                             (["severity=info", "alertname=DltsLargeJobLowGpuEfficiency"], "info"),
+                             (["alertname=Unlabelled"], "email")):
+        result = subprocess.run([tool("amtool"), "config", "routes", "test", f"--config.file={config}", *labels],
+                                capture_output=True, text=True, timeout=60)
+        assert result.stdout.strip() == receiver, (labels, result.stdout, result.stderr)
+
+
 def test_grafana_provisioning_files_are_valid(rendered):
     _, out, _ = rendered
     datasources = yaml.safe_load((out["monitoring"] / "grafana-datasources.yml").read_text())
