@@ -292,7 +292,7 @@ class ClusterMetrics:
         dlts_node_gpus{node,sku}                             GPUs of each node
         dlts_node_gpus_allocated{node,sku}                   GPUs of each node held by active jobs
         dlts_vc_gpu_quota{vc,sku}                            each VC's quota
-        dlts_node_state{node,state}                          1 for each node's current repair state
+        dlts_node_state{node,state}                          1 for each node's current repair state, 0 for the rest
         dlts_node_last_heartbeat_timestamp_seconds{node}     its agent's last report
     """
 
@@ -305,7 +305,7 @@ class ClusterMetrics:
 
     def collect(self) -> Iterator[Metric]:
         from dlts.jobmanager.snapshot import replicas_from_json
-        from dlts.models import ACTIVE, Job, JobAttempt, JobStatus, Node, User, VirtualCluster
+        from dlts.models import ACTIVE, Job, JobAttempt, JobStatus, Node, NodeState, User, VirtualCluster
 
         now = dt.datetime.fromtimestamp(self.clock(), dt.UTC).replace(tzinfo=None)
         with self.session_factory() as s:
@@ -329,11 +329,13 @@ class ClusterMetrics:
 
             node_rows = s.execute(sa.select(Node.name, Node.sku, Node.gpus, Node.state, Node.last_heartbeat_at)).all()
             nodes = {name: (sku, gpus) for name, sku, gpus, _, _ in node_rows}
-            state = GaugeMetricFamily("dlts_node_state", "1 for each node's current repair state.", labels=["node", "state"])
+            state = GaugeMetricFamily("dlts_node_state", "Each node's repair state: 1 for the current one, 0 for the others.",
+                                      labels=["node", "state"])
             heartbeat = GaugeMetricFamily("dlts_node_last_heartbeat_timestamp_seconds",
                                           "When each node's agent last reported (absent: never).", labels=["node"])
-            for name, _, _, current, beat in sorted(node_rows):
-                state.add_metric([name, getattr(current, "value", str(current))], 1)
+            for name, _, _, current, beat in sorted(node_rows, key=lambda row: row[0]):
+                for known in NodeState:
+                    state.add_metric([name, known.value], 1 if known == current else 0)
                 if beat is not None:
                     heartbeat.add_metric([name], beat.replace(tzinfo=dt.UTC).timestamp())
             yield state

@@ -165,6 +165,7 @@ def test_the_cluster_collector_reads_jobs_allocation_and_capacity_from_the_datab
     assert get("dlts_node_gpus_allocated", {"node": "testnode", "sku": "demo-gpu"}) == 3
     assert get("dlts_vc_gpu_quota", {"vc": "vision", "sku": "demo-gpu"}) == 4
     assert get("dlts_node_state", {"node": "testnode", "state": "in_service"}) == 1
+    assert get("dlts_node_state", {"node": "testnode", "state": "lost"}) == 0
     assert get("dlts_node_last_heartbeat_timestamp_seconds", {"node": "testnode"}) is None  # no agent reported
 
 
