@@ -97,6 +97,8 @@ def demo(ctx: Context, port: int | None, demo_gpus: int | None, fake_nvml: str |
 def api(ctx: Context, workers: int | None) -> None:
     """Serve the REST API and portal under gunicorn on listen_host:listen_port."""
     import multiprocessing
+    import os
+    import tempfile
 
     from gunicorn.app.base import BaseApplication
 
@@ -109,11 +111,18 @@ def api(ctx: Context, workers: int | None) -> None:
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
 
+    if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        # every worker writes its metrics here and /metrics sums them (docs/monitoring.md); set
+        # before prometheus_client is imported, which fixes the mode at import time
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="dlts-api-metrics-")
+    from dlts.gunicorn_conf import child_exit
+
     class Server(BaseApplication):
         def load_config(self):
             self.cfg.set("bind", f"{settings.listen_host}:{settings.listen_port}")
             self.cfg.set("workers", workers or multiprocessing.cpu_count() * 2 + 1)
             self.cfg.set("accesslog", "-")
+            self.cfg.set("child_exit", child_exit)
 
         def load(self):
             return create_app(settings)
