@@ -305,7 +305,16 @@ class ClusterMetrics:
 
     def collect(self) -> Iterator[Metric]:
         from dlts.jobmanager.snapshot import replicas_from_json
-        from dlts.models import ACTIVE, Job, JobAttempt, JobStatus, Node, NodeState, User, VirtualCluster
+        from dlts.models import (
+            ACTIVE,
+            Job,
+            JobAttempt,
+            JobStatus,
+            Node,
+            NodeState,
+            User,
+            VirtualCluster,
+        )
 
         now = dt.datetime.fromtimestamp(self.clock(), dt.UTC).replace(tzinfo=None)
         with self.session_factory() as s:

@@ -10,7 +10,6 @@ import time
 
 import requests
 from click.testing import CliRunner
-
 from dlts_lustre.cli import main
 
 

@@ -14,6 +14,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import ClassVar
 
 import jinja2
 import pytest
@@ -24,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tests.smtp_server import free_port, smtp_server  # noqa: E402,F401  (the fixture)
+from tests.smtp_server import free_port, smtp_server  # noqa: F401  (the fixture)
 
 TEMPLATE = ROOT / "ansible" / "roles" / "monitoring" / "templates" / "alertmanager.yml.j2"
 DEFAULTS = ROOT / "ansible" / "roles" / "monitoring" / "defaults" / "main.yml"
@@ -51,9 +52,9 @@ def tool(name: str) -> str:
 
 
 class Webhook(BaseHTTPRequestHandler):
-    received: list[dict] = []
+    received: ClassVar[list[dict]] = []
 
-    def do_POST(self):  # noqa: N802
+    def do_POST(self):
         body = self.rfile.read(int(self.headers["Content-Length"]))
         Webhook.received.append(json.loads(body))
         self.send_response(200)
@@ -76,7 +77,7 @@ def test_the_rendered_config_passes_amtool_with_and_without_a_webhook(tmp_path):
                                                    else ["critical", "warning", "info"])
 
 
-def test_alertmanager_mails_by_severity_with_the_templates_and_calls_the_webhook(tmp_path, smtp_server):  # noqa: F811
+def test_alertmanager_mails_by_severity_with_the_templates_and_calls_the_webhook(tmp_path, smtp_server):
     Webhook.received = []
     hook = ThreadingHTTPServer(("127.0.0.1", 0), Webhook)
     threading.Thread(target=hook.serve_forever, daemon=True).start()

@@ -15,7 +15,7 @@ from prometheus_client import REGISTRY, CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from dlts import metrics
-from dlts.config import ConfigError, Settings, load_settings
+from dlts.config import ConfigError, load_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -73,7 +73,7 @@ def config(tmp_path):
 
 
 def test_gunicorn_workers_in_multiprocess_mode_are_summed_by_any_scrape(tmp_path, config):
-    path, env = config
+    _, env = config
     port = free_port()
     multiproc = tmp_path / "multiproc"
     multiproc.mkdir()
@@ -104,7 +104,8 @@ def test_gunicorn_workers_in_multiprocess_mode_are_summed_by_any_scrape(tmp_path
 
 def test_dlts_managers_serves_ticks_runs_and_the_database_collectors(config):
     path, env = config
-    listen = [line.split(": ", 1)[1] for line in path.read_text().splitlines() if line.startswith("managers_metrics_listen")][0]
+    listen = next(line.split(": ", 1)[1] for line in path.read_text().splitlines()
+                  if line.startswith("managers_metrics_listen"))
     proc = subprocess.Popen([sys.executable, "-m", "dlts.cli", "managers"], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:

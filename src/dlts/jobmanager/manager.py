@@ -35,6 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
+from dlts import metrics
 from dlts.backends.base import (
     BackendUnavailable,
     ClusterBackend,
@@ -44,7 +45,6 @@ from dlts.backends.base import (
     Observed,
     RunPhase,
 )
-from dlts import metrics
 from dlts.config import Settings
 from dlts.jobmanager.launch_spec import build_launch_spec
 from dlts.jobmanager.snapshot import (
