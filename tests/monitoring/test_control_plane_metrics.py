@@ -4,6 +4,7 @@ the instrumented periodic managers."""
 
 from __future__ import annotations
 
+import datetime as dt
 import sys
 import time
 from pathlib import Path
@@ -141,14 +142,14 @@ def test_tick_errors_are_counted_by_kind(sessions, settings):
 
 
 def test_the_cluster_collector_reads_jobs_allocation_and_capacity_from_the_database(live, world, sessions):
-    from dlts.models import Job
+    from dlts.models import Job, utcnow
 
     for user in ("alice", "alice", "bob"):
         submit(live.url, world, user=user)
     submit(live.url, world, user="alice", gpus=4)  # waits: only one GPU left
     live.tick()
     with sessions() as s:
-        s.execute(sa.update(Job).where(Job.status == "queued").values(queue_time=sa.func.datetime("now", "-120 seconds")))
+        s.execute(sa.update(Job).where(Job.status == "queued").values(queue_time=utcnow() - dt.timedelta(seconds=120)))
         s.commit()
     registry = CollectorRegistry()
     registry.register(metrics.ClusterMetrics(sessions))
