@@ -111,7 +111,7 @@ def api(ctx: Context, workers: int | None) -> None:
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
 
-    if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+    if not os.environ.get("PROMETHEUS_MULTIPROC_DIR") and "prometheus_client" not in sys.modules:
         # every worker writes its metrics here and /metrics sums them (docs/monitoring.md); set
         # before prometheus_client is imported, which fixes the mode at import time
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="dlts-api-metrics-")
