@@ -58,6 +58,7 @@ def rendered(request, tmp_path_factory):
         "monitoring_kubernetes_token_file": str(work / "k8s-token"),
         "monitoring_kubernetes_ca_file": str(work / "k8s-ca.crt"),
         "lustre_mount_point": str(work / "lustre-mount"),
+        "lustre_policy_command": str(work / "agent-venv" / "bin" / "dlts-lustre"),
     }
     if name == "example":  # the optional lifecycle settings, set (the lab leaves them to DLTS's defaults)
         overrides.update(OPTIONAL_SETTINGS)
@@ -232,6 +233,26 @@ def test_prometheus_scrapes_the_managers_through_nginx_and_nginx_serves_them(ren
     unit = (out["dlts_control"] / "dlts-api.service").read_text()
     assert "PROMETHEUS_MULTIPROC_DIR=/run/dlts-api-metrics" in unit and "RuntimeDirectory=dlts-api-metrics" in unit
     assert "--config python:dlts.gunicorn_conf" in unit
+
+
+def test_the_lustre_metrics_unit_passes_systemd_analyze_and_prometheus_scrapes_it(rendered):
+    name, out, work = rendered
+    from ansible.inventory.manager import InventoryManager
+    from ansible.parsing.dataloader import DataLoader
+
+    units = work / "units-lustre"
+    units.mkdir()
+    shutil.copy(out["lustre_policy"] / "dlts-lustre-exporter.service", units / "dlts-lustre-exporter.service")
+    result = _verify_units(units, "dlts-lustre-exporter.service")
+    assert result.returncode == 0, result.stdout + result.stderr
+    unit = (units / "dlts-lustre-exporter.service").read_text()
+    assert f"serve-metrics {work / 'lustre-mount'} --listen 0.0.0.0:9446" in unit
+    inventory = InventoryManager(loader=DataLoader(), sources=[str(INVENTORIES[name])])
+    first = inventory.get_groups_dict()["lustre_clients"][0]
+    address = inventory.get_host(first).vars.get("ansible_host", first)
+    config = yaml.safe_load((out["monitoring"] / "prometheus.yml").read_text())
+    job = next(job for job in config["scrape_configs"] if job["job_name"] == "dlts-lustre")
+    assert [t for entry in job["static_configs"] for t in entry["targets"]] == [f"{address}:9446"]
 
 
 def test_alertmanager_routes_each_severity_to_its_receiver(rendered):
