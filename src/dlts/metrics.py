@@ -289,8 +289,8 @@ class ClusterMetrics:
         dlts_jobs{status,vc}                                 jobs per status (terminal ones until purged)
         dlts_jobs_oldest_queued_age_seconds{vc}              age of the longest-waiting queued job
         dlts_gpus_allocated{vc,user,sku,preemptible}         GPUs held by active jobs
-        dlts_node_gpus{node,sku}                             GPUs of each node
-        dlts_node_gpus_allocated{node,sku}                   GPUs of each node held by active jobs
+        dlts_node_capacity_gpus{node,sku}                    GPUs of each node
+        dlts_node_allocated_gpus{node,sku}                   GPUs of each node held by active jobs
         dlts_vc_gpu_quota{vc,sku}                            each VC's quota
         dlts_node_state{node,state}                          1 for each node's current repair state, 0 for the rest
         dlts_node_last_heartbeat_timestamp_seconds{node}     its agent's last report
@@ -370,9 +370,9 @@ class ClusterMetrics:
             for key, count in sorted(held.items()):
                 allocated.add_metric(list(key), count)
             yield allocated
-            capacity = GaugeMetricFamily("dlts_node_gpus", "GPUs of each node, as the backend reports them.",
+            capacity = GaugeMetricFamily("dlts_node_capacity_gpus", "GPUs of each node, as the backend reports them.",
                                          labels=["node", "sku"])
-            used = GaugeMetricFamily("dlts_node_gpus_allocated", "GPUs of each node held by active jobs.",
+            used = GaugeMetricFamily("dlts_node_allocated_gpus", "GPUs of each node held by active jobs.",
                                      labels=["node", "sku"])
             for name, (sku, gpus) in sorted(nodes.items()):
                 capacity.add_metric([name, sku], gpus)

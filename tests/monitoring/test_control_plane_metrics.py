@@ -162,8 +162,8 @@ def test_the_cluster_collector_reads_jobs_allocation_and_capacity_from_the_datab
     labels = {"vc": "vision", "sku": "demo-gpu", "preemptible": "false"}
     assert get("dlts_gpus_allocated", labels | {"user": "alice"}) == 2
     assert get("dlts_gpus_allocated", labels | {"user": "bob"}) == 1
-    assert get("dlts_node_gpus", {"node": "testnode", "sku": "demo-gpu"}) == 4
-    assert get("dlts_node_gpus_allocated", {"node": "testnode", "sku": "demo-gpu"}) == 3
+    assert get("dlts_node_capacity_gpus", {"node": "testnode", "sku": "demo-gpu"}) == 4
+    assert get("dlts_node_allocated_gpus", {"node": "testnode", "sku": "demo-gpu"}) == 3
     assert get("dlts_vc_gpu_quota", {"vc": "vision", "sku": "demo-gpu"}) == 4
     assert get("dlts_node_state", {"node": "testnode", "state": "in_service"}) == 1
     assert get("dlts_node_state", {"node": "testnode", "state": "lost"}) == 0

@@ -266,7 +266,12 @@ def test_every_dashboard_query_returns_series_from_prometheus_scraping_the_demo_
             if time.monotonic() > deadline:
                 targets = requests.get(f"{prom}/api/v1/targets", timeout=5).json()["data"]["activeTargets"]
                 health = [f"{t['labels']['job']} {t['scrapeUrl']}: {t['health']} {t['lastError']}" for t in targets]
-                pytest.fail("panels without series:\n" + "\n".join(empty) + "\ntargets:\n" + "\n".join(health))
+                seen = {q: requests.get(f"{prom}/api/v1/query", params={"query": q}, timeout=10).json()["data"]["result"]
+                        for q in ("count by (node) (dlts_gpu_utilization_ratio)", "dlts_node_capacity_gpus")}
+                groups = requests.get(f"{prom}/api/v1/rules", timeout=5).json()["data"]["groups"]
+                failing = [f"{r['name']}: {r['lastError']}" for g in groups for r in g["rules"] if r.get("lastError")]
+                pytest.fail("panels without series:\n" + "\n".join(empty) + "\ntargets:\n" + "\n".join(health)
+                            + f"\nrules failing: {failing}\nnodes the agents and the managers report: {seen}")
             time.sleep(2)
         api_client.close()
         metrics_server.shutdown()

@@ -123,7 +123,7 @@ def test_dlts_managers_serves_ticks_runs_and_the_database_collectors(config):
         assert sample(text, "dlts_jobmanager_tick_duration_seconds_count") >= 2
         assert sample(text, "dlts_scheduler_pass_duration_seconds_count") >= 1
         assert sample(text, "dlts_db_query_duration_seconds_count", operation="select") > 0
-        assert sample(text, "dlts_node_gpus") is not None  # the local node, from the database
+        assert sample(text, "dlts_node_capacity_gpus") is not None  # the local node, from the database
         assert sample(text, "dlts_nodes", state="in_service") == 1  # the repair loop's collector
         assert sample(text, "dlts_manager_runs_total", manager="janitor.purge", result="error") == 0
         assert sample(text, "dlts_scheduler_stops_total", reason="preempted") == 0

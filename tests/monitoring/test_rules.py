@@ -92,3 +92,15 @@ def test_the_rules_read_only_metrics_dlts_exports():
             assert name in known, f"{rule.get('alert') or rule.get('record')}: {name} is not exported by DLTS"
         for name in re.findall(r"\b([a-z_]+:dlts_[a-z0-9_]+:[a-z0-9_]+)\b", expr):
             assert name in recorded, f"{rule.get('alert') or rule.get('record')}: {name} is recorded by no rule"
+
+
+def test_the_control_planes_metric_names_are_not_the_agents_or_lustres():
+    """A name exported by two kinds of process with different labels breaks every join on it
+    (dlts_node_gpus once came from both the agents and the managers)."""
+    def names(*paths: Path) -> set[str]:
+        return {n for p in paths for n in re.findall(r'"(dlts_[a-z0-9_]+)"', p.read_text())}
+
+    control = names(ROOT / "src" / "dlts" / "metrics.py", ROOT / "src" / "dlts" / "managers" / "repair_metrics.py")
+    data = names(ROOT / "agents" / "dlts_agent" / "metrics.py", ROOT / "lustre" / "dlts_lustre" / "metrics.py")
+    assert len(control) > 30 and len(data) > 30
+    assert control & data == set()
