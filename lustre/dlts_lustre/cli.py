@@ -322,5 +322,42 @@ def status(ctx: click.Context, mount: str | None, policy_path: str | None, users
             click.echo(line)
 
 
+# ---------------------------------------------------------------------------------------------- serve-metrics
+
+@main.command("serve-metrics")
+@click.argument("mount")
+@click.option("--listen", default="127.0.0.1:9446", show_default=True,
+              help="HOST:PORT of the Prometheus endpoint (/metrics).")
+@click.option("--section", "sections", multiple=True, type=click.Choice(("health", "df", "pools", "ost_stats", "mdt_stats")),
+              help="Collect only these sections (repeatable; default all).")
+@click.pass_context
+def serve_metrics(ctx: click.Context, mount: str, listen: str, sections: tuple[str, ...]) -> None:
+    """Serve the dlts_lustre_* metrics of the filesystem mounted at MOUNT (docs/lustre.md,
+    docs/monitoring.md): run it on one client; every scrape runs lfs/lctl."""
+    import signal
+    import threading
+
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    from dlts_lustre.metrics import SECTIONS, LustreCollector
+
+    host, sep, port = listen.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise click.BadParameter("must be HOST:PORT, e.g. 0.0.0.0:9446", param_hint="--listen")
+    registry = CollectorRegistry()
+    registry.register(LustreCollector(mount, client=_client(ctx), sections=tuple(sections) or SECTIONS))
+    try:
+        server, _thread = start_http_server(int(port), addr=host.strip("[]"), registry=registry)
+    except OSError as exc:
+        raise click.ClickException(f"--listen: cannot listen on {listen}: {exc.strerror}") from None
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    click.echo(f"serving dlts_lustre_* metrics of {mount} on http://{listen}/metrics")
+    while not stop.wait(1.0):
+        pass
+    server.shutdown()
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -37,6 +37,10 @@ def create_app(settings: Settings | None = None) -> Flask:
         event.listen(engine_of(app), "connect", sqlite_pragmas)
     else:
         event.listen(engine_of(app), "reset", rollback_unless_reset)
+    from dlts import metrics
+
+    metrics.instrument_engine(engine_of(app))
+    metrics.init_app(app)
 
     from dlts.api import init_api
 
@@ -44,6 +48,9 @@ def create_app(settings: Settings | None = None) -> Flask:
     from dlts.portal import init_portal
 
     init_portal(app)
+    from dlts.api import metrics as metrics_view
+
+    metrics_view.init_app(app)
     return app
 
 

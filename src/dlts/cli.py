@@ -7,6 +7,7 @@ line naming the field and exit non-zero; no traceback reaches the user.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import sys
@@ -97,6 +98,8 @@ def demo(ctx: Context, port: int | None, demo_gpus: int | None, fake_nvml: str |
 def api(ctx: Context, workers: int | None) -> None:
     """Serve the REST API and portal under gunicorn on listen_host:listen_port."""
     import multiprocessing
+    import os
+    import tempfile
 
     from gunicorn.app.base import BaseApplication
 
@@ -109,6 +112,12 @@ def api(ctx: Context, workers: int | None) -> None:
         require_trusted_local_backend(settings)  # the API takes the jobs a local backend would run
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
+
+    if not os.environ.get("PROMETHEUS_MULTIPROC_DIR") and "prometheus_client" not in sys.modules:
+        # every worker writes its metrics here and /metrics sums them (docs/monitoring.md); set
+        # before prometheus_client is imported, which fixes the mode at import time
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="dlts-api-metrics-")
+    from dlts.gunicorn_conf import child_exit
 
     class Server(BaseApplication):
         def load_config(self):
@@ -123,6 +132,7 @@ def api(ctx: Context, workers: int | None) -> None:
             self.cfg.set("graceful_timeout", min(settings.api_timeout_s, 30))
             self.cfg.set("keepalive", settings.api_keepalive_s)
             self.cfg.set("accesslog", "-")
+            self.cfg.set("child_exit", child_exit)
 
         def load(self):
             return create_app(settings)
@@ -184,18 +194,23 @@ def managers(ctx: Context) -> None:
     except (ConfigError, TemplateError) as exc:
         raise click.ClickException(str(exc)) from None
     entries.append(Periodic("notify.send", settings.notify.interval_s, notifier.run_once))
+    from dlts.metrics import instrumented
+
+    # dlts_manager_runs_total
+    entries = [dataclasses.replace(e, run=instrumented(e.id, e.run)) for e in entries]
     run_forever(entries, metrics=functools.partial(_serve_managers_metrics, settings, lease.sessions)
                 if settings.managers_metrics_listen else None, lease=lease)
 
 
 def _serve_managers_metrics(settings, sessions):
-    """The managers process's /metrics on ``managers_metrics_listen``: the repair loop's collector."""
-    from prometheus_client import CollectorRegistry, start_http_server
+    """The managers process's /metrics on ``managers_metrics_listen``: its own instruments (ticks,
+    scheduler, Kubernetes, manager runs) and the collectors that read the database at scrape time
+    (jobs, GPU allocation, the repair loop); docs/monitoring.md."""
+    from prometheus_client import start_http_server
 
-    from dlts.managers.repair_metrics import RepairMetrics
+    from dlts.metrics import managers_registry
 
-    registry = CollectorRegistry()
-    registry.register(RepairMetrics(sessions))
+    registry = managers_registry(sessions)
     host, _, port = settings.managers_metrics_listen.rpartition(":")
     try:
         server, _thread = start_http_server(int(port), addr=host.strip("[]"), registry=registry)

@@ -115,6 +115,11 @@ class Settings(BaseModel):
     lease_s: float = Field(15.0, ge=1.0, le=600.0)
     # who holds the lease, as the lease row shows it; "" means HOSTNAME:PID
     lease_holder: str = Field("", max_length=255)
+    # the API's /metrics answers clients from these networks (a list, or in DLTS_METRICS_ALLOW_CIDRS
+    # a comma-separated string; behind nginx the client is nginx on loopback, see
+    # docs/monitoring.md#who-may-scrape) and clients sending this file's token as a Bearer token
+    metrics_allow_cidrs: tuple[str, ...] = ("127.0.0.0/8", "::1/128")
+    metrics_token_file: Path | None = None
     # the repair manager: rules file, budget, flap window, validation (docs/repair.md)
     repair: RepairSettings = Field(default_factory=RepairSettings)
     # both backends: a node NotReady (or gone) this long loses its attempts (node_lost, requeued at
@@ -170,7 +175,7 @@ class Settings(BaseModel):
             raise ValueError("must be letters, digits, '-' or '_' and not 'cpu'")
         return value
 
-    @field_validator("endpoint_allow_cidrs", mode="before")
+    @field_validator("endpoint_allow_cidrs", "metrics_allow_cidrs", mode="before")
     @classmethod
     def _cidr_list(cls, value: Any) -> Any:
         return cidr_list(value)

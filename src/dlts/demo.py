@@ -206,10 +206,15 @@ def run_demo(settings: Settings, fake_nvml: str | None = None) -> None:
         created = bootstrap(session, backend, home)
     manager = JobManager(sessions, backend, settings)
     manager.sync_nodes(sessions())
-    ticker = TickThread(manager, settings.tick_s)
+    from dlts.metrics import instrumented, managers_registry
+
+    # no managers process here: the demo's /metrics also serves what `dlts managers` would
+    app.extensions["dlts_metrics_registry"] = managers_registry(sessions)
+    ticker = TickThread(manager, settings.tick_s, tick=instrumented("jobmanager.tick", manager.tick))
     from dlts.managers.repair import RepairManager
 
-    repairer = TickThread(None, settings.repair.interval_s, name="repair", tick=RepairManager(sessions, settings).run_once)
+    repairer = TickThread(None, settings.repair.interval_s, name="repair",
+                          tick=instrumented("repair.tick", RepairManager(sessions, settings).run_once))
     server = make_server(settings.listen_host, settings.listen_port, app, threaded=True)
     url = f"http://{settings.listen_host}:{server.server_port}"
     node = backend.nodes()[0]

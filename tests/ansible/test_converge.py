@@ -5,7 +5,8 @@ systemd as PID 1, reached over SSH), by default as a systemd-nspawn container (t
 can boot it; see dlts_vm.boot_target), or as a qemu VM in the opt-in ``qemu`` case
 (DLTS_TEST_VM=1: about 45 minutes under TCG emulation). ansible/dlts-services.yml runs twice: the
 first run must succeed, the second must report changed=0. Then the services must answer from the
-host: the API's /readyz through nginx and TLS, and the agent's Prometheus metrics; the agent's
+host: the API's /readyz through nginx and TLS, the agent's Prometheus metrics, and the API's and
+the managers' metrics through nginx from loopback (refused from the host); the agent's
 reports must be accepted with the node token the playbook registered, and the VCs of the
 inventory must exist with its quota and policy (read through the API with an admin token).
 
@@ -229,6 +230,20 @@ def test_converge_mariadb_control_and_agent(tmp_path, route):
         metrics = _get_when_up(f"http://{machine.endpoint(AGENT_METRICS_PORT)}/metrics")
         assert metrics.status_code == 200
         assert "dlts_" in metrics.text
+
+        # What the monitoring role's Prometheus scrapes (dlts-api at /metrics, dlts-managers at
+        # /metrics/managers, both through nginx) answers an allowed address (loopback here, the
+        # monitoring hosts in production) and refuses the others (this host is not allowlisted).
+        for path, expected in (("/metrics", "dlts_http_requests_total"), ("/metrics/managers", "dlts_jobmanager_ticks_total")):
+            assert requests.get(f"{api}{path}", verify=False, timeout=30).status_code == 403, path
+            scraped = machine.ssh(
+                "python3 -c 'import ssl, sys, urllib.request; "
+                f"print(urllib.request.urlopen(\"https://127.0.0.1:{API_HTTPS_PORT}{path}\", "
+                "context=ssl._create_unverified_context(), timeout=30).read().decode())'")
+            assert scraped.returncode == 0 and expected in scraped.stdout, (path, scraped.stdout[-2000:], scraped.stderr)
+        # gunicorn's workers write their metrics into the unit's runtime directory (multiprocess mode)
+        files = machine.ssh("ls /run/dlts-api-metrics")
+        assert files.returncode == 0 and ".db" in files.stdout, files.stdout + files.stderr
 
         # Exactly one managers process, running; the units are the ones Ansible installed.
         state = machine.ssh("systemctl is-active dlts-api dlts-managers dlts-agent mariadb nginx")

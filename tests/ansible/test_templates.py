@@ -58,6 +58,7 @@ def rendered(request, tmp_path_factory):
         "monitoring_kubernetes_token_file": str(work / "k8s-token"),
         "monitoring_kubernetes_ca_file": str(work / "k8s-ca.crt"),
         "lustre_mount_point": str(work / "lustre-mount"),
+        "lustre_policy_command": str(work / "agent-venv" / "bin" / "dlts-lustre"),
     }
     if name == "example":  # the optional lifecycle settings, set (the lab leaves them to DLTS's defaults)
         overrides.update(OPTIONAL_SETTINGS)
@@ -211,6 +212,59 @@ def test_alertmanager_config_passes_amtool(rendered):
         capture_output=True, text=True, timeout=60,
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_prometheus_scrapes_the_managers_through_nginx_and_nginx_serves_them(rendered):
+    name, out, _ = rendered
+    from ansible.inventory.manager import InventoryManager
+    from ansible.parsing.dataloader import DataLoader
+
+    inventory = InventoryManager(loader=DataLoader(), sources=[str(INVENTORIES[name])])
+    managers = inventory.get_groups_dict()["dlts_managers"]
+    config = yaml.safe_load((out["monitoring"] / "prometheus.yml").read_text())
+    job = next(job for job in config["scrape_configs"] if job["job_name"] == "dlts-managers")
+    assert job["metrics_path"] == "/metrics/managers" and job["scheme"] == "https"
+    targets = [t for entry in job["static_configs"] for t in entry["targets"]]
+    assert len(targets) == len(managers) and all("labels" not in entry for entry in job["static_configs"])
+    dlts_yaml = yaml.safe_load((out["dlts_control"] / "dlts.yaml").read_text())
+    assert dlts_yaml["managers_metrics_listen"] == "127.0.0.1:9465"
+    site = (out["dlts_control"] / "nginx-dlts.conf").read_text()
+    assert "location = /metrics/managers" in site and "proxy_pass http://127.0.0.1:9465/metrics;" in site
+    unit = (out["dlts_control"] / "dlts-api.service").read_text()
+    assert "PROMETHEUS_MULTIPROC_DIR=/run/dlts-api-metrics" in unit and "RuntimeDirectory=dlts-api-metrics" in unit
+    assert "--config python:dlts.gunicorn_conf" in unit
+
+
+def test_the_lustre_metrics_unit_passes_systemd_analyze_and_prometheus_scrapes_it(rendered):
+    name, out, work = rendered
+    from ansible.inventory.manager import InventoryManager
+    from ansible.parsing.dataloader import DataLoader
+
+    units = work / "units-lustre"
+    units.mkdir()
+    shutil.copy(out["lustre_policy"] / "dlts-lustre-exporter.service", units / "dlts-lustre-exporter.service")
+    result = _verify_units(units, "dlts-lustre-exporter.service")
+    assert result.returncode == 0, result.stdout + result.stderr
+    unit = (units / "dlts-lustre-exporter.service").read_text()
+    assert f"serve-metrics {work / 'lustre-mount'} --listen 0.0.0.0:9446" in unit
+    inventory = InventoryManager(loader=DataLoader(), sources=[str(INVENTORIES[name])])
+    first = inventory.get_groups_dict()["lustre_clients"][0]
+    address = inventory.get_host(first).vars.get("ansible_host", first)
+    config = yaml.safe_load((out["monitoring"] / "prometheus.yml").read_text())
+    job = next(job for job in config["scrape_configs"] if job["job_name"] == "dlts-lustre")
+    assert [t for entry in job["static_configs"] for t in entry["targets"]] == [f"{address}:9446"]
+
+
+def test_alertmanager_routes_each_severity_to_its_receiver(rendered):
+    _, out, _ = rendered
+    config = out["monitoring"] / "alertmanager.yml"
+    for labels, receiver in ((["severity=critical", "alertname=DltsNodeLost"], "critical"),
+                             (["severity=warning", "alertname=DltsDiskNearlyFull"], "warning"),
+                             (["severity=info", "alertname=DltsLargeJobLowGpuEfficiency"], "info"),
+                             (["alertname=Unlabelled"], "email")):
+        result = subprocess.run([tool("amtool"), "config", "routes", "test", f"--config.file={config}", *labels],
+                                capture_output=True, text=True, timeout=60)
+        assert result.stdout.strip() == receiver, (labels, result.stdout, result.stderr)
 
 
 def test_grafana_provisioning_files_are_valid(rendered):

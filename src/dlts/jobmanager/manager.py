@@ -35,6 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
+from dlts import metrics
 from dlts.backends.base import (
     BackendUnavailable,
     ClusterBackend,
@@ -120,6 +121,8 @@ class JobManager:
 
     # -- the tick -------------------------------------------------------------------------------
     def tick(self) -> Decisions:
+        metrics.TICKS.inc()
+        t0 = time.perf_counter()
         session = self.session_factory()
         try:
             self.sync_nodes(session)
@@ -129,6 +132,7 @@ class JobManager:
             self.carry_out_requests(session, observed)
             self._reconcile_endpoints(session)
             decisions = decide(load_snapshot(session, self.settings), self.clock())
+            metrics.observe_decisions(decisions)
             self.apply(session, decisions)
             self.last_decisions = decisions
             if self.clock() >= self._next_gc:
@@ -136,13 +140,16 @@ class JobManager:
             return decisions
         except BackendUnavailable as exc:
             session.rollback()
+            metrics.TICK_ERRORS.labels("backend_unavailable").inc()
             log.warning("cluster unavailable, tick skipped: %s", exc)
             return Decisions()
         except Exception:
             session.rollback()
+            metrics.TICK_ERRORS.labels("exception").inc()
             raise
         finally:
             session.close()
+            metrics.TICK_DURATION.observe(time.perf_counter() - t0)
 
     # -- nodes ------------------------------------------------------------------------------------
     def sync_nodes(self, session: Session) -> None:
@@ -554,6 +561,7 @@ class JobManager:
         attempt = JobAttempt(job_id=job.id, number=number, placements=placements_to_json(placements),
                              created_at=max(self._now(), job.submitted_at or self._now()))
         session.add(attempt)
+        metrics.observe_queue_wait(job.vc.name if job.vc is not None else "", job.type, job.queue_time, attempt.created_at)
         return job, attempt
 
     def _launch(self, session: Session, job: Job, attempt: JobAttempt, added: list[int] | None = None) -> None:

@@ -25,6 +25,12 @@ from prometheus_client.core import (
 from sqlalchemy.orm import Session
 
 from dlts.models import Node, NodeState, RepairControl, RepairCycle, RepairStep
+from dlts.repair.rules import Remediation
+
+# every known label value is exported from the start (0 until it happens), so that increase()
+# sees the first cycle and dashboards show 0 rather than nothing
+OUTCOMES = ("returned", "out_of_service", "rma", "lost", "cancelled")
+STEP_RESULTS = ("succeeded", "failed", "timed_out", "cancelled")
 
 
 class RepairMetrics:
@@ -54,6 +60,8 @@ class RepairMetrics:
             by_outcome: dict[str, list[float]] = {}
             for outcome, started, finished in ended:
                 by_outcome.setdefault(outcome or "unknown", []).append((finished - started).total_seconds())
+            for outcome in OUTCOMES:  # every known outcome from the start: 0 until the first
+                by_outcome.setdefault(outcome, [])
             for outcome, values in sorted(by_outcome.items()):
                 cycles.add_metric([outcome], len(values))
                 durations.add_metric([outcome], count_value=len(values), sum_value=sum(values))
@@ -61,8 +69,11 @@ class RepairMetrics:
             yield durations
             steps = CounterMetricFamily("dlts_repair_steps", "Remediation steps that ended, by remediation and result.",
                                         labels=["remediation", "result"])
+            counts = {(r.value, result): 0 for r in Remediation for result in STEP_RESULTS}
             for remediation, result, count in s.execute(
                     sa.select(RepairStep.remediation, RepairStep.result, sa.func.count(RepairStep.id))
                     .where(RepairStep.ended_at.isnot(None)).group_by(RepairStep.remediation, RepairStep.result)):
-                steps.add_metric([remediation, result or "unknown"], count)
+                counts[(remediation, result or "unknown")] = count
+            for (remediation, result), count in sorted(counts.items()):
+                steps.add_metric([remediation, result], count)
             yield steps

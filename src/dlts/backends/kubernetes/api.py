@@ -93,6 +93,9 @@ class KubernetesApi:
         self.settings = settings
         self.clock = clock
         self.client = api_client
+        from dlts.metrics import instrument_kubernetes
+
+        instrument_kubernetes(api_client)  # dlts_kubernetes_requests_total{verb,code}
         self.core = k8s.CoreV1Api(api_client)
         self.networking = k8s.NetworkingV1Api(api_client)
         self._lock = threading.Lock()
