@@ -64,8 +64,9 @@ def config(tmp_path):
     home = tmp_path / "home"
     home.mkdir()
     path = tmp_path / "dlts.yaml"
+    # (the local backend outside the demo only with local_backend_trusted_users: docs/security-host.md)
     path.write_text(f"home: {home}\nsecret_key: test-secret-key-0123456789abcdef\ntick_s: 0.5\n"
-                    f"managers_metrics_listen: 127.0.0.1:{free_port()}\n")
+                    f"managers_metrics_listen: 127.0.0.1:{free_port()}\nlocal_backend_trusted_users: true\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DLTS_", "PROMETHEUS_MULTIPROC"))} | {
         "DLTS_CONFIG": str(path)}
     subprocess.run([sys.executable, "-m", "dlts.cli", "db", "upgrade"], env=env, check=True, capture_output=True, timeout=120)
