@@ -10,6 +10,7 @@ test_k8s_repair.py's (its fixtures are imported here; both parameterisations, li
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -264,6 +265,9 @@ def test_killing_the_repair_manager_again_and_again_on_kubernetes_finishes_the_c
         while True:  # until the cycle has ended with the node back, killed at least 3 times on the way
             assert time.monotonic() < deadline, f"stuck in {state(h.sessions, target)} after {kills} kills; saw {seen}"
             proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+            while not select.select([proc.stdout], [], [], 0.05)[0]:  # the cluster goes on while it starts
+                assert proc.poll() is None, "the repair manager's process died"
+                h.tick(1)
             assert proc.stdout.readline().strip() == "ready"
             end = time.monotonic() + 0.1 + 0.13 * (kills % 5)  # a different moment of the work each time
             while time.monotonic() < end:
