@@ -6,6 +6,7 @@ boot id), and the loop that ticks the job manager and the repair manager. A uniq
 from __future__ import annotations
 
 import sys
+import textwrap
 import threading
 import time
 from dataclasses import dataclass, field
@@ -112,3 +113,22 @@ def drive(live, repair, until, timeout_s: float = 60.0, agents=(), what: str = "
             return value
         assert time.monotonic() < deadline, f"timed out waiting for {what or until}"
         time.sleep(0.15)
+
+
+# The repair manager alone in its own process, for the stories that SIGKILL it again and again:
+# python -c MANAGERS DATABASE_URL HOME REPAIR_SETTINGS_JSON; prints "ready", then passes every 0.05 s.
+MANAGERS = textwrap.dedent("""
+    import sys, time
+    from dlts.db import session_factory
+    from dlts.app import create_app
+    from dlts.config import Settings
+    from dlts.managers.repair import RepairManager
+    from dlts.repair.settings import RepairSettings
+    settings = Settings(home=sys.argv[2], database_url=sys.argv[1], secret_key="test-secret-key-0123456789",
+                        repair=RepairSettings.model_validate_json(sys.argv[3]))
+    manager = RepairManager(session_factory(create_app(settings)), settings)
+    print("ready", flush=True)
+    while True:
+        manager.run_once()
+        time.sleep(0.05)
+""")

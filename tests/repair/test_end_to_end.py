@@ -8,13 +8,12 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 
 import pytest
 import requests
 import sqlalchemy as sa
-from repair_agents import drive, four_gpus
+from repair_agents import MANAGERS, drive, four_gpus
 from repair_kit import Outbox
 
 from dlts.managers.notify import NotifyManager
@@ -223,23 +222,6 @@ def test_a_lost_heartbeat_marks_the_node_lost_requeues_its_jobs_and_it_returns_t
     drive(live, repair, lambda: node_state(sessions) is N.IN_SERVICE, what="back in service")
     drive(live, repair, lambda: all(api(live, world, "GET", f"/jobs/{j}", user="alice")["status"] == "running"
                                     for j in jobs.values()), what="jobs running again")
-
-
-MANAGERS = textwrap.dedent("""
-    import sys, time
-    from dlts.db import session_factory
-    from dlts.app import create_app
-    from dlts.config import Settings
-    from dlts.managers.repair import RepairManager
-    from dlts.repair.settings import RepairSettings
-    settings = Settings(home=sys.argv[2], database_url=sys.argv[1], secret_key="test-secret-key-0123456789",
-                        repair=RepairSettings.model_validate_json(sys.argv[3]))
-    manager = RepairManager(session_factory(create_app(settings)), settings)
-    print("ready", flush=True)
-    while True:
-        manager.run_once()
-        time.sleep(0.05)
-""")
 
 
 def test_killing_the_managers_at_any_step_and_restarting_finishes_the_cycle_exactly_once(
