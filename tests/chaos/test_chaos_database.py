@@ -36,6 +36,7 @@ from dlts import db_migrate
 from dlts.app import create_app
 from dlts.config import Settings
 from dlts.db import engine_of, session_factory
+from dlts.models import Job
 from dlts.services import admin
 
 pytestmark = [pytest.mark.chaos, pytest.mark.db, pytest.mark.timeout(180),
@@ -148,13 +149,19 @@ def test_the_database_killed_and_restarted_under_load_keeps_every_accepted_job_a
             restarted_at = time.monotonic()
             start_s = mariadb.start()
             submitter.join(120)
-            ended_s = wait_all_ended(sessions, submitter.accepted, 120)
+            # a submission whose answer was a 503 may still have been stored: the database can commit
+            # and die before the API reads the job back (the client cannot tell; it is reported below)
+            with sessions() as s:
+                stored = list(s.scalars(sa.select(Job.id)))
+            ended_s = wait_all_ended(sessions, stored, 120)
         answers = dict(submitter.answers)
         assert set(answers) <= {201, 503}, answers  # no 500, no dropped connection
         assert answers.get(503, 0) >= 1, answers  # the outage was seen
         first_ok = next(t for t, status in submitter.log if status == 201 and t > killed_at)
         last_503 = max(t for t, status in submitter.log if status == 503)
-        counts = assert_once_per_attempt(sessions, submitter.accepted, ledger)
+        assert set(submitter.accepted) <= set(stored)  # every accepted job kept
+        counts = assert_once_per_attempt(sessions, stored, ledger)
+        counts["stored_though_answered_503"] = len(set(stored) - set(submitter.accepted))
         assert lease_row(sessions)[0] == "ctl-a"  # the one managers process went on after the restart
         figures("database_restart", {"seed": SEED, "down_s": DOWN_S, "answers": answers,
                                      "mariadbd_start_s": round(start_s, 2),
