@@ -602,7 +602,8 @@ def safe_cell(value: object) -> object:
 
 def to_csv(report: UsageReport) -> str:
     out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
+    # RFC 4180 line ends: a CR inside a cell (a job name) then makes the writer quote the cell
+    writer = csv.writer(out, lineterminator="\r\n")
     keys: list[str] = []
     for g in report.query.group_by:
         keys += ["job_id", "job_name", "user", "vc", "sku", "preemptible"] if g == "job" else [g]
