@@ -34,10 +34,11 @@ from dlts.models import (
     User,
     VirtualCluster,
 )
-from dlts.portal import forms
+from dlts.portal import charts, forms
 from dlts.portal.core import back, bp, flash_error, login_required, principal
 from dlts.repositories import jobs as job_repo
 from dlts.repositories.cluster import sku_shapes
+from dlts.services import accounting
 from dlts.services import cluster as cluster_service
 from dlts.services import endpoints as endpoint_service
 from dlts.services import job_templates, portal_auth
@@ -196,13 +197,46 @@ def job(job_id: int):
     new_token = session.pop(NEW_ENDPOINT_TOKEN, None)
     if not isinstance(new_token, dict) or new_token.get("job_id") != job.id:
         new_token = None
+    utilisation = _utilisation_charts(job.id, who) if full and current is not None and current.started_at else None
     return render_template(
         "job.html", job=job, full=full, attempts=attempts, events=events, placements=placements, actions=actions,
+        utilisation=utilisation,
         messages=[e for e in events if e.kind in ("insight", "repair")], vc_admin=vc_admin,
         can_patch=full and job.status not in TERMINAL,
         time_left_s=job_service.time_left_s(job, job.vc.max_job_time_s), ended=job.status in TERMINAL,
         endpoints=endpoints, can_open_endpoint=can_open_endpoint, endpoint_kinds=endpoint_service.KINDS,
         no_ssh_key=no_ssh_key, new_token=new_token)
+
+
+def _utilisation_charts(job_id: int, who) -> dict | None:
+    """The current attempt's minutes as four line charts; None when no agent sampled it."""
+    history = accounting.utilisation(db.session, who, job_id)
+    if not history.points:
+        return None
+    t0 = history.points[0]["at"]
+    series: dict[tuple[str, int], list] = {}
+    for p in history.points:
+        for g in p["gpus"]:
+            series.setdefault((g["node"], g["index"]), [])
+    util, memory = [], []
+    for i, key in enumerate(sorted(series)):
+        label = f"{key[0]} GPU {key[1]}"
+        by_minute = [((p["at"] - t0).total_seconds(), next((g for g in p["gpus"] if (g["node"], g["index"]) == key), None))
+                     for p in history.points]
+        util.append((f"s{i % 8}", label, [(x, g["utilization_ratio"] * 100 if g and g["utilization_ratio"] is not None else None)
+                                          for x, g in by_minute]))
+        memory.append((f"s{i % 8}", label, [(x, g["memory_used_bytes"] / 2**30 if g and g["memory_used_bytes"] is not None else None)
+                                            for x, g in by_minute]))
+    xs = [(p["at"] - t0).total_seconds() for p in history.points]
+    first, last = history.points[0]["at"].strftime("%H:%M"), history.points[-1]["at"].strftime("%H:%M")
+    cpu = [("s0", "CPU cores", [(x, p["cpu_cores"]) for x, p in zip(xs, history.points)])]
+    host = [("s1", "host memory", [(x, p["memory_bytes"] / 2**30 if p["memory_bytes"] is not None else None)
+                                   for x, p in zip(xs, history.points)])]
+    return {"attempt": history.attempt, "points": len(history.points),
+            "charts": [("GPU utilisation", charts.line_chart(util, unit="%", y_max=100.0, first=first, last=last)),
+                       ("GPU memory", charts.line_chart(memory, unit="GiB", first=first, last=last)),
+                       ("CPU", charts.line_chart(cpu, unit="cores", first=first, last=last)),
+                       ("Host memory", charts.line_chart(host, unit="GiB", first=first, last=last))]}
 
 
 @bp.route("/jobs/<int(max=4611686018427387904):job_id>/endpoints", methods=["POST"])
