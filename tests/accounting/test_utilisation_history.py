@@ -187,3 +187,31 @@ def test_the_jobs_collector_sums_cpu_and_resident_memory_per_job(tmp_path):
     summary = metrics_summary(_snapshot({"jobs": CollectorResult("jobs", CollectorStatus.OK, 0.0, second)}))
     assert summary["jobs"] == [{"job_id": "7", "pids": 2, "cpu_cores": 2.0, "memory_bytes": 384 * 4096},
                                {"job_id": "8", "pids": 1, "cpu_cores": None, "memory_bytes": 4096}]
+
+
+def test_malformed_samples_in_a_report_are_skipped_never_refused(client, world, sessions, settings):
+    from dlts.models import Job, JobStatus
+
+    with sessions() as s:
+        token = node_service.issue_node_token(s, "testnode")
+    r = client.post("/api/v1/jobs", json={"vc": "vision", "image": "debian:12", "command": "true", "gpus": 1},
+                    headers=world.auth("alice"))
+    job_id = r.get_json()["id"]
+    with sessions() as s:
+        s.add(JobAttempt(job_id=job_id, number=1, placements=[{"node": "testnode", "gpu_indices": [0]}], started_at=utcnow()))
+        s.execute(sa.update(Job).where(Job.id == job_id).values(status=JobStatus.RUNNING, attempt=1))
+        s.commit()
+    gpus = [5, "x", None, {"index": "0", "job_id": {"a": 1}}, {"index": -1, "job_id": str(job_id)},
+            {"index": 0, "job_id": "9" * 40, "utilization_ratio": 0.5},
+            {"index": 1, "job_id": str(job_id), "utilization_ratio": "high", "memory_used_bytes": float("inf")},
+            {"index": 0, "job_id": job_id, "utilization_ratio": 7.0, "memory_used_bytes": True},
+            {"index": 2, "job_id": "424242", "utilization_ratio": 0.9}]  # not a running job: ignored
+    for metrics in ({"gpus": gpus, "jobs": "nope"}, {"gpus": {"0": 1}, "jobs": [1, {"job_id": str(job_id), "cpu_cores": -2}]},
+                    {"jobs": [{"job_id": str(job_id), "cpu_cores": 1.0, "memory_bytes": 10}]}):
+        body = {"schema_version": 1, "node": "testnode", "metrics": metrics}
+        r = client.post("/api/v1/nodes/testnode/report", json=body, headers={"Authorization": f"Bearer {token}"})
+        assert r.status_code == 200, r.get_json()
+    with sessions() as s:
+        (point,) = s.scalars(sa.select(UtilisationPoint))
+        assert point.gpus == {"0": [1, 1.0, None], "1": [1, None, None]}  # ratio capped at 1; junk is no value
+        assert point.samples == 3 and point.cpu_samples == 2 and point.cpu_cores == 1.0 and point.memory_bytes == 10

@@ -20,6 +20,7 @@ import csv
 import datetime as dt
 import io
 import logging
+import math
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -237,8 +238,13 @@ def _book_batch(session: Session, rows: list[sa.Row], now: dt.datetime) -> BookR
 
 # -- utilisation from the node report -----------------------------------------------------------------
 
+MAX_SAMPLE = 2**62  # bytes fit a BIGINT; anything larger is not a reading
+
+
 def _number(value: Any, *, integer: bool = False) -> float | int | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or value < 0:
+    """A finite, non-negative reading, or None (junk in a report is no value, never an error)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or not 0 <= value < MAX_SAMPLE:
         return None
     return int(value) if integer else float(value)
 
