@@ -189,3 +189,20 @@ def test_day_pieces_add_up_and_split_at_midnight():
     assert sum(p for _, p in pieces) == ms(end) - ms(start)
     assert pieces[1][1] == 86_400_000
     assert accounting.day_pieces(end, end) == []
+
+
+def test_dlts_managers_books_accounting_at_the_configured_interval(settings, monkeypatch, tmp_path):
+    from click.testing import CliRunner
+
+    import dlts.managers
+    from dlts.cli import main
+
+    seen = {}
+    monkeypatch.setattr(dlts.managers, "run_forever", lambda entries, **kw: seen.update({e.id: e for e in entries}))
+    config = tmp_path / "dlts.yaml"
+    config.write_text(f"database_url: {settings.database_url}\nhome: {settings.home}\n"
+                      "accounting_interval_s: 30\nutilisation_retention_days: 7\n")
+    result = CliRunner().invoke(main, ["--config", str(config), "managers"])
+    assert result.exit_code == 0, result.output
+    entry = seen["accounting.book"]
+    assert entry.interval_s == 30 and entry.run.__self__.retention_days == 7
