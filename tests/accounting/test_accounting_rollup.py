@@ -206,3 +206,33 @@ def test_dlts_managers_books_accounting_at_the_configured_interval(settings, mon
     assert result.exit_code == 0, result.output
     entry = seen["accounting.book"]
     assert entry.interval_s == 30 and entry.run.__self__.retention_days == 7
+
+
+def test_a_second_booker_with_a_stale_read_books_nothing(world, sessions, settings, monkeypatch):
+    """Two managers processes for a moment (a standby taking the lease): the one whose read of the
+    marks is stale fails the compare-and-set, rolls its batch back, and nothing is booked twice."""
+    from dlts.models import JobStatus, User
+    from dlts.repositories import jobs as job_repo
+    from dlts.services import jobs as job_service
+    from dlts.services.auth import principal_for
+
+    start = dt.datetime(2026, 11, 10, 8, 0, 0)
+    with sessions() as s:
+        alice = principal_for(s, s.scalar(sa.select(User).where(User.name == "alice")))
+        job = job_service.submit(s, settings, alice, job_service.JobRequest(vc="vision", image="debian:12", command="true", gpus=2))
+        s.add(JobAttempt(job_id=job.id, number=1, placements=[{"node": "testnode", "gpu_indices": [0, 1]}], started_at=start))
+        assert job_repo.set_status(s, job.id, JobStatus.QUEUED, JobStatus.SCHEDULING, actor="test", values={"attempt": 1})
+        s.commit()
+    with sessions() as s:
+        stale = accounting_repo.open_attempts(s, 0, 10)
+    with sessions() as s:
+        assert accounting.book(s, start + dt.timedelta(minutes=10)).attempts == 1
+    reads = iter([stale, []])
+    monkeypatch.setattr(accounting_repo, "open_attempts", lambda *a, **k: next(reads))
+    with sessions() as s:
+        result = accounting.book(s, start + dt.timedelta(minutes=20))
+    assert result.conflicts == 1 and result.attempts == 0
+    with sessions() as s:
+        attempt = s.scalar(sa.select(JobAttempt))
+        assert attempt.gpu_ms == 2 * 600_000 and attempt.booked_until == start + dt.timedelta(minutes=10)
+        assert s.scalar(sa.select(sa.func.sum(UsageTotal.gpu_ms)).where(UsageTotal.period == "day")) == 2 * 600_000

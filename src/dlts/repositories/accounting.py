@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
@@ -65,19 +66,64 @@ def points_between(session: Session, attempt_ids: Iterable[int], start: dt.datet
     return list(session.scalars(query.order_by(UtilisationPoint.minute, UtilisationPoint.node)))
 
 
-def mark_booked(session: Session, attempt_id: int, *, was: dt.datetime | None, until: dt.datetime | None,
-                utilisation_until: dt.datetime | None, close: bool, gpu_ms: int, busy_gpu_ms: int,
-                sampled_gpu_ms: int) -> bool:
-    """Move the attempt's marks and add to its counters, if nobody booked it since we read ``was``."""
-    mark = JobAttempt.booked_until
-    result = session.execute(
-        sa.update(JobAttempt)
-        .where(JobAttempt.id == attempt_id, mark.is_(None) if was is None else mark == was)
-        .values(booked_until=until, utilisation_booked_until=utilisation_until, accounting_open=not close,
-                gpu_ms=JobAttempt.gpu_ms + gpu_ms, busy_gpu_ms=JobAttempt.busy_gpu_ms + busy_gpu_ms,
-                sampled_gpu_ms=JobAttempt.sampled_gpu_ms + sampled_gpu_ms)
-        .execution_options(synchronize_session=False))
-    return result.rowcount == 1
+@dataclass(frozen=True)
+class Booking:
+    """What one pass books for one attempt: its marks as read (``was``) and as they become."""
+
+    attempt_id: int
+    was: dt.datetime | None
+    until: dt.datetime | None
+    utilisation_until: dt.datetime | None
+    close: bool
+    gpu_ms: int = 0
+    busy_gpu_ms: int = 0
+    sampled_gpu_ms: int = 0
+
+
+MARK_CHUNK = 500
+
+
+def mark_booked(session: Session, bookings: Sequence[Booking]) -> bool:
+    """Move the attempts' marks and add to their counters, in statements of ``MARK_CHUNK`` attempts
+    (one round trip each, not one per attempt), each a compare-and-set on ``booked_until``: False
+    when another booker moved a mark since it was read (the caller rolls the batch back).
+
+    Sent as driver SQL: per-row CASEs built as SQLAlchemy expressions (or parsed from text) cost more
+    than the database does."""
+    sqlite = session.get_bind().dialect.name == "sqlite"
+    ph, same = ("?", "IS") if sqlite else ("%s", "<=>")  # the driver's placeholder; null-safe equality
+    connection = session.connection()
+    for i in range(0, len(bookings), MARK_CHUNK):
+        chunk = bookings[i:i + MARK_CHUNK]
+        params: list[Any] = []
+        whens = f"WHEN {ph} THEN {ph} " * len(chunk)
+
+        def case(values: Iterable[Any]) -> str:
+            for attempt_id, value in zip((b.attempt_id for b in chunk), values):
+                params.extend((attempt_id, value))
+            return f"CASE id {whens}END"
+
+        sql = (f"UPDATE job_attempts SET booked_until = {case(b.until for b in chunk)}, "
+               f"utilisation_booked_until = {case(b.utilisation_until for b in chunk)}, "
+               f"accounting_open = {case(not b.close for b in chunk)}, "
+               f"gpu_ms = gpu_ms + {case(b.gpu_ms for b in chunk)}, "
+               f"busy_gpu_ms = busy_gpu_ms + {case(b.busy_gpu_ms for b in chunk)}, "
+               f"sampled_gpu_ms = sampled_gpu_ms + {case(b.sampled_gpu_ms for b in chunk)} "
+               f"WHERE id IN ({', '.join([ph] * len(chunk))}) ")
+        params.extend(b.attempt_id for b in chunk)
+        sql += f"AND booked_until {same} {case(b.was for b in chunk)}"
+        result = connection.exec_driver_sql(sql, tuple(_driver_value(p, sqlite) for p in params))
+        if result.rowcount != len(chunk):
+            return False
+    return True
+
+
+def _driver_value(value: Any, sqlite: bool) -> Any:
+    # SQLAlchemy stores SQLite datetimes as ISO text with microseconds; keep the same form, or the
+    # compare-and-set would compare text that differs in format only
+    if sqlite and isinstance(value, dt.datetime):
+        return value.strftime("%Y-%m-%d %H:%M:%S.%f")
+    return value
 
 
 def current_attempts(session: Session, job_ids: Sequence[int], statuses: Sequence[Any]) -> dict[int, int]:

@@ -177,16 +177,14 @@ def _book_batch(session: Session, rows: list[sa.Row], now: dt.datetime) -> BookR
     totals: dict[tuple, _Delta] = defaultdict(_Delta)
     job_days: dict[tuple, _Delta] = defaultdict(_Delta)
     meta: dict[int, tuple] = {}
+    bookings: list[repo.Booking] = []
     for r in rows:
         sku = r.sku or ""
         who = (r.user_id, r.vc_id, sku, bool(r.preemptible))
         meta[r.job_id] = who
         if r.started_at is None:
             if r.ended_at is not None:  # ended before it ever ran: nothing to book
-                if not repo.mark_booked(session, r.id, was=r.booked_until, until=r.booked_until,
-                                        utilisation_until=r.utilisation_booked_until, close=True, gpu_ms=0,
-                                        busy_gpu_ms=0, sampled_gpu_ms=0):
-                    raise _Conflict
+                bookings.append(repo.Booking(r.id, r.booked_until, r.booked_until, r.utilisation_booked_until, True))
                 result.closed += 1
             continue
         attempt = _Delta()
@@ -216,14 +214,14 @@ def _book_batch(session: Session, rows: list[sa.Row], now: dt.datetime) -> BookR
                  and utilisation_until is not None and utilisation_until >= ceil_minute(r.ended_at))
         if to == frm and utilisation_until == r.utilisation_booked_until and not close:
             continue
-        if not repo.mark_booked(session, r.id, was=r.booked_until, until=to, utilisation_until=utilisation_until,
-                                close=close, gpu_ms=attempt.gpu_ms, busy_gpu_ms=attempt.busy_gpu_ms,
-                                sampled_gpu_ms=attempt.sampled_gpu_ms):
-            raise _Conflict
+        bookings.append(repo.Booking(r.id, r.booked_until, to, utilisation_until, close, attempt.gpu_ms,
+                                     attempt.busy_gpu_ms, attempt.sampled_gpu_ms))
         result.attempts += 1
         result.closed += int(close)
         result.gpu_ms += attempt.gpu_ms
         result.busy_gpu_ms += attempt.busy_gpu_ms
+    if not repo.mark_booked(session, bookings):
+        raise _Conflict
     repo.add_totals(session, [
         {"period": k[0], "start": k[1], "user_id": k[2], "vc_id": k[3], "sku": k[4], "preemptible": k[5],
          "gpu_ms": d.gpu_ms, "busy_gpu_ms": d.busy_gpu_ms, "sampled_gpu_ms": d.sampled_gpu_ms}
