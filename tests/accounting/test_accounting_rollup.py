@@ -149,10 +149,10 @@ def test_a_booking_that_dies_before_its_commit_books_nothing_and_a_rerun_books_o
 def test_an_end_recorded_before_the_last_booking_is_booked_back(world, sessions, settings):
     """The backend saw the process end before the manager noticed, after a pass booked past that end:
     the next pass books the difference back (negative), so the attempt's total is its run time."""
-    from dlts.services.auth import principal_for
     from dlts.models import JobStatus, User
     from dlts.repositories import jobs as job_repo
     from dlts.services import jobs as job_service
+    from dlts.services.auth import principal_for
 
     with sessions() as s:
         alice = principal_for(s, s.scalar(sa.select(User).where(User.name == "alice")))

@@ -17,7 +17,7 @@ from dlts.services import accounting
 
 blp = Blueprint("usage", __name__, description="GPU accounting and utilisation history")
 blp.before_request(authenticate)
-SECURITY = [{"bearer": []}]
+SECURITY: list[dict[str, list[str]]] = [{"bearer": []}]
 
 
 class UsageArgs(Schema):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from typing import Callable
+from collections.abc import Callable
 
 from sqlalchemy.orm import Session
 

@@ -36,7 +36,7 @@ def stacked_bars(bars: Sequence[tuple[str, Sequence[tuple[str, float, str]]]], u
     rects, labels = [], []
     for i, (label, parts) in enumerate(bars):
         x = PAD + i * step + step * 0.15
-        base = HEIGHT - PAD
+        base = float(HEIGHT - PAD)
         for css, value, name in parts:
             h = inner_h * value / y_max
             if h > 0:

@@ -11,7 +11,6 @@ from sqlalchemy.orm import Session
 
 from dlts.models import ACTIVE, Job, Node, User, VirtualCluster
 
-
 IDLE_UTILISATION = 0.05  # an assigned GPU below 5 % busy counts as idle
 
 

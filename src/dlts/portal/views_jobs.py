@@ -38,10 +38,9 @@ from dlts.portal import charts, forms
 from dlts.portal.core import back, bp, flash_error, login_required, principal
 from dlts.repositories import jobs as job_repo
 from dlts.repositories.cluster import sku_shapes
-from dlts.services import accounting
+from dlts.services import accounting, job_templates, portal_auth
 from dlts.services import cluster as cluster_service
 from dlts.services import endpoints as endpoint_service
-from dlts.services import job_templates, portal_auth
 from dlts.services import jobs as job_service
 from dlts.services.jobs import JOB_TYPES
 from dlts.services.policy import Visibility, job_visibility

@@ -19,13 +19,13 @@ from dlts.models import Job, JobAttempt, UsageJobDay, UsageTotal, UtilisationPoi
 COUNTERS = ("gpu_ms", "busy_gpu_ms", "sampled_gpu_ms")
 
 
-def _upsert(session: Session, table: sa.Table, keys: Sequence[str], rows: list[dict[str, Any]]) -> None:
+def _upsert(session: Session, table: Any, keys: Sequence[str], rows: list[dict[str, Any]]) -> None:
     if not rows:
         return
     if session.get_bind().dialect.name == "sqlite":
         from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
-        stmt = sqlite_insert(table)
+        stmt: Any = sqlite_insert(table)
         stmt = stmt.on_conflict_do_update(index_elements=list(keys),
                                           set_={c: table.c[c] + stmt.excluded[c] for c in COUNTERS})
     else:
@@ -97,9 +97,10 @@ def mark_booked(session: Session, bookings: Sequence[Booking]) -> bool:
         chunk = bookings[i:i + MARK_CHUNK]
         params: list[Any] = []
         whens = f"WHEN {ph} THEN {ph} " * len(chunk)
+        ids = [b.attempt_id for b in chunk]
 
-        def case(values: Iterable[Any]) -> str:
-            for attempt_id, value in zip((b.attempt_id for b in chunk), values):
+        def case(values: Iterable[Any], ids: list[int] = ids, params: list[Any] = params, whens: str = whens) -> str:
+            for attempt_id, value in zip(ids, values):
                 params.extend((attempt_id, value))
             return f"CASE id {whens}END"
 
@@ -110,7 +111,7 @@ def mark_booked(session: Session, bookings: Sequence[Booking]) -> bool:
                f"busy_gpu_ms = busy_gpu_ms + {case(b.busy_gpu_ms for b in chunk)}, "
                f"sampled_gpu_ms = sampled_gpu_ms + {case(b.sampled_gpu_ms for b in chunk)} "
                f"WHERE id IN ({', '.join([ph] * len(chunk))}) ")
-        params.extend(b.attempt_id for b in chunk)
+        params.extend(ids)
         sql += f"AND booked_until {same} {case(b.was for b in chunk)}"
         result = connection.exec_driver_sql(sql, tuple(_driver_value(p, sqlite) for p in params))
         if result.rowcount != len(chunk):

@@ -30,7 +30,16 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from dlts.errors import Forbidden, InvalidInput
-from dlts.models import ACTIVE, Job, JobAttempt, UsageJobDay, UsageTotal, User, UtilisationPoint, VirtualCluster
+from dlts.models import (
+    ACTIVE,
+    Job,
+    JobAttempt,
+    UsageJobDay,
+    UsageTotal,
+    User,
+    UtilisationPoint,
+    VirtualCluster,
+)
 from dlts.repositories import accounting as repo
 from dlts.services import policy
 from dlts.services.auth import Principal
@@ -121,7 +130,7 @@ def point_gpu_ms(point: UtilisationPoint, started: dt.datetime, ended: dt.dateti
         b = min(b, _ms(ended))
     covered = max(0, b - a)
     busy = sampled = 0
-    for _index, (n, ratio, _mem) in (point.gpus or {}).items():
+    for n, ratio, _mem in (point.gpus or {}).values():
         if n and ratio is not None:
             busy += round(min(1.0, max(0.0, float(ratio))) * covered)
             sampled += covered
@@ -295,9 +304,9 @@ def record_utilisation(session: Session, node: str, metrics: Mapping[str, Any], 
                                      cpu_samples=0)
             session.add(point)
         merged = {k: list(v) for k, v in (point.gpus or {}).items()}
-        for index, (ratio, memory) in gpus.get(job, {}).items():
-            n, old_ratio, old_memory = merged.get(index, [0, None, None])
-            merged[index] = [n + 1, _mean(old_ratio, n, ratio), _mean(old_memory, n, memory)]
+        for key, (ratio, memory) in gpus.get(job, {}).items():
+            n, old_ratio, old_memory = merged.get(key, [0, None, None])
+            merged[key] = [n + 1, _mean(old_ratio, n, ratio), _mean(old_memory, n, memory)]
         point.gpus = merged
         if job in hosts:
             cores, memory = hosts[job]
