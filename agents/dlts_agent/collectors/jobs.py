@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from dlts_agent.model import JobLabels, JobsSample, JobUsage
 
