@@ -47,7 +47,9 @@ class UsageJobDay(Base):
     __table_args__ = (
         sa.UniqueConstraint("job_id", "day"),
         sa.Index("ix_usage_job_days_day_job_id", "day", "job_id"),
-        sa.Index("ix_usage_job_days_user_id_day", "user_id", "day"),
+        # one user's or one VC's jobs newest first: walked backwards by job id, stopping at the limit
+        sa.Index("ix_usage_job_days_user_id_job_id_day", "user_id", "job_id", "day"),
+        sa.Index("ix_usage_job_days_vc_id_job_id_day", "vc_id", "job_id", "day"),
     )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True)

@@ -52,7 +52,7 @@ def open_attempts(session: Session, after_id: int, limit: int) -> list[sa.Row]:
                   JobAttempt.booked_until, JobAttempt.utilisation_booked_until, Job.user_id, Job.vc_id, Job.sku,
                   Job.preemptible, Job.gpus, Job.nodes)
         .join(Job, Job.id == JobAttempt.job_id)
-        .where(JobAttempt.accounting_open.is_(True), JobAttempt.id > after_id)
+        .where(JobAttempt.accounting_open == sa.true(), JobAttempt.id > after_id)
         .order_by(JobAttempt.id).limit(limit)))
 
 

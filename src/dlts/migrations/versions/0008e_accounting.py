@@ -61,7 +61,8 @@ def upgrade() -> None:
     sa.UniqueConstraint('job_id', 'day', name=op.f('uq_usage_job_days_job_id_day')),
     )
     op.create_index('ix_usage_job_days_day_job_id', 'usage_job_days', ['day', 'job_id'], unique=False)
-    op.create_index('ix_usage_job_days_user_id_day', 'usage_job_days', ['user_id', 'day'], unique=False)
+    op.create_index('ix_usage_job_days_user_id_job_id_day', 'usage_job_days', ['user_id', 'job_id', 'day'], unique=False)
+    op.create_index('ix_usage_job_days_vc_id_job_id_day', 'usage_job_days', ['vc_id', 'job_id', 'day'], unique=False)
 
     op.create_table('utilisation_points',
     sa.Column('id', _ID, nullable=False),
