@@ -511,6 +511,9 @@ def metrics_summary(snap: AgentSnapshot) -> dict[str, Any]:
         summary["gpus"] = [_gpu_json(g, jobs) for g in gpu.gpus]
     if jobs is not None:
         summary["job_ids"] = sorted(jobs.job_ids)
+        # host resources per job, for the control plane's utilisation history (docs/agent.md)
+        summary["jobs"] = [{"job_id": job, "pids": u.pids, "cpu_cores": u.cpu_cores, "memory_bytes": u.memory_bytes}
+                           for job, u in sorted(jobs.usage.items())]
     return summary
 
 

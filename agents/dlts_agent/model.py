@@ -220,10 +220,20 @@ class JobLabels:
 
 
 @dataclass(frozen=True)
+class JobUsage:
+    """Host resources of one job's processes on this node (accounting's utilisation history)."""
+
+    pids: int
+    cpu_cores: float | None  # mean cores busy since the previous collection; None on the first one
+    memory_bytes: int  # resident set size, summed over the job's processes
+
+
+@dataclass(frozen=True)
 class JobsSample:
     by_gpu_uuid: Mapping[str, JobLabels]
     by_gpu_index: Mapping[int, JobLabels]
     by_pid: Mapping[int, JobLabels]
+    usage: Mapping[str, JobUsage] = field(default_factory=dict)  # by job id
 
     def for_gpu(self, gpu: GpuSample) -> JobLabels | None:
         for pid in gpu.pids:  # NVML's host pids are the most reliable link

@@ -150,6 +150,7 @@ def managers(ctx: Context) -> None:
     from dlts.db import session_factory
     from dlts.jobmanager import JobManager
     from dlts.managers import Periodic, run_forever
+    from dlts.managers.accounting import AccountingManager
     from dlts.managers.janitor import Janitor
     from dlts.managers.lease import FencedBackend, Lease
     from dlts.services import allowlist
@@ -169,7 +170,9 @@ def managers(ctx: Context) -> None:
                       pause_s=settings.janitor_pause_s, log_dir=settings.effective_log_dir)
     entries = [Periodic("jobmanager.tick", settings.tick_s, manager.tick, watched=True),
                Periodic("janitor.purge", 3600.0, janitor.run),
-               Periodic("allowlist.purge_expired", 600.0, functools.partial(allowlist.purge_expired_entries, sessions))]
+               Periodic("allowlist.purge_expired", 600.0, functools.partial(allowlist.purge_expired_entries, sessions)),
+               Periodic("accounting.book", settings.accounting_interval_s,
+                        AccountingManager(sessions, settings.utilisation_retention_days).run_once)]
     if settings.repair.enabled:
         from dlts.managers.repair import RepairManager
         from dlts.repair.rules import RuleError

@@ -129,6 +129,10 @@ class Settings(BaseModel):
     retention_days: int = Field(180, ge=1)
     janitor_batch_rows: int = Field(500, ge=1, le=100_000)
     janitor_pause_s: float = Field(0.01, ge=0, le=60)  # the least pause; it is at least the batch's own time
+    # accounting (docs/accounting.md): seconds between bookings of GPU time into the usage rollup, and
+    # days the per-minute utilisation history of attempts is kept
+    accounting_interval_s: float = Field(60.0, ge=1, le=3600)
+    utilisation_retention_days: int = Field(30, ge=1, le=3650)
     # Lustre: the cluster defaults (filesystem, default user quota, ...) for the storage manager,
     # which applies each VC's storage["lustre"] settings every storage_interval_s (None: off)
     lustre_defaults_file: Path | None = None

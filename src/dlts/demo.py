@@ -215,6 +215,11 @@ def run_demo(settings: Settings, fake_nvml: str | None = None) -> None:
 
     repairer = TickThread(None, settings.repair.interval_s, name="repair",
                           tick=instrumented("repair.tick", RepairManager(sessions, settings).run_once))
+    from dlts.managers.accounting import AccountingManager
+
+    accountant = TickThread(None, settings.accounting_interval_s, name="accounting",
+                            tick=instrumented("accounting.book",
+                                              AccountingManager(sessions, settings.utilisation_retention_days).run_once))
     server = make_server(settings.listen_host, settings.listen_port, app, threaded=True)
     url = f"http://{settings.listen_host}:{server.server_port}"
     node = backend.nodes()[0]
@@ -244,6 +249,7 @@ def run_demo(settings: Settings, fake_nvml: str | None = None) -> None:
     ticker.start()
     if settings.repair.enabled:
         repairer.start()
+    accountant.start()
     agent_thread.start()
     signal.signal(signal.SIGTERM, _interrupt)
     signal.signal(signal.SIGINT, _interrupt)
@@ -256,6 +262,7 @@ def run_demo(settings: Settings, fake_nvml: str | None = None) -> None:
         server.server_close()
         ticker.stopping.set()
         repairer.stopping.set()
+        accountant.stopping.set()
         agent_stop.set()
         agent_thread.join(timeout=10)
         ticker.join(timeout=30)

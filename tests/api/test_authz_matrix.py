@@ -163,6 +163,8 @@ TABLE = [
     Case("read a job's events", "GET", "/api/v1/jobs/{job}/events", (401, 200, 404, 200, 200, 200), prepare=with_job),
     Case("read a job's attempts", "GET", "/api/v1/jobs/{job}/attempts", (401, 200, 404, 200, 200, 200), prepare=with_job),
     Case("read a job's log", "GET", "/api/v1/jobs/{job}/log", (401, 403, 404, 200, 200, 200), prepare=with_job),
+    Case("read a job's utilisation", "GET", "/api/v1/jobs/{job}/utilisation", (401, 403, 404, 200, 200, 200),
+         prepare=with_job),
     Case("list a job's endpoints", "GET", "/api/v1/jobs/{job}/endpoints", (401, 403, 404, 200, 200, 200),
          prepare=job_with_endpoint),
     Case("open a port endpoint", "POST", "/api/v1/jobs/{job}/endpoints", (401, 403, 404, 201, 201, 201),
@@ -226,6 +228,7 @@ TABLE = [
          body=lambda t: {"schema_version": 1, "node": "testnode"}),
     Case("cluster status", "GET", "/api/v1/cluster/status", ALL_200),
     Case("storage usage", "GET", "/api/v1/storage/usage", ALL_200),
+    Case("GPU usage (accounting)", "GET", "/api/v1/usage", ALL_200),
 ]
 
 

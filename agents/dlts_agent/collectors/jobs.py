@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import logging
 import os
+import time
+from collections.abc import Callable
 
-from dlts_agent.model import JobLabels, JobsSample
+from dlts_agent.model import JobLabels, JobsSample, JobUsage
 
 log = logging.getLogger(__name__)
 
@@ -24,11 +26,20 @@ _MARKER = b"DLTS_JOB_ID="
 class JobsCollector:
     name = "jobs"
 
-    def __init__(self, proc_root: str = "/proc") -> None:
+    def __init__(self, proc_root: str = "/proc", *, clock: Callable[[], float] = time.monotonic,
+                 clock_ticks: int | None = None, page_bytes: int | None = None) -> None:
         self.proc_root = proc_root
+        self.clock = clock
+        self.clock_ticks = clock_ticks or _sysconf("SC_CLK_TCK", 100)
+        self.page_bytes = page_bytes or _sysconf("SC_PAGE_SIZE", 4096)
+        self._ticks: dict[int, tuple[int, int]] = {}  # pid -> (start time, CPU ticks) at the last collection
+        self._at: float | None = None
         self._logged: set[str] = set()  # problems logged already: each once while it lasts
 
     def collect(self) -> tuple[JobsSample, list[str]]:
+        now = self.clock()
+        ticks: dict[int, tuple[int, int]] = {}
+        usage: dict[str, list] = {}  # job id -> [pids, delta ticks, any delta known, rss bytes]
         errors: list[str] = []
         by_pid: dict[int, JobLabels] = {}
         by_uuid: dict[str, JobLabels] = {}
@@ -49,6 +60,7 @@ class JobsCollector:
                 errors.append(f"pid {entry}: {e}; process skipped")
                 continue
             by_pid[int(entry)] = labels
+            self._add_usage(int(entry), labels.job_id, ticks, usage)
             for uuid in uuids:
                 by_uuid[uuid] = labels
             for index in indices:
@@ -58,7 +70,35 @@ class JobsCollector:
         for problem in set(errors) - self._logged:
             log.warning("jobs collector: %s", problem)
         self._logged = set(errors)
-        return JobsSample(by_gpu_uuid=by_uuid, by_gpu_index=by_index, by_pid=by_pid), errors
+        elapsed = now - self._at if self._at is not None else 0.0
+        self._ticks, self._at = ticks, now
+        jobs = {job: JobUsage(pids=n, memory_bytes=rss,
+                              cpu_cores=round(d / self.clock_ticks / elapsed, 3) if known and elapsed > 0 else None)
+                for job, (n, d, known, rss) in usage.items()}
+        return JobsSample(by_gpu_uuid=by_uuid, by_gpu_index=by_index, by_pid=by_pid, usage=jobs), errors
+
+    def _add_usage(self, pid: int, job_id: str, ticks: dict[int, tuple[int, int]], usage: dict[str, list]) -> None:
+        entry = usage.setdefault(job_id, [0, 0, False, 0])
+        entry[0] += 1
+        base = os.path.join(self.proc_root, str(pid))
+        try:
+            with open(os.path.join(base, "stat"), "rb") as f:
+                # the fields after the command name, which may hold spaces and parentheses
+                fields = f.read().rsplit(b")", 1)[1].split()
+            cpu, start = int(fields[11]) + int(fields[12]), int(fields[19])  # utime + stime, starttime
+        except (OSError, IndexError, ValueError):
+            cpu = start = -1
+        if start >= 0:
+            ticks[pid] = (start, cpu)
+            before = self._ticks.get(pid)
+            if before is not None and before[0] == start and cpu >= before[1]:
+                entry[1] += cpu - before[1]
+                entry[2] = True
+        try:
+            with open(os.path.join(base, "statm"), "rb") as f:
+                entry[3] += int(f.read().split()[1]) * self.page_bytes
+        except (OSError, IndexError, ValueError):
+            pass
 
     def close(self) -> None:
         pass
@@ -92,6 +132,13 @@ def _labels_and_gpus(env: dict[str, str]) -> tuple[JobLabels, list[str], list[in
         else:
             junk.append(dev)
     return labels, uuids, indices, junk
+
+
+def _sysconf(name: str, default: int) -> int:
+    try:
+        return int(os.sysconf(name))
+    except (ValueError, OSError, AttributeError):
+        return default
 
 
 def _parse_environ(raw: bytes) -> dict[str, str]:

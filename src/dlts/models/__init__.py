@@ -1,5 +1,6 @@
 """All models, imported here so that Alembic and ``create_all`` see every table."""
 
+from dlts.models.accounting import UsageJobDay, UsageTotal, UtilisationPoint
 from dlts.models.access import AllowedIp, RegistryCredential, SshKey, StorageUsage
 from dlts.models.base import Base, iso, utcnow
 from dlts.models.identity import (
@@ -35,6 +36,6 @@ __all__ = [
     "ACTIVE", "TERMINAL", "TRANSITIONS", "AllowedIp", "ApiToken", "Base", "EndpointKind", "EndpointStatus", "Group",
     "GroupMember", "Job", "JobAttempt", "JobEndpoint", "JobEvent", "JobStatus", "JobTemplate", "ManagersLease", "Node",
     "NodeEvent", "NodeFinding", "NodeOrder", "NodeState", "OutboxMessage", "OutboxStatus", "PortalSession", "RateCounter",
-    "RegistryCredential", "RepairControl", "RepairCycle",
-    "RepairStep", "Role", "RoleBinding", "SshKey", "StorageUsage", "User", "VcEvent", "VirtualCluster", "iso", "utcnow",
+    "RegistryCredential", "RepairControl", "RepairCycle", "RepairStep", "Role", "RoleBinding", "SshKey", "StorageUsage",
+    "UsageJobDay", "UsageTotal", "User", "UtilisationPoint", "VcEvent", "VirtualCluster", "iso", "utcnow",
 ]

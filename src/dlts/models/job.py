@@ -104,7 +104,8 @@ class JobAttempt(Base):
     """One run of a job: where it ran, how it ended, whether it spent a retry."""
 
     __tablename__ = "job_attempts"
-    __table_args__ = (sa.UniqueConstraint("job_id", "number"),)
+    __table_args__ = (sa.UniqueConstraint("job_id", "number"),
+                      sa.Index("ix_job_attempts_accounting_open", "accounting_open"))  # revision 0010
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True)
     job_id: Mapped[int] = mapped_column(sa.ForeignKey("jobs.id", ondelete="CASCADE"))
@@ -121,6 +122,14 @@ class JobAttempt(Base):
     # set when the job manager asked the backend to stop this attempt (kill, pause, preemption)
     stop_requested: Mapped[str | None] = mapped_column(sa.String(64))
     spends_retry: Mapped[bool | None] = mapped_column(sa.Boolean)
+    # accounting (services/accounting.py): GPU-milliseconds booked into the usage rollup so far, and
+    # up to when; ``accounting_open`` until the attempt has ended and everything is booked
+    accounting_open: Mapped[bool] = mapped_column(sa.Boolean, default=True, server_default=sa.true())
+    booked_until: Mapped[dt.datetime | None] = mapped_column(Timestamp)
+    utilisation_booked_until: Mapped[dt.datetime | None] = mapped_column(Timestamp)  # a minute boundary
+    gpu_ms: Mapped[int] = mapped_column(sa.BigInteger, default=0, server_default="0")
+    busy_gpu_ms: Mapped[int] = mapped_column(sa.BigInteger, default=0, server_default="0")
+    sampled_gpu_ms: Mapped[int] = mapped_column(sa.BigInteger, default=0, server_default="0")
 
 
 class JobEvent(Base):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+from dataclasses import replace
 
 import sqlalchemy as sa
 from flask import Response, abort, current_app, flash, redirect, render_template, request, url_for
@@ -11,9 +12,10 @@ from dlts.app import settings_of
 from dlts.errors import DltsError, InvalidInput
 from dlts.extensions import db
 from dlts.models import JobStatus, VirtualCluster, utcnow
-from dlts.portal import forms, queries
+from dlts.portal import charts, forms, queries
 from dlts.portal.core import admin_only_404, bp, flash_error, login_required, principal
 from dlts.repositories import jobs as job_repo
+from dlts.services import accounting
 from dlts.services import cluster as cluster_service
 from dlts.services import nodes as node_service
 from dlts.services import storage as storage_service
@@ -192,21 +194,47 @@ def storage():
 @bp.route("/gpu-hours")
 @login_required
 def gpu_hours():
+    """GPU hours booked, used and idle from the accounting rollup: the month by user and VC, and the
+    twelve months up to it as a chart."""
     who = principal()
-    today = utcnow()
+    today = utcnow().date()
     try:
-        month = dt.datetime.strptime(request.args.get("month", today.strftime("%Y-%m")), "%Y-%m")
+        month = dt.datetime.strptime(request.args.get("month", today.strftime("%Y-%m")), "%Y-%m").date()
     except ValueError:
         flash("Month must look like 2026-11; showing this month.", "error")
-        month = today.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+        month = today.replace(day=1)
     scope = request.args.get("scope", "mine")
     if scope not in ("mine", "vc", "all") or (scope == "all" and not who.is_cluster_admin):
         scope = "mine"
+    # "My VCs" of a cluster admin: the VCs they belong to, not all of them
+    seer = replace(who, is_cluster_admin=False) if scope == "vc" and who.is_cluster_admin else who
+    user = who.name if scope == "mine" else None
+    last_day = (month.replace(day=28) + dt.timedelta(days=4)).replace(day=1) - dt.timedelta(days=1)
+    query = accounting.UsageQuery(group_by=("user", "vc"), start=month, end=last_day, user=user)
+    report = accounting.usage(db.session, seer, query)
+    if request.args.get("format") == "csv":
+        return Response(accounting.to_csv(report), mimetype="text/csv",
+                        headers={"Content-Disposition": f'attachment; filename="gpu-hours-{month:%Y-%m}.csv"'})
+    year_start = (month.replace(day=1) - dt.timedelta(days=335)).replace(day=1)
+    months = accounting.usage(db.session, seer, accounting.UsageQuery(group_by=("month",), start=year_start,
+                                                                      end=last_day, user=user))
+    by_month = {r.keys["month"]: r.as_json() for r in months.rows}
+    labels, cursor = [], year_start
+    while cursor <= month:
+        labels.append(cursor.strftime("%Y-%m"))
+        cursor = (cursor + dt.timedelta(days=32)).replace(day=1)
+    bars = [(m, [("busy", by_month.get(m, {}).get("busy_gpu_hours", 0.0), "used"),
+                 ("idle", by_month.get(m, {}).get("idle_gpu_hours", 0.0), "idle"),
+                 ("unmeasured", by_month.get(m, {}).get("unmeasured_gpu_hours", 0.0), "not measured")])
+            for m in labels]
+    chart = charts.stacked_bars(bars, "GPU h") if by_month else None
+    rows = [r.as_json() for r in report.rows]
+    total = {k: sum(r[k] for r in rows) for k in ("gpu_hours", "busy_gpu_hours", "idle_gpu_hours",
+                                                    "unmeasured_gpu_hours", "preemptible_gpu_hours")}
     vcs = None if scope == "all" else who.vcs
-    user_id = who.user_id if scope == "mine" else None
-    rows = queries.gpu_hours(db.session, month, vc_names=None if scope == "mine" else vcs, user_id=user_id, now=today)
     idle = queries.idle_gpus_now(db.session, vc_names=vcs)
     if idle is not None and scope == "mine":
         idle = [r for r in idle if r.user == who.name]
-    return render_template("gpu_hours.html", rows=rows, month=month.strftime("%Y-%m"), idle=idle, scope=scope,
-                           idle_threshold=queries.IDLE_UTILISATION)
+    return render_template("gpu_hours.html", rows=rows, total=total, month=month.strftime("%Y-%m"), idle=idle,
+                           scope=scope, idle_threshold=queries.IDLE_UTILISATION, chart=chart,
+                           months=[(m, by_month.get(m)) for m in labels])

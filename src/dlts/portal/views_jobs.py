@@ -33,13 +33,13 @@ from dlts.models import (
     User,
     VirtualCluster,
 )
-from dlts.portal import forms
+from dlts.portal import charts, forms
 from dlts.portal.core import back, bp, flash_error, login_required, principal
 from dlts.repositories import jobs as job_repo
 from dlts.repositories.cluster import sku_shapes
+from dlts.services import accounting, job_templates, portal_auth
 from dlts.services import cluster as cluster_service
 from dlts.services import endpoints as endpoint_service
-from dlts.services import job_templates, portal_auth
 from dlts.services import jobs as job_service
 from dlts.services.jobs import JOB_TYPES
 from dlts.services.policy import Visibility, job_visibility
@@ -194,8 +194,10 @@ def _job_page(job_id: int, new_token: dict | None = None, status: int = 200):
     # the owner is told before asking for ssh that nobody could log in without a key
     no_ssh_key = (job.user_id == who.user_id and (can_open_endpoint or any(e.kind == "ssh" for e in endpoints))
                   and db.session.scalar(sa.select(SshKey.id).where(SshKey.user_id == who.user_id).limit(1)) is None)
+    utilisation = _utilisation_charts(job.id, who) if full and current is not None and current.started_at else None
     response = current_app.make_response((render_template(
         "job.html", job=job, full=full, attempts=attempts, events=events, placements=placements, actions=actions,
+        utilisation=utilisation,
         messages=[e for e in events if e.kind in ("insight", "repair")], vc_admin=vc_admin,
         can_patch=full and job.status not in TERMINAL,
         time_left_s=job_service.time_left_s(job, job.vc.max_job_time_s), ended=job.status in TERMINAL,
@@ -204,6 +206,37 @@ def _job_page(job_id: int, new_token: dict | None = None, status: int = 200):
     if new_token:
         response.headers["Cache-Control"] = "no-store"  # the password must not linger in a cache
     return response
+
+
+def _utilisation_charts(job_id: int, who) -> dict | None:
+    """The current attempt's minutes as four line charts; None when no agent sampled it."""
+    history = accounting.utilisation(db.session, who, job_id)
+    if not history.points:
+        return None
+    t0 = history.points[0]["at"]
+    series: dict[tuple[str, int], list] = {}
+    for p in history.points:
+        for g in p["gpus"]:
+            series.setdefault((g["node"], g["index"]), [])
+    util, memory = [], []
+    for i, key in enumerate(sorted(series)):
+        label = f"{key[0]} GPU {key[1]}"
+        by_minute = [((p["at"] - t0).total_seconds(), next((g for g in p["gpus"] if (g["node"], g["index"]) == key), None))
+                     for p in history.points]
+        util.append((f"s{i % 8}", label, [(x, g["utilization_ratio"] * 100 if g and g["utilization_ratio"] is not None else None)
+                                          for x, g in by_minute]))
+        memory.append((f"s{i % 8}", label, [(x, g["memory_used_bytes"] / 2**30 if g and g["memory_used_bytes"] is not None else None)
+                                            for x, g in by_minute]))
+    xs = [(p["at"] - t0).total_seconds() for p in history.points]
+    first, last = history.points[0]["at"].strftime("%H:%M"), history.points[-1]["at"].strftime("%H:%M")
+    cpu = [("s0", "CPU cores", [(x, p["cpu_cores"]) for x, p in zip(xs, history.points)])]
+    host = [("s1", "host memory", [(x, p["memory_bytes"] / 2**30 if p["memory_bytes"] is not None else None)
+                                   for x, p in zip(xs, history.points)])]
+    return {"attempt": history.attempt, "points": len(history.points),
+            "charts": [("GPU utilisation", charts.line_chart(util, unit="%", y_max=100.0, first=first, last=last)),
+                       ("GPU memory", charts.line_chart(memory, unit="GiB", first=first, last=last)),
+                       ("CPU", charts.line_chart(cpu, unit="cores", first=first, last=last)),
+                       ("Host memory", charts.line_chart(host, unit="GiB", first=first, last=last))]}
 
 
 @bp.route("/jobs/<int(max=4611686018427387904):job_id>/endpoints", methods=["POST"])

@@ -31,7 +31,7 @@ from dlts.errors import Forbidden, InvalidInput, NotFound, Unauthenticated, Wron
 from dlts.models import Node, NodeEvent, NodeFinding, NodeOrder, RepairCycle, iso, utcnow
 from dlts.repositories import repair as repair_repo
 from dlts.repositories import usage as usage_repo
-from dlts.services import allowlist, policy
+from dlts.services import accounting, allowlist, policy
 from dlts.services.auth import Principal, hash_token
 from dlts.strict import is_whole_number
 
@@ -348,6 +348,8 @@ def record_report(session: Session, node: Node, report: Report, accept_fake: boo
     for order in orders:
         if order.status == "pending":
             order.status = "sent"
+    if not report.fake or accept_fake:  # per-job samples into the utilisation history (docs/accounting.md)
+        accounting.record_utilisation(session, node.name, report.metrics, now)
     session.commit()
     return [_order_json(o) for o in orders]
 
