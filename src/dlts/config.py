@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from dlts.backends.k8s_settings import KubernetesSettings, cidr_list
 from dlts.notify_settings import NotifySettings
 from dlts.repair.settings import RepairSettings
+from dlts.storage.settings import StorageSettings
 
 ENV_PREFIX = "DLTS_"
 SYSTEM_CONFIG = Path("/etc/dlts/dlts.yaml")
@@ -121,8 +122,10 @@ class Settings(BaseModel):
     templates_dir: Path | None = None
     # the notifier: SMTP server, sender, rate limits (docs/notifications.md)
     notify: NotifySettings = Field(default_factory=NotifySettings)
+    # the storage manager's scans, alerts and expiry of NFS/local roots (docs/storage.md)
+    storage: StorageSettings = Field(default_factory=StorageSettings)
 
-    @field_validator("kubernetes", mode="before")
+    @field_validator("kubernetes", "storage", mode="before")
     @classmethod
     def _empty_section(cls, value: Any) -> Any:
         # "kubernetes:" with nothing under it is YAML null: the section with every default

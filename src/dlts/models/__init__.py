@@ -19,11 +19,12 @@ from dlts.models.job import (
 from dlts.models.node import Node, NodeEvent, NodeFinding, NodeOrder, NodeState
 from dlts.models.notify import OutboxMessage, OutboxStatus
 from dlts.models.repair import RepairControl, RepairCycle, RepairStep
+from dlts.models.storage import StorageExpiryLog, StorageSnapshot
 from dlts.models.vc import VcEvent, VirtualCluster
 
 __all__ = [
     "ACTIVE", "TERMINAL", "TRANSITIONS", "AllowedIp", "ApiToken", "Base", "EndpointKind", "EndpointStatus", "Group",
     "GroupMember", "Job", "JobAttempt", "JobEndpoint", "JobEvent", "JobStatus", "JobTemplate", "Node", "NodeEvent", "NodeFinding",
     "NodeOrder", "NodeState", "OutboxMessage", "OutboxStatus", "RegistryCredential", "RepairControl", "RepairCycle",
-    "RepairStep", "Role", "RoleBinding", "SshKey", "StorageUsage", "User", "VcEvent", "VirtualCluster", "iso", "utcnow",
+    "RepairStep", "Role", "RoleBinding", "SshKey", "StorageExpiryLog", "StorageSnapshot", "StorageUsage", "User", "VcEvent", "VirtualCluster", "iso", "utcnow",
 ]
