@@ -176,7 +176,7 @@ class _Walk:
             if newest_time(st, self.root.use_atime) < self.now - self.limit_s + self.warn_s:
                 self.warn(owner, rel, st)
             return False, False
-        if not self.dry_run and not self.may_delete(owner):
+        if not self.may_delete(owner):
             held = self.report.held.setdefault(owner, OwnerTotals())
             held.files += 1
             held.bytes += st.st_blocks * 512
@@ -245,7 +245,7 @@ class _Walk:
         owner = self.owner(rel, st)
         if not all_gone:
             return True, False
-        if not self.dry_run and not self.may_delete(owner):
+        if not self.may_delete(owner):
             return True, False
         if self.dry_run:
             self.record(owner, rel, "dir", 0)
