@@ -226,6 +226,7 @@ TABLE = [
          body=lambda t: {"schema_version": 1, "node": "testnode"}),
     Case("cluster status", "GET", "/api/v1/cluster/status", ALL_200),
     Case("storage usage", "GET", "/api/v1/storage/usage", ALL_200),
+    Case("storage snapshots", "GET", "/api/v1/storage/snapshots", ALL_200),
 ]
 
 
