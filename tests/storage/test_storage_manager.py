@@ -23,7 +23,13 @@ from click.testing import CliRunner
 from dlts.config import load_settings
 from dlts.managers.notify import NotifyManager
 from dlts.managers.storage import StorageManager, periodic_entries
-from dlts.models import OutboxMessage, StorageExpiryLog, StorageSnapshot, StorageUsage, User
+from dlts.models import (
+    OutboxMessage,
+    StorageExpiryLog,
+    StorageSnapshot,
+    StorageUsage,
+    User,
+)
 from dlts.storage import scan as scan_module
 from dlts.storage.scan import scan_root
 from dlts.storage.settings import StorageRoot, StorageSettings

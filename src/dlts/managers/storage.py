@@ -63,8 +63,8 @@ class StorageManager:
 
     @staticmethod
     def uid_names(session: Session) -> dict[int, str]:
-        return {uid: name for uid, name in session.execute(
-            sa.select(User.uid, User.name).where(User.uid.is_not(None)))}
+        rows = session.execute(sa.select(User.uid, User.name).where(User.uid.is_not(None))).all()
+        return {uid: name for uid, name in rows if uid is not None}
 
     # -- scans -----------------------------------------------------------------------------------
     def scan_once(self) -> list[ScanResult]:

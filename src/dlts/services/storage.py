@@ -119,8 +119,8 @@ def record_scan(session: Session, result: ScanResult, root: StorageRoot, setting
         over = was_over if percent is None and root.alert_percent is not None else False
     else:
         over = percent >= root.alert_percent
-    started_at = _epoch(result.started_at)
-    scanned_at = _epoch(result.started_at + result.duration_s)
+    started_at = dt.datetime.fromtimestamp(result.started_at, dt.timezone.utc).replace(tzinfo=None)
+    scanned_at = started_at + dt.timedelta(seconds=result.duration_s)
     if previous is not None and scanned_at <= previous.scanned_at:  # a clock step must not reorder scans
         scanned_at = previous.scanned_at + dt.timedelta(microseconds=1)
     snapshot = StorageSnapshot(

@@ -368,7 +368,7 @@ def _coordinate(root: StorageRoot, settings: StorageSettings, owners: Owners, wo
                 elif item > oldest[0]:
                     heapq.heapreplace(oldest, item)
 
-    for parts, _ in dir_sizes.items():
+    for parts in dir_sizes:
         if len(parts) == 1 and parts[0] not in result.by_directory:
             result.by_directory[parts[0]] = Totals()
     result.directory_owner = {parts[0]: dir_owner[parts] for parts in dir_sizes if len(parts) == 1}
@@ -383,8 +383,8 @@ def _coordinate(root: StorageRoot, settings: StorageSettings, owners: Owners, wo
 
 def scan_path(path: str, settings: StorageSettings | None = None, **kwargs: Any) -> ScanResult:
     """Scan a path by hand (``dlts storage scan``): the configured root's mapping when it is one."""
-    settings = settings or StorageSettings()
-    root = settings.root(path) or StorageRoot(path=os.path.abspath(path), kind="local")
+    settings = settings or StorageSettings.model_validate({})
+    root = settings.root(path) or StorageRoot.model_validate({"path": os.path.abspath(path), "kind": "local"})
     return scan_root(root, settings, **kwargs)
 
 
