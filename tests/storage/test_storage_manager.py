@@ -229,3 +229,21 @@ def test_dlts_storage_expire_dry_run_lists_what_would_go_and_changes_nothing(peo
     real = runner.invoke(main, ["--config", str(config), "storage", "expire", str(nfs), "--older-than-days", "0.00001"],
                          env={"DLTS_CONFIG": None, "DLTS_HOME": None})
     assert real.exit_code == 0 and "bob: 1 file(s), 1 dir(s)" in real.output and not (nfs / "scratch" / "bob").exists()
+
+
+def test_dlts_storage_scan_record_writes_a_snapshot_of_a_configured_root(people, settings, nfs, tmp_path, database_url,
+                                                                        sessions):
+    config = tmp_path / "dlts.yaml"
+    config.write_text(yaml.safe_dump({"database_url": database_url, "secret_key": settings.secret_key,
+                                      "storage": {"roots": [{"path": str(nfs)}]}}))
+    from dlts.cli import main
+
+    out = CliRunner().invoke(main, ["--config", str(config), "storage", "scan", "--record", str(nfs)],
+                             env={"DLTS_CONFIG": None, "DLTS_HOME": None})
+    assert out.exit_code == 0, out.output
+    assert "user alice: " in out.output  # the database's uid of alice names her files
+    with sessions() as s:
+        assert s.scalar(sa.select(StorageSnapshot.status).where(StorageSnapshot.root == str(nfs))) == "complete"
+    refused = CliRunner().invoke(main, ["--config", str(config), "storage", "scan", "--record", str(tmp_path)],
+                                 env={"DLTS_CONFIG": None, "DLTS_HOME": None})
+    assert refused.exit_code == 2 and "not in storage.roots" in refused.output
