@@ -209,8 +209,9 @@ MOVED_KEYS = {
     "node_label_ib_domain": "kubernetes.ib_domain_label",
     "node_label_vc": "kubernetes.vc_label",
 }
-# Sections whose keys the environment sets one by one: DLTS_KUBERNETES__NAMESPACE=jobs.
-SECTIONS = {"kubernetes": KubernetesSettings}
+# Sections whose keys the environment sets one by one: DLTS_KUBERNETES__NAMESPACE=jobs,
+# DLTS_STORAGE__SCAN_INTERVAL_S=600 (storage.roots is a list: the file's).
+SECTIONS = {"kubernetes": KubernetesSettings, "storage": StorageSettings}
 
 
 def _from_env(environ: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, str]]:

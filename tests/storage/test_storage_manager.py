@@ -197,6 +197,8 @@ def test_the_managers_register_storage_from_a_dlts_yaml_through_the_factory(peop
         owners = set(s.scalars(sa.select(StorageUsage.user).where(StorageUsage.mount == str(nfs / "scratch"))))
     assert "bob" in owners  # owner_by: directory
     assert periodic_entries(load_settings(None, environ={}), sessions) == []
+    from_env = load_settings(config, environ={"DLTS_STORAGE__SCAN_INTERVAL_S": "900"})
+    assert periodic_entries(from_env, sessions)[0].interval_s == 900.0 and len(from_env.storage.roots) == 2
 
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump({"storage": {"roots": [{"path": "relative/dir"}]}}))
@@ -215,6 +217,7 @@ def test_dlts_storage_expire_dry_run_lists_what_would_go_and_changes_nothing(peo
     from dlts.cli import main
 
     runner = CliRunner()
+    time.sleep(1.0)  # the files' ctime cannot be set back: they become older than 0.00001 days (0.86 s)
     out = runner.invoke(main, ["--config", str(config), "storage", "expire", str(nfs), "--older-than-days", "0.00001",
                                "--dry-run", "--json"], env={"DLTS_CONFIG": None, "DLTS_HOME": None})
     assert out.exit_code == 0, out.output
