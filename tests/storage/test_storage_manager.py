@@ -129,7 +129,8 @@ def test_the_alert_mails_admins_and_owners_of_the_biggest_paths_once_per_crossin
     assert len(alerts()) == 2
 
 
-def test_a_hung_mount_is_a_snapshot_and_the_last_complete_scan_stays_shown(people, sessions, settings, nfs, client):
+def test_a_hung_mount_is_a_snapshot_and_the_last_complete_scan_stays_shown(people, sessions, settings, nfs, client,
+                                                                          as_user):
     root = StorageRoot(path=nfs)
     StorageManager(sessions, with_storage(settings, roots=[root])).scan_once()
     release = threading.Event()
@@ -151,6 +152,9 @@ def test_a_hung_mount_is_a_snapshot_and_the_last_complete_scan_stays_shown(peopl
     assert [i["status"] for i in items] == ["hung", "complete"] and "hung" in items[0]["message"]
     rows = client.get("/api/v1/storage/usage", headers=people.auth("bob")).get_json()["rows"]
     assert any(r["files"] == 4 for r in rows if r["user"] is None and r["directory"] is None)
+    page = as_user("bob").get("/storage").get_data(as_text=True)
+    scans = page[page.index('id="storage-scans"'):page.index("</table>", page.index('id="storage-scans"'))]
+    assert f"<code>{nfs}</code>" in scans and 'class="warn">hung: ' in scans and 'id="storage-users"' in page
 
 
 def test_expiry_warns_first_then_deletes_and_records_per_owner(people, sessions, settings, nfs, smtp_server):

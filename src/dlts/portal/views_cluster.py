@@ -180,12 +180,8 @@ def storage():
     totals = [r for r in report.rows if not r.user and r.directory is None]
     users = [r for r in report.rows if r.user and r.directory is None]
     directories = [r for r in report.rows if r.directory is not None]
-    snapshots = storage_service.list_snapshots(db.session, limit=20)
-    latest: dict[str, dict] = {}
-    for snap in snapshots:  # the newest scan of each root, whatever its outcome (a hung mount shows)
-        latest.setdefault(snap["root"], snap)
     return render_template("storage.html", report=report, totals=totals, users=users, directories=directories,
-                           scans=list(latest.values()))
+                           scans=storage_service.latest_snapshots(db.session))
 
 
 @bp.route("/gpu-hours")

@@ -169,3 +169,11 @@ def list_snapshots(session: Session, *, root: str | None = None, limit: int = 50
     if root is not None:
         query = query.where(StorageSnapshot.root == root)
     return [snapshot_view(s) for s in session.scalars(query)]
+
+
+def latest_snapshots(session: Session) -> list[dict]:
+    """The newest snapshot of each root, whatever its outcome (a hung mount shows), by root."""
+    newest = (sa.select(StorageSnapshot.root, sa.func.max(StorageSnapshot.id).label("id"))
+              .group_by(StorageSnapshot.root).subquery())
+    query = sa.select(StorageSnapshot).join(newest, StorageSnapshot.id == newest.c.id).order_by(StorageSnapshot.root)
+    return [snapshot_view(s) for s in session.scalars(query)]
