@@ -65,8 +65,9 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     with op.batch_alter_table('storage_usage', schema=None) as batch_op:
-        batch_op.drop_index('ix_storage_usage_snapshot_id')
+        # the foreign key first: MariaDB will not drop the index a foreign key uses
         batch_op.drop_constraint(batch_op.f('fk_storage_usage_snapshot_id_storage_snapshots'), type_='foreignkey')
+        batch_op.drop_index('ix_storage_usage_snapshot_id')
         batch_op.drop_column('oldest_at')
         batch_op.drop_column('apparent_bytes')
         batch_op.drop_column('directory')
