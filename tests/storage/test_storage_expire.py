@@ -95,6 +95,13 @@ def test_keep_globs_and_dlts_keep_files_protect_everything_under_them(scratch):
     assert report.kept == 2 and "bob" not in report.deleted
 
 
+def test_a_dlts_keep_above_the_matched_paths_keeps_them_all(scratch):
+    write(scratch / "scratch" / ".dlts-keep", "")
+    report = expire_root(root_for(scratch), now=time.time() + 60 * DAY)
+    assert not report.deleted and report.kept == 2
+    assert (scratch / "scratch" / "bob" / "notes.txt").exists()
+
+
 def test_a_symlink_is_removed_never_its_target_and_never_followed(scratch, tmp_path):
     outside = write(tmp_path / "precious" / "data.bin")
     os.symlink(outside, scratch / "scratch" / "bob" / "to-file")

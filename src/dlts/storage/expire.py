@@ -72,6 +72,10 @@ class ExpireReport:
                 "errors": self.errors, "duration_s": round(self.duration_s, 3)}
 
 
+class _Kept(Exception):
+    """A directory above an expire_paths match holds .dlts-keep."""
+
+
 class RateLimit:
     """At most ``per_s`` operations a second (the clock and the sleep are the seams)."""
 
@@ -132,6 +136,9 @@ class _Walk:
         parent_rel, _, name = rel.rpartition("/")
         try:
             parent_fd = self.open_dir_chain(parent_rel)
+        except _Kept:
+            self.report.kept += 1
+            return
         except OSError as exc:
             self.report.errors.append(f"{os.path.join(self.base, rel)}: {exc.strerror or exc}")
             return
@@ -141,18 +148,28 @@ class _Walk:
             os.close(parent_fd)
 
     def open_dir_chain(self, rel: str) -> int:
-        """The root's directory ``rel`` opened one component at a time, never through a symlink."""
+        """The root's directory ``rel`` opened one component at a time, never through a symlink;
+        _Kept when one of the directories on the way holds .dlts-keep (everything under it stays)."""
         fd = os.open(self.base, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
         self.dev = os.fstat(fd).st_dev
-        for part in [p for p in rel.split("/") if p]:
+        for part in [""] + [p for p in rel.split("/") if p]:
+            if part:
+                try:
+                    nfd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+                finally:
+                    os.close(fd)
+                fd = nfd
+                if os.fstat(fd).st_dev != self.dev:
+                    os.close(fd)
+                    raise OSError(0, "another file system")
             try:
-                nfd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
-            finally:
-                os.close(fd)
-            fd = nfd
-            if os.fstat(fd).st_dev != self.dev:
-                os.close(fd)
-                raise OSError(0, "another file system")
+                os.stat(KEEP_FILE, dir_fd=fd, follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            except OSError:
+                pass  # cannot tell: keep, to be safe
+            os.close(fd)
+            raise _Kept()
         return fd
 
     def entry(self, parent_fd: int, parent_rel: str, name: str, depth: int) -> tuple[bool, bool]:
