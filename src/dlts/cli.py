@@ -7,6 +7,7 @@ line naming the field and exit non-zero; no traceback reaches the user.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import logging
@@ -32,6 +33,16 @@ class Context:
             except ConfigError as exc:
                 raise click.ClickException(str(exc)) from None
         return self._settings
+
+    @contextmanager
+    def sessions(self):
+        """A session factory on the configured database, for commands that run a manager's pass."""
+        from sqlalchemy.orm import sessionmaker
+
+        with self.session() as session:  # reachable, and the demo's SQLite schema upgraded
+            factory = sessionmaker(bind=session.get_bind(), expire_on_commit=False,
+                                   info={"dlts_settings": self.settings})
+            yield factory
 
     @contextmanager
     def session(self):
@@ -182,12 +193,9 @@ def managers(ctx: Context) -> None:
         except RuleError as exc:
             raise click.ClickException(str(exc)) from None
         entries.append(Periodic("repair.tick", settings.repair.interval_s, repair.run_once, watched=True))
-    if settings.lustre_defaults_file is not None:
-        from dlts.managers.storage import LustreStorageManager
+    from dlts.managers.storage import periodic_entries as storage_entries
 
-        storage = LustreStorageManager(sessions, settings.lustre_defaults_file)
-        storage.check()  # a bad defaults file stops start-up, naming the key
-        entries.append(Periodic("storage.lustre_apply", settings.storage_interval_s, storage.run))
+    entries.extend(storage_entries(settings, sessions))  # scans, expiry (storage.roots), Lustre
     from dlts.managers.notify import NotifyManager
     from dlts.services.notify import TemplateError
 
@@ -656,6 +664,110 @@ def repair_status(ctx: Context) -> None:
     click.echo(f"queue: {', '.join(q['node'] + ' (' + q['severity'] + ')' for q in st['queue']) or 'empty'}")
     for c in st["recent"][:10]:
         click.echo(f"  #{c['id']} {c['node']} {c['problem']}: {c['outcome'] or c['state']}")
+
+
+@main.group()
+def storage() -> None:
+    """Storage scans and expiry of the storage.roots by hand (docs/storage.md)."""
+
+
+@storage.command("scan")
+@click.argument("paths", nargs=-1, required=True, type=click.Path(file_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print the whole aggregation as JSON.")
+@click.option("--record", is_flag=True, help="Record the scans of configured roots as snapshots (as dlts managers does).")
+@pass_ctx
+def storage_scan(ctx: Context, paths: tuple[str, ...], as_json: bool, record: bool) -> None:
+    """Scan PATHs: usage by user, VC and top-level directory, the biggest directories, the oldest files.
+
+    A configured root uses its owner and VC mapping; another path is scanned as a local root."""
+    import json
+    import os
+
+    from dlts.managers.storage import StorageManager, human_bytes
+    from dlts.storage.scan import COMPLETE, scan_path
+
+    storage_settings = ctx.settings.storage
+    if record:
+        unknown = [p for p in paths if storage_settings.root(os.path.abspath(p)) is None]
+        if unknown:
+            raise click.UsageError(f"--record: {', '.join(unknown)} is not in storage.roots")
+    results = []
+    configured = [storage_settings.root(os.path.abspath(p)) for p in paths]
+    with ctx.sessions() if any(configured) else contextlib.nullcontext() as sessions:
+        manager = StorageManager(sessions, ctx.settings) if sessions is not None else None
+        for path, root in zip(paths, configured):
+            if record and manager is not None and root is not None:
+                result = manager.scan_and_record(root)
+            else:
+                names = {}
+                if manager is not None and root is not None:
+                    with sessions() as session:
+                        names = manager.uid_names(session)
+                result = scan_path(os.path.abspath(path), storage_settings, uid_names=names)
+            results.append(result)
+    for result in results:
+        if as_json:
+            continue
+        click.echo(f"{result.root}: {result.status}{' (' + result.message + ')' if result.message else ''}, "
+                   f"{result.total.files} files in {result.dirs} dirs, {human_bytes(result.total.allocated_bytes)} "
+                   f"allocated ({human_bytes(result.total.apparent_bytes)} apparent), {result.errors} unreadable, "
+                   f"{result.other_fs.count} other file systems, {result.duration_s:.1f} s")
+        for (vc, user), totals in sorted(result.by_owner.items(), key=lambda kv: -kv[1].allocated_bytes):
+            click.echo(f"  user {user}{' (' + vc + ')' if vc else ''}: {human_bytes(totals.allocated_bytes)}, {totals.files} files")
+        for d in result.top_dirs:
+            click.echo(f"  dir {d['path']}: {human_bytes(d['allocated_bytes'])}, {d['files']} files ({d['owner']})")
+    if as_json:
+        docs = [r.to_dict() for r in results]
+        click.echo(json.dumps(docs[0] if len(docs) == 1 else docs, indent=2))
+    if any(r.status != COMPLETE for r in results):
+        sys.exit(1)
+
+
+@storage.command("expire")
+@click.argument("root", type=click.Path(file_okay=False))
+@click.option("--older-than-days", type=click.FloatRange(min=0, min_open=True), help="Instead of the root's expire_after_days.")
+@click.option("--dry-run", is_flag=True, help="List exactly what would be deleted; delete, record and mail nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report (and, with --dry-run, every path) as JSON.")
+@pass_ctx
+def storage_expire(ctx: Context, root: str, older_than_days: float | None, dry_run: bool, as_json: bool) -> None:
+    """Expire old data under ROOT's expire_paths (a root of storage.roots), as dlts managers does."""
+    import json
+    import os
+
+    from dlts.managers.storage import StorageManager, human_bytes
+
+    configured = ctx.settings.storage.root(os.path.abspath(root))
+    if configured is None:
+        known = ", ".join(str(r.path) for r in ctx.settings.storage.roots) or "none"
+        raise click.UsageError(f"ROOT {root} is not in storage.roots (configured: {known})")
+    if not configured.expire_paths:
+        raise click.UsageError(f"storage.roots {configured.path}: no expire_paths configured")
+    if configured.expire_after_days is None and older_than_days is None:
+        raise click.UsageError(f"storage.roots {configured.path}: no expire_after_days; give --older-than-days")
+    items: list[dict] = []
+
+    def on_item(path: str, kind: str, size: int, owner: str) -> None:
+        if as_json:
+            items.append({"path": path, "kind": kind, "bytes": size, "owner": owner})
+        else:
+            click.echo(f"{'would delete' if dry_run else 'deleted'} {kind} {path} {size} {owner}")
+
+    with ctx.sessions() as sessions:
+        report = StorageManager(sessions, ctx.settings).expire_and_record(
+            configured, older_than_days=older_than_days, dry_run=dry_run, on_item=on_item)
+    if as_json:
+        click.echo(json.dumps({**report.to_dict(), "items": items}, indent=2))
+        return
+    for owner, totals in sorted(report.deleted.items()):
+        click.echo(f"{owner}: {totals.files} file(s), {totals.dirs} dir(s), {human_bytes(totals.bytes)}"
+                   f"{' would go' if dry_run else ' deleted'}")
+    for owner, totals in sorted(report.held.items()):
+        click.echo(f"{owner}: {totals.files} expired file(s) wait for their owner's warning to be "
+                   f"{configured.warn_days:g} days old")
+    for owner, warning in sorted(report.warnings.items()):
+        click.echo(f"{owner}: warned of {warning.files} file(s)" + (" (not sent: dry run)" if dry_run else ""))
+    if report.errors:
+        click.echo(f"{len(report.errors)} problem(s): " + "; ".join(report.errors[:10]), err=True)
 
 
 @main.group()

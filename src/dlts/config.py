@@ -23,6 +23,7 @@ from dlts.backends.k8s_settings import KubernetesSettings, cidr_list
 from dlts.notify_settings import NotifySettings
 from dlts.repair.settings import RepairSettings
 from dlts.strict import is_whole_number
+from dlts.storage.settings import StorageSettings
 
 ENV_PREFIX = "DLTS_"
 SYSTEM_CONFIG = Path("/etc/dlts/dlts.yaml")
@@ -149,8 +150,10 @@ class Settings(BaseModel):
     templates_dir: Path | None = None
     # the notifier: SMTP server, sender, rate limits (docs/notifications.md)
     notify: NotifySettings = Field(default_factory=NotifySettings)
+    # the storage manager's scans, alerts and expiry of NFS/local roots (docs/storage.md)
+    storage: StorageSettings = Field(default_factory=StorageSettings)
 
-    @field_validator("kubernetes", mode="before")
+    @field_validator("kubernetes", "storage", mode="before")
     @classmethod
     def _empty_section(cls, value: Any) -> Any:
         # "kubernetes:" with nothing under it is YAML null: the section with every default
@@ -242,8 +245,9 @@ MOVED_KEYS = {
     "node_label_ib_domain": "kubernetes.ib_domain_label",
     "node_label_vc": "kubernetes.vc_label",
 }
-# Sections whose keys the environment sets one by one: DLTS_KUBERNETES__NAMESPACE=jobs.
-SECTIONS = {"kubernetes": KubernetesSettings}
+# Sections whose keys the environment sets one by one: DLTS_KUBERNETES__NAMESPACE=jobs,
+# DLTS_STORAGE__SCAN_INTERVAL_S=600 (storage.roots is a list: the file's).
+SECTIONS = {"kubernetes": KubernetesSettings, "storage": StorageSettings}
 
 
 def _from_env(environ: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, str]]:

@@ -109,11 +109,15 @@ def test_storage_usage_reads_the_last_scan_as_json_and_csv(client, world, sessio
         s.commit()
     body = client.get("/api/v1/storage/usage", headers=world.auth("bob")).get_json()
     assert body["scanned_at"].startswith(new.isoformat()[:19]) and len(body["rows"]) == 2
-    assert body["rows"][1] == {"mount": "/data", "vc": "vision", "user": "alice", "bytes_used": 10**12, "files": 5}
+    assert body["rows"][1] == {"mount": "/data", "vc": "vision", "user": "alice", "bytes_used": 10**12, "files": 5,
+                               "directory": None, "apparent_bytes": None, "oldest_at": None,
+                               "previous_bytes_used": 1}  # the same row in the scan before: the trend
     r = client.get("/api/v1/storage/usage?format=csv&user=alice", headers=world.auth("bob"))
     assert r.mimetype == "text/csv"
     rows = list(csv.reader(io.StringIO(r.get_data(as_text=True))))
-    assert rows[0] == ["scanned_at", "mount", "vc", "user", "bytes_used", "files"] and rows[1][1:] == ["/data", "vision", "alice", str(10**12), "5"]
+    assert rows[0] == ["scanned_at", "mount", "vc", "user", "directory", "bytes_used", "files", "apparent_bytes",
+                       "oldest_at", "previous_bytes_used"]
+    assert rows[1][1:] == ["/data", "vision", "alice", "", str(10**12), "5", "", "", "1"]
     formula = list(csv.reader(io.StringIO(client.get("/api/v1/storage/usage?format=csv", headers=world.auth("bob")).get_data(as_text=True))))
     assert ["'=cmd|calc"] == [row[3] for row in formula[1:] if "calc" in row[3]]
     assert_envelope(client.get("/api/v1/storage/usage?format=xml", headers=world.auth("bob")), 400)

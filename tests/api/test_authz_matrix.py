@@ -229,6 +229,7 @@ TABLE = [
     Case("cluster status", "GET", "/api/v1/cluster/status", ALL_200),
     Case("storage usage", "GET", "/api/v1/storage/usage", ALL_200),
     Case("GPU usage (accounting)", "GET", "/api/v1/usage", ALL_200),
+    Case("storage snapshots", "GET", "/api/v1/storage/snapshots", ALL_200),
 ]
 
 

@@ -101,10 +101,18 @@ CONTEXTS = {
                          "findings": ["f1"]},
     "job_stopped_for_repair": {"job_id": 5, "job_name": "j", "vc": "vision", "user": "alice", "message": "m", "node": "g1"},
     "vc_notice": {"vc": "vision", "message": "line one\nline two", "author": "vcadmin"},
+    "storage_alert": {"root": "/mnt/nfs", "used_percent": 91.5, "alert_percent": 90, "used": "9.1 TiB",
+                      "total": "10.0 TiB", "paths": ["/mnt/nfs/alice  2.0 TiB  alice"], "owners": ["alice"]},
+    "storage_expiry_warning": {"root": "/mnt/nfs", "owner": "bob", "files": 3, "size": "1.0 GiB",
+                               "paths": ["/mnt/nfs/scratch/bob/a"], "expire_after_days": "30",
+                               "delete_after": "2026-12-08 12:00 UTC"},
 }
 MINIMAL = {"node_out_of_service": {"node": "g1", "reason": "r"}, "node_escalated": {"node": "g1", "reason": "r"},
            "node_needs_human": {"node": "g1", "reason": "r"},
-           "job_stopped_for_repair": {"job_id": 5, "job_name": "j", "message": "m"}, "vc_notice": {"vc": "v", "message": "m"}}
+           "job_stopped_for_repair": {"job_id": 5, "job_name": "j", "message": "m"}, "vc_notice": {"vc": "v", "message": "m"},
+           "storage_alert": {"root": "/r", "used_percent": 91, "alert_percent": 90, "paths": []},
+           "storage_expiry_warning": {"root": "/r", "files": 1, "size": "4 KiB", "paths": [], "expire_after_days": "3",
+                                      "delete_after": "2026-12-08 12:00 UTC"}}
 
 
 @pytest.mark.parametrize("template", sorted(CONTEXTS))

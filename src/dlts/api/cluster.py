@@ -1,4 +1,4 @@
-"""/api/v1/cluster/status and /api/v1/storage/usage: cluster-wide reads for any signed-in user."""
+"""/api/v1/cluster/status, /api/v1/storage/usage and /storage/snapshots: cluster-wide reads for any signed-in user."""
 
 from __future__ import annotations
 
@@ -8,7 +8,13 @@ from flask import Response
 
 from dlts.api.auth import authenticate, principal
 from dlts.api.blueprint import Blueprint
-from dlts.api.schemas import ClusterStatusSchema, StorageArgs, StorageUsageSchema
+from dlts.api.schemas import (
+    ClusterStatusSchema,
+    StorageArgs,
+    StorageSnapshotArgs,
+    StorageSnapshotListSchema,
+    StorageUsageSchema,
+)
 from dlts.extensions import db
 from dlts.services import cluster as cluster_service
 from dlts.services import storage as storage_service
@@ -39,3 +45,13 @@ def storage_usage(args):
         return Response(storage_service.to_csv(report), mimetype="text/csv",
                         headers={"Content-Disposition": 'attachment; filename="storage-usage.csv"'})
     return report
+
+
+@blp.route("/storage/snapshots")
+@blp.arguments(StorageSnapshotArgs, location="query")
+@blp.response(200, StorageSnapshotListSchema)
+@blp.doc(security=SECURITY)
+def storage_snapshots(args):
+    """The storage manager's scans, newest first: per root when, how long, how it ended (complete,
+    hung, timeout, failed), totals, the file system's fill, the biggest directories, the oldest files."""
+    return {"items": storage_service.list_snapshots(db.session, root=args.get("root"), limit=args["limit"])}

@@ -768,8 +768,44 @@ class StorageRowSchema(Schema):
     mount = fields.String()
     vc = fields.String(allow_none=True)
     user = fields.String(allow_none=True)
-    bytes_used = fields.Integer()
+    directory = fields.String(allow_none=True, metadata={"description": "a top-level directory's row ('.': files directly in the mount)"})
+    bytes_used = fields.Integer(metadata={"description": "allocated bytes (st_blocks * 512)"})
+    apparent_bytes = fields.Integer(allow_none=True, metadata={"description": "the files' sizes (st_size)"})
     files = fields.Integer(allow_none=True)
+    oldest_at = fields.String(allow_none=True, metadata={"description": "the oldest file's modification time"})
+    previous_bytes_used = fields.Integer(allow_none=True, metadata={"description": "the same row in the scan before"})
+
+
+class StorageSnapshotArgs(Schema):
+    root = fields.String(validate=validate.Length(1, 255))
+    limit = fields.Integer(load_default=50, validate=validate.Range(1, 500))
+
+
+class StorageSnapshotSchema(Schema):
+    id = fields.Integer()
+    root = fields.String()
+    kind = fields.String()
+    started_at = fields.String()
+    scanned_at = fields.String()
+    duration_s = fields.Float()
+    status = fields.String(metadata={"description": "complete | hung | timeout | failed"})
+    message = fields.String(allow_none=True)
+    errors = fields.Integer(metadata={"description": "paths it could not read"})
+    other_filesystems = fields.Integer(metadata={"description": "mount points below the root, not entered"})
+    dirs = fields.Integer()
+    files = fields.Integer()
+    allocated_bytes = fields.Integer()
+    apparent_bytes = fields.Integer()
+    fs_total_bytes = fields.Integer(allow_none=True)
+    fs_used_bytes = fields.Integer(allow_none=True)
+    fs_used_percent = fields.Float(allow_none=True)
+    over_alert = fields.Boolean()
+    top_dirs = fields.List(fields.Dict())
+    oldest_files = fields.List(fields.Dict())
+
+
+class StorageSnapshotListSchema(Schema):
+    items = fields.List(fields.Nested(StorageSnapshotSchema))
 
 
 class StorageUsageSchema(Schema):

@@ -30,12 +30,14 @@ from dlts.models.lease import ManagersLease
 from dlts.models.node import Node, NodeEvent, NodeFinding, NodeOrder, NodeState
 from dlts.models.notify import OutboxMessage, OutboxStatus
 from dlts.models.repair import RepairControl, RepairCycle, RepairStep
+from dlts.models.storage import StorageExpiryLog, StorageSnapshot
 from dlts.models.vc import VcEvent, VirtualCluster
 
 __all__ = [
     "ACTIVE", "TERMINAL", "TRANSITIONS", "AllowedIp", "ApiToken", "Base", "EndpointKind", "EndpointStatus", "Group",
     "GroupMember", "Job", "JobAttempt", "JobEndpoint", "JobEvent", "JobStatus", "JobTemplate", "ManagersLease", "Node",
     "NodeEvent", "NodeFinding", "NodeOrder", "NodeState", "OutboxMessage", "OutboxStatus", "PortalSession", "RateCounter",
-    "RegistryCredential", "RepairControl", "RepairCycle", "RepairStep", "Role", "RoleBinding", "SshKey", "StorageUsage",
-    "UsageJobDay", "UsageTotal", "User", "UtilisationPoint", "VcEvent", "VirtualCluster", "iso", "utcnow",
+    "RegistryCredential", "RepairControl", "RepairCycle", "RepairStep", "Role", "RoleBinding", "SshKey", "StorageExpiryLog",
+    "StorageSnapshot", "StorageUsage", "UsageJobDay", "UsageTotal", "User", "UtilisationPoint", "VcEvent", "VirtualCluster",
+    "iso", "utcnow",
 ]

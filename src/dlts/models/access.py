@@ -36,10 +36,13 @@ class AllowedIp(Base):
 
 
 class StorageUsage(Base):
-    """One row of the storage manager's scan: bytes and files by mount, VC and user."""
+    """One row of the storage manager's scan: bytes and files by mount, VC and user, or of one
+    top-level directory (``directory`` set). Rows of a scan since revision 0011 belong to its
+    snapshot (``storage_snapshots``); ``bytes_used`` is allocated bytes (st_blocks * 512)."""
 
     __tablename__ = "storage_usage"
-    __table_args__ = (sa.Index("ix_storage_usage_scanned_at", "scanned_at"),)
+    __table_args__ = (sa.Index("ix_storage_usage_scanned_at", "scanned_at"),
+                      sa.Index("ix_storage_usage_snapshot_id", "snapshot_id"))
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True)
     scanned_at: Mapped[dt.datetime] = mapped_column(Timestamp)
@@ -48,6 +51,10 @@ class StorageUsage(Base):
     user: Mapped[str | None] = mapped_column(sa.String(64))
     bytes_used: Mapped[int] = mapped_column(sa.BigInteger)
     files: Mapped[int | None] = mapped_column(sa.BigInteger)
+    snapshot_id: Mapped[int | None] = mapped_column(sa.ForeignKey("storage_snapshots.id", ondelete="CASCADE"))
+    directory: Mapped[str | None] = mapped_column(sa.String(255))
+    apparent_bytes: Mapped[int | None] = mapped_column(sa.BigInteger)
+    oldest_at: Mapped[dt.datetime | None] = mapped_column(Timestamp)  # the oldest file's mtime
 
 
 class RegistryCredential(Base):

@@ -185,10 +185,13 @@ def storage():
         stamp = (report.scanned_at or "none").replace(":", "").replace("-", "")[:15]
         return Response(storage_service.to_csv(report), mimetype="text/csv",
                         headers={"Content-Disposition": f'attachment; filename="storage-usage-{stamp}.csv"'})
-    # the scan's rows without a user are the totals of a VC's directory (or of the mount)
-    totals = [r for r in report.rows if not r.user]
-    users = [r for r in report.rows if r.user]
-    return render_template("storage.html", report=report, totals=totals, users=users)
+    # rows without a user are the totals of a VC (or of the mount); rows with a directory are the
+    # top-level directories'
+    totals = [r for r in report.rows if not r.user and r.directory is None]
+    users = [r for r in report.rows if r.user and r.directory is None]
+    directories = [r for r in report.rows if r.directory is not None]
+    return render_template("storage.html", report=report, totals=totals, users=users, directories=directories,
+                           scans=storage_service.latest_snapshots(db.session))
 
 
 @bp.route("/gpu-hours")

@@ -171,6 +171,11 @@ def job_notice_emails(session: Session, job: "Job") -> list[str]:
     return clean_recipients(_emails_of(session, [job.user_id]) + vc_admin_emails(session, job.vc_id))
 
 
+def user_emails(session: Session, names: Iterable[str]) -> list[str]:
+    """The addresses of the enabled users with these names (unknown names are skipped)."""
+    return _emails_of(session, sa.select(User.id).where(User.name.in_(list(names))))
+
+
 def _role_holders(roles: Role | tuple[Role, ...], vc_id: int | None) -> sa.CompoundSelect:
     """The ids of users holding one of ``roles`` on the VC (or the cluster), directly or through a group."""
     wanted = RoleBinding.role.in_([r.value for r in (roles if isinstance(roles, tuple) else (roles,))])
