@@ -328,6 +328,17 @@ def _gpu_seconds(sj: SimJob) -> float:
     return total
 
 
+BIG_JOB_GPUS = 16
+
+
+def _total_gpus(row: dict) -> int:
+    if row["type"] == "distributed":
+        return int(row["gpus"]) * max(1, int(row["nodes"]))
+    if row["type"] == "inference":
+        return int(row["gpus"]) * max(1, int(row.get("min_replicas") or 1))
+    return int(row["gpus"])
+
+
 def build_result(sim: Simulation) -> dict[str, Any]:
     c = sim.cluster
     jobs_out = []
@@ -338,11 +349,12 @@ def build_result(sim: Simulation) -> dict[str, Any]:
         for name in c.vcs
     }
     makespan = 0.0
+    big_flags: list[bool] = []
     for sj in sorted(sim.jobs.values(), key=lambda j: j.id):
         s = sj.spec
         limit = effective_limit_s(sj.job, c.vcs.get(s.vc))
         row: dict[str, Any] = {
-            "id": s.id,
+            "id": s.trace_id,
             "vc": s.vc,
             "user": s.user,
             "type": s.type.value,
@@ -372,6 +384,7 @@ def build_result(sim: Simulation) -> dict[str, Any]:
         if sj.start_s is not None:
             v["started"] += 1
             waits.append(sj.start_s - s.submit_s)
+            big_flags.append(_total_gpus(row) >= BIG_JOB_GPUS)
             v["waits"].append(sj.start_s - s.submit_s)
         if sj.end_s is not None:
             jcts.append(sj.end_s - s.submit_s)
@@ -384,10 +397,17 @@ def build_result(sim: Simulation) -> dict[str, Any]:
         v["avg_wait_s"] = sum(w) / len(w) if w else 0.0
         v["p95_wait_s"] = _percentile(w, 0.95)
         v["gpu_hours"] = round(v.pop("gpu_seconds") / 3600, 3)
+    big = [w for w, g in zip(waits, big_flags) if g]
     summary = {
         "makespan_s": makespan,
         "avg_wait_s": sum(waits) / len(waits) if waits else 0.0,
+        "p50_wait_s": _percentile(waits, 0.50),
         "p95_wait_s": _percentile(waits, 0.95),
+        "max_wait_s": max(waits) if waits else 0.0,
+        # jobs asking >= BIG_JOB_GPUS GPUs in all: the ones RF starves
+        "big_jobs": sum(1 for j in jobs_out if _total_gpus(j) >= BIG_JOB_GPUS),
+        "big_job_avg_wait_s": sum(big) / len(big) if big else 0.0,
+        "big_job_max_wait_s": max(big) if big else 0.0,
         "avg_jct_s": sum(jcts) / len(jcts) if jcts else 0.0,
         "gpu_utilization": gpu_seconds / (total_gpus * makespan) if total_gpus and makespan else 0.0,
         "preemptions": sim.preemptions,

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import csv
 import math
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +59,9 @@ class Cluster:
 
 @dataclass(frozen=True)
 class TraceJob:
+    # The core numbers jobs with ints: a trace whose ids are all whole numbers keeps them; any
+    # other trace (Philly, PAI, Helios use ids like ``application_1506638472019_14199``) is
+    # numbered 1.. in (submit_s, line) order and ``label`` keeps the trace's own id for output.
     id: int
     submit_s: float
     vc: str
@@ -73,6 +77,11 @@ class TraceJob:
     min_replicas: int = 0
     max_replicas: int = 0
     line: int = 0
+    label: int | str | None = None  # the id as the trace writes it (an int when it is a whole number)
+
+    @property
+    def trace_id(self) -> int | str:
+        return self.id if self.label is None else self.label
 
 
 # -- CLUSTER.yaml -----------------------------------------------------------------------------
@@ -267,15 +276,20 @@ def load_trace(path: str | Path, cluster: Cluster) -> list[TraceJob]:
         if extra:
             raise SimInputError(path, 1, extra[0], f"unknown column; optional ones are {', '.join(OPTIONAL_TRACE_COLUMNS)}")
         jobs: list[TraceJob] = []
-        ids: set[int] = set()
+        ids: set[str] = set()
         for row in reader:
             line = reader.line_num
             jobs.append(_parse_row(path, line, row, cluster, ids))
-    jobs.sort(key=lambda j: (j.submit_s, j.id))
+    if all(isinstance(j.label, int) for j in jobs):  # every id a whole number: keep them
+        jobs = [replace(j, id=int(j.label)) for j in jobs]
+        jobs.sort(key=lambda j: (j.submit_s, j.id))
+    else:
+        jobs.sort(key=lambda j: (j.submit_s, j.line))
+        jobs = [replace(j, id=k) for k, j in enumerate(jobs, start=1)]
     return jobs
 
 
-def _parse_row(path: Path, line: int, row: dict, cluster: Cluster, ids: set[int]) -> TraceJob:
+def _parse_row(path: Path, line: int, row: dict, cluster: Cluster, ids: set[str]) -> TraceJob:
     def err(field: str, msg: str) -> SimInputError:
         return SimInputError(path, line, field, msg)
 
@@ -297,10 +311,14 @@ def _parse_row(path: Path, line: int, row: dict, cluster: Cluster, ids: set[int]
 
     if None in row:
         raise err("", "has more values than the header has columns")
-    job_id = num("id", int)
-    if job_id in ids:
-        raise err("id", f"job id {job_id} appears twice")
-    ids.add(job_id)
+    raw_id = (row.get("id") or "").strip()
+    if not raw_id:
+        raise err("id", "is empty")
+    label: int | str = int(raw_id) if re.fullmatch(r"[0-9]{1,18}", raw_id) else raw_id
+    key = str(label)  # "007" and "7" are the same job
+    if key in ids:
+        raise err("id", f"job id {raw_id} appears twice")
+    ids.add(key)
     vc = (row.get("vc") or "").strip()
     if vc not in cluster.vcs:
         raise err("vc", f"unknown VC {vc!r}; CLUSTER.yaml defines {', '.join(sorted(cluster.vcs))}")
@@ -327,7 +345,8 @@ def _parse_row(path: Path, line: int, row: dict, cluster: Cluster, ids: set[int]
     if max_r < min_r:
         raise err("max_replicas", f"must be >= min_replicas ({min_r}), got {max_r}")
     return TraceJob(
-        id=job_id,
+        id=0,
+        label=label,
         submit_s=num("submit_s", float, minimum=0),
         vc=vc,
         user=(row.get("user") or "").strip() or "anonymous",
