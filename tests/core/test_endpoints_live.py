@@ -447,5 +447,9 @@ def test_a_backend_that_refuses_fails_that_jobs_endpoints_and_an_unavailable_one
     assert (row.status, row.message, row.attempt) == (
         EndpointStatus.FAILED, "the cluster could not expose it: port 9000 is reserved", 1)
     assert endpoint_events(sessions, refused["id"]) == [("failed", "port-9000: the cluster could not expose it: port 9000 is reserved")]
-    assert endpoint(sessions, good).status is EndpointStatus.READY
+    deadline = time.monotonic() + 30  # ready once the job's own server listens on the port (it may still be starting)
+    while endpoint(sessions, good).status is not EndpointStatus.READY:
+        assert endpoint(sessions, good).status is EndpointStatus.PENDING and time.monotonic() < deadline
+        live.tick()
+        time.sleep(0.2)
     assert http_get(f"http://127.0.0.1:{port}/") == "fine"
