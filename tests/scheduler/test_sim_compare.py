@@ -79,18 +79,18 @@ def test_bad_policy_names_the_option(tmp_path: Path) -> None:
 def test_compare_prints_table_writes_each_result_and_an_svg(tmp_path: Path) -> None:
     out, chart = tmp_path / "r.json", tmp_path / "c.svg"
     res = _run("--cluster", str(CLUSTER), "--trace", str(STEADY), "--out", str(out),
-               "--compare", "RF,FIFO,backfill", "--chart", str(chart))
+               "--compare", "RF,FIFO", "--chart", str(chart))
     assert res.exit_code == 0, res.output
-    for p in ("RF", "FIFO", "backfill"):
+    for p in ("RF", "FIFO"):
         result = json.loads((tmp_path / f"r.{p}.json").read_text())
         assert {v["policy"] for v in result["cluster"]["vcs"].values()} == {p}
         assert check_result(result) == []
     header = next(line for line in res.output.splitlines() if line.startswith("| metric"))
-    assert [c.strip() for c in header.strip("|").split("|")] == ["metric", "RF", "FIFO", "backfill"]
+    assert [c.strip() for c in header.strip("|").split("|")] == ["metric", "RF", "FIFO"]
     for label in ("avg wait", "p50 wait", "p95 wait", "max wait", "avg JCT", "GPU utilisation", "preemptions",
                   "big-job (>=16 GPUs) max wait"):
         assert f"| {label}" in res.output
     svg = ET.fromstring(chart.read_text())
     lines = svg.findall("{http://www.w3.org/2000/svg}polyline")
-    assert len(lines) == 6  # queue length and utilisation, per policy
+    assert len(lines) == 4  # queue length and utilisation, per policy
     assert all(len(pl.get("points").split()) == 300 for pl in lines)

@@ -20,7 +20,6 @@ CPU_SKU = "cpu"  # the SKU name of CPU-only nodes and CPU-only requests
 class Policy(str, enum.Enum):
     RF = "RF"
     FIFO = "FIFO"
-    BACKFILL = "backfill"
 
 
 class JobType(str, enum.Enum):

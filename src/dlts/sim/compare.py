@@ -18,7 +18,7 @@ def with_policy(cluster: Cluster, policy: Policy) -> Cluster:
 
 
 def parse_policies(text: str) -> list[Policy]:
-    """``RF,FIFO,backfill`` -> policies; raises ValueError naming the bad one."""
+    """``RF,FIFO`` -> policies; raises ValueError naming the bad one."""
     out: list[Policy] = []
     by_lower = {p.value.lower(): p for p in Policy}
     for part in text.split(","):
@@ -31,7 +31,7 @@ def parse_policies(text: str) -> list[Policy]:
         if p not in out:
             out.append(p)
     if not out:
-        raise ValueError("names no policy; expected e.g. RF,FIFO,backfill")
+        raise ValueError("names no policy; expected e.g. RF,FIFO")
     return out
 
 
