@@ -69,7 +69,9 @@ def test_the_agent_reports_a_jobs_gpus_and_host_use_into_minute_points_that_acco
 
     with sessions() as s:
         token = node_service.issue_node_token(s, "testnode")
-    job = _submit(live, world, command="python3 -c 'import time; t=time.time()\nwhile time.time()-t<2.5: pass'", gpus=2)
+    stop = tmp_path / "stop"  # the job keeps a core busy until the test has read it (at most 60 s)
+    job = _submit(live, world, command=f"python3 -c 'import os, time; t=time.time()\n"
+                                       f"while time.time()-t<60 and not os.path.exists(\"{stop}\"): pass'", gpus=2)
     running = _wait(live, world, job["id"], {"running"})
     mine = set(running["placements"][0]["gpu_indices"])
     collector = JobsCollector(str(_proc_view(tmp_path, settings.effective_run_dir)))
@@ -118,6 +120,7 @@ def test_the_agent_reports_a_jobs_gpus_and_host_use_into_minute_points_that_acco
     assert requests.get(f"{live.url}/api/v1/jobs/{job['id']}/utilisation", params={"attempt": 9},
                         headers=world.auth("alice"), timeout=10).json()["error"]["details"]["field"] == "attempt"
 
+    stop.touch()
     _wait(live, world, job["id"], {"finished"})
     later = utcnow() + dt.timedelta(minutes=5)
     AccountingManager(sessions, 30, clock=lambda: later).run_once()
