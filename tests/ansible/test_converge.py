@@ -120,6 +120,8 @@ def write_inventory(root: Path, machine: DebianVM | DebianContainer, wheelhouse:
         "dlts_https_port": API_HTTPS_PORT,
         "dlts_max_body_bytes": 1048576,
         "dlts_backend": "local",
+        # one machine and the test's own users: the local backend is allowed (docs/security-host.md)
+        "dlts_control_local_backend_trusted_users": True,
         "dlts_namespace": "dlts",
         "dlts_node_label_sku": "dlts.io/sku",
         "dlts_node_label_ib_domain": "dlts.io/ib-domain",
