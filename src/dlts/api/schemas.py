@@ -160,7 +160,9 @@ class EndpointListSchema(Schema):
     next_cursor = fields.String(allow_none=True, metadata={"description": "always null: at most 8 endpoints per job"})
 
 
-class JobSchema(Schema):
+class _JobFields(Schema):
+    """What a job's list item and its detail both carry."""
+
     id = fields.Integer()
     name = fields.String()
     user = fields.String()
@@ -171,7 +173,6 @@ class JobSchema(Schema):
     reason_detail = fields.String(allow_none=True)
     queue_position = fields.Integer(allow_none=True)
     image = fields.String()
-    command = fields.String()
     sku = fields.String(allow_none=True)
     gpus = fields.Integer()
     nodes = fields.Integer()
@@ -189,6 +190,11 @@ class JobSchema(Schema):
     finished_at = fields.String(allow_none=True)
     exit_code = fields.Integer(allow_none=True)
     attempt = fields.Integer()
+    visibility = fields.String(metadata={"description": "full, or public for other members of the VC"})
+
+
+class JobSchema(_JobFields):
+    command = fields.String()
     env = fields.Dict(keys=fields.String(), values=fields.String())
     ports = fields.List(fields.Integer())
     ssh = fields.Boolean()
@@ -197,42 +203,13 @@ class JobSchema(Schema):
     endpoints = fields.List(fields.Nested(EndpointSchema), metadata={"description": "full visibility, GET only"})
     ephemeral_storage_bytes = fields.Integer(allow_none=True, metadata={"description": "null: the VC's default"})
     run_as_root = fields.Boolean()
-    visibility = fields.String(metadata={"description": "full, or public for other members of the VC"})
 
 
-class JobSummarySchema(Schema):
+class JobSummarySchema(_JobFields):
     """A job in a list: what a table shows. No env, ports or spec, and only the start of the command."""
 
-    id = fields.Integer()
-    name = fields.String()
-    user = fields.String()
-    vc = fields.String()
-    type = fields.String()
-    status = fields.String()
-    reason = fields.String(allow_none=True)
-    reason_detail = fields.String(allow_none=True)
-    queue_position = fields.Integer(allow_none=True)
-    image = fields.String()
-    sku = fields.String(allow_none=True)
-    gpus = fields.Integer()
-    nodes = fields.Integer()
-    cpu = fields.Float()
-    memory_bytes = fields.Integer()
-    priority = fields.Integer()
-    preemptible = fields.Boolean()
-    max_retries = fields.Integer()
-    retries_used = fields.Integer()
-    max_time_s = fields.Integer(allow_none=True)
-    time_left_s = fields.Float(allow_none=True)
-    submitted_at = fields.String()
-    queue_time = fields.String()
-    started_at = fields.String(allow_none=True)
-    finished_at = fields.String(allow_none=True)
-    exit_code = fields.Integer(allow_none=True)
-    attempt = fields.Integer()
     command_preview = fields.String(metadata={"description": "the command's first 200 characters (full visibility)"})
     command_truncated = fields.Boolean(metadata={"description": "the command is longer: GET /jobs/{id} has it all"})
-    visibility = fields.String(metadata={"description": "full, or public for other members of the VC"})
 
 
 class JobPageSchema(Schema):
