@@ -158,12 +158,12 @@ def managers(ctx: Context) -> None:
     exactly one acts (the holder of the lease in the database), the others stand by."""
     from dlts.app import create_app
     from dlts.backends import make_backend
-    from dlts.db import session_factory
+    from dlts.db import engine_of, session_factory
     from dlts.jobmanager import JobManager
     from dlts.managers import Periodic, run_forever
     from dlts.managers.accounting import AccountingManager
     from dlts.managers.janitor import Janitor
-    from dlts.managers.lease import FencedBackend, Lease
+    from dlts.managers.lease import FencedBackend, Lease, bound_idle_write_transactions
     from dlts.services import allowlist
 
     settings = ctx.settings
@@ -173,6 +173,8 @@ def managers(ctx: Context) -> None:
         raise click.ClickException(str(exc)) from None
     app = create_app(settings)
     lease = Lease(session_factory(app), settings.effective_lease_holder, settings.lease_s)
+    # a process frozen mid-transaction must not hold row locks past its lease (MariaDB/MySQL)
+    bound_idle_write_transactions(engine_of(app), settings.lease_s)
     # every state write of every manager checks the lease in its transaction; every backend call
     # is made only while the lease is held with margin
     sessions = lease.fenced_sessions(session_factory(app))

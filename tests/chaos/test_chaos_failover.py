@@ -1,5 +1,5 @@
 """Leader failover: two real ``dlts managers`` processes on one database under a submission load
-through the API. The leader is killed -9, later the new leader is frozen with SIGSTOP; each time
+through the API. The leader is killed -9, later (on MariaDB) the new leader is frozen with SIGSTOP; each time
 the standby takes over within lease_s (plus the poll), the frozen one, resumed, stops acting
 before its next write, and every accepted job runs once and finishes (docs/reliability.md)."""
 
@@ -40,6 +40,7 @@ def running_or_done(sessions, ids) -> int:
 def test_the_standby_takes_over_after_kill_9_and_sigstop_and_no_job_runs_twice_or_is_lost(
         app, settings, sessions, world, tmp_path):
     rng = random.Random(SEED)
+    sqlite = settings.database_url.startswith("sqlite")
     ledger = tmp_path / "ledger"
     cluster = Cluster(write_config(tmp_path / "dlts.yaml", settings, lease_s=LEASE_S), tmp_path)
     try:
@@ -60,6 +61,14 @@ def test_the_standby_takes_over_after_kill_9_and_sigstop_and_no_job_runs_twice_o
             took_after_kill = wait_for_holder(sessions, "ctl-b", LEASE_S + SLACK_S + 5)
             assert took_after_kill <= LEASE_S + SLACK_S, took_after_kill
             cluster.start("ctl-a2").wait_ready()  # the killed node's managers come back, as standby
+            if sqlite:  # a holder frozen mid-write locks SQLite's whole file: no take-over until it resumes
+                submitter.join(60)
+                wait_all_ended(sessions, submitter.accepted, 90)
+                assert lease_row(sessions)[:2] == ("ctl-b", 2)
+                assert submitter.answers == {201: 40}
+                counts = assert_once_per_attempt(sessions, submitter.accepted, ledger)
+                assert counts["attempts"] == counts["jobs"]
+                pytest.skip("kill -9 failover passed; the SIGSTOP half needs a server database (docs/reliability.md)")
             time.sleep(rng.uniform(0, 1))
             # freeze the leader (a hang), mid-work; the standby takes over, the leader resumes later
             b.proc.send_signal(signal.SIGSTOP)

@@ -189,3 +189,39 @@ def test_lease_settings_come_from_the_config_file(tmp_path):
     path.write_text("lease_s: 0.5\n")
     with pytest.raises(Exception, match="lease_s"):
         load_settings(path, environ={})
+
+
+def test_on_mariadb_a_holder_frozen_inside_a_write_transaction_loses_its_locks_and_its_writes(settings, sessions):
+    """What ``dlts managers`` sets on its engine: a connection whose write transaction stays idle
+    (its process SIGSTOPped between two statements) is ended by the server, so a standby's writes
+    to the same rows go through and the frozen process's uncommitted writes are rolled back."""
+    import time
+
+    from dlts.app import engine_options
+    from dlts.managers.lease import bound_idle_write_transactions
+
+    url = settings.database_url
+    frozen_engine = sa.create_engine(url, **engine_options(url))
+    if frozen_engine.dialect.name != "mysql":
+        assert not bound_idle_write_transactions(frozen_engine, 1.0)  # SQLite: a frozen writer locks the file
+        pytest.skip("idle_write_transaction_timeout is MariaDB's/MySQL's (docs/reliability.md: SQLite is for one host)")
+    assert bound_idle_write_transactions(frozen_engine, 1.0)
+    assert Lease(sessions, "ctl-a:1", 15.0).keep()
+    frozen = frozen_engine.connect()
+    frozen.execute(sa.update(ManagersLease).values(holder="frozen-writer"))  # a row lock, then it freezes
+    standby_engine = sa.create_engine(url, **engine_options(url))
+    try:
+        with standby_engine.connect() as standby:
+            standby.execute(sa.text("SET SESSION innodb_lock_wait_timeout = 30"))
+            began = time.monotonic()
+            standby.execute(sa.update(ManagersLease).values(renewed_at=1.0))
+            standby.commit()
+            waited = time.monotonic() - began
+        assert waited < 15, waited  # the server ended the frozen connection after ~1 s, not the 30 s lock wait
+        with pytest.raises(sa.exc.OperationalError):
+            frozen.execute(sa.select(1))  # resumed: its connection is gone
+        assert row(sessions).holder == "ctl-a:1"  # and its write never landed
+    finally:
+        frozen.invalidate()
+        frozen_engine.dispose()
+        standby_engine.dispose()

@@ -20,6 +20,13 @@ next write:
   local monotonic clock, at most ``lease_s - poll_s - margin_s`` since the renewal that began
   latest, so a call starts only while the row still has ``margin_s`` (``lease_s``/3) to run.
 
+A holder frozen *inside* a write transaction keeps that transaction's row locks. On MariaDB/MySQL
+``bound_idle_write_transactions`` has the server end such a connection once its write transaction
+has been idle ``lease_s`` (``idle_write_transaction_timeout``): the locks go, the frozen process's
+writes are rolled back, and it meets a dead connection when it resumes. SQLite locks the whole file
+for a writer and has no such bound: a holder frozen mid-write stops every process until it resumes
+or dies, so failover from a *hung* holder needs a server database (SQLite is for one host).
+
 A backend call already under way when the holder is frozen may finish after a standby took over;
 backend objects are named from (job id, attempt) and every launch is idempotent, so at worst it
 creates what the new holder creates too, or an orphan its garbage collection removes
@@ -29,6 +36,7 @@ creates what the new holder creates too, or an orphan its garbage collection rem
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -43,6 +51,27 @@ from dlts.models.lease import ManagersLease
 
 log = logging.getLogger(__name__)
 NAME = "managers"
+
+
+def bound_idle_write_transactions(engine: sa.engine.Engine, seconds: float) -> bool:
+    """MariaDB/MySQL: every new connection of ``engine`` has the server kill it when a write
+    transaction of it stays idle longer than ``seconds`` (rounded up, at least 1), so a frozen
+    managers process cannot hold row locks past its lease. Connections already pooled are dropped.
+    False (nothing done) on other databases."""
+    if engine.dialect.name != "mysql":
+        return False
+    limit = max(1, math.ceil(seconds))
+
+    def on_connect(dbapi_connection: Any, _record: Any) -> None:
+        cursor = dbapi_connection.cursor()
+        try:
+            cursor.execute(f"SET SESSION idle_write_transaction_timeout = {int(limit)}")
+        finally:
+            cursor.close()
+
+    sa.event.listen(engine, "connect", on_connect)
+    engine.dispose()
+    return True
 
 
 class LeaseLost(Exception):
