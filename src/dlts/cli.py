@@ -72,13 +72,48 @@ class Context:
 pass_ctx = click.make_pass_decorator(Context)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class SectionedGroup(click.Group):
+    """``dlts --help`` lists the user commands (they talk to the REST API, from anywhere) apart from
+    the server commands (they run on the control host with the database's credentials). A command
+    is a user command when it carries ``dlts_section = "user"``; a server group's user subcommands
+    (``vc show``) are listed with the user commands too."""
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        user_rows, server_rows = [], []
+        limit = 150  # the whole first sentence; the formatter wraps it
+        for name in self.list_commands(ctx):
+            command = self.get_command(ctx, name)
+            if command is None or command.hidden:
+                continue
+            row = (name, command.get_short_help_str(limit))
+            if getattr(command, "dlts_section", None) == "user":
+                user_rows.append(row)
+                continue
+            server_rows.append(row)
+            if isinstance(command, click.Group):
+                for sub_name in command.list_commands(ctx):
+                    sub = command.get_command(ctx, sub_name)
+                    if sub is not None and getattr(sub, "dlts_section", None) == "user":
+                        user_rows.append((f"{name} {sub_name}", sub.get_short_help_str(limit)))
+        if user_rows:
+            with formatter.section("User commands (the REST API; run `dlts login URL` first)"):
+                formatter.write_dl(sorted(user_rows))
+        if server_rows:
+            with formatter.section("Server commands (on the control host, with the database)"):
+                formatter.write_dl(server_rows)
+
+
+@click.group(cls=SectionedGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--config", "config_file", type=click.Path(dir_okay=False), envvar="DLTS_CONFIG",
               help="YAML config file (default: $DLTS_HOME/dlts.yaml or /etc/dlts/dlts.yaml).")
 @click.option("-v", "--verbose", is_flag=True, help="Log debug messages.")
 @click.pass_context
 def main(ctx: click.Context, config_file: str | None, verbose: bool) -> None:
-    """DLTS: Deep Learning Training Service."""
+    """DLTS: Deep Learning Training Service.
+
+    User commands talk to the REST API with a stored token (`dlts login URL`), from any machine;
+    server commands run where the service runs and use its configuration. Exit codes and shell
+    completion: docs/cli.md."""
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("alembic").setLevel(logging.DEBUG if verbose else logging.WARNING)
@@ -279,6 +314,7 @@ POSIX_ID = click.IntRange(0, 2**31 - 1)  # the service refuses 0-999 with a mess
 @click.option("--gid", type=POSIX_ID, help="The user's primary gid (1000 or more; with --uid).")
 @pass_ctx
 def user_add(ctx: Context, name: str, admin: bool, email: str | None, uid: int | None, gid: int | None) -> None:
+    """Add user NAME (optionally a cluster admin, with the uid/gid their jobs run as)."""
     from dlts.services import admin as admin_service
 
     with ctx.session() as session:
@@ -335,7 +371,7 @@ def user_password(ctx: Context, name: str, generate: bool) -> None:
 
 @main.group()
 def vc() -> None:
-    """Virtual clusters."""
+    """Virtual clusters (`vc show` asks the REST API; the others use the database)."""
 
 
 @vc.command("add")
@@ -344,6 +380,7 @@ def vc() -> None:
 @click.option("--policy", type=click.Choice(["RF", "FIFO"]), default="RF", show_default=True)
 @pass_ctx
 def vc_add(ctx: Context, name: str, quota: tuple[str, ...], policy: str) -> None:
+    """Add VC NAME with a GPU quota per SKU and a scheduling policy."""
     from dlts.services import admin as admin_service
 
     with ctx.session() as session:
@@ -452,6 +489,7 @@ def vc_storage(ctx: Context, vc_name: str, document: str | None, show: bool) -> 
 @click.option("--admin", is_flag=True, help="Make the user an admin of the VC.")
 @pass_ctx
 def vc_member(ctx: Context, vc_name: str, user_name: str, admin: bool) -> None:
+    """Make USER a member (or, with --admin, an admin) of VC."""
     from dlts.services import admin as admin_service
 
     with ctx.session() as session:
@@ -808,6 +846,16 @@ def _register_subsystem_commands() -> None:
 
 
 _register_subsystem_commands()
+
+
+def _register_user_commands() -> None:
+    """The user CLI (src/dlts/client): submit, jobs, logs, ... over the REST API."""
+    from dlts.client.commands import register
+
+    register(main, vc)
+
+
+_register_user_commands()
 
 
 if __name__ == "__main__":
