@@ -78,6 +78,16 @@ class SectionedGroup(click.Group):
     is a user command when it carries ``dlts_section = "user"``; a server group's user subcommands
     (``vc show``) are listed with the user commands too."""
 
+    lazy: dict = {}  # name -> a function returning the command, imported when first asked for
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(set(super().list_commands(ctx)) | set(self.lazy))
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name not in self.commands and name in self.lazy:
+            self.add_command(self.lazy[name](), name)
+        return super().get_command(ctx, name)
+
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         user_rows, server_rows = [], []
         limit = 150  # the whole first sentence; the formatter wraps it
@@ -825,27 +835,33 @@ def config_check(ctx: Context) -> None:
         click.echo(line)
 
 
-def _register_subsystem_commands() -> None:
-    """`dlts sim` (the scheduler's trace replayer) and `dlts render` (needs the k8s extra)."""
+def _render_command() -> click.Command:
+    """`dlts render` (needs the k8s extra), or a stand-in saying how to install it."""
     import importlib.util
 
-    from dlts.sim.cli import sim_command
-
-    main.add_command(sim_command)
     if importlib.util.find_spec("kubernetes") is not None:
         from dlts.backends.render_cli import render_command
 
-        main.add_command(render_command)
-        return
+        return render_command
 
-    @main.command("render", context_settings={"ignore_unknown_options": True}, add_help_option=False)
+    @click.command("render", context_settings={"ignore_unknown_options": True}, add_help_option=False)
     @click.argument("args", nargs=-1, type=click.UNPROCESSED)
     def render_unavailable(args) -> None:
         """Print the Kubernetes objects of a job (needs: pip install 'dlts[k8s]')."""
         raise click.ClickException("dlts render needs the Kubernetes client: pip install 'dlts[k8s]'")
 
+    return render_unavailable
 
-_register_subsystem_commands()
+
+def _sim_command() -> click.Command:
+    from dlts.sim.cli import sim_command
+
+    return sim_command
+
+
+# `dlts sim` (the scheduler's trace replayer) and `dlts render` load when they are run or listed: the
+# Kubernetes client alone took half a second of every other command's start (the user CLI's too)
+main.lazy = {"render": _render_command, "sim": _sim_command}
 
 
 def _register_user_commands() -> None:
