@@ -206,9 +206,15 @@ def test_submit_from_a_spec_file_and_from_another_job(user, demo, tmp_path):
     assert copy["id"] != job["id"] and copy["name"] == "clone" and copy["command"] == "echo from-the-file"
     assert copy["env"] == job["env"] and copy["max_time_s"] == 5400
     bad = tmp_path / "bad.yaml"
-    bad.write_text("image: any\ncommand: true\nwrong_field: 1\n")
+    bad.write_text("image: any\ncommand: echo\nwrong_field: 1\n")
     refused = user.run("submit", "-f", str(bad))
-    assert refused.returncode == 2 and "wrong_field" in refused.stderr
+    assert refused.returncode == 1 and "wrong_field" in refused.stderr and "HTTP 400" in refused.stderr
+    spec.write_text("image: any\ncommand: 'true'\ngpus: 64\n")
+    from_file = user.run("submit", "-f", str(spec))
+    assert from_file.returncode == 1 and "gpus" in from_file.stderr and "--gpus" not in from_file.stderr
+    not_yaml = tmp_path / "not.yaml"
+    not_yaml.write_text("image: [unclosed\n")
+    assert user.run("submit", "-f", str(not_yaml)).returncode == 2
 
 
 def test_a_refused_submission_names_the_flag(user):
@@ -289,6 +295,17 @@ def test_jobs_lists_like_squeue_and_as_json(user, demo):
         assert shown["id"] == job_id and shown["status"] == "running" and shown["attempts"][0]["number"] == 1
         human = user.run("show", str(job_id))
         assert f"job {job_id} listed: running" in human.stdout and "attempts:" in human.stdout
+        watcher = user.popen("jobs", "--watch", "--interval", "0.3")
+        try:
+            seen = []
+            while sum(1 for line in seen if line.startswith(demo.url)) < 2 and len(seen) < 500:
+                seen.append(watcher.stdout.readline())
+        finally:
+            watcher.send_signal(signal.SIGINT)
+            watcher.communicate(timeout=30)
+        assert sum(1 for line in seen if line.startswith(demo.url)) >= 2, seen  # redrawn
+        assert any(line.split()[:2] == [str(job_id), "listed"] for line in seen), seen
+        assert watcher.returncode in (0, 130)  # Ctrl-C while it sleeps, or while it asks
         bad = user.run("jobs", "--status", "sleeping")
         assert bad.returncode == 1 and "status" in bad.stderr and "HTTP 400" in bad.stderr
     finally:

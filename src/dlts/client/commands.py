@@ -103,6 +103,9 @@ def user_command(group, name: str | None = None, **kwargs):
                 return fn(connect(profile_name), **params)
             except ApiError as exc:
                 raise _from_api(exc) from None
+            except KeyboardInterrupt:
+                _echo_err("interrupted")
+                sys.exit(EXIT_INTERRUPTED)
 
         command = group.command(name, **kwargs)(profile_option(run))
         command.dlts_section = "user"
@@ -223,7 +226,10 @@ def register(main: click.Group, vc_group: click.Group) -> None:
         flags = {"vc": vc, "name": name, "image": image, "type": job_type, "gpus": gpus, "sku": sku, "nodes": nodes,
                  "cpu": cpu, "memory": memory, "preemptible": preemptible, "priority": priority,
                  "max_retries": max_retries, "ssh": ssh}
-        spec.update({k: v for k, v in flags.items() if v is not None})
+        given = {k: v for k, v in flags.items() if v is not None}
+        spec.update(given)
+        from_flags = set(given) | ({"max_time_s"} if max_time is not None else set()) | ({"env"} if env else set()) \
+            | ({"ports"} if ports else set()) | ({"command"} if command else set())
         if max_time is not None:
             try:
                 spec["max_time_s"] = output.parse_duration(max_time)
@@ -253,7 +259,8 @@ def register(main: click.Group, vc_group: click.Group) -> None:
         try:
             job = client.post("/jobs", spec)
         except ApiError as exc:
-            flag = FLAG_OF.get((exc.field or "").split(".")[0])
+            field = (exc.field or "").split(".")[0]
+            flag = FLAG_OF.get(field) if field in from_flags else None  # else the field, as in the -f file
             raise _from_api(exc, flag if flag and flag.startswith("--") else None) from None
         if as_json:
             output.echo_json(job)
@@ -575,18 +582,14 @@ def _read_spec(stream) -> dict:
     if not isinstance(spec, dict):
         raise click.BadParameter(f"{name}: expected a mapping of job fields ({', '.join(SPEC_FIELDS[:6])}, ...)",
                                  param_hint="--file")
-    unknown = [k for k in spec if k not in SPEC_FIELDS]
-    if unknown:
-        raise click.BadParameter(f"{name}: unknown field {unknown[0]!r} (fields: {', '.join(SPEC_FIELDS)})",
-                                 param_hint="--file")
-    return spec
+    return spec  # the API checks the fields (an unknown one is refused, named), so the CLI never lags behind it
 
 
 def _clone_spec(client: Client, job_id: int) -> dict:
     job = client.get(f"/jobs/{job_id}")
     if job.get("visibility") != "full" or "command" not in job:
         raise CliError(f"--from {job_id}: only its owner and the VC's admins see that job's spec", EXIT_FAILED)
-    spec = {k: job[k] for k in SPEC_FIELDS if k in job and job[k] is not None}
+    spec = {k: job[k] for k in SPEC_FIELDS + ("tags",) if k in job and job[k] is not None}
     if job.get("memory_bytes"):
         spec["memory"] = job["memory_bytes"]
     if job.get("name", "").startswith(f"{job.get('type')}-{job_id}"):
