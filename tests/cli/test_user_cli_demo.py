@@ -3,8 +3,10 @@ process, every `dlts` command in another, from a config directory of their own (
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
+import shutil
 import signal
 import socket
 import stat
@@ -369,3 +371,42 @@ def test_endpoints_keys_ips_vc_and_usage(user, demo, tmp_path):
     assert usage["group_by"] == ["user", "vc"]
     assert user.run("usage").returncode == 0
     assert user.run("usage", "--group-by", "planet").returncode == 1
+
+
+@pytest.mark.skipif(shutil.which("sshd") is None and not os.access("/usr/sbin/sshd", os.X_OK) or shutil.which("ssh") is None,
+                    reason="sshd or ssh is not installed (apt-get install openssh-server openssh-client)")
+def test_ssh_runs_ssh_through_the_jobs_ready_endpoint(user, demo, tmp_path):
+    user.login()
+    key = tmp_path / "id"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True, capture_output=True)
+    assert user.run("keys", "add", str(key) + ".pub").returncode == 0
+    job_id = int(user.run("submit", "--image", "any", "--ssh", "--", "sleep 600").stdout.strip())
+    try:
+        deadline = time.monotonic() + 90
+        while (ep := json.loads(user.run("endpoints", str(job_id), "--json").stdout)[0])["status"] != "ready":
+            assert ep["status"] in ("pending",) and time.monotonic() < deadline, ep
+            time.sleep(0.3)
+        me = getpass.getuser()
+        printed = user.run("ssh", "--print", "--login", me, str(job_id), "-i", str(key), "--", "echo", "hi").stdout
+        assert printed.strip() == f"ssh -p {ep['host_port']} -i {key} {me}@{ep['host']} echo hi"
+        done = user.run("ssh", "--login", me, str(job_id), "-i", str(key), "-o", "StrictHostKeyChecking=no",
+                        "-o", "UserKnownHostsFile=/dev/null", "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes",
+                        "-o", "ConnectTimeout=10", "--", "echo hello from the job", timeout=60)
+        assert done.returncode == 0 and done.stdout == "hello from the job\n", done.stderr
+        owner = user.run("ssh", "--print", str(job_id)).stdout.strip()
+        assert owner == f"ssh -p {ep['host_port']} alice@{ep['host']}"  # the endpoint's user by default
+    finally:
+        user.run("kill", str(job_id))
+
+
+def test_the_client_follows_cursors_through_every_page(demo):
+    from dlts.client.api import Client
+
+    client = Client(demo.url, (demo.home / "alice-token").read_text().strip())
+    for _ in range(5):
+        client.post("/jobs", {"vc": "default", "image": "any", "command": "true"})
+    everything = client.get("/jobs", limit=500)["items"]
+    assert len(everything) >= 5
+    paged = list(client.pages("/jobs", page_size=2))
+    assert [j["id"] for j in paged] == [j["id"] for j in everything]
+    assert [j["id"] for j in client.pages("/jobs", limit=3, page_size=2)] == [j["id"] for j in everything[:3]]

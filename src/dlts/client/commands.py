@@ -394,9 +394,15 @@ def register(main: click.Group, vc_group: click.Group) -> None:
     @user_command(main, context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
     @click.argument("job_id", type=click.IntRange(1), metavar="ID")
     @click.option("--print", "print_only", is_flag=True, help="Print the ssh command instead of running it.")
-    @click.argument("ssh_args", nargs=-1, type=click.UNPROCESSED)
-    def ssh(client: Client, job_id: int, print_only: bool, ssh_args) -> None:
+    @click.option("--login", metavar="NAME", help="The user to log in as (default: the job's owner, as the endpoint "
+                                                  "says; the demo's jobs run as your local user).")
+    @click.argument("ssh_args", nargs=-1, type=click.UNPROCESSED, metavar="[SSH-OPTION...] [-- COMMAND...]")
+    def ssh(client: Client, job_id: int, print_only: bool, login: str | None, ssh_args) -> None:
         """Run ssh into a job through its ssh endpoint (extra arguments go to ssh)."""
+        options, remote = list(ssh_args), []
+        if "--" in options:
+            cut = options.index("--")
+            options, remote = options[:cut], options[cut + 1:]
         items = client.get(f"/jobs/{job_id}/endpoints")["items"]
         ssh_eps = [e for e in items if e["kind"] == "ssh"]
         ready = next((e for e in ssh_eps if e["status"] == "ready" and e.get("host") and e.get("host_port")), None)
@@ -408,13 +414,13 @@ def register(main: click.Group, vc_group: click.Group) -> None:
             raise CliError(f"the ssh endpoint of job {job_id} is {e['status']}"
                            + (f": {e['message']}" if e.get("message") else "")
                            + " (it is ready once the job runs; see `dlts endpoints " + str(job_id) + "`)")
-        user = None
+        user = login
         url = ready.get("url") or ""
-        if url.startswith("ssh://") and "@" in url:
+        if not user and url.startswith("ssh://") and "@" in url:
             user = url[len("ssh://"):].split("@", 1)[0]
         if not user:
             user = client.get(f"/jobs/{job_id}")["user"]
-        argv = ["ssh", "-p", str(ready["host_port"]), *ssh_args, f"{user}@{ready['host']}"]
+        argv = ["ssh", "-p", str(ready["host_port"]), *options, f"{user}@{ready['host']}", *remote]
         if print_only:
             click.echo(shlex.join(argv))
             return
