@@ -13,6 +13,7 @@ import functools
 import logging
 import sys
 from contextlib import contextmanager
+from typing import ClassVar
 
 import click
 
@@ -78,7 +79,7 @@ class SectionedGroup(click.Group):
     is a user command when it carries ``dlts_section = "user"``; a server group's user subcommands
     (``vc show``) are listed with the user commands too."""
 
-    lazy: dict = {}  # name -> a function returning the command, imported when first asked for
+    lazy: ClassVar[dict] = {}  # name -> a function returning the command, imported when first asked for
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(set(super().list_commands(ctx)) | set(self.lazy))

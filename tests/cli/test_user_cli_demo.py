@@ -46,10 +46,9 @@ class Demo:
 
     def start(self) -> str:
         """Start the demo; its stdout (the banner) goes to a file, never a pipe that could fill."""
-        out = open(self.log, "w")
-        self.proc = subprocess.Popen(DLTS + ["demo", "--port", str(self.port), "--demo-gpus", "2"], env=self.env(),
-                                     stdout=out, stderr=subprocess.STDOUT, text=True)
-        out.close()
+        with open(self.log, "w") as out:
+            self.proc = subprocess.Popen(DLTS + ["demo", "--port", str(self.port), "--demo-gpus", "2"], env=self.env(),
+                                         stdout=out, stderr=subprocess.STDOUT, text=True)
         deadline = time.monotonic() + 90
         while True:
             try:
@@ -93,7 +92,8 @@ class User:
         return base_env() | {"XDG_CONFIG_HOME": str(self.config), "DLTS_POLL_S": "0.2"} | extra
 
     def run(self, *args: str, timeout: float = 120, **extra) -> subprocess.CompletedProcess:
-        result = subprocess.run(DLTS + list(args), env=self.env(**extra), capture_output=True, text=True, timeout=timeout)
+        result = subprocess.run(DLTS + list(args), env=self.env(**extra), capture_output=True, text=True, timeout=timeout,
+                                check=False)
         assert "Traceback" not in result.stderr, result.stderr
         return result
 
@@ -171,7 +171,7 @@ def test_login_refuses_a_bad_token_and_a_server_that_is_not_there(user, demo, tm
     assert nowhere.returncode == 4 and "cannot reach" in nowhere.stderr
     # the token from standard input (the prompt reads it there when no terminal is attached)
     piped = subprocess.run(DLTS + ["login", demo.url], input=(demo.home / "alice-token").read_text(), env=user.env(),
-                           capture_output=True, text=True, timeout=60)
+                           capture_output=True, text=True, timeout=60, check=False)
     assert piped.returncode == 0 and "as alice" in piped.stdout, piped.stderr
 
 
@@ -316,7 +316,7 @@ def test_jobs_lists_like_squeue_and_as_json(user, demo):
 
 def test_a_revoked_token_says_to_log_in_again(user, demo):
     made = subprocess.run(DLTS + ["user", "token", "alice", "--label", "laptop"], env=demo.env(), capture_output=True,
-                          text=True, timeout=60)
+                          text=True, timeout=60, check=False)
     assert made.returncode == 0, made.stderr
     token_file = user.config.parent / "laptop-token"
     token_file.write_text(made.stdout.strip())

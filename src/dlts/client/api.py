@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import socket
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -56,8 +55,7 @@ class ApiError(Exception):
 class Client:
     def __init__(self, url: str, token: str | None, timeout_s: float = DEFAULT_TIMEOUT_S):
         self.base = url.rstrip("/")
-        if self.base.endswith("/api/v1"):
-            self.base = self.base[: -len("/api/v1")]
+        self.base = self.base.removesuffix("/api/v1")
         self.token = token
         self.timeout_s = timeout_s
 
@@ -85,7 +83,7 @@ class Client:
             reason = exc.reason
             why = getattr(reason, "strerror", None) or str(reason)
             raise ApiError(0, "unreachable", f"cannot reach {self.base}: {why}") from None
-        except (TimeoutError, socket.timeout):
+        except TimeoutError:
             raise ApiError(0, "timeout", f"{self.base} did not answer within {self.timeout_s:g} s") from None
         except (ValueError, http.client.HTTPException) as exc:
             raise ApiError(0, "unreachable", f"cannot talk to {self.base}: {exc}") from None
@@ -94,7 +92,7 @@ class Client:
         with self._open(method, path, params, body) as response:
             try:
                 raw = response.read()
-            except (TimeoutError, socket.timeout):
+            except TimeoutError:
                 raise ApiError(0, "timeout", f"{self.base} did not answer within {self.timeout_s:g} s") from None
         if not raw:
             return None

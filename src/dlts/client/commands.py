@@ -45,7 +45,7 @@ class CliError(click.ClickException):
 
     def __init__(self, message: str, exit_code: int = EXIT_FAILED):
         super().__init__(message)
-        self.exit_code = exit_code
+        self.exit_code = exit_code  # type: ignore[misc]
 
 
 def _from_api(exc: ApiError, label: str | None = None) -> CliError:
@@ -93,6 +93,12 @@ def connect(profile_name: str | None) -> Client:
     return Client(profile.url, profile.token, timeout_s())
 
 
+def mark_user(command: click.Command) -> click.Command:
+    """List the command under "User commands" in ``dlts --help`` (dlts.cli.SectionedGroup)."""
+    setattr(command, "dlts_section", "user")  # noqa: B010 - an attribute click does not declare
+    return command
+
+
 def user_command(group, name: str | None = None, **kwargs):
     """A user command: ``--profile``, a Client as the first argument, API errors as one line."""
 
@@ -107,9 +113,7 @@ def user_command(group, name: str | None = None, **kwargs):
                 _echo_err("interrupted")
                 sys.exit(EXIT_INTERRUPTED)
 
-        command = group.command(name, **kwargs)(profile_option(run))
-        command.dlts_section = "user"
-        return command
+        return mark_user(group.command(name, **kwargs)(profile_option(run)))
 
     return decorate
 
@@ -154,7 +158,7 @@ def register(main: click.Group, vc_group: click.Group) -> None:
             raise CliError(f"cannot store the profile: {exc}") from None
         click.echo(f"logged in to {client.base} as {me['name']} (profile {name!r}, stored in {path})")
 
-    login.dlts_section = "user"
+    mark_user(login)
 
     @main.command()
     @profile_option
@@ -167,7 +171,7 @@ def register(main: click.Group, vc_group: click.Group) -> None:
             raise CliError(str(exc)) from None
         click.echo(f"profile {name!r} removed" if removed else f"no profile {name!r}; nothing to do")
 
-    logout.dlts_section = "user"
+    mark_user(logout)
 
     @user_command(main)
     @click.option("--json", "as_json", is_flag=True, help="Print GET /api/v1/me as JSON.")
@@ -451,7 +455,7 @@ def register(main: click.Group, vc_group: click.Group) -> None:
                                   k["fingerprint"], output.relative(k.get("created_at"))] for k in items], right={0})
                    if items else "no SSH keys (add one: dlts keys add ~/.ssh/id_ed25519.pub)")
 
-    keys.dlts_section = "user"
+    mark_user(keys)
 
     @user_command(keys, "add")
     @click.argument("key_file", type=click.File("r"), metavar="FILE")
@@ -491,7 +495,7 @@ def register(main: click.Group, vc_group: click.Group) -> None:
                                   output.relative(e.get("expires_at"))] for e in items], right={0})
                    if items else "no allowed IPs (add the address you connect from: dlts ips add ADDRESS)")
 
-    ips.dlts_section = "user"
+    mark_user(ips)
 
     @user_command(ips, "add")
     @click.argument("address", metavar="ADDRESS")

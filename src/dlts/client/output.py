@@ -53,10 +53,10 @@ def parse_time(value: str | None) -> dt.datetime | None:
     if not value:
         return None
     try:
-        parsed = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+        parsed = dt.datetime.fromisoformat(value)
     except ValueError:
         return None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.timezone.utc)
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)
 
 
 def duration(seconds: float | None) -> str:
@@ -81,7 +81,7 @@ def relative(value: str | None, now: dt.datetime | None = None) -> str:
     when = parse_time(value)
     if when is None:
         return "-"
-    delta = (when - (now or dt.datetime.now(dt.timezone.utc))).total_seconds()
+    delta = (when - (now or dt.datetime.now(dt.UTC))).total_seconds()
     if abs(delta) < 1:
         return "now"
     return f"in {duration(delta)}" if delta > 0 else f"{duration(-delta)} ago"
@@ -103,7 +103,7 @@ def parse_duration(text: str) -> int:
     return d * 86400 + h * 3600 + m * 60 + s
 
 
-def size(value: int | float | None) -> str:
+def size(value: float | None) -> str:
     """``2.0 GiB``, ``512 MiB``, ``900 B``."""
     if value is None:
         return "-"
