@@ -252,6 +252,18 @@ def test_logs_follow_a_running_job_to_its_end(user, demo, tmp_path):
     target = tmp_path / "job.log"
     saved = user.run("logs", str(job_id), "--download", str(target))
     assert saved.returncode == 0 and target.read_text() == "first\nsecond\nthird\n"
+    # a job killed before it ran: -f says so and ends (the demo's 2 GPUs are held by another job)
+    blocker = int(user.run("submit", "--image", "any", "--gpus", "2", "--", "sleep 600").stdout.strip())
+    try:
+        wait_job(demo, blocker, {"running"})
+        held = int(user.run("submit", "--image", "any", "--gpus", "2", "--", "true").stdout.strip())
+        assert wait_job(demo, held, {"queued"})["attempt"] == 0
+        assert user.run("kill", str(held)).returncode == 0
+        assert wait_job(demo, held, {"killed"})["attempt"] == 0
+        never = user.run("logs", "-f", str(held), timeout=60)
+        assert never.returncode == 0 and "without running" in never.stderr
+    finally:
+        user.run("kill", str(blocker))
     missing = user.run("logs", "987654")
     assert missing.returncode == 1 and "job_not_found" in missing.stderr
 

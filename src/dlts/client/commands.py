@@ -685,6 +685,10 @@ def follow_log(client: Client, job_id: int, attempt: int | None, follow: bool) -
             if not follow:
                 _echo_err(f"job {job_id} has not run yet: no log (dlts logs -f {job_id} waits for it)")
                 return
+            job = client.get(f"/jobs/{job_id}")
+            if job["status"] in ENDED_STATUSES and not job.get("attempt"):
+                _echo_err(f"job {job_id} ended ({job['status']}) without running: no log")
+                return
             time.sleep(poll_s())
             continue
         if number is None:
