@@ -230,10 +230,12 @@ def run_demo(settings: Settings, fake_nvml: str | None = None) -> None:
     click.echo(f"  node {node.name}: {gpus}, {node.cpu:g} cores; VC 'default' gets all of it")
     click.echo(f"  API:   {url}/api/v1   (OpenAPI: {url}/api/v1/openapi.json)")
     click.echo(f"  admin API token: {(home / 'demo-token').read_text().strip()}   (also in {home / 'demo-token'}; alice's in {home / 'alice-token'})")
-    click.echo(f"  portal: {url}/   logins (user:password) in {home / 'demo-credentials'}")
+    click.echo(f"  portal: {url}/   sign in as alice (member of VC default) or admin (cluster admin); "
+               f"their passwords are in {home / 'demo-credentials'} (user:password lines)")
     if created:
         for line in (home / "demo-credentials").read_text().split():
             click.echo(f"    {line}")
+    click.echo(f"  CLI:   dlts login {url} --token-file {home / 'alice-token'}   then: dlts submit --wait -- echo hello")
     click.echo(f"  try:   curl -H \"Authorization: Bearer $(cat {home / 'alice-token'})\" {url}/api/v1/me")
     if agent_reads == "fake":
         click.echo(f"  node agent: fake NVML scenario {fake_nvml!r}; watch the repair loop with `dlts node show {node.name}` "
