@@ -6,12 +6,38 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from dlts_lustre.errors import LustreCommandError, LustreError
-from dlts_lustre.model import (GRACE_NOTIFY_S, DefaultQuota, DfReport, DirStripe, GraceTimes, Health,
-                               LustreVersion, Pool, ProjectInfo, QuotaKind, QuotaLimits, QuotaReport, ServerTarget,
-                               StatsBlock, StripeLayout)
-from dlts_lustre.parsers import (parse_default_quota, parse_df_single, parse_getdirstripe, parse_getdirstripe_mdt,
-                                 parse_getstripe, parse_grace_times, parse_health, parse_pool_list,
-                                 parse_pool_members, parse_project, parse_quota, parse_stats, parse_version)
+from dlts_lustre.model import (
+    GRACE_NOTIFY_S,
+    DefaultQuota,
+    DfReport,
+    DirStripe,
+    GraceTimes,
+    Health,
+    LustreVersion,
+    Pool,
+    ProjectInfo,
+    QuotaKind,
+    QuotaLimits,
+    QuotaReport,
+    ServerTarget,
+    StatsBlock,
+    StripeLayout,
+)
+from dlts_lustre.parsers import (
+    parse_default_quota,
+    parse_df_single,
+    parse_getdirstripe,
+    parse_getdirstripe_mdt,
+    parse_getstripe,
+    parse_grace_times,
+    parse_health,
+    parse_pool_list,
+    parse_pool_members,
+    parse_project,
+    parse_quota,
+    parse_stats,
+    parse_version,
+)
 from dlts_lustre.parsers._common import decode_target
 from dlts_lustre.parsers.params import osd_values, parse_params
 from dlts_lustre.runner import CommandResult, Runner
@@ -272,7 +298,7 @@ class LustreClient:
         for name in names:
             kind, index, _ = decode_target(name, "lctl get_param osd-*")
 
-            def number(param: str) -> int | None:
+            def number(param: str, name: str = name) -> int | None:
                 raw = values[param].get(name)
                 return int(raw) if raw is not None and raw.isdigit() else None
 

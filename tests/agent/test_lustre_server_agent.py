@@ -78,7 +78,7 @@ def test_the_agent_on_an_oss_serves_target_space_quota_enforcement_and_op_rates(
                   persistent=False)
     agent.collect_once()
     values = _scrape(agent)
-    ost0 = dict(fs="dltsfs", index="0", kind="OST", target="dltsfs-OST0000")
+    ost0 = {"fs": "dltsfs", "index": "0", "kind": "OST", "target": "dltsfs-OST0000"}
     assert values[("dlts_lustre_target_free_bytes", _labels(**ost0))] == 5 * GIB * 1024
     assert values[("dlts_lustre_target_quota_enforced", _labels(**ost0, type="user"))] == 0.0
     assert values[("dlts_lustre_collector_success", _labels(section="targets"))] == 1.0

@@ -98,7 +98,7 @@ def mgs_wrapper(tmp_path):
 
     def ssh(line: str) -> subprocess.CompletedProcess:
         return subprocess.run([str(script)], env={**env, "SSH_ORIGINAL_COMMAND": line}, capture_output=True,
-                              text=True, timeout=60)
+                              text=True, timeout=60, check=False)
 
     return ssh, state_dir
 

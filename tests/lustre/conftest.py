@@ -8,11 +8,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from lustre_fixtures import load_fixture
+from lustre_fixtures import MGS_PREFIX, load_fixture
 
 HERE = Path(__file__).parent
 FAKEBIN = HERE / "fakebin"
-MGS_PREFIX = "env DLTS_FAKE_LUSTRE_NODE=mgs"
+
 
 
 @pytest.fixture

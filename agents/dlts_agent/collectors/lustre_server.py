@@ -12,7 +12,8 @@ pool_list`` answers (the MGS, an MDS), and the op rates of ``mdt.*.md_stats`` (M
 from __future__ import annotations
 
 import shutil
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from dlts_agent.collectors.base import Skip
 

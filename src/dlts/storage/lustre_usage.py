@@ -15,8 +15,8 @@ in the snapshot's errors (and named); the others are still recorded.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Callable, Iterable, Mapping
 
 from dlts.storage.scan import COMPLETE, FAILED, ScanResult, Totals
 
