@@ -516,16 +516,19 @@ def vc_member(ctx: Context, vc_name: str, user_name: str, admin: bool) -> None:
 @click.option("--directory", help="Directory relative to the mount (default: <vc_root>/<VC>).")
 @click.option("--project-id", type=click.IntRange(1, 4294967294), help="Lustre project ID for the VC's quota.")
 @click.option("--stripe-count", type=click.IntRange(-1, 2000), help="Default stripe count of new files.")
+@click.option("--default-dir-stripe-count", type=click.IntRange(-1, 256),
+              help="Stripe new subdirectories over this many MDTs (lfs setdirstripe -D -c N; -1: all MDTs).")
 @pass_ctx
 def vc_lustre(ctx: Context, vc_name: str, pool: str, osts: str, mdt: str, directory: str | None,
-              project_id: int | None, stripe_count: int | None) -> None:
+              project_id: int | None, stripe_count: int | None, default_dir_stripe_count: int | None) -> None:
     """Pin VC's Lustre directory to an OST pool and an MDT; `dlts managers` applies it."""
     from dlts.services import admin as admin_service
 
     from dlts.strict import is_whole_number
 
     settings = {"pool": pool, "osts": osts, "mdt": int(mdt) if is_whole_number(mdt) else mdt, "directory": directory,
-                "project_id": project_id, "stripe_count": stripe_count}
+                "project_id": project_id, "stripe_count": stripe_count,
+                "default_dir_stripe_count": default_dir_stripe_count}
     with ctx.session() as session:
         stored = admin_service.set_vc_lustre(session, vc_name, settings)
     click.echo(f"VC {vc_name} Lustre settings: {stored}")

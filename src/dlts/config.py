@@ -138,6 +138,11 @@ class Settings(BaseModel):
     # which applies each VC's storage["lustre"] settings every storage_interval_s (None: off)
     lustre_defaults_file: Path | None = None
     storage_interval_s: float = Field(300.0, ge=10)
+    # the argv prefix that reaches the Lustre MGS, where pool changes must run (e.g. ["ssh", "-o",
+    # "BatchMode=yes", "root@mds1"]; a string is split like a shell line); () = this host is the MGS
+    lustre_mgs_command: tuple[str, ...] = ()
+    # seconds between reads of Lustre usage per user and per VC (lfs quota) into the storage snapshots
+    lustre_usage_interval_s: float = Field(900.0, ge=10)
     # allowlists
     allow_ip_days: int = Field(30, ge=1)
     # job endpoints are reachable from their owner's allowed IPs and from these networks (e.g. the
@@ -186,6 +191,18 @@ class Settings(BaseModel):
     @classmethod
     def _cidr_list(cls, value: Any) -> Any:
         return cidr_list(value)
+
+    @field_validator("lustre_mgs_command", mode="before")
+    @classmethod
+    def _argv(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            import shlex
+
+            try:
+                return tuple(shlex.split(value))
+            except ValueError as exc:
+                raise ValueError(f"is not a command line: {exc}") from None
+        return value
 
     @field_validator("endpoint_port_range", mode="before")
     @classmethod

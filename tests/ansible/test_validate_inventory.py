@@ -162,6 +162,11 @@ CASES = {
         lambda inv: inv.edit("group_vars/all/dlts.yml", lambda d: d["dlts_vcs"][1].update(lustre_mdt=5)),
         "Virtual cluster product uses pool \"product\" and MDT 5",
     ),
+    "virtual cluster striping subdirectories over more MDTs than exist": (
+        lambda inv: inv.edit("group_vars/all/dlts.yml",
+                             lambda d: d["dlts_vcs"][1].update(lustre_default_dir_stripe_count=3)),
+        "lustre_default_dir_stripe_count is -1 (all MDTs) or 1 to the number of MDTs",
+    ),
     "file system name longer than Lustre allows": (
         lambda inv: inv.set("group_vars/all/lustre.yml", "lustre_fsname", "muchtoolongname"),
         'lustre_fsname must be 1 to 8 letters, digits or underscores (mkfs.lustre\'s limit), found "muchtoolongname"',
