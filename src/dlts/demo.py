@@ -117,12 +117,14 @@ def start_agent(settings: Settings, sessions, node, url: str, scenario_name: str
     from dlts.services import nodes as node_service
 
     mode = agent_mode(node, settings, scenario_name)
-    lib = None
+    lib = deferred = None
     if mode == "fake":
-        from dlts_testing.fake_nvml import scenario
+        from dlts_testing.fake_nvml import DeferredFaults, scenario
 
-        lib = scenario(scenario_name)
-        lib.gpus = lib.gpus[: node.gpus]
+        faulty = scenario(scenario_name)
+        faulty.gpus = faulty.gpus[: node.gpus]
+        deferred = DeferredFaults(faulty)  # each faulty GPU fails once a job runs on it
+        lib = deferred.lib
     home = settings.home.resolve() / "agent"
     home.mkdir(parents=True, exist_ok=True)
     (home / "kmsg").touch()
@@ -145,8 +147,36 @@ def start_agent(settings: Settings, sessions, node, url: str, scenario_name: str
 
         agent.executor.runner = FakeDriver(lib)
     stop = threading.Event()
-    thread = threading.Thread(target=agent.run, args=(stop,), name="agent", daemon=True)
+
+    def run(stop: threading.Event) -> None:
+        if deferred is not None:
+            threading.Thread(target=faults_on_use, args=(deferred, sessions, node.name, stop), name="fake-faults",
+                             daemon=True).start()
+        agent.run(stop)
+
+    thread = threading.Thread(target=run, args=(stop,), name="agent", daemon=True)
     return agent, stop, thread, mode
+
+
+def faults_on_use(deferred, sessions, node_name: str, stop: threading.Event, poll_s: float = 0.5) -> None:
+    """The fake scenario's faults appear on a GPU once a job runs on it, so the story a newcomer
+    watches is the one that matters: a job on the GPU, the fault, the job moved off, the repair."""
+    import sqlalchemy as sa
+
+    from dlts.models import JobAttempt
+
+    while deferred.pending and not stop.wait(poll_s):
+        try:
+            with sessions() as session:
+                running = session.scalars(sa.select(JobAttempt.placements).where(
+                    JobAttempt.started_at.is_not(None), JobAttempt.ended_at.is_(None))).all()
+        except sa.exc.SQLAlchemyError:  # the database is busy: the next poll sees it
+            continue
+        for placements in running:
+            for placement in placements or []:
+                if placement.get("node") == node_name:
+                    for index in placement.get("gpu_indices") or []:
+                        deferred.use(int(index))
 
 
 def private_state(settings: Settings) -> None:
@@ -238,8 +268,8 @@ def run_demo(settings: Settings, fake_nvml: str | None = None) -> None:
     click.echo(f"  CLI:   dlts login {url} --token-file {home / 'alice-token'}   then: dlts submit --wait -- echo hello")
     click.echo(f"  try:   curl -H \"Authorization: Bearer $(cat {home / 'alice-token'})\" {url}/api/v1/me")
     if agent_reads == "fake":
-        click.echo(f"  node agent: fake NVML scenario {fake_nvml!r}; watch the repair loop with `dlts node show {node.name}` "
-                   f"or {url}/repair")
+        click.echo(f"  node agent: fake NVML scenario {fake_nvml!r} (a faulty GPU fails once a job runs on it: submit one); "
+                   f"watch the repair loop with `dlts node show {node.name}` or {url}/repair")
     elif agent_reads == "nvml":
         click.echo(f"  node agent: this machine's GPUs (NVML); it carries out no repair action in the demo "
                    f"(`dlts node show {node.name}`)")
