@@ -318,6 +318,16 @@ QUOTA = fields.Dict(keys=SKU_NAME, values=fields.Integer(strict=True, validate=_
                     validate=validate.Length(max=64), metadata={"description": "GPUs per SKU, e.g. {\"a100\": 64}"})
 
 
+class IdlePolicySchema(Schema):
+    idle_warn_min = fields.Float(validate=validate.Range(min=0, max=7 * 24 * 60, min_inclusive=False), metadata={
+        "description": "minutes of idle GPUs before the job's owner is told (fractions allowed)"})
+    idle_action_min = fields.Float(validate=validate.Range(min=0, max=7 * 24 * 60, min_inclusive=False), metadata={
+        "description": "minutes after the warning, still idle, before the job is paused or killed"})
+    idle_action = fields.String(validate=validate.OneOf(["pause", "kill", "none"]))
+    exempt_types = fields.List(fields.String(validate=validate.OneOf(["batch", "interactive", "distributed", "inference"])),
+                               validate=validate.Length(max=4))
+
+
 class VcSettingsFields(Schema):
     policy = fields.String(validate=validate.OneOf(["RF", "FIFO"]))
     max_job_time_s = fields.Integer(strict=True, allow_none=True, validate=validate.Range(60, 366 * 86400))
@@ -344,16 +354,6 @@ class VcSettingsFields(Schema):
     idle_policy = fields.Nested(IdlePolicySchema, allow_none=True, metadata={
         "description": "VC admin: the idle-job policy (docs/monitoring.md#idle-job-policy); the keys sent merge into "
                        "the current policy; null turns it off"})
-
-
-class IdlePolicySchema(Schema):
-    idle_warn_min = fields.Float(validate=validate.Range(min=0, max=7 * 24 * 60, min_inclusive=False), metadata={
-        "description": "minutes of idle GPUs before the job's owner is told (fractions allowed)"})
-    idle_action_min = fields.Float(validate=validate.Range(min=0, max=7 * 24 * 60, min_inclusive=False), metadata={
-        "description": "minutes after the warning, still idle, before the job is paused or killed"})
-    idle_action = fields.String(validate=validate.OneOf(["pause", "kill", "none"]))
-    exempt_types = fields.List(fields.String(validate=validate.OneOf(["batch", "interactive", "distributed", "inference"])),
-                               validate=validate.Length(max=4))
 
 
 class VcCreateSchema(VcSettingsFields):
