@@ -249,3 +249,29 @@ def test_insights_and_the_exemption_follow_the_visibility_rules(client, world, s
     with sessions() as s:
         assert s.get(Job, job_id).spec["idle_exempt_by"] == "vcadmin"
         assert s.get(Job, job_id).status is JobStatus.RUNNING
+
+
+def test_gpus_busy_again_after_the_warning_the_job_is_not_acted_on(client, world, sessions, settings):
+    job_id = running_job(client, world, sessions)
+    idle = gpu_metrics({0: (job_id, 0.0), 1: (job_id, 0.0)})
+    busy = gpu_metrics({0: (job_id, 0.7), 1: (job_id, 0.6)})
+    token = node_token(sessions)
+    history(sessions, 45, idle)
+    report(client, token, idle)
+    set_policy(client, world, idle_warn_min=30, idle_action_min=0.01, idle_action="kill")
+    insight = manager(sessions, settings)
+    assert insight.run_once().warned == 1
+    report(client, token, busy)  # this minute's mean is busy now, and so is the last report
+    run = insight.run_once()
+    assert (run.cleared, run.acted) == (1, 0)
+    # the idle finding clears; the hour's low average remains as a finding of its own
+    assert events(client, world, job_id)[-2:] == [
+        ("gpus_idle_cleared", "Cleared: the job's GPUs are busy again."), (
+            "low_utilisation", events(client, world, job_id)[-1][1])]
+    for _ in range(3):  # idle again, but the new idle run is seconds old: no warning, no kill
+        report(client, token, idle)
+        run = insight.run_once()
+        assert (run.warned, run.acted) == (0, 0)
+        time.sleep(0.3)
+    assert job(client, world, job_id)["status"] == "running"
+    assert len(outbox(sessions, "idle_job_warning")) == 1 and outbox(sessions, "idle_job_stopped") == []

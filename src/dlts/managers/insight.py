@@ -174,8 +174,10 @@ class InsightManager:
             if f.code == rules.GPUS_IDLE:
                 if f.since <= lookback_start + rules.MINUTE:  # the history read starts inside the idle run
                     row.since = min(row.since, f.since)
-                elif f.since > row.since:  # busy between two passes: a new idle run, the policy starts over
-                    row.since, row.warned_at = f.since, None
+                elif f.since != row.since:
+                    if f.since > row.since:  # busy between two passes: a new idle run, the policy starts over
+                        row.warned_at = None
+                    row.since = f.since
             if f.key != row.key:
                 row.key = f.key
                 job_repo.add_event(session, job.id, "insight", reason=f.code, message=f.message, actor=ACTOR)
