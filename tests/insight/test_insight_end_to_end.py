@@ -17,12 +17,12 @@ import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "agent"))  # agent_testkit
 
-from agent_testkit import agent_config, make_fake_node  # noqa: E402
+from agent_testkit import agent_config, make_fake_node
 
-from dlts.insight.settings import InsightSettings  # noqa: E402
-from dlts.managers.insight import InsightManager  # noqa: E402
-from dlts.managers.notify import NotifyManager  # noqa: E402
-from tests.smtp_server import with_notify  # noqa: E402
+from dlts.insight.settings import InsightSettings
+from dlts.managers.insight import InsightManager
+from dlts.managers.notify import NotifyManager
+from tests.smtp_server import with_notify
 
 pytestmark = [pytest.mark.db, pytest.mark.slow]
 IDLE_MIN = 0.05  # 3 s

@@ -44,8 +44,8 @@ def codes(view: JobView, **kw) -> list[str]:
     return [f.code for f in rules.evaluate(view, NOW, S, **kw)]
 
 
-IDLE = lambda k, i: 0.01  # noqa: E731
-BUSY = lambda k, i: 0.9  # noqa: E731
+IDLE = lambda k, i: 0.01
+BUSY = lambda k, i: 0.9
 
 
 @pytest.mark.parametrize("case, view, expected", [

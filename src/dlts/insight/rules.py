@@ -205,10 +205,10 @@ def evaluate(job: JobView, now: dt.datetime, s: InsightSettings, pressure: Press
         for key, total in job.memory_total.items():
             if not total:
                 continue
-            used = [m.gpus.get(key, (None, None))[1] for m in points]
-            if used and all(u is not None and u >= s.memory_ratio * total for u in used):
+            memory = [m.gpus.get(key, (None, None))[1] for m in points]
+            if memory and all(u is not None and u >= s.memory_ratio * total for u in memory):
                 full.append(key)
-                ratios.append(min(u for u in used if u is not None) / total)
+                ratios.append(min(u for u in memory if u is not None) / total)
         if full:
             found.append(Finding(GPU_MEMORY_FULL, f"{GPU_MEMORY_FULL}:{_gpu_names(full)}"[:128], (
                 f"GPU memory has been at least {_pct(min(ratios))} full for {_minutes(s.memory_min)} on "
@@ -220,11 +220,11 @@ def evaluate(job: JobView, now: dt.datetime, s: InsightSettings, pressure: Press
         cores = [m.cpu_cores for m in points if m.cpu_cores is not None]
         means = _gpu_means(points)
         if cores and means:
-            used = sum(cores) / len(cores)
+            busy_cores = sum(cores) / len(cores)
             gpu = sum(means.values()) / len(means)
-            if used >= s.cpu_ratio * job.cpu and gpu < s.starved_ratio:
+            if busy_cores >= s.cpu_ratio * job.cpu and gpu < s.starved_ratio:
                 found.append(Finding(CPU_BOUND, CPU_BOUND, (
-                    f"This job's processes use {used:.1f} of its {job.cpu:g} cores while its GPUs average {_pct(gpu)} "
+                    f"This job's processes use {busy_cores:.1f} of its {job.cpu:g} cores while its GPUs average {_pct(gpu)} "
                     f"over the last {_minutes(s.cpu_min)}: the input pipeline is CPU-bound and starves the GPUs. Ask for "
                     "more cpu, preprocess or cache the data before training, or move augmentation onto the GPU."),
                     max(job.started_at, now - dt.timedelta(minutes=s.cpu_min))))

@@ -96,7 +96,7 @@ def job_view(job: Job, attempt: JobAttempt, points: Sequence[UtilisationPoint], 
                 memory_total[key] = total
     reported_at = None if not reported or any(r is None for r in reported) else min(r for r in reported if r)
     return rules.JobView(job_id=job.id, gpus=job.gpus * max(job.nodes, 1), cpu=job.cpu * max(job.nodes, 1),
-                         started_at=attempt.started_at, minutes=minutes, preemptible=job.preemptible, sku=job.sku,
+                         started_at=attempt.started_at or job.submitted_at, minutes=minutes, preemptible=job.preemptible, sku=job.sku,
                          memory_total=memory_total, latest=latest, reported_at=reported_at)
 
 
@@ -162,8 +162,8 @@ class InsightManager:
                 rows.pop(code)
                 result.cleared += 1
         for f in found:
-            row = rows.get(f.code)
-            if row is None:
+            existing = rows.get(f.code)
+            if existing is None:
                 row = JobInsight(job_id=job.id, attempt=attempt.number, code=f.code, key=f.key, message=f.message,
                                  since=f.since, raised_at=now, updated_at=now)
                 session.add(row)
@@ -171,6 +171,7 @@ class InsightManager:
                 job_repo.add_event(session, job.id, "insight", reason=f.code, message=f.message, actor=ACTOR)
                 result.raised += 1
                 continue
+            row = existing
             if f.code == rules.GPUS_IDLE:
                 if f.since <= lookback_start + rules.MINUTE:  # the history read starts inside the idle run
                     row.since = min(row.since, f.since)

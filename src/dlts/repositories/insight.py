@@ -11,7 +11,16 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from dlts.models import ACTIVE, Job, JobAttempt, JobInsight, JobStatus, Node, UtilisationPoint, VirtualCluster
+from dlts.models import (
+    ACTIVE,
+    Job,
+    JobAttempt,
+    JobInsight,
+    JobStatus,
+    Node,
+    UtilisationPoint,
+    VirtualCluster,
+)
 from dlts.repositories.usage import TOTAL_GPUS
 
 CHUNK = 500
@@ -79,7 +88,8 @@ def sku_pressure(session: Session) -> dict[str, tuple[int, int]]:
         used[sku] += int(gpus)
         if not preemptible:
             guaranteed_used[(vc_id, sku)] += int(gpus)
-    quotas = dict(session.execute(sa.select(VirtualCluster.id, VirtualCluster.quota)).all())
+    quotas: dict[int, dict] = {vc_id: quota for vc_id, quota in session.execute(
+        sa.select(VirtualCluster.id, VirtualCluster.quota))}
     waiting: dict[str, int] = defaultdict(int)
     for vc_id, sku, gpus in session.execute(
             sa.select(Job.vc_id, Job.sku, sa.func.coalesce(sa.func.sum(TOTAL_GPUS), 0))
