@@ -253,6 +253,12 @@ def managers(ctx: Context) -> None:
     except (ConfigError, TemplateError) as exc:
         raise click.ClickException(str(exc)) from None
     entries.append(Periodic("notify.send", settings.notify.interval_s, notifier.run_once))
+    if settings.insight.enabled:
+        from dlts.managers.insight import InsightManager
+
+        # insight messages on running jobs and the VCs' idle-job policy (fenced sessions: its warnings,
+        # pauses and kills are state writes like the job manager's)
+        entries.append(Periodic("insight.run", settings.insight.interval_s, InsightManager(sessions, settings).run_once))
     from dlts.metrics import instrumented
 
     # dlts_manager_runs_total

@@ -20,6 +20,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from dlts.backends.k8s_settings import KubernetesSettings, cidr_list
+from dlts.insight.settings import InsightSettings
 from dlts.notify_settings import NotifySettings
 from dlts.repair.settings import RepairSettings
 from dlts.strict import is_whole_number
@@ -157,8 +158,10 @@ class Settings(BaseModel):
     notify: NotifySettings = Field(default_factory=NotifySettings)
     # the storage manager's scans, alerts and expiry of NFS/local roots (docs/storage.md)
     storage: StorageSettings = Field(default_factory=StorageSettings)
+    # insight messages on running jobs and the VCs' idle-job policy (docs/monitoring.md#insight)
+    insight: InsightSettings = Field(default_factory=InsightSettings)
 
-    @field_validator("kubernetes", "storage", mode="before")
+    @field_validator("kubernetes", "storage", "insight", mode="before")
     @classmethod
     def _empty_section(cls, value: Any) -> Any:
         # "kubernetes:" with nothing under it is YAML null: the section with every default
@@ -263,8 +266,8 @@ MOVED_KEYS = {
     "node_label_vc": "kubernetes.vc_label",
 }
 # Sections whose keys the environment sets one by one: DLTS_KUBERNETES__NAMESPACE=jobs,
-# DLTS_STORAGE__SCAN_INTERVAL_S=600 (storage.roots is a list: the file's).
-SECTIONS = {"kubernetes": KubernetesSettings, "storage": StorageSettings}
+# DLTS_STORAGE__SCAN_INTERVAL_S=600 (storage.roots is a list: the file's), DLTS_INSIGHT__IDLE_MIN=45.
+SECTIONS = {"kubernetes": KubernetesSettings, "storage": StorageSettings, "insight": InsightSettings}
 
 
 def _from_env(environ: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, str]]:

@@ -250,6 +250,10 @@ def run_demo(settings: Settings, fake_nvml: str | None = None) -> None:
     accountant = TickThread(None, settings.accounting_interval_s, name="accounting",
                             tick=instrumented("accounting.book",
                                               AccountingManager(sessions, settings.utilisation_retention_days).run_once))
+    from dlts.managers.insight import InsightManager
+
+    insight = TickThread(None, settings.insight.interval_s, name="insight",
+                         tick=instrumented("insight.run", InsightManager(sessions, settings).run_once))
     server = make_server(settings.listen_host, settings.listen_port, app, threaded=True)
     url = f"http://{settings.listen_host}:{server.server_port}"
     node = backend.nodes()[0]
@@ -282,6 +286,8 @@ def run_demo(settings: Settings, fake_nvml: str | None = None) -> None:
     if settings.repair.enabled:
         repairer.start()
     accountant.start()
+    if settings.insight.enabled:
+        insight.start()
     agent_thread.start()
     signal.signal(signal.SIGTERM, _interrupt)
     signal.signal(signal.SIGINT, _interrupt)
@@ -295,6 +301,7 @@ def run_demo(settings: Settings, fake_nvml: str | None = None) -> None:
         ticker.stopping.set()
         repairer.stopping.set()
         accountant.stopping.set()
+        insight.stopping.set()
         agent_stop.set()
         agent_thread.join(timeout=10)
         ticker.join(timeout=30)

@@ -31,6 +31,7 @@ from dlts.api.schemas import (
 from dlts.app import settings_of
 from dlts.extensions import db
 from dlts.models import Job, JobAttempt, JobStatus, User, VirtualCluster, iso
+from dlts.repositories import insight as insight_repo
 from dlts.repositories import jobs as job_repo
 from dlts.services import endpoints as endpoint_service
 from dlts.services import jobs as job_service
@@ -44,7 +45,7 @@ PUBLIC_FIELDS = ("id", "name", "user", "vc", "type", "status", "reason", "queue_
 
 
 def job_dict(job: Job, visibility: Visibility, attempts: list[JobAttempt] | None = None,
-             endpoints: list[endpoint_service.EndpointView] | None = None) -> dict:
+             endpoints: list[endpoint_service.EndpointView] | None = None, insights: list | None = None) -> dict:
     data = {
         "id": job.id, "name": job.name, "user": job.user.name, "vc": job.vc.name, "type": job.type,
         "status": job.status.value, "reason": job.reason, "reason_detail": job.reason_detail,
@@ -57,8 +58,11 @@ def job_dict(job: Job, visibility: Visibility, attempts: list[JobAttempt] | None
         "started_at": iso(job.started_at), "finished_at": iso(job.finished_at), "exit_code": job.exit_code,
         "attempt": job.attempt, "env": job.spec.get("env", {}), "ports": job.spec.get("ports", []),
         "ssh": job.spec.get("ssh", False), "ephemeral_storage_bytes": job.spec.get("ephemeral_storage_bytes"),
-        "run_as_root": bool(job.spec.get("run_as_root")), "visibility": visibility.value,
+        "run_as_root": bool(job.spec.get("run_as_root")), "idle_exempt": bool(job.spec.get("idle_exempt")),
+        "visibility": visibility.value,
     }
+    if insights is not None:
+        data["insights"] = [{"code": i.code, "message": i.message, "since": iso(i.since)} for i in insights]
     if attempts is not None:
         data["attempts"] = [{
             "number": a.number, "placements": a.placements, "started_at": iso(a.started_at),
@@ -150,13 +154,15 @@ class OneJob(MethodView):
         job, visibility = job_service.get(db.session, principal(), job_id)
         if visibility is not Visibility.FULL:
             return job_dict(job, visibility)
-        return job_dict(job, visibility, _attempts(job.id), endpoint_service.views_of(db.session, job))
+        return job_dict(job, visibility, _attempts(job.id), endpoint_service.views_of(db.session, job),
+                        insight_repo.insights_of(db.session, job.id))
 
     @blp.arguments(JobPatchSchema)
     @blp.response(200, JobSchema)
     @blp.doc(security=[{"bearer": []}])
     def patch(self, body, job_id: int):
-        """Change priority (owner: up to 100, VC admin: up to 1000) or max_time_s; applies at the next tick."""
+        """Change priority (owner: up to 100, VC admin: up to 1000) or max_time_s (applies at the next tick);
+        idle_exempt (VC admins): the VC's idle-job policy leaves the job alone."""
         job = job_service.patch(db.session, principal(), job_id, body)
         return job_dict(job, Visibility.FULL)
 

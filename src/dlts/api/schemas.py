@@ -193,7 +193,17 @@ class _JobFields(Schema):
     visibility = fields.String(metadata={"description": "full, or public for other members of the VC"})
 
 
+class InsightSchema(Schema):
+    code = fields.String(metadata={"description": "gpus_idle, gpus_partly_busy, low_utilisation, gpu_memory_full, "
+                                                  "cpu_bound or preemption_risk"})
+    message = fields.String(metadata={"description": "what was found and what to do"})
+    since = fields.String(metadata={"description": "when the condition began, as far as the history shows"})
+
+
 class JobSchema(_JobFields):
+    insights = fields.List(fields.Nested(InsightSchema), metadata={
+        "description": "the current insight findings of a running job (full visibility, GET only)"})
+    idle_exempt = fields.Boolean(metadata={"description": "exempt from the VC's idle-job policy (set by a VC admin)"})
     command = fields.String()
     env = fields.Dict(keys=fields.String(), values=fields.String())
     ports = fields.List(fields.Integer())
@@ -253,6 +263,8 @@ class JobPatchSchema(Schema):
                               metadata={"description": "owners up to 100, VC admins up to 1000"})
     max_time_s = fields.Integer(strict=True, allow_none=True, validate=validate.Range(1, 366 * 86400),
                                 metadata={"description": "null: the VC's limit"})
+    idle_exempt = fields.Boolean(truthy={True}, falsy={False}, metadata={
+        "description": "VC admins and cluster admins: exempt the job from the VC's idle-job policy"})
 
 
 class JobBatchSchema(Schema):
@@ -306,6 +318,16 @@ QUOTA = fields.Dict(keys=SKU_NAME, values=fields.Integer(strict=True, validate=_
                     validate=validate.Length(max=64), metadata={"description": "GPUs per SKU, e.g. {\"a100\": 64}"})
 
 
+class IdlePolicySchema(Schema):
+    idle_warn_min = fields.Float(validate=validate.Range(min=0, max=7 * 24 * 60, min_inclusive=False), metadata={
+        "description": "minutes of idle GPUs before the job's owner is told (fractions allowed)"})
+    idle_action_min = fields.Float(validate=validate.Range(min=0, max=7 * 24 * 60, min_inclusive=False), metadata={
+        "description": "minutes after the warning, still idle, before the job is paused or killed"})
+    idle_action = fields.String(validate=validate.OneOf(["pause", "kill", "none"]))
+    exempt_types = fields.List(fields.String(validate=validate.OneOf(["batch", "interactive", "distributed", "inference"])),
+                               validate=validate.Length(max=4))
+
+
 class VcSettingsFields(Schema):
     policy = fields.String(validate=validate.OneOf(["RF", "FIFO"]))
     max_job_time_s = fields.Integer(strict=True, allow_none=True, validate=validate.Range(60, 366 * 86400))
@@ -329,6 +351,9 @@ class VcSettingsFields(Schema):
                              validate=validate.Length(max=16), metadata={
                                  "description": "cluster admin: privileged features the VC's jobs may use, e.g. "
                                                 "{\"run_as_root\": true}"})
+    idle_policy = fields.Nested(IdlePolicySchema, allow_none=True, metadata={
+        "description": "VC admin: the idle-job policy (docs/monitoring.md#idle-job-policy); the keys sent merge into "
+                       "the current policy; null turns it off"})
 
 
 class VcCreateSchema(VcSettingsFields):
@@ -376,6 +401,8 @@ class VcSchema(Schema):
     gid = fields.Integer(allow_none=True)
     ephemeral_storage_bytes = fields.Integer(allow_none=True, metadata={"description": "null: the cluster default"})
     pod_policy = fields.Dict(keys=fields.String(), values=fields.Boolean())
+    idle_policy = fields.Dict(allow_none=True, metadata={
+        "description": "{idle_warn_min, idle_action_min, idle_action, exempt_types}; null: off"})
     storage = fields.Dict(metadata={"description": "nfs, host, home and lustre (PUT /vcs/{name}/storage)"})
     users = fields.List(fields.Nested(UserUseSchema))
     admins = fields.List(fields.String())

@@ -25,7 +25,7 @@ from typing import Callable
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from dlts.models import TERMINAL, Job, JobAttempt, JobEndpoint, JobEvent, utcnow
+from dlts.models import TERMINAL, Job, JobAttempt, JobEndpoint, JobEvent, JobInsight, utcnow
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +93,7 @@ class Janitor:
                 events += session.execute(sa.delete(JobEvent).where(JobEvent.job_id.in_(ids))).rowcount or 0
                 attempts += session.execute(sa.delete(JobAttempt).where(JobAttempt.job_id.in_(ids))).rowcount or 0
                 endpoints += session.execute(sa.delete(JobEndpoint).where(JobEndpoint.job_id.in_(ids))).rowcount or 0
+                session.execute(sa.delete(JobInsight).where(JobInsight.job_id.in_(ids)))  # none, unless the manager was off
                 jobs += session.execute(sa.delete(Job).where(Job.id.in_(ids), Job.finished_at < cutoff)
                                         .execution_options(synchronize_session=False)).rowcount or 0
                 session.commit()

@@ -26,6 +26,7 @@ from dlts.models.job import (
     JobStatus,
     JobTemplate,
 )
+from dlts.models.insight import JobInsight
 from dlts.models.lease import ManagersLease
 from dlts.models.node import Node, NodeEvent, NodeFinding, NodeOrder, NodeState
 from dlts.models.notify import OutboxMessage, OutboxStatus
@@ -35,7 +36,7 @@ from dlts.models.vc import VcEvent, VirtualCluster
 
 __all__ = [
     "ACTIVE", "TERMINAL", "TRANSITIONS", "AllowedIp", "ApiToken", "Base", "EndpointKind", "EndpointStatus", "Group",
-    "GroupMember", "Job", "JobAttempt", "JobEndpoint", "JobEvent", "JobStatus", "JobTemplate", "ManagersLease", "Node",
+    "GroupMember", "Job", "JobAttempt", "JobEndpoint", "JobEvent", "JobInsight", "JobStatus", "JobTemplate", "ManagersLease", "Node",
     "NodeEvent", "NodeFinding", "NodeOrder", "NodeState", "OutboxMessage", "OutboxStatus", "PortalSession", "RateCounter",
     "RegistryCredential", "RepairControl", "RepairCycle", "RepairStep", "Role", "RoleBinding", "SshKey", "StorageExpiryLog",
     "StorageSnapshot", "StorageUsage", "UsageJobDay", "UsageTotal", "User", "UtilisationPoint", "VcEvent", "VirtualCluster",

@@ -35,6 +35,7 @@ from dlts.models import (
 )
 from dlts.portal import charts, forms
 from dlts.portal.core import back, bp, flash_error, login_required, principal
+from dlts.repositories import insight as insight_repo
 from dlts.repositories import jobs as job_repo
 from dlts.repositories.cluster import sku_shapes
 from dlts.services import accounting, job_templates, portal_auth
@@ -195,9 +196,10 @@ def _job_page(job_id: int, new_token: dict | None = None, status: int = 200):
     no_ssh_key = (job.user_id == who.user_id and (can_open_endpoint or any(e.kind == "ssh" for e in endpoints))
                   and db.session.scalar(sa.select(SshKey.id).where(SshKey.user_id == who.user_id).limit(1)) is None)
     utilisation = _utilisation_charts(job.id, who) if full and current is not None and current.started_at else None
+    insights = insight_repo.insights_of(db.session, job.id) if full else []
     response = current_app.make_response((render_template(
         "job.html", job=job, full=full, attempts=attempts, events=events, placements=placements, actions=actions,
-        utilisation=utilisation,
+        utilisation=utilisation, insights=insights, idle_exempt=bool((job.spec or {}).get("idle_exempt")),
         messages=[e for e in events if e.kind in ("insight", "repair")], vc_admin=vc_admin,
         can_patch=full and job.status not in TERMINAL,
         time_left_s=job_service.time_left_s(job, job.vc.max_job_time_s), ended=job.status in TERMINAL,
@@ -309,6 +311,21 @@ def job_settings(job_id: int):
         flash(f"Job {job_id} updated; the scheduler uses the new values from its next pass.", "ok")
     except ValueError:
         flash("Priority is a whole number and max time a number of hours.", "error")
+    except DltsError as exc:
+        if exc.http_status == 404:
+            raise
+        flash_error(exc)
+    return redirect(url_for("portal.job", job_id=job_id))
+
+
+@bp.route("/jobs/<int(max=4611686018427387904):job_id>/idle-exempt", methods=["POST"])
+@login_required
+def job_idle_exempt(job_id: int):
+    """Exempt the job from its VC's idle-job policy, or lift the exemption (VC admins), via the jobs service."""
+    exempt = request.form.get("exempt") == "1"
+    try:
+        job_service.patch(db.session, principal(), job_id, {"idle_exempt": exempt})
+        flash(f"Job {job_id} is {'now exempt from' if exempt else 'again under'} the VC's idle-job policy.", "ok")
     except DltsError as exc:
         if exc.http_status == 404:
             raise

@@ -334,22 +334,27 @@ def _load_for_change(session: Session, principal: Principal, job_id: int, action
     return job
 
 
-def _cas(session: Session, job: Job, target: JobStatus, actor: str, reason: str, values: dict | None = None) -> None:
-    if not job_repo.set_status(session, job.id, job.status, target, actor=actor, reason=reason, values=values):
+def _cas(session: Session, job: Job, target: JobStatus, actor: str, reason: str, values: dict | None = None,
+         message: str | None = None) -> None:
+    if not job_repo.set_status(session, job.id, job.status, target, actor=actor, reason=reason, values=values,
+                               message=message[:1024] if message else None):
         session.rollback()
         raise WrongState(f"Job {job.id} changed state while you acted on it; reload and try again.", code="concurrent_change")
 
 
-def kill(session: Session, principal: Principal, job_id: int) -> Job:
+def kill(session: Session, principal: Principal, job_id: int, *, reason: str = "killed_by_user",
+         detail: str | None = None) -> Job:
+    """``reason``/``detail``: why, for a kill that is not a person's (the idle-job policy: ``idle_gpus``)."""
     job = _load_for_change(session, principal, job_id, "kill")
     if job.status is S.KILLING:
         return job  # already on its way out: asking twice is not an error
+    detail = (detail or f"killed by {principal.name}")[:512]
+    message = detail if reason != "killed_by_user" else None
     if job.status in (S.UNAPPROVED, S.QUEUED, S.PAUSED):
-        _cas(session, job, S.KILLED, principal.name, "killed_by_user",
-             {"finished_at": utcnow(), "reason": "killed_by_user", "reason_detail": f"killed by {principal.name}", "queue_position": None})
+        _cas(session, job, S.KILLED, principal.name, reason,
+             {"finished_at": utcnow(), "reason": reason, "reason_detail": detail, "queue_position": None}, message)
     elif job.status in (S.SCHEDULING, S.RUNNING, S.PAUSING):
-        _cas(session, job, S.KILLING, principal.name, "killed_by_user",
-             {"reason": "killed_by_user", "reason_detail": f"killed by {principal.name}"})
+        _cas(session, job, S.KILLING, principal.name, reason, {"reason": reason, "reason_detail": detail}, message)
     else:
         raise WrongState(f"Job {job.id} is {job.status.value}; only jobs that have not ended can be killed.",
                          code="job_already_ended", details={"status": job.status.value})
@@ -358,12 +363,19 @@ def kill(session: Session, principal: Principal, job_id: int) -> Job:
     return job
 
 
-def pause(session: Session, principal: Principal, job_id: int) -> Job:
+def pause(session: Session, principal: Principal, job_id: int, *, reason: str = "paused_by_user",
+          detail: str | None = None) -> Job:
+    """``reason``/``detail``: why, for a pause that is not a person's (the idle-job policy: ``idle_gpus``,
+    which the paused job keeps as its reason)."""
     job = _load_for_change(session, principal, job_id, "pause")
+    by_user = reason == "paused_by_user"
     if job.status in (S.UNAPPROVED, S.QUEUED):
-        _cas(session, job, S.PAUSED, principal.name, "paused_by_user", {"reason": "paused", "reason_detail": None, "queue_position": None})
+        _cas(session, job, S.PAUSED, principal.name, reason,
+             {"reason": "paused" if by_user else reason, "reason_detail": None if by_user else (detail or "")[:512] or None,
+              "queue_position": None}, None if by_user else detail)
     elif job.status in (S.SCHEDULING, S.RUNNING):
-        _cas(session, job, S.PAUSING, principal.name, "paused_by_user")
+        _cas(session, job, S.PAUSING, principal.name, reason,
+             None if by_user else {"reason": reason, "reason_detail": (detail or "")[:512] or None}, None if by_user else detail)
     elif job.status in (S.PAUSING, S.PAUSED):
         return job
     else:
@@ -501,23 +513,38 @@ def time_left_s(job: Job, vc_limit_s: int | None, now: dt.datetime | None = None
 
 # -- change, batch, history ---------------------------------------------------------------------
 
-def patch(session: Session, principal: Principal, job_id: int, changes: Mapping[str, int | None]) -> Job:
-    """Change ``priority`` and/or ``max_time_s``; the scheduler reads them at its next tick."""
+def patch(session: Session, principal: Principal, job_id: int, changes: Mapping[str, int | bool | None]) -> Job:
+    """Change ``priority`` and/or ``max_time_s`` (the scheduler reads them at its next tick), and
+    ``idle_exempt`` (VC admins and cluster admins: the VC's idle-job policy leaves the job alone)."""
     job = session.get(Job, job_id)
     policy.require_visible(principal, job, job_id)
     assert job is not None
     if not changes:
-        raise InvalidInput("Send priority and/or max_time_s.", details={"field": "body"})
-    policy.check_patch(principal, job, changes.get("priority"), changes.get("max_time_s"))
+        raise InvalidInput("Send priority, max_time_s and/or idle_exempt.", details={"field": "body"})
+    unknown = sorted(set(changes) - {"priority", "max_time_s", "idle_exempt"})
+    if unknown:
+        raise InvalidInput(f"unknown job setting {unknown[0][:40]!r}; settable: priority, max_time_s, idle_exempt.",
+                           details={"field": unknown[0][:40]})
+    policy.check_patch(principal, job, changes.get("priority"), changes.get("max_time_s"))  # type: ignore[arg-type]
+    if "idle_exempt" in changes:
+        policy.require_idle_exempt(principal, job)
+        if not isinstance(changes["idle_exempt"], bool):
+            raise InvalidInput("idle_exempt must be true or false.", details={"field": "idle_exempt"})
     if job.status in TERMINAL:
         raise WrongState(f"Job {job.id} is {job.status.value}; an ended job cannot be changed.",
                          code="job_already_ended", details={"status": job.status.value})
     said = []
-    values = {}
+    values: dict = {}
     for key in ("priority", "max_time_s"):
         if key in changes and getattr(job, key) != changes[key]:
             said.append(f"{key} {getattr(job, key)} -> {changes[key]}")
             values[key] = changes[key]
+    if "idle_exempt" in changes and bool((job.spec or {}).get("idle_exempt")) != changes["idle_exempt"]:
+        spec = {k: v for k, v in (job.spec or {}).items() if k not in ("idle_exempt", "idle_exempt_by")}
+        if changes["idle_exempt"]:
+            spec |= {"idle_exempt": True, "idle_exempt_by": principal.name}
+        said.append(f"idle_exempt {not changes['idle_exempt']} -> {changes['idle_exempt']}")
+        values["spec"] = spec
     if values:
         # guarded on the status we read, so a job that ended meanwhile is not changed
         result = session.execute(sa.update(Job).where(Job.id == job.id, Job.status == job.status)
