@@ -20,6 +20,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from dlts.backends.k8s_settings import KubernetesSettings, cidr_list
+from dlts.directory_settings import DirectorySettings
 from dlts.notify_settings import NotifySettings
 from dlts.repair.settings import RepairSettings
 from dlts.strict import is_whole_number
@@ -152,8 +153,10 @@ class Settings(BaseModel):
     notify: NotifySettings = Field(default_factory=NotifySettings)
     # the storage manager's scans, alerts and expiry of NFS/local roots (docs/storage.md)
     storage: StorageSettings = Field(default_factory=StorageSettings)
+    # users, groups and VC roles from LDAP: `dlts directory sync` (docs/administration.md)
+    directory: DirectorySettings = Field(default_factory=DirectorySettings)
 
-    @field_validator("kubernetes", "storage", mode="before")
+    @field_validator("kubernetes", "storage", "directory", mode="before")
     @classmethod
     def _empty_section(cls, value: Any) -> Any:
         # "kubernetes:" with nothing under it is YAML null: the section with every default

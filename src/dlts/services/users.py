@@ -179,6 +179,15 @@ def update(session: Session, principal: Principal, name: str, changes: Mapping[s
 
 def disable_user(session: Session, user: User, actor: str, reason: str) -> DisableView:
     """Disable ``user`` (see the module's docstring); idempotent. The caller has checked who may."""
+    result = hold_user(session, user, actor, reason)
+    session.commit()
+    forget_principals()
+    return DisableView(view(session, user), *result)
+
+
+def hold_user(session: Session, user: User, actor: str, reason: str) -> tuple[int, int, list[int], list[int]]:
+    """The writes of a disable, in the caller's transaction: (tokens revoked, sessions ended, held jobs,
+    running jobs). The caller commits and calls ``forget_principals``."""
     now = utcnow()
     revoked = session.execute(sa.update(ApiToken).where(ApiToken.user_id == user.id, ApiToken.revoked_at.is_(None))
                               .values(revoked_at=now).execution_options(synchronize_session=False)).rowcount
@@ -193,12 +202,18 @@ def disable_user(session: Session, user: User, actor: str, reason: str) -> Disab
     if user.disabled_at is None:
         user.disabled_at = now
     user.disabled_reason = reason[:MAX_REASON]
-    session.commit()
-    forget_principals()
-    return DisableView(view(session, user), int(revoked or 0), int(ended or 0), held, running)
+    return int(revoked or 0), int(ended or 0), held, running
 
 
 def enable_user(session: Session, user: User, actor: str) -> EnableView:
+    released = release_user(session, user, actor)
+    session.commit()
+    forget_principals()
+    return EnableView(view(session, user), released)
+
+
+def release_user(session: Session, user: User, actor: str) -> list[int]:
+    """The writes of an enable, in the caller's transaction; returns the jobs released."""
     from dlts.services.jobs import _needs_approval
 
     user.disabled_at = None
@@ -212,9 +227,7 @@ def enable_user(session: Session, user: User, actor: str) -> EnableView:
         values = {"reason": "user_quota", "reason_detail": why[:512]} if why else {"reason": None, "reason_detail": None}
         if job_repo.set_status(session, job.id, JobStatus.PAUSED, target, actor=actor, reason="user_enabled", values=values):
             released.append(job.id)
-    session.commit()
-    forget_principals()
-    return EnableView(view(session, user), released)
+    return released
 
 
 def disable(session: Session, principal: Principal, name: str, reason: str | None = None) -> DisableView:
