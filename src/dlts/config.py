@@ -249,8 +249,9 @@ MOVED_KEYS = {
     "node_label_vc": "kubernetes.vc_label",
 }
 # Sections whose keys the environment sets one by one: DLTS_KUBERNETES__NAMESPACE=jobs,
-# DLTS_STORAGE__SCAN_INTERVAL_S=600 (storage.roots is a list: the file's).
-SECTIONS = {"kubernetes": KubernetesSettings, "storage": StorageSettings}
+# DLTS_STORAGE__SCAN_INTERVAL_S=600, DLTS_DIRECTORY__URL=ldaps://... (lists such as storage.roots and
+# directory.vc_roles are the file's).
+SECTIONS = {"kubernetes": KubernetesSettings, "storage": StorageSettings, "directory": DirectorySettings}
 
 
 def _from_env(environ: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, str]]:

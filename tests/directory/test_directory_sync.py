@@ -164,6 +164,16 @@ def test_all_users_mode_spares_keep_users(slapd, world, sessions, settings, tmp_
     assert users(sessions)["admin"].disabled_at is None
 
 
+def test_the_sync_never_disables_the_last_cluster_admins(slapd, world, sessions, settings, tmp_path):
+    seed(slapd, 30)
+    config = write_config(tmp_path, settings, slapd.settings(disable_missing="all_users", max_disable_percent=20))
+    code, report = sync(config, "--json")
+    assert code == 0, report
+    assert sorted(report["disabled"]) == ["alice", "bob", "carol", "vcadmin"]
+    assert any("last enabled cluster admins" in line for line in report["skipped"])
+    assert users(sessions)["admin"].disabled_at is None
+
+
 def test_starttls_works_and_a_wrong_ca_or_password_stops_with_a_clear_message(slapd, world, sessions, settings, tmp_path):
     seed(slapd, 3)
     starttls = write_config(tmp_path, settings, slapd.settings(url=f"ldap://127.0.0.1:{slapd.port}", start_tls=True))
@@ -198,6 +208,9 @@ def test_the_settings_refuse_a_cleartext_bind_and_managers_get_a_periodic_entry(
     assert [(e.id, e.interval_s) for e in entries] == [("directory.sync", 600)]
     entries[0].run()
     assert {"user00", "user01"} <= set(users(sessions))
+    from_env = load_settings(write_config(tmp_path, settings, slapd.settings()),
+                             environ={"DLTS_DIRECTORY__MAX_DISABLE_PERCENT": "2.5", "DLTS_DIRECTORY__INTERVAL_S": "900"})
+    assert (from_env.directory.max_disable_percent, from_env.directory.interval_s) == (2.5, 900)
     bare = load_settings(write_config(tmp_path, settings, {}))
     assert periodic_entries(bare, sessions) == []
     code, text = sync(write_config(tmp_path, settings, {}))

@@ -38,6 +38,7 @@ from sqlalchemy.orm import Session
 from dlts.directory_settings import DirectorySettings
 from dlts.errors import DltsError, InvalidInput
 from dlts.models import Group, GroupMember, RoleBinding, User, VirtualCluster
+from dlts.repositories import identity as identity_repo
 from dlts.services import admin, groups as group_service, users as user_service
 from dlts.services.auth import forget_principals
 from dlts.strict import is_whole_number
@@ -285,6 +286,12 @@ def apply(session: Session, cfg: DirectorySettings, snapshot: Snapshot, *, dry_r
 
     in_scope = [u for u in users.values() if u.disabled_at is None and managed(u) and u.name not in keep]
     to_disable = sorted(u.name for u in in_scope if u.name not in snapshot.users)
+    admins = identity_repo.enabled_cluster_admins(session)
+    if admins and admins <= {users[n].id for n in to_disable}:  # never the last cluster admins
+        for name in [n for n in to_disable if users[n].id in admins]:
+            to_disable.remove(name)
+            report.skipped.append(f"user {name}: missing from the directory but one of the last enabled cluster admins; "
+                                  "not disabled (add them to keep_users, or make another cluster admin)")
     # the share is of the enabled users the sync manages after this run: those there and those it creates
     managed_total = len(in_scope) + sum(1 for name in snapshot.users if name not in users)
     if to_disable:
