@@ -165,3 +165,44 @@ def test_cluster_admin_creates_and_deletes_vcs_refused_while_jobs_live(as_user, 
     assert admin.post("/admin/vcs", {"action": "delete", "vc": "speech", "confirm": "speech"}).status_code == 302
     with sessions() as s:
         assert s.scalar(sa.select(VirtualCluster.id).where(VirtualCluster.name == "speech")) is None
+
+
+HOSTILE_FORMS = [
+    ("/admin/users", {"name": "eve\x00", "uid": "5000", "gid": "5000"}, 400),
+    ("/admin/users", {"name": "eve", "uid": "9" * 40, "gid": "5000"}, 400),
+    ("/admin/users", {"name": "eve", "uid": "-5", "gid": "5000"}, 400),
+    ("/admin/users", {"name": "eve", "email": "eve@example.org\r\nBcc: x@y.org"}, 400),
+    ("/admin/users", {"name": "e" * 5000}, 400),
+    ("/admin/users/bob", {"action": "update", "uid": "0", "gid": "0"}, 400),
+    ("/admin/users/bob", {"action": "disable", "reason": "a\x00b"}, 400),
+    ("/admin/users/bob", {"action": "disable", "reason": "r" * 400}, 400),
+    ("/admin/users/bob", {"action": "explode"}, 400),
+    ("/admin/users/nobody", {"action": "enable"}, 404),
+    ("/admin/groups", {"name": "gr\u00fcppe"}, 400),
+    ("/admin/groups/nope", {"action": "add", "user": "bob"}, 404),
+    ("/admin/vcs", {"action": "create", "name": "x1", "quota": "demo-gpu=abc"}, 400),
+    ("/admin/vcs", {"action": "create", "name": "x1", "quota": "demo-gpu=1", "policy": "LIFO"}, 400),
+    ("/admin/vcs", {"action": "create", "name": "../x"}, 400),
+    ("/vcs/vision/members", {"action": "put", "user": "bob", "role": "owner"}, 400),
+    ("/vcs/vision/members", {"action": "remove", "user": "bob", "queued": "maybe"}, 400),
+    ("/vcs/vision/members", {"action": "put", "user": "u" * 5000, "role": "member"}, 404),
+]
+
+
+def test_hostile_admin_forms_are_refused_with_a_message_and_change_nothing(as_user, sessions):
+    def state():
+        with sessions() as s:
+            return (tuple(s.execute(sa.select(User.name, User.uid, User.email, User.disabled_at).order_by(User.name))),
+                    tuple(s.scalars(sa.select(Group.name).order_by(Group.name))),
+                    tuple(s.scalars(sa.select(VirtualCluster.name).order_by(VirtualCluster.name))),
+                    is_member(sessions, "bob"))
+
+    admin = as_user("admin")
+    before = state()
+    for url, form, status in HOSTILE_FORMS:
+        response = admin.post(url, form)
+        if response.status_code == 302:  # refusals from redirects are flashed on the next page
+            response = admin.get(response.headers["Location"])
+        assert response.status_code == status, (url, form, response.status_code, text(response)[-1500:])
+        assert "Traceback" not in text(response)
+    assert state() == before

@@ -18,7 +18,8 @@ from dlts.services import vcs as vc_service
 from dlts.strict import whole_number_or_none
 
 
-def _form(name: str, limit: int = 256) -> str:
+def _form(name: str, limit: int = 1000) -> str:
+    # bounded, never cut to fit: a name longer than the rules allow is refused by the service, not shortened
     return (request.form.get(name) or "").strip()[:limit]
 
 
@@ -40,7 +41,7 @@ def vc_members(name: str):
     status = 200
     if request.method == "POST":
         action = request.form.get("action", "")
-        user = _form("user", 64)
+        user = _form("user")
         try:
             if action == "put":
                 member, changed = member_service.put_member(db.session, who, name, user, request.form.get("role", ""))
@@ -77,7 +78,7 @@ def admin_users():
     status, shown, errors = 200, None, {}
     if request.method == "POST":
         try:
-            view, shown = user_service.create(db.session, who, _form("name", 64), email=_form("email") or None,
+            view, shown = user_service.create(db.session, who, _form("name"), email=_form("email") or None,
                                               uid=_id_field("uid"), gid=_id_field("gid"),
                                               cluster_admin=request.form.get("cluster_admin") == "on",
                                               generate_password=True)
@@ -107,7 +108,7 @@ def admin_user(name: str):
                 user_service.update(db.session, who, name, changes)
                 flash(f"User {name} saved.", "ok")
             elif action == "disable":
-                result = user_service.disable(db.session, who, name, _form("reason", 255) or None)
+                result = user_service.disable(db.session, who, name, _form("reason") or None)
                 flash(f"User {name} disabled: {result.tokens_revoked} tokens revoked, {result.sessions_ended} portal "
                       f"sessions ended, {len(result.held_jobs)} waiting jobs held; running jobs run on.", "ok")
             elif action == "enable":
@@ -136,7 +137,7 @@ def admin_groups():
     status = 200
     if request.method == "POST":
         try:
-            group = group_service.create(db.session, who, _form("name", 64))
+            group = group_service.create(db.session, who, _form("name"))
             return redirect(url_for("portal.admin_group", name=group.name))
         except DltsError as exc:
             flash_error(exc)
@@ -153,13 +154,13 @@ def admin_group(name: str):
         action = request.form.get("action", "")
         try:
             if action == "add":
-                group_service.add_user(db.session, who, name, _form("user", 64))
+                group_service.add_user(db.session, who, name, _form("user"))
             elif action == "remove":
-                group_service.remove_user(db.session, who, name, _form("user", 64))
+                group_service.remove_user(db.session, who, name, _form("user"))
             elif action == "bind":
-                group_service.put_vc_role(db.session, who, name, _form("vc", 64), request.form.get("role", ""))
+                group_service.put_vc_role(db.session, who, name, _form("vc"), request.form.get("role", ""))
             elif action == "unbind":
-                group_service.delete_vc_role(db.session, who, name, _form("vc", 64))
+                group_service.delete_vc_role(db.session, who, name, _form("vc"))
             elif action == "delete":
                 group_service.delete(db.session, who, name)
                 flash(f"Group {name} deleted.", "ok")
@@ -188,12 +189,12 @@ def admin_vcs():
         try:
             if action == "create":
                 quota = admin_service.parse_quota([q for q in _form("quota", 2000).replace(",", " ").split() if q])
-                view = vc_service.create_vc(db.session, who, vc_service.VcSpec(name=_form("name", 64), quota=quota,
+                view = vc_service.create_vc(db.session, who, vc_service.VcSpec(name=_form("name"), quota=quota,
                                                                                 policy=request.form.get("policy", "RF")))
                 flash(f"VC {view.name} created; add its members on its Members tab.", "ok")
             elif action == "delete":
-                vc_name = _form("vc", 64)
-                if _form("confirm", 64) != vc_name:
+                vc_name = _form("vc")
+                if _form("confirm") != vc_name:
                     raise InvalidInput(f"Type the VC's name ({vc_name}) to confirm the deletion.", details={"field": "confirm"})
                 vc_service.delete_vc(db.session, who, vc_name)
                 flash(f"VC {vc_name} deleted.", "ok")
