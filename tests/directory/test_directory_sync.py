@@ -215,3 +215,27 @@ def test_the_settings_refuse_a_cleartext_bind_and_managers_get_a_periodic_entry(
     assert periodic_entries(bare, sessions) == []
     code, text = sync(write_config(tmp_path, settings, {}))
     assert code == 1 and "directory.url is not set" in text
+
+
+def test_groups_with_member_dns_and_a_name_dlts_cannot_use(slapd, world, sessions, settings, tmp_path):
+    seed(slapd, 3)
+    slapd.add(f"dn: cn=leads,ou=groups,{SUFFIX}\nobjectClass: groupOfNames\ncn: leads\n"
+              f"member: uid=user01,ou=people,{SUFFIX}\nmember: uid=USER02,ou=people,{SUFFIX}\n"
+              f"member: uid=ghost,ou=people,{SUFFIX}\n")
+    slapd.add(f"dn: uid=Bad User,ou=people,{SUFFIX}\nobjectClass: inetOrgPerson\nobjectClass: posixAccount\n"
+              f"uid: Bad User\ncn: b\nsn: b\nhomeDirectory: /home/b\nuidNumber: 5900\ngidNumber: 6000\n")
+    config = write_config(tmp_path, settings, slapd.settings(group_filter="(objectClass=groupOfNames)",
+                                                             group_member_attribute="member",
+                                                             vc_roles=[{"group": "leads", "vc": "nlp", "role": "admin"}]))
+    code, report = sync(config, "--json")
+    assert code == 0, report
+    assert sorted(report["created"]) == ["user00", "user01", "user02"]
+    assert sorted(report["members_added"]) == ["leads: user01", "leads: user02"]  # DNs, case-insensitive; ghost is nobody
+    assert any("Bad User" in line for line in report["skipped"])
+    assert roles_in(sessions, "user02", "nlp") == (True, True)
+
+
+def roles_in(sessions, name: str, vc: str):
+    with sessions() as s:
+        who = principal_for(s, admin.get_user(s, name))
+        return who.is_vc_member(vc), who.is_vc_admin(vc)
