@@ -43,7 +43,7 @@ class Slapd:
 
     def _tool(self, tool: str, ldif: str, *extra: str) -> None:
         result = subprocess.run([tool, "-x", "-H", f"ldap://127.0.0.1:{self.port}", "-D", ROOT_DN, "-w", ROOT_PW, *extra],
-                                input=ldif, capture_output=True, text=True, timeout=60)
+                                input=ldif, capture_output=True, text=True, timeout=60, check=False)
         assert result.returncode == 0, f"{tool}: {result.stderr}"
 
     def add(self, ldif: str) -> None:
@@ -112,17 +112,18 @@ def start(directory: Path) -> Slapd:
     conf = directory / "slapd.conf"
     conf.write_text(CONF.format(dir=directory, suffix=SUFFIX, root_dn=ROOT_DN, root_pw=ROOT_PW, limit=SIZE_LIMIT))
     port, tls_port = _free_port(), _free_port()
-    log = open(directory / "slapd.log", "w")
     # -d 0: stay in the foreground (no daemon to chase), log nothing extra
-    process = subprocess.Popen([str(SLAPD), "-f", str(conf), "-h", f"ldap://127.0.0.1:{port}/ ldaps://127.0.0.1:{tls_port}/",
-                                "-d", "0"], stdout=log, stderr=subprocess.STDOUT)
+    with open(directory / "slapd.log", "w") as log:  # the child keeps its own descriptor
+        process = subprocess.Popen([str(SLAPD), "-f", str(conf), "-h",
+                                    f"ldap://127.0.0.1:{port}/ ldaps://127.0.0.1:{tls_port}/", "-d", "0"],
+                                   stdout=log, stderr=subprocess.STDOUT)
     password_file = directory / "bind-password"
     password_file.write_text(BIND_PW + "\n")
     server = Slapd(directory, port, tls_port, directory / "cert.pem", password_file, process)
     deadline = time.monotonic() + 60
     while True:
         probe = subprocess.run(["ldapsearch", "-x", "-H", f"ldap://127.0.0.1:{port}", "-D", ROOT_DN, "-w", ROOT_PW,
-                                "-b", "", "-s", "base"], capture_output=True, timeout=30)
+                                "-b", "", "-s", "base"], capture_output=True, timeout=30, check=False)
         if probe.returncode in (0, 32):
             break
         if process.poll() is not None or time.monotonic() > deadline:

@@ -76,7 +76,7 @@ class DirectorySettings(BaseModel):
         return value
 
     @model_validator(mode="after")
-    def _consistent(self) -> "DirectorySettings":
+    def _consistent(self) -> DirectorySettings:
         if not self.url:
             return self
         scheme = urlsplit(self.url).scheme

@@ -9,6 +9,7 @@ import pytest
 import sqlalchemy as sa
 
 from dlts.models import Group, GroupMember, RoleBinding, User, VcEvent
+
 from .helpers import assert_envelope
 
 LONG = "x" * 5000

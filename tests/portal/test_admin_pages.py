@@ -11,7 +11,6 @@ import sqlalchemy as sa
 from dlts.models import Group, Job, JobStatus, PortalSession, User, VirtualCluster
 from dlts.services import admin as admin_service
 from dlts.services.auth import principal_for
-
 from tests.api.helpers import make_job
 
 

@@ -7,7 +7,13 @@ from flask.views import MethodView
 from dlts.api import pagination
 from dlts.api.auth import authenticate, principal
 from dlts.api.blueprint import Blueprint
-from dlts.api.schemas import GroupCreateSchema, GroupPageSchema, GroupSchema, PageArgs, RoleSchema
+from dlts.api.schemas import (
+    GroupCreateSchema,
+    GroupPageSchema,
+    GroupSchema,
+    PageArgs,
+    RoleSchema,
+)
 from dlts.extensions import db
 from dlts.services import groups
 

@@ -8,9 +8,19 @@ from flask.views import MethodView
 from dlts.api import pagination
 from dlts.api.auth import authenticate, principal
 from dlts.api.blueprint import Blueprint
-from dlts.api.schemas import (PasswordResetSchema, PasswordResultSchema, UserCreatedSchema, UserCreateSchema,
-                              UserDisabledSchema, UserDisableSchema, UserEnabledSchema, UserListArgs, UserPageSchema,
-                              UserPatchSchema, UserSchema)
+from dlts.api.schemas import (
+    PasswordResetSchema,
+    PasswordResultSchema,
+    UserCreatedSchema,
+    UserCreateSchema,
+    UserDisabledSchema,
+    UserDisableSchema,
+    UserEnabledSchema,
+    UserListArgs,
+    UserPageSchema,
+    UserPatchSchema,
+    UserSchema,
+)
 from dlts.extensions import db
 from dlts.services import users
 

@@ -25,11 +25,13 @@ server's certificate verified against ``ca_file`` (or the system's CAs) and its 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import ssl
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any
 from urllib.parse import urlsplit
 
 import sqlalchemy as sa
@@ -39,7 +41,9 @@ from dlts.directory_settings import DirectorySettings
 from dlts.errors import DltsError, InvalidInput
 from dlts.models import Group, GroupMember, RoleBinding, User, VirtualCluster
 from dlts.repositories import identity as identity_repo
-from dlts.services import admin, groups as group_service, users as user_service
+from dlts.services import admin
+from dlts.services import groups as group_service
+from dlts.services import users as user_service
 from dlts.services.auth import forget_principals
 from dlts.strict import is_whole_number
 
@@ -237,10 +241,8 @@ def read_directory(cfg: DirectorySettings, conn_factory: Callable[[DirectorySett
     except LDAPException as exc:
         raise DirectoryError(f"directory {cfg.url}: search failed: {_ldap_message(exc)}") from None
     finally:
-        try:
+        with contextlib.suppress(LDAPException, OSError):  # the connection is going anyway
             conn.unbind()
-        except Exception:  # the connection is going anyway
-            pass
     return snapshot
 
 

@@ -8,7 +8,16 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from dlts.models import Group, GroupMember, Job, JobStatus, Role, RoleBinding, User, VirtualCluster
+from dlts.models import (
+    Group,
+    GroupMember,
+    Job,
+    JobStatus,
+    Role,
+    RoleBinding,
+    User,
+    VirtualCluster,
+)
 
 VC_ROLES = (Role.VC_MEMBER, Role.VC_ADMIN)
 # a job that has not started: disabling its owner holds it, removing its owner from the VC may kill it

@@ -19,7 +19,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from dlts.errors import Forbidden, InvalidInput
-from dlts.models import ACTIVE, JobStatus, Role, RoleBinding, utcnow
+from dlts.models import ACTIVE, JobStatus, Role, RoleBinding, User, utcnow
 from dlts.repositories import identity as identity_repo
 from dlts.repositories import jobs as job_repo
 from dlts.repositories import vc_events
@@ -75,8 +75,6 @@ def list_members(session: Session, principal: Principal, vc_name: str) -> list[M
             entry["direct"].add(b.role)
         else:
             entry["groups"].setdefault(b.group, set()).add(b.role)
-    from dlts.models import User
-
     users = {u.name: u for u in session.scalars(sa.select(User).where(User.name.in_(list(people))))} if people else {}
     show_email = principal.is_vc_admin(vc_name)
     out = []

@@ -12,8 +12,9 @@ Nobody disables themselves, and the last enabled cluster admin is neither disabl
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
