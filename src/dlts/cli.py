@@ -244,6 +244,9 @@ def managers(ctx: Context) -> None:
     from dlts.managers.storage import periodic_entries as storage_entries
 
     entries.extend(storage_entries(settings, sessions))  # scans, expiry (storage.roots), Lustre
+    from dlts.managers.directory import periodic_entries as directory_entries
+
+    entries.extend(directory_entries(settings, sessions))  # users and groups from LDAP (directory.url)
     from dlts.managers.notify import NotifyManager
     from dlts.services.notify import TemplateError
 
@@ -538,6 +541,34 @@ def vc_lustre(ctx: Context, vc_name: str, pool: str, osts: str, mdt: str, direct
     with ctx.session() as session:
         stored = admin_service.set_vc_lustre(session, vc_name, settings)
     click.echo(f"VC {vc_name} Lustre settings: {stored}")
+
+
+@main.group()
+def directory() -> None:
+    """Users, groups and VC roles from the LDAP directory (the directory: section)."""
+
+
+@directory.command("sync")
+@click.option("--dry-run", is_flag=True, help="Report what would change; write nothing.")
+@click.option("--json", "as_json", is_flag=True, help="The report as JSON.")
+@pass_ctx
+def directory_sync(ctx: Context, dry_run: bool, as_json: bool) -> None:
+    """Sync users (uid, gid, e-mail) and groups from LDAP once. Exit 3: stopped by max_disable_percent."""
+    import json
+
+    from dlts.managers.directory import DirectoryError, DirectorySync
+
+    cfg = ctx.settings.directory
+    if not cfg.enabled:
+        raise click.ClickException("directory.url is not set: there is no directory to sync from (docs/administration.md)")
+    with ctx.sessions() as sessions:
+        try:
+            report = DirectorySync(sessions, cfg).sync(dry_run=dry_run)
+        except DirectoryError as exc:
+            raise click.ClickException(exc.message) from None
+    click.echo(json.dumps(report.as_json(), indent=2) if as_json else "\n".join(report.lines()))
+    if report.stopped:
+        sys.exit(3)
 
 
 # -- configuration ------------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from dlts.backends.k8s_settings import KubernetesSettings, cidr_list
+from dlts.directory_settings import DirectorySettings
 from dlts.insight.settings import InsightSettings
 from dlts.notify_settings import NotifySettings
 from dlts.repair.settings import RepairSettings
@@ -160,8 +161,10 @@ class Settings(BaseModel):
     storage: StorageSettings = Field(default_factory=StorageSettings)
     # insight messages on running jobs and the VCs' idle-job policy (docs/monitoring.md#insight)
     insight: InsightSettings = Field(default_factory=InsightSettings)
+    # users, groups and VC roles from LDAP: `dlts directory sync` (docs/administration.md)
+    directory: DirectorySettings = Field(default_factory=DirectorySettings)
 
-    @field_validator("kubernetes", "storage", "insight", mode="before")
+    @field_validator("kubernetes", "storage", "insight", "directory", mode="before")
     @classmethod
     def _empty_section(cls, value: Any) -> Any:
         # "kubernetes:" with nothing under it is YAML null: the section with every default
@@ -266,8 +269,10 @@ MOVED_KEYS = {
     "node_label_vc": "kubernetes.vc_label",
 }
 # Sections whose keys the environment sets one by one: DLTS_KUBERNETES__NAMESPACE=jobs,
-# DLTS_STORAGE__SCAN_INTERVAL_S=600 (storage.roots is a list: the file's), DLTS_INSIGHT__IDLE_MIN=45.
-SECTIONS = {"kubernetes": KubernetesSettings, "storage": StorageSettings, "insight": InsightSettings}
+# DLTS_STORAGE__SCAN_INTERVAL_S=600, DLTS_INSIGHT__IDLE_MIN=45, DLTS_DIRECTORY__URL=ldaps://... (lists
+# such as storage.roots and directory.vc_roles are the file's).
+SECTIONS = {"kubernetes": KubernetesSettings, "storage": StorageSettings, "insight": InsightSettings,
+            "directory": DirectorySettings}
 
 
 def _from_env(environ: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, str]]:

@@ -839,9 +839,28 @@ class TokenListSchema(Schema):
 
 # -- users, registry credentials -------------------------------------------------------------------------
 
+class StrictBoolean(fields.Boolean):
+    """true or false, nothing else (marshmallow's Boolean takes 1, "yes", "on")."""
+
+    def _deserialize(self, value, attr, data, **kwargs):
+        if not isinstance(value, bool):
+            raise ValidationError("must be true or false.")
+        return value
+
+
+NAME = validate.Regexp(r"^[a-z][a-z0-9_.-]{0,63}$", error="must start with a lowercase letter and use a-z, 0-9, '.', "
+                                                        "'_' or '-' (at most 64 characters)")
+EMAIL = fields.String(allow_none=True, validate=validate.Length(max=254), metadata={"description": "null: none"})
+PASSWORD = fields.String(load_only=True, validate=validate.Length(max=256),
+                         metadata={"description": "at least 12 characters; stored only as a scrypt hash"})
+
+
 class UserPatchSchema(Schema):
     uid = fields.Integer(strict=True, allow_none=True, validate=POSIX_ID, metadata={"description": "null with gid: unset"})
     gid = fields.Integer(strict=True, allow_none=True, validate=POSIX_ID)
+    email = EMAIL
+    cluster_admin = StrictBoolean(metadata={
+        "description": "grant or take the user's own cluster admin role (the last enabled cluster admin keeps it)"})
 
 
 class UserSchema(Schema):
@@ -849,6 +868,131 @@ class UserSchema(Schema):
     email = fields.String(allow_none=True)
     uid = fields.Integer(allow_none=True)
     gid = fields.Integer(allow_none=True)
+    cluster_admin = fields.Boolean()
+    disabled = fields.Boolean()
+    disabled_at = fields.String(allow_none=True)
+    disabled_reason = fields.String(allow_none=True)
+    source = fields.String(allow_none=True, metadata={"description": "null: made by a person; directory: by the directory sync"})
+    groups = fields.List(fields.String())
+    password_login = fields.Boolean(metadata={"description": "the user has a portal password"})
+    created_at = fields.String(allow_none=True)
+
+
+class UserCreateSchema(Schema):
+    name = fields.String(required=True, validate=NAME)
+    email = EMAIL
+    uid = fields.Integer(strict=True, allow_none=True, validate=POSIX_ID)
+    gid = fields.Integer(strict=True, allow_none=True, validate=POSIX_ID)
+    cluster_admin = StrictBoolean(load_default=False)
+    password = PASSWORD
+    generate_password = StrictBoolean(load_default=False, metadata={
+        "description": "make a random portal password and answer it once"})
+
+
+class UserCreatedSchema(UserSchema):
+    password = fields.String(allow_none=True, metadata={"description": "the generated password, shown this once"})
+
+
+class UserListArgs(PageArgs):
+    q = fields.String(validate=validate.Length(max=64), metadata={"description": "part of the name"})
+    disabled = fields.Boolean(metadata={"description": "true: only disabled users; false: only enabled ones"})
+
+
+class UserPageSchema(Schema):
+    items = fields.List(fields.Nested(UserSchema))
+    next_cursor = fields.String(allow_none=True)
+
+
+class UserDisableSchema(Schema):
+    reason = fields.String(allow_none=True, validate=validate.Length(max=255))
+
+
+class UserDisabledSchema(Schema):
+    user = fields.Nested(UserSchema)
+    tokens_revoked = fields.Integer()
+    sessions_ended = fields.Integer()
+    held_jobs = fields.List(fields.Integer(), metadata={"description": "waiting jobs now paused (reason user_disabled)"})
+    running_jobs = fields.List(fields.Integer(), metadata={"description": "running jobs: they run on to their end"})
+
+
+class UserEnabledSchema(Schema):
+    user = fields.Nested(UserSchema)
+    released_jobs = fields.List(fields.Integer(), metadata={"description": "jobs held by the disable, back in the queue"})
+
+
+class PasswordResetSchema(Schema):
+    password = PASSWORD
+
+
+class PasswordResultSchema(Schema):
+    user = fields.String()
+    password = fields.String(allow_none=True, metadata={"description": "the generated password, shown this once; "
+                                                                       "null when you set one"})
+    sessions_ended = fields.Boolean()
+
+
+# -- VC members and groups ------------------------------------------------------------------------------
+
+class RoleSchema(Schema):
+    role = fields.String(required=True, validate=validate.OneOf(["member", "admin"]))
+
+
+class MemberRemoveArgs(Schema):
+    queued = fields.String(load_default="keep", validate=validate.OneOf(["keep", "kill"]), metadata={
+        "description": "the user's waiting jobs in the VC (unapproved, queued, paused): keep them or kill them"})
+
+
+class MemberGroupSchema(Schema):
+    group = fields.String()
+    role = fields.String()
+
+
+class MemberSchema(Schema):
+    user = fields.String()
+    role = fields.String(metadata={"description": "member | admin: the effective role, direct or through a group"})
+    direct_role = fields.String(allow_none=True, metadata={"description": "the user's own binding (null: only groups)"})
+    groups = fields.List(fields.Nested(MemberGroupSchema))
+    disabled = fields.Boolean()
+    email = fields.String(allow_none=True, metadata={"description": "for VC admins"})
+
+
+class MemberListSchema(Schema):
+    items = fields.List(fields.Nested(MemberSchema))
+    next_cursor = fields.String(allow_none=True, metadata={"description": "always null: one page"})
+
+
+class MemberRemovalSchema(Schema):
+    vc = fields.String()
+    user = fields.String()
+    removed = fields.Boolean(metadata={"description": "false: the user had no direct membership"})
+    still_member_via = fields.List(fields.String(), metadata={"description": "groups that still make the user a member"})
+    queued = fields.String(metadata={"description": "keep | kill, as asked"})
+    queued_jobs = fields.List(fields.Integer(), metadata={"description": "the user's waiting jobs in the VC"})
+    killed_jobs = fields.List(fields.Integer())
+    running_jobs = fields.List(fields.Integer(), metadata={"description": "they run on to their end"})
+
+
+class GroupCreateSchema(Schema):
+    name = fields.String(required=True, validate=NAME)
+
+
+class GroupVcSchema(Schema):
+    vc = fields.String()
+    role = fields.String()
+    source = fields.String(allow_none=True)
+
+
+class GroupSchema(Schema):
+    name = fields.String()
+    source = fields.String(allow_none=True)
+    members = fields.List(fields.String())
+    vcs = fields.List(fields.Nested(GroupVcSchema))
+    cluster_admin = fields.Boolean()
+
+
+class GroupPageSchema(Schema):
+    items = fields.List(fields.Nested(GroupSchema))
+    next_cursor = fields.String(allow_none=True)
 
 
 class RegistryCredentialCreateSchema(Schema):

@@ -20,7 +20,8 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from dlts.errors import InvalidInput, NotFound, Refused, WrongState
-from dlts.models import TERMINAL, Job, Node, Role, RoleBinding, User, VirtualCluster, iso
+from dlts.models import TERMINAL, Job, Node, Role, VirtualCluster, iso
+from dlts.repositories import identity as identity_repo
 from dlts.repositories import usage as usage_repo
 from dlts.repositories import vc_events
 from dlts.repositories.cluster import sku_shapes
@@ -132,11 +133,10 @@ def derived_cpu_memory(quota: Mapping[str, int], shapes: Mapping[str, SkuShape])
 
 
 def _members(session: Session, vc_id: int) -> tuple[list[str], list[str]]:
-    rows = session.execute(
-        sa.select(RoleBinding.role, User.name).join(User, User.id == RoleBinding.user_id).where(RoleBinding.vc_id == vc_id)
-    ).all()
-    admins = sorted({name for role, name in rows if role is Role.VC_ADMIN})
-    members = sorted({name for role, name in rows if role in (Role.VC_MEMBER, Role.VC_ADMIN)})
+    """Admins and members by their effective roles: their own bindings and their groups'."""
+    rows = identity_repo.vc_bindings(session, vc_id)
+    admins = sorted({b.user for b in rows if b.role is Role.VC_ADMIN})
+    members = sorted({b.user for b in rows if b.role in (Role.VC_MEMBER, Role.VC_ADMIN)})
     return admins, members
 
 
