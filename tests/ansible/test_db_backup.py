@@ -311,6 +311,23 @@ def test_point_in_time_restore_brings_back_exactly_the_rows_before_the_chosen_ti
     _insert(db, 8)
     assert db.rows() == [1, 2, 3, 4, 5, 8]
     assert list(db.binlog.glob("pre-restore-*/mysql-bin.000001"))
+    # Backups after the restore belong to the new binlog timeline (whose files start at .000001 again).
+    _backup(db)
+    newer = _backups(db)[-1]
+    assert _manifest(db, newer)["binlog_timeline"].startswith("restored-")
+    assert _manifest(db, name)["binlog_timeline"] == "initial"
+    _insert(db, 9)
+    until_later = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(_next_second()))
+
+    # The old backup can still be rolled forward: with the old timeline's binlogs (moved aside),
+    # not the new ones of the same names.
+    again = _restore(db, "--backup", name, "--until", until, "--force")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert db.rows() == [1, 2, 3, 4, 5]
+    # ... and the newer backup with the new timeline's binlogs (row 9 came after it).
+    forward = _restore(db, "--backup", newer, "--until", until_later, "--force")
+    assert forward.returncode == 0, forward.stdout + forward.stderr
+    assert db.rows() == [1, 2, 3, 4, 5, 8, 9]
 
     # A whole restore (no --until) of the same backup over the running server needs --force and
     # gives back the backup's rows exactly; the old datadir is moved aside, not deleted.
@@ -318,7 +335,7 @@ def test_point_in_time_restore_brings_back_exactly_the_rows_before_the_chosen_ti
     assert whole.returncode == 0, whole.stdout + whole.stderr
     assert db.rows() == [1, 2, 3]
     aside = list(db.root.glob("data.pre-restore-*"))
-    assert len(aside) == 1 and (aside[0] / "dlts").is_dir()
+    assert len(aside) == 3 and all((d / "dlts").is_dir() for d in aside)
 
 
 def test_restore_refuses_a_non_empty_datadir_without_force_and_leaves_the_server_running(db):
