@@ -219,8 +219,11 @@ def scratch():
     instances: list[Instance] = []
     yield root, instances
     for instance in instances:
-        with contextlib.suppress(Exception):
+        try:
             instance.stop()
+        except Exception:  # never leave a server behind: kill it by its pid file
+            with contextlib.suppress(Exception):
+                os.kill(int(instance.pid.read_text().strip()), 9)
     shutil.rmtree(root, ignore_errors=True)
 
 
