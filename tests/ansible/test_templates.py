@@ -42,6 +42,7 @@ def rendered(request, tmp_path_factory):
     # Paths the checking tools open are pointed into the work dir; everything else is the inventory's.
     make_stub_executables(work / "venv" / "bin", ("gunicorn", "dlts"))
     make_stub_executables(work / "agent-venv" / "bin", ("dlts-agent", "dlts-lustre"))
+    make_stub_executables(work / "sbin", ("dlts-db-backup",))
     subprocess.run(
         [tool("openssl"), "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=dlts-test",
          "-keyout", str(work / "tls.key"), "-out", str(work / "tls.crt")],
@@ -59,6 +60,7 @@ def rendered(request, tmp_path_factory):
         "monitoring_kubernetes_ca_file": str(work / "k8s-ca.crt"),
         "lustre_mount_point": str(work / "lustre-mount"),
         "lustre_policy_command": str(work / "agent-venv" / "bin" / "dlts-lustre"),
+        "mariadb_backup_script": str(work / "sbin" / "dlts-db-backup"),
     }
     if name == "example":  # the optional lifecycle settings, set (the lab leaves them to DLTS's defaults)
         overrides.update(OPTIONAL_SETTINGS)
@@ -84,6 +86,23 @@ def test_control_plane_units_pass_systemd_analyze_verify(rendered):
     api = (units / "dlts-api.service").read_text()
     assert "'dlts.app:create_app()'" in api
     assert "--bind 127.0.0.1:5000" in api
+
+
+def test_database_backup_units_pass_systemd_analyze_verify_and_the_scripts_parse(rendered):
+    _, out, work = rendered
+    units = work / "units-db-backup"
+    units.mkdir()
+    for unit in ("dlts-db-backup.service", "dlts-db-backup.timer"):
+        shutil.copy(out["mariadb"] / unit, units / unit)
+    result = _verify_units(units, "dlts-db-backup.timer", "dlts-db-backup.service")
+    assert result.returncode == 0, result.stderr
+    timer = (units / "dlts-db-backup.timer").read_text()
+    assert "OnCalendar=*-*-* 02:15:00" in timer and "Persistent=true" in timer
+    assert "User=mysql" in (units / "dlts-db-backup.service").read_text()
+    # The scripts run for real in test_db_backup.py; here bash parses each as rendered.
+    for script in ("dlts-db-backup", "dlts-db-restore", "dlts-db-replica-setup"):
+        parsed = subprocess.run(["bash", "-n", str(out["mariadb"] / script)], capture_output=True, text=True, check=False)
+        assert parsed.returncode == 0, (script, parsed.stderr)
 
 
 @pytest.mark.parametrize("unit_source", ["repository", "role fallback"])

@@ -388,3 +388,11 @@ def test_the_inventory_check_knows_every_key_of_the_kubernetes_section_with_its_
         le = [m.le for m in metadata if isinstance(m, annotated_types.Le)]
         expected = ((gt or ge)[0], bool(gt), le[0] if le else None)
         assert (spec["min"], spec.get("exclusive_min", False), spec.get("max")) == expected, name
+
+
+def test_a_database_replica_that_is_also_the_primary_is_refused(lab, tmp_path):
+    lab.edit_groups(lambda g: g.__setitem__("dlts_db_replica", {"hosts": {"control": None}}))
+    result = _validate(lab, tmp_path)
+    assert result.returncode != 0
+    assert ("control is in both 'mariadb' (the primary) and 'dlts_db_replica' (its replicas)"
+            in " ".join(result.stdout.split())), result.stdout[-3000:]
