@@ -1,5 +1,5 @@
 """Revision 0013 (users.source, users.disabled_reason, groups.source, role_bindings.source) goes down to
-0011 and up again, keeping the users, groups and bindings (SQLite batch mode)."""
+0012 and up again, keeping the users, groups and bindings (SQLite batch mode)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ def test_revision_0013_goes_down_and_up_again_keeping_the_rows(tmp_path):
         cfg = db_migrate.alembic_config()
         with engine.begin() as conn:
             cfg.attributes["connection"] = conn
-            command.downgrade(cfg, "0011")
+            command.downgrade(cfg, "0012")
         inspector = sa.inspect(engine)
         assert not {"source", "disabled_reason"} & {c["name"] for c in inspector.get_columns("users")}
         assert "source" not in {c["name"] for c in inspector.get_columns("role_bindings")}

@@ -1,13 +1,13 @@
 """users.source and users.disabled_reason, groups.source, role_bindings.source: what the directory sync owns
 
 Revision ID: 0013
-Revises: 0011
+Revises: 0012
 """
 from alembic import op
 import sqlalchemy as sa
 
 revision = '0013'
-down_revision = '0011'
+down_revision = '0012'
 branch_labels = None
 depends_on = None
 
