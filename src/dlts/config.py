@@ -34,6 +34,15 @@ class ConfigError(Exception):
     """Start-up refused: the message names the key and says what is wrong."""
 
 
+class SkuReserve(BaseModel):
+    """Cores and bytes a GPU node of one SKU keeps for each free GPU (``sku_reserve``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    cpu_per_gpu: float | None = Field(None, ge=0)
+    memory_per_gpu_bytes: int | None = Field(None, ge=0)
+
+
 class Settings(BaseModel):
     """Every key of ``dlts.yaml``; the environment variable is ``DLTS_`` + the key in capitals."""
 
@@ -101,6 +110,10 @@ class Settings(BaseModel):
     cpu_job_default_cpu: float = Field(1.0, gt=0)
     cpu_job_default_memory_bytes: int = Field(2 * 1024**3, gt=0)
     default_max_retries: int = Field(3, ge=0, le=100)
+    # per SKU: cores / bytes a GPU node keeps for each free GPU; CPU-only jobs may use only the rest
+    # (unset: the node's cores / GPUs and bytes / GPUs, so a default-sized GPU job always fits).
+    # In the environment, JSON: DLTS_SKU_RESERVE='{"a100": {"cpu_per_gpu": 10}}'
+    sku_reserve: dict[str, SkuReserve] = Field(default_factory=dict)
     # demo on a GPU-less machine: pretend the local node has this many GPUs of demo_sku
     demo_gpus: int = Field(0, ge=0, le=64)
     demo_sku: str = "demo-gpu"
@@ -157,6 +170,16 @@ class Settings(BaseModel):
     @classmethod
     def _empty_section(cls, value: Any) -> Any:
         # "kubernetes:" with nothing under it is YAML null: the section with every default
+        return {} if value is None else value
+
+    @field_validator("sku_reserve", mode="before")
+    @classmethod
+    def _json_mapping(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            try:
+                return json.loads(value) if value.strip() else {}
+            except ValueError:
+                raise ValueError('must be a mapping, in the environment JSON like {"a100": {"cpu_per_gpu": 10}}') from None
         return {} if value is None else value
 
     @field_validator("database_url")

@@ -7,7 +7,7 @@ Also the one place that converts ``JobAttempt.placements`` (JSON) to and from va
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
@@ -62,6 +62,15 @@ def placements_to_json(placements) -> list[dict]:
     return replicas_to_json(Replica(i, p) for i, p in enumerate(placements))
 
 
+def reserved_shapes(shapes: dict[str, core.SkuShape], settings: Settings) -> dict[str, core.SkuShape]:
+    """The SKU shapes with the configured ``sku_reserve`` (cores and bytes kept per free GPU)."""
+    out = dict(shapes)
+    for sku, r in settings.sku_reserve.items():
+        if sku in out:
+            out[sku] = replace(out[sku], cpu_per_gpu=r.cpu_per_gpu, memory_per_gpu_bytes=r.memory_per_gpu_bytes)
+    return out
+
+
 def load_snapshot(session: Session, settings: Settings) -> core.Snapshot:
     vcs = {}
     vc_names = {}
@@ -102,6 +111,6 @@ def load_snapshot(session: Session, settings: Settings) -> core.Snapshot:
             retiring=tuple(r.placement for r in replicas if r.retiring),
             min_replicas=(job.spec or {}).get("min_replicas", 0), max_replicas=(job.spec or {}).get("max_replicas", 0),
         ))
-    return core.Snapshot(skus=sku_shapes(session), nodes=nodes, vcs=vcs, jobs=tuple(jobs),
+    return core.Snapshot(skus=reserved_shapes(sku_shapes(session), settings), nodes=nodes, vcs=vcs, jobs=tuple(jobs),
                          cpu_job_default_cpu=settings.cpu_job_default_cpu,
                          cpu_job_default_memory_bytes=settings.cpu_job_default_memory_bytes)

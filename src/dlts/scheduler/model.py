@@ -41,6 +41,10 @@ class WaitReason(str, enum.Enum):
     BLOCKED_BY = "blocked_by"  # rendered as "blocked_by:<id>"
     APPROVAL = "approval"
     NO_MATCHING_NODES = "no_matching_nodes"
+    CPU = "cpu"  # the GPUs are there but the node(s) lack free cores
+    MEMORY = "memory"  # the GPUs (and cores) are there but the node(s) lack free memory
+    FAIR_SHARE = "fair_share"  # jobs of users with less recent use went first (plugins/fairshare.py)
+    RESERVATION = "reservation"  # rendered as "reservation:<id>"; set by a backfill policy
 
 
 class StopReason(str, enum.Enum):
@@ -59,6 +63,11 @@ class SkuShape:
     gpus: int
     cpu: float
     memory_bytes: int
+    # Cores and bytes reserved for each *free* GPU of a node of this SKU: CPU-only jobs on such a
+    # node may use only what is left (``scheduler/quota.py``). None: the node's proportional share
+    # (``cpu / gpus``, ``memory_bytes / gpus``), so a default-sized GPU job always fits.
+    cpu_per_gpu: float | None = None
+    memory_per_gpu_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -192,8 +201,8 @@ class Wait:
 
     @property
     def reason_code(self) -> str:
-        if self.reason is WaitReason.BLOCKED_BY and self.blocked_by is not None:
-            return f"blocked_by:{self.blocked_by}"
+        if self.reason in (WaitReason.BLOCKED_BY, WaitReason.RESERVATION) and self.blocked_by is not None:
+            return f"{self.reason.value}:{self.blocked_by}"
         return self.reason.value
 
 

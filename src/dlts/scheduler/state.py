@@ -25,6 +25,20 @@ from functools import lru_cache
 from typing import Any
 
 from dlts.scheduler.model import CPU_SKU, Job, JobType, Node, Placement, Snapshot, Vc
+from dlts.scheduler.quota import effective_cpu_memory_quota, gpu_reserve
+
+
+def cpu_job_fits(ns: NodeState, mask: int, cpu: float, memory_bytes: int, req: Request) -> bool:
+    """Whether a CPU-only unit fits free (mask, cores, bytes) of ``ns`` without the cores and bytes
+    reserved for the node's free GPUs."""
+    left_cpu = cpu - req.cpu
+    left_mem = memory_bytes - req.memory_bytes
+    if left_cpu < -1e-9 or left_mem < 0:
+        return False
+    if ns.reserve_cpu or ns.reserve_memory_bytes:
+        free_gpus = bin(mask & ns.usable_mask).count("1")
+        return left_cpu + 1e-9 >= ns.reserve_cpu * free_gpus and left_mem >= ns.reserve_memory_bytes * free_gpus
+    return True
 
 
 @lru_cache(maxsize=None)
@@ -85,6 +99,9 @@ class NodeState:
     name: str = ""  # the node's name, copied for the hot loops
     # the GPUs that may ever be free here: all but ``Node.unhealthy_gpus`` (-1: all)
     usable_mask: int = -1
+    # cores and bytes kept for each free GPU; CPU-only jobs may not take them (``quota.py``)
+    reserve_cpu: float = 0.0
+    reserve_memory_bytes: int = 0
 
     def __post_init__(self) -> None:
         self.name = self.node.name
@@ -207,6 +224,7 @@ class PassState:
         self.fail_cache = FailureCache()
         self.reclaim_fail_cache = FailureCache()
         self._request_cache: dict[tuple, Request | None] = {}
+        self._cpu_quota: dict[str, tuple[float, int, str, str]] = {}
         self._build_nodes()
         self._apply_running()
 
@@ -217,6 +235,7 @@ class PassState:
             full = (1 << node.gpus) - 1
             free = full & ~mask_of(node.unhealthy_gpus)  # a faulty GPU is never free, so never placed
             ns = NodeState(node, full, free, bin(free).count("1"), float(node.cpu), int(node.memory_bytes), usable_mask=free)
+            ns.reserve_cpu, ns.reserve_memory_bytes = gpu_reserve(node, self.snapshot.skus)
             self.nodes[node.name] = ns
 
     def _apply_running(self) -> None:
@@ -294,6 +313,13 @@ class PassState:
                 ns.reclaim_gpus -= len(p.gpu_indices)
 
     # -- usage ---------------------------------------------------------------------------------
+
+    def cpu_quota(self, vc: Vc) -> tuple[float, int, str, str]:
+        """The VC's effective CPU-only quota (cores, bytes, sources); see ``quota.py``."""
+        got = self._cpu_quota.get(vc.name)
+        if got is None:
+            got = self._cpu_quota[vc.name] = effective_cpu_memory_quota(vc, self.snapshot.skus)
+        return got
 
     def core_units(self, job: Job, units: int) -> int:
         """How many of ``units`` placements count as non-preemptible for quota."""

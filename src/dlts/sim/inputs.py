@@ -158,12 +158,15 @@ def load_cluster(path: str | Path) -> Cluster:
     raw_skus = top.get("skus", dict)
     for name, spec in raw_skus.items():
         f = _Fields(path, spec, f"skus.{name}", raw_skus.line)
-        f.unknown({"gpus", "cpu", "memory_gb"})
+        f.unknown({"gpus", "cpu", "memory_gb", "cpu_per_gpu", "memory_per_gpu_gb"})
+        mpg = f.get("memory_per_gpu_gb", float, None, minimum=0)
         skus[str(name)] = SkuShape(
             str(name),
             f.get("gpus", int, minimum=0),
             f.get("cpu", float, minimum=0),
             int(f.get("memory_gb", float, minimum=0) * GIB),
+            f.get("cpu_per_gpu", float, None, minimum=0),
+            None if mpg is None else int(mpg * GIB),
         )
 
     nodes: list[Node] = []

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dlts.scheduler.framework import Rejection, register
 from dlts.scheduler.model import CPU_SKU, Job, Placement, Vc, WaitReason
-from dlts.scheduler.state import NodeState, PassState, Pool, Request, best_run
+from dlts.scheduler.state import NodeState, PassState, Pool, Request, best_run, cpu_job_fits
 
 GIB = 1024**3
 
@@ -139,8 +139,14 @@ class CpuOnly:
             if state.fail_cache.known_to_fail(key, 0, req.cpu, req.memory_bytes):
                 continue
             best: NodeState | None = None
+            gpu_pool = pool.sku != CPU_SKU
             for ns in pool.nodes:
-                if _fits_cpu_mem(ns, req) and (best is None or ns.free_cpu < best.free_cpu):
+                if gpu_pool:
+                    if not cpu_job_fits(ns, ns.free_mask, ns.free_cpu, ns.free_memory_bytes, req):
+                        continue
+                elif not _fits_cpu_mem(ns, req):
+                    continue
+                if best is None or ns.free_cpu < best.free_cpu:
                     best = ns
             if best is not None:
                 return Placement(best.name, (), req.cpu, req.memory_bytes)
@@ -152,19 +158,39 @@ class CpuOnly:
         return _place_units(state, req, units, lambda record_failure: self._one(state, job, req, vc, record_failure))
 
     def explain(self, state: PassState, job: Job, req: Request, vc: Vc) -> Rejection:
-        pools = self._pools(state, job, vc)
-        free_cpu = sum(p.free_cpu for p in pools)
-        free_mem = sum(p.free_memory_bytes for p in pools)
+        # What CPU-only work may use on each node: everything free on CPU-only nodes, and on GPU
+        # nodes what is not kept for their free GPUs.
+        free_cpu, free_mem, kept_cpu = 0.0, 0, 0.0
+        cores_node = mem_node = False
+        for pool in self._pools(state, job, vc):
+            for ns in pool.nodes:
+                c, m = max(ns.free_cpu, 0.0), max(ns.free_memory_bytes, 0)
+                if pool.sku != CPU_SKU:
+                    kc = min(c, ns.reserve_cpu * ns.free_gpus)
+                    kept_cpu += kc
+                    c, m = c - kc, max(0, m - ns.reserve_memory_bytes * ns.free_gpus)
+                free_cpu += c
+                free_mem += m
+                if c + 1e-9 >= req.cpu:
+                    cores_node = True
+                    mem_node = mem_node or m >= req.memory_bytes
+        kept = f" ({kept_cpu:g} more cores on GPU nodes are kept for their free GPUs)" if kept_cpu > 1e-9 else ""
+        need = f"needs {req.cpu:g} cores and {req.memory_bytes / GIB:.1f} GiB on one node"
+        if req.units > 1:
+            need += f" for each of {req.units} replicas"
+        if cores_node and not mem_node:
+            return Rejection(
+                WaitReason.MEMORY,
+                f"{need}; nodes with {req.cpu:g} free cores lack the memory ({free_mem / GIB:.1f} GiB free in all)",
+            )
         if free_cpu + 1e-9 >= req.cpu * req.units and free_mem >= req.memory_bytes * req.units:
             return Rejection(
                 WaitReason.FRAGMENTATION,
-                f"needs {req.cpu:g} cores and {req.memory_bytes / GIB:.1f} GiB on one node; {free_cpu:g} cores are "
-                "free but scattered across nodes",
+                f"{need}; {free_cpu:g} cores and {free_mem / GIB:.1f} GiB are free but scattered across nodes{kept}",
             )
         return Rejection(
             WaitReason.CAPACITY,
-            f"needs {req.cpu:g} cores and {req.memory_bytes / GIB:.1f} GiB; {free_cpu:g} cores and "
-            f"{free_mem / GIB:.1f} GiB are free",
+            f"{need}; only {free_cpu:g} cores and {free_mem / GIB:.1f} GiB are free to CPU-only jobs{kept}",
         )
 
 

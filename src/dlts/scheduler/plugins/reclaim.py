@@ -14,7 +14,7 @@ from __future__ import annotations
 from dlts.scheduler.framework import ReclaimPlan, register
 from dlts.scheduler.model import CPU_SKU, Job, Placement, Vc
 from dlts.scheduler.plugins.placement import cpu_pools
-from dlts.scheduler.state import Holding, NodeState, PassState, Pool, Request, best_run, mask_of
+from dlts.scheduler.state import Holding, NodeState, PassState, Pool, Request, best_run, cpu_job_fits, mask_of
 
 Free = list  # [gpu mask, cores, bytes]
 
@@ -95,6 +95,8 @@ class Reclaim:
 
     @staticmethod
     def _fits(ns: NodeState, free: Free, req: Request) -> bool:
+        if req.gpus == 0 and ns.node.gpus:  # a CPU-only unit on a GPU node
+            return cpu_job_fits(ns, free[0], free[1], free[2], req)
         if free[1] + 1e-9 < req.cpu or free[2] < req.memory_bytes:
             return False
         return req.gpus == 0 or best_run(free[0], ns.node.gpus, req.gpus) >= 0
@@ -173,7 +175,10 @@ class Reclaim:
             m, c, b = _share(h, ns)
             mask, cpu, mem = mask | m, cpu + c, mem + b
             picked.append(h)
-            if cpu >= need_cpu and mem >= need_mem and (g == 0 or best_run(mask, n_gpus, g) >= 0):
+            if g == 0 and n_gpus:
+                if cpu_job_fits(ns, mask, cpu, mem, req):
+                    break
+            elif cpu >= need_cpu and mem >= need_mem and (g == 0 or best_run(mask, n_gpus, g) >= 0):
                 break
         else:
             return None
@@ -186,7 +191,10 @@ class Reclaim:
                 for x in rest:
                     xm, xc, xb = _share(x, ns)
                     rm, rc, rb = rm | xm, rc + xc, rb + xb
-                if rc >= need_cpu and rb >= need_mem and (g == 0 or best_run(rm, n_gpus, g) >= 0):
+                if g == 0 and n_gpus:
+                    if cpu_job_fits(ns, rm, rc, rb, req):
+                        picked = rest
+                elif rc >= need_cpu and rb >= need_mem and (g == 0 or best_run(rm, n_gpus, g) >= 0):
                     picked = rest
         new = [h for h in picked if not h.stopping]
         left = bin(mask).count("1") - g

@@ -1,0 +1,142 @@
+"""Table tests for the rules of issue 19 that are not backfill: quotas that protect GPU work, FIFO
+per resource pool, reasons naming the real blocker, fair share inside a VC and the preemption
+budget. Same shape as ``test_rules.py``: a snapshot, the decisions it must produce."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Callable
+
+import pytest
+
+from dlts.scheduler import Decisions, Snapshot, decide
+
+from .builders import GIB, LEAN_SKUS, SKUS, job, node, running, snap, summary, vc
+
+
+@dataclass
+class Case:
+    name: str
+    snapshot: Snapshot
+    starts: dict | set | None = None
+    waits: dict | None = None
+    stops: dict | None = None
+    now: float = 1000.0
+    details: dict = field(default_factory=dict)  # job id -> text its wait detail must contain
+    check: Callable[[Decisions], None] | None = None
+
+
+def _cpu(id: int, cores: float, **kw):
+    return job(id, 0, cpu=cores, memory_bytes=kw.pop("memory_bytes", 4 * GIB), **kw)
+
+
+CASES = [
+    # -- 1. quotas that protect GPU work ---------------------------------------------------------
+    Case(
+        "another VC's CPU-only jobs cannot take the cores a GPU node keeps for its free GPUs",
+        # The report: VC w's CPU-only jobs filled n1's cores and v's in-quota 4-GPU job waited
+        # `capacity` forever ("only 4 GPUs are free").
+        snap(
+            [node("n1")],
+            [vc("v", quota={"a100": 8}), vc("w", quota={"a100": 8}, allow_cpu_jobs_on_gpu_nodes=True)],
+            [
+                running(job(1, 4), ("n1", (0, 1, 2, 3))),
+                _cpu(2, 24.0, vc="w", queue_time=1.0),
+                _cpu(3, 24.0, vc="w", queue_time=2.0),
+                job(4, 4, queue_time=3.0),
+            ],
+        ),
+        starts={4: [("n1", (4, 5, 6, 7))]},
+        waits={2: "capacity", 3: "capacity"},
+        details={2: "48 more cores on GPU nodes are kept for their free GPUs"},
+    ),
+    Case(
+        "cpu_per_gpu leaves the rest of a GPU node's cores to CPU-only jobs",
+        snap(
+            [node("n1")],
+            [vc("v", quota={"a100": 8}), vc("w", quota={"a100": 8}, allow_cpu_jobs_on_gpu_nodes=True)],
+            [_cpu(1, 16.0, vc="w"), _cpu(2, 1.0, vc="w"), job(3, 8, cpu=80.0, memory_bytes=800 * GIB)],
+            skus=LEAN_SKUS,
+        ),
+        starts={1: [("n1", ())], 3: [("n1", tuple(range(8)))]},
+        waits={2: "capacity"},
+    ),
+    Case(
+        "CPU-only quota derived from the GPU quota is enforced",
+        # a100 quota 1 of 8 GPUs: 12 cores and 112.5 GiB go with it
+        snap([node("c1", "cpu")], vc(quota={"a100": 1}), [_cpu(1, 8.0), _cpu(2, 8.0), _cpu(3, 4.0)]),
+        starts={1: None, 3: None},
+        waits={2: "vc_quota"},
+        details={2: "uses 8 of 12 cores of CPU-only quota (derived from its GPU quota)"},
+    ),
+    Case(
+        "derived memory quota is enforced too",
+        snap([node("c1", "cpu")], vc(quota={"a100": 1}), [_cpu(1, 1.0, memory_bytes=100 * GIB), _cpu(2, 1.0, memory_bytes=20 * GIB)]),
+        starts={1: None},
+        waits={2: "vc_quota"},
+        details={2: "GiB of CPU-only quota"},
+    ),
+    Case(
+        "a VC without GPU or CPU quota runs CPU-only work only preemptible; that wait is permanent",
+        snap([node("c1", "cpu")], vc(quota={}), [_cpu(1, 1.0), _cpu(2, 1.0, preemptible=True)]),
+        starts={2: None},
+        waits={1: "vc_quota"},
+        check=lambda d: _assert(d.waits[0].permanent and "submit it preemptible" in d.waits[0].detail),
+    ),
+    Case(
+        "an explicit cpu_quota wins over the derived one",
+        snap([node("c1", "cpu")], vc(quota={"a100": 1}, cpu_quota=20.0), [_cpu(1, 16.0), _cpu(2, 8.0)]),
+        starts={1: None},
+        waits={2: "vc_quota"},
+        details={2: "uses 16 of 20 cores"},
+    ),
+    Case(
+        "reclaim for a CPU-only job on a GPU node respects the cores kept for free GPUs",
+        snap(
+            [node("n1")],
+            [vc("v", quota={"a100": 8}), vc("w", quota={"a100": 8}, allow_cpu_jobs_on_gpu_nodes=True)],
+            [running(job(1, 1, vc="v", preemptible=True), ("n1", (0,))), _cpu(2, 24.0, vc="w")],
+        ),
+        stops={},
+        waits={2: "capacity"},
+    ),
+]
+
+
+def _assert(cond: bool) -> None:
+    assert cond
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_rule(case: Case) -> None:
+    d = decide(case.snapshot, case.now)
+    got = summary(d)
+    if case.starts is not None:
+        assert set(got["starts"]) == set(case.starts), got
+        for jid, want in case.starts.items():
+            if want is not None:
+                assert got["starts"][jid] == want, got
+    if case.waits is not None:
+        for jid, reason in case.waits.items():
+            assert got["waits"].get(jid) == reason, (got, [w.detail for w in d.waits])
+    if case.stops is not None:
+        assert got["stops"] == case.stops, got
+    waits = {w.job_id: w for w in d.waits}
+    for jid, text in case.details.items():
+        assert text in waits[jid].detail, waits[jid].detail
+    pending = {j.id for j in case.snapshot.jobs if not j.running}
+    started = {s.job_id for s in d.starts if not s.scale_up}
+    assert started | set(got["waits"]) == pending, "every pending job starts or gets a reason"
+    for w in d.waits:
+        assert w.detail, f"wait of job {w.job_id} has no detail"
+    if case.check is not None:
+        case.check(d)
+
+
+def test_default_reserve_is_the_proportional_share() -> None:
+    from dlts.scheduler.quota import gpu_reserve
+
+    assert gpu_reserve(node("n1"), SKUS) == (12.0, 900 * GIB // 8)
+    assert gpu_reserve(node("n1"), LEAN_SKUS) == (10.0, 100 * GIB)
+    assert gpu_reserve(node("c1", "cpu"), SKUS) == (0.0, 0)
+    assert replace(SKUS["a100"]).cpu_per_gpu is None
