@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from dlts.scheduler import CPU_SKU, Decisions, JobType, Policy, Snapshot, StopReason, WaitReason
+from dlts.scheduler.framework import resource_pool
 from dlts.scheduler.plugins.walltime import effective_limit_s
 
 
@@ -82,7 +83,8 @@ def check_pass(snap: Snapshot, d: Decisions, now: float) -> None:
         assert cap is None or used <= cap, f"VC {vc} interactive GPUs {used} over cap {cap}"
 
     # FIFO: after the first non-preemptible job that waits for a non-permanent reason, every later
-    # non-preemptible job of that VC waits blocked by it.
+    # non-preemptible job of that VC in the same resource pool (SKU; CPU-only) waits blocked by it,
+    # and nothing blocks a job across pools.
     for vc in snap.vcs.values():
         if vc.policy is not Policy.FIFO:
             continue
@@ -90,12 +92,17 @@ def check_pass(snap: Snapshot, d: Decisions, now: float) -> None:
             (j for j in pending if j.vc == vc.name and not j.preemptible and j.approved),
             key=lambda j: (-j.priority, j.queue_time, j.id),
         )
-        blocker = None
+        blockers: dict[str, int] = {}
         for j in order:
+            pool = resource_pool(j)
+            blocker = blockers.get(pool)
             if blocker is not None:
                 assert j.id in waits and waits[j.id].blocked_by == blocker, f"FIFO: job {j.id} not blocked by {blocker}"
             elif j.id in waits and not waits[j.id].permanent:
-                blocker = j.id
+                blockers[pool] = j.id
+            if j.id in waits and waits[j.id].reason is WaitReason.BLOCKED_BY:
+                b = jobs[waits[j.id].blocked_by]
+                assert resource_pool(b) == pool, f"FIFO: job {j.id} ({pool}) blocked across pools by job {b.id}"
 
     # Stops: wall time exactly when due; preemption only of preemptible work, for a waiting
     # non-preemptible job; scale-down only of replicas above min_replicas.

@@ -9,7 +9,7 @@ from typing import Callable
 
 import pytest
 
-from dlts.scheduler import Decisions, Snapshot, decide
+from dlts.scheduler import Decisions, Policy, Snapshot, decide
 
 from .builders import GIB, LEAN_SKUS, SKUS, job, node, running, snap, summary, vc
 
@@ -99,6 +99,37 @@ CASES = [
         ),
         stops={},
         waits={2: "capacity"},
+    ),
+    # -- 2. FIFO blocks only within one resource pool ------------------------------------------
+    Case(
+        "FIFO does not hold a CPU-only job behind a GPU job waiting for GPUs",
+        snap(
+            [node("n1"), node("c1", "cpu")],
+            vc(policy=Policy.FIFO, quota={"a100": 16, "cpu": 8}),
+            [running(job(1, 8), ("n1", tuple(range(8)))), job(2, 4), _cpu(3, 2.0), job(4, 1)],
+        ),
+        starts={3: [("c1", ())]},
+        waits={2: "capacity", 4: "blocked_by:2"},
+        details={4: "ahead in its queue for a100 GPUs"},
+    ),
+    Case(
+        "FIFO blocks per SKU: a v100 job starts behind a waiting a100 job; CPU-only jobs block only CPU-only jobs",
+        snap(
+            [node("n1"), node("v1", "v100"), node("c1", "cpu")],
+            vc(policy=Policy.FIFO, quota={"a100": 16, "v100": 4, "cpu": 128}),
+            [
+                running(job(1, 8), ("n1", tuple(range(8)))),
+                job(2, 2),
+                job(3, 2, sku="v100"),
+                _cpu(4, 60.0),
+                _cpu(5, 8.0),
+                job(6, 2, sku="v100"),
+                _cpu(7, 1.0),
+            ],
+        ),
+        starts={3: [("v1", (0, 1))], 4: [("c1", ())], 6: [("v1", (2, 3))]},
+        waits={2: "capacity", 5: "capacity", 7: "blocked_by:5"},
+        details={7: "ahead in its queue for CPU-only work"},
     ),
 ]
 

@@ -19,8 +19,9 @@ import time
 from contextlib import contextmanager
 from typing import Iterator
 
-from dlts.scheduler.framework import DEFAULT_PROFILE, Framework, Profile, Rejection, VcQueue
+from dlts.scheduler.framework import DEFAULT_PROFILE, Framework, Profile, Rejection, VcQueue, resource_pool
 from dlts.scheduler.model import (
+    CPU_SKU,
     Decisions,
     Job,
     JobType,
@@ -124,7 +125,8 @@ class _Pass:
                 if rej is None:  # one value per blocker: thousands of jobs can queue behind one
                     rej = self._blocked[blocker] = Rejection(
                         WaitReason.BLOCKED_BY,
-                        f"VC {job.vc} is FIFO and job {blocker}, ahead in its queue, cannot start yet",
+                        f"VC {job.vc} is FIFO and job {blocker}, ahead in its queue for "
+                        f"{_pool_words(resource_pool(job))}, cannot start yet",
                         blocked_by=blocker,
                     )
                 self._wait(job, rej)
@@ -223,6 +225,10 @@ class _Pass:
             Start(job_id, tuple(pl), scale_up=job_id in self.scale_up) for job_id, pl in self.starts.items()
         )
         return Decisions(starts, tuple(merged.values()), tuple(self.waits), dict(self.timings_s))
+
+
+def _pool_words(pool: str) -> str:
+    return "CPU-only work" if pool == CPU_SKU else f"{pool} GPUs"
 
 
 def _ids(holdings: list[Holding]) -> str:

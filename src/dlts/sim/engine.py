@@ -23,6 +23,7 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
+from dlts.scheduler.quota import effective_cpu_memory_quota
 from dlts.scheduler import Decisions, Job, JobType, Placement, Snapshot, StopReason, decide
 from dlts.scheduler.plugins.walltime import effective_limit_s
 from dlts.sim.inputs import Cluster, TraceJob
@@ -434,6 +435,9 @@ def build_result(sim: Simulation) -> dict[str, Any]:
                 "max_job_time_s": v.max_job_time_s,
                 "max_interactive_gpus": v.max_interactive_gpus,
                 "user_gpu_quota": v.user_gpu_quota,
+                # the CPU-only quota the core enforces (override, quota.cpu, else derived)
+                "cpu_quota": effective_cpu_memory_quota(v, c.skus)[0],
+                "memory_quota_bytes": effective_cpu_memory_quota(v, c.skus)[1],
             }
             for k, v in c.vcs.items()
         },
