@@ -9,7 +9,7 @@ from typing import Callable
 
 import pytest
 
-from dlts.scheduler import Decisions, Policy, Snapshot, decide
+from dlts.scheduler import Decisions, JobType, Policy, Snapshot, decide
 
 from .builders import GIB, LEAN_SKUS, SKUS, job, node, running, snap, summary, vc
 
@@ -130,6 +130,70 @@ CASES = [
         starts={3: [("v1", (0, 1))], 4: [("c1", ())], 6: [("v1", (2, 3))]},
         waits={2: "capacity", 5: "capacity", 7: "blocked_by:5"},
         details={7: "ahead in its queue for CPU-only work"},
+    ),
+    # -- 3. reasons name the real blocker ------------------------------------------------------
+    Case(
+        "a GPU job asking more than cpu_per_gpu per GPU is not protected and names cores",
+        snap(
+            [node("n1")],
+            [vc("v", quota={"a100": 8}), vc("w", quota={"a100": 8}, allow_cpu_jobs_on_gpu_nodes=True)],
+            [_cpu(1, 16.0, vc="w"), job(2, 8)],  # job 2 takes the default share: 96 cores
+            skus=LEAN_SKUS,
+        ),
+        starts={1: None},
+        waits={2: "cpu"},
+        details={2: "free cores"},
+    ),
+    Case(
+        "a 1-node distributed job blocked by a CPU job's cores reads cpu, not topology",
+        snap(
+            [node("n1"), node("n2", domain="p2")],
+            vc(quota={"a100": 16}),
+            [
+                running(_cpu(1, 40.0), ("n1", ())),
+                running(job(2, 1), ("n2", (0,))),
+                job(3, 8, type=JobType.DISTRIBUTED, nodes=1),
+            ],
+        ),
+        waits={3: "cpu"},
+        details={3: "1 have all GPUs free but only 0 of them the cores (at most 56 free cores on one)"},
+    ),
+    Case(
+        "a gang whose whole nodes are free in two domains still reads topology",
+        snap(
+            [node("n1"), node("n2", domain="p2")],
+            vc(quota={"a100": 16}),
+            [job(3, 8, type=JobType.DISTRIBUTED, nodes=2)],
+        ),
+        waits={3: "topology"},
+    ),
+    Case(
+        "a gang short of memory on its whole nodes reads memory",
+        snap(
+            [node("n1")],
+            vc(quota={"a100": 16}),
+            [running(_cpu(1, 1.0, memory_bytes=10 * GIB), ("n1", ())), job(3, 8, type=JobType.DISTRIBUTED, nodes=1, cpu=8.0)],
+        ),
+        waits={3: "memory"},
+    ),
+    Case(
+        "a single-node GPU job: the GPUs are free but not the memory",
+        snap(
+            [node("n1")],
+            vc(quota={"a100": 16}),
+            [running(_cpu(1, 1.0, memory_bytes=500 * GIB), ("n1", ())), job(2, 8, cpu=8.0)],
+        ),
+        waits={2: "memory"},
+        details={2: "1 node has the GPUs and cores free but at most 400.0 GiB of free memory"},
+    ),
+    Case(
+        "too few GPUs is capacity, scattered GPUs fragmentation",
+        snap(
+            [node("n1"), node("n2")],
+            vc(quota={"a100": 32}),
+            [running(job(1, 4), ("n1", (0, 1, 2, 3))), running(job(2, 4), ("n2", (0, 1, 2, 3))), job(3, 8), job(4, 8, queue_time=9)],
+        ),
+        waits={3: "fragmentation"},
     ),
 ]
 

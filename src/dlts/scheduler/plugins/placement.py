@@ -84,17 +84,55 @@ class BestFit:
 
     def explain(self, state: PassState, job: Job, req: Request, vc: Vc) -> Rejection:
         pools = state.pools_for(req.sku, job.vc)
+        # Free capacity only shrinks in a pass: while the pools' totals are unchanged, so is the answer.
+        key = ("explain", req, tuple((id(p), p.free_gpus, p.free_cpu, p.free_memory_bytes) for p in pools))
+        got = state.explain_cache.get(key)
+        if got is None:
+            got = state.explain_cache[key] = self._explain(pools, req)
+        return got
+
+    def _explain(self, pools: list[Pool], req: Request) -> Rejection:
         free = sum(p.free_gpus for p in pools)
-        free_cpu = sum(p.free_cpu for p in pools)
-        free_mem = sum(p.free_memory_bytes for p in pools)
         need = req.total_gpus
-        per = f"{req.gpus} {req.sku} GPUs on one node" + (f" for each of {req.units} replicas" if req.units > 1 else "")
-        if free >= need and free_cpu + 1e-9 >= req.cpu * req.units and free_mem >= req.memory_bytes * req.units:
+        g = req.gpus
+        per = f"{g} {req.sku} GPUs on one node" + (f" for each of {req.units} replicas" if req.units > 1 else "")
+        # Nodes with a run of g free GPUs: if there are some, cores or memory are what is missing.
+        gpu_ok = cores_ok = 0
+        best_cpu, best_mem = 0.0, 0
+        for pool in pools:
+            if pool.free_gpus < g:
+                continue
+            for k in range(g, pool.max_gpus + 1):
+                for ns in pool.buckets[k].values():
+                    if best_run(ns.free_mask, ns.node.gpus, g) < 0:
+                        continue
+                    gpu_ok += 1
+                    best_cpu = max(best_cpu, ns.free_cpu)
+                    if ns.free_cpu + 1e-9 >= req.cpu:
+                        cores_ok += 1
+                        best_mem = max(best_mem, ns.free_memory_bytes)
+        if gpu_ok and not cores_ok:
+            return Rejection(
+                WaitReason.CPU,
+                f"needs {per} with {req.cpu:g} cores; {_nodes(gpu_ok)} {g} free GPUs but at most "
+                f"{max(best_cpu, 0.0):g} free cores",
+            )
+        if cores_ok:
+            return Rejection(
+                WaitReason.MEMORY,
+                f"needs {per} with {req.memory_bytes / GIB:.1f} GiB; {_nodes(cores_ok)} the GPUs and cores free but "
+                f"at most {max(best_mem, 0) / GIB:.1f} GiB of free memory",
+            )
+        if free >= need:
             return Rejection(
                 WaitReason.FRAGMENTATION,
                 f"needs {per}; {free} {req.sku} GPUs are free but scattered across nodes",
             )
         return Rejection(WaitReason.CAPACITY, f"needs {per}; only {free} {req.sku} GPUs are free")
+
+
+def _nodes(n: int) -> str:
+    return "1 node has" if n == 1 else f"{n} nodes have"
 
 
 def cpu_pools(state: PassState, job: Job, vc: Vc) -> list[Pool]:
@@ -279,15 +317,48 @@ class Gang:
 
     def explain(self, state: PassState, job: Job, req: Request, vc: Vc) -> Rejection:
         pools = self._eligible(state, job, req)
-        whole = sum(len(d) for p in pools for d in p.whole_by_domain.values())
+        key = ("explain", req, tuple((id(p), p.free_gpus, p.free_cpu, p.free_memory_bytes) for p in pools))
+        got = state.explain_cache.get(key)
+        if got is None:
+            got = state.explain_cache[key] = self._explain(pools, req)
+        return got
+
+    def _explain(self, pools: list[Pool], req: Request) -> Rejection:
         free = sum(p.free_gpus for p in pools)
-        need = f"needs {req.units} whole {req.sku} nodes"
-        if req.same_domain and whole >= req.units:
-            domains = {d for pool in pools for d in pool.whole_by_domain}
-            best = max((sum(len(pool.whole_by_domain.get(d, ())) for pool in pools) for d in domains), default=0)
+        need = f"needs {req.units} whole {req.sku} node{'s' if req.units != 1 else ''}"
+        # Wholly free nodes (every GPU free), and those of them that also have the cores and memory.
+        whole = fit = cores = 0
+        fit_by_domain: dict[str, int] = {}
+        best_cpu, best_mem = 0.0, 0
+        for pool in pools:
+            for dom, members in pool.whole_by_domain.items():
+                for ns in members.values():
+                    whole += 1
+                    best_cpu = max(best_cpu, ns.free_cpu)
+                    if ns.free_cpu + 1e-9 < req.cpu:
+                        continue
+                    cores += 1
+                    best_mem = max(best_mem, ns.free_memory_bytes)
+                    if ns.free_memory_bytes >= req.memory_bytes:
+                        fit += 1
+                        fit_by_domain[dom] = fit_by_domain.get(dom, 0) + 1
+        if fit >= req.units:
+            best = max(fit_by_domain.values(), default=0)
             return Rejection(
                 WaitReason.TOPOLOGY,
-                f"{need} in one IB domain; {whole} are free but at most {best} in one domain",
+                f"{need} in one IB domain; {fit} are free but at most {best} in one domain",
+            )
+        if whole >= req.units and cores < req.units:
+            return Rejection(
+                WaitReason.CPU,
+                f"{need} with {req.cpu:g} cores each; {whole} have all GPUs free but only {cores} of them the cores "
+                f"(at most {max(best_cpu, 0.0):g} free cores on one)",
+            )
+        if whole >= req.units:
+            return Rejection(
+                WaitReason.MEMORY,
+                f"{need} with {req.memory_bytes / GIB:.1f} GiB each; {cores} have all GPUs and the cores free but only "
+                f"{fit} the memory (at most {max(best_mem, 0) / GIB:.1f} GiB free on one)",
             )
         if free >= req.units * req.gpus:
             return Rejection(
