@@ -46,3 +46,67 @@ def test_sku_reserve_from_the_environment_is_json(tmp_path, settings):
     s = load_settings(None, environ={"DLTS_SKU_RESERVE": '{"a100": {"cpu_per_gpu": 10}}',
                                      "DLTS_DATABASE_URL": settings.database_url})
     assert s.sku_reserve["a100"].cpu_per_gpu == 10.0
+
+
+def _user_id(s, name: str) -> int:
+    import sqlalchemy as sa
+
+    from dlts.models import User
+
+    return s.scalar(sa.select(User.id).where(User.name == name))
+
+
+def _submit(s, settings, user: str, gpus: int, **kw) -> int:
+    import sqlalchemy as sa
+
+    from dlts.models import User
+    from dlts.services import jobs as job_service
+    from dlts.services.auth import principal_for
+
+    who = principal_for(s, s.scalar(sa.select(User).where(User.name == user)))
+    return job_service.submit(s, settings, who, job_service.JobRequest(vc="vision", image="debian:12",
+                                                                     command="true", gpus=gpus, **kw)).id
+
+
+def test_fair_share_from_the_accounting_rollup_puts_the_lighter_user_first(tmp_path, world, sessions, settings):
+    import datetime as dt
+
+    import sqlalchemy as sa
+
+    from dlts.models import VirtualCluster, utcnow
+    from dlts.models.accounting import UsageTotal
+
+    cfg = _settings(tmp_path, settings, "fair_share_half_life_h: 24\nvc_scheduling:\n  nlp: {fair_share: false}\n")
+    now = utcnow()
+    with sessions() as s:
+        vision = s.scalar(sa.select(VirtualCluster.id).where(VirtualCluster.name == "vision"))
+        alice = _user_id(s, "alice")
+        for day, hours in ((now.date(), 4), (now.date() - dt.timedelta(days=3), 100)):
+            s.add(UsageTotal(period="day", start=day, user_id=alice, vc_id=vision, sku="demo-gpu", preemptible=False,
+                             gpu_ms=hours * 3600 * 1000, busy_gpu_ms=0, sampled_gpu_ms=0))
+        # preemptible, so the VC quota (4) does not decide: the one node's 4 GPUs do
+        first = _submit(s, settings, "alice", 4, preemptible=True)  # submitted first
+        second = _submit(s, settings, "bob", 4, preemptible=True)
+        s.commit()
+    with sessions() as s:
+        snap = load_snapshot(s, cfg)
+    assert (snap.vcs["vision"].fair_share, snap.vcs["nlp"].fair_share) == (True, False)
+    got = snap.fair_share_usage[("vision", "alice")]
+    t = now.replace(tzinfo=None)
+
+    def weight(day):
+        age_h = max(0.0, (t - dt.datetime.combine(day, dt.time(12))).total_seconds() / 3600)
+        return 0.5 ** (age_h / 24)
+
+    want = 4 * 3600 * weight(now.date()) + 100 * 3600 * weight(now.date() - dt.timedelta(days=3))
+    assert abs(got - want) / want < 0.01, (got, want)
+    d = decide(snap, t.timestamp())
+    assert [x.job_id for x in d.starts] == [second]
+    wait = next(w for w in d.waits if w.job_id == first)
+    assert wait.reason.value == "fair_share" and wait.queue_position == 2 and "user alice used 2.00x" in wait.detail
+    # the default half-life is on too; 0 switches fair share off: queue time decides
+    off = _settings(tmp_path, settings, "fair_share_half_life_h: 0\n")
+    with sessions() as s:
+        snap = load_snapshot(s, off)
+    assert snap.fair_share_usage == {} and not snap.vcs["vision"].fair_share
+    assert [x.job_id for x in decide(snap, t.timestamp()).starts] == [first]

@@ -195,6 +195,66 @@ CASES = [
         ),
         waits={3: "fragmentation"},
     ),
+    # -- 6. fair share inside a VC -----------------------------------------------------------------
+    Case(
+        "fair share: a colleague with less recent use goes before a heavy user's older jobs",
+        snap(
+            [node("n1")],
+            vc(quota={"a100": 16}),
+            [job(1, 8, user="ann"), job(2, 8, user="ann"), job(3, 8, user="bob")],
+            fair_share_usage={("v", "ann"): 36_000.0, ("v", "bob"): 0.0},
+        ),
+        starts={3: None},
+        waits={1: "fair_share", 2: "capacity"},
+        details={1: "user ann used 2.00x an equal share of VC v's recent GPU time; job 3 of bob (0.00x)"},
+        check=lambda d: _assert({w.job_id: w.queue_position for w in d.waits} == {1: 2, 2: 3}),
+    ),
+    Case(
+        "fair share: one user's 500 queued jobs do not starve a colleague",
+        snap(
+            [node("n1"), node("n2")],
+            vc(quota={"a100": 64}),
+            [running(job(9999, 8, user="ann"), ("n1", tuple(range(8))))]
+            + [job(i, 1, user="ann") for i in range(1, 501)] + [job(501, 8, user="bob")],
+            fair_share_usage={("v", "ann"): 8 * 3600.0},
+        ),
+        starts={501: [("n2", tuple(range(8)))]},
+        check=lambda d: _assert(next(w for w in d.waits if w.job_id == 1).reason.value == "fair_share"),
+    ),
+    Case(
+        "fair share never beats priority",
+        snap(
+            [node("n1")],
+            vc(quota={"a100": 16}),
+            [job(1, 8, user="ann", priority=200), job(2, 8, user="bob")],
+            fair_share_usage={("v", "ann"): 1e9},
+        ),
+        starts={1: None},
+        waits={2: "capacity"},
+    ),
+    Case(
+        "fair share off for a VC keeps queue-time order",
+        snap(
+            [node("n1")],
+            vc(quota={"a100": 16}, fair_share=False),
+            [job(1, 8, user="ann"), job(2, 8, user="bob")],
+            fair_share_usage={("v", "ann"): 1e9},
+        ),
+        starts={1: None},
+        waits={2: "capacity"},
+    ),
+    Case(
+        "fair share re-ranks inside a VC and leaves another VC's place alone",
+        snap(
+            [node("n1")],
+            [vc(quota={"a100": 16}), vc("w", quota={"a100": 16})],
+            [job(1, 8, vc="w", user="cat"), job(2, 8, user="ann"), job(3, 8, user="bob")],
+            fair_share_usage={("v", "ann"): 1e6, ("w", "cat"): 1e9},
+        ),
+        starts={1: None},
+        waits={2: "capacity", 3: "capacity"},
+        check=lambda d: _assert({w.job_id: w.queue_position for w in d.waits} == {3: 1, 2: 2}),
+    ),
 ]
 
 

@@ -67,9 +67,11 @@ class _Pass:
                 self.stops.extend(plugin.stops(st))
         with self._phase("order"):
             key = fw.sort.sort_key
+            # a sort plugin may order a whole list (fair share re-ranks inside each VC)
+            order = getattr(fw.sort, "order", None) or (lambda st_, jobs, phase=0: sorted(jobs, key=key))
             pending = [j for j in snap.jobs if not j.running]
-            core = sorted((j for j in pending if not j.preemptible), key=key)
-            opportunistic = sorted((j for j in pending if j.preemptible), key=key)
+            core = order(st, [j for j in pending if not j.preemptible], 0)
+            opportunistic = order(st, [j for j in pending if j.preemptible], 1)
             counters: dict[str, int] = {}
             for j in core + opportunistic:
                 if j.approved:
@@ -89,12 +91,15 @@ class _Pass:
                 and j.max_replicas > max(1, j.min_replicas)
                 and ((j.running and not j.stopping and j.id not in st.stopped) or j.id in self.starts)
             ]
-            for job in sorted(opportunistic + extras, key=key):
+            for job in (order(st, opportunistic + extras, 1) if extras else opportunistic):
                 if job.running or job.id in self.starts:
                     self._grow(job)
                 else:
                     self._assign(job)
         t0 = time.perf_counter()
+        revise = getattr(fw.sort, "revise_waits", None)
+        if revise is not None:
+            self.waits = revise(st, self.waits, set(self.starts))
         out = self._finalize()
         out.timings_s["finalize"] = time.perf_counter() - t0  # type: ignore[index]
         return out

@@ -140,7 +140,7 @@ def register(point: str, name: str) -> Callable[[Callable[[], object]], Callable
 class Profile:
     """Which plugins one pass runs, by registered name, in order."""
 
-    sort: str = "priority_queue_time"
+    sort: str = "fair_share"  # priority_queue_time, re-ranked inside each VC by recent use
     stop: tuple[str, ...] = ("wall_time",)
     filter: tuple[str, ...] = ("approval", "node_match", "vc_quota", "user_quota", "interactive_cap")
     policy: tuple[str, ...] = ("RF", "FIFO")

@@ -96,6 +96,17 @@ class Vc:
     cpu_quota: float | None = None
     memory_quota_bytes: int | None = None
     allow_cpu_jobs_on_gpu_nodes: bool = False
+    # Fair share inside the VC (plugins/fairshare.py): among jobs of equal priority, owners with
+    # less decayed GPU use (``Snapshot.fair_share_usage``) relative to an equal share go first.
+    fair_share: bool = True
+    # Preemption budget (plugins/reclaim.py): a preemptible job of this VC runs at least
+    # ``min_runtime_s`` before it may be preempted, unless the job reclaim is for (of any VC) has
+    # waited longer than *its* VC's ``max_reclaim_delay_s`` (None: never overridden); a job
+    # preempted ``max_preemptions`` times (0: no limit) is protected for ``min_runtime_s`` of every
+    # later run without that override.
+    min_runtime_s: float = 0.0
+    max_reclaim_delay_s: float | None = None
+    max_preemptions: int = 0
 
 
 @dataclass(frozen=True)
@@ -149,6 +160,8 @@ class Job:
     approved: bool = True
     # A VC admin approved this job above the user's GPU quota, so ``user_quota`` no longer applies.
     user_quota_approved: bool = False
+    # How many times the job has been preempted so far (the preemption budget reads it).
+    preemptions: int = 0
 
 
 @dataclass(frozen=True)
@@ -160,6 +173,9 @@ class Snapshot:
     # Defaults for CPU-only requests that leave ``cpu`` / ``memory_bytes`` unset (<= 0).
     cpu_job_default_cpu: float = 1.0
     cpu_job_default_memory_bytes: int = 2 * 1024**3
+    # (vc, user) -> decayed GPU-seconds of recent use, computed by the job manager (fair share).
+    # Empty: nobody has used anything, so fair share leaves the priority/queue-time order alone.
+    fair_share_usage: Mapping[tuple[str, str], float] = field(default_factory=dict)
 
 
 # -- decisions --------------------------------------------------------------------------------
