@@ -110,3 +110,25 @@ def test_fair_share_from_the_accounting_rollup_puts_the_lighter_user_first(tmp_p
         snap = load_snapshot(s, off)
     assert snap.fair_share_usage == {} and not snap.vcs["vision"].fair_share
     assert [x.job_id for x in decide(snap, t.timestamp()).starts] == [first]
+
+
+def test_preemption_budget_from_the_config_file_and_the_attempts(tmp_path, world, sessions, settings):
+    from dlts.models import JobAttempt, utcnow
+
+    cfg = _settings(tmp_path, settings, "min_runtime_s: 600\nmax_reclaim_delay_s: 1800\nmax_preemptions: 3\n"
+                                        "vc_scheduling:\n  nlp: {min_runtime_s: 60, max_preemptions: 1}\n")
+    with sessions() as s:
+        job_id = _submit(s, settings, "alice", 1, preemptible=True)
+        for n in (1, 2):
+            s.add(JobAttempt(job_id=job_id, number=n, placements=[], ended_at=utcnow(), end_reason="preempted"))
+        s.add(JobAttempt(job_id=job_id, number=3, placements=[], ended_at=utcnow(), end_reason="failed"))
+        s.commit()
+    with sessions() as s:
+        snap = load_snapshot(s, cfg)
+    vision, nlp = snap.vcs["vision"], snap.vcs["nlp"]
+    assert (vision.min_runtime_s, vision.max_reclaim_delay_s, vision.max_preemptions) == (600.0, 1800.0, 3)
+    assert (nlp.min_runtime_s, nlp.max_reclaim_delay_s, nlp.max_preemptions) == (60.0, 1800.0, 1)
+    assert next(j for j in snap.jobs if j.id == job_id).preemptions == 2
+    with sessions() as s:  # the defaults: no budget, and the count is not even read
+        snap = load_snapshot(s, settings)
+    assert snap.vcs["vision"].min_runtime_s == 0 and next(j for j in snap.jobs if j.id == job_id).preemptions == 0

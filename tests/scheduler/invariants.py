@@ -113,6 +113,16 @@ def check_pass(snap: Snapshot, d: Decisions, now: float) -> None:
         stopped[j.id].add(s.reason)
         if s.reason is StopReason.PREEMPTED:
             assert j.preemptible, f"non-preemptible job {j.id} preempted"
+            # preemption budget: inside min_runtime_s only when the target waited past its VC's
+            # max_reclaim_delay_s, and never once the victim was preempted max_preemptions times
+            own = snap.vcs[j.vc]
+            if own.min_runtime_s > 0 and j.started_at is not None and now - j.started_at < own.min_runtime_s:
+                target_vc = snap.vcs[jobs[s.for_job].vc]
+                delay = target_vc.max_reclaim_delay_s
+                assert delay is not None and now - jobs[s.for_job].queue_time >= delay, (
+                    f"job {j.id} preempted after {now - j.started_at}s, inside min_runtime_s {own.min_runtime_s}")
+                assert not (own.max_preemptions and j.preemptions >= own.max_preemptions), (
+                    f"job {j.id} preempted {j.preemptions} times already, inside min_runtime_s")
         if s.reason is StopReason.SCALE_DOWN:
             core = max(1, j.min_replicas)
             for p in s.placements:

@@ -52,6 +52,9 @@ def clusters(draw) -> Cluster:
             draw(st.sampled_from([None, 0, 2, 8])),
             draw(st.sampled_from([None, 4, 16])),
             allow_cpu_jobs_on_gpu_nodes=draw(st.booleans()),
+            min_runtime_s=draw(st.sampled_from([0.0, 0.0, 500.0])),
+            max_reclaim_delay_s=draw(st.sampled_from([None, 1000.0])),
+            max_preemptions=draw(st.sampled_from([0, 1])),
         )
     return Cluster(dict(SKUS), tuple(nodes), vcs, tick_s=10.0, preempt_grace_s=draw(st.sampled_from([0.0, 0.0, 30.0])))
 

@@ -255,6 +255,99 @@ CASES = [
         waits={2: "capacity", 3: "capacity"},
         check=lambda d: _assert({w.job_id: w.queue_position for w in d.waits} == {3: 1, 2: 2}),
     ),
+    # -- 7. preemption budget ----------------------------------------------------------------------
+    Case(
+        "a preemptible job runs at least min_runtime_s before it may be preempted",
+        snap(
+            [node("n1")],
+            [vc("v", quota={"a100": 8}), vc("w", quota={"a100": 8}, min_runtime_s=600.0)],
+            [running(job(1, 8, vc="w", preemptible=True), ("n1", tuple(range(8))), started_at=900.0), job(2, 8, queue_time=950.0)],
+        ),
+        now=1000.0,
+        stops={},
+        waits={2: "capacity"},
+        details={2: "preempting job 1 would make room, but they are inside their preemption budget (min_runtime_s) for 500 s more"},
+    ),
+    Case(
+        "after min_runtime_s the job is preempted as before",
+        snap(
+            [node("n1")],
+            [vc("v", quota={"a100": 8}), vc("w", quota={"a100": 8}, min_runtime_s=600.0)],
+            [running(job(1, 8, vc="w", preemptible=True), ("n1", tuple(range(8))), started_at=900.0), job(2, 8, queue_time=950.0)],
+        ),
+        now=1500.0,
+        stops={1: "preempted"},
+        waits={2: "capacity"},
+    ),
+    Case(
+        "the guarantee wins once the job waited longer than its VC's max_reclaim_delay_s",
+        snap(
+            [node("n1")],
+            [vc("v", quota={"a100": 8}, max_reclaim_delay_s=300.0), vc("w", quota={"a100": 8}, min_runtime_s=600.0)],
+            [running(job(1, 8, vc="w", preemptible=True), ("n1", tuple(range(8))), started_at=900.0), job(2, 8, queue_time=600.0)],
+        ),
+        now=1000.0,
+        stops={1: "preempted"},
+    ),
+    Case(
+        "the delay is not over yet: the reason says how long either protection lasts",
+        snap(
+            [node("n1")],
+            [vc("v", quota={"a100": 8}, max_reclaim_delay_s=300.0), vc("w", quota={"a100": 8}, min_runtime_s=600.0)],
+            [running(job(1, 8, vc="w", preemptible=True), ("n1", tuple(range(8))), started_at=900.0), job(2, 8, queue_time=800.0)],
+        ),
+        now=1000.0,
+        stops={},
+        details={2: "or until this job has waited max_reclaim_delay_s (100 s more)"},
+    ),
+    Case(
+        "a job preempted max_preemptions times is protected for min_runtime_s without exception",
+        snap(
+            [node("n1")],
+            [vc("v", quota={"a100": 8}, max_reclaim_delay_s=300.0),
+             vc("w", quota={"a100": 8}, min_runtime_s=600.0, max_preemptions=2)],
+            [running(job(1, 8, vc="w", preemptible=True, preemptions=2), ("n1", tuple(range(8))), started_at=900.0),
+             job(2, 8, queue_time=0.0)],
+        ),
+        now=1000.0,
+        stops={},
+        details={2: "preempted max_preemptions times already: no exception"},
+    ),
+    Case(
+        "... and may be preempted again once it has run min_runtime_s",
+        snap(
+            [node("n1")],
+            [vc("v", quota={"a100": 8}), vc("w", quota={"a100": 8}, min_runtime_s=600.0, max_preemptions=2)],
+            [running(job(1, 8, vc="w", preemptible=True, preemptions=5), ("n1", tuple(range(8))), started_at=900.0),
+             job(2, 8, queue_time=0.0)],
+        ),
+        now=1500.0,
+        stops={1: "preempted"},
+    ),
+    Case(
+        "reclaim takes the unprotected victim when one of two is inside its budget",
+        snap(
+            [node("n1")],
+            [vc("v", quota={"a100": 8}), vc("w", quota={"a100": 8}, min_runtime_s=600.0)],
+            [running(job(1, 4, vc="w", preemptible=True, priority=50), ("n1", (0, 1, 2, 3)), started_at=950.0),
+             running(job(3, 4, vc="w", preemptible=True), ("n1", (4, 5, 6, 7)), started_at=100.0),
+             job(2, 4, queue_time=0.0)],
+        ),
+        now=1000.0,
+        stops={3: "preempted"},
+    ),
+    Case(
+        "a gang's reclaim skips nodes holding protected work",
+        snap(
+            [node("n1"), node("n2")],
+            [vc("v", quota={"a100": 16}), vc("w", quota={"a100": 16}, min_runtime_s=600.0)],
+            [running(job(1, 8, vc="w", preemptible=True), ("n1", tuple(range(8))), started_at=950.0),
+             running(job(3, 8, vc="w", preemptible=True), ("n2", tuple(range(8))), started_at=100.0),
+             job(2, 8, type=JobType.DISTRIBUTED, nodes=1, queue_time=0.0)],
+        ),
+        now=1000.0,
+        stops={3: "preempted"},
+    ),
 ]
 
 

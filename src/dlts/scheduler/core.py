@@ -185,6 +185,11 @@ class _Pass:
             if old:
                 parts.append(f"waiting for {_exiting(old)} to exit")
             return Rejection(WaitReason.CAPACITY, f"{rej.detail}; " + "; ".join(parts) + "; starts when they exit")
+        for plugin in self.fw.preempt:  # the preemption budget may be what keeps the room
+            note = getattr(plugin, "blocked_note", None)
+            text = note(self.state, job, req, vc) if note is not None else None
+            if text:
+                return Rejection(rej.reason, f"{rej.detail}; {text}", rej.permanent, rej.blocked_by)
         return rej
 
     # -- extra inference replicas ------------------------------------------------------------

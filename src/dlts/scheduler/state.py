@@ -161,6 +161,11 @@ class Holding:
     claimed: bool = False  # taken by a reclaim earlier in this pass
     shares: dict[str, tuple[int, float, int]] | None = None  # per node (mask, cores, bytes), lazily
     retiring: bool = False  # a replica already being removed (``Job.retiring``), not one of its replicas
+    # preemption budget: 0 may be preempted; 1 ran less than its VC's min_runtime_s (a job waiting
+    # longer than its VC's max_reclaim_delay_s may still take it); 2 also preempted max_preemptions
+    # times already (protected for min_runtime_s without exception)
+    protect: int = 0
+    protected_until: float = 0.0
 
 
 class FailureCache:
@@ -226,6 +231,7 @@ class PassState:
         self.reclaim_fail_cache = FailureCache()
         self._request_cache: dict[tuple, Request | None] = {}
         self._cpu_quota: dict[str, tuple[float, int, str, str]] = {}
+        self.any_protected = False  # some holding is inside its preemption budget (min_runtime_s)
         self._build_nodes()
         self._apply_running()
 
@@ -295,6 +301,8 @@ class PassState:
             self._add_holding(Holding(job, tuple(rest), False, True))
 
     def _add_holding(self, h: Holding) -> None:
+        if not h.stopping and not h.replica:
+            self._budget(h)
         self.holdings.append(h)
         self.holdings_by_job[h.job.id].append(h)
         for p in h.placements:
@@ -302,6 +310,19 @@ class PassState:
             if ns is not None:
                 ns.holdings.append(h)
                 ns.reclaim_gpus += len(p.gpu_indices)
+
+    def _budget(self, h: Holding) -> None:
+        """Set ``h.protect`` from the preemption budget of the job's VC (``Vc.min_runtime_s``)."""
+        job = h.job
+        vc = self.vcs.get(job.vc)
+        if vc is None or vc.min_runtime_s <= 0 or job.started_at is None:
+            return
+        until = job.started_at + vc.min_runtime_s
+        if self.now >= until:
+            return
+        h.protected_until = until
+        h.protect = 2 if vc.max_preemptions and job.preemptions >= vc.max_preemptions else 1
+        self.any_protected = True
 
     def claim(self, h: Holding) -> None:
         """Reserve a holding for one reclaim; nobody else may count on it this pass."""

@@ -119,6 +119,8 @@ class Simulation:
         self.last_event_s = max(self.last_event_s, t)
         if kind == "end":
             self._end(sj, t, "finished", "finished")
+        elif kind == "wake":  # a preemption budget ran out: only a pass is due
+            return
         elif kind == "stopped":  # a grace period ran out
             reason = sj.stop_reason or "preempted"
             if reason == "wall_time":
@@ -191,7 +193,8 @@ class Simulation:
     # -- applying decisions ---------------------------------------------------------------------
 
     def _pending_job(self, sj: SimJob) -> Job:
-        return pending_job(sj.spec)
+        # the preemption budget reads how often the job was preempted
+        return replace(pending_job(sj.spec), preemptions=sum(1 for a in sj.attempts if a["reason"] == "preempted"))
 
     def _start(self, sj: SimJob, now: float, placements: tuple[Placement, ...]) -> None:
         sj.state = "running"
@@ -203,6 +206,9 @@ class Simulation:
             sj.start_s = now
         sj.placements = list(placements)
         sj.job = replace(sj.job, running=True, started_at=now, placements=tuple(placements), stopping=False)
+        vc = self.cluster.vcs.get(sj.spec.vc)
+        if sj.spec.preemptible and vc is not None and vc.min_runtime_s > 0:
+            self._push(now + vc.min_runtime_s, "wake", sj.id, sj.attempt_no)  # reclaim may take it from then
         sj.attempts.append(
             {
                 "start_s": now,

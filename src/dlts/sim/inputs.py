@@ -217,6 +217,10 @@ def load_cluster(path: str | Path) -> Cluster:
                 "cpu_quota",
                 "memory_quota_gb",
                 "allow_cpu_jobs_on_gpu_nodes",
+                "fair_share",
+                "min_runtime_s",
+                "max_reclaim_delay_s",
+                "max_preemptions",
             }
         )
         name = f.get("name", str)
@@ -244,6 +248,10 @@ def load_cluster(path: str | Path) -> Cluster:
             f.get("cpu_quota", float, None, minimum=0),
             None if mem_gb is None else int(mem_gb * GIB),
             f.get("allow_cpu_jobs_on_gpu_nodes", bool, False),
+            fair_share=f.get("fair_share", bool, True),
+            min_runtime_s=f.get("min_runtime_s", float, 0.0, minimum=0),
+            max_reclaim_delay_s=f.get("max_reclaim_delay_s", float, None, minimum=0),
+            max_preemptions=f.get("max_preemptions", int, 0, minimum=0),
         )
     for n in nodes:
         if n.vc is not None and n.vc not in vcs:
