@@ -24,7 +24,9 @@ def _cpu_job(cores: float) -> Job:
 
 
 def test_sku_reserve_from_the_config_file_opens_gpu_node_cores_to_cpu_jobs(tmp_path, world, sessions, settings):
-    # testnode: 4 demo-gpu GPUs, 8 cores, 32 GiB. By default every core is kept for the free GPUs.
+    # testnode: 4 demo-gpu GPUs, 8 cores, 32 GiB. By default every core is kept for the free GPUs
+    # (the shared test settings open them, as the demo does: here the default is restored).
+    settings = settings.model_copy(update={"sku_reserve": {}})
     with sessions() as s:
         default = load_snapshot(s, settings)
     assert default.skus["demo-gpu"].cpu_per_gpu is None
