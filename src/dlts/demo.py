@@ -196,11 +196,10 @@ def run_demo(settings: Settings, fake_nvml: str | None = None) -> None:
         repair = settings.repair.model_copy(update={"interval_s": min(settings.repair.interval_s, 2.0),
                                                     "quiet_period_s": min(settings.repair.quiet_period_s, 10.0)})
         settings = settings.model_copy(update={"repair": repair, "demo_gpus": settings.demo_gpus or 8})
-    if settings.demo_gpus and settings.demo_sku not in settings.sku_reserve:
-        # one machine with pretend GPUs: keep no cores for them, so CPU-only jobs run in the demo
-        # (on a real cluster GPU nodes keep cpu_per_gpu per free GPU; docs/scheduling.md)
-        settings = settings.model_copy(update={"sku_reserve": {**settings.sku_reserve,
-                                                               settings.demo_sku: SkuReserve(cpu_per_gpu=0, memory_per_gpu_bytes=0)}})
+    if not settings.sku_reserve:
+        # one machine for everything: keep no cores for its (pretend or real) GPUs, so CPU-only jobs
+        # run in the demo (on a cluster GPU nodes keep cpu_per_gpu per free GPU; docs/scheduling.md)
+        settings = settings.model_copy(update={"sku_reserve": {"*": SkuReserve(cpu_per_gpu=0, memory_per_gpu_bytes=0)}})
     app = create_app(settings)
     app.config["DLTS_DEMO"] = True  # the API acts on reports of the demo's fake-NVML agent
     db_migrate.upgrade(engine_of(app))

@@ -134,3 +134,12 @@ def test_preemption_budget_from_the_config_file_and_the_attempts(tmp_path, world
     with sessions() as s:  # the defaults: no budget, and the count is not even read
         snap = load_snapshot(s, settings)
     assert snap.vcs["vision"].min_runtime_s == 0 and next(j for j in snap.jobs if j.id == job_id).preemptions == 0
+
+
+def test_sku_reserve_star_applies_to_every_gpu_sku_not_named(tmp_path, world, sessions, settings):
+    cfg = _settings(tmp_path, settings, "sku_reserve:\n  '*': {cpu_per_gpu: 0.5, memory_per_gpu_bytes: 0}\n  other: {cpu_per_gpu: 3}\n")
+    with sessions() as s:
+        snap = load_snapshot(s, cfg)
+    assert snap.skus["demo-gpu"].cpu_per_gpu == 0.5
+    d = decide(replace(snap, jobs=(_cpu_job(6.0),)), 0.0)  # 8 cores - 0.5 x 4 free GPUs
+    assert [s.job_id for s in d.starts] == [10_000]

@@ -65,11 +65,15 @@ def placements_to_json(placements) -> list[dict]:
 
 
 def reserved_shapes(shapes: dict[str, core.SkuShape], settings: Settings) -> dict[str, core.SkuShape]:
-    """The SKU shapes with the configured ``sku_reserve`` (cores and bytes kept per free GPU)."""
+    """The SKU shapes with the configured ``sku_reserve`` (cores and bytes kept per free GPU); the
+    key ``"*"`` is for every GPU SKU not named."""
     out = dict(shapes)
-    for sku, r in settings.sku_reserve.items():
-        if sku in out:
-            out[sku] = replace(out[sku], cpu_per_gpu=r.cpu_per_gpu, memory_per_gpu_bytes=r.memory_per_gpu_bytes)
+    if not settings.sku_reserve:
+        return out
+    for sku, shape in shapes.items():
+        r = settings.sku_reserve.get(sku) or settings.sku_reserve.get("*")
+        if r is not None and shape.gpus > 0:
+            out[sku] = replace(shape, cpu_per_gpu=r.cpu_per_gpu, memory_per_gpu_bytes=r.memory_per_gpu_bytes)
     return out
 
 
