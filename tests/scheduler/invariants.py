@@ -6,6 +6,7 @@ from collections import defaultdict
 
 from dlts.scheduler import CPU_SKU, Decisions, JobType, Policy, Snapshot, StopReason, WaitReason
 from dlts.scheduler.framework import resource_pool
+from dlts.scheduler.quota import gpu_reserve
 from dlts.scheduler.plugins.walltime import effective_limit_s
 
 
@@ -64,6 +65,26 @@ def check_pass(snap: Snapshot, d: Decisions, now: float) -> None:
             seen |= set(idx)
         assert sum(c for _, _, c, _ in items) <= n.cpu + 1e-6, f"node {name} cores over capacity"
         assert sum(m for _, _, _, m in items) <= n.memory_bytes, f"node {name} memory over capacity"
+
+    # Cores kept for GPUs: on a GPU node where no GPU work started in this pass, CPU-only starts
+    # left the cores and bytes the node keeps per free GPU (each was checked when placed, and
+    # CPU-only starts do not change the free GPUs; a GPU start could take more than it keeps).
+    gpu_started = {p.node for s in d.starts for p in s.placements if p.gpu_indices}
+    for s in d.starts:
+        j = jobs[s.job_id]
+        if j.gpus > 0 or j.type is JobType.DISTRIBUTED:
+            continue
+        for p in s.placements:
+            n = nodes[p.node]
+            if n.gpus == 0 or p.node in gpu_started:
+                continue
+            used_gpus = {i for _, idx, _, _ in held[p.node] for i in idx} | set(n.unhealthy_gpus)
+            free_gpus = n.gpus - len(used_gpus)
+            cores_after = n.cpu - sum(c for _, _, c, _ in held[p.node])
+            mem_after = n.memory_bytes - sum(m for _, _, _, m in held[p.node])
+            cpg, mpg = gpu_reserve(n, snap.skus)
+            assert cores_after + 1e-6 >= cpg * free_gpus, f"CPU-only job {j.id} took cores node {n.name} keeps for its GPUs"
+            assert mem_after >= mpg * free_gpus, f"CPU-only job {j.id} took memory node {n.name} keeps for its GPUs"
 
     # VC guarantee and interactive cap, counted after the pass.
     core_use: dict[tuple[str, str], int] = defaultdict(int)
