@@ -36,6 +36,26 @@ class ConfigError(Exception):
     """Start-up refused: the message names the key and says what is wrong."""
 
 
+class SkuReserve(BaseModel):
+    """Cores and bytes a GPU node of one SKU keeps for each free GPU (``sku_reserve``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    cpu_per_gpu: float | None = Field(None, ge=0)
+    memory_per_gpu_bytes: int | None = Field(None, ge=0)
+
+
+class VcScheduling(BaseModel):
+    """Per-VC scheduling settings (``vc_scheduling: {VC: {...}}``); unset keys take the cluster's."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    fair_share: bool | None = None
+    min_runtime_s: float | None = Field(None, ge=0)
+    max_reclaim_delay_s: float | None = Field(None, ge=0)
+    max_preemptions: int | None = Field(None, ge=0)
+
+
 class Settings(BaseModel):
     """Every key of ``dlts.yaml``; the environment variable is ``DLTS_`` + the key in capitals."""
 
@@ -103,6 +123,23 @@ class Settings(BaseModel):
     cpu_job_default_cpu: float = Field(1.0, gt=0)
     cpu_job_default_memory_bytes: int = Field(2 * 1024**3, gt=0)
     default_max_retries: int = Field(3, ge=0, le=100)
+    # per SKU: cores / bytes a GPU node keeps for each free GPU; CPU-only jobs may use only the rest
+    # (unset: the node's cores / GPUs and bytes / GPUs, so a default-sized GPU job always fits).
+    # In the environment, JSON: DLTS_SKU_RESERVE='{"a100": {"cpu_per_gpu": 10}}'
+    sku_reserve: dict[str, SkuReserve] = Field(default_factory=dict)
+    # fair share inside a VC: a user's GPU-seconds count half after this many hours (0: fair share
+    # off everywhere); among equal priority, users with less decayed use than an equal share go first
+    fair_share_half_life_h: float = Field(168.0, ge=0, le=24 * 365)
+    fair_share: bool = True  # the cluster's default per VC (vc_scheduling.VC.fair_share wins)
+    # preemption budget (the cluster's default per VC): a preemptible job runs at least
+    # min_runtime_s before it may be preempted, unless the job reclaim is for has waited longer than
+    # max_reclaim_delay_s (None: never); a job preempted max_preemptions times (0: no limit) is
+    # protected for min_runtime_s of every later run without that exception
+    min_runtime_s: float = Field(0.0, ge=0, le=30 * 86400)
+    max_reclaim_delay_s: float | None = Field(None, ge=0, le=30 * 86400)
+    max_preemptions: int = Field(0, ge=0, le=1000)
+    # per VC: {fair_share, min_runtime_s, max_reclaim_delay_s, max_preemptions}; environment: JSON
+    vc_scheduling: dict[str, VcScheduling] = Field(default_factory=dict)
     # demo on a GPU-less machine: pretend the local node has this many GPUs of demo_sku
     demo_gpus: int = Field(0, ge=0, le=64)
     demo_sku: str = "demo-gpu"
@@ -168,6 +205,16 @@ class Settings(BaseModel):
     @classmethod
     def _empty_section(cls, value: Any) -> Any:
         # "kubernetes:" with nothing under it is YAML null: the section with every default
+        return {} if value is None else value
+
+    @field_validator("sku_reserve", "vc_scheduling", mode="before")
+    @classmethod
+    def _json_mapping(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            try:
+                return json.loads(value) if value.strip() else {}
+            except ValueError:
+                raise ValueError('must be a mapping, in the environment JSON like {"a100": {"cpu_per_gpu": 10}}') from None
         return {} if value is None else value
 
     @field_validator("database_url")

@@ -24,7 +24,7 @@ from werkzeug.serving import make_server
 from dlts import db_migrate
 from dlts.app import create_app
 from dlts.backends.local import LocalBackend
-from dlts.config import Settings
+from dlts.config import Settings, SkuReserve
 from dlts.db import engine_of, session_factory
 from dlts.hosts import is_loopback_host
 from dlts.jobmanager import JobManager
@@ -226,6 +226,10 @@ def run_demo(settings: Settings, fake_nvml: str | None = None) -> None:
         repair = settings.repair.model_copy(update={"interval_s": min(settings.repair.interval_s, 2.0),
                                                     "quiet_period_s": min(settings.repair.quiet_period_s, 10.0)})
         settings = settings.model_copy(update={"repair": repair, "demo_gpus": settings.demo_gpus or 8})
+    if not settings.sku_reserve:
+        # one machine for everything: keep no cores for its (pretend or real) GPUs, so CPU-only jobs
+        # run in the demo (on a cluster GPU nodes keep cpu_per_gpu per free GPU; docs/scheduling.md)
+        settings = settings.model_copy(update={"sku_reserve": {"*": SkuReserve(cpu_per_gpu=0, memory_per_gpu_bytes=0)}})
     app = create_app(settings)
     app.config["DLTS_DEMO"] = True  # the API acts on reports of the demo's fake-NVML agent
     db_migrate.upgrade(engine_of(app))

@@ -11,6 +11,7 @@ import datetime as dt
 import logging
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
@@ -18,7 +19,7 @@ from sqlalchemy.orm import Session
 from dlts import logstore
 from dlts.config import Settings
 from dlts.errors import InvalidInput, NotFound, RateLimited, Refused, WrongState
-from dlts.models import TERMINAL, EndpointKind, Job, JobStatus, User, utcnow
+from dlts.models import TERMINAL, EndpointKind, Job, JobStatus, Node, User, utcnow
 from dlts.repositories import commit_keeping_loaded
 from dlts.repositories import jobs as job_repo
 from dlts.repositories import limits as limits_repo
@@ -185,6 +186,39 @@ def _submitted_endpoints(req: JobRequest) -> list[tuple[EndpointKind, int]]:
     return wanted
 
 
+def _over_quota(session: Session, vc, req: JobRequest, sku: str, gpus: int, cpu: float, memory: int, quota: int,
+                total_gpus: int) -> Refused:
+    """The 422 for a non-preemptible job above the VC's whole quota. It suggests marking the job
+    preemptible only when the cluster's nodes could ever hold it as asked (enough nodes of the SKU
+    open to the VC, with the cores and memory, in one IB domain for a gang); otherwise a
+    preemptible job would wait forever (``no_matching_nodes`` / ``topology``), so it says why not."""
+    rows = session.execute(sa.select(Node.gpus, Node.cpu, Node.memory_bytes, Node.ib_domain).where(
+        Node.sku == sku, sa.or_(Node.vc.is_(None), Node.vc == vc.name))).all()
+    fit = [r for r in rows if r.gpus >= gpus and r.cpu >= cpu and r.memory_bytes >= memory]
+    message = f"VC {vc.name} has {quota} {sku} GPUs; this job asks {total_gpus}. Ask for at most {quota}"
+    details: dict[str, Any] = {"field": "gpus", "quota": quota, "asked": total_gpus, "sku": sku}
+    if req.type == "distributed":
+        per_domain: dict[str, int] = {}
+        for r in fit:
+            per_domain[r.ib_domain] = per_domain.get(r.ib_domain, 0) + 1
+        most = len(fit) if req.ib_domain == "any" else max(per_domain.values(), default=0)
+        runnable = most >= req.nodes
+        if not runnable:
+            where = "" if req.ib_domain == "any" or len(fit) < req.nodes else " in one IB domain"
+            message += (f"; marking it preemptible would not help: only {most} {sku} node(s) open to VC {vc.name}{where} "
+                        f"can hold one of its {req.nodes} parts.")
+            details["nodes_available"] = most
+    else:
+        runnable = bool(fit)
+        if not runnable:
+            message += (f"; marking it preemptible would not help: no {sku} node open to VC {vc.name} has {gpus} GPUs, "
+                        f"{cpu:g} cores and {memory} bytes.")
+    if runnable:
+        message += ", or mark it preemptible (it then runs on idle GPUs and may be preempted)."
+    details["preemptible_could_run"] = runnable
+    return Refused(message, code="quota_exceeds_vc", details=details)
+
+
 def check_sizes(req: JobRequest) -> None:
     """The command and the environment within the limits above: a 422 naming the field and the limit."""
     def too_large(field_name: str, limit: int, what: str, size: int) -> Refused:
@@ -269,8 +303,7 @@ def submit(session: Session, settings: Settings, principal: Principal, req: JobR
     total_gpus = gpus * max(req.nodes, 1)
     quota = int((vc.quota or {}).get(sku, 0))
     if sku != CPU_SKU and not req.preemptible and total_gpus > quota:
-        raise Refused(f"VC {vc.name} has {quota} {sku} GPUs; this job asks {total_gpus}. Ask for at most {quota}, or mark it preemptible.",
-                      code="quota_exceeds_vc", details={"field": "gpus", "quota": quota, "asked": total_gpus, "sku": sku})
+        raise _over_quota(session, vc, req, sku, gpus, cpu, memory, quota, total_gpus)
     if req.type == "interactive" and vc.max_interactive_gpus is not None and total_gpus > vc.max_interactive_gpus:
         raise Refused(f"VC {vc.name} allows at most {vc.max_interactive_gpus} GPUs for interactive jobs; this job asks {total_gpus}.",
                       code="interactive_cap_exceeded", details={"field": "gpus", "max": vc.max_interactive_gpus})

@@ -26,6 +26,8 @@ from dlts.repositories import usage as usage_repo
 from dlts.repositories import vc_events
 from dlts.repositories.cluster import sku_shapes
 from dlts.scheduler.model import CPU_SKU, SkuShape
+from dlts.scheduler.model import Vc as CoreVc
+from dlts.scheduler.quota import derived_cpu_memory, effective_cpu_memory_quota
 from dlts.services import policy
 from dlts.services import admin
 from dlts.services.admin import NAME_RE
@@ -120,18 +122,6 @@ class VcSpec:
     idle_policy: Mapping[str, Any] | None = None
 
 
-def derived_cpu_memory(quota: Mapping[str, int], shapes: Mapping[str, SkuShape]) -> tuple[float, int]:
-    """Cores and bytes that go with a GPU quota: each SKU's share of whole-node cores and memory."""
-    cpu, memory = 0.0, 0
-    for sku, gpus in quota.items():
-        shape = shapes.get(sku)
-        if shape is None or shape.gpus <= 0:
-            continue
-        cpu += shape.cpu * gpus / shape.gpus
-        memory += int(shape.memory_bytes * gpus / shape.gpus)
-    return round(cpu, 3), memory
-
-
 def _members(session: Session, vc_id: int) -> tuple[list[str], list[str]]:
     """Admins and members by their effective roles: their own bindings and their groups'."""
     rows = identity_repo.vc_bindings(session, vc_id)
@@ -154,14 +144,14 @@ def _view(session: Session, vc: VirtualCluster, shapes: Mapping[str, SkuShape],
     for r in use:
         if r.vc == vc.name:
             users.setdefault(r.user, []).append(r)
-    derived_cpu, derived_memory = derived_cpu_memory(quota, shapes)
+    # the numbers the scheduler enforces (scheduler/quota.py): override, else quota.cpu, else derived
+    cores, memory_quota, cores_src, memory_src = effective_cpu_memory_quota(
+        CoreVc(vc.name, quota, cpu_quota=vc.cpu_quota, memory_quota_bytes=vc.memory_quota_bytes), shapes)
     admins, members = _members(session, vc.id)
     return VcView(
         name=vc.name, policy=vc.policy, quota=quota, skus=skus,
-        cpu_quota=vc.cpu_quota if vc.cpu_quota is not None else derived_cpu,
-        cpu_quota_source="override" if vc.cpu_quota is not None else "derived",
-        memory_quota_bytes=vc.memory_quota_bytes if vc.memory_quota_bytes is not None else derived_memory,
-        memory_quota_source="override" if vc.memory_quota_bytes is not None else "derived",
+        cpu_quota=cores, cpu_quota_source="override" if cores_src == "override" else "derived",
+        memory_quota_bytes=memory_quota, memory_quota_source="override" if memory_src == "override" else "derived",
         max_job_time_s=vc.max_job_time_s, max_interactive_gpus=vc.max_interactive_gpus,
         user_gpu_quota=vc.user_gpu_quota, notice=vc.notice, max_queued_jobs_per_user=vc.max_queued_jobs_per_user,
         max_submissions_per_minute=vc.max_submissions_per_minute, gid=vc.gid,
