@@ -52,10 +52,11 @@ class TagList(fields.List):
 
     def __init__(self, **kwargs):
         super().__init__(fields.String(validate=validate.Length(max=MAX_TAG_CHARS * 4)),
-                         validate=validate.Length(max=MAX_TAGS * 4),
                          metadata={"description": TAG_RULE + "; stored lowercased, each once"}, **kwargs)
 
     def _deserialize(self, value, attr, data, **kwargs):
+        if isinstance(value, (list, tuple)) and len(value) > MAX_TAGS * 4:  # before thousands of items are read
+            raise ValidationError(f"at most {MAX_TAGS} tags.")
         items = super()._deserialize(value, attr, data, **kwargs)
         try:
             return list(clean_tags(items))
