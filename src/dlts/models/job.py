@@ -61,6 +61,7 @@ class Job(Base):
         sa.Index("ix_jobs_vc_status_id", "vc_id", "status", "id"),
         sa.Index("ix_jobs_vc_user_id", "vc_id", "user_id", "id"),  # revision 0003
         sa.Index("ix_jobs_finished_at", "finished_at"),
+        sa.Index("ix_jobs_archived_at", "archived_at"),  # revision 0014
     )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True)

@@ -49,11 +49,13 @@ def upgrade() -> None:
     op.create_index('ix_job_favourites_job_id', 'job_favourites', ['job_id'], unique=False)
     with op.batch_alter_table('jobs') as batch:
         batch.add_column(sa.Column('archived_at', _TS, nullable=True))
+    op.create_index('ix_jobs_archived_at', 'jobs', ['archived_at'], unique=False)
     op.create_index(op.f('ix_portal_sessions_expires_at'), 'portal_sessions', ['expires_at'], unique=False)
 
 
 def downgrade() -> None:
     op.drop_index(op.f('ix_portal_sessions_expires_at'), table_name='portal_sessions')
+    op.drop_index('ix_jobs_archived_at', table_name='jobs')
     with op.batch_alter_table('jobs') as batch:
         batch.drop_column('archived_at')
     op.drop_index('ix_job_favourites_job_id', table_name='job_favourites')
