@@ -168,7 +168,7 @@ def test_dlts_managers_janitor_takes_its_windows_from_the_settings(settings, mon
     monkeypatch.setenv("DLTS_HOME", str(settings.home))
     monkeypatch.setenv("DLTS_LOCAL_BACKEND_TRUSTED_USERS", "true")
     monkeypatch.setenv("DLTS_IDEMPOTENCY_KEY_TTL_H", "6")
-    monkeypatch.setenv("DLTS_LOGIN_LIMIT_WINDOW_S", "900")
+    monkeypatch.setenv("DLTS_LOGIN_LIMIT_WINDOW_S", "7200")
     assert CliRunner().invoke(main, ["managers"]).exit_code == 0
     janitor = seen["janitor.purge"].run.__wrapped__.__self__
-    assert (janitor.idempotency_key_ttl_h, janitor.counter_window_s) == (6, 900)
+    assert (janitor.idempotency_key_ttl_h, janitor.counter_window_s) == (6, 7200)  # at least an hour
