@@ -225,8 +225,13 @@ def managers(ctx: Context) -> None:
     # is made only while the lease is held with margin
     sessions = lease.fenced_sessions(session_factory(app))
     manager = JobManager(sessions, FencedBackend(backend, lease), settings)
+    from dlts.services.jobs import SUBMIT_WINDOW_S
+
     janitor = Janitor(sessions, settings.retention_days, batch_rows=settings.janitor_batch_rows,
-                      pause_s=settings.janitor_pause_s, log_dir=settings.effective_log_dir)
+                      pause_s=settings.janitor_pause_s, log_dir=settings.effective_log_dir,
+                      idempotency_key_ttl_h=settings.idempotency_key_ttl_h,
+                      # a rate counter outlives the longest window any limit counts in (and an hour)
+                      counter_window_s=max(settings.login_limit_window_s, SUBMIT_WINDOW_S, 3600.0))
     entries = [Periodic("jobmanager.tick", settings.tick_s, manager.tick, watched=True),
                Periodic("janitor.purge", 3600.0, janitor.run),
                Periodic("allowlist.purge_expired", 600.0, functools.partial(allowlist.purge_expired_entries, sessions)),

@@ -169,6 +169,9 @@ class Settings(BaseModel):
     retention_days: int = Field(180, ge=1)
     janitor_batch_rows: int = Field(500, ge=1, le=100_000)
     janitor_pause_s: float = Field(0.01, ge=0, le=60)  # the least pause; it is at least the batch's own time
+    # POST /jobs with an Idempotency-Key header: a retry with the same key answers the same job for
+    # this many hours; the janitor deletes older keys (docs/api.md#idempotent-submission)
+    idempotency_key_ttl_h: float = Field(24.0, gt=0, le=24 * 366)
     # accounting (docs/accounting.md): seconds between bookings of GPU time into the usage rollup, and
     # days the per-minute utilisation history of attempts is kept
     accounting_interval_s: float = Field(60.0, ge=1, le=3600)

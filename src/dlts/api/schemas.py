@@ -9,7 +9,9 @@ import re
 
 from marshmallow import INCLUDE, Schema, ValidationError, fields, validate, validates
 
+from dlts.errors import InvalidInput
 from dlts.services.endpoints import NAME_PATTERN as ENDPOINT_NAME_PATTERN
+from dlts.services.jobs import MAX_TAG_CHARS, MAX_TAGS, TAG_RULE, clean_tags
 from dlts.strict import MAX_ID, MAX_JSON_INT, is_whole_number
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
@@ -45,6 +47,23 @@ class Memory(fields.Field):
         return value
 
 
+class TagList(fields.List):
+    """Job tags: lowercased, each once (``services.jobs.clean_tags``)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(fields.String(validate=validate.Length(max=MAX_TAG_CHARS * 4)),
+                         metadata={"description": TAG_RULE + "; stored lowercased, each once"}, **kwargs)
+
+    def _deserialize(self, value, attr, data, **kwargs):
+        if isinstance(value, (list, tuple)) and len(value) > MAX_TAGS * 4:  # before thousands of items are read
+            raise ValidationError(f"at most {MAX_TAGS} tags.")
+        items = super()._deserialize(value, attr, data, **kwargs)
+        try:
+            return list(clean_tags(items))
+        except InvalidInput as exc:
+            raise ValidationError(exc.message) from None
+
+
 class JobSubmitSchema(Schema):
     name = fields.String(validate=validate.Length(max=128), load_default="")
     vc = fields.String(required=True, validate=validate.Length(min=1, max=64))
@@ -77,6 +96,7 @@ class JobSubmitSchema(Schema):
                        "(null: the VC's or the cluster's default)"})
     run_as_root = fields.Boolean(load_default=False, metadata={
         "description": "run as uid 0 instead of your uid; only in VCs whose pod_policy allows run_as_root"})
+    tags = TagList(load_default=list)
 
     @validates("env")
     def _env_names(self, value, **kwargs):
@@ -94,6 +114,10 @@ class JobListArgs(Schema):
     type = fields.String(validate=validate.OneOf(["batch", "interactive", "distributed", "inference"]))
     limit = fields.Integer(load_default=50, validate=validate.Range(1, 500))
     cursor = fields.String(validate=validate.Length(max=64))
+    tag = fields.String(validate=validate.Length(1, MAX_TAG_CHARS), metadata={"description": "jobs with this tag"})
+    favourite = fields.Boolean(metadata={"description": "true: only the jobs you starred"})
+    archived = fields.String(load_default="false", validate=validate.OneOf(["false", "true", "all"]), metadata={
+        "description": "false (default): archived jobs hidden; true: archived jobs only; all: both"})
 
     @validates("status")
     def _statuses(self, value, **kwargs):
@@ -191,6 +215,9 @@ class _JobFields(Schema):
     exit_code = fields.Integer(allow_none=True)
     attempt = fields.Integer()
     visibility = fields.String(metadata={"description": "full, or public for other members of the VC"})
+    tags = fields.List(fields.String(), metadata={"description": "the job's tags, sorted"})
+    favourite = fields.Boolean(metadata={"description": "you starred this job"})
+    archived_at = fields.String(allow_none=True, metadata={"description": "when its owner archived it (null: not archived)"})
 
 
 class InsightSchema(Schema):
@@ -213,6 +240,23 @@ class JobSchema(_JobFields):
     endpoints = fields.List(fields.Nested(EndpointSchema), metadata={"description": "full visibility, GET only"})
     ephemeral_storage_bytes = fields.Integer(allow_none=True, metadata={"description": "null: the VC's default"})
     run_as_root = fields.Boolean()
+    ib_domain = fields.String(allow_none=True)
+    min_replicas = fields.Integer(metadata={"description": "inference jobs"})
+    max_replicas = fields.Integer(metadata={"description": "inference jobs"})
+
+
+class JobTagsSchema(Schema):
+    tags = TagList(required=True)
+
+
+class JobTagsResponseSchema(Schema):
+    job_id = fields.Integer()
+    tags = fields.List(fields.String())
+
+
+class FavouriteSchema(Schema):
+    job_id = fields.Integer()
+    favourite = fields.Boolean()
 
 
 class JobSummarySchema(_JobFields):

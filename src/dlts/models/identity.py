@@ -106,7 +106,7 @@ class PortalSession(Base):
     token_hash: Mapped[str] = mapped_column(sa.String(64), unique=True)
     user_id: Mapped[int] = mapped_column(sa.ForeignKey("users.id", ondelete="CASCADE"), index=True)
     created_at: Mapped[dt.datetime] = mapped_column(Timestamp, default=utcnow)
-    expires_at: Mapped[dt.datetime] = mapped_column(Timestamp)
+    expires_at: Mapped[dt.datetime] = mapped_column(Timestamp, index=True)  # the janitor's purge (revision 0014)
     last_seen_at: Mapped[dt.datetime] = mapped_column(Timestamp, default=utcnow)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,7 +20,7 @@ from sqlalchemy.orm import Session
 from dlts import logstore
 from dlts.config import Settings
 from dlts.errors import InvalidInput, NotFound, RateLimited, Refused, WrongState
-from dlts.models import TERMINAL, EndpointKind, Job, JobStatus, Node, User, utcnow
+from dlts.models import TERMINAL, EndpointKind, IdempotencyKey, Job, JobStatus, JobTag, Node, User, utcnow
 from dlts.repositories import commit_keeping_loaded
 from dlts.repositories import jobs as job_repo
 from dlts.repositories import limits as limits_repo
@@ -70,6 +71,37 @@ class JobRequest:
     max_replicas: int = 0
     ephemeral_storage_bytes: int | None = None  # None: the VC's default
     run_as_root: bool = False
+    tags: tuple[str, ...] = ()
+
+
+# job tags: what ``tags=[...]`` on submit and PUT /jobs/{id}/tags take (lowercased, each once)
+MAX_TAGS = 16
+MAX_TAG_CHARS = 32
+TAG_PATTERN = re.compile(r"^[a-z0-9][a-z0-9._-]{0,31}$", re.ASCII)
+TAG_RULE = (f"at most {MAX_TAGS} tags, each 1-{MAX_TAG_CHARS} characters: lowercase letters, digits, '.', '_' "
+            "or '-', starting with a letter or digit")
+
+
+def clean_tags(tags: object, field_name: str = "tags") -> tuple[str, ...]:
+    """Tags as stored: stripped, lowercased, each once, in the order given; InvalidInput naming the
+    field (and the tag) for anything else."""
+    if not isinstance(tags, (list, tuple)):
+        raise InvalidInput(f"{field_name} is a list of tags ({TAG_RULE}).", code="invalid_tags", details={"field": field_name})
+    out: list[str] = []
+    for tag in tags:
+        if not isinstance(tag, str):
+            raise InvalidInput(f"{field_name}: every tag is a string ({TAG_RULE}).", code="invalid_tags",
+                               details={"field": field_name})
+        clean = tag.strip().lower()
+        if not TAG_PATTERN.match(clean):
+            raise InvalidInput(f"{field_name}: tag {tag[:40]!r} is not allowed: {TAG_RULE}.", code="invalid_tags",
+                               details={"field": field_name})
+        if clean not in out:
+            out.append(clean)
+    if len(out) > MAX_TAGS:
+        raise InvalidInput(f"{field_name} has {len(out)} tags; {TAG_RULE}.", code="invalid_tags",
+                           details={"field": field_name, "max": MAX_TAGS})
+    return tuple(out)
 
 
 def _check_identity_asks(req: JobRequest, vc, settings: Settings) -> None:
@@ -282,9 +314,13 @@ def _check_abuse_limits(session: Session, settings: Settings, vc, user, now: dt.
                       details={"queued": int(waiting), "max": max_queued, "vc": vc.name})
 
 
-def submit(session: Session, settings: Settings, principal: Principal, req: JobRequest) -> Job:
+def submit(session: Session, settings: Settings, principal: Principal, req: JobRequest,
+           idempotency: tuple[str, str] | None = None) -> Job:
+    """Validate, check the rules and write the job (queued, or unapproved over the user quota).
+    ``idempotency``: (key, body hash) stored with the job in its transaction (``job_keeping.submit``)."""
     policy.require_vc_member(principal, req.vc)
     check_sizes(req)
+    tags = clean_tags(list(req.tags))
     vc, user = vc_and_user(session, req.vc, principal.user_id)
     if vc is None or user is None:  # a cluster admin naming a VC that does not exist
         raise NotFound(f"VC {req.vc!r} does not exist.", code="vc_not_found", details={"field": "vc"})
@@ -331,6 +367,10 @@ def submit(session: Session, settings: Settings, principal: Principal, req: JobR
     session.flush()
     if not req.name:
         job.name = f"{req.type}-{job.id}"
+    for tag in tags:
+        session.add(JobTag(job_id=job.id, tag=tag))
+    if idempotency is not None:  # the unique (user, key): a parallel request with this key fails here or at commit
+        session.add(IdempotencyKey(user_id=user.id, key=idempotency[0], body_hash=idempotency[1], job_id=job.id, created_at=now))
     job_repo.add_event(session, job.id, "transition", message="submitted", actor=principal.name)
     if wanted_endpoints:  # written with the job, in its transaction; nothing is read for them
         endpoint_service.add_for_submit(session, job.id, wanted_endpoints, principal.name)
