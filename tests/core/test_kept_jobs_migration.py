@@ -1,5 +1,5 @@
 """Revision 0014 (idempotency keys, tags, favourites, jobs.archived_at, portal_sessions.expires_at
-index) goes down to 0011 and up again, keeping the jobs (SQLite batch mode on jobs)."""
+index) goes down to 0013 and up again, keeping the jobs (SQLite batch mode on jobs)."""
 
 from __future__ import annotations
 
