@@ -422,3 +422,36 @@ def test_the_client_follows_cursors_through_every_page(demo):
     paged = list(client.pages("/jobs", page_size=2))
     assert [j["id"] for j in paged] == [j["id"] for j in everything]
     assert [j["id"] for j in client.pages("/jobs", limit=3, page_size=2)] == [j["id"] for j in everything[:3]]
+
+
+def test_tags_stars_archive_and_delete_from_the_cli(user, demo):
+    user.login()
+    done = user.run("submit", "--image", "any", "--tag", "sweep-7", "--tag", "lr", "--wait", "--", "true")
+    assert done.returncode == 0, done.stderr
+    job_id = int(done.stdout.strip())
+    assert user.run("tag", str(job_id)).stdout.split() == ["lr", "sweep-7"]
+    tagged = user.run("tag", str(job_id), "keep", "Sweep-7")
+    assert tagged.returncode == 0 and tagged.stdout.strip() == f"job {job_id}: keep sweep-7", tagged.stdout
+    bad = user.run("tag", str(job_id), "no spaces")
+    assert bad.returncode == 1 and "tags" in bad.stderr, bad.stderr
+
+    def listed(*flags):
+        out = user.run("jobs", "--all", "--json", *flags)
+        assert out.returncode == 0, out.stderr
+        return [j["id"] for j in json.loads(out.stdout)]
+
+    assert job_id in listed("--tag", "keep") and job_id not in listed("--tag", "lr")
+    assert user.run("star", str(job_id)).stdout.strip() == f"job {job_id}: starred"
+    assert listed("--starred") == [job_id]
+    archived = user.run("archive", str(job_id), "987654")
+    assert archived.returncode == 1 and f"job {job_id}: archived" in archived.stdout
+    assert "job 987654: failed" in archived.stdout and "1 of 2 failed" in archived.stderr
+    assert job_id not in listed() and job_id in listed("--archived", "true")
+    assert user.run("unarchive", str(job_id)).returncode == 0 and job_id in listed()
+    running = user.run("submit", "--image", "any", "--", "sleep 600")
+    other = int(running.stdout.strip())
+    refused = user.run("delete", str(other))
+    assert refused.returncode == 1 and "job_not_ended" in refused.stdout, refused.stdout
+    assert user.run("kill", str(other)).returncode == 0
+    assert user.run("delete", str(job_id)).stdout.strip() == f"job {job_id}: deleted"
+    assert user.run("show", str(job_id)).returncode == 1

@@ -16,7 +16,8 @@ from dlts.client.api import ApiError, Client
 from dlts.client.commands import exit_code_of
 
 USER_COMMANDS = {"login", "logout", "whoami", "submit", "jobs", "show", "logs", "kill", "pause", "resume", "approve",
-                 "endpoints", "ssh", "keys", "ips", "usage", "vc show"}
+                 "tag", "star", "unstar", "archive", "unarchive", "delete", "endpoints", "ssh", "keys", "ips", "usage",
+                 "vc show"}
 SERVER_COMMANDS = {"api", "managers", "demo", "db", "user", "vc", "node", "repair", "storage", "config", "sim", "render"}
 
 
@@ -140,3 +141,38 @@ def test_durations_tables_and_sizes():
     assert output.size(2 * 2**30) == "2.0 GiB" and output.size(512) == "512 B"
     assert output.relative(None) == "-"
     assert output.status_text("running", colour=False) == "running"
+
+
+def test_submit_sends_an_idempotency_key_and_retries_a_lost_answer_with_the_same_key():
+    """A 503 on the first try: the second try carries the same key (the API answers the job the
+    first stored, if it did, instead of making another)."""
+    import http.server
+    import threading
+
+    from dlts.client.api import Client
+
+    seen: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 - http.server's name
+            self.rfile.read(int(self.headers["Content-Length"]))
+            seen.append(self.headers.get("Idempotency-Key", ""))
+            status, body = (503, b'{"error": {"code": "database_unavailable", "message": "retry"}}') if len(seen) == 1 \
+                else (201, b'{"id": 42}')
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        job = Client(f"http://127.0.0.1:{server.server_port}", "t").submit({"vc": "x"}, pause_s=0.01)
+    finally:
+        server.shutdown()
+    assert job == {"id": 42}
+    assert len(seen) == 2 and seen[0] == seen[1] and len(seen[0]) == 32

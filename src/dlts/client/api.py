@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import http.client
 import json
+import time
+import uuid
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -66,9 +68,10 @@ class Client:
                 query[key] = "1" if value else "0"
         return f"{self.base}/api/v1{path}" + (f"?{urllib.parse.urlencode(query)}" if query else "")
 
-    def _open(self, method: str, path: str, params: dict | None = None, body: Any = None):
+    def _open(self, method: str, path: str, params: dict | None = None, body: Any = None,
+              extra_headers: dict[str, str] | None = None):
         data = None
-        headers = {"Accept": "application/json", "User-Agent": "dlts-cli"}
+        headers = {"Accept": "application/json", "User-Agent": "dlts-cli", **(extra_headers or {})}
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
         if body is not None:
@@ -88,8 +91,9 @@ class Client:
         except (ValueError, http.client.HTTPException) as exc:
             raise ApiError(0, "unreachable", f"cannot talk to {self.base}: {exc}") from None
 
-    def request(self, method: str, path: str, params: dict | None = None, body: Any = None) -> Any:
-        with self._open(method, path, params, body) as response:
+    def request(self, method: str, path: str, params: dict | None = None, body: Any = None,
+                headers: dict[str, str] | None = None) -> Any:
+        with self._open(method, path, params, body, headers) as response:
             try:
                 raw = response.read()
             except TimeoutError:
@@ -108,8 +112,25 @@ class Client:
     def post(self, path: str, body: Any = None, **params: Any) -> Any:
         return self.request("POST", path, params, body if body is not None else {})
 
+    def put(self, path: str, body: Any = None) -> Any:
+        return self.request("PUT", path, None, body if body is not None else {})
+
     def delete(self, path: str) -> Any:
         return self.request("DELETE", path)
+
+    def submit(self, spec: dict, retries: int = 2, pause_s: float = 1.0) -> dict:
+        """POST /jobs with an ``Idempotency-Key``: after a timeout, a lost connection or a 503 the
+        same request is sent again (``retries`` times), and the API answers the job the first try
+        stored, if it did, instead of making a second one."""
+        key = uuid.uuid4().hex
+        for attempt in range(retries + 1):
+            try:
+                return self.request("POST", "/jobs", None, spec, {"Idempotency-Key": key})
+            except ApiError as exc:
+                if attempt == retries or not (exc.status in (0, 502, 503, 504) and exc.code != "bad_response"):
+                    raise
+                time.sleep(pause_s * (attempt + 1))
+        raise AssertionError("unreachable")
 
     def text(self, path: str, **params: Any) -> str:
         with self._open("GET", path, params) as response:

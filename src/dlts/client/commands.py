@@ -216,11 +216,12 @@ def register(main: click.Group, vc_group: click.Group) -> None:
     @click.option("--ssh", is_flag=True, default=None, help="Open an ssh endpoint (needs a key: dlts keys add).")
     @click.option("--port", "ports", multiple=True, type=click.IntRange(1024, 65535), metavar="N",
                   help="A port the job listens on, exposed as an endpoint; repeat for more.")
+    @click.option("--tag", "tags", multiple=True, metavar="TAG", help="A tag to find the job by later; repeat for more.")
     @click.option("--wait", is_flag=True, help="Show the job's state changes until it ends; exit with its exit code.")
     @click.option("--json", "as_json", is_flag=True, help="Print the new job as JSON instead of its id.")
     @click.argument("command", nargs=-1, type=click.UNPROCESSED)
     def submit(client: Client, spec_file, from_id, vc, name, image, job_type, gpus, sku, nodes, cpu, memory, env,
-               max_time, preemptible, priority, max_retries, ssh, ports, wait, as_json, command) -> None:
+               max_time, preemptible, priority, max_retries, ssh, ports, tags, wait, as_json, command) -> None:
         """Submit a job like sbatch (flags, -f FILE, --from ID, -- CMD); print its id."""
         spec: dict = {}
         if from_id is not None:
@@ -233,7 +234,7 @@ def register(main: click.Group, vc_group: click.Group) -> None:
         given = {k: v for k, v in flags.items() if v is not None}
         spec.update(given)
         from_flags = set(given) | ({"max_time_s"} if max_time is not None else set()) | ({"env"} if env else set()) \
-            | ({"ports"} if ports else set()) | ({"command"} if command else set())
+            | ({"ports"} if ports else set()) | ({"command"} if command else set()) | ({"tags"} if tags else set())
         if max_time is not None:
             try:
                 spec["max_time_s"] = output.parse_duration(max_time)
@@ -249,6 +250,8 @@ def register(main: click.Group, vc_group: click.Group) -> None:
             spec["env"] = merged
         if ports:
             spec["ports"] = list(ports)
+        if tags:
+            spec["tags"] = list(tags)
         if command:
             spec["command"] = command[0] if len(command) == 1 else shlex.join(command)
         if not spec.get("vc"):
@@ -261,7 +264,7 @@ def register(main: click.Group, vc_group: click.Group) -> None:
             raise click.BadParameter("give the container image (or 'image' in the -f file, or DLTS_IMAGE)",
                                      param_hint="--image")
         try:
-            job = client.post("/jobs", spec)
+            job = client.submit(spec)
         except ApiError as exc:
             field = (exc.field or "").split(".")[0]
             flag = FLAG_OF.get(field) if field in from_flags else None  # else the field, as in the -f file
@@ -282,18 +285,26 @@ def register(main: click.Group, vc_group: click.Group) -> None:
     @click.option("--status", metavar="S[,S...]", help=f"Only these statuses ({', '.join(LIVE_STATUSES + ENDED_STATUSES)}).")
     @click.option("--all", "show_all", is_flag=True, help="Ended jobs too (default: only jobs that have not ended).")
     @click.option("--type", "job_type", type=click.Choice(JOB_TYPES), help="Only jobs of this type.")
+    @click.option("--tag", help="Only jobs with this tag.")
+    @click.option("--starred", is_flag=True, help="Only the jobs you starred (dlts star).")
+    @click.option("--archived", type=click.Choice(["false", "true", "all"]), default="false", show_default=True,
+                  help="Archived jobs: hidden, only them, or both.")
     @click.option("--limit", type=click.IntRange(1, 100000), default=200, show_default=True, help="At most this many jobs.")
     @click.option("--json", "as_json", is_flag=True, help="Print the jobs as a JSON list.")
     @click.option("--watch", is_flag=True, help="Redraw every --interval seconds until Ctrl-C.")
     @click.option("--interval", type=click.FloatRange(0.2, 3600), default=2.0, show_default=True, help="Seconds between redraws.")
-    def jobs(client: Client, vc, user, mine, status, show_all, job_type, limit, as_json, watch, interval) -> None:
+    def jobs(client: Client, vc, user, mine, status, show_all, job_type, tag, starred, archived, limit, as_json, watch,
+             interval) -> None:
         """List jobs like squeue: status, reason, queue position, start, time left."""
         if mine:
             if user:
                 raise click.UsageError("give --mine or --user, not both")
             user = client.get("/me")["name"]
         statuses = status or (None if show_all else ",".join(LIVE_STATUSES))
-        params = {"vc": vc, "user": user, "status": statuses, "type": job_type}
+        if archived != "false" and not status:
+            statuses = None  # archived jobs have ended
+        params = {"vc": vc, "user": user, "status": statuses, "type": job_type, "tag": tag,
+                  "favourite": "true" if starred else None, "archived": archived}
         while True:
             items = list(client.pages("/jobs", limit=limit, **params))
             if as_json:
@@ -351,6 +362,30 @@ def register(main: click.Group, vc_group: click.Group) -> None:
                         ("resume", "Resume paused jobs (a result per id)."),
                         ("approve", "Approve jobs waiting for a VC admin (a result per id).")):
         _batch_command(main, action, doc)
+
+    # -- jobs people keep: tags, stars, archive, delete ---------------------------------------------
+
+    @user_command(main)
+    @click.argument("job_id", type=click.IntRange(1), metavar="ID")
+    @click.argument("tags", nargs=-1, metavar="TAG...")
+    @click.option("--clear", is_flag=True, help="Remove every tag.")
+    def tag(client: Client, job_id: int, tags, clear: bool) -> None:
+        """Set a job's tags (they replace the old ones); without TAG, print them."""
+        if clear and tags:
+            raise click.UsageError("give TAG... or --clear, not both")
+        if not tags and not clear:
+            click.echo(" ".join(client.get(f"/jobs/{job_id}").get("tags") or []) or "no tags")
+            return
+        answer = client.put(f"/jobs/{job_id}/tags", {"tags": list(tags)})
+        click.echo(f"job {job_id}: " + (" ".join(answer["tags"]) or "no tags"))
+
+    for verb, path, method, doc in (
+            ("star", "favourite", "PUT", "Star jobs for yourself (dlts jobs --starred lists them)."),
+            ("unstar", "favourite", "DELETE", "Unstar jobs."),
+            ("archive", "archive", "POST", "Archive ended jobs of yours: hidden from lists, still in usage."),
+            ("unarchive", "unarchive", "POST", "Bring archived jobs back into the lists."),
+            ("delete", "", "DELETE", "Delete ended jobs of yours with their logs (usage keeps their GPU time).")):
+        _each_command(main, verb, path, method, doc)
 
     # -- endpoints, ssh ---------------------------------------------------------------------------
 
@@ -578,6 +613,28 @@ def _batch_command(main: click.Group, action: str, doc: str) -> None:
             if failed:
                 _echo_err(f"{action}: {failed} of {len(results)} failed")
         if failed:
+            sys.exit(EXIT_FAILED)
+
+
+DONE = {"star": "starred", "unstar": "unstarred", "archive": "archived", "unarchive": "unarchived", "delete": "deleted"}
+
+
+def _each_command(main: click.Group, verb: str, path: str, method: str, doc: str) -> None:
+    """A command that sends one request per job id and reports each (exit 1 if any failed)."""
+    @user_command(main, verb, help=doc)
+    @click.argument("ids", nargs=-1, required=True, type=click.IntRange(1), metavar="ID...")
+    def run(client: Client, ids) -> None:
+        failed = 0
+        for job_id in ids:
+            try:
+                client.request(method, f"/jobs/{job_id}" + (f"/{path}" if path else ""), None,
+                               {} if method != "DELETE" else None)
+                click.echo(f"job {job_id}: {DONE[verb]}")
+            except ApiError as exc:
+                failed += 1
+                click.echo(f"job {job_id}: failed: {exc.describe()}")
+        if failed:
+            _echo_err(f"{verb}: {failed} of {len(ids)} failed")
             sys.exit(EXIT_FAILED)
 
 
