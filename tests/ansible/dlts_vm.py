@@ -67,7 +67,8 @@ def _accelerator() -> str:
 ACCEL = _accelerator()
 
 # Packages baked into the image. The first block makes a bootable, SSH-reachable systemd machine;
-# the second block is what the mariadb, dlts_control and dlts_agent roles install, pre-seeded so
+# the second block is what the mariadb, dlts_control, dlts_agent and monitoring roles install
+# (Prometheus and Alertmanager; Grafana is not in Debian and the converge skips it), pre-seeded so
 # that the converge does not spend CI minutes downloading them (the roles still assert them with
 # ansible.builtin.apt, which then reports "ok").
 BASE_PACKAGES = (
@@ -99,6 +100,8 @@ ROLE_PACKAGES = (
     "rsync",
     "pciutils",
     "nftables",
+    "prometheus",
+    "prometheus-alertmanager",
 )
 
 # Files written into the root file system after debootstrap. Keep in this table: the hash below
@@ -122,7 +125,7 @@ set -eu
 export DEBIAN_FRONTEND=noninteractive
 systemctl enable systemd-networkd systemd-resolved ssh
 systemctl mask apt-daily.timer apt-daily-upgrade.timer man-db.timer e2scrub_all.timer fstrim.timer
-systemctl disable mariadb nginx chrony || true
+systemctl disable mariadb nginx chrony prometheus prometheus-alertmanager || true
 ln -sf /run/systemd/resolve/stub-resolv.conf /etc/resolv.conf
 passwd -d root
 update-initramfs -u -k all
