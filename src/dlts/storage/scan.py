@@ -23,7 +23,7 @@ import stat
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping, NamedTuple
 
 from dlts.storage.settings import StorageRoot, StorageSettings
 
@@ -48,6 +48,14 @@ class Totals:
         self.apparent_bytes += apparent
         if self.oldest_mtime is None or mtime < self.oldest_mtime:
             self.oldest_mtime = mtime
+
+    def merge(self, files: int, allocated: int, apparent: int, oldest_mtime: float) -> None:
+        """Adds one directory's sums (files, bytes, the oldest mtime) at once."""
+        self.files += files
+        self.allocated_bytes += allocated
+        self.apparent_bytes += apparent
+        if self.oldest_mtime is None or oldest_mtime < self.oldest_mtime:
+            self.oldest_mtime = oldest_mtime
 
     def to_dict(self) -> dict[str, Any]:
         return {"files": self.files, "allocated_bytes": self.allocated_bytes,
@@ -155,8 +163,7 @@ class ScanResult:
 
 # -- the file-system side: one directory listed by a worker -------------------------------------------
 
-@dataclass(frozen=True)
-class _Entry:
+class _Entry(NamedTuple):  # a tuple, not a dataclass: one is made per file, and cheaply
     name: str
     is_dir: bool
     uid: int
@@ -311,6 +318,7 @@ def _coordinate(root: StorageRoot, settings: StorageSettings, owners: Owners, wo
     oldest: list[tuple[float, str]] = []  # a max-heap on mtime (negated) of the N oldest files
     pending: list[tuple[str, tuple[str, ...]]] = [(base, ())]
     depth = settings.top_dirs_depth
+    keep_oldest = settings.oldest_files
 
     while pending or inflight:
         while pending and len(inflight) < settings.threads_per_root:
@@ -336,9 +344,11 @@ def _coordinate(root: StorageRoot, settings: StorageSettings, owners: Owners, wo
         for name, why in failed:
             result.unreadable.add(os.path.join(path, name), why)
         top = parts[0] if parts else None
+        chain = [dir_sizes[parts[:n]] for n in range(1, min(len(parts), depth) + 1)]
+        sums: dict[int, list] = {}  # this directory's files by uid: [files, allocated, apparent, oldest mtime]
         for e in entries:
-            child = os.path.join(path, e.name)
             if e.is_dir:
+                child = os.path.join(path, e.name)
                 if e.dev != root_dev:
                     result.other_fs.add(child)
                     continue
@@ -354,23 +364,35 @@ def _coordinate(root: StorageRoot, settings: StorageSettings, owners: Owners, wo
                     result.hardlinks_seen_again += 1
                     continue
                 seen_links.add(link)
-            user = owners.user(top, e.uid)
+            mtime = e.mtime
+            acc = sums.get(e.uid)
+            if acc is None:
+                sums[e.uid] = [1, e.allocated, e.apparent, mtime]
+            else:
+                acc[0] += 1
+                acc[1] += e.allocated
+                acc[2] += e.apparent
+                if mtime < acc[3]:
+                    acc[3] = mtime
+            if keep_oldest:
+                if len(oldest) < keep_oldest:
+                    heapq.heappush(oldest, (-mtime, os.path.join(path, e.name)))
+                elif -mtime >= oldest[0][0]:  # the path is made only for a file that may get in
+                    item = (-mtime, os.path.join(path, e.name))
+                    if item > oldest[0]:
+                        heapq.heapreplace(oldest, item)
+        if sums:
             vc = owners.vc(top)
-            result.total.add(e.allocated, e.apparent, e.mtime)
-            result.by_owner.setdefault((vc, user), Totals()).add(e.allocated, e.apparent, e.mtime)
-            result.by_directory.setdefault(top if top is not None else ".", Totals()).add(
-                e.allocated, e.apparent, e.mtime)
-            for n in range(1, min(len(parts), depth) + 1):
-                sizes = dir_sizes[parts[:n]]
-                sizes[0] += e.allocated
-                sizes[1] += e.apparent
-                sizes[2] += 1
-            if settings.oldest_files:
-                item = (-e.mtime, child)
-                if len(oldest) < settings.oldest_files:
-                    heapq.heappush(oldest, item)
-                elif item > oldest[0]:
-                    heapq.heapreplace(oldest, item)
+            by_dir = result.by_directory.setdefault(top if top is not None else ".", Totals())
+            for uid, (files, allocated, apparent, oldest_mtime) in sums.items():
+                result.total.merge(files, allocated, apparent, oldest_mtime)
+                result.by_owner.setdefault((vc, owners.user(top, uid)), Totals()).merge(
+                    files, allocated, apparent, oldest_mtime)
+                by_dir.merge(files, allocated, apparent, oldest_mtime)
+                for sizes in chain:
+                    sizes[0] += allocated
+                    sizes[1] += apparent
+                    sizes[2] += files
 
     for parts in dir_sizes:
         if len(parts) == 1 and parts[0] not in result.by_directory:
