@@ -180,6 +180,8 @@ def test_every_dashboard_query_returns_series_from_prometheus_scraping_the_demo_
                   "PATH": f"{FAKE_LUSTRE_BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
     for key, value in lustre_env.items():
         monkeypatch.setenv(key, value)
+    # pools are made on the MGS, as on a real filesystem (the fake lctl refuses them elsewhere)
+    monkeypatch.setenv("DLTS_LUSTRE_MGS_COMMAND", "env DLTS_FAKE_LUSTRE_NODE=mgs")
     client = LustreClient()
     client.pool_new("dltsfs", "vc_default")
     client.pool_add("dltsfs", "vc_default", [0, 1])
