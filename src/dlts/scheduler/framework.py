@@ -134,7 +134,7 @@ class Profile:
     sort: str = "priority_queue_time"
     stop: tuple[str, ...] = ("wall_time",)
     filter: tuple[str, ...] = ("approval", "node_match", "vc_quota", "user_quota", "interactive_cap")
-    policy: tuple[str, ...] = ("RF", "FIFO")
+    policy: tuple[str, ...] = ("RF", "FIFO", "backfill")
     place: tuple[str, ...] = ("gang", "cpu_only", "best_fit")
     preempt: tuple[str, ...] = ("reclaim",)
 

@@ -20,6 +20,7 @@ CPU_SKU = "cpu"  # the SKU name of CPU-only nodes and CPU-only requests
 class Policy(str, enum.Enum):
     RF = "RF"
     FIFO = "FIFO"
+    BACKFILL = "backfill"  # RF plus reservations (plugins/backfill.py)
 
 
 class JobType(str, enum.Enum):
@@ -41,6 +42,7 @@ class WaitReason(str, enum.Enum):
     BLOCKED_BY = "blocked_by"  # rendered as "blocked_by:<id>"
     APPROVAL = "approval"
     NO_MATCHING_NODES = "no_matching_nodes"
+    RESERVATION = "reservation"  # rendered as "reservation:<id>" (backfill: would delay job <id>)
 
 
 class StopReason(str, enum.Enum):
@@ -87,6 +89,9 @@ class Vc:
     cpu_quota: float | None = None
     memory_quota_bytes: int | None = None
     allow_cpu_jobs_on_gpu_nodes: bool = False
+    # backfill: the runtime assumed for jobs with no limit (no max_time_s, no max_job_time_s);
+    # None: such jobs are unbounded and estimates that depend on them are unknown
+    default_runtime_estimate_s: int | None = None
 
 
 @dataclass(frozen=True)
@@ -151,6 +156,8 @@ class Snapshot:
     # Defaults for CPU-only requests that leave ``cpu`` / ``memory_bytes`` unset (<= 0).
     cpu_job_default_cpu: float = 1.0
     cpu_job_default_memory_bytes: int = 2 * 1024**3
+    # backfill: how many jobs that cannot start get a reservation per pass (in the pass's order)
+    reservation_depth: int = 8
 
 
 # -- decisions --------------------------------------------------------------------------------
@@ -189,12 +196,27 @@ class Wait:
     # Nothing but a change of configuration (quota, nodes, the job's own request) lets it start;
     # such a job does not block a FIFO queue.
     permanent: bool = False
+    # backfill: when the job's reservation starts (snapshot clock); None: unknown (no reservation)
+    estimated_start: float | None = None
 
     @property
     def reason_code(self) -> str:
         if self.reason is WaitReason.BLOCKED_BY and self.blocked_by is not None:
             return f"blocked_by:{self.blocked_by}"
+        if self.reason is WaitReason.RESERVATION and self.blocked_by is not None:
+            return f"reservation:{self.blocked_by}"
         return self.reason.value
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """Backfill: a waiting job's planned start, ``placements`` held from ``start`` until ``end``
+    (``math.inf`` for a job with no limit) against every job considered after it in the pass."""
+
+    job_id: int
+    start: float
+    end: float
+    placements: tuple[Placement, ...]
 
 
 Decision = Start | Stop | Wait
@@ -206,3 +228,4 @@ class Decisions:
     stops: tuple[Stop, ...] = ()
     waits: tuple[Wait, ...] = ()
     timings_s: Mapping[str, float] = field(default_factory=dict)  # phase name -> seconds
+    reservations: tuple[Reservation, ...] = ()  # backfill VCs only

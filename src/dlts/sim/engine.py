@@ -130,7 +130,7 @@ class Simulation:
     def _snapshot(self) -> Snapshot:
         jobs = [sj.job for sj in self.pending.values()] + [sj.job for sj in self.running.values()]
         c = self.cluster
-        return Snapshot(c.skus, c.nodes, c.vcs, tuple(jobs))
+        return Snapshot(c.skus, c.nodes, c.vcs, tuple(jobs), reservation_depth=c.reservation_depth)
 
     def _pass(self, now: float) -> bool:
         """One pass; True when it stopped something at once (so another pass at ``now`` may start
