@@ -2,8 +2,9 @@
 
 Hypothesis draws a small cluster whose VCs are all on ``backfill`` and a stream of jobs of every
 type, each running exactly its effective duration (its limit, else its VC's
-``default_runtime_estimate_s``; jobs with neither run a drawn time, and estimates that depend on
-them are unknown). All jobs share one priority, so a later arrival is behind every reservation in
+``default_runtime_estimate_s``; jobs with neither are unbounded and run "forever", and estimates
+that depend on them are unknown). Jobs that end before their limit may reshuffle later reservations
+(an estimate can then move either way); that is outside this property (docs/scheduling.md). All jobs share one priority, so a later arrival is behind every reservation in
 the order. Every time a pass gives a waiting job an ``estimated_start``, that job must start by
 then; every pass also keeps ``check_pass``'s invariants, and the RESULT checker agrees at the end.
 Times are multiples of the tick (as a reservation at T is honoured by the pass at T).
@@ -26,6 +27,7 @@ from .builders import SKUS
 from .invariants import check_pass
 
 EXAMPLES = int(os.environ.get("DLTS_BACKFILL_EXAMPLES", "150"))
+FOREVER = 10_000_000.0  # a job with no limit and no estimate is unbounded: the model holds it forever
 
 
 @st.composite
@@ -83,7 +85,7 @@ def exact_traces(draw, cluster: Cluster) -> list[TraceJob]:
         )
         v = cluster.vcs[vc]
         limit = max_time or v.max_job_time_s or v.default_runtime_estimate_s
-        duration = limit if limit else 10.0 * draw(st.integers(1, 600))
+        duration = limit if limit else FOREVER
         jobs.append(TraceJob(**{**t.__dict__, "duration_s": float(duration)}))
     return jobs
 

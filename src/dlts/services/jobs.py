@@ -346,7 +346,7 @@ def kill(session: Session, principal: Principal, job_id: int) -> Job:
         return job  # already on its way out: asking twice is not an error
     if job.status in (S.UNAPPROVED, S.QUEUED, S.PAUSED):
         _cas(session, job, S.KILLED, principal.name, "killed_by_user",
-             {"finished_at": utcnow(), "reason": "killed_by_user", "reason_detail": f"killed by {principal.name}", "queue_position": None})
+             {"finished_at": utcnow(), "reason": "killed_by_user", "reason_detail": f"killed by {principal.name}", "queue_position": None, "estimated_start": None})
     elif job.status in (S.SCHEDULING, S.RUNNING, S.PAUSING):
         _cas(session, job, S.KILLING, principal.name, "killed_by_user",
              {"reason": "killed_by_user", "reason_detail": f"killed by {principal.name}"})
@@ -361,7 +361,7 @@ def kill(session: Session, principal: Principal, job_id: int) -> Job:
 def pause(session: Session, principal: Principal, job_id: int) -> Job:
     job = _load_for_change(session, principal, job_id, "pause")
     if job.status in (S.UNAPPROVED, S.QUEUED):
-        _cas(session, job, S.PAUSED, principal.name, "paused_by_user", {"reason": "paused", "reason_detail": None, "queue_position": None})
+        _cas(session, job, S.PAUSED, principal.name, "paused_by_user", {"reason": "paused", "reason_detail": None, "queue_position": None, "estimated_start": None})
     elif job.status in (S.SCHEDULING, S.RUNNING):
         _cas(session, job, S.PAUSING, principal.name, "paused_by_user")
     elif job.status in (S.PAUSING, S.PAUSED):

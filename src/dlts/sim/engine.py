@@ -46,6 +46,9 @@ class SimJob:
     stopping_until: float | None = None
     stop_reason: str | None = None
     attempt_no: int = 0
+    # backfill: the first and the latest estimated start a pass gave it while it waited
+    first_estimate_s: float | None = None
+    last_estimate_s: float | None = None
 
     @property
     def id(self) -> int:
@@ -173,7 +176,12 @@ class Simulation:
         started = {s.job_id for s in d.starts}
         for w in d.waits:
             if w.job_id not in started:
-                self.jobs[w.job_id].wait_reasons[w.reason.value] += 1
+                sj = self.jobs[w.job_id]
+                sj.wait_reasons[w.reason.value] += 1
+                if w.estimated_start is not None:
+                    if sj.first_estimate_s is None and sj.start_s is None:
+                        sj.first_estimate_s = w.estimated_start
+                    sj.last_estimate_s = w.estimated_start
         return immediate and bool(self.pending)
 
     def _may_grow(self, sj: SimJob) -> bool:
@@ -372,6 +380,9 @@ def build_result(sim: Simulation) -> dict[str, Any]:
             "state": sj.state if sj.state != "submitted" else "queued",
             "attempts": sj.attempts,
             "wait_reasons": dict(sorted(sj.wait_reasons.items())),
+            # backfill: the first estimated start given while it waited, and the last one
+            "estimated_start_s": sj.first_estimate_s,
+            "last_estimated_start_s": sj.last_estimate_s,
         }
         if s.type is JobType.INFERENCE:
             row["min_replicas"], row["max_replicas"] = s.min_replicas, s.max_replicas
@@ -417,6 +428,12 @@ def build_result(sim: Simulation) -> dict[str, Any]:
         "killed": sum(1 for j in jobs_out if j["state"] == "killed"),
         "never_finished": sum(1 for j in jobs_out if j["state"] not in ("finished", "killed")),
         "passes": sim.passes,
+        # backfill: jobs that were given an estimated start, and how many started by their first one
+        "estimated_jobs": sum(1 for j in jobs_out if j["estimated_start_s"] is not None),
+        "started_by_estimate": sum(
+            1 for j in jobs_out
+            if j["estimated_start_s"] is not None and j["start_s"] is not None and j["start_s"] <= j["estimated_start_s"]
+        ),
         "by_vc": by_vc,
     }
     cluster = {
