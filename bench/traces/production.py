@@ -128,7 +128,7 @@ def generate(jobs: int, days: float, seed: int) -> list[list]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--jobs", type=int, default=4000)
-    ap.add_argument("--days", type=float, default=21.0)
+    ap.add_argument("--days", type=float, default=11.0)
     ap.add_argument("--seed", type=int, default=19)
     ap.add_argument("--out-dir", type=Path, default=HERE)
     ap.add_argument("--name", default="production")

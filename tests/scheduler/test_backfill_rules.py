@@ -154,11 +154,21 @@ def test_jobs_of_backfill_vcs_are_placed_first_fit_in_node_order() -> None:
     assert summary(decide(s, NOW))["starts"] == {2: [("n2", (6, 7))]}  # RF keeps best fit
 
 
-def test_a_job_whose_blockers_are_being_preempted_is_estimated_to_start_now() -> None:
-    s = snap(nodes("n", 1), vc(**BF), [
+def test_room_made_by_preemption_is_held_from_now_without_an_estimate() -> None:
+    s = snap(nodes("n", 2), vc(**BF), [
         busy(job(1, 8, preemptible=True, vc="v"), "n0", tuple(range(8))),
-        job(2, 8, max_time_s=1000),
+        busy(job(4, 8, max_time_s=5000), "n1", tuple(range(8))),
+        job(2, 8, max_time_s=1000), job(3, 1, max_time_s=10),
     ])
     d = decide(s, NOW)
     assert summary(d)["stops"] == {1: "preempted"}
-    assert waits(d)[2].estimated_start == NOW
+    # the room is job 2's from now on (it starts once job 1 has exited, after the grace period)
+    assert [(r.job_id, r.start, r.placements[0].node) for r in d.reservations][0] == (2, NOW, "n0")
+    assert waits(d)[2].estimated_start is None
+    assert summary(d)["waits"][3] == "capacity"  # no GPU is free now; the room is held for job 2
+
+
+def test_free_room_is_taken_before_anything_is_preempted() -> None:
+    s = snap(nodes("n", 2), vc(**BF), [busy(job(1, 8, preemptible=True, vc="v"), "n0", tuple(range(8))), job(2, 8)])
+    d = decide(s, NOW)
+    assert summary(d) == {"starts": {2: [("n1", tuple(range(8)))]}, "stops": {}, "waits": {}}

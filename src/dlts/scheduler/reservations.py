@@ -67,6 +67,7 @@ class Item:
     job: int
     future: bool  # a reservation (held against later jobs, even one that starts now)
     reclaimable: bool = False  # preemptible work or an extra replica: a reserved job may reclaim it
+    node: str = ""
 
 
 @dataclass(slots=True)
@@ -98,7 +99,8 @@ class Timeline:
         self.caps: dict[CounterKey, float | None] = {}
         self.by_job: dict[int, list[Item | Counted]] = defaultdict(list)  # to end a job's items early
         self.reserved_vcs: set[str] = set()  # VCs with a reserved counter
-        self.version = 0  # bumped on every change: memoised answers are valid for one version
+        self.version = 0  # bumped on every change
+        self.node_version: dict[str, int] = defaultdict(int)  # per node: memoised fits are valid for one
         self._demand: dict[tuple, list] = {}
         self._fits_memo: dict[tuple, tuple[int, ...] | None] = {}
         gone: set[tuple[str, tuple[int, ...]]] = set()
@@ -132,7 +134,8 @@ class Timeline:
         self.version += 1
         for k, p in enumerate(placements):
             it = Item(start, end, mask_of(p.gpu_indices), p.cpu, p.memory_bytes, job.id, future,
-                      bool(reclaimable and reclaimable[k]))
+                      bool(reclaimable and reclaimable[k]), p.node)
+            self.node_version[p.node] += 1
             self.items[p.node].append(it)
             mine.append(it)
             if future:
@@ -150,10 +153,12 @@ class Timeline:
         for it in self.by_job.get(job_id, ()):
             if it.future or it.start > self.now:
                 continue
-            if masks is not None and (not isinstance(it, Item) or not any(it.mask == m for _n, m in masks)):
+            if masks is not None and (not isinstance(it, Item) or (it.node, it.mask) not in masks):
                 continue
             it.end = min(it.end, self.now)
             self.version += 1
+            if isinstance(it, Item):
+                self.node_version[it.node] += 1
 
     def add_start(self, job: Job, placements: Iterable[Placement]) -> None:
         placements = list(placements)
@@ -287,7 +292,7 @@ class Timeline:
         """GPU indices ``req`` takes on ``ns`` for [start, end), or None; ``free_now`` narrows the
         mask to what the pass state has free (placing now)."""
         if ignore is None:
-            key = (ns.name, id(req), start, end, free_now, skip_reclaimable, self.version)
+            key = (ns.name, id(req), start, end, free_now, skip_reclaimable, self.node_version[ns.name])
             if key in self._fits_memo:
                 return self._fits_memo[key]
             got = self._fits(ns, req, start, end, free_now, None, skip_reclaimable)
@@ -355,7 +360,10 @@ class Timeline:
             end = t + duration if duration < INF else INF
             if self.counters_fit(job, req.units, t, end) is not None:
                 continue
-            got = self.place_at(order, req, t, end, skip_reclaimable)
+            # free room first; only where there is none, room that reclaiming would make
+            got = self.place_at(order, req, t, end, False)
+            if got is None and skip_reclaimable:
+                got = self.place_at(order, req, t, end, True)
             if got is not None:
                 return t, got
         return None
@@ -385,7 +393,7 @@ class Timeline:
                         if req.units > 1:  # later units of the same job see this one
                             it = Item(start, end, mask_of(idx), req.cpu, req.memory_bytes, -2, True)
                             self.items[ns.name].append(it)
-                            self.version += 1
+                            self.node_version[ns.name] += 1
                             taken.append((ns.name, it))
                         break
                 else:
@@ -394,4 +402,4 @@ class Timeline:
         finally:
             for name, it in taken:
                 self.items[name].remove(it)
-                self.version += 1
+                self.node_version[name] += 1

@@ -83,7 +83,11 @@ class BackfillPass:
         self._orders: dict[tuple, list[NodeState]] = {}
         self._held: dict[str, int] = {}
         self._rev: dict[int, object] = {}
-        self._conflicts: list[int] = []  # pool id -> its reversed view, kept for the pass
+        self._conflicts: list[int] = []
+        self._pointer_pools: dict[tuple, Pool] = {}
+        self._held_now: set[int] = set()
+        self._reserved_lists: dict[int, tuple[int, list[tuple[int, str]]]] = {}
+        self._gang_index: dict[int, dict[str, int]] = {}  # id(order) -> node name -> position  # jobs whose reclaimed room is reserved from now  # pool id -> its reversed view, kept for the pass
         self._jobs: dict[int, Job] | None = None
 
     # -- helpers ---------------------------------------------------------------------------------
@@ -182,13 +186,13 @@ class BackfillPass:
                 if tl is not None and units > 1:
                     it = Item(self.now, end, mask_of(p.gpu_indices), p.cpu, p.memory_bytes, -2, False)
                     tl.items[p.node].append(it)
-                    tl.version += 1
+                    tl.node_version[p.node] += 1
                     temp.append((p.node, it))
             return taken
         finally:
             for name, it in temp:
                 tl.items[name].remove(it)  # type: ignore[union-attr]
-                tl.version += 1  # type: ignore[union-attr]
+                tl.node_version[name] += 1  # type: ignore[union-attr]
 
     def _index(self, pool: Pool) -> dict[str, int]:
         return pool.memo(("bf_index",), lambda: {ns.name: i for i, ns in enumerate(pool.nodes)})  # type: ignore[return-value]
@@ -228,10 +232,9 @@ class BackfillPass:
             if reserved:
                 index = self._index(pool)
                 best = None
-                for name in reserved:
-                    k = index.get(name)
-                    if k is None or (found >= 0 and k > found) or (best is not None and k > best[0]):
-                        continue
+                for k, name in self._reserved_in(pool, tl):
+                    if (found >= 0 and k > found) or best is not None:
+                        break
                     ns = nodes[k]
                     if not _fits_cpu_mem(ns, req) or (g and ns.free_gpus < g):
                         continue
@@ -293,11 +296,33 @@ class BackfillPass:
         tl = self.timeline
         if tl is None:
             return
+        names = set()
         for h in victims:
+            names.update(p.node for p in h.placements)
             if h.replica:
                 tl.end_now(h.job.id, {(p.node, mask_of(p.gpu_indices)) for p in h.placements})
             else:
                 tl.end_now(h.job.id)
+        self._rewind(names)
+
+    def _reserved_in(self, pool: Pool, tl: Timeline) -> list[tuple[int, str]]:
+        """The pool's nodes that hold reservations, in the fixed order (kept per reservation count)."""
+        key = id(pool)
+        got = self._reserved_lists.get(key)
+        if got is None or got[0] != len(tl.reserved_nodes):
+            index = self._index(pool)
+            items = sorted((index[n], n) for n in tl.reserved_nodes if n in index)
+            got = self._reserved_lists[key] = (len(tl.reserved_nodes), items)
+        return got[1]
+
+    def _rewind(self, names: set[str]) -> None:
+        """Room that comes free in the model (reclaimed work): first-fit pointers of the time model
+        move back to the first such node so it is seen again."""
+        for key, pool in self._pointer_pools.items():
+            index = self._index(pool)
+            ks = [index[n] for n in names if n in index]
+            if ks and self._pointers.get(key, 0) > min(ks):
+                self._pointers[key] = min(ks)
 
     def skip_reclaim(self, job: Job, req: Request) -> bool:
         """A reclaim for this shape and end was already refused for taking reserved resources."""
@@ -332,6 +357,10 @@ class BackfillPass:
 
     def on_wait(self, job: Job, req: Request | None, vc: Vc | None, rej: Rejection) -> tuple[Rejection, float | None]:
         """Give one of the first ``reservation_depth`` waiting jobs of backfill VCs its reservation."""
+        if job.id in self._held_now:
+            # reclaimed room, held from now on: it starts when the victims have exited, which the
+            # model cannot time (the grace period), so no estimate is given
+            return rej, None
         if (
             vc is None
             or req is None
@@ -369,10 +398,14 @@ class BackfillPass:
         order = self._order(pools)
         got: list[Placement] | None
         self._conflicts = []
-        if req.whole_node:
-            got = self._native_gang(order, req, end, tl)
-        else:
-            got = self._native_units(pools, req, units, end, tl)
+        got = None
+        for skip in (False, True):  # free room first; only where there is none, reclaim
+            if req.whole_node:
+                got = self._native_gang(order, req, end, tl, skip)
+            else:
+                got = self._native_units(pools, req, units, end, tl, skip)
+            if got is not None:
+                break
         if got is None:
             if self._conflicts and self.reservations:
                 return self._reserved(job, self._conflicts[0], "resources")
@@ -383,6 +416,11 @@ class BackfillPass:
         victims = self._victims(got)
         if victims is None:
             return None
+        # The room is this job's from now on (in the model too), so later jobs neither count on it
+        # nor reclaim it again; the job starts there once what is in the way has exited.
+        tl.add_reservation(job, self.now, end, got)
+        self.reservations.append(Reservation(job.id, self.now, end, tuple(got)))
+        self._held_now.add(job.id)
         return ReclaimPlan(victims, got)
 
     def _reversed(self, pool: Pool) -> Pool:
@@ -421,21 +459,21 @@ class BackfillPass:
         return ns.free_gpus + held >= g
 
     def _native_units(self, pools: list[Pool], req: Request, units: int, end: float,
-                      tl: Timeline) -> list[Placement] | None:
+                      tl: Timeline, skip: bool) -> list[Placement] | None:
         st = self.state
         out: list[Placement] = []
         temp: list[tuple[str, Item]] = []
         took: list[tuple[NodeState, int]] = []  # GPU bits taken in the pass state for later units
         try:
             for _ in range(units):
-                p = self._native_one(pools, req, end, tl, advance=units == 1)
+                p = self._native_one(pools, req, end, tl, skip, advance=units == 1)
                 if p is None:
                     return None
                 out.append(p)
                 if units > 1:  # later units see this one, in the time model and the pass state
                     it = Item(self.now, end, mask_of(p.gpu_indices), p.cpu, p.memory_bytes, -2, True)
                     tl.items[p.node].append(it)
-                    tl.version += 1
+                    tl.node_version[p.node] += 1
                     temp.append((p.node, it))
                     ns = st.nodes[p.node]
                     bits = mask_of(p.gpu_indices) & ns.free_mask
@@ -445,15 +483,17 @@ class BackfillPass:
         finally:
             for name, it in temp:
                 tl.items[name].remove(it)
-                tl.version += 1
+                tl.node_version[name] += 1
             for (ns, bits), (_n, it) in zip(took, temp):
                 st.give(ns, bits, it.cpu, it.mem)
 
-    def _native_one(self, pools: list[Pool], req: Request, end: float, tl: Timeline, advance: bool) -> Placement | None:
+    def _native_one(self, pools: list[Pool], req: Request, end: float, tl: Timeline, skip: bool,
+                    advance: bool) -> Placement | None:
         g = req.gpus
         reserved = tl.reserved_nodes
         for pool in pools:
-            key = ("native", id(pool), g, req.cpu, req.memory_bytes)
+            key = ("native", id(pool), skip, g, req.cpu, req.memory_bytes)
+            self._pointer_pools[key] = pool
             ptr = self._pointers.get(key, 0)
             nodes = pool.nodes
             n = len(nodes)
@@ -477,7 +517,7 @@ class BackfillPass:
                 elif g and not self._maybe(ns, g):
                     idx = None
                 else:
-                    idx = tl.fits(ns, req, self.now, end, skip_reclaimable=True)
+                    idx = tl.fits(ns, req, self.now, end, skip_reclaimable=skip)
                 if idx is None:
                     if advance and i == ptr:
                         ptr += 1
@@ -487,12 +527,10 @@ class BackfillPass:
                 break
             if advance:
                 self._pointers[key] = ptr
-            index = self._index(pool)
-            for name in reserved:
-                k = index.get(name)
-                if k is None or (found is not None and k > found[0]):
-                    continue
-                idx = tl.fits(nodes[k], req, self.now, end, skip_reclaimable=True)
+            for k, name in self._reserved_in(pool, tl):
+                if found is not None and k > found[0]:
+                    break
+                idx = tl.fits(nodes[k], req, self.now, end, skip_reclaimable=skip)
                 if idx is not None and (found is None or k < found[0]):
                     found = (k, idx)
                 elif idx is None and _fits_cpu_mem(nodes[k], req) and (
@@ -504,10 +542,31 @@ class BackfillPass:
                 return Placement(nodes[found[0]].name, found[1], req.cpu, req.memory_bytes)
         return None
 
-    def _native_gang(self, order: list[NodeState], req: Request, end: float, tl: Timeline) -> list[Placement] | None:
+    def _native_gang(self, order: list[NodeState], req: Request, end: float, tl: Timeline,
+                     skip: bool) -> list[Placement] | None:
         groups: dict[str, list[NodeState]] = {}
         need = {}
-        for ns in order:
+        index = self._gang_index.get(id(order))
+        if index is None:
+            index = self._gang_index[id(order)] = {ns.name: i for i, ns in enumerate(order)}
+        cands = {}
+        for ns in order if len(order) <= 64 else ():
+            cands[ns.name] = ns
+        if len(order) > 64:  # only nodes that can be whole now: wholly free, or holding only reclaimable work
+            pools = {id(ns.pool): ns.pool for ns in order if ns.pool is not None}
+            for pool in pools.values():
+                for dom in pool.whole_by_domain.values():
+                    cands.update(dom)
+                for ns in pool.memo(("with_holdings",), lambda pool=pool: [n for n in pool.nodes if n.holdings]):
+                    if ns.holdings:
+                        cands[ns.name] = ns
+            for name in tl.reserved_nodes:
+                ns = self.state.nodes.get(name)
+                if ns is not None and ns.name in index:
+                    cands[name] = ns
+        for ns in sorted(cands.values(), key=lambda n: index.get(n.name, 1 << 30)):
+            if ns.name not in index:
+                continue
             if ns.node.cpu + 1e-9 < req.cpu or ns.node.memory_bytes < req.memory_bytes:
                 continue
             if not ns.holdings and not tl.reserved_nodes.get(ns.name):
@@ -515,7 +574,7 @@ class BackfillPass:
             elif not self._maybe(ns, ns.node.gpus):
                 ok = False
             else:
-                ok = tl.fits(ns, req, self.now, end, skip_reclaimable=True) is not None
+                ok = tl.fits(ns, req, self.now, end, skip_reclaimable=skip) is not None
                 if not ok and ns.whole_free and tl.reserved_nodes.get(ns.name):
                     c = tl.conflict(ns.name, self.now, end)
                     if c is not None:
