@@ -94,6 +94,7 @@ class Timeline:
         self.duration_of = duration_of
         self.items: dict[str, list[Item]] = defaultdict(list)
         self.reserved_nodes: dict[str, int] = defaultdict(int)  # node -> future items on it
+        self.reserved_log: list[str] = []  # nodes in the order they first got a reservation
         self.counters: dict[CounterKey, list[Counted]] = defaultdict(list)
         self.reserved_keys: dict[CounterKey, int] = defaultdict(int)
         self.caps: dict[CounterKey, float | None] = {}
@@ -139,6 +140,8 @@ class Timeline:
             self.items[p.node].append(it)
             mine.append(it)
             if future:
+                if not self.reserved_nodes.get(p.node):
+                    self.reserved_log.append(p.node)
                 self.reserved_nodes[p.node] += 1
         for key, amount, _check in self.demand(job, units):
             c = Counted(start, end, amount, job.id, future)

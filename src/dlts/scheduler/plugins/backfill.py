@@ -22,6 +22,7 @@ an estimate that depends on it is unknown).
 
 from __future__ import annotations
 
+import bisect
 from dlts.scheduler.framework import ReclaimPlan, Rejection, VcQueue, register
 from dlts.scheduler.model import Job, Placement, Policy, Reservation, Vc, WaitReason
 from dlts.scheduler.plugins.placement import _fits_cpu_mem, cpu_pools
@@ -303,21 +304,30 @@ class BackfillPass:
                 tl.end_now(h.job.id, {(p.node, mask_of(p.gpu_indices)) for p in h.placements})
             else:
                 tl.end_now(h.job.id)
-        self._rewind(names)
+        # nodes with reservations are checked one by one anyway (the pointers skip them)
+        self._rewind({n for n in names if not tl.reserved_nodes.get(n)})
 
     def _reserved_in(self, pool: Pool, tl: Timeline) -> list[tuple[int, str]]:
         """The pool's nodes that hold reservations, in the fixed order (kept per reservation count)."""
         key = id(pool)
         got = self._reserved_lists.get(key)
-        if got is None or got[0] != len(tl.reserved_nodes):
+        if got is None:
+            got = self._reserved_lists[key] = (0, [])
+        cursor, items = got
+        if cursor < len(tl.reserved_log):
             index = self._index(pool)
-            items = sorted((index[n], n) for n in tl.reserved_nodes if n in index)
-            got = self._reserved_lists[key] = (len(tl.reserved_nodes), items)
-        return got[1]
+            for name in tl.reserved_log[cursor:]:
+                k = index.get(name)
+                if k is not None:
+                    bisect.insort(items, (k, name))
+            self._reserved_lists[key] = (len(tl.reserved_log), items)
+        return items
 
     def _rewind(self, names: set[str]) -> None:
         """Room that comes free in the model (reclaimed work): first-fit pointers of the time model
         move back to the first such node so it is seen again."""
+        if not names:
+            return
         for key, pool in self._pointer_pools.items():
             index = self._index(pool)
             ks = [index[n] for n in names if n in index]
@@ -530,6 +540,8 @@ class BackfillPass:
             for k, name in self._reserved_in(pool, tl):
                 if found is not None and k > found[0]:
                     break
+                if g and not self._maybe(nodes[k], g):
+                    continue
                 idx = tl.fits(nodes[k], req, self.now, end, skip_reclaimable=skip)
                 if idx is not None and (found is None or k < found[0]):
                     found = (k, idx)
