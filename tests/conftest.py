@@ -70,8 +70,12 @@ def database_url(migrated_template, tmp_path) -> str:
 
 @pytest.fixture
 def settings(tmp_path, database_url) -> Settings:
+    # testnode (4 pretend demo-gpu GPUs, 8 cores) and the fake Kubernetes clusters' GPU nodes also
+    # run the tests' CPU-only jobs, as in the demo: no cores kept for free GPUs (sku_reserve "*";
+    # the default keeps the proportional share)
     return Settings(home=tmp_path / "home", database_url=database_url, secret_key="test-secret-key-0123456789",
-                    tick_s=0.2, preempt_grace_s=2.0, demo_gpus=4, demo_sku="demo-gpu", max_body_bytes=64 * 1024)
+                    tick_s=0.2, preempt_grace_s=2.0, demo_gpus=4, demo_sku="demo-gpu", max_body_bytes=64 * 1024,
+                    sku_reserve={"*": {"cpu_per_gpu": 0, "memory_per_gpu_bytes": 0}})
 
 
 @pytest.fixture

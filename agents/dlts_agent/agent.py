@@ -28,6 +28,7 @@ from dlts_agent.collectors.host import HostCollector
 from dlts_agent.collectors.infiniband import InfinibandCollector
 from dlts_agent.collectors.jobs import JobsCollector
 from dlts_agent.collectors.lustre import LustreCollector
+from dlts_agent.collectors.lustre_server import LustreServerCollector
 from dlts_agent.collectors.nfs import NfsCollector
 from dlts_agent.collectors.xid import XidCollector
 from dlts_agent.config import AgentConfig, read_node_token
@@ -42,7 +43,7 @@ from dlts_agent.state import AgentState
 
 log = logging.getLogger(__name__)
 
-COLLECTOR_ORDER = ("host", "gpu", "xid", "infiniband", "nfs", "lustre", "jobs")
+COLLECTOR_ORDER = ("host", "gpu", "xid", "infiniband", "nfs", "lustre", "lustre_server", "jobs")
 
 
 class Agent:
@@ -54,6 +55,7 @@ class Agent:
         persistent: bool = True,
         clock: Callable[[], float] = time.time,
         lustre_client: Callable[[], Any] | None = None,
+        lustre_server_client: Callable[[], Any] | None = None,
     ) -> None:
         self.cfg = cfg
         self.clock = clock
@@ -86,6 +88,11 @@ class Agent:
             self.collectors["nfs"] = NfsCollector(cc.nfs.mounts, cc.nfs.timeout_s, paths.proc)
         if cc.lustre.enabled:
             self.collectors["lustre"] = LustreCollector(lustre_client)
+        if cc.lustre_server.enabled:
+            ls = cc.lustre_server
+            self.collectors["lustre_server"] = LustreServerCollector(
+                ls.fsname, ls.sections, mount=ls.mount, timeout_s=ls.timeout_s, client_factory=lustre_server_client
+            )
         if cc.jobs.enabled:
             self.collectors["jobs"] = JobsCollector(paths.proc)
         self._lock = threading.Lock()

@@ -66,6 +66,20 @@ class LustreCollectorConfig:
     enabled: bool = True
 
 
+LUSTRE_SERVER_SECTIONS = ("health", "targets", "pools", "ost_stats", "mdt_stats")
+
+
+@dataclass(frozen=True)
+class LustreServerCollectorConfig:
+    """The filesystem's server-side metrics on an MGS/MDS/OSS (dlts_lustre's LustreCollector)."""
+
+    enabled: bool = False
+    fsname: str = ""  # required when enabled
+    mount: str = ""  # a client mount on this server: use the "df" section instead of "targets"
+    sections: tuple[str, ...] = LUSTRE_SERVER_SECTIONS
+    timeout_s: float = 10.0
+
+
 @dataclass(frozen=True)
 class NfsCollectorConfig:
     enabled: bool = True
@@ -85,6 +99,7 @@ class CollectorsConfig:
     xid: XidCollectorConfig = XidCollectorConfig()
     infiniband: InfinibandCollectorConfig = InfinibandCollectorConfig()
     lustre: LustreCollectorConfig = LustreCollectorConfig()
+    lustre_server: LustreServerCollectorConfig = LustreServerCollectorConfig()
     nfs: NfsCollectorConfig = NfsCollectorConfig()
     jobs: JobsCollectorConfig = JobsCollectorConfig()
 
@@ -229,6 +244,19 @@ def _validate(cfg: AgentConfig) -> None:
     positive("report.timeout_s", cfg.report.timeout_s)
     positive("report.backoff_initial_s", cfg.report.backoff_initial_s)
     positive("collectors.nfs.timeout_s", cfg.collectors.nfs.timeout_s)
+    positive("collectors.lustre_server.timeout_s", cfg.collectors.lustre_server.timeout_s)
+    ls = cfg.collectors.lustre_server
+    if ls.enabled:
+        import re
+
+        if not re.fullmatch(r"[A-Za-z0-9_]{1,8}", ls.fsname):
+            raise ConfigError(f"collectors.lustre_server.fsname: the filesystem name (1-8 letters, digits, _), got {ls.fsname!r}")
+        allowed = set(LUSTRE_SERVER_SECTIONS) | {"df"}
+        unknown = [s for s in ls.sections if s not in allowed]
+        if unknown or not ls.sections:
+            raise ConfigError(f"collectors.lustre_server.sections: choose from {', '.join(sorted(allowed))}, got {list(ls.sections)}")
+        if "df" in ls.sections and ("targets" in ls.sections or not ls.mount):
+            raise ConfigError("collectors.lustre_server.sections: df needs collectors.lustre_server.mount and replaces targets")
     positive("actions.command_timeout_s", cfg.actions.command_timeout_s)
     positive("actions.diag_timeout_s", cfg.actions.diag_timeout_s)
     positive("firewall.timeout_s", cfg.firewall.timeout_s)

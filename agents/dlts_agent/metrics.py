@@ -59,6 +59,9 @@ def families(snap: AgentSnapshot) -> Iterator[Metric]:
     lustre = c.sample("lustre")
     if lustre is not None:
         yield from _lustre_families(lustre)
+    lustre_server = c.sample("lustre_server")
+    if lustre_server is not None:  # dlts_lustre's families, collected this round (dlts_lustre_*)
+        yield from lustre_server
     if jobs is not None:
         yield from _jobs_families(jobs)
 

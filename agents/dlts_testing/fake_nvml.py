@@ -14,6 +14,8 @@ It lives in ``dlts_testing``, not in the agent's package: the product does not c
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import threading
 from collections import deque
@@ -268,6 +270,47 @@ class _Handle:
 
 class _EventSet:
     pass
+
+
+class DeferredFaults:
+    """A scenario whose GPU faults appear only once each faulty GPU is in use (the demo's story:
+    a job runs on GPU 3, then GPU 3 fails and the job is moved off). ``lib`` starts with every GPU
+    of the scenario healthy (counters zero, nothing lost, no queued XID); ``use(index)`` gives GPU
+    ``index`` the scenario's state and queues its XIDs, once."""
+
+    def __init__(self, faulty: FakeNvmlLib) -> None:
+        self.faulty = faulty
+        self.lib = FakeNvmlLib([_healthy_copy(g) for g in faulty.gpus], init_error=faulty.init_error,
+                               driver_version=faulty.driver_version)
+        with faulty._lock:
+            events = list(faulty._events)
+        self._xids: dict[int, list[int]] = {}
+        for index, xid in events:
+            self._xids.setdefault(index, []).append(xid)
+        self.pending = {i for i, g in enumerate(faulty.gpus) if g != self.lib.gpus[i] or i in self._xids}
+
+    def use(self, index: int) -> bool:
+        """GPU ``index`` runs a job: its fault (if any, and not yet shown) appears. True when it did."""
+        if index not in self.pending:
+            return False
+        self.pending.discard(index)
+        self.lib.gpus[index] = self.faulty.gpus[index]
+        for xid in self._xids.get(index, []):
+            self.lib.inject_xid(index, xid)
+        return True
+
+
+def _healthy_copy(g: FakeGpu) -> FakeGpu:
+    return dataclasses.replace(
+        g,
+        ecc=None if g.ecc is None else {key: 0 for key in g.ecc},
+        remapped_rows=None if g.remapped_rows is None else (0, 0, 0, 0),
+        retired_sbe=None if g.retired_sbe is None else [],
+        retired_dbe=None if g.retired_dbe is None else [],
+        retired_pending=None if g.retired_pending is None else 0,
+        recovery_action=None if g.recovery_action is None else 0,
+        lost=False,
+    )
 
 
 # ---------------------------------------------------------------------------------------------

@@ -6,16 +6,49 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from dlts_lustre.errors import LustreCommandError, LustreError
-from dlts_lustre.model import (GRACE_NOTIFY_S, DefaultQuota, DfReport, DirStripe, GraceTimes, Health,
-                               LustreVersion, Pool, ProjectInfo, QuotaKind, QuotaLimits, QuotaReport, StatsBlock, StripeLayout)
-from dlts_lustre.parsers import (parse_default_quota, parse_df_single, parse_getdirstripe, parse_getdirstripe_mdt,
-                                 parse_getstripe, parse_grace_times, parse_health, parse_pool_list,
-                                 parse_pool_members, parse_project, parse_quota, parse_stats, parse_version)
+from dlts_lustre.model import (
+    GRACE_NOTIFY_S,
+    DefaultQuota,
+    DfReport,
+    DirStripe,
+    GraceTimes,
+    Health,
+    LustreVersion,
+    Pool,
+    ProjectInfo,
+    QuotaKind,
+    QuotaLimits,
+    QuotaReport,
+    ServerTarget,
+    StatsBlock,
+    StripeLayout,
+)
+from dlts_lustre.parsers import (
+    parse_default_quota,
+    parse_df_single,
+    parse_getdirstripe,
+    parse_getdirstripe_mdt,
+    parse_getstripe,
+    parse_grace_times,
+    parse_health,
+    parse_pool_list,
+    parse_pool_members,
+    parse_project,
+    parse_quota,
+    parse_stats,
+    parse_version,
+)
+from dlts_lustre.parsers._common import decode_target
+from dlts_lustre.parsers.params import osd_values, parse_params
 from dlts_lustre.runner import CommandResult, Runner
 
 Argv = tuple[str, ...]
 OST_STATS_PARAM = "obdfilter.*.stats"
 MDT_STATS_PARAM = "mdt.*.md_stats"
+QUOTA_TYPES = "ugp"
+# the per-target space of a server, without a client mount (lfs df needs one)
+SERVER_SPACE_PARAMS = ("kbytestotal", "kbytesfree", "kbytesavail", "filestotal", "filesfree")
+QUOTA_SLAVE_ENABLED = "quota_slave*.enabled"
 
 
 def ost_name(fsname: str, index: int) -> str:
@@ -99,6 +132,13 @@ def cmd_setdirstripe_default(path: str, *, stripe_count: int = 1, mdt_index: int
     return ("lfs", "setdirstripe", "-D", "-c", str(stripe_count), "-i", str(mdt_index), path)
 
 
+def cmd_conf_param_quota(fsname: str, kind: str, types: str = QUOTA_TYPES) -> Argv:
+    """``lctl conf_param FS.quota.{mdt,ost}=ugp``: switch quota enforcement on (MGS only)."""
+    if kind not in ("mdt", "ost"):
+        raise ValueError(f"quota enforcement is set for mdt or ost, not {kind!r}")
+    return ("lctl", "conf_param", f"{fsname}.quota.{kind}={types}")
+
+
 def cmd_set_project(path: str, project_id: int) -> Argv:
     return ("lfs", "project", "-p", str(project_id), "-s", "-r", path)
 
@@ -130,7 +170,7 @@ class LustreClient:
 
     # quotas
     def quota(self, kind: QuotaKind, ident: str | int, mount: str, *, verbose: bool = False,
-              pool: str | None = None, delimited: bool = False) -> QuotaReport:
+              pool: str | None = None, delimited: bool = False, quiet: bool = False) -> QuotaReport:
         """``lfs quota``. ``delimited`` asks for ``-q --delimiter=,`` (2.16.52+ only); it drops the
         lines that say whether an ID follows the defaults, so ``apply`` keeps the headered form."""
         argv = ["lfs", "quota", f"-{kind.value}", str(ident)]
@@ -138,12 +178,15 @@ class LustreClient:
             if not self.version().new_quota_header:
                 raise LustreError(f"lfs quota --delimiter needs Lustre 2.16.52+, this is {self.version()}")
             argv[2:2] = ["-q", "--delimiter=,"]
+        elif quiet:
+            argv.insert(2, "-q")
         if verbose:
             argv.insert(2, "-v")
         if pool:
             argv += ["--pool", pool]
         argv.append(mount)
-        return parse_quota(self._read(argv).stdout, kind=kind, delimiter="," if delimited else None)
+        return parse_quota(self._read(argv).stdout, kind=kind, delimiter="," if delimited else None,
+                           quiet=quiet and not delimited)
 
     def set_quota(self, kind: QuotaKind, ident: str | int, mount: str, limits: QuotaLimits,
                   pool: str | None = None) -> CommandResult:
@@ -228,6 +271,41 @@ class LustreClient:
                 raise ValueError("df by pool needs the filesystem name")
             argv += ["--pool", f"{fsname}.{pool}"]
         return parse_df_single(self._read(argv + [mount]).stdout, pool=pool)
+
+    # server side (MDS/OSS): the osd parameters of the targets this node holds
+    def _osd_params(self, fsname: str, names: Sequence[str]) -> dict[str, str]:
+        patterns = [f"osd-*.{fsname}-*.{name}" for name in names]
+        try:
+            return parse_params(self._read(("lctl", "get_param", *patterns)).stdout)
+        except LustreCommandError as exc:
+            if "No such file or directory" in exc.stderr:
+                return {}  # no target of this filesystem on this node
+            raise
+
+    def quota_enforcement(self, fsname: str) -> dict[str, str]:
+        """``{target: "ugp"|...|"none"}`` from ``quota_slave*.enabled`` of this node's targets."""
+        return osd_values(self._osd_params(fsname, (QUOTA_SLAVE_ENABLED,)), QUOTA_SLAVE_ENABLED)
+
+    def conf_param_quota(self, fsname: str, kind: str, types: str = QUOTA_TYPES) -> CommandResult:
+        return self._write(cmd_conf_param_quota(fsname, kind, types))
+
+    def server_targets(self, fsname: str) -> tuple[ServerTarget, ...]:
+        """This server's MDTs and OSTs with their space and quota enforcement (``lctl get_param``)."""
+        params = self._osd_params(fsname, (*SERVER_SPACE_PARAMS, QUOTA_SLAVE_ENABLED))
+        values = {name: osd_values(params, name) for name in (*SERVER_SPACE_PARAMS, QUOTA_SLAVE_ENABLED)}
+        names = sorted({t for per in values.values() for t in per})
+        out = []
+        for name in names:
+            kind, index, _ = decode_target(name, "lctl get_param osd-*")
+
+            def number(param: str, name: str = name) -> int | None:
+                raw = values[param].get(name)
+                return int(raw) if raw is not None and raw.isdigit() else None
+
+            out.append(ServerTarget(name, kind, index, number("kbytestotal"), number("kbytesfree"),
+                                    number("kbytesavail"), number("filestotal"), number("filesfree"),
+                                    values[QUOTA_SLAVE_ENABLED].get(name)))
+        return tuple(out)
 
     def health(self) -> Health:
         return parse_health(self._read(("lctl", "get_param", "-n", "health_check")).stdout)

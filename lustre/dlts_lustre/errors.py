@@ -41,6 +41,9 @@ class LustreCommandError(LustreError):
         message = f"`{shown}` {detail}"
         if tail:
             message += f": {tail}"
+        if "must be run on the MGS" in stderr:
+            message += (" (this command must be run on the MGS: give its route, lustre_mgs_command in dlts.yaml "
+                        "or $DLTS_LUSTRE_MGS_COMMAND, e.g. 'ssh root@MGS-HOST')")
         super().__init__(message)
 
 

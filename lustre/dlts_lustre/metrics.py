@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from dlts_lustre.client import MDT_STATS_PARAM, OST_STATS_PARAM, LustreClient
+from dlts_lustre.client import MDT_STATS_PARAM, OST_STATS_PARAM, LustreClient, ost_name
 from dlts_lustre.errors import LustreError
 from dlts_lustre.model import DfReport, Rate, StatsBlock
 from dlts_lustre.parsers import compute_rates
@@ -22,6 +22,11 @@ from dlts_lustre.units import KIB
 
 log = logging.getLogger(__name__)
 SECTIONS = ("health", "df", "pools", "ost_stats", "mdt_stats")
+# "targets" is the server-side view of "df": the space of the MDTs/OSTs this MDS/OSS holds, from
+# `lctl get_param osd-*.FS-*.kbytes*` (no client mount needed), plus each target's quota enforcement.
+ALL_SECTIONS = SECTIONS + ("targets",)
+SERVER_SECTIONS = ("health", "targets", "pools", "ost_stats", "mdt_stats")
+QUOTA_TYPE_NAMES = {"u": "user", "g": "group", "p": "project"}
 
 
 def fsname_from_df(df: DfReport) -> str:
@@ -41,12 +46,18 @@ class LustreCollector(Collector):
     ``clock``: monotonic seconds, only used to time the sections.
     """
 
-    def __init__(self, mount: str, *, client: LustreClient | None = None, fsname: str | None = None,
+    def __init__(self, mount: str | None, *, client: LustreClient | None = None, fsname: str | None = None,
                  sections: tuple[str, ...] = SECTIONS, timeout_s: float = 10.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        unknown = set(sections) - set(SECTIONS)
+        unknown = set(sections) - set(ALL_SECTIONS)
         if unknown:
-            raise ValueError(f"unknown LustreCollector sections {sorted(unknown)}; choose from {SECTIONS}")
+            raise ValueError(f"unknown LustreCollector sections {sorted(unknown)}; choose from {ALL_SECTIONS}")
+        if "df" in sections and "targets" in sections:
+            raise ValueError("LustreCollector: choose df (a client's view) or targets (a server's), not both")
+        if mount is None and fsname is None:
+            raise ValueError("LustreCollector needs the client mount point, or the fsname on a server")
+        if mount is None and "df" in sections:
+            raise ValueError("LustreCollector: the df section needs a client mount point")
         if client is None:
             from dlts_lustre.runner import Runner
             client = LustreClient(Runner(timeout_s=timeout_s))
@@ -79,6 +90,8 @@ class LustreCollector(Collector):
                     out += metrics
                 elif section == "pools":
                     out += self._pools(df)
+                elif section == "targets":
+                    out += self._targets()
                 else:
                     out += self._stats(section)
             except (LustreError, ValueError) as exc:
@@ -92,8 +105,38 @@ class LustreCollector(Collector):
 
     def _fs(self, df: DfReport | None = None) -> str:
         if self.fsname is None:
+            assert self.mount is not None  # checked in __init__
             self.fsname = fsname_from_df(df or self.client.df(self.mount))
         return self.fsname
+
+    def _targets(self) -> list[Metric]:
+        fs = self._fs()
+        labels = ["fs", "target", "kind", "index"]
+        cap = GaugeMetricFamily("dlts_lustre_target_capacity_bytes", "Target size", labels=labels)
+        free = GaugeMetricFamily("dlts_lustre_target_free_bytes", "Target space available", labels=labels)
+        ifiles = GaugeMetricFamily("dlts_lustre_target_inodes", "Target inode count", labels=labels)
+        ifree = GaugeMetricFamily("dlts_lustre_target_inodes_free", "Target free inodes", labels=labels)
+        active = GaugeMetricFamily("dlts_lustre_target_active", "1 if the target answers, 0 if inactive",
+                                   labels=labels)
+        enforced = GaugeMetricFamily("dlts_lustre_target_quota_enforced", "1 if the target enforces this "
+                                     "quota type (quota_slave.enabled; lctl conf_param FS.quota.KIND=ugp)",
+                                     labels=labels + ["type"])
+        for t in self.client.server_targets(fs):
+            key = [fs, t.name, t.kind.value, str(t.index)]
+            active.add_metric(key, 1.0)
+            if t.kib_total is not None:
+                cap.add_metric(key, float(t.kib_total * KIB))
+            available = t.kib_available if t.kib_available is not None else t.kib_free
+            if available is not None:
+                free.add_metric(key, float(available * KIB))
+            if t.inodes_total is not None:
+                ifiles.add_metric(key, float(t.inodes_total))
+            if t.inodes_free is not None:
+                ifree.add_metric(key, float(t.inodes_free))
+            if t.quota_enforced is not None:
+                for letter, name in QUOTA_TYPE_NAMES.items():
+                    enforced.add_metric(key + [name], 1.0 if letter in t.quota_enforced else 0.0)
+        return [cap, free, ifiles, ifree, active, enforced]
 
     def _health(self) -> list[Metric]:
         health = self.client.health()
@@ -133,8 +176,12 @@ class LustreCollector(Collector):
 
     def _pools(self, df: DfReport | None) -> list[Metric]:
         fs = self._fs(df)
-        df = df or self.client.df(self.mount)
-        by_index = {t.index: t for t in df.osts() if t.active}
+        if df is None and self.mount is not None and "targets" not in self.sections:
+            df = self.client.df(self.mount)
+        # On a server (no client mount) only the membership is known here; the pool's space is the
+        # sum of its OSTs' space, which the OSS agents export (recording rules in monitoring/).
+        by_index = {t.index: t for t in df.osts() if t.active} if df is not None else None
+        member = GaugeMetricFamily("dlts_lustre_pool_ost", "1 for each OST in the pool", labels=["fs", "pool", "target"])
         cap = GaugeMetricFamily("dlts_lustre_pool_capacity_bytes", "Sum of the pool's active OST sizes",
                                 labels=["fs", "pool"])
         free = GaugeMetricFamily("dlts_lustre_pool_free_bytes", "Sum of the pool's active OST free space",
@@ -142,11 +189,15 @@ class LustreCollector(Collector):
         osts = GaugeMetricFamily("dlts_lustre_pool_osts", "OSTs in the pool", labels=["fs", "pool"])
         for name in self.client.pools(fs):
             members = self.client.pool(fs, name).ost_indices
+            for i in members:
+                member.add_metric([fs, name, ost_name(fs, i)], 1.0)
+            osts.add_metric([fs, name], float(len(members)))
+            if by_index is None:
+                continue
             # One lfs df already covers every OST: sum its rows instead of one `lfs df --pool` per pool.
             cap.add_metric([fs, name], float(sum(by_index[i].total for i in members if i in by_index) * KIB))
             free.add_metric([fs, name], float(sum(by_index[i].available for i in members if i in by_index) * KIB))
-            osts.add_metric([fs, name], float(len(members)))
-        return [cap, free, osts]
+        return [cap, free, osts, member]
 
     def _stats(self, section: str) -> list[Metric]:
         param = OST_STATS_PARAM if section == "ost_stats" else MDT_STATS_PARAM

@@ -281,3 +281,18 @@ class LustreVersion:
     def __str__(self) -> str:
         base = f"{self.major}.{self.minor}.{self.patch}"
         return base + (f".{self.fix}" if self.fix else "")
+
+
+@dataclass(frozen=True)
+class ServerTarget:
+    """A target this server holds, from its osd-* parameters (no client mount needed)."""
+
+    name: str            # "dltsfs-OST0001"
+    kind: TargetKind
+    index: int
+    kib_total: int | None = None
+    kib_free: int | None = None
+    kib_available: int | None = None
+    inodes_total: int | None = None
+    inodes_free: int | None = None
+    quota_enforced: str | None = None  # "ugp", "ug", "none"; None when the release shows no quota_slave

@@ -148,6 +148,9 @@ class Planner:
             if vc.dir_stripe_count and vc.dir_stripe_count > len(mdts):
                 raise PolicyError(f"vcs[{i}].dir_stripe_count: {vc.dir_stripe_count} exceeds the "
                                   f"{len(mdts)} MDTs of {self.fs}")
+            if vc.default_dir_stripe_count and vc.default_dir_stripe_count > len(mdts):
+                raise PolicyError(f"vcs[{i}].default_dir_stripe_count: {vc.default_dir_stripe_count} exceeds the "
+                                  f"{len(mdts)} MDTs of {self.fs}")
 
     # pools --------------------------------------------------------------------------------------------
     def _plan_pools(self) -> None:
@@ -190,11 +193,11 @@ class Planner:
                 self.warnings.append(
                     f"VC {vc.name}: {path} is on MDT {actual}, the policy says MDT {vc.mdt}; apply does not move "
                     f"existing directories (run `lfs migrate -m {vc.mdt} {path}` in a maintenance window)")
-        else:
+        wanted = vc.wanted_dir_default
+        if wanted is not None:
             default = self.client.getdirstripe(path, default=True)
-            if not (default.stripe_count == 1 and default.stripe_offset == -1):
-                self.add(ActionKind.SET_DIR_DEFAULT, c.cmd_setdirstripe_default(path),
-                         f"spread new subdirectories of {path} across MDTs")
+            if not (default.stripe_count == wanted and default.stripe_offset == -1):
+                self._add_dir_default(path, wanted)
         layout = self.client.getstripe(path)
         if layout.pool != vc.pool or (vc.stripe_count is not None and layout.stripe_count != vc.stripe_count):
             self.add(ActionKind.SET_STRIPE, c.cmd_setstripe(path, pool=vc.pool, stripe_count=vc.stripe_count),
@@ -209,6 +212,12 @@ class Planner:
                 self.add(ActionKind.SET_PROJECT, c.cmd_set_project(path, vc.project_id),
                          f"set project {vc.project_id} (inherited) on {path}", unsafe)
 
+    def _add_dir_default(self, path: str, count: int) -> None:
+        what = ("spread new subdirectories of {p} across MDTs (one MDT each, round-robin)" if count == 1 else
+                "stripe new subdirectories of {p} over " + ("every MDT" if count == -1 else f"{count} MDTs"))
+        self.add(ActionKind.SET_DIR_DEFAULT, c.cmd_setdirstripe_default(path, stripe_count=count),
+                 what.format(p=path))
+
     def _plan_new_directory(self, vc: VcStorage, path: str) -> None:
         mount = PurePosixPath(self.mount)
         missing_parents = []
@@ -222,11 +231,11 @@ class Planner:
         if vc.mdt == SPREAD:
             self.add(ActionKind.MKDIR, c.cmd_mkdir(path, mdt_index=-1, stripe_count=vc.dir_stripe_count),
                      f"create {path} for VC {vc.name} on an MDT chosen by the MDS")
-            self.add(ActionKind.SET_DIR_DEFAULT, c.cmd_setdirstripe_default(path),
-                     f"spread new subdirectories of {path} across MDTs")
         else:
             self.add(ActionKind.MKDIR, c.cmd_mkdir(path, mdt_index=int(vc.mdt), stripe_count=vc.dir_stripe_count),
                      f"create {path} for VC {vc.name} on MDT {vc.mdt}")
+        if vc.wanted_dir_default is not None:
+            self._add_dir_default(path, vc.wanted_dir_default)
         self.add(ActionKind.SET_STRIPE, c.cmd_setstripe(path, pool=vc.pool, stripe_count=vc.stripe_count),
                  f"pin new files in {path} to pool {vc.pool}")
         if vc.project_id is not None:

@@ -141,6 +141,9 @@ class VcStorage(_Strict):
     osts: tuple[int, ...]
     mdt: int | str = 0
     dir_stripe_count: int | None = Field(None, ge=2)
+    # default layout of new subdirectories: striped over this many MDTs (lfs setdirstripe -D -c N
+    # -i -1; -1 = every MDT). "spread" alone means 1 (each subdirectory on one MDT, round-robin).
+    default_dir_stripe_count: int | None = Field(None, ge=-1)
     stripe_count: int | None = Field(None, ge=-1)
     project_id: int | None = Field(None, ge=1, le=4294967294)
     project_quota: Limits | None = None
@@ -180,6 +183,20 @@ class VcStorage(_Strict):
         if path.is_absolute() or ".." in path.parts or str(path) in (".", ""):
             raise ValueError("directory is a path below the mount, without '..', e.g. vcs/vision")
         return str(path)
+
+    @field_validator("default_dir_stripe_count")
+    @classmethod
+    def _default_dir_stripe(cls, value: int | None) -> int | None:
+        if value == 0:
+            raise ValueError("default_dir_stripe_count is a number of MDTs (1, 2, ...) or -1 for all of them")
+        return value
+
+    @property
+    def wanted_dir_default(self) -> int | None:
+        """The stripe count of the default directory layout this VC asks for (None: none)."""
+        if self.default_dir_stripe_count is not None:
+            return self.default_dir_stripe_count
+        return 1 if self.mdt == SPREAD else None
 
     @model_validator(mode="after")
     def _quota_needs_project(self) -> VcStorage:

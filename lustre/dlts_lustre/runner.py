@@ -7,6 +7,8 @@ commands instead of running them (read-only commands still run, so a plan can be
 from __future__ import annotations
 
 import logging
+import os
+import shlex
 import shutil
 import threading
 from collections import deque
@@ -22,6 +24,21 @@ log = logging.getLogger(__name__)
 TOOLS = frozenset({"lfs", "lctl"})
 DEFAULT_TIMEOUT_S = 60.0
 EXECUTED_KEPT = 1000
+# lctl subcommands that only work on the MGS (lctl asks the local MGS device; elsewhere it prints
+# "This command must be run on the MGS." and exits with ENODEV).
+MGS_SUBCOMMANDS = frozenset({"pool_new", "pool_add", "pool_remove", "pool_destroy", "conf_param"})
+MGS_COMMAND_ENV = "DLTS_LUSTRE_MGS_COMMAND"
+
+
+def needs_mgs(argv: Sequence[str]) -> bool:
+    """Whether ``argv`` must run on the MGS (pool changes, ``conf_param``, ``set_param -P``)."""
+    if len(argv) < 2 or argv[0] != "lctl":
+        return False
+    return argv[1] in MGS_SUBCOMMANDS or (argv[1] == "set_param" and "-P" in argv[2:])
+
+
+def mgs_command_from_env() -> tuple[str, ...]:
+    return tuple(shlex.split(os.environ.get(MGS_COMMAND_ENV, "")))
 
 
 @dataclass(frozen=True)
@@ -35,10 +52,17 @@ class CommandResult:
 
 @dataclass
 class Runner:
-    """Runs Lustre tools. ``dry_run`` records (and does not run) commands marked ``mutating``."""
+    """Runs Lustre tools. ``dry_run`` records (and does not run) commands marked ``mutating``.
+
+    ``mgs_command`` is the argv prefix that reaches the MGS (for example ``ssh -o BatchMode=yes
+    root@mds1``): commands that only work there (``needs_mgs``) run as ``PREFIX lctl ...``. Empty
+    (the default, or ``$DLTS_LUSTRE_MGS_COMMAND`` when set) runs them here, which is right only on the
+    MGS itself.
+    """
 
     timeout_s: float = DEFAULT_TIMEOUT_S
     dry_run: bool = False
+    mgs_command: tuple[str, ...] = field(default_factory=mgs_command_from_env)
     recorded: list[tuple[str, ...]] = field(default_factory=list)
     # The last commands run, for logs and tests; bounded because the agent's collector lives for months.
     executed: deque[tuple[str, ...]] = field(default_factory=lambda: deque(maxlen=EXECUTED_KEPT))
@@ -54,17 +78,21 @@ class Runner:
             log.info("dry-run: would run %s", " ".join(argv))
             return CommandResult(argv, 0, "", "", dry_run=True)
         # Resolve on every call: PATH may change (tests, modules loaded by the operator).
-        path = shutil.which(argv[0])
+        prefix = tuple(self.mgs_command) if needs_mgs(argv) else ()
+        program = prefix[0] if prefix else argv[0]
+        path = shutil.which(program)
         if path is None:
-            raise LustreCommandError(argv, exit_code=None,
-                                     reason=f"{argv[0]} not found on PATH; install the Lustre client utilities")
+            hint = ("the MGS command (lustre_mgs_command)" if prefix
+                    else "install the Lustre client utilities")
+            raise LustreCommandError(argv, exit_code=None, reason=f"{program} not found on PATH; {hint}")
+        call_args = (*prefix[1:], *argv) if prefix else argv[1:]
         limit_s = self.timeout_s if timeout_s is None else timeout_s
         log.debug("running %s", " ".join(argv))
         # The deadline is a Timer that kills the child: sh's own _timeout polls every 0.1 s, which
         # would add 0.1 s to each of the dozens of short lfs calls an apply makes.
         expired = threading.Event()
         try:
-            proc = sh.Command(path)(*argv[1:], _bg=True, _bg_exc=False, _ok_code=list(ok_codes),
+            proc = sh.Command(path)(*call_args, _bg=True, _bg_exc=False, _ok_code=list(ok_codes),
                                     _tty_out=False, _in="")
         except OSError as exc:
             raise LustreCommandError(argv, exit_code=None, reason=str(exc)) from None

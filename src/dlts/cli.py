@@ -13,6 +13,7 @@ import functools
 import logging
 import sys
 from contextlib import contextmanager
+from typing import ClassVar
 
 import click
 
@@ -72,13 +73,58 @@ class Context:
 pass_ctx = click.make_pass_decorator(Context)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class SectionedGroup(click.Group):
+    """``dlts --help`` lists the user commands (they talk to the REST API, from anywhere) apart from
+    the server commands (they run on the control host with the database's credentials). A command
+    is a user command when it carries ``dlts_section = "user"``; a server group's user subcommands
+    (``vc show``) are listed with the user commands too."""
+
+    lazy: ClassVar[dict] = {}  # name -> a function returning the command, imported when first asked for
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(set(super().list_commands(ctx)) | set(self.lazy))
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name not in self.commands and name in self.lazy:
+            self.add_command(self.lazy[name](), name)
+        return super().get_command(ctx, name)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        user_rows, server_rows = [], []
+        limit = 150  # the whole first sentence; the formatter wraps it
+        for name in self.list_commands(ctx):
+            command = self.get_command(ctx, name)
+            if command is None or command.hidden:
+                continue
+            row = (name, command.get_short_help_str(limit))
+            if getattr(command, "dlts_section", None) == "user":
+                user_rows.append(row)
+                continue
+            server_rows.append(row)
+            if isinstance(command, click.Group):
+                for sub_name in command.list_commands(ctx):
+                    sub = command.get_command(ctx, sub_name)
+                    if sub is not None and getattr(sub, "dlts_section", None) == "user":
+                        user_rows.append((f"{name} {sub_name}", sub.get_short_help_str(limit)))
+        if user_rows:
+            with formatter.section("User commands (the REST API; run `dlts login URL` first)"):
+                formatter.write_dl(sorted(user_rows))
+        if server_rows:
+            with formatter.section("Server commands (on the control host, with the database)"):
+                formatter.write_dl(server_rows)
+
+
+@click.group(cls=SectionedGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--config", "config_file", type=click.Path(dir_okay=False), envvar="DLTS_CONFIG",
               help="YAML config file (default: $DLTS_HOME/dlts.yaml or /etc/dlts/dlts.yaml).")
 @click.option("-v", "--verbose", is_flag=True, help="Log debug messages.")
 @click.pass_context
 def main(ctx: click.Context, config_file: str | None, verbose: bool) -> None:
-    """DLTS: Deep Learning Training Service."""
+    """DLTS: Deep Learning Training Service.
+
+    User commands talk to the REST API with a stored token (`dlts login URL`), from any machine;
+    server commands run where the service runs and use its configuration. Exit codes and shell
+    completion: docs/cli.md."""
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("alembic").setLevel(logging.DEBUG if verbose else logging.WARNING)
@@ -179,8 +225,13 @@ def managers(ctx: Context) -> None:
     # is made only while the lease is held with margin
     sessions = lease.fenced_sessions(session_factory(app))
     manager = JobManager(sessions, FencedBackend(backend, lease), settings)
+    from dlts.services.jobs import SUBMIT_WINDOW_S
+
     janitor = Janitor(sessions, settings.retention_days, batch_rows=settings.janitor_batch_rows,
-                      pause_s=settings.janitor_pause_s, log_dir=settings.effective_log_dir)
+                      pause_s=settings.janitor_pause_s, log_dir=settings.effective_log_dir,
+                      idempotency_key_ttl_h=settings.idempotency_key_ttl_h,
+                      # a rate counter outlives the longest window any limit counts in (and an hour)
+                      counter_window_s=max(settings.login_limit_window_s, SUBMIT_WINDOW_S, 3600.0))
     entries = [Periodic("jobmanager.tick", settings.tick_s, manager.tick, watched=True),
                Periodic("janitor.purge", 3600.0, janitor.run),
                Periodic("allowlist.purge_expired", 600.0, functools.partial(allowlist.purge_expired_entries, sessions)),
@@ -198,6 +249,9 @@ def managers(ctx: Context) -> None:
     from dlts.managers.storage import periodic_entries as storage_entries
 
     entries.extend(storage_entries(settings, sessions))  # scans, expiry (storage.roots), Lustre
+    from dlts.managers.directory import periodic_entries as directory_entries
+
+    entries.extend(directory_entries(settings, sessions))  # users and groups from LDAP (directory.url)
     from dlts.managers.notify import NotifyManager
     from dlts.services.notify import TemplateError
 
@@ -207,6 +261,12 @@ def managers(ctx: Context) -> None:
     except (ConfigError, TemplateError) as exc:
         raise click.ClickException(str(exc)) from None
     entries.append(Periodic("notify.send", settings.notify.interval_s, notifier.run_once))
+    if settings.insight.enabled:
+        from dlts.managers.insight import InsightManager
+
+        # insight messages on running jobs and the VCs' idle-job policy (fenced sessions: its warnings,
+        # pauses and kills are state writes like the job manager's)
+        entries.append(Periodic("insight.run", settings.insight.interval_s, InsightManager(sessions, settings).run_once))
     from dlts.metrics import instrumented
 
     # dlts_manager_runs_total
@@ -279,6 +339,7 @@ POSIX_ID = click.IntRange(0, 2**31 - 1)  # the service refuses 0-999 with a mess
 @click.option("--gid", type=POSIX_ID, help="The user's primary gid (1000 or more; with --uid).")
 @pass_ctx
 def user_add(ctx: Context, name: str, admin: bool, email: str | None, uid: int | None, gid: int | None) -> None:
+    """Add user NAME (optionally a cluster admin, with the uid/gid their jobs run as)."""
     from dlts.services import admin as admin_service
 
     with ctx.session() as session:
@@ -335,7 +396,7 @@ def user_password(ctx: Context, name: str, generate: bool) -> None:
 
 @main.group()
 def vc() -> None:
-    """Virtual clusters."""
+    """Virtual clusters (`vc show` asks the REST API; the others use the database)."""
 
 
 @vc.command("add")
@@ -344,6 +405,7 @@ def vc() -> None:
 @click.option("--policy", type=click.Choice(["RF", "FIFO", "backfill"]), default="RF", show_default=True)
 @pass_ctx
 def vc_add(ctx: Context, name: str, quota: tuple[str, ...], policy: str) -> None:
+    """Add VC NAME with a GPU quota per SKU and a scheduling policy."""
     from dlts.services import admin as admin_service
 
     with ctx.session() as session:
@@ -452,6 +514,7 @@ def vc_storage(ctx: Context, vc_name: str, document: str | None, show: bool) -> 
 @click.option("--admin", is_flag=True, help="Make the user an admin of the VC.")
 @pass_ctx
 def vc_member(ctx: Context, vc_name: str, user_name: str, admin: bool) -> None:
+    """Make USER a member (or, with --admin, an admin) of VC."""
     from dlts.services import admin as admin_service
 
     with ctx.session() as session:
@@ -467,19 +530,50 @@ def vc_member(ctx: Context, vc_name: str, user_name: str, admin: bool) -> None:
 @click.option("--directory", help="Directory relative to the mount (default: <vc_root>/<VC>).")
 @click.option("--project-id", type=click.IntRange(1, 4294967294), help="Lustre project ID for the VC's quota.")
 @click.option("--stripe-count", type=click.IntRange(-1, 2000), help="Default stripe count of new files.")
+@click.option("--default-dir-stripe-count", type=click.IntRange(-1, 256),
+              help="Stripe new subdirectories over this many MDTs (lfs setdirstripe -D -c N; -1: all MDTs).")
 @pass_ctx
 def vc_lustre(ctx: Context, vc_name: str, pool: str, osts: str, mdt: str, directory: str | None,
-              project_id: int | None, stripe_count: int | None) -> None:
+              project_id: int | None, stripe_count: int | None, default_dir_stripe_count: int | None) -> None:
     """Pin VC's Lustre directory to an OST pool and an MDT; `dlts managers` applies it."""
     from dlts.services import admin as admin_service
 
     from dlts.strict import is_whole_number
 
     settings = {"pool": pool, "osts": osts, "mdt": int(mdt) if is_whole_number(mdt) else mdt, "directory": directory,
-                "project_id": project_id, "stripe_count": stripe_count}
+                "project_id": project_id, "stripe_count": stripe_count,
+                "default_dir_stripe_count": default_dir_stripe_count}
     with ctx.session() as session:
         stored = admin_service.set_vc_lustre(session, vc_name, settings)
     click.echo(f"VC {vc_name} Lustre settings: {stored}")
+
+
+@main.group()
+def directory() -> None:
+    """Users, groups and VC roles from the LDAP directory (the directory: section)."""
+
+
+@directory.command("sync")
+@click.option("--dry-run", is_flag=True, help="Report what would change; write nothing.")
+@click.option("--json", "as_json", is_flag=True, help="The report as JSON.")
+@pass_ctx
+def directory_sync(ctx: Context, dry_run: bool, as_json: bool) -> None:
+    """Sync users (uid, gid, e-mail) and groups from LDAP once. Exit 3: stopped by max_disable_percent."""
+    import json
+
+    from dlts.managers.directory import DirectoryError, DirectorySync
+
+    cfg = ctx.settings.directory
+    if not cfg.enabled:
+        raise click.ClickException("directory.url is not set: there is no directory to sync from (docs/administration.md)")
+    with ctx.sessions() as sessions:
+        try:
+            report = DirectorySync(sessions, cfg).sync(dry_run=dry_run)
+        except DirectoryError as exc:
+            raise click.ClickException(exc.message) from None
+    click.echo(json.dumps(report.as_json(), indent=2) if as_json else "\n".join(report.lines()))
+    if report.stopped:
+        sys.exit(3)
 
 
 # -- configuration ------------------------------------------------------------------------------------
@@ -787,27 +881,43 @@ def config_check(ctx: Context) -> None:
         click.echo(line)
 
 
-def _register_subsystem_commands() -> None:
-    """`dlts sim` (the scheduler's trace replayer) and `dlts render` (needs the k8s extra)."""
+def _render_command() -> click.Command:
+    """`dlts render` (needs the k8s extra), or a stand-in saying how to install it."""
     import importlib.util
 
-    from dlts.sim.cli import sim_command
-
-    main.add_command(sim_command)
     if importlib.util.find_spec("kubernetes") is not None:
         from dlts.backends.render_cli import render_command
 
-        main.add_command(render_command)
-        return
+        return render_command
 
-    @main.command("render", context_settings={"ignore_unknown_options": True}, add_help_option=False)
+    @click.command("render", context_settings={"ignore_unknown_options": True}, add_help_option=False)
     @click.argument("args", nargs=-1, type=click.UNPROCESSED)
     def render_unavailable(args) -> None:
         """Print the Kubernetes objects of a job (needs: pip install 'dlts[k8s]')."""
         raise click.ClickException("dlts render needs the Kubernetes client: pip install 'dlts[k8s]'")
 
+    return render_unavailable
 
-_register_subsystem_commands()
+
+def _sim_command() -> click.Command:
+    from dlts.sim.cli import sim_command
+
+    return sim_command
+
+
+# `dlts sim` (the scheduler's trace replayer) and `dlts render` load when they are run or listed: the
+# Kubernetes client alone took half a second of every other command's start (the user CLI's too)
+main.lazy = {"render": _render_command, "sim": _sim_command}
+
+
+def _register_user_commands() -> None:
+    """The user CLI (src/dlts/client): submit, jobs, logs, ... over the REST API."""
+    from dlts.client.commands import register
+
+    register(main, vc)
+
+
+_register_user_commands()
 
 
 if __name__ == "__main__":

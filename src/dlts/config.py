@@ -20,6 +20,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from dlts.backends.k8s_settings import KubernetesSettings, cidr_list
+from dlts.directory_settings import DirectorySettings
+from dlts.insight.settings import InsightSettings
 from dlts.notify_settings import NotifySettings
 from dlts.repair.settings import RepairSettings
 from dlts.strict import is_whole_number
@@ -32,6 +34,26 @@ DEFAULT_HOME = Path(".dlts")
 
 class ConfigError(Exception):
     """Start-up refused: the message names the key and says what is wrong."""
+
+
+class SkuReserve(BaseModel):
+    """Cores and bytes a GPU node of one SKU keeps for each free GPU (``sku_reserve``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    cpu_per_gpu: float | None = Field(None, ge=0)
+    memory_per_gpu_bytes: int | None = Field(None, ge=0)
+
+
+class VcScheduling(BaseModel):
+    """Per-VC scheduling settings (``vc_scheduling: {VC: {...}}``); unset keys take the cluster's."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    fair_share: bool | None = None
+    min_runtime_s: float | None = Field(None, ge=0)
+    max_reclaim_delay_s: float | None = Field(None, ge=0)
+    max_preemptions: int | None = Field(None, ge=0)
 
 
 class Settings(BaseModel):
@@ -105,6 +127,23 @@ class Settings(BaseModel):
     # backfill: runtime assumed for jobs with no limit when their VC sets none; null: unbounded
     default_runtime_estimate_s: int | None = Field(None, gt=0)
     default_max_retries: int = Field(3, ge=0, le=100)
+    # per SKU: cores / bytes a GPU node keeps for each free GPU; CPU-only jobs may use only the rest
+    # (unset: the node's cores / GPUs and bytes / GPUs, so a default-sized GPU job always fits).
+    # In the environment, JSON: DLTS_SKU_RESERVE='{"a100": {"cpu_per_gpu": 10}}'
+    sku_reserve: dict[str, SkuReserve] = Field(default_factory=dict)
+    # fair share inside a VC: a user's GPU-seconds count half after this many hours (0: fair share
+    # off everywhere); among equal priority, users with less decayed use than an equal share go first
+    fair_share_half_life_h: float = Field(168.0, ge=0, le=24 * 365)
+    fair_share: bool = True  # the cluster's default per VC (vc_scheduling.VC.fair_share wins)
+    # preemption budget (the cluster's default per VC): a preemptible job runs at least
+    # min_runtime_s before it may be preempted, unless the job reclaim is for has waited longer than
+    # max_reclaim_delay_s (None: never); a job preempted max_preemptions times (0: no limit) is
+    # protected for min_runtime_s of every later run without that exception
+    min_runtime_s: float = Field(0.0, ge=0, le=30 * 86400)
+    max_reclaim_delay_s: float | None = Field(None, ge=0, le=30 * 86400)
+    max_preemptions: int = Field(0, ge=0, le=1000)
+    # per VC: {fair_share, min_runtime_s, max_reclaim_delay_s, max_preemptions}; environment: JSON
+    vc_scheduling: dict[str, VcScheduling] = Field(default_factory=dict)
     # demo on a GPU-less machine: pretend the local node has this many GPUs of demo_sku
     demo_gpus: int = Field(0, ge=0, le=64)
     demo_sku: str = "demo-gpu"
@@ -134,6 +173,9 @@ class Settings(BaseModel):
     retention_days: int = Field(180, ge=1)
     janitor_batch_rows: int = Field(500, ge=1, le=100_000)
     janitor_pause_s: float = Field(0.01, ge=0, le=60)  # the least pause; it is at least the batch's own time
+    # POST /jobs with an Idempotency-Key header: a retry with the same key answers the same job for
+    # this many hours; the janitor deletes older keys (docs/api.md#idempotent-submission)
+    idempotency_key_ttl_h: float = Field(24.0, gt=0, le=24 * 366)
     # accounting (docs/accounting.md): seconds between bookings of GPU time into the usage rollup, and
     # days the per-minute utilisation history of attempts is kept
     accounting_interval_s: float = Field(60.0, ge=1, le=3600)
@@ -142,6 +184,11 @@ class Settings(BaseModel):
     # which applies each VC's storage["lustre"] settings every storage_interval_s (None: off)
     lustre_defaults_file: Path | None = None
     storage_interval_s: float = Field(300.0, ge=10)
+    # the argv prefix that reaches the Lustre MGS, where pool changes must run (e.g. ["ssh", "-o",
+    # "BatchMode=yes", "root@mds1"]; a string is split like a shell line); () = this host is the MGS
+    lustre_mgs_command: tuple[str, ...] = ()
+    # seconds between reads of Lustre usage per user and per VC (lfs quota) into the storage snapshots
+    lustre_usage_interval_s: float = Field(900.0, ge=10)
     # allowlists
     allow_ip_days: int = Field(30, ge=1)
     # job endpoints are reachable from their owner's allowed IPs and from these networks (e.g. the
@@ -156,11 +203,25 @@ class Settings(BaseModel):
     notify: NotifySettings = Field(default_factory=NotifySettings)
     # the storage manager's scans, alerts and expiry of NFS/local roots (docs/storage.md)
     storage: StorageSettings = Field(default_factory=StorageSettings)
+    # insight messages on running jobs and the VCs' idle-job policy (docs/monitoring.md#insight)
+    insight: InsightSettings = Field(default_factory=InsightSettings)
+    # users, groups and VC roles from LDAP: `dlts directory sync` (docs/administration.md)
+    directory: DirectorySettings = Field(default_factory=DirectorySettings)
 
-    @field_validator("kubernetes", "storage", mode="before")
+    @field_validator("kubernetes", "storage", "insight", "directory", mode="before")
     @classmethod
     def _empty_section(cls, value: Any) -> Any:
         # "kubernetes:" with nothing under it is YAML null: the section with every default
+        return {} if value is None else value
+
+    @field_validator("sku_reserve", "vc_scheduling", mode="before")
+    @classmethod
+    def _json_mapping(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            try:
+                return json.loads(value) if value.strip() else {}
+            except ValueError:
+                raise ValueError('must be a mapping, in the environment JSON like {"a100": {"cpu_per_gpu": 10}}') from None
         return {} if value is None else value
 
     @field_validator("database_url")
@@ -190,6 +251,18 @@ class Settings(BaseModel):
     @classmethod
     def _cidr_list(cls, value: Any) -> Any:
         return cidr_list(value)
+
+    @field_validator("lustre_mgs_command", mode="before")
+    @classmethod
+    def _argv(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            import shlex
+
+            try:
+                return tuple(shlex.split(value))
+            except ValueError as exc:
+                raise ValueError(f"is not a command line: {exc}") from None
+        return value
 
     @field_validator("endpoint_port_range", mode="before")
     @classmethod
@@ -250,8 +323,10 @@ MOVED_KEYS = {
     "node_label_vc": "kubernetes.vc_label",
 }
 # Sections whose keys the environment sets one by one: DLTS_KUBERNETES__NAMESPACE=jobs,
-# DLTS_STORAGE__SCAN_INTERVAL_S=600 (storage.roots is a list: the file's).
-SECTIONS = {"kubernetes": KubernetesSettings, "storage": StorageSettings}
+# DLTS_STORAGE__SCAN_INTERVAL_S=600, DLTS_INSIGHT__IDLE_MIN=45, DLTS_DIRECTORY__URL=ldaps://... (lists
+# such as storage.roots and directory.vc_roles are the file's).
+SECTIONS = {"kubernetes": KubernetesSettings, "storage": StorageSettings, "insight": InsightSettings,
+            "directory": DirectorySettings}
 
 
 def _from_env(environ: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, str]]:

@@ -24,7 +24,7 @@ from werkzeug.serving import make_server
 from dlts import db_migrate
 from dlts.app import create_app
 from dlts.backends.local import LocalBackend
-from dlts.config import Settings
+from dlts.config import Settings, SkuReserve
 from dlts.db import engine_of, session_factory
 from dlts.hosts import is_loopback_host
 from dlts.jobmanager import JobManager
@@ -117,12 +117,14 @@ def start_agent(settings: Settings, sessions, node, url: str, scenario_name: str
     from dlts.services import nodes as node_service
 
     mode = agent_mode(node, settings, scenario_name)
-    lib = None
+    lib = deferred = None
     if mode == "fake":
-        from dlts_testing.fake_nvml import scenario
+        from dlts_testing.fake_nvml import DeferredFaults, scenario
 
-        lib = scenario(scenario_name)
-        lib.gpus = lib.gpus[: node.gpus]
+        faulty = scenario(scenario_name)
+        faulty.gpus = faulty.gpus[: node.gpus]
+        deferred = DeferredFaults(faulty)  # each faulty GPU fails once a job runs on it
+        lib = deferred.lib
     home = settings.home.resolve() / "agent"
     home.mkdir(parents=True, exist_ok=True)
     (home / "kmsg").touch()
@@ -145,8 +147,36 @@ def start_agent(settings: Settings, sessions, node, url: str, scenario_name: str
 
         agent.executor.runner = FakeDriver(lib)
     stop = threading.Event()
-    thread = threading.Thread(target=agent.run, args=(stop,), name="agent", daemon=True)
+
+    def run(stop: threading.Event) -> None:
+        if deferred is not None:
+            threading.Thread(target=faults_on_use, args=(deferred, sessions, node.name, stop), name="fake-faults",
+                             daemon=True).start()
+        agent.run(stop)
+
+    thread = threading.Thread(target=run, args=(stop,), name="agent", daemon=True)
     return agent, stop, thread, mode
+
+
+def faults_on_use(deferred, sessions, node_name: str, stop: threading.Event, poll_s: float = 0.5) -> None:
+    """The fake scenario's faults appear on a GPU once a job runs on it, so the story a newcomer
+    watches is the one that matters: a job on the GPU, the fault, the job moved off, the repair."""
+    import sqlalchemy as sa
+
+    from dlts.models import JobAttempt
+
+    while deferred.pending and not stop.wait(poll_s):
+        try:
+            with sessions() as session:
+                running = session.scalars(sa.select(JobAttempt.placements).where(
+                    JobAttempt.started_at.is_not(None), JobAttempt.ended_at.is_(None))).all()
+        except sa.exc.SQLAlchemyError:  # the database is busy: the next poll sees it
+            continue
+        for placements in running:
+            for placement in placements or []:
+                if placement.get("node") == node_name:
+                    for index in placement.get("gpu_indices") or []:
+                        deferred.use(int(index))
 
 
 def private_state(settings: Settings) -> None:
@@ -196,6 +226,10 @@ def run_demo(settings: Settings, fake_nvml: str | None = None) -> None:
         repair = settings.repair.model_copy(update={"interval_s": min(settings.repair.interval_s, 2.0),
                                                     "quiet_period_s": min(settings.repair.quiet_period_s, 10.0)})
         settings = settings.model_copy(update={"repair": repair, "demo_gpus": settings.demo_gpus or 8})
+    if not settings.sku_reserve:
+        # one machine for everything: keep no cores for its (pretend or real) GPUs, so CPU-only jobs
+        # run in the demo (on a cluster GPU nodes keep cpu_per_gpu per free GPU; docs/scheduling.md)
+        settings = settings.model_copy(update={"sku_reserve": {"*": SkuReserve(cpu_per_gpu=0, memory_per_gpu_bytes=0)}})
     app = create_app(settings)
     app.config["DLTS_DEMO"] = True  # the API acts on reports of the demo's fake-NVML agent
     db_migrate.upgrade(engine_of(app))
@@ -220,6 +254,10 @@ def run_demo(settings: Settings, fake_nvml: str | None = None) -> None:
     accountant = TickThread(None, settings.accounting_interval_s, name="accounting",
                             tick=instrumented("accounting.book",
                                               AccountingManager(sessions, settings.utilisation_retention_days).run_once))
+    from dlts.managers.insight import InsightManager
+
+    insight = TickThread(None, settings.insight.interval_s, name="insight",
+                         tick=instrumented("insight.run", InsightManager(sessions, settings).run_once))
     server = make_server(settings.listen_host, settings.listen_port, app, threaded=True)
     url = f"http://{settings.listen_host}:{server.server_port}"
     node = backend.nodes()[0]
@@ -230,14 +268,16 @@ def run_demo(settings: Settings, fake_nvml: str | None = None) -> None:
     click.echo(f"  node {node.name}: {gpus}, {node.cpu:g} cores; VC 'default' gets all of it")
     click.echo(f"  API:   {url}/api/v1   (OpenAPI: {url}/api/v1/openapi.json)")
     click.echo(f"  admin API token: {(home / 'demo-token').read_text().strip()}   (also in {home / 'demo-token'}; alice's in {home / 'alice-token'})")
-    click.echo(f"  portal: {url}/   logins (user:password) in {home / 'demo-credentials'}")
+    click.echo(f"  portal: {url}/   sign in as alice (member of VC default) or admin (cluster admin); "
+               f"their passwords are in {home / 'demo-credentials'} (user:password lines)")
     if created:
         for line in (home / "demo-credentials").read_text().split():
             click.echo(f"    {line}")
+    click.echo(f"  CLI:   dlts login {url} --token-file {home / 'alice-token'}   then: dlts submit --wait -- echo hello")
     click.echo(f"  try:   curl -H \"Authorization: Bearer $(cat {home / 'alice-token'})\" {url}/api/v1/me")
     if agent_reads == "fake":
-        click.echo(f"  node agent: fake NVML scenario {fake_nvml!r}; watch the repair loop with `dlts node show {node.name}` "
-                   f"or {url}/repair")
+        click.echo(f"  node agent: fake NVML scenario {fake_nvml!r} (a faulty GPU fails once a job runs on it: submit one); "
+                   f"watch the repair loop with `dlts node show {node.name}` or {url}/repair")
     elif agent_reads == "nvml":
         click.echo(f"  node agent: this machine's GPUs (NVML); it carries out no repair action in the demo "
                    f"(`dlts node show {node.name}`)")
@@ -250,6 +290,8 @@ def run_demo(settings: Settings, fake_nvml: str | None = None) -> None:
     if settings.repair.enabled:
         repairer.start()
     accountant.start()
+    if settings.insight.enabled:
+        insight.start()
     agent_thread.start()
     signal.signal(signal.SIGTERM, _interrupt)
     signal.signal(signal.SIGINT, _interrupt)
@@ -263,6 +305,7 @@ def run_demo(settings: Settings, fake_nvml: str | None = None) -> None:
         ticker.stopping.set()
         repairer.stopping.set()
         accountant.stopping.set()
+        insight.stopping.set()
         agent_stop.set()
         agent_thread.join(timeout=10)
         ticker.join(timeout=30)

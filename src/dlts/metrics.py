@@ -269,7 +269,7 @@ def record_result(result: object) -> None:
     """The numbers a manager's run returns (janitor, notifier, repair) as counters."""
     name = type(result).__name__
     if name == "PurgeResult":
-        for table in ("jobs", "attempts", "events", "endpoints"):
+        for table in ("jobs", "attempts", "events", "endpoints", "sessions", "rate_counters", "idempotency_keys"):
             JANITOR_ROWS.labels(table).inc(getattr(result, table, 0) or 0)
     elif name == "NotifyRun":
         for outcome, attr in (("sent", "sent"), ("rate_limited", "rate_limited"), ("retried", "retried"),

@@ -225,3 +225,20 @@ def test_a_lasting_nvml_failure_is_logged_once_not_every_round(node, caplog):
     agent.collect_once()
     failures = [r for r in caplog.records if "collector gpu failed" in r.getMessage()]
     assert len(failures) == 1 and "Driver Not Loaded" in failures[0].getMessage()
+
+
+def test_deferred_faults_show_a_gpu_healthy_until_a_job_uses_it_then_its_fault_once(node):
+    """The demo's fake scenario: GPU 3's DBE and XID 48 appear only once a job runs on GPU 3."""
+    from dlts_testing.fake_nvml import DeferredFaults
+
+    deferred = DeferredFaults(scenario("dbe-gpu3"))
+    assert deferred.pending == {3}
+    agent = Agent(agent_config(node, expected_gpu_count=8), nvml_lib=deferred.lib)
+    agent.collect_once()
+    assert agent.latest().findings == ()
+    assert not deferred.use(0)  # a healthy GPU: nothing to show
+    assert deferred.use(3) and not deferred.use(3)
+    agent.collect_once()
+    found = codes(agent)
+    assert {("gpu_ecc_uncorrected", "gpu3", "reset_gpu"), ("gpu_xid", "gpu3", "reset_gpu")} <= found
+    assert all(f.device == "gpu3" for f in agent.latest().findings)

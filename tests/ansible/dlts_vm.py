@@ -88,6 +88,7 @@ BASE_PACKAGES = (
 ROLE_PACKAGES = (
     "mariadb-server",
     "mariadb-client",
+    "mariadb-backup",
     "python3-pymysql",
     "python3-venv",
     "python3-pip",

@@ -9,6 +9,8 @@ host: the API's /readyz through nginx and TLS, the agent's Prometheus metrics, a
 the managers' metrics through nginx from loopback (refused from the host); the agent's
 reports must be accepted with the node token the playbook registered, and the VCs of the
 inventory must exist with its quota and policy (read through the API with an admin token).
+Last, the database backups: jobs, a backup through the installed dlts-db-backup service, the
+datadir destroyed, ansible/restore-db.yml to a point in time, and the jobs are back.
 
 The dlts distribution comes from this checkout: its wheel plus every dependency go into a
 wheelhouse that the roles copy to the target and install with no package index (the offline path
@@ -282,9 +284,75 @@ def test_converge_mariadb_control_and_agent(tmp_path, route):
             time.sleep(3)
         assert table.returncode == 0 and "30000-32767" in table.stdout, (
             table.stdout + table.stderr + machine.ssh("journalctl -u dlts-agent --no-pager | tail -20").stdout)
+
+        mark = time.monotonic()
+        _backup_destroy_restore(machine, inventory, tmp_path, api, admin, dlts)
+        timings["backup_restore_s"] = time.monotonic() - mark
     timings["total_s"] = time.monotonic() - started
     (tmp_path / "timings.json").write_text(json.dumps(timings, indent=1))
     print("converge timings:", json.dumps({k: v if isinstance(v, str) else round(v, 1) for k, v in timings.items()}))
+
+
+def _backup_destroy_restore(machine, inventory: Path, tmp_path: Path, api: str, admin: dict, dlts: str) -> None:
+    """The mariadb role's backups, for real: jobs, a backup through the installed service, a job
+    after it, a chosen time, a job after that; the datadir destroyed; ansible/restore-db.yml with
+    that time; the jobs before the time are back (the one after the backup from the binlogs), the
+    one after it is not, and the API and managers run again."""
+    timer = machine.ssh("systemctl is-enabled dlts-db-backup.timer && systemctl is-active dlts-db-backup.timer")
+    assert timer.stdout.split() == ["enabled", "active"], timer.stdout + timer.stderr
+    modes = machine.ssh("stat -c '%a %U' /var/backups/dlts-db /etc/mysql/dlts-backup.cnf /etc/mysql/dlts-backup.password")
+    assert modes.stdout.split() == ["700", "mysql", "600", "mysql", "600", "root"], modes.stdout + modes.stderr
+    made = machine.ssh(f"{dlts} vc member product ci-admin", timeout_s=120)
+    assert made.returncode == 0, made.stdout + made.stderr
+
+    def submit(name: str) -> int:
+        job = {"name": name, "vc": "product", "image": "debian:12", "command": "sleep 1"}
+        response = requests.post(f"{api}/api/v1/jobs", json=job, headers=admin, verify=False, timeout=30)
+        assert response.status_code == 201, response.text
+        return response.json()["id"]
+
+    before = [submit("before-backup-1"), submit("before-backup-2")]
+    backup = machine.ssh("systemctl start dlts-db-backup.service", timeout_s=300)
+    assert backup.returncode == 0, backup.stderr + machine.ssh("journalctl -u dlts-db-backup --no-pager | tail -30").stdout
+    listed = machine.ssh("/usr/local/sbin/dlts-db-restore --list")
+    assert len(listed.stdout.splitlines()) == 1 and " binlog mysql-bin." in listed.stdout, listed.stdout + listed.stderr
+    after_backup = submit("after-backup")
+    # The chosen time (the database host's clock, one-second resolution): a new second after the
+    # last wanted job; the job submitted after it must not come back.
+    clock = machine.ssh(
+        "python3 -c 'import time; s = int(time.time())\nwhile int(time.time()) <= s: time.sleep(0.05)\n"
+        "print(time.strftime(\"%Y-%m-%d %H:%M:%S\"))'")
+    assert clock.returncode == 0, clock.stderr
+    until = clock.stdout.strip()
+    after_until = submit("after-until")
+
+    # The database is lost: server stopped, datadir emptied (API and managers still running).
+    socket_state = machine.ssh("systemctl is-active mariadb.socket").stdout.strip()
+    # (mariadb.socket too: Debian's socket activation would start it again on the next connection)
+    lost = machine.ssh(
+        "systemctl stop mariadb.socket mariadb.service && rm -rf /var/lib/mysql/* && ls -A /var/lib/mysql | wc -l")
+    assert lost.returncode == 0 and lost.stdout.strip() == "0", lost.stdout + lost.stderr
+
+    restore = run_playbook(
+        "restore-db.yml", inventory, extra_vars={"until": until}, tmp_path=tmp_path, timeout_s=900,
+        log_path=tmp_path / "restore-db.log",
+    )
+    assert restore.returncode == 0, restore.stdout[-6000:]
+    assert f"rolled forward to {until}" in restore.stdout, restore.stdout[-4000:]
+
+    for job_id in [*before, after_backup]:
+        got = requests.get(f"{api}/api/v1/jobs/{job_id}", headers=admin, verify=False, timeout=30)
+        assert got.status_code == 200, (job_id, got.status_code, got.text)
+    gone = requests.get(f"{api}/api/v1/jobs/{after_until}", headers=admin, verify=False, timeout=30)
+    assert gone.status_code == 404, gone.text
+    state = machine.ssh("systemctl is-active dlts-api dlts-managers mariadb")
+    assert state.stdout.split() == ["active"] * 3, state.stdout + state.stderr
+    assert machine.ssh("systemctl is-active mariadb.socket").stdout.strip() == socket_state  # as before
+    # The playbook took a fresh backup of the restored database.
+    listed = machine.ssh("/usr/local/sbin/dlts-db-restore --list")
+    assert len(listed.stdout.splitlines()) == 2, listed.stdout + listed.stderr
+    # The restored database takes new submissions.
+    submit("after-restore")
 
 
 def _node_when_reported(url: str, headers: dict[str, str], timeout_s: float = 240) -> dict:

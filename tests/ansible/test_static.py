@@ -12,7 +12,7 @@ from ansible_helpers import ANSIBLE_DIR, INVENTORIES, PLAYBOOKS, REPO, ROLES_DIR
 
 LIFECYCLE_PLAYBOOKS = {
     "site.yml", "scale.yml", "remove-node.yml", "drain-node.yml", "return-node.yml", "upgrade-dlts.yml",
-    "validate.yml", "dlts-services.yml",
+    "validate.yml", "dlts-services.yml", "restore-db.yml",
 }
 ROLES = {
     "validate_inventory", "common", "nfs_server", "nfs_client", "kubernetes_control_plane", "kubernetes_node",

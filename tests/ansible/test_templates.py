@@ -2,7 +2,7 @@
 
 systemd-analyze verify for units, nginx -t for the proxy, promtool/amtool for Prometheus and
 Alertmanager, mariadbd for the server settings, `dlts config check` for the control-plane config,
-`dlts-lustre apply --dry-run` (against the fake lfs/lctl of tests/lustre) for the Lustre policy,
+dlts_lustre's planner (against the fake lfs/lctl of tests/lustre) for the storage manager's Lustre inputs,
 the Kubernetes client for the managers' kubeconfig, and parsers (TOML, YAML) where no tool exists
 on this machine (containerd, kubeadm, exports).
 """
@@ -42,6 +42,7 @@ def rendered(request, tmp_path_factory):
     # Paths the checking tools open are pointed into the work dir; everything else is the inventory's.
     make_stub_executables(work / "venv" / "bin", ("gunicorn", "dlts"))
     make_stub_executables(work / "agent-venv" / "bin", ("dlts-agent", "dlts-lustre"))
+    make_stub_executables(work / "sbin", ("dlts-db-backup",))
     subprocess.run(
         [tool("openssl"), "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=dlts-test",
          "-keyout", str(work / "tls.key"), "-out", str(work / "tls.crt")],
@@ -59,6 +60,7 @@ def rendered(request, tmp_path_factory):
         "monitoring_kubernetes_ca_file": str(work / "k8s-ca.crt"),
         "lustre_mount_point": str(work / "lustre-mount"),
         "lustre_policy_command": str(work / "agent-venv" / "bin" / "dlts-lustre"),
+        "mariadb_backup_script": str(work / "sbin" / "dlts-db-backup"),
     }
     if name == "example":  # the optional lifecycle settings, set (the lab leaves them to DLTS's defaults)
         overrides.update(OPTIONAL_SETTINGS)
@@ -84,6 +86,23 @@ def test_control_plane_units_pass_systemd_analyze_verify(rendered):
     api = (units / "dlts-api.service").read_text()
     assert "'dlts.app:create_app()'" in api
     assert "--bind 127.0.0.1:5000" in api
+
+
+def test_database_backup_units_pass_systemd_analyze_verify_and_the_scripts_parse(rendered):
+    _, out, work = rendered
+    units = work / "units-db-backup"
+    units.mkdir()
+    for unit in ("dlts-db-backup.service", "dlts-db-backup.timer"):
+        shutil.copy(out["mariadb"] / unit, units / unit)
+    result = _verify_units(units, "dlts-db-backup.timer", "dlts-db-backup.service")
+    assert result.returncode == 0, result.stderr
+    timer = (units / "dlts-db-backup.timer").read_text()
+    assert "OnCalendar=*-*-* 02:15:00" in timer and "Persistent=true" in timer
+    assert "User=mysql" in (units / "dlts-db-backup.service").read_text()
+    # The scripts run for real in test_db_backup.py; here bash parses each as rendered.
+    for script in ("dlts-db-backup", "dlts-db-restore", "dlts-db-replica-setup"):
+        parsed = subprocess.run(["bash", "-n", str(out["mariadb"] / script)], capture_output=True, text=True, check=False)
+        assert parsed.returncode == 0, (script, parsed.stderr)
 
 
 @pytest.mark.parametrize("unit_source", ["repository", "role fallback"])
@@ -308,28 +327,50 @@ def _fake_lustre_env(work: Path, fsname: str, mount: Path, mdts: int, osts: int)
     )
 
 
-def test_lustre_policy_applies_and_is_idempotent_against_the_fake_lustre(rendered):
+def test_the_rendered_lustre_defaults_and_seeded_vc_settings_apply_idempotently_against_the_fake(rendered):
+    """The storage manager's inputs as the roles write them (dlts_control's lustre-defaults.yaml and
+    the VC documents `dlts vc storage` seeds into the database) make a policy that converges, with the
+    pool commands on the MGS, and a second pass changes nothing."""
+    from dlts_lustre.client import LustreClient
+    from dlts_lustre.plan import apply_plan, build_plan
+    from dlts_lustre.policy import policy_from_vcs
+    from dlts_lustre.runner import Runner
+
     name, out, work = rendered
-    policy_path = out["lustre_policy"] / "lustre-policy.yaml"
-    policy = yaml.safe_load(policy_path.read_text())
+    defaults = yaml.safe_load((out["dlts_control"] / "lustre-defaults.yaml").read_text())
+    documents = json.loads((out["dlts_control"] / "vc-storage.json").read_text())
+    vcs = [{"name": vc, **doc["lustre"]} for vc, doc in documents.items() if "lustre" in doc]
+    pools = {p["name"] for p in yaml.safe_load((INVENTORIES[name] / "group_vars/all/lustre.yml").read_text())["lustre_pools"]}
+    assert {vc["pool"] for vc in vcs} == pools
     layout = {"vagrant": (2, 2), "example": (4, 16)}[name]  # (MDTs, OSTs) the inventory's servers provide
-    env = _fake_lustre_env(work, policy["filesystem"]["name"], Path(policy["filesystem"]["mount"]), *layout)
-    dlts_lustre = str(Path(sys.executable).parent / "dlts-lustre")
+    env = _fake_lustre_env(work, defaults["filesystem"]["name"], Path(defaults["filesystem"]["mount"]), *layout)
+    saved = dict(os.environ)
+    os.environ.update(env)
+    os.environ["DLTS_FAKE_LUSTRE_NODE"] = "client"
+    try:
+        client = LustreClient(Runner(mgs_command=("env", "DLTS_FAKE_LUSTRE_NODE=mgs")))
+        policy = policy_from_vcs(vcs, defaults)
+        plan = build_plan(policy, client)
+        assert plan.actions and not plan.unsafe, "a fresh file system needs pools, directories and quotas"
+        apply_plan(plan, client)
+        assert build_plan(policy, client).actions == ()
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    state = json.loads((work / "fake-lustre" / "state.json").read_text())
+    assert set(state["pools"]) == pools
 
-    def apply(*flags: str) -> dict:
-        result = subprocess.run(
-            [dlts_lustre, "apply", "--json", *flags, str(policy_path)], env=env, capture_output=True, text=True, timeout=120
-        )
-        assert result.returncode == 0, result.stdout + result.stderr
-        return json.loads(result.stdout)
 
-    plan = apply("--dry-run")
-    assert plan["actions"], "a fresh file system needs pools, directories and quotas"
-    assert {vc["pool"] for vc in policy["vcs"]} == {
-        p["name"] for p in yaml.safe_load((INVENTORIES[name] / "group_vars/all/lustre.yml").read_text())["lustre_pools"]
-    }
-    assert apply()["changed"] is True
-    assert apply()["changed"] is False
+def test_the_managers_reach_the_mgs_for_pool_commands(rendered):
+    name, out, _ = rendered
+    config = yaml.safe_load((out["dlts_control"] / "dlts.yaml").read_text())
+    assert config["lustre_defaults_file"] == "/etc/dlts/lustre-defaults.yaml"
+    if name == "vagrant":  # the control host is the MGS
+        assert config["lustre_mgs_command"] == []
+    else:
+        assert config["lustre_mgs_command"][0] == "ssh" and config["lustre_mgs_command"][-1] == "root@10.10.1.11"
+    unit = (out["dlts_control"] / "dlts-managers.service").read_text()
+    assert "AmbientCapabilities=CAP_SYS_ADMIN" in unit and "/lustre-mount" in unit
 
 
 def test_managers_kubeconfig_loads_in_the_kubernetes_client(rendered):

@@ -162,6 +162,11 @@ CASES = {
         lambda inv: inv.edit("group_vars/all/dlts.yml", lambda d: d["dlts_vcs"][1].update(lustre_mdt=5)),
         "Virtual cluster product uses pool \"product\" and MDT 5",
     ),
+    "virtual cluster striping subdirectories over more MDTs than exist": (
+        lambda inv: inv.edit("group_vars/all/dlts.yml",
+                             lambda d: d["dlts_vcs"][1].update(lustre_default_dir_stripe_count=3)),
+        "lustre_default_dir_stripe_count is -1 (all MDTs) or 1 to the number of MDTs",
+    ),
     "file system name longer than Lustre allows": (
         lambda inv: inv.set("group_vars/all/lustre.yml", "lustre_fsname", "muchtoolongname"),
         'lustre_fsname must be 1 to 8 letters, digits or underscores (mkfs.lustre\'s limit), found "muchtoolongname"',
@@ -383,3 +388,11 @@ def test_the_inventory_check_knows_every_key_of_the_kubernetes_section_with_its_
         le = [m.le for m in metadata if isinstance(m, annotated_types.Le)]
         expected = ((gt or ge)[0], bool(gt), le[0] if le else None)
         assert (spec["min"], spec.get("exclusive_min", False), spec.get("max")) == expected, name
+
+
+def test_a_database_replica_that_is_also_the_primary_is_refused(lab, tmp_path):
+    lab.edit_groups(lambda g: g.__setitem__("dlts_db_replica", {"hosts": {"control": None}}))
+    result = _validate(lab, tmp_path)
+    assert result.returncode != 0
+    assert ("control is in both 'mariadb' (the primary) and 'dlts_db_replica' (its replicas)"
+            in " ".join(result.stdout.split())), result.stdout[-3000:]

@@ -58,6 +58,61 @@ def fresh_vc(sessions, settings):
     return {"vc": name}
 
 
+def fresh_user(sessions, settings):
+    name = unique("u")
+    with sessions() as s:
+        admin.add_user(s, name)
+    return {"user": name}
+
+
+def disabled_user(sessions, settings):
+    from dlts.services import users
+
+    target = fresh_user(sessions, settings)
+    with sessions() as s:
+        users.disable_user(s, admin.get_user(s, target["user"]), "test", "test")
+    return target
+
+
+def fresh_vision_member(sessions, settings):
+    target = fresh_user(sessions, settings)
+    with sessions() as s:
+        admin.add_member(s, "vision", target["user"])
+    return target
+
+
+def fresh_group(sessions, settings):
+    from dlts.models import Group
+
+    name = unique("g")
+    with sessions() as s:
+        s.add(Group(name=name))
+        s.commit()
+    return {"group": name, **fresh_user(sessions, settings)}
+
+
+def fresh_group_with_user(sessions, settings):
+    from dlts.models import Group, GroupMember
+
+    target = fresh_group(sessions, settings)
+    with sessions() as s:
+        group = s.scalar(sa.select(Group).where(Group.name == target["group"]))
+        s.add(GroupMember(group_id=group.id, user_id=admin.get_user(s, target["user"]).id))
+        s.commit()
+    return target
+
+
+def fresh_group_bound(sessions, settings):
+    from dlts.models import Group, Role, RoleBinding
+
+    target = fresh_group(sessions, settings)
+    with sessions() as s:
+        group = s.scalar(sa.select(Group).where(Group.name == target["group"]))
+        s.add(RoleBinding(role=Role.VC_MEMBER, group_id=group.id, vc_id=admin.get_vc(s, "vision").id))
+        s.commit()
+    return target
+
+
 def alice_key(sessions, settings):
     from dlts.services import ssh_keys
 
@@ -171,6 +226,20 @@ TABLE = [
          body=lambda t: {"kind": "port", "port": 6006}, prepare=job_in(JobStatus.RUNNING)),
     Case("close an endpoint", "DELETE", "/api/v1/jobs/{job}/endpoints/{endpoint}", (401, 403, 404, 202, 202, 202),
          prepare=job_with_endpoint),
+    Case("delete an ended job", "DELETE", "/api/v1/jobs/{job}", (401, 403, 404, 403, 403, 204),
+         prepare=job_in(JobStatus.FINISHED)),
+    Case("delete a running job", "DELETE", "/api/v1/jobs/{job}", (401, 403, 404, 403, 403, 409),
+         prepare=job_in(JobStatus.RUNNING)),
+    Case("replace a job's tags", "PUT", "/api/v1/jobs/{job}/tags", (401, 403, 404, 200, 200, 200),
+         body=lambda t: {"tags": ["baseline", "resnet"]}, prepare=with_job),
+    Case("star a job", "PUT", "/api/v1/jobs/{job}/favourite", (401, 200, 404, 200, 200, 200), prepare=with_job),
+    Case("unstar a job", "DELETE", "/api/v1/jobs/{job}/favourite", (401, 200, 404, 200, 200, 200), prepare=with_job),
+    Case("read a job's spec", "GET", "/api/v1/jobs/{job}/spec", (401, 403, 404, 200, 200, 200), prepare=with_job),
+    Case("archive an ended job", "POST", "/api/v1/jobs/{job}/archive", (401, 403, 404, 403, 403, 200),
+         prepare=job_in(JobStatus.FINISHED)),
+    Case("archive a queued job", "POST", "/api/v1/jobs/{job}/archive", (401, 403, 404, 403, 403, 409), prepare=with_job),
+    Case("unarchive an ended job", "POST", "/api/v1/jobs/{job}/unarchive", (401, 403, 404, 403, 403, 200),
+         prepare=job_in(JobStatus.FINISHED)),
     Case("list VCs", "GET", "/api/v1/vcs", ALL_200),
     Case("read VC vision", "GET", "/api/v1/vcs/vision", (401, 200, 404, 200, 200, 200)),
     Case("read VC vision's history", "GET", "/api/v1/vcs/vision/events", (401, 200, 404, 200, 200, 200)),
@@ -198,8 +267,38 @@ TABLE = [
          body=lambda t: {"server": "ghcr.io", "username": "me", "password": "s3cret"}),
     Case("delete alice's registry credential", "DELETE", "/api/v1/me/registry-credentials/{cred}",
          (401, 404, 404, 404, 404, 204), prepare=alice_registry_credential),
-    Case("set alice's uid and gid", "PATCH", "/api/v1/users/alice", (401, 403, 403, 403, 200, 403),
-         body=lambda t: {"uid": 5000 + int(unique("")), "gid": 5000}),
+    Case("set alice's uid and gid", "PATCH", "/api/v1/users/{user}", (401, 403, 403, 403, 200, 403),
+         body=lambda t: {"uid": 5000 + int(unique("")), "gid": 5000}, prepare=lambda sessions, settings: {"user": "alice"}),
+    Case("make a user a cluster admin", "PATCH", "/api/v1/users/{user}", (401, 403, 403, 403, 200, 403),
+         body=lambda t: {"cluster_admin": True, "email": "x@example.org"}, prepare=fresh_user),
+    Case("list users", "GET", "/api/v1/users", (401, 403, 403, 403, 200, 403)),
+    Case("create a user", "POST", "/api/v1/users", (401, 403, 403, 403, 201, 403),
+         body=lambda t: {"name": unique("newuser"), "email": "new@example.org"}),
+    Case("read a user", "GET", "/api/v1/users/{user}", (401, 403, 403, 403, 200, 403), prepare=fresh_user),
+    Case("disable a user", "POST", "/api/v1/users/{user}/disable", (401, 403, 403, 403, 200, 403),
+         body=lambda t: {"reason": "left"}, prepare=fresh_user),
+    Case("enable a user", "POST", "/api/v1/users/{user}/enable", (401, 403, 403, 403, 200, 403), prepare=disabled_user),
+    Case("reset a user's password", "POST", "/api/v1/users/{user}/password", (401, 403, 403, 403, 200, 403),
+         body=lambda t: {}, prepare=fresh_user),
+    Case("list VC vision's members", "GET", "/api/v1/vcs/vision/members", (401, 200, 404, 200, 200, 200)),
+    Case("add a member to VC vision", "PUT", "/api/v1/vcs/vision/members/{user}", (401, 403, 404, 200, 200, 403),
+         body=lambda t: {"role": "member"}, prepare=fresh_user),
+    Case("make a VC admin of vision", "PUT", "/api/v1/vcs/vision/members/{user}", (401, 403, 404, 200, 200, 403),
+         body=lambda t: {"role": "admin"}, prepare=fresh_vision_member),
+    Case("remove a member of VC vision", "DELETE", "/api/v1/vcs/vision/members/{user}?queued=kill",
+         (401, 403, 404, 200, 200, 403), prepare=fresh_vision_member),
+    Case("list groups", "GET", "/api/v1/groups", (401, 403, 403, 403, 200, 403)),
+    Case("create a group", "POST", "/api/v1/groups", (401, 403, 403, 403, 201, 403), body=lambda t: {"name": unique("grp")}),
+    Case("read a group", "GET", "/api/v1/groups/{group}", (401, 403, 403, 403, 200, 403), prepare=fresh_group),
+    Case("delete a group", "DELETE", "/api/v1/groups/{group}", (401, 403, 403, 403, 204, 403), prepare=fresh_group),
+    Case("add a user to a group", "PUT", "/api/v1/groups/{group}/members/{user}", (401, 403, 403, 403, 200, 403),
+         prepare=fresh_group),
+    Case("remove a user from a group", "DELETE", "/api/v1/groups/{group}/members/{user}", (401, 403, 403, 403, 200, 403),
+         prepare=fresh_group_with_user),
+    Case("bind a group to VC vision", "PUT", "/api/v1/groups/{group}/vcs/vision", (401, 403, 403, 403, 200, 403),
+         body=lambda t: {"role": "member"}, prepare=fresh_group),
+    Case("unbind a group from VC vision", "DELETE", "/api/v1/groups/{group}/vcs/vision", (401, 403, 403, 403, 200, 403),
+         prepare=fresh_group_bound),
     Case("replace VC vision's storage", "PUT", "/api/v1/vcs/vision/storage", (401, 403, 404, 403, 200, 403),
          body=lambda t: {"nfs": [{"server": "10.0.0.5", "path": "/export/vision", "mount_path": "/data"}]}),
     Case("list VC vision's registry credentials", "GET", "/api/v1/vcs/vision/registry-credentials",
@@ -234,7 +333,8 @@ TABLE = [
 
 
 PATH_TARGETS = {"cycle_id": "{cycle}", "job_id": "{job}", "key_id": "{key}", "entry_id": "{ip}", "token_id": "{token}",
-                "endpoint_id": "{endpoint}", "credential_id": "{cred}", "user_name": "alice"}
+                "endpoint_id": "{endpoint}", "credential_id": "{cred}", "user_name": "{user}",
+                "group_name": "{group}"}
 
 
 def test_the_table_covers_every_api_route(app):

@@ -62,7 +62,10 @@ def test_hostile_job_submissions_are_refused_and_nothing_is_written(client, worl
 def test_quota_refusal_states_the_numbers(client, world):
     error = assert_envelope(client.post("/api/v1/jobs", json=JOB | {"gpus": 4, "type": "distributed", "nodes": 2},
                                         headers=world.auth("alice")), 422, "quota_exceeds_vc")
-    assert "VC vision has 4 demo-gpu GPUs; this job asks 8" in error["message"] and "preemptible" in error["message"]
+    assert "VC vision has 4 demo-gpu GPUs; this job asks 8" in error["message"]
+    # one demo-gpu node: a preemptible 2-node job could never run, so the refusal must not suggest it
+    assert "marking it preemptible would not help: only 1 demo-gpu node(s) open to VC vision" in error["message"]
+    assert error["details"]["preemptible_could_run"] is False
 
 
 def test_deeply_nested_json_is_a_400_not_a_crash(client, world, sessions):

@@ -110,3 +110,65 @@ def test_dlts_managers_registers_the_janitor(settings, monkeypatch):
     janitor = seen["janitor.purge"]
     assert janitor.interval_s == 3600 and janitor.run.__wrapped__.__self__.retention_days == 42  # (counted by dlts.metrics)
     assert janitor.run.__wrapped__.__self__.batch_rows == 500
+
+
+def _sessions_and_counters(sessions, expired: int, live: int):
+    """``expired`` + ``live`` portal sessions of alice and rate counters (old windows, current windows)."""
+    from dlts.models import PortalSession, RateCounter, User
+
+    now = utcnow()
+    with sessions() as s:
+        uid = s.scalar(sa.select(User.id).where(User.name == "alice"))
+        for i in range(expired):
+            s.add(PortalSession(token_hash=f"old{i:061d}", user_id=uid, created_at=now - dt.timedelta(days=9),
+                                expires_at=now - dt.timedelta(days=1), last_seen_at=now - dt.timedelta(days=2)))
+            s.add(RateCounter(key=f"login-ip:10.0.0.{i}", window_start=now - dt.timedelta(hours=2), n=3))
+        for i in range(live):
+            s.add(PortalSession(token_hash=f"new{i:061d}", user_id=uid, created_at=now, expires_at=now + dt.timedelta(days=1),
+                                last_seen_at=now))
+            s.add(RateCounter(key=f"submit:1:{i}", window_start=now - dt.timedelta(seconds=30), n=1))
+        s.commit()
+
+
+def test_expired_portal_sessions_and_old_rate_counters_are_purged_in_batches(sessions, settings, world):
+    from dlts.models import PortalSession, RateCounter
+
+    _sessions_and_counters(sessions, expired=5, live=2)
+    pauses: list[float] = []
+    result = Janitor(sessions, retention_days=30, batch_rows=2, pause_s=0.25, sleep=pauses.append, timer=_ticks(0.1),
+                     counter_window_s=300).run()
+    assert (result.sessions, result.rate_counters) == (5, 5)
+    assert result.batches == 6  # 2 + 2 + 1 of each table, one transaction each
+    assert pauses == [0.25] * 5  # between batches only
+    with sessions() as s:
+        assert sorted(s.scalars(sa.select(PortalSession.token_hash))) == [f"new{i:061d}" for i in range(2)]
+        assert sorted(s.scalars(sa.select(RateCounter.key))) == ["submit:1:0", "submit:1:1"]
+    again = Janitor(sessions, retention_days=30, pause_s=0).run()
+    assert (again.sessions, again.rate_counters) == (0, 0)
+
+
+def test_the_short_lived_purges_share_max_batches_with_the_jobs(sessions, settings, world):
+    _sessions_and_counters(sessions, expired=3, live=0)
+    janitor = Janitor(sessions, retention_days=30, batch_rows=1, pause_s=0, max_batches=2)
+    first = janitor.run()
+    assert (first.sessions, first.rate_counters, first.batches) == (2, 0, 2)
+    second = janitor.run()
+    assert (second.sessions, second.rate_counters) == (1, 1)
+
+
+def test_dlts_managers_janitor_takes_its_windows_from_the_settings(settings, monkeypatch):
+    from click.testing import CliRunner
+
+    import dlts.managers
+    from dlts.cli import main
+
+    seen = {}
+    monkeypatch.setattr(dlts.managers, "run_forever", lambda entries, **kw: seen.update({e.id: e for e in entries}))
+    monkeypatch.setenv("DLTS_DATABASE_URL", settings.database_url)
+    monkeypatch.setenv("DLTS_HOME", str(settings.home))
+    monkeypatch.setenv("DLTS_LOCAL_BACKEND_TRUSTED_USERS", "true")
+    monkeypatch.setenv("DLTS_IDEMPOTENCY_KEY_TTL_H", "6")
+    monkeypatch.setenv("DLTS_LOGIN_LIMIT_WINDOW_S", "7200")
+    assert CliRunner().invoke(main, ["managers"]).exit_code == 0
+    janitor = seen["janitor.purge"].run.__wrapped__.__self__
+    assert (janitor.idempotency_key_ttl_h, janitor.counter_window_s) == (6, 7200)  # at least an hour

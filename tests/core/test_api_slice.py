@@ -150,6 +150,7 @@ def test_a_body_that_is_not_json_is_400(client, world):
 def test_quota_refusals_state_the_numbers(client, world):
     error = assert_envelope(post_job(client, world, gpus=4, sku="demo-gpu", user="carol", vc="nlp"), 422, "quota_exceeds_vc")
     assert "VC nlp has 2 demo-gpu GPUs; this job asks 4" in error["message"]
+    assert "or mark it preemptible" in error["message"] and error["details"]["preemptible_could_run"] is True
     # preemptible jobs may go beyond the VC's quota
     assert post_job(client, world, gpus=4, user="carol", vc="nlp", preemptible=True).status_code == 201
     error = assert_envelope(post_job(client, world, gpus=8), 422, "gpus_exceed_node")

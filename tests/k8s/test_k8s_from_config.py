@@ -103,6 +103,9 @@ def write_config(tmp_path, database_url, kubeconfig, **section_overrides):
         "backend": "kubernetes", "log_dir": str(tmp_path / "logs"), "log_max_bytes": LOG_MAX_BYTES,
         "start_timeout_s": START_TIMEOUT_S, "preempt_grace_s": PREEMPT_GRACE_S, "node_lost_after_s": 120,
         "tick_s": 0.2, "kubernetes": section,
+        # the tests' CPU-only jobs run on the a100 nodes (there are no CPU-only nodes): keep no
+        # cores for free GPUs (the default keeps the proportional share, docs/scheduling.md)
+        "sku_reserve": {"*": {"cpu_per_gpu": 0, "memory_per_gpu_bytes": 0}},
     }, sort_keys=False))
     return path
 

@@ -8,10 +8,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from lustre_fixtures import load_fixture
+from lustre_fixtures import MGS_PREFIX, load_fixture
 
 HERE = Path(__file__).parent
 FAKEBIN = HERE / "fakebin"
+
 
 
 @pytest.fixture
@@ -72,7 +73,7 @@ class FakeLustre:
         (self.dir / "calls.log").unlink(missing_ok=True)
 
     def mutating_calls(self) -> list[list[str]]:
-        reads = {"quota", "df", "getstripe", "getdirstripe", "pool_list", "get_param", "--version"}
+        reads = {"quota", "df", "getstripe", "getdirstripe", "pool_list", "get_param", "list_param", "--version"}
         return [c for c in self.calls() if c[1] not in reads and not (c[1] == "project" and "-d" in c)]
 
 
@@ -87,6 +88,10 @@ def _install(tmp_path: Path, monkeypatch, version: str) -> FakeLustre:
     monkeypatch.setenv("DLTS_FAKE_LUSTRE_DIR", str(state_dir))
     monkeypatch.setenv("DLTS_FAKE_LUSTRE_PYTHON", sys.executable)
     monkeypatch.setenv("PATH", f"{FAKEBIN}{os.pathsep}{os.environ.get('PATH', '')}")
+    # Commands run on the client by default; the MGS-only ones (pool changes, conf_param) reach the
+    # fake's MGS node through this prefix, as they reach the real MGS through ssh.
+    monkeypatch.setenv("DLTS_FAKE_LUSTRE_NODE", "client")
+    monkeypatch.setenv("DLTS_LUSTRE_MGS_COMMAND", MGS_PREFIX)
     return fake
 
 

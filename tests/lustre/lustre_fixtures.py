@@ -16,3 +16,7 @@ def load_fixture(name: str) -> str:
     while lines and lines[0].startswith("#"):
         lines.pop(0)
     return "".join(lines)
+
+
+# How the tests reach the fake's MGS node (production: ssh to the MGS; docs/lustre.md).
+MGS_PREFIX = "env DLTS_FAKE_LUSTRE_NODE=mgs"

@@ -106,13 +106,21 @@ CONTEXTS = {
     "storage_expiry_warning": {"root": "/mnt/nfs", "owner": "bob", "files": 3, "size": "1.0 GiB",
                                "paths": ["/mnt/nfs/scratch/bob/a"], "expire_after_days": "30",
                                "delete_after": "2026-12-08 12:00 UTC"},
+    "idle_job_warning": {"job_id": 5, "job_name": "j", "vc": "vision", "user": "alice", "message": "m", "action": "pause",
+                         "since": "2026-12-01 10:00", "deadline": "2026-12-01 11:00"},
+    "idle_job_stopped": {"job_id": 5, "job_name": "j", "vc": "vision", "user": "alice", "message": "m", "action": "kill",
+                         "since": "2026-12-01 10:00", "warned_at": "2026-12-01 10:30"},
 }
 MINIMAL = {"node_out_of_service": {"node": "g1", "reason": "r"}, "node_escalated": {"node": "g1", "reason": "r"},
            "node_needs_human": {"node": "g1", "reason": "r"},
            "job_stopped_for_repair": {"job_id": 5, "job_name": "j", "message": "m"}, "vc_notice": {"vc": "v", "message": "m"},
            "storage_alert": {"root": "/r", "used_percent": 91, "alert_percent": 90, "paths": []},
            "storage_expiry_warning": {"root": "/r", "files": 1, "size": "4 KiB", "paths": [], "expire_after_days": "3",
-                                      "delete_after": "2026-12-08 12:00 UTC"}}
+                                      "delete_after": "2026-12-08 12:00 UTC"},
+           "idle_job_warning": {"job_id": 5, "job_name": "j", "vc": "v", "message": "m", "action": "none", "since": "s",
+                                "deadline": "d"},
+           "idle_job_stopped": {"job_id": 5, "job_name": "j", "vc": "v", "message": "m", "action": "pause", "since": "s",
+                                "warned_at": "w"}}
 
 
 @pytest.mark.parametrize("template", sorted(CONTEXTS))

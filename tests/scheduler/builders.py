@@ -26,6 +26,10 @@ SKUS = {
 }
 
 
+# a100 nodes keep 10 cores and 100 GiB per free GPU, so 16 cores and 100 GiB are open to CPU-only jobs
+LEAN_SKUS = {**SKUS, "a100": replace(SKUS["a100"], cpu_per_gpu=10.0, memory_per_gpu_bytes=100 * GIB)}
+
+
 def node(name: str, sku: str = "a100", domain: str = "p1", vc: str | None = None, schedulable: bool = True) -> Node:
     shape = SKUS[sku]
     return Node(name, sku, shape.gpus, shape.cpu, shape.memory_bytes, domain, vc, schedulable)
@@ -85,9 +89,9 @@ def running(j: Job, *where: tuple[str, tuple[int, ...]], started_at: float = 0.0
     return replace(j, running=True, started_at=started_at, placements=placements, retiring=gone, **kw)
 
 
-def snap(node_list, vcs, jobs) -> Snapshot:
+def snap(node_list, vcs, jobs, skus=None, **kw) -> Snapshot:
     vcs = vcs if isinstance(vcs, (list, tuple)) else [vcs]
-    return Snapshot(SKUS, tuple(node_list), {v.name: v for v in vcs}, tuple(jobs))
+    return Snapshot(skus or SKUS, tuple(node_list), {v.name: v for v in vcs}, tuple(jobs), **kw)
 
 
 def summary(d: Decisions) -> dict:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections import defaultdict
 
 from dlts.scheduler import CPU_SKU, Decisions, JobType, Policy, Snapshot, StopReason, WaitReason
+from dlts.scheduler.framework import resource_pool
+from dlts.scheduler.quota import gpu_reserve
 from dlts.scheduler.plugins.walltime import effective_limit_s
 
 
@@ -64,6 +66,26 @@ def check_pass(snap: Snapshot, d: Decisions, now: float) -> None:
         assert sum(c for _, _, c, _ in items) <= n.cpu + 1e-6, f"node {name} cores over capacity"
         assert sum(m for _, _, _, m in items) <= n.memory_bytes, f"node {name} memory over capacity"
 
+    # Cores kept for GPUs: on a GPU node where no GPU work started in this pass, CPU-only starts
+    # left the cores and bytes the node keeps per free GPU (each was checked when placed, and
+    # CPU-only starts do not change the free GPUs; a GPU start could take more than it keeps).
+    gpu_started = {p.node for s in d.starts for p in s.placements if p.gpu_indices}
+    for s in d.starts:
+        j = jobs[s.job_id]
+        if j.gpus > 0 or j.type is JobType.DISTRIBUTED:
+            continue
+        for p in s.placements:
+            n = nodes[p.node]
+            if n.gpus == 0 or p.node in gpu_started:
+                continue
+            used_gpus = {i for _, idx, _, _ in held[p.node] for i in idx} | set(n.unhealthy_gpus)
+            free_gpus = n.gpus - len(used_gpus)
+            cores_after = n.cpu - sum(c for _, _, c, _ in held[p.node])
+            mem_after = n.memory_bytes - sum(m for _, _, _, m in held[p.node])
+            cpg, mpg = gpu_reserve(n, snap.skus)
+            assert cores_after + 1e-6 >= cpg * free_gpus, f"CPU-only job {j.id} took cores node {n.name} keeps for its GPUs"
+            assert mem_after >= mpg * free_gpus, f"CPU-only job {j.id} took memory node {n.name} keeps for its GPUs"
+
     # VC guarantee and interactive cap, counted after the pass.
     core_use: dict[tuple[str, str], int] = defaultdict(int)
     interactive: dict[str, int] = defaultdict(int)
@@ -82,7 +104,8 @@ def check_pass(snap: Snapshot, d: Decisions, now: float) -> None:
         assert cap is None or used <= cap, f"VC {vc} interactive GPUs {used} over cap {cap}"
 
     # FIFO: after the first non-preemptible job that waits for a non-permanent reason, every later
-    # non-preemptible job of that VC waits blocked by it.
+    # non-preemptible job of that VC in the same resource pool (SKU; CPU-only) waits blocked by it,
+    # and nothing blocks a job across pools.
     for vc in snap.vcs.values():
         if vc.policy is not Policy.FIFO:
             continue
@@ -90,12 +113,17 @@ def check_pass(snap: Snapshot, d: Decisions, now: float) -> None:
             (j for j in pending if j.vc == vc.name and not j.preemptible and j.approved),
             key=lambda j: (-j.priority, j.queue_time, j.id),
         )
-        blocker = None
+        blockers: dict[str, int] = {}
         for j in order:
+            pool = resource_pool(j)
+            blocker = blockers.get(pool)
             if blocker is not None:
                 assert j.id in waits and waits[j.id].blocked_by == blocker, f"FIFO: job {j.id} not blocked by {blocker}"
             elif j.id in waits and not waits[j.id].permanent:
-                blocker = j.id
+                blockers[pool] = j.id
+            if j.id in waits and waits[j.id].reason is WaitReason.BLOCKED_BY:
+                b = jobs[waits[j.id].blocked_by]
+                assert resource_pool(b) == pool, f"FIFO: job {j.id} ({pool}) blocked across pools by job {b.id}"
 
     # Stops: wall time exactly when due; preemption only of preemptible work, for a waiting
     # non-preemptible job; scale-down only of replicas above min_replicas.
@@ -106,6 +134,16 @@ def check_pass(snap: Snapshot, d: Decisions, now: float) -> None:
         stopped[j.id].add(s.reason)
         if s.reason is StopReason.PREEMPTED:
             assert j.preemptible, f"non-preemptible job {j.id} preempted"
+            # preemption budget: inside min_runtime_s only when the target waited past its VC's
+            # max_reclaim_delay_s, and never once the victim was preempted max_preemptions times
+            own = snap.vcs[j.vc]
+            if own.min_runtime_s > 0 and j.started_at is not None and now - j.started_at < own.min_runtime_s:
+                target_vc = snap.vcs[jobs[s.for_job].vc]
+                delay = target_vc.max_reclaim_delay_s
+                assert delay is not None and now - jobs[s.for_job].queue_time >= delay, (
+                    f"job {j.id} preempted after {now - j.started_at}s, inside min_runtime_s {own.min_runtime_s}")
+                assert not (own.max_preemptions and j.preemptions >= own.max_preemptions), (
+                    f"job {j.id} preempted {j.preemptions} times already, inside min_runtime_s")
         if s.reason is StopReason.SCALE_DOWN:
             core = max(1, j.min_replicas)
             for p in s.placements:

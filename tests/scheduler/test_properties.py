@@ -17,7 +17,7 @@ from dlts.sim.engine import Simulation
 from dlts.sim.inputs import Cluster, TraceJob
 from dlts.sim.verify import check_result
 
-from .builders import SKUS
+from .builders import LEAN_SKUS, SKUS
 from .invariants import check_pass
 
 
@@ -52,8 +52,13 @@ def clusters(draw) -> Cluster:
             draw(st.sampled_from([None, 0, 2, 8])),
             draw(st.sampled_from([None, 4, 16])),
             allow_cpu_jobs_on_gpu_nodes=draw(st.booleans()),
+            min_runtime_s=draw(st.sampled_from([0.0, 0.0, 500.0])),
+            max_reclaim_delay_s=draw(st.sampled_from([None, 1000.0])),
+            max_preemptions=draw(st.sampled_from([0, 1])),
         )
-    return Cluster(dict(SKUS), tuple(nodes), vcs, tick_s=10.0, preempt_grace_s=draw(st.sampled_from([0.0, 0.0, 30.0])))
+    # LEAN_SKUS opens 16 cores of each a100 node to CPU-only jobs (cpu_per_gpu 10)
+    skus = dict(draw(st.sampled_from([SKUS, LEAN_SKUS])))
+    return Cluster(skus, tuple(nodes), vcs, tick_s=10.0, preempt_grace_s=draw(st.sampled_from([0.0, 0.0, 30.0])))
 
 
 @st.composite

@@ -15,7 +15,7 @@ import pytest
 
 from dlts.scheduler import Decisions, JobType, Policy, Snapshot, decide
 
-from .builders import job, node, nodes, running, snap, summary, vc
+from .builders import LEAN_SKUS, job, node, nodes, running, snap, summary, vc
 
 
 @dataclass
@@ -87,7 +87,8 @@ CASES = [
     ),
     Case(
         "CPU-only jobs stay off GPU nodes unless the VC allows it",
-        snap([node("n1")], [vc("v"), vc("w", allow_cpu_jobs_on_gpu_nodes=True)], [job(1, 0), job(2, 0, vc="w")]),
+        snap([node("n1")], [vc("v"), vc("w", allow_cpu_jobs_on_gpu_nodes=True)], [job(1, 0), job(2, 0, vc="w")],
+             skus=LEAN_SKUS),
         starts={2: [("n1", ())]},
         waits={1: "no_matching_nodes"},
     ),

@@ -11,7 +11,8 @@ TARGET_RE = re.compile(r"^(?:(?P<fs>[A-Za-z0-9_]+)-)?(?P<kind>OST|MDT)(?P<idx>[0
 
 _HUMAN_KIB = {"": 1 / 1024, "B": 1 / 1024, "K": 1, "M": 1024, "G": 1024**2, "T": 1024**3,
               "P": 1024**4, "E": 1024**5}
-_HUMAN_RE = re.compile(r"^(\d+(?:\.\d+)?)([kKMGTPEB]?)$")
+# "9.4G", "0k", "4kB", "1.5MiB", "512B"
+_HUMAN_RE = re.compile(r"^(\d+(?:\.\d+)?)([kKMGTPE]?)(i?B)?$")
 
 
 def decode_target(name: str, what: str) -> tuple[TargetKind, int, str | None]:
@@ -33,5 +34,5 @@ def human_to_kib(token: str, what: str, line: str, line_no: int) -> int:
     match = _HUMAN_RE.match(token)
     if not match:
         raise LustreParseError(what, f"expected a size, got {token!r}", line=line, line_no=line_no)
-    number, suffix = match.groups()
+    number, suffix, _unit = match.groups()
     return round(float(number) * _HUMAN_KIB[suffix.upper()])

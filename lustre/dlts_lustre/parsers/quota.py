@@ -24,6 +24,7 @@ WHAT = "lfs quota"
 COLUMNS = ("block_used", "block_soft", "block_hard", "block_grace",
            "inode_used", "inode_soft", "inode_hard", "inode_grace")
 _SIZE_COLUMNS = {"block_used", "block_soft", "block_hard"}
+_UNIT_ENDINGS = set("kKMGTPEB")
 
 _KIND_WORDS = {"usr": QuotaKind.USER, "user": QuotaKind.USER, "grp": QuotaKind.GROUP, "group": QuotaKind.GROUP,
                "prj": QuotaKind.PROJECT, "project": QuotaKind.PROJECT}
@@ -97,6 +98,9 @@ def _value_cell(token: str, column: str, human: bool, line: str, n: int) -> _Cel
         return _Cell(None, over, inaccurate)
     if human and column in _SIZE_COLUMNS:
         return _Cell(human_to_kib(tok, WHAT, line, n), over, inaccurate)
+    if column in _SIZE_COLUMNS and tok[-1:] in _UNIT_ENDINGS and tok[:1].isdigit():
+        # a size with a unit where no header said -h (-q -h prints no header): "4kB", "1.5G"
+        return _Cell(human_to_kib(tok, WHAT, line, n), over, inaccurate)
     if not tok.isdigit():
         raise LustreParseError(WHAT, f"column {column} is not a number: {token!r}", line=line, line_no=n)
     return _Cell(int(tok), over, inaccurate)
@@ -135,17 +139,21 @@ def _starts_with_value(line: str) -> bool:
     return tok[0].isdigit() or tok[0] in "[-"
 
 
-def parse_quota(text: str, *, kind: QuotaKind | None = None, delimiter: str | None = None) -> QuotaReport:
+def parse_quota(text: str, *, kind: QuotaKind | None = None, delimiter: str | None = None,
+                quiet: bool = False) -> QuotaReport:
     """Parse ``lfs quota {-u|-g|-p} ID [-v] [--pool P] MOUNT``.
 
     ``delimiter`` is given when the command ran with ``-q --delimiter=X`` (2.16.52+): rows are then
-    delimited in the documented column order and there are no header lines.
+    delimited in the documented column order and there are no header lines. ``quiet`` is ``-q``
+    alone (every version): no title and no header, the columns in the documented order
+    (``kbytes quota limit grace files quota limit grace``), a long mount point still wrapped before
+    2.16.52; ``kind`` must then be given.
     """
     lines = [(n, raw.rstrip()) for n, raw in enumerate(text.splitlines(), 1) if raw.strip()]
     if not lines:
         raise LustreParseError(WHAT, "empty output")
     name = numeric_id = pool = None
-    columns: tuple[str, ...] | None = ("fs",) + COLUMNS if delimiter else None
+    columns: tuple[str, ...] | None = ("fs",) + COLUMNS if (delimiter or quiet) else None
     human = False
     total: QuotaEntry | None = None
     mount = ""

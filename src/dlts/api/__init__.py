@@ -9,7 +9,7 @@ from __future__ import annotations
 from flask import Flask
 from flask_smorest import Api
 
-from dlts.api import access, cluster, errors, health, jobs, me, nodes, usage, users, vcs
+from dlts.api import access, cluster, errors, groups, health, jobs, me, nodes, usage, users, vcs
 
 
 def init_api(app: Flask) -> Api:
@@ -22,7 +22,7 @@ def init_api(app: Flask) -> Api:
     )
     api = Api(app, spec_kwargs={"info": {"description": "Deep Learning Training Service REST API"}})
     api.spec.components.security_scheme("bearer", {"type": "http", "scheme": "bearer"})
-    for blueprint in (jobs.blp, me.blp, access.blp, vcs.blp, nodes.blp, nodes.agent_blp, cluster.blp, users.blp, usage.blp):
+    for blueprint in (jobs.blp, me.blp, access.blp, vcs.blp, nodes.blp, nodes.agent_blp, cluster.blp, users.blp, groups.blp, usage.blp):
         api.register_blueprint(blueprint, url_prefix="/api/v1")
     app.register_blueprint(health.bp)
     errors.register(app)  # after Api(): our envelope replaces flask-smorest's error format

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict
 
 import sqlalchemy as sa
-from flask import Response, current_app, stream_with_context
+from flask import Response, current_app, request, stream_with_context
 from flask.views import MethodView
 
 from dlts.api import pagination
@@ -18,12 +18,15 @@ from dlts.api.schemas import (
     EndpointListSchema,
     EndpointSchema,
     EventPageSchema,
+    FavouriteSchema,
     JobBatchSchema,
     JobListArgs,
     JobPageSchema,
     JobPatchSchema,
     JobSchema,
     JobSubmitSchema,
+    JobTagsResponseSchema,
+    JobTagsSchema,
     LogArgs,
     LogSchema,
     PageArgs,
@@ -31,8 +34,10 @@ from dlts.api.schemas import (
 from dlts.app import settings_of
 from dlts.extensions import db
 from dlts.models import Job, JobAttempt, JobStatus, User, VirtualCluster, iso
+from dlts.repositories import insight as insight_repo
 from dlts.repositories import jobs as job_repo
 from dlts.services import endpoints as endpoint_service
+from dlts.services import job_keeping
 from dlts.services import jobs as job_service
 from dlts.services.policy import Visibility, job_visibility
 
@@ -40,12 +45,17 @@ blp = Blueprint("jobs", __name__, description="Training jobs")
 blp.before_request(authenticate)
 
 PUBLIC_FIELDS = ("id", "name", "user", "vc", "type", "status", "reason", "queue_position", "estimated_start", "sku",
-                 "gpus", "nodes",
-                 "cpu", "memory_bytes", "preemptible", "submitted_at", "started_at", "finished_at")
+                 "gpus", "nodes", "cpu", "memory_bytes", "preemptible", "submitted_at", "started_at", "finished_at",
+                 "tags", "favourite", "archived_at")
+
+
+def _kept(job_ids: list[int]) -> tuple[dict[int, list[str]], set[int]]:
+    """Tags of these jobs and which of them the caller starred (two queries for a whole page)."""
+    return job_keeping.tags_of(db.session, job_ids), job_keeping.favourites_of(db.session, principal().user_id, job_ids)
 
 
 def job_dict(job: Job, visibility: Visibility, attempts: list[JobAttempt] | None = None,
-             endpoints: list[endpoint_service.EndpointView] | None = None) -> dict:
+             endpoints: list[endpoint_service.EndpointView] | None = None, insights: list | None = None) -> dict:
     data = {
         "id": job.id, "name": job.name, "user": job.user.name, "vc": job.vc.name, "type": job.type,
         "status": job.status.value, "reason": job.reason, "reason_detail": job.reason_detail,
@@ -59,8 +69,15 @@ def job_dict(job: Job, visibility: Visibility, attempts: list[JobAttempt] | None
         "started_at": iso(job.started_at), "finished_at": iso(job.finished_at), "exit_code": job.exit_code,
         "attempt": job.attempt, "env": job.spec.get("env", {}), "ports": job.spec.get("ports", []),
         "ssh": job.spec.get("ssh", False), "ephemeral_storage_bytes": job.spec.get("ephemeral_storage_bytes"),
-        "run_as_root": bool(job.spec.get("run_as_root")), "visibility": visibility.value,
+        "run_as_root": bool(job.spec.get("run_as_root")), "idle_exempt": bool(job.spec.get("idle_exempt")),
+        "visibility": visibility.value,
+        "ib_domain": job.spec.get("ib_domain"), "min_replicas": job.spec.get("min_replicas", 0),
+        "max_replicas": job.spec.get("max_replicas", 0), "archived_at": iso(job.archived_at),
     }
+    if insights is not None:
+        data["insights"] = [{"code": i.code, "message": i.message, "since": iso(i.since)} for i in insights]
+    tags, starred = _kept([job.id])
+    data["tags"], data["favourite"] = tags.get(job.id, []), job.id in starred
     if attempts is not None:
         data["attempts"] = [{
             "number": a.number, "placements": a.placements, "started_at": iso(a.started_at),
@@ -83,7 +100,8 @@ def _estimate(job: Job) -> str | None:
     return iso(job.estimated_start) if job.status.value == "queued" else None
 
 
-def job_summary(job: Job, visibility: Visibility, command_start: str) -> dict:
+def job_summary(job: Job, visibility: Visibility, command_start: str, tags: list[str] | None = None,
+                favourite: bool = False) -> dict:
     """A list item (JobSummarySchema): no env, ports or spec, and only the start of the command
     (``command_start``, from ``job_repo.command_previews``); GET /jobs/{id} has the whole job."""
     data = {
@@ -98,6 +116,7 @@ def job_summary(job: Job, visibility: Visibility, command_start: str) -> dict:
         "finished_at": iso(job.finished_at), "exit_code": job.exit_code, "attempt": job.attempt,
         "command_preview": command_start[:COMMAND_PREVIEW_CHARS],
         "command_truncated": len(command_start) > COMMAND_PREVIEW_CHARS, "visibility": visibility.value,
+        "tags": tags or [], "favourite": favourite, "archived_at": iso(job.archived_at),
     }
     if visibility is Visibility.PUBLIC:
         data = {k: v for k, v in data.items() if k in PUBLIC_FIELDS} | {"visibility": visibility.value}
@@ -130,22 +149,33 @@ class Jobs(MethodView):
         statuses = [JobStatus(s.strip()) for s in args["status"].split(",")] if args.get("status") else []
         before = job_repo.decode_cursor(args["cursor"]) if args.get("cursor") else None
         limit = args["limit"]
+        tag = args["tag"].strip().lower() if args.get("tag") else None
         rows = job_repo.list_jobs(db.session, visible_vc_ids=visible, user_id=user_id, vc_id=vc_id, statuses=statuses,
-                                  job_type=args.get("type"), boundary=before, limit=limit + 1)
+                                  job_type=args.get("type"), boundary=before, limit=limit + 1, tag=tag,
+                                  favourite_of=who.user_id if args.get("favourite") else None,
+                                  archived=args["archived"])
         page = rows[:limit]
-        previews = job_repo.command_previews(db.session, [j.id for j in page], COMMAND_PREVIEW_CHARS)
-        items = [job_summary(j, job_visibility(who, j) or Visibility.PUBLIC, previews.get(j.id, "")) for j in page]
+        ids = [j.id for j in page]
+        previews = job_repo.command_previews(db.session, ids, COMMAND_PREVIEW_CHARS)
+        tags, starred = _kept(ids)
+        items = [job_summary(j, job_visibility(who, j) or Visibility.PUBLIC, previews.get(j.id, ""), tags.get(j.id),
+                             j.id in starred) for j in page]
         return {"items": items, "next_cursor": job_repo.encode_cursor(page[-1].id) if len(rows) > limit else None}
 
     @blp.arguments(JobSubmitSchema)
     @blp.response(201, JobSchema)
     @blp.doc(security=[{"bearer": []}])
     def post(self, body):
-        """Submit a job into a VC you belong to."""
+        """Submit a job into a VC you belong to. With an ``Idempotency-Key`` header a retry (same key,
+        same body) answers the job the first request made, with ``Idempotent-Replayed: true``."""
         memory = body.pop("memory")
         body["ports"] = tuple(body["ports"])
-        job = job_service.submit(db.session, settings_of(current_app), principal(),
-                                 job_service.JobRequest(memory_bytes=memory, **body))
+        body["tags"] = tuple(body["tags"])
+        key = request.headers.get(job_keeping.HEADER)
+        job, replayed = job_keeping.submit(db.session, settings_of(current_app), principal(),
+                                           job_service.JobRequest(memory_bytes=memory, **body), key)
+        if replayed:
+            return job_dict(job, Visibility.FULL, _attempts(job.id)), 201, {"Idempotent-Replayed": "true"}
         return job_dict(job, Visibility.FULL, [])
 
 
@@ -158,15 +188,50 @@ class OneJob(MethodView):
         job, visibility = job_service.get(db.session, principal(), job_id)
         if visibility is not Visibility.FULL:
             return job_dict(job, visibility)
-        return job_dict(job, visibility, _attempts(job.id), endpoint_service.views_of(db.session, job))
+        return job_dict(job, visibility, _attempts(job.id), endpoint_service.views_of(db.session, job),
+                        insight_repo.insights_of(db.session, job.id))
 
     @blp.arguments(JobPatchSchema)
     @blp.response(200, JobSchema)
     @blp.doc(security=[{"bearer": []}])
     def patch(self, body, job_id: int):
-        """Change priority (owner: up to 100, VC admin: up to 1000) or max_time_s; applies at the next tick."""
+        """Change priority (owner: up to 100, VC admin: up to 1000) or max_time_s (applies at the next tick);
+        idle_exempt (VC admins): the VC's idle-job policy leaves the job alone."""
         job = job_service.patch(db.session, principal(), job_id, body)
         return job_dict(job, Visibility.FULL)
+
+    @blp.response(204)
+    @blp.doc(security=[{"bearer": []}])
+    def delete(self, job_id: int):
+        """Delete an ended job of yours with its history and logs (owner only). Its GPU time stays in usage."""
+        job_keeping.delete(db.session, settings_of(current_app), principal(), job_id)
+        return ""
+
+
+@blp.route("/jobs/<int(max=4611686018427387904):job_id>/tags", methods=["PUT"])
+@blp.arguments(JobTagsSchema)
+@blp.response(200, JobTagsResponseSchema)
+@blp.doc(security=[{"bearer": []}])
+def put_job_tags(body, job_id: int):
+    """Replace the job's tags (owner, VC admin); any status. An event of kind change records it."""
+    return {"job_id": job_id, "tags": job_keeping.set_tags(db.session, principal(), job_id, body["tags"])}
+
+
+@blp.route("/jobs/<int(max=4611686018427387904):job_id>/favourite", methods=["PUT", "DELETE"])
+@blp.response(200, FavouriteSchema)
+@blp.doc(security=[{"bearer": []}])
+def job_favourite(job_id: int):
+    """Star (PUT) or unstar (DELETE) a job you can see; your favourites are yours alone."""
+    on = job_keeping.set_favourite(db.session, principal(), job_id, request.method == "PUT")
+    return {"job_id": job_id, "favourite": on}
+
+
+@blp.route("/jobs/<int(max=4611686018427387904):job_id>/spec")
+@blp.response(200, JobSubmitSchema)
+@blp.doc(security=[{"bearer": []}])
+def job_spec(job_id: int):
+    """The POST /jobs body that submits this job again (owner, VC admin): clone or resubmit."""
+    return job_keeping.spec(db.session, principal(), job_id)
 
 
 @blp.route("/jobs:batch", methods=["POST"])
@@ -222,6 +287,18 @@ def _action(name: str, service):
     return view
 
 
+def _archive(name: str, archived: bool):
+    @blp.route(f"/jobs/<int(max=4611686018427387904):job_id>/{name}", methods=["POST"], endpoint=f"job_{name}")
+    @blp.response(200, JobSchema)
+    @blp.doc(security=[{"bearer": []}], summary=f"{name.capitalize()} an ended job of yours")
+    def view(job_id: int):
+        return job_dict(job_keeping.set_archived(db.session, principal(), job_id, archived), Visibility.FULL)
+
+    return view
+
+
+archive_job = _archive("archive", True)
+unarchive_job = _archive("unarchive", False)
 kill_job = _action("kill", job_service.kill)
 pause_job = _action("pause", job_service.pause)
 resume_job = _action("resume", job_service.resume)

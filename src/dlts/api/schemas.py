@@ -9,7 +9,9 @@ import re
 
 from marshmallow import INCLUDE, Schema, ValidationError, fields, validate, validates
 
+from dlts.errors import InvalidInput
 from dlts.services.endpoints import NAME_PATTERN as ENDPOINT_NAME_PATTERN
+from dlts.services.jobs import MAX_TAG_CHARS, MAX_TAGS, TAG_RULE, clean_tags
 from dlts.strict import MAX_ID, MAX_JSON_INT, is_whole_number
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
@@ -45,6 +47,23 @@ class Memory(fields.Field):
         return value
 
 
+class TagList(fields.List):
+    """Job tags: lowercased, each once (``services.jobs.clean_tags``)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(fields.String(validate=validate.Length(max=MAX_TAG_CHARS * 4)),
+                         metadata={"description": TAG_RULE + "; stored lowercased, each once"}, **kwargs)
+
+    def _deserialize(self, value, attr, data, **kwargs):
+        if isinstance(value, (list, tuple)) and len(value) > MAX_TAGS * 4:  # before thousands of items are read
+            raise ValidationError(f"at most {MAX_TAGS} tags.")
+        items = super()._deserialize(value, attr, data, **kwargs)
+        try:
+            return list(clean_tags(items))
+        except InvalidInput as exc:
+            raise ValidationError(exc.message) from None
+
+
 class JobSubmitSchema(Schema):
     name = fields.String(validate=validate.Length(max=128), load_default="")
     vc = fields.String(required=True, validate=validate.Length(min=1, max=64))
@@ -77,6 +96,7 @@ class JobSubmitSchema(Schema):
                        "(null: the VC's or the cluster's default)"})
     run_as_root = fields.Boolean(load_default=False, metadata={
         "description": "run as uid 0 instead of your uid; only in VCs whose pod_policy allows run_as_root"})
+    tags = TagList(load_default=list)
 
     @validates("env")
     def _env_names(self, value, **kwargs):
@@ -94,6 +114,10 @@ class JobListArgs(Schema):
     type = fields.String(validate=validate.OneOf(["batch", "interactive", "distributed", "inference"]))
     limit = fields.Integer(load_default=50, validate=validate.Range(1, 500))
     cursor = fields.String(validate=validate.Length(max=64))
+    tag = fields.String(validate=validate.Length(1, MAX_TAG_CHARS), metadata={"description": "jobs with this tag"})
+    favourite = fields.Boolean(metadata={"description": "true: only the jobs you starred"})
+    archived = fields.String(load_default="false", validate=validate.OneOf(["false", "true", "all"]), metadata={
+        "description": "false (default): archived jobs hidden; true: archived jobs only; all: both"})
 
     @validates("status")
     def _statuses(self, value, **kwargs):
@@ -194,9 +218,22 @@ class _JobFields(Schema):
     exit_code = fields.Integer(allow_none=True)
     attempt = fields.Integer()
     visibility = fields.String(metadata={"description": "full, or public for other members of the VC"})
+    tags = fields.List(fields.String(), metadata={"description": "the job's tags, sorted"})
+    favourite = fields.Boolean(metadata={"description": "you starred this job"})
+    archived_at = fields.String(allow_none=True, metadata={"description": "when its owner archived it (null: not archived)"})
+
+
+class InsightSchema(Schema):
+    code = fields.String(metadata={"description": "gpus_idle, gpus_partly_busy, low_utilisation, gpu_memory_full, "
+                                                  "cpu_bound or preemption_risk"})
+    message = fields.String(metadata={"description": "what was found and what to do"})
+    since = fields.String(metadata={"description": "when the condition began, as far as the history shows"})
 
 
 class JobSchema(_JobFields):
+    insights = fields.List(fields.Nested(InsightSchema), metadata={
+        "description": "the current insight findings of a running job (full visibility, GET only)"})
+    idle_exempt = fields.Boolean(metadata={"description": "exempt from the VC's idle-job policy (set by a VC admin)"})
     command = fields.String()
     env = fields.Dict(keys=fields.String(), values=fields.String())
     ports = fields.List(fields.Integer())
@@ -206,6 +243,23 @@ class JobSchema(_JobFields):
     endpoints = fields.List(fields.Nested(EndpointSchema), metadata={"description": "full visibility, GET only"})
     ephemeral_storage_bytes = fields.Integer(allow_none=True, metadata={"description": "null: the VC's default"})
     run_as_root = fields.Boolean()
+    ib_domain = fields.String(allow_none=True)
+    min_replicas = fields.Integer(metadata={"description": "inference jobs"})
+    max_replicas = fields.Integer(metadata={"description": "inference jobs"})
+
+
+class JobTagsSchema(Schema):
+    tags = TagList(required=True)
+
+
+class JobTagsResponseSchema(Schema):
+    job_id = fields.Integer()
+    tags = fields.List(fields.String())
+
+
+class FavouriteSchema(Schema):
+    job_id = fields.Integer()
+    favourite = fields.Boolean()
 
 
 class JobSummarySchema(_JobFields):
@@ -256,6 +310,8 @@ class JobPatchSchema(Schema):
                               metadata={"description": "owners up to 100, VC admins up to 1000"})
     max_time_s = fields.Integer(strict=True, allow_none=True, validate=validate.Range(1, 366 * 86400),
                                 metadata={"description": "null: the VC's limit"})
+    idle_exempt = fields.Boolean(truthy={True}, falsy={False}, metadata={
+        "description": "VC admins and cluster admins: exempt the job from the VC's idle-job policy"})
 
 
 class JobBatchSchema(Schema):
@@ -309,6 +365,16 @@ QUOTA = fields.Dict(keys=SKU_NAME, values=fields.Integer(strict=True, validate=_
                     validate=validate.Length(max=64), metadata={"description": "GPUs per SKU, e.g. {\"a100\": 64}"})
 
 
+class IdlePolicySchema(Schema):
+    idle_warn_min = fields.Float(validate=validate.Range(min=0, max=7 * 24 * 60, min_inclusive=False), metadata={
+        "description": "minutes of idle GPUs before the job's owner is told (fractions allowed)"})
+    idle_action_min = fields.Float(validate=validate.Range(min=0, max=7 * 24 * 60, min_inclusive=False), metadata={
+        "description": "minutes after the warning, still idle, before the job is paused or killed"})
+    idle_action = fields.String(validate=validate.OneOf(["pause", "kill", "none"]))
+    exempt_types = fields.List(fields.String(validate=validate.OneOf(["batch", "interactive", "distributed", "inference"])),
+                               validate=validate.Length(max=4))
+
+
 class VcSettingsFields(Schema):
     policy = fields.String(validate=validate.OneOf(["RF", "FIFO", "backfill"]))
     max_job_time_s = fields.Integer(strict=True, allow_none=True, validate=validate.Range(60, 366 * 86400))
@@ -335,6 +401,9 @@ class VcSettingsFields(Schema):
                              validate=validate.Length(max=16), metadata={
                                  "description": "cluster admin: privileged features the VC's jobs may use, e.g. "
                                                 "{\"run_as_root\": true}"})
+    idle_policy = fields.Nested(IdlePolicySchema, allow_none=True, metadata={
+        "description": "VC admin: the idle-job policy (docs/monitoring.md#idle-job-policy); the keys sent merge into "
+                       "the current policy; null turns it off"})
 
 
 class VcCreateSchema(VcSettingsFields):
@@ -383,6 +452,8 @@ class VcSchema(Schema):
     gid = fields.Integer(allow_none=True)
     ephemeral_storage_bytes = fields.Integer(allow_none=True, metadata={"description": "null: the cluster default"})
     pod_policy = fields.Dict(keys=fields.String(), values=fields.Boolean())
+    idle_policy = fields.Dict(allow_none=True, metadata={
+        "description": "{idle_warn_min, idle_action_min, idle_action, exempt_types}; null: off"})
     storage = fields.Dict(metadata={"description": "nfs, host, home and lustre (PUT /vcs/{name}/storage)"})
     users = fields.List(fields.Nested(UserUseSchema))
     admins = fields.List(fields.String())
@@ -819,9 +890,28 @@ class TokenListSchema(Schema):
 
 # -- users, registry credentials -------------------------------------------------------------------------
 
+class StrictBoolean(fields.Boolean):
+    """true or false, nothing else (marshmallow's Boolean takes 1, "yes", "on")."""
+
+    def _deserialize(self, value, attr, data, **kwargs):
+        if not isinstance(value, bool):
+            raise ValidationError("must be true or false.")
+        return value
+
+
+NAME = validate.Regexp(r"^[a-z][a-z0-9_.-]{0,63}$", error="must start with a lowercase letter and use a-z, 0-9, '.', "
+                                                        "'_' or '-' (at most 64 characters)")
+EMAIL = fields.String(allow_none=True, validate=validate.Length(max=254), metadata={"description": "null: none"})
+PASSWORD = fields.String(load_only=True, validate=validate.Length(max=256),
+                         metadata={"description": "at least 12 characters; stored only as a scrypt hash"})
+
+
 class UserPatchSchema(Schema):
     uid = fields.Integer(strict=True, allow_none=True, validate=POSIX_ID, metadata={"description": "null with gid: unset"})
     gid = fields.Integer(strict=True, allow_none=True, validate=POSIX_ID)
+    email = EMAIL
+    cluster_admin = StrictBoolean(metadata={
+        "description": "grant or take the user's own cluster admin role (the last enabled cluster admin keeps it)"})
 
 
 class UserSchema(Schema):
@@ -829,6 +919,131 @@ class UserSchema(Schema):
     email = fields.String(allow_none=True)
     uid = fields.Integer(allow_none=True)
     gid = fields.Integer(allow_none=True)
+    cluster_admin = fields.Boolean()
+    disabled = fields.Boolean()
+    disabled_at = fields.String(allow_none=True)
+    disabled_reason = fields.String(allow_none=True)
+    source = fields.String(allow_none=True, metadata={"description": "null: made by a person; directory: by the directory sync"})
+    groups = fields.List(fields.String())
+    password_login = fields.Boolean(metadata={"description": "the user has a portal password"})
+    created_at = fields.String(allow_none=True)
+
+
+class UserCreateSchema(Schema):
+    name = fields.String(required=True, validate=NAME)
+    email = EMAIL
+    uid = fields.Integer(strict=True, allow_none=True, validate=POSIX_ID)
+    gid = fields.Integer(strict=True, allow_none=True, validate=POSIX_ID)
+    cluster_admin = StrictBoolean(load_default=False)
+    password = PASSWORD
+    generate_password = StrictBoolean(load_default=False, metadata={
+        "description": "make a random portal password and answer it once"})
+
+
+class UserCreatedSchema(UserSchema):
+    password = fields.String(allow_none=True, metadata={"description": "the generated password, shown this once"})
+
+
+class UserListArgs(PageArgs):
+    q = fields.String(validate=validate.Length(max=64), metadata={"description": "part of the name"})
+    disabled = fields.Boolean(metadata={"description": "true: only disabled users; false: only enabled ones"})
+
+
+class UserPageSchema(Schema):
+    items = fields.List(fields.Nested(UserSchema))
+    next_cursor = fields.String(allow_none=True)
+
+
+class UserDisableSchema(Schema):
+    reason = fields.String(allow_none=True, validate=validate.Length(max=255))
+
+
+class UserDisabledSchema(Schema):
+    user = fields.Nested(UserSchema)
+    tokens_revoked = fields.Integer()
+    sessions_ended = fields.Integer()
+    held_jobs = fields.List(fields.Integer(), metadata={"description": "waiting jobs now paused (reason user_disabled)"})
+    running_jobs = fields.List(fields.Integer(), metadata={"description": "running jobs: they run on to their end"})
+
+
+class UserEnabledSchema(Schema):
+    user = fields.Nested(UserSchema)
+    released_jobs = fields.List(fields.Integer(), metadata={"description": "jobs held by the disable, back in the queue"})
+
+
+class PasswordResetSchema(Schema):
+    password = PASSWORD
+
+
+class PasswordResultSchema(Schema):
+    user = fields.String()
+    password = fields.String(allow_none=True, metadata={"description": "the generated password, shown this once; "
+                                                                       "null when you set one"})
+    sessions_ended = fields.Boolean()
+
+
+# -- VC members and groups ------------------------------------------------------------------------------
+
+class RoleSchema(Schema):
+    role = fields.String(required=True, validate=validate.OneOf(["member", "admin"]))
+
+
+class MemberRemoveArgs(Schema):
+    queued = fields.String(load_default="keep", validate=validate.OneOf(["keep", "kill"]), metadata={
+        "description": "the user's waiting jobs in the VC (unapproved, queued, paused): keep them or kill them"})
+
+
+class MemberGroupSchema(Schema):
+    group = fields.String()
+    role = fields.String()
+
+
+class MemberSchema(Schema):
+    user = fields.String()
+    role = fields.String(metadata={"description": "member | admin: the effective role, direct or through a group"})
+    direct_role = fields.String(allow_none=True, metadata={"description": "the user's own binding (null: only groups)"})
+    groups = fields.List(fields.Nested(MemberGroupSchema))
+    disabled = fields.Boolean()
+    email = fields.String(allow_none=True, metadata={"description": "for VC admins"})
+
+
+class MemberListSchema(Schema):
+    items = fields.List(fields.Nested(MemberSchema))
+    next_cursor = fields.String(allow_none=True, metadata={"description": "always null: one page"})
+
+
+class MemberRemovalSchema(Schema):
+    vc = fields.String()
+    user = fields.String()
+    removed = fields.Boolean(metadata={"description": "false: the user had no direct membership"})
+    still_member_via = fields.List(fields.String(), metadata={"description": "groups that still make the user a member"})
+    queued = fields.String(metadata={"description": "keep | kill, as asked"})
+    queued_jobs = fields.List(fields.Integer(), metadata={"description": "the user's waiting jobs in the VC"})
+    killed_jobs = fields.List(fields.Integer())
+    running_jobs = fields.List(fields.Integer(), metadata={"description": "they run on to their end"})
+
+
+class GroupCreateSchema(Schema):
+    name = fields.String(required=True, validate=NAME)
+
+
+class GroupVcSchema(Schema):
+    vc = fields.String()
+    role = fields.String()
+    source = fields.String(allow_none=True)
+
+
+class GroupSchema(Schema):
+    name = fields.String()
+    source = fields.String(allow_none=True)
+    members = fields.List(fields.String())
+    vcs = fields.List(fields.Nested(GroupVcSchema))
+    cluster_admin = fields.Boolean()
+
+
+class GroupPageSchema(Schema):
+    items = fields.List(fields.Nested(GroupSchema))
+    next_cursor = fields.String(allow_none=True)
 
 
 class RegistryCredentialCreateSchema(Schema):

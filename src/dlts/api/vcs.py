@@ -9,12 +9,13 @@ from flask.views import MethodView
 from dlts.api import pagination
 from dlts.api.auth import authenticate, principal
 from dlts.api.blueprint import Blueprint
-from dlts.api.schemas import (PageArgs, RegistryCredentialCreateSchema, RegistryCredentialListSchema,
+from dlts.api.schemas import (MemberListSchema, MemberRemovalSchema, MemberRemoveArgs, MemberSchema, PageArgs,
+                              RoleSchema, RegistryCredentialCreateSchema, RegistryCredentialListSchema,
                               RegistryCredentialSchema, VcCreateSchema, VcEventPageSchema, VcPageSchema, VcPatchSchema,
                               VcSchema, VcStorageSchema)
 from dlts.app import settings_of
 from dlts.extensions import db
-from dlts.services import registry_credentials
+from dlts.services import members, registry_credentials
 from dlts.services import vcs as vc_service
 
 blp = Blueprint("vcs", __name__, description="Virtual clusters")
@@ -74,6 +75,32 @@ def vc_events(args, name: str):
     items = vc_service.events(db.session, principal(), name, before_id=before, limit=args["limit"] + 1)
     page = items[: args["limit"]]
     return {"items": page, "next_cursor": pagination.encode("ve", page[-1].id) if len(items) > args["limit"] else None}
+
+
+@blp.route("/vcs/<string:name>/members")
+@blp.response(200, MemberListSchema)
+@blp.doc(security=SECURITY)
+def vc_members(name: str):
+    """The VC's members and admins (members of the VC), each with their direct role and their groups'."""
+    return {"items": members.list_members(db.session, principal(), name), "next_cursor": None}
+
+
+@blp.route("/vcs/<string:name>/members/<string:user_name>")
+class VcMember(MethodView):
+    @blp.arguments(RoleSchema)
+    @blp.response(200, MemberSchema)
+    @blp.doc(security=SECURITY)
+    def put(self, body, name: str, user_name: str):
+        """Make the user a `member` or an `admin` of the VC; idempotent (VC admin). A VC event records it."""
+        return members.put_member(db.session, principal(), name, user_name, body["role"])[0]
+
+    @blp.arguments(MemberRemoveArgs, location="query")
+    @blp.response(200, MemberRemovalSchema)
+    @blp.doc(security=SECURITY)
+    def delete(self, args, name: str, user_name: str):
+        """Remove the user's membership (VC admin): running jobs finish, waiting jobs are kept or killed
+        (`?queued=keep|kill`, default keep); the answer lists them."""
+        return members.remove_member(db.session, principal(), name, user_name, args["queued"])
 
 
 @blp.route("/vcs/<string:name>/storage", methods=["PUT"])

@@ -82,6 +82,7 @@ GC_INTERVAL_S = 60.0  # how often the backend's objects are checked against the 
 START_TIMEOUT = "start_timeout"  # reason of an attempt that had not started after start_timeout_s
 IDENTITY = "identity"  # reason of the event a backend's launch note becomes (e.g. not run as the owner)
 REPAIR_STOPS = ("node_repair", "node_lost")  # stop_requested by the repair manager: requeue at the head
+KEPT_PAUSE_REASONS = ("idle_gpus",)  # a PAUSING job with this reason keeps it (and its detail) once paused
 
 
 def _dt(epoch: float | None) -> dt.datetime | None:
@@ -306,7 +307,10 @@ class JobManager:
             values |= {"finished_at": now}
         elif job.status is S.PAUSING:
             target, reason = S.PAUSED, "paused"
-            values |= {"reason": "paused", "reason_detail": None}
+            if job.reason in KEPT_PAUSE_REASONS:  # paused by a policy, not a person: the job says which and why
+                values |= {"reason": job.reason, "reason_detail": job.reason_detail}
+            else:
+                values |= {"reason": "paused", "reason_detail": None}
         elif requested == "preempted":
             target, reason = S.QUEUED, "preempted"  # queue_time kept: back to the head of the queue
             values |= {"reason": "preempted", "reason_detail": "preempted to make room for a non-preemptible job"}

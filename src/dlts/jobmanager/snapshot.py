@@ -7,13 +7,15 @@ Also the one place that converts ``JobAttempt.placements`` (JSON) to and from va
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from dlts.config import Settings
-from dlts.models import ACTIVE, Job, JobAttempt, JobStatus, Node, VirtualCluster
+from dlts.models import ACTIVE, Job, JobAttempt, JobStatus, Node, User, VirtualCluster, utcnow
+from dlts.models.accounting import UsageTotal
 from dlts.repositories.cluster import sku_shapes
 from dlts.scheduler import model as core
 
@@ -62,11 +64,25 @@ def placements_to_json(placements) -> list[dict]:
     return replicas_to_json(Replica(i, p) for i, p in enumerate(placements))
 
 
+def reserved_shapes(shapes: dict[str, core.SkuShape], settings: Settings) -> dict[str, core.SkuShape]:
+    """The SKU shapes with the configured ``sku_reserve`` (cores and bytes kept per free GPU); the
+    key ``"*"`` is for every GPU SKU not named."""
+    out = dict(shapes)
+    if not settings.sku_reserve:
+        return out
+    for sku, shape in shapes.items():
+        r = settings.sku_reserve.get(sku) or settings.sku_reserve.get("*")
+        if r is not None and shape.gpus > 0:
+            out[sku] = replace(shape, cpu_per_gpu=r.cpu_per_gpu, memory_per_gpu_bytes=r.memory_per_gpu_bytes)
+    return out
+
+
 def load_snapshot(session: Session, settings: Settings) -> core.Snapshot:
     vcs = {}
     vc_names = {}
     for vc in session.scalars(sa.select(VirtualCluster)):
         vc_names[vc.id] = vc.name
+        own = settings.vc_scheduling.get(vc.name)
         vcs[vc.name] = core.Vc(
             name=vc.name, quota={k: int(v) for k, v in (vc.quota or {}).items()},
             policy=core.Policy(vc.policy), max_job_time_s=vc.max_job_time_s,
@@ -74,6 +90,7 @@ def load_snapshot(session: Session, settings: Settings) -> core.Snapshot:
             cpu_quota=vc.cpu_quota, memory_quota_bytes=vc.memory_quota_bytes,
             allow_cpu_jobs_on_gpu_nodes=vc.allow_cpu_jobs_on_gpu_nodes,
             default_runtime_estimate_s=vc.default_runtime_estimate_s or settings.default_runtime_estimate_s,
+            **_vc_scheduling(settings, own),
         )
     nodes = tuple(
         core.Node(n.name, n.sku, n.gpus, n.cpu, n.memory_bytes, n.ib_domain, n.vc, n.schedulable,
@@ -85,6 +102,7 @@ def load_snapshot(session: Session, settings: Settings) -> core.Snapshot:
         .outerjoin(JobAttempt, sa.and_(JobAttempt.job_id == Job.id, JobAttempt.number == Job.attempt))
         .where(Job.status.in_([JobStatus.QUEUED, *ACTIVE]))
     ).all()
+    preempted = preemption_counts(session) if any(v.max_preemptions for v in vcs.values()) else {}
     jobs = []
     for job, attempt in rows:
         running = job.status in ACTIVE
@@ -102,8 +120,64 @@ def load_snapshot(session: Session, settings: Settings) -> core.Snapshot:
             placements=tuple(r.placement for r in replicas if not r.retiring),
             retiring=tuple(r.placement for r in replicas if r.retiring),
             min_replicas=(job.spec or {}).get("min_replicas", 0), max_replicas=(job.spec or {}).get("max_replicas", 0),
+            preemptions=preempted.get(job.id, 0),
         ))
-    return core.Snapshot(skus=sku_shapes(session), nodes=nodes, vcs=vcs, jobs=tuple(jobs),
+    return core.Snapshot(skus=reserved_shapes(sku_shapes(session), settings), nodes=nodes, vcs=vcs, jobs=tuple(jobs),
                          cpu_job_default_cpu=settings.cpu_job_default_cpu,
                          cpu_job_default_memory_bytes=settings.cpu_job_default_memory_bytes,
-                         reservation_depth=settings.reservation_depth)
+                         reservation_depth=settings.reservation_depth,
+                         fair_share_usage=fair_share_usage(session, settings, vc_names, utcnow())
+                         if any(v.fair_share for v in vcs.values()) else {})
+
+
+def _vc_scheduling(settings: Settings, own) -> dict:
+    """A VC's fair-share switch and preemption budget: its ``vc_scheduling`` entry, else the cluster's."""
+    def pick(name: str):
+        value = getattr(own, name) if own is not None else None
+        return getattr(settings, name) if value is None else value
+    return {"fair_share": bool(pick("fair_share")) and settings.fair_share_half_life_h > 0,
+            "min_runtime_s": float(pick("min_runtime_s")), "max_reclaim_delay_s": pick("max_reclaim_delay_s"),
+            "max_preemptions": int(pick("max_preemptions"))}
+
+
+def preemption_counts(session: Session) -> dict[int, int]:
+    """Job id -> attempts that ended preempted, for the waiting and running preemptible jobs."""
+    rows = session.execute(
+        sa.select(JobAttempt.job_id, sa.func.count())
+        .join(Job, Job.id == JobAttempt.job_id)
+        .where(Job.preemptible.is_(True), Job.status.in_([JobStatus.QUEUED, *ACTIVE]),
+               JobAttempt.end_reason == "preempted")
+        .group_by(JobAttempt.job_id)
+    ).all()
+    return {int(job_id): int(n) for job_id, n in rows}
+
+
+def fair_share_usage(session: Session, settings: Settings, vc_names: dict[int, str],
+                     now: dt.datetime) -> dict[tuple[str, str], float]:
+    """(vc, user) -> decayed GPU-seconds from the accounting rollup (``usage_totals``, per UTC day).
+
+    A day's GPU time counts as if used at its middle and weighs ``0.5 ** (age / half-life)``; days
+    older than ten half-lives (under 0.1 %) are not read. Running attempts are booked into the
+    rollup every ``accounting_interval_s``, so work that runs now adds to its owner's use."""
+    half_life_h = settings.fair_share_half_life_h
+    if half_life_h <= 0:
+        return {}
+    days = min(3660, math.ceil(half_life_h * 10 / 24)) + 1
+    today = now.date()
+    rows = session.execute(
+        sa.select(UsageTotal.start, UsageTotal.user_id, UsageTotal.vc_id, sa.func.sum(UsageTotal.gpu_ms))
+        .where(UsageTotal.period == "day", UsageTotal.start >= today - dt.timedelta(days=days))
+        .group_by(UsageTotal.start, UsageTotal.user_id, UsageTotal.vc_id)
+    ).all()
+    if not rows:
+        return {}
+    users = dict(session.execute(sa.select(User.id, User.name).where(User.id.in_({r[1] for r in rows}))).all())
+    out: dict[tuple[str, str], float] = {}
+    for day, user_id, vc_id, gpu_ms in rows:
+        vc, user = vc_names.get(vc_id), users.get(user_id)
+        if vc is None or user is None or not gpu_ms:
+            continue
+        middle = dt.datetime.combine(day, dt.time(12))
+        age_h = max(0.0, (now.replace(tzinfo=None) - middle).total_seconds() / 3600)
+        out[(vc, user)] = out.get((vc, user), 0.0) + int(gpu_ms) / 1000 * 0.5 ** (age_h / half_life_h)
+    return out

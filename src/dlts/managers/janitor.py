@@ -9,6 +9,12 @@ pt-archiver's --sleep-coef 1). Readers and writers get the CPU, locks and I/O in
 removed after the commit (a crash in between leaves a directory the next pass no longer knows
 about, never a row without its log). A pass stops after ``max_batches`` so one run cannot hold the
 managers process forever; the next run continues.
+
+After the jobs, the same batches and pauses purge short-lived rows: portal sessions that have
+expired (``portal_sessions.expires_at``), rate counters whose window ended long ago (older than
+``counter_window_s``, the longest window any counter uses), and idempotency keys older than
+``idempotency_key_ttl_h``. Each is read by an indexed range (``portal_sessions.expires_at``,
+``rate_counters.window_start``, ``idempotency_keys.created_at``) and deleted by its key.
 """
 
 from __future__ import annotations
@@ -25,7 +31,20 @@ from typing import Callable
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from dlts.models import TERMINAL, Job, JobAttempt, JobEndpoint, JobEvent, utcnow
+from dlts.models import (
+    TERMINAL,
+    IdempotencyKey,
+    Job,
+    JobAttempt,
+    JobEndpoint,
+    JobEvent,
+    JobFavourite,
+    JobInsight,
+    JobTag,
+    PortalSession,
+    RateCounter,
+    utcnow,
+)
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +62,9 @@ class PurgeResult:
     longest_batch_s: float  # the longest transaction, from the first DELETE to COMMIT
     median_batch_s: float = 0.0
     endpoints: int = 0
+    sessions: int = 0  # expired portal sessions
+    rate_counters: int = 0  # counters whose window ended
+    idempotency_keys: int = 0  # keys older than idempotency_key_ttl_h
 
     @property
     def jobs_per_s(self) -> float:
@@ -53,6 +75,7 @@ class Janitor:
     def __init__(self, session_factory: Callable[[], Session], retention_days: int, *,
                  batch_rows: int = DEFAULT_BATCH_ROWS, pause_s: float = DEFAULT_PAUSE_S,
                  log_dir: Path | None = None, max_batches: int = 10_000,
+                 idempotency_key_ttl_h: float = 24.0, counter_window_s: float = 300.0,
                  clock: Callable[[], dt.datetime] = utcnow, sleep: Callable[[float], None] = time.sleep,
                  timer: Callable[[], float] = time.monotonic):
         if retention_days < 1:
@@ -61,12 +84,16 @@ class Janitor:
             raise ValueError("batch_rows must be between 1 and 100000")
         if pause_s < 0:
             raise ValueError("pause_s must not be negative")
+        if idempotency_key_ttl_h <= 0 or counter_window_s <= 0:
+            raise ValueError("idempotency_key_ttl_h and counter_window_s must be positive")
         self.session_factory = session_factory
         self.retention_days = retention_days
         self.batch_rows = batch_rows
         self.pause_s = pause_s
         self.log_dir = log_dir
         self.max_batches = max_batches
+        self.idempotency_key_ttl_h = idempotency_key_ttl_h
+        self.counter_window_s = counter_window_s
         self.clock = clock
         self.sleep = sleep
         self.timer = timer
@@ -93,6 +120,9 @@ class Janitor:
                 events += session.execute(sa.delete(JobEvent).where(JobEvent.job_id.in_(ids))).rowcount or 0
                 attempts += session.execute(sa.delete(JobAttempt).where(JobAttempt.job_id.in_(ids))).rowcount or 0
                 endpoints += session.execute(sa.delete(JobEndpoint).where(JobEndpoint.job_id.in_(ids))).rowcount or 0
+                session.execute(sa.delete(JobInsight).where(JobInsight.job_id.in_(ids)))  # none, unless the manager was off
+                for child in (JobTag, JobFavourite, IdempotencyKey):
+                    session.execute(sa.delete(child).where(child.job_id.in_(ids)))
                 jobs += session.execute(sa.delete(Job).where(Job.id.in_(ids), Job.finished_at < cutoff)
                                         .execution_options(synchronize_session=False)).rowcount or 0
                 session.commit()
@@ -104,13 +134,53 @@ class Janitor:
             pause = max(self.pause_s, durations[-1])
             if pause > 0:
                 self.sleep(pause)
+        now = self.clock()
+        short_lived = [
+            # (table, its key column, the condition of an expired row, the column read in order)
+            ("sessions", PortalSession.id, PortalSession.expires_at <= now, PortalSession.expires_at),
+            ("rate_counters", RateCounter.key,
+             RateCounter.window_start < now - dt.timedelta(seconds=self.counter_window_s), RateCounter.window_start),
+            ("idempotency_keys", IdempotencyKey.id,
+             IdempotencyKey.created_at < now - dt.timedelta(hours=self.idempotency_key_ttl_h), IdempotencyKey.created_at),
+        ]
+        purged: dict[str, int] = {}
+        for name, key, expired, order in short_lived:
+            count, batches = self._purge_rows(key, expired, order, batches, durations)
+            purged[name] = count
         longest = max(durations, default=0.0)
         result = PurgeResult(jobs, attempts, events, batches, time.monotonic() - started, longest,
-                             statistics.median(durations) if durations else 0.0, endpoints)
+                             statistics.median(durations) if durations else 0.0, endpoints, **purged)
+        if any(purged.values()):
+            log.info("janitor: deleted %d expired portal sessions, %d rate counters, %d idempotency keys",
+                     purged["sessions"], purged["rate_counters"], purged["idempotency_keys"])
         if jobs:
             log.info("janitor: deleted %d jobs (%d attempts, %d events, %d endpoints) older than %s in %d batches, %.1f s; "
                      "longest batch %.3f s", jobs, attempts, events, endpoints, cutoff.date(), batches, result.elapsed_s, longest)
         return result
+
+    def _purge_rows(self, key, expired, order, batches: int, durations: list[float]) -> tuple[int, int]:
+        """Delete the rows of ``key``'s table that match ``expired``, ``batch_rows`` per transaction, with
+        the jobs' pauses between batches and within the same ``max_batches``: (rows deleted, batches)."""
+        deleted = 0
+        while batches < self.max_batches:
+            with self.session_factory() as session:
+                keys = list(session.scalars(sa.select(key).where(expired).order_by(order).limit(self.batch_rows)))
+            if not keys:
+                break
+            if durations:  # between batches (of any table), as long as the last one took, at least pause_s
+                pause = max(self.pause_s, durations[-1])
+                if pause > 0:
+                    self.sleep(pause)
+            with self.session_factory() as session:
+                t0 = self.timer()
+                deleted += session.execute(sa.delete(key.class_).where(key.in_(keys), expired)
+                                           .execution_options(synchronize_session=False)).rowcount or 0
+                session.commit()
+                durations.append(self.timer() - t0)
+            batches += 1
+            if len(keys) < self.batch_rows:
+                break
+        return deleted, batches
 
     def _remove_logs(self, ids: list[int]) -> None:
         if self.log_dir is None:

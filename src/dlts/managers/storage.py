@@ -183,9 +183,11 @@ def periodic_entries(settings: "Settings", sessions: Callable[[], Session]) -> l
         if any(r.expire_after_days is not None for r in settings.storage.roots):
             entries.append(Periodic("storage.expire", settings.storage.expire_interval_s, manager.expire_once))
     if settings.lustre_defaults_file is not None:
-        lustre = LustreStorageManager(sessions, settings.lustre_defaults_file)
+        lustre = LustreStorageManager(sessions, settings.lustre_defaults_file,
+                                      mgs_command=tuple(settings.lustre_mgs_command), storage=settings.storage)
         lustre.check()  # a bad defaults file stops start-up, naming the key
         entries.append(Periodic("storage.lustre_apply", settings.storage_interval_s, lustre.run))
+        entries.append(Periodic("storage.lustre_usage", settings.lustre_usage_interval_s, lustre.usage_once))
     return entries
 
 
@@ -194,10 +196,23 @@ class StorageConfigError(ValueError):
 
 
 class LustreStorageManager:
-    def __init__(self, session_factory: Callable[[], Session], defaults_file: Path, client_factory=None):
+    """The Lustre pass (each VC's storage["lustre"] applied through dlts_lustre) and the Lustre usage
+    reading (``lfs quota`` per user and VC into a storage snapshot). Pool changes run on the MGS:
+    ``mgs_command`` is the argv prefix that reaches it (``lustre_mgs_command``)."""
+
+    def __init__(self, session_factory: Callable[[], Session], defaults_file: Path, client_factory=None, *,
+                 mgs_command: tuple[str, ...] | None = None, storage: StorageSettings | None = None):
         self.session_factory = session_factory
         self.defaults_file = Path(defaults_file)
-        self.client_factory = client_factory
+        self.mgs_command = None if mgs_command is None else tuple(mgs_command)  # None: $DLTS_LUSTRE_MGS_COMMAND
+        self.client_factory = client_factory or self._client
+        self.storage = storage or StorageSettings.model_validate({})
+
+    def _client(self):
+        from dlts_lustre.client import LustreClient
+        from dlts_lustre.runner import Runner
+
+        return LustreClient(Runner() if self.mgs_command is None else Runner(mgs_command=self.mgs_command))
 
     def _defaults(self) -> dict[str, Any]:
         try:
@@ -225,10 +240,9 @@ class LustreStorageManager:
 
     def run(self):
         """One pass: plan, refuse unsafe plans, apply the rest. Returns the ApplyResult (or None)."""
-        from dlts_lustre.client import LustreClient
         from dlts_lustre.plan import apply_plan, build_plan
 
-        client = (self.client_factory or LustreClient)()
+        client = self.client_factory()
         plan = build_plan(self.policy(), client)
         for warning in plan.warnings:
             log.warning("lustre: %s", warning)
@@ -240,4 +254,30 @@ class LustreStorageManager:
             return None
         result = apply_plan(plan, client)
         log.info("lustre: applied %d change(s)", len(plan.actions))
+        return result
+
+    def usage_once(self) -> ScanResult:
+        """Read usage per user (uid in the database) and per VC (its project ID, else its gid) with
+        ``lfs quota`` and record it as one snapshot of the mount (kind ``lustre``)."""
+        from dlts.services import storage as storage_service
+        from dlts.storage.lustre_usage import VcQuotaId, lustre_usage
+
+        policy = self.policy()
+        mount = policy.filesystem.mount
+        directories = {vc.name: vc.directory for vc in policy.vcs}
+        projects = {vc.name: vc.project_id for vc in policy.vcs}
+        with self.session_factory() as session:
+            users = StorageManager.uid_names(session)
+            vcs = [VcQuotaId(vc.name, projects.get(vc.name), vc.gid, directories.get(vc.name))
+                   for vc in session.scalars(sa.select(VirtualCluster).order_by(VirtualCluster.name))]
+        result = lustre_usage(self.client_factory(), mount, users=users, vcs=vcs)
+        if result.status == COMPLETE:
+            log.info("lustre: usage of %s: %d user(s), %d VC(s), %d unreadable", mount, len(result.by_owner),
+                     len(result.vc_totals or {}), result.errors)
+        else:
+            log.error("lustre: usage of %s %s: %s", mount, result.status, result.message)
+        root = StorageRoot.model_validate({"path": mount, "kind": "local"})
+        with self.session_factory() as session:
+            storage_service.record_scan(session, result, root, self.storage)
+            session.commit()
         return result

@@ -19,13 +19,17 @@ from dlts.models.job import (
     TRANSITIONS,
     EndpointKind,
     EndpointStatus,
+    IdempotencyKey,
     Job,
     JobAttempt,
     JobEndpoint,
     JobEvent,
+    JobFavourite,
     JobStatus,
+    JobTag,
     JobTemplate,
 )
+from dlts.models.insight import JobInsight
 from dlts.models.lease import ManagersLease
 from dlts.models.node import Node, NodeEvent, NodeFinding, NodeOrder, NodeState
 from dlts.models.notify import OutboxMessage, OutboxStatus
@@ -35,7 +39,7 @@ from dlts.models.vc import VcEvent, VirtualCluster
 
 __all__ = [
     "ACTIVE", "TERMINAL", "TRANSITIONS", "AllowedIp", "ApiToken", "Base", "EndpointKind", "EndpointStatus", "Group",
-    "GroupMember", "Job", "JobAttempt", "JobEndpoint", "JobEvent", "JobStatus", "JobTemplate", "ManagersLease", "Node",
+    "GroupMember", "IdempotencyKey", "Job", "JobFavourite", "JobTag", "JobAttempt", "JobEndpoint", "JobEvent", "JobInsight", "JobStatus", "JobTemplate", "ManagersLease", "Node",
     "NodeEvent", "NodeFinding", "NodeOrder", "NodeState", "OutboxMessage", "OutboxStatus", "PortalSession", "RateCounter",
     "RegistryCredential", "RepairControl", "RepairCycle", "RepairStep", "Role", "RoleBinding", "SshKey", "StorageExpiryLog",
     "StorageSnapshot", "StorageUsage", "UsageJobDay", "UsageTotal", "User", "UtilisationPoint", "VcEvent", "VirtualCluster",

@@ -33,6 +33,10 @@ class User(Base):
     preferences: Mapped[dict] = mapped_column(sa.JSON, default=dict)
     created_at: Mapped[dt.datetime] = mapped_column(Timestamp, default=utcnow)
     disabled_at: Mapped[dt.datetime | None] = mapped_column(Timestamp)
+    # why (revision 0013): "by admin", "missing from the directory" (the sync enables only those it disabled)
+    disabled_reason: Mapped[str | None] = mapped_column(sa.String(255))
+    # NULL: made by a person; "directory": made or adopted by the directory sync (revision 0013)
+    source: Mapped[str | None] = mapped_column(sa.String(16))
 
     tokens: Mapped[list["ApiToken"]] = relationship(back_populates="user", cascade="all, delete-orphan")
 
@@ -42,6 +46,8 @@ class Group(Base):
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True)
     name: Mapped[str] = mapped_column(sa.String(64), unique=True)
+    # NULL: made by a person; "directory": its members come from the directory sync (revision 0013)
+    source: Mapped[str | None] = mapped_column(sa.String(16))
 
 
 class GroupMember(Base):
@@ -67,6 +73,8 @@ class RoleBinding(Base):
     vc_id: Mapped[int | None] = mapped_column(sa.ForeignKey("vcs.id", ondelete="CASCADE"))
     user_id: Mapped[int | None] = mapped_column(sa.ForeignKey("users.id", ondelete="CASCADE"))
     group_id: Mapped[int | None] = mapped_column(sa.ForeignKey("groups.id", ondelete="CASCADE"))
+    # NULL: made by a person; "directory": a group -> VC role mapping of the directory settings (revision 0013)
+    source: Mapped[str | None] = mapped_column(sa.String(16))
 
 
 class ApiToken(Base):
@@ -98,7 +106,7 @@ class PortalSession(Base):
     token_hash: Mapped[str] = mapped_column(sa.String(64), unique=True)
     user_id: Mapped[int] = mapped_column(sa.ForeignKey("users.id", ondelete="CASCADE"), index=True)
     created_at: Mapped[dt.datetime] = mapped_column(Timestamp, default=utcnow)
-    expires_at: Mapped[dt.datetime] = mapped_column(Timestamp)
+    expires_at: Mapped[dt.datetime] = mapped_column(Timestamp, index=True)  # the janitor's purge (revision 0014)
     last_seen_at: Mapped[dt.datetime] = mapped_column(Timestamp, default=utcnow)
 
 

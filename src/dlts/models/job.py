@@ -61,6 +61,7 @@ class Job(Base):
         sa.Index("ix_jobs_vc_status_id", "vc_id", "status", "id"),
         sa.Index("ix_jobs_vc_user_id", "vc_id", "user_id", "id"),  # revision 0003
         sa.Index("ix_jobs_finished_at", "finished_at"),
+        sa.Index("ix_jobs_archived_at", "archived_at"),  # revision 0014
     )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True)
@@ -98,6 +99,9 @@ class Job(Base):
     # the rest of the submitted spec: env, ports, ssh, ib_domain, replicas, ...
     spec: Mapped[dict] = mapped_column(sa.JSON, default=dict)
     updated_at: Mapped[dt.datetime] = mapped_column(Timestamp, default=utcnow, onupdate=utcnow)
+    # set by its owner once the job has ended (revision 0014): hidden from the default lists, still
+    # counted in usage (accounting reads its own rollup)
+    archived_at: Mapped[dt.datetime | None] = mapped_column(Timestamp)
 
     user = relationship("User", lazy="joined")
     vc = relationship("VirtualCluster", lazy="joined")
@@ -207,4 +211,43 @@ class JobTemplate(Base):
     vc_id: Mapped[int | None] = mapped_column(sa.ForeignKey("vcs.id", ondelete="CASCADE"))
     name: Mapped[str] = mapped_column(sa.String(64))
     spec: Mapped[dict] = mapped_column(sa.JSON, default=dict)
+    created_at: Mapped[dt.datetime] = mapped_column(Timestamp, default=utcnow)
+
+
+class JobTag(Base):
+    """A label its owner (or a VC admin) put on a job (revision 0014): ``tag=`` filters lists by it."""
+
+    __tablename__ = "job_tags"
+    __table_args__ = (sa.Index("ix_job_tags_tag_job_id", "tag", "job_id"),)
+
+    job_id: Mapped[int] = mapped_column(sa.ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    tag: Mapped[str] = mapped_column(sa.String(32), primary_key=True)
+
+
+class JobFavourite(Base):
+    """A job a user starred (revision 0014); per user, for any job they can see."""
+
+    __tablename__ = "job_favourites"
+    __table_args__ = (sa.Index("ix_job_favourites_job_id", "job_id"),)
+
+    user_id: Mapped[int] = mapped_column(sa.ForeignKey("users.id", ondelete="CASCADE"), primary_key=True)
+    job_id: Mapped[int] = mapped_column(sa.ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    created_at: Mapped[dt.datetime] = mapped_column(Timestamp, default=utcnow)
+
+
+class IdempotencyKey(Base):
+    """An ``Idempotency-Key`` a user sent with ``POST /jobs`` (revision 0014), written in the job's own
+    transaction: a retry with the same key answers this job instead of making another. The unique
+    (user_id, key) makes two parallel requests with one key make one job. ``body_hash`` is the
+    SHA-256 of the canonical request body: the same key with another body is refused. Purged by the
+    janitor after ``idempotency_key_ttl_h``."""
+
+    __tablename__ = "idempotency_keys"
+    __table_args__ = (sa.UniqueConstraint("user_id", "key"), sa.Index("ix_idempotency_keys_created_at", "created_at"))
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    user_id: Mapped[int] = mapped_column(sa.ForeignKey("users.id", ondelete="CASCADE"))
+    key: Mapped[str] = mapped_column(sa.String(128))
+    body_hash: Mapped[str] = mapped_column(sa.String(64))
+    job_id: Mapped[int] = mapped_column(sa.ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
     created_at: Mapped[dt.datetime] = mapped_column(Timestamp, default=utcnow)

@@ -42,6 +42,9 @@ class VirtualCluster(Base):
     # (max_queued_jobs_per_user, max_submissions_per_minute); 0: no limit
     max_queued_jobs_per_user: Mapped[int | None] = mapped_column(sa.Integer)
     max_submissions_per_minute: Mapped[int | None] = mapped_column(sa.Integer)
+    # the idle-job policy (revision 0012): {"idle_warn_min", "idle_action_min", "idle_action", "exempt_types"};
+    # NULL: off (services/vcs.py check_idle_policy, managers/insight.py)
+    idle_policy: Mapped[dict | None] = mapped_column(sa.JSON)
     created_at: Mapped[dt.datetime] = mapped_column(Timestamp, default=utcnow)
     updated_at: Mapped[dt.datetime] = mapped_column(Timestamp, default=utcnow, onupdate=utcnow)
 

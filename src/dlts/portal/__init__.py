@@ -14,7 +14,7 @@ from dlts.portal.core import bp, install
 
 def init_portal(app: Flask) -> None:
     # the views register themselves on ``bp`` when imported
-    from dlts.portal import views_access, views_auth, views_cluster, views_jobs, views_repair  # noqa: F401
+    from dlts.portal import views_access, views_admin, views_auth, views_cluster, views_jobs, views_repair  # noqa: F401
 
     install(app)
     app.register_blueprint(bp)

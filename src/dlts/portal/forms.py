@@ -24,7 +24,7 @@ INT_FIELDS = ("gpus", "nodes", "max_retries", "priority")
 MAX_FORM_INT = 10**12  # typed numbers beyond this are refused here; the schemas range the rest
 FLOAT_FIELDS = ("cpu",)
 BOOL_FIELDS = ("preemptible", "ssh")
-TEXT_FIELDS = ("name", "vc", "type", "image", "command", "sku", "memory")
+TEXT_FIELDS = ("name", "vc", "type", "image", "command", "sku", "memory", "tags")
 # the API's field names -> the form's input names where they differ
 FORM_NAME = {"max_time_s": "max_time_h", "memory_bytes": "memory"}
 
@@ -51,6 +51,9 @@ def hours_to_s(text: str) -> int:
 
 def form_values(form: Mapping[str, Any] | MultiDict) -> dict[str, Any]:
     values = {k: (form.get(k) or "").strip() for k in TEXT_FIELDS + INT_FIELDS + FLOAT_FIELDS + ("max_time_h", "env", "ports")}
+    # one per rendered form: a second POST of the same form (a double click, a reload, a retry after a
+    # timeout) answers the job the first one made (services.job_keeping)
+    values["idempotency_key"] = (form.get("idempotency_key") or "").strip()[:200]
     for name in BOOL_FIELDS:
         values[name] = form.get(name) in ("on", "true", "1", True)
     values["command"] = (form.get("command") or "").strip()
@@ -62,8 +65,26 @@ def spec_values(spec: Mapping[str, Any]) -> dict[str, Any]:
     """A saved template's spec -> form values."""
     values = form_values({})
     for key, value in spec.items():
-        if key in values:
+        if key in values and key != "idempotency_key":
             values[key] = value
+    return values
+
+
+def job_values(body: Mapping[str, Any]) -> dict[str, Any]:
+    """A job's submit body (``job_keeping.submit_spec``) -> form values: clone or resubmit."""
+    values = form_values({})
+    for key in ("name", "vc", "type", "image", "command", "sku"):
+        values[key] = str(body.get(key) or "")
+    for key in ("gpus", "nodes", "max_retries", "priority"):
+        values[key] = str(body[key]) if body.get(key) is not None else ""
+    values["cpu"] = f"{body['cpu']:g}" if body.get("cpu") is not None else ""
+    values["memory"] = str(body["memory"]) if body.get("memory") is not None else ""
+    max_time = body.get("max_time_s")
+    values["max_time_h"] = f"{max_time / 3600:g}" if max_time else ""
+    values["env"] = "\n".join(f"{k}={v}" for k, v in (body.get("env") or {}).items())
+    values["ports"] = " ".join(str(p) for p in body.get("ports") or [])
+    values["tags"] = ", ".join(body.get("tags") or [])
+    values["preemptible"], values["ssh"] = bool(body.get("preemptible")), bool(body.get("ssh"))
     return values
 
 
@@ -105,6 +126,8 @@ def parse(form_data: Mapping[str, Any] | MultiDict) -> tuple[SubmitForm, JobRequ
     for name in ("sku", "memory"):
         if v[name]:
             body[name] = v[name]
+    if v["tags"]:
+        body["tags"] = v["tags"].replace(",", " ").split()
     body["env"] = _parse_env(v["env"], form)
     if v["ports"]:
         ports = v["ports"].replace(",", " ").split()
@@ -125,6 +148,7 @@ def parse(form_data: Mapping[str, Any] | MultiDict) -> tuple[SubmitForm, JobRequ
         return form, None
     memory = loaded.pop("memory")
     loaded["ports"] = tuple(loaded["ports"])
+    loaded["tags"] = tuple(loaded["tags"])
     return form, JobRequest(memory_bytes=memory, **loaded)
 
 
@@ -140,7 +164,7 @@ def _first_text(value: Any) -> str:
 
 def template_spec(values: Mapping[str, Any]) -> dict[str, Any]:
     """Form values worth saving in a template (as typed, so the form re-renders them exactly)."""
-    keep = TEXT_FIELDS + INT_FIELDS + FLOAT_FIELDS + BOOL_FIELDS + ("max_time_h", "env", "ports")
+    keep = TEXT_FIELDS + INT_FIELDS + FLOAT_FIELDS + BOOL_FIELDS + ("max_time_h", "env", "ports")  # never the key
     return {k: values[k] for k in keep if k in values and values[k] not in ("", None)}
 
 

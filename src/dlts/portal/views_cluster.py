@@ -33,7 +33,28 @@ SETTING_HELP = {
                                 "empty: the cluster's default ({default}).",
     "max_submissions_per_minute": "Jobs one member may submit to the VC per minute; 0: no limit; empty: the cluster's "
                                   "default ({default}).",
+    "idle_policy": "When every GPU of a running job has been idle (at most 5% busy) for the warning time, its owner "
+                   "gets a message and an e-mail; still idle the action time later, the job is paused or killed. "
+                   "Off: no warnings; warn only: never paused or killed.",
 }
+
+
+def _idle_policy_from_form(current: dict | None) -> dict | None:
+    """The form's idle-job policy: off (None), or the four keys (checked by the VC service)."""
+    action = request.form.get("idle_action", "off")
+    if action == "off":
+        return None
+    policy: dict = {"idle_action": action, "exempt_types": request.form.getlist("idle_exempt_types")}
+    for key in ("idle_warn_min", "idle_action_min"):
+        raw = request.form.get(key, "").strip()
+        if not raw:
+            policy[key] = (current or {}).get(key, vc_service.IDLE_POLICY_DEFAULTS[key])
+            continue
+        try:
+            policy[key] = float(raw)
+        except ValueError:
+            raise InvalidInput(f"{key} is a number of minutes.", details={"field": f"idle_policy.{key}"}) from None
+    return policy
 
 
 @bp.route("/cluster")
@@ -113,6 +134,8 @@ def vc_settings(name: str):
                        "notice": request.form.get("notice", "").strip() or None,
                        "max_queued_jobs_per_user": _int_or_none("max_queued_jobs_per_user", "the cluster's default"),
                        "max_submissions_per_minute": _int_or_none("max_submissions_per_minute", "the cluster's default")}
+            if "idle_action" in request.form:
+                changes["idle_policy"] = _idle_policy_from_form(view.idle_policy)
             view = vc_service.update_vc(db.session, who, name, changes)
             flash(f"Settings of VC {name} saved; the scheduler uses them from its next pass.", "ok")
             return redirect(url_for("portal.vc_settings", name=name))

@@ -3,6 +3,7 @@ viewer and endpoints, the submit form with templates, and the single-job actions
 
 from __future__ import annotations
 
+import secrets
 from dataclasses import replace
 
 import sqlalchemy as sa
@@ -35,9 +36,10 @@ from dlts.models import (
 )
 from dlts.portal import charts, forms
 from dlts.portal.core import back, bp, flash_error, login_required, principal
+from dlts.repositories import insight as insight_repo
 from dlts.repositories import jobs as job_repo
 from dlts.repositories.cluster import sku_shapes
-from dlts.services import accounting, job_templates, portal_auth
+from dlts.services import accounting, job_keeping, job_templates, portal_auth
 from dlts.services import cluster as cluster_service
 from dlts.services import endpoints as endpoint_service
 from dlts.services import jobs as job_service
@@ -96,6 +98,12 @@ def jobs():
             status = ""
     job_type = args.get("type") if args.get("type") in JOB_TYPES else None
     oldest_first = args.get("order") == "oldest"
+    archived = args.get("archived") if args.get("archived") in ("true", "all") else "false"
+    favourite = args.get("favourite") == "true"
+    tag = (args.get("tag") or "").strip().lower()
+    if tag and not job_service.TAG_PATTERN.match(tag):
+        flash(f"{tag[:40]!r} is not a tag ({job_service.TAG_RULE}); showing every tag.", "error")
+        tag = ""
     visible = None if scope == "mine" else _visible_vc_ids(scope)
     user_id: int | None = who.user_id if scope == "mine" else None
     vc_id = None
@@ -116,17 +124,23 @@ def jobs():
     rows: list[Job] = []
     if not empty:
         rows = job_repo.list_jobs(db.session, visible_vc_ids=visible, user_id=user_id, vc_id=vc_id, statuses=statuses,
-                                 job_type=job_type, boundary=boundary, oldest_first=oldest_first, limit=PAGE_SIZE + 1)
+                                 job_type=job_type, boundary=boundary, oldest_first=oldest_first, limit=PAGE_SIZE + 1,
+                                 tag=tag or None, favourite_of=who.user_id if favourite else None, archived=archived)
     page = rows[:PAGE_SIZE]
+    tags = job_keeping.tags_of(db.session, [j.id for j in page])
+    starred = job_keeping.favourites_of(db.session, who.user_id, [j.id for j in page])
     next_cursor = job_repo.encode_cursor(page[-1].id) if len(rows) > PAGE_SIZE else None
     items = [(j, job_visibility(who, j) or Visibility.PUBLIC,
               job_service.time_left_s(j, j.vc.max_job_time_s)) for j in page]
     filters = {k: v for k, v in {"scope": scope, "status": status, "vc": args.get("vc", ""), "user": args.get("user", ""),
-                                 "type": job_type or "", "order": "oldest" if oldest_first else ""}.items() if v}
+                                 "type": job_type or "", "order": "oldest" if oldest_first else "", "tag": tag,
+                                 "favourite": "true" if favourite else "",
+                                 "archived": archived if archived != "false" else ""}.items() if v}
     vc_names = list(db.session.scalars(sa.select(VirtualCluster.name).order_by(VirtualCluster.name))) if who.is_cluster_admin else who.vcs
     return render_template("jobs.html", items=items, columns=_columns(), all_columns=COLUMNS, filters=filters,
                            scope=scope, next_cursor=next_cursor, first_page=cursor is None, statuses=list(JobStatus),
-                           status_groups=STATUS_GROUPS, job_types=JOB_TYPES, vc_names=vc_names, oldest_first=oldest_first)
+                           status_groups=STATUS_GROUPS, job_types=JOB_TYPES, vc_names=vc_names, oldest_first=oldest_first,
+                           tags=tags, starred=starred)
 
 
 @bp.route("/jobs/columns", methods=["POST"])
@@ -195,14 +209,19 @@ def _job_page(job_id: int, new_token: dict | None = None, status: int = 200):
     no_ssh_key = (job.user_id == who.user_id and (can_open_endpoint or any(e.kind == "ssh" for e in endpoints))
                   and db.session.scalar(sa.select(SshKey.id).where(SshKey.user_id == who.user_id).limit(1)) is None)
     utilisation = _utilisation_charts(job.id, who) if full and current is not None and current.started_at else None
+    insights = insight_repo.insights_of(db.session, job.id) if full else []
+    owner_of_ended = job.user_id == who.user_id and job.status in TERMINAL
+    keeping = {"tags": job_keeping.tags_of(db.session, [job.id]).get(job.id, []),
+               "favourite": job.id in job_keeping.favourites_of(db.session, who.user_id, [job.id]),
+               "can_archive": owner_of_ended, "can_delete": owner_of_ended, "can_tag": full, "can_clone": full}
     response = current_app.make_response((render_template(
         "job.html", job=job, full=full, attempts=attempts, events=events, placements=placements, actions=actions,
-        utilisation=utilisation,
+        utilisation=utilisation, insights=insights, idle_exempt=bool((job.spec or {}).get("idle_exempt")),
         messages=[e for e in events if e.kind in ("insight", "repair")], vc_admin=vc_admin,
         can_patch=full and job.status not in TERMINAL,
         time_left_s=job_service.time_left_s(job, job.vc.max_job_time_s), ended=job.status in TERMINAL,
         endpoints=endpoints, can_open_endpoint=can_open_endpoint, endpoint_kinds=endpoint_service.KINDS,
-        no_ssh_key=no_ssh_key, new_token=new_token), status))
+        no_ssh_key=no_ssh_key, new_token=new_token, keeping=keeping), status))
     if new_token:
         response.headers["Cache-Control"] = "no-store"  # the password must not linger in a cache
     return response
@@ -277,6 +296,58 @@ def close_endpoint(job_id: int, endpoint_id: int):
     return redirect(url_for("portal.job", job_id=job_id))
 
 
+@bp.route("/jobs/<int(max=4611686018427387904):job_id>/favourite", methods=["POST"])
+@login_required
+def job_favourite(job_id: int):
+    on = request.form.get("on") == "1"
+    job_keeping.set_favourite(db.session, principal(), job_id, on)  # 404 outside the job's VC
+    flash(f"Job {job_id} {'starred' if on else 'unstarred'}.", "ok")
+    return back("portal.job", job_id=job_id)
+
+
+@bp.route("/jobs/<int(max=4611686018427387904):job_id>/tags", methods=["POST"])
+@login_required
+def job_tags(job_id: int):
+    text = request.form.get("tags", "")
+    try:
+        tags = job_keeping.set_tags(db.session, principal(), job_id, text.replace(",", " ").split()[:100])
+        flash(f"Job {job_id}: tags {', '.join(tags) or 'removed'}.", "ok")
+    except DltsError as exc:
+        if exc.http_status == 404:
+            raise
+        flash_error(exc)
+    return redirect(url_for("portal.job", job_id=job_id))
+
+
+@bp.route("/jobs/<int(max=4611686018427387904):job_id>/archive", methods=["POST"], endpoint="job_archive")
+@bp.route("/jobs/<int(max=4611686018427387904):job_id>/unarchive", methods=["POST"], endpoint="job_unarchive")
+@login_required
+def job_archive(job_id: int):
+    archived = request.endpoint == "portal.job_archive"
+    try:
+        job_keeping.set_archived(db.session, principal(), job_id, archived)
+        flash(f"Job {job_id} archived: the job lists show it under Archived." if archived else f"Job {job_id} unarchived.", "ok")
+    except DltsError as exc:
+        if exc.http_status == 404:
+            raise
+        flash_error(exc)
+    return redirect(url_for("portal.job", job_id=job_id))
+
+
+@bp.route("/jobs/<int(max=4611686018427387904):job_id>/delete", methods=["POST"])
+@login_required
+def job_delete(job_id: int):
+    try:
+        job_keeping.delete(db.session, settings_of(current_app), principal(), job_id)
+    except DltsError as exc:
+        if exc.http_status == 404:
+            raise
+        flash_error(exc)
+        return redirect(url_for("portal.job", job_id=job_id))
+    flash(f"Job {job_id} deleted with its history and logs; its GPU time stays in the usage reports.", "ok")
+    return redirect(url_for("portal.jobs"))
+
+
 @bp.route("/jobs/<int(max=4611686018427387904):job_id>/<action>", methods=["POST"])
 @login_required
 def job_action(job_id: int, action: str):
@@ -309,6 +380,21 @@ def job_settings(job_id: int):
         flash(f"Job {job_id} updated; the scheduler uses the new values from its next pass.", "ok")
     except ValueError:
         flash("Priority is a whole number and max time a number of hours.", "error")
+    except DltsError as exc:
+        if exc.http_status == 404:
+            raise
+        flash_error(exc)
+    return redirect(url_for("portal.job", job_id=job_id))
+
+
+@bp.route("/jobs/<int(max=4611686018427387904):job_id>/idle-exempt", methods=["POST"])
+@login_required
+def job_idle_exempt(job_id: int):
+    """Exempt the job from its VC's idle-job policy, or lift the exemption (VC admins), via the jobs service."""
+    exempt = request.form.get("exempt") == "1"
+    try:
+        job_service.patch(db.session, principal(), job_id, {"idle_exempt": exempt})
+        flash(f"Job {job_id} is {'now exempt from' if exempt else 'again under'} the VC's idle-job policy.", "ok")
     except DltsError as exc:
         if exc.http_status == 404:
             raise
@@ -389,14 +475,19 @@ def submit():
     who = principal()
     if request.method == "GET":
         values = forms.form_values({})
-        if request.args.get("template"):
+        if request.args.get("from"):  # clone / resubmit: the job's own spec
+            source = whole_number(request.args["from"], "from", min_value=1, message="from is not the id of a job.")
+            values = forms.job_values(job_keeping.spec(db.session, who, source))
+            flash(f"The form holds job {source}'s spec; change what you like and submit.", "info")
+        elif request.args.get("template"):
             template = job_templates.get_template(db.session, who, whole_number(
                 request.args["template"], "template", min_value=1, message="template is not the id of a template."))
             values = forms.spec_values(template.spec)
             flash(f"Loaded template {template.name}.", "info")
         elif request.args.get("vc"):
             values["vc"] = request.args["vc"]
-        values.setdefault("type", "batch")
+        values["type"] = values.get("type") or "batch"
+        values["idempotency_key"] = secrets.token_urlsafe(18)
         return render_template("submit.html", **_submit_context(forms.SubmitForm(values)))
     form, req = forms.parse(request.form)
     if request.form.get("save_template"):
@@ -411,12 +502,23 @@ def submit():
         return render_template("submit.html", **_submit_context(form)), 400 if form.errors.get("template_name") else 200
     if req is None:
         return render_template("submit.html", **_submit_context(form)), 400
+    key = form.values["idempotency_key"] or None
     try:
-        job = job_service.submit(db.session, settings_of(current_app), who, req)
+        job, replayed = job_keeping.submit(db.session, settings_of(current_app), who, req, key)
     except DltsError as exc:
         db.session.rollback()
-        form.add_error(str(exc.details.get("field", "_form")), exc.message)
+        if exc.code in ("idempotency_key_reused", "invalid_idempotency_key"):
+            # this form was sent before with other values: a fresh key makes the next press a new job
+            form.values["idempotency_key"] = secrets.token_urlsafe(18)
+            job_id = exc.details.get("job_id")
+            form.add_error("_form", f"This form was already submitted as job {job_id}; press Submit again to make "
+                           "another job with these values." if job_id else "This form expired; press Submit again.")
+        else:
+            form.add_error(str(exc.details.get("field", "_form")), exc.message)
         return render_template("submit.html", **_submit_context(form)), exc.http_status
+    if replayed:
+        flash(f"This form was already submitted: job {job.id} (it is {job.status.value}); no second job was made.", "info")
+        return redirect(url_for("portal.job", job_id=job.id))
     flash(f"Job {job.id} submitted; it is {job.status.value}.", "ok")
     return redirect(url_for("portal.job", job_id=job.id))
 

@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session, defer
 
 from dlts.errors import InvalidInput
-from dlts.models import TRANSITIONS, Job, JobEvent, JobStatus, utcnow
+from dlts.models import TRANSITIONS, Job, JobEvent, JobFavourite, JobStatus, JobTag, utcnow
 from dlts.strict import whole_number
 
 
@@ -87,9 +87,14 @@ def list_jobs(
     boundary: int | None = None,
     oldest_first: bool = False,
     limit: int = 50,
+    tag: str | None = None,
+    favourite_of: int | None = None,
+    archived: str = "false",
 ) -> list[Job]:
     """One keyset page: ``limit`` jobs past ``boundary`` (the last id of the previous page), newest
-    first unless ``oldest_first``. ``visible_vc_ids`` None: every VC.
+    first unless ``oldest_first``. ``visible_vc_ids`` None: every VC. ``tag``: jobs with that tag;
+    ``favourite_of``: jobs that user starred; ``archived``: "false" (the default lists: not archived),
+    "true" (archived only) or "all".
 
     The rows come without ``spec`` and ``command`` (touching them raises): a page of jobs must not
     carry every job's environment and command line (up to 48 KiB each); ``command_previews`` gives
@@ -111,6 +116,16 @@ def list_jobs(
         query = query.where(Job.status.in_(statuses))
     if job_type:
         query = query.where(Job.type == job_type)
+    if archived == "false":
+        # while no job is archived (one probe of ix_jobs_archived_at) the page stays a covered index scan
+        if session.scalar(sa.select(Job.id).where(Job.archived_at.is_not(None)).limit(1)) is not None:
+            query = query.where(Job.archived_at.is_(None))
+    elif archived == "true":
+        query = query.where(Job.archived_at.is_not(None))
+    if tag is not None:
+        query = query.where(Job.id.in_(sa.select(JobTag.job_id).where(JobTag.tag == tag)))
+    if favourite_of is not None:
+        query = query.where(Job.id.in_(sa.select(JobFavourite.job_id).where(JobFavourite.user_id == favourite_of)))
     if boundary is not None:
         query = query.where(Job.id > boundary if oldest_first else Job.id < boundary)
     ids = list(session.scalars(query))
@@ -128,3 +143,31 @@ def command_previews(session: Session, ids: Sequence[int], chars: int) -> dict[i
         return {}
     query = sa.select(Job.id, sa.func.substr(Job.command, 1, chars + 1)).where(Job.id.in_(list(ids)))
     return {job_id: text or "" for job_id, text in session.execute(query)}
+
+
+def tags_of(session: Session, ids: Sequence[int]) -> dict[int, list[str]]:
+    """Each job's tags, sorted (jobs without tags are left out)."""
+    if not ids:
+        return {}
+    out: dict[int, list[str]] = {}
+    for job_id, tag in session.execute(sa.select(JobTag.job_id, JobTag.tag).where(JobTag.job_id.in_(list(ids)))
+                                       .order_by(JobTag.job_id, JobTag.tag)):
+        out.setdefault(job_id, []).append(tag)
+    return out
+
+
+def favourites_of(session: Session, user_id: int, ids: Sequence[int]) -> set[int]:
+    """Which of ``ids`` the user starred."""
+    if not ids:
+        return set()
+    return set(session.scalars(sa.select(JobFavourite.job_id).where(JobFavourite.user_id == user_id,
+                                                                    JobFavourite.job_id.in_(list(ids)))))
+
+
+def lock_job(session: Session, job_id: int) -> None:
+    """Hold the job's row until the caller's transaction ends (SQLite: the database's write lock)."""
+    if session.get_bind().dialect.name == "sqlite":
+        session.execute(sa.update(Job).where(Job.id == job_id).values(updated_at=Job.updated_at)
+                        .execution_options(synchronize_session=False))
+    else:
+        session.execute(sa.select(Job.id).where(Job.id == job_id).with_for_update())

@@ -4,6 +4,10 @@
 requests in any number of gunicorn workers each get a distinct count. ``lock``: hold one row of a
 table until the caller's transaction ends, so a check-then-insert (a cap) cannot interleave with
 another. Neither commits: the caller's service does.
+
+The janitor deletes counters whose window began more than an hour ago, or more than the login
+window (``login_limit_window_s``) when that is longer (``dlts managers``, ``counter_window_s``): a
+counter with a longer window must raise that bound.
 """
 
 from __future__ import annotations

@@ -19,8 +19,9 @@ import time
 from contextlib import contextmanager
 from typing import Iterator
 
-from dlts.scheduler.framework import DEFAULT_PROFILE, Framework, Profile, ReclaimPlan, Rejection, VcQueue
+from dlts.scheduler.framework import DEFAULT_PROFILE, Framework, Profile, ReclaimPlan, Rejection, VcQueue, resource_pool
 from dlts.scheduler.model import (
+    CPU_SKU,
     Decisions,
     Job,
     JobType,
@@ -73,9 +74,11 @@ class _Pass:
                 self.stops.extend(plugin.stops(st))
         with self._phase("order"):
             key = fw.sort.sort_key
+            # a sort plugin may order a whole list (fair share re-ranks inside each VC)
+            order = getattr(fw.sort, "order", None) or (lambda st_, jobs, phase=0: sorted(jobs, key=key))
             pending = [j for j in snap.jobs if not j.running]
-            core = sorted((j for j in pending if not j.preemptible), key=key)
-            opportunistic = sorted((j for j in pending if j.preemptible), key=key)
+            core = order(st, [j for j in pending if not j.preemptible], 0)
+            opportunistic = order(st, [j for j in pending if j.preemptible], 1)
             counters: dict[str, int] = {}
             for j in core + opportunistic:
                 if j.approved:
@@ -95,12 +98,15 @@ class _Pass:
                 and j.max_replicas > max(1, j.min_replicas)
                 and ((j.running and not j.stopping and j.id not in st.stopped) or j.id in self.starts)
             ]
-            for job in sorted(opportunistic + extras, key=key):
+            for job in (order(st, opportunistic + extras, 1) if extras else opportunistic):
                 if job.running or job.id in self.starts:
                     self._grow(job)
                 else:
                     self._assign(job)
         t0 = time.perf_counter()
+        revise = getattr(fw.sort, "revise_waits", None)
+        if revise is not None:
+            self.waits = revise(st, self.waits, set(self.starts))
         out = self._finalize()
         out.timings_s["finalize"] = time.perf_counter() - t0  # type: ignore[index]
         return out
@@ -134,7 +140,8 @@ class _Pass:
                 if rej is None:  # one value per blocker: thousands of jobs can queue behind one
                     rej = self._blocked[blocker] = Rejection(
                         WaitReason.BLOCKED_BY,
-                        f"VC {job.vc} is FIFO and job {blocker}, ahead in its queue, cannot start yet",
+                        f"VC {job.vc} is FIFO and job {blocker}, ahead in its queue for "
+                        f"{_pool_words(resource_pool(job))}, cannot start yet",
                         blocked_by=blocker,
                     )
                 self._wait(job, rej)
@@ -186,6 +193,11 @@ class _Pass:
             if self.bf is not None and not self.bf.plan_ok(job, req, plan.placements, plan.victims):
                 continue  # the room would take resources reserved for a job ahead
             return self._apply_plan(job, plan, rej)
+        for plugin in self.fw.preempt:  # the preemption budget may be what keeps the room
+            note = getattr(plugin, "blocked_note", None)
+            text = note(self.state, job, req, vc) if note is not None else None
+            if text:
+                return Rejection(rej.reason, f"{rej.detail}; {text}", rej.permanent, rej.blocked_by)
         return rej
 
     def _apply_plan(self, job: Job, plan: ReclaimPlan, rej: Rejection) -> Rejection:
@@ -263,6 +275,10 @@ class _Pass:
         )
         reservations = tuple(self.bf.reservations) if self.bf is not None else ()
         return Decisions(starts, tuple(merged.values()), tuple(self.waits), dict(self.timings_s), reservations)
+
+
+def _pool_words(pool: str) -> str:
+    return "CPU-only work" if pool == CPU_SKU else f"{pool} GPUs"
 
 
 def _ids(holdings: list[Holding]) -> str:

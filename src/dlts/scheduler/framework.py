@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, cast
 
-from dlts.scheduler.model import Job, Placement, Stop, Vc, WaitReason
+from dlts.scheduler.model import CPU_SKU, Job, JobType, Placement, Stop, Vc, WaitReason
 from dlts.scheduler.state import Holding, PassState, Request
 
 
@@ -45,7 +45,16 @@ class VcQueue:
     """Per-VC bookkeeping of one pass that policy plugins read and write."""
 
     name: str
-    blocker: int | None = None  # FIFO: the first non-preemptible job that did not fit
+    blocker: int | None = None  # FIFO: the first non-preemptible job that did not fit (any pool)
+    # FIFO blocks per resource pool: pool (``resource_pool(job)``) -> the first job there that did not fit
+    blockers: dict[str, int] = field(default_factory=dict)
+
+
+def resource_pool(job: Job) -> str:
+    """The pool a job competes in for FIFO: its GPU SKU, or ``cpu`` for CPU-only jobs."""
+    if job.gpus <= 0 or job.sku in (None, CPU_SKU):
+        return job.sku if job.type is JobType.DISTRIBUTED and job.sku else CPU_SKU
+    return job.sku
 
 
 @dataclass(frozen=True)
@@ -131,7 +140,7 @@ def register(point: str, name: str) -> Callable[[Callable[[], object]], Callable
 class Profile:
     """Which plugins one pass runs, by registered name, in order."""
 
-    sort: str = "priority_queue_time"
+    sort: str = "fair_share"  # priority_queue_time, re-ranked inside each VC by recent use
     stop: tuple[str, ...] = ("wall_time",)
     filter: tuple[str, ...] = ("approval", "node_match", "vc_quota", "user_quota", "interactive_cap")
     policy: tuple[str, ...] = ("RF", "FIFO", "backfill")

@@ -42,7 +42,10 @@ class WaitReason(str, enum.Enum):
     BLOCKED_BY = "blocked_by"  # rendered as "blocked_by:<id>"
     APPROVAL = "approval"
     NO_MATCHING_NODES = "no_matching_nodes"
-    RESERVATION = "reservation"  # rendered as "reservation:<id>" (backfill: would delay job <id>)
+    CPU = "cpu"  # the GPUs are there but the node(s) lack free cores
+    MEMORY = "memory"  # the GPUs (and cores) are there but the node(s) lack free memory
+    FAIR_SHARE = "fair_share"  # jobs of users with less recent use went first (plugins/fairshare.py)
+    RESERVATION = "reservation"  # rendered as "reservation:<id>"; set by policy backfill (would delay job <id>)
 
 
 class StopReason(str, enum.Enum):
@@ -61,6 +64,11 @@ class SkuShape:
     gpus: int
     cpu: float
     memory_bytes: int
+    # Cores and bytes reserved for each *free* GPU of a node of this SKU: CPU-only jobs on such a
+    # node may use only what is left (``scheduler/quota.py``). None: the node's proportional share
+    # (``cpu / gpus``, ``memory_bytes / gpus``), so a default-sized GPU job always fits.
+    cpu_per_gpu: float | None = None
+    memory_per_gpu_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -92,6 +100,17 @@ class Vc:
     # backfill: the runtime assumed for jobs with no limit (no max_time_s, no max_job_time_s);
     # None: such jobs are unbounded and estimates that depend on them are unknown
     default_runtime_estimate_s: int | None = None
+    # Fair share inside the VC (plugins/fairshare.py): among jobs of equal priority, owners with
+    # less decayed GPU use (``Snapshot.fair_share_usage``) relative to an equal share go first.
+    fair_share: bool = True
+    # Preemption budget (plugins/reclaim.py): a preemptible job of this VC runs at least
+    # ``min_runtime_s`` before it may be preempted, unless the job reclaim is for (of any VC) has
+    # waited longer than *its* VC's ``max_reclaim_delay_s`` (None: never overridden); a job
+    # preempted ``max_preemptions`` times (0: no limit) is protected for ``min_runtime_s`` of every
+    # later run without that override.
+    min_runtime_s: float = 0.0
+    max_reclaim_delay_s: float | None = None
+    max_preemptions: int = 0
 
 
 @dataclass(frozen=True)
@@ -145,6 +164,8 @@ class Job:
     approved: bool = True
     # A VC admin approved this job above the user's GPU quota, so ``user_quota`` no longer applies.
     user_quota_approved: bool = False
+    # How many times the job has been preempted so far (the preemption budget reads it).
+    preemptions: int = 0
 
 
 @dataclass(frozen=True)
@@ -158,6 +179,9 @@ class Snapshot:
     cpu_job_default_memory_bytes: int = 2 * 1024**3
     # backfill: how many jobs that cannot start get a reservation per pass (in the pass's order)
     reservation_depth: int = 8
+    # (vc, user) -> decayed GPU-seconds of recent use, computed by the job manager (fair share).
+    # Empty: nobody has used anything, so fair share leaves the priority/queue-time order alone.
+    fair_share_usage: Mapping[tuple[str, str], float] = field(default_factory=dict)
 
 
 # -- decisions --------------------------------------------------------------------------------
@@ -201,10 +225,8 @@ class Wait:
 
     @property
     def reason_code(self) -> str:
-        if self.reason is WaitReason.BLOCKED_BY and self.blocked_by is not None:
-            return f"blocked_by:{self.blocked_by}"
-        if self.reason is WaitReason.RESERVATION and self.blocked_by is not None:
-            return f"reservation:{self.blocked_by}"
+        if self.reason in (WaitReason.BLOCKED_BY, WaitReason.RESERVATION) and self.blocked_by is not None:
+            return f"{self.reason.value}:{self.blocked_by}"
         return self.reason.value
 
 

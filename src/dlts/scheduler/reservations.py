@@ -109,12 +109,15 @@ class Timeline:
             if h.claimed and h.replica and not h.retiring:
                 for p in h.placements:
                     gone.add((p.node, p.gpu_indices))
+        # sched2's preemption budget: work inside its min_runtime_s is not reclaimable in the model
+        # (conservative: the model does not reclaim it once the budget has run out either)
+        protected = {h.job.id for h in state.holdings if h.protect} if state.any_protected else set()
         for job in state.snapshot.jobs:
             if not job.running or job.stopping or job.id in state.stopped:
                 continue
             end = self.end_of(job, job.started_at if job.started_at is not None else now)
             core = max(1, job.min_replicas) if job.type is JobType.INFERENCE else len(job.placements)
-            kept = [(p, job.preemptible or i >= core) for i, p in enumerate(job.placements)
+            kept = [(p, (job.preemptible or i >= core) and job.id not in protected) for i, p in enumerate(job.placements)
                     if (p.node, p.gpu_indices) not in gone]
             self._add_job(job, now if job.started_at is None else job.started_at, end, [p for p, _ in kept],
                           future=False, units=sum(1 for _, r in kept if not r) if not job.preemptible else len(kept),
@@ -219,12 +222,10 @@ class Timeline:
                 cap = None if vc.user_gpu_quota is None else float(vc.user_gpu_quota)
             elif key[0] == "i":
                 cap = None if vc.max_interactive_gpus is None else float(vc.max_interactive_gpus)
-            elif key[0] == "cpu":
-                from dlts.scheduler.plugins.admission import cpu_quota_cores
-
-                cap = cpu_quota_cores(vc)
+            elif key[0] == "cpu":  # the effective CPU-only quota (quota.py), enforced like the filter
+                cap = float(self.state.cpu_quota(vc)[0])
             elif key[0] == "mem":
-                cap = None if vc.memory_quota_bytes is None else float(vc.memory_quota_bytes)
+                cap = float(self.state.cpu_quota(vc)[1])
         self.caps[key] = cap
         return cap
 
@@ -314,6 +315,10 @@ class Timeline:
         for _t, c, m in use:
             if node.cpu - c + EPS < req.cpu or node.memory_bytes - m < req.memory_bytes:
                 return None
+        if req.gpus == 0 and not req.whole_node and not self._keeps_gpu_reserve(ns, start, use, req.cpu,
+                                                                                  req.memory_bytes, free_now,
+                                                                                  ignore, skip_reclaimable):
+            return None
         if req.whole_node:
             return tuple(range(node.gpus)) if mask == ns.full_mask else None
         if req.gpus == 0:
@@ -327,7 +332,29 @@ class Timeline:
         if want & ~mask:
             return False
         node = ns.node
-        return all(node.cpu - c + EPS >= p.cpu and node.memory_bytes - m >= p.memory_bytes for _t, c, m in use)
+        if not all(node.cpu - c + EPS >= p.cpu and node.memory_bytes - m >= p.memory_bytes for _t, c, m in use):
+            return False
+        return bool(p.gpu_indices) or self._keeps_gpu_reserve(ns, start, use, p.cpu, p.memory_bytes, None, ignore)
+
+    def _keeps_gpu_reserve(self, ns: NodeState, start: float, use: list[tuple[float, float, float]], cpu: float,
+                           memory_bytes: int, free_now: int | None, ignore: set[int] | None,
+                           skip_reclaimable: bool = False) -> bool:
+        """sched2's rule (quota.py) for a CPU-only unit on a GPU node, at the time it would start:
+        afterwards the node keeps ``cpu_per_gpu``/``memory_per_gpu`` for each GPU free then."""
+        if not (ns.reserve_cpu or ns.reserve_memory_bytes) or ns.node.gpus <= 0:
+            return True
+        busy = 0
+        for it in self.items.get(ns.name, ()):
+            if it.start <= start < it.end and not (ignore and it.job in ignore) and not (skip_reclaimable and it.reclaimable):
+                busy |= it.mask
+        free = ns.usable_mask & ns.full_mask & ~busy
+        if free_now is not None:
+            free &= free_now
+        free_gpus = bin(free).count("1")
+        _t, c, m = use[0]  # use[0] is the checkpoint at ``start``
+        left_cpu = ns.node.cpu - c - cpu
+        left_mem = ns.node.memory_bytes - m - memory_bytes
+        return left_cpu + EPS >= ns.reserve_cpu * free_gpus and left_mem >= ns.reserve_memory_bytes * free_gpus
 
     def conflict(self, name: str, start: float, end: float) -> int | None:
         """The reservation on node ``name`` overlapping [start, end) that starts first, if any."""

@@ -25,6 +25,20 @@ from functools import lru_cache
 from typing import Any
 
 from dlts.scheduler.model import CPU_SKU, Job, JobType, Node, Placement, Snapshot, Vc
+from dlts.scheduler.quota import effective_cpu_memory_quota, gpu_reserve
+
+
+def cpu_job_fits(ns: NodeState, mask: int, cpu: float, memory_bytes: int, req: Request) -> bool:
+    """Whether a CPU-only unit fits free (mask, cores, bytes) of ``ns`` without the cores and bytes
+    reserved for the node's free GPUs."""
+    left_cpu = cpu - req.cpu
+    left_mem = memory_bytes - req.memory_bytes
+    if left_cpu < -1e-9 or left_mem < 0:
+        return False
+    if ns.reserve_cpu or ns.reserve_memory_bytes:
+        free_gpus = bin(mask & ns.usable_mask).count("1")
+        return left_cpu + 1e-9 >= ns.reserve_cpu * free_gpus and left_mem >= ns.reserve_memory_bytes * free_gpus
+    return True
 
 
 @lru_cache(maxsize=None)
@@ -85,6 +99,9 @@ class NodeState:
     name: str = ""  # the node's name, copied for the hot loops
     # the GPUs that may ever be free here: all but ``Node.unhealthy_gpus`` (-1: all)
     usable_mask: int = -1
+    # cores and bytes kept for each free GPU; CPU-only jobs may not take them (``quota.py``)
+    reserve_cpu: float = 0.0
+    reserve_memory_bytes: int = 0
 
     def __post_init__(self) -> None:
         self.name = self.node.name
@@ -144,6 +161,11 @@ class Holding:
     claimed: bool = False  # taken by a reclaim earlier in this pass
     shares: dict[str, tuple[int, float, int]] | None = None  # per node (mask, cores, bytes), lazily
     retiring: bool = False  # a replica already being removed (``Job.retiring``), not one of its replicas
+    # preemption budget: 0 may be preempted; 1 ran less than its VC's min_runtime_s (a job waiting
+    # longer than its VC's max_reclaim_delay_s may still take it); 2 also preempted max_preemptions
+    # times already (protected for min_runtime_s without exception)
+    protect: int = 0
+    protected_until: float = 0.0
 
 
 class FailureCache:
@@ -203,10 +225,13 @@ class PassState:
         self.holdings_by_job: dict[int, list[Holding]] = defaultdict(list)
         self.stopped: set[int] = set()  # jobs told to stop in this pass
         self.node_match_cache: dict[tuple, Any] = {}  # (vc, request) -> Rejection | None
+        self.explain_cache: dict[tuple, Any] = {}  # (request, pools' free totals) -> Rejection
         self.framework: Any = None  # the resolved plugins; set by ``decide``
         self.fail_cache = FailureCache()
         self.reclaim_fail_cache = FailureCache()
         self._request_cache: dict[tuple, Request | None] = {}
+        self._cpu_quota: dict[str, tuple[float, int, str, str]] = {}
+        self.any_protected = False  # some holding is inside its preemption budget (min_runtime_s)
         self._build_nodes()
         self._apply_running()
 
@@ -217,6 +242,7 @@ class PassState:
             full = (1 << node.gpus) - 1
             free = full & ~mask_of(node.unhealthy_gpus)  # a faulty GPU is never free, so never placed
             ns = NodeState(node, full, free, bin(free).count("1"), float(node.cpu), int(node.memory_bytes), usable_mask=free)
+            ns.reserve_cpu, ns.reserve_memory_bytes = gpu_reserve(node, self.snapshot.skus)
             self.nodes[node.name] = ns
 
     def _apply_running(self) -> None:
@@ -275,6 +301,8 @@ class PassState:
             self._add_holding(Holding(job, tuple(rest), False, True))
 
     def _add_holding(self, h: Holding) -> None:
+        if not h.stopping and not h.replica:
+            self._budget(h)
         self.holdings.append(h)
         self.holdings_by_job[h.job.id].append(h)
         for p in h.placements:
@@ -282,6 +310,19 @@ class PassState:
             if ns is not None:
                 ns.holdings.append(h)
                 ns.reclaim_gpus += len(p.gpu_indices)
+
+    def _budget(self, h: Holding) -> None:
+        """Set ``h.protect`` from the preemption budget of the job's VC (``Vc.min_runtime_s``)."""
+        job = h.job
+        vc = self.vcs.get(job.vc)
+        if vc is None or vc.min_runtime_s <= 0 or job.started_at is None:
+            return
+        until = job.started_at + vc.min_runtime_s
+        if self.now >= until:
+            return
+        h.protected_until = until
+        h.protect = 2 if vc.max_preemptions and job.preemptions >= vc.max_preemptions else 1
+        self.any_protected = True
 
     def claim(self, h: Holding) -> None:
         """Reserve a holding for one reclaim; nobody else may count on it this pass."""
@@ -294,6 +335,13 @@ class PassState:
                 ns.reclaim_gpus -= len(p.gpu_indices)
 
     # -- usage ---------------------------------------------------------------------------------
+
+    def cpu_quota(self, vc: Vc) -> tuple[float, int, str, str]:
+        """The VC's effective CPU-only quota (cores, bytes, sources); see ``quota.py``."""
+        got = self._cpu_quota.get(vc.name)
+        if got is None:
+            got = self._cpu_quota[vc.name] = effective_cpu_memory_quota(vc, self.snapshot.skus)
+        return got
 
     def core_units(self, job: Job, units: int) -> int:
         """How many of ``units`` placements count as non-preemptible for quota."""

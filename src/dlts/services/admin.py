@@ -13,7 +13,6 @@ from sqlalchemy.orm import Session
 from dlts.errors import InvalidInput, NotFound, WrongState
 from dlts.models import Role, RoleBinding, User, VirtualCluster
 from dlts.repositories import vc_events
-from dlts.services import policy as access_policy
 from dlts.services import vc_storage
 from dlts.services.auth import Principal, forget_principals, issue_token
 from dlts.strict import is_whole_number
@@ -136,12 +135,6 @@ def set_user(session: Session, name: str, changes: Mapping[str, Any]) -> tuple[U
     user.uid, user.gid = uid, gid
     session.commit()
     return UserView(user.name, user.email, user.uid, user.gid), said
-
-
-def update_user(session: Session, principal: Principal, name: str, changes: Mapping[str, Any]) -> UserView:
-    """``PATCH /users/{name}`` (cluster admins)."""
-    access_policy.require_cluster_admin(principal, "change a user's uid or gid")
-    return set_user(session, name, changes)[0]
 
 
 def new_token(session: Session, name: str, token_name: str = "cli", expires_days: int | None = None) -> str:

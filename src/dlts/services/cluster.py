@@ -28,6 +28,9 @@ class SkuStatus:
     gpus_schedulable: int
     gpus_used: int
     gpus_free: int  # on schedulable nodes
+    # GPUs that neither run a job nor can take one: idle GPUs of cordoned/unhealthy/in-repair/lost
+    # nodes. Used GPUs on such nodes are in gpus_used, so used + free + unschedulable = gpus.
+    gpus_unschedulable: int
     cpu: float
     cpu_used: float
     memory_bytes: int
@@ -66,6 +69,8 @@ def status(session: Session, principal: Principal | None = None) -> ClusterStatu
         gpus_per_node = max((n.gpus for n in of_sku), default=0)
         histogram = {str(i): 0 for i in range(gpus_per_node + 1)} if sku != CPU_SKU else {}
         free_total = 0
+        idle_unschedulable = sum(max(0, n.gpus - (len(used[n.name].gpu_indices) if n.name in used else 0))
+                                 for n in of_sku if not n.schedulable)
         for n in schedulable:
             free = max(0, n.gpus - len(used[n.name].gpu_indices) if n.name in used else n.gpus)
             free_total += free
@@ -75,6 +80,7 @@ def status(session: Session, principal: Principal | None = None) -> ClusterStatu
             sku=sku, nodes=len(of_sku), nodes_schedulable=len(schedulable), gpus=sum(n.gpus for n in of_sku),
             gpus_schedulable=sum(n.gpus for n in schedulable),
             gpus_used=sum(len(used[n.name].gpu_indices) for n in of_sku if n.name in used), gpus_free=free_total,
+            gpus_unschedulable=idle_unschedulable,
             cpu=sum(n.cpu for n in of_sku), cpu_used=round(sum(used[n.name].cpu for n in of_sku if n.name in used), 3),
             memory_bytes=sum(n.memory_bytes for n in of_sku),
             memory_used_bytes=sum(used[n.name].memory_bytes for n in of_sku if n.name in used),

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
@@ -18,7 +20,7 @@ from sqlalchemy.orm import Session
 from dlts import logstore
 from dlts.config import Settings
 from dlts.errors import InvalidInput, NotFound, RateLimited, Refused, WrongState
-from dlts.models import TERMINAL, EndpointKind, Job, JobStatus, User, utcnow
+from dlts.models import TERMINAL, EndpointKind, IdempotencyKey, Job, JobStatus, JobTag, Node, User, utcnow
 from dlts.repositories import commit_keeping_loaded
 from dlts.repositories import jobs as job_repo
 from dlts.repositories import limits as limits_repo
@@ -69,6 +71,37 @@ class JobRequest:
     max_replicas: int = 0
     ephemeral_storage_bytes: int | None = None  # None: the VC's default
     run_as_root: bool = False
+    tags: tuple[str, ...] = ()
+
+
+# job tags: what ``tags=[...]`` on submit and PUT /jobs/{id}/tags take (lowercased, each once)
+MAX_TAGS = 16
+MAX_TAG_CHARS = 32
+TAG_PATTERN = re.compile(r"^[a-z0-9][a-z0-9._-]{0,31}$", re.ASCII)
+TAG_RULE = (f"at most {MAX_TAGS} tags, each 1-{MAX_TAG_CHARS} characters: lowercase letters, digits, '.', '_' "
+            "or '-', starting with a letter or digit")
+
+
+def clean_tags(tags: object, field_name: str = "tags") -> tuple[str, ...]:
+    """Tags as stored: stripped, lowercased, each once, in the order given; InvalidInput naming the
+    field (and the tag) for anything else."""
+    if not isinstance(tags, (list, tuple)):
+        raise InvalidInput(f"{field_name} is a list of tags ({TAG_RULE}).", code="invalid_tags", details={"field": field_name})
+    out: list[str] = []
+    for tag in tags:
+        if not isinstance(tag, str):
+            raise InvalidInput(f"{field_name}: every tag is a string ({TAG_RULE}).", code="invalid_tags",
+                               details={"field": field_name})
+        clean = tag.strip().lower()
+        if not TAG_PATTERN.match(clean):
+            raise InvalidInput(f"{field_name}: tag {tag[:40]!r} is not allowed: {TAG_RULE}.", code="invalid_tags",
+                               details={"field": field_name})
+        if clean not in out:
+            out.append(clean)
+    if len(out) > MAX_TAGS:
+        raise InvalidInput(f"{field_name} has {len(out)} tags; {TAG_RULE}.", code="invalid_tags",
+                           details={"field": field_name, "max": MAX_TAGS})
+    return tuple(out)
 
 
 def _check_identity_asks(req: JobRequest, vc, settings: Settings) -> None:
@@ -185,6 +218,39 @@ def _submitted_endpoints(req: JobRequest) -> list[tuple[EndpointKind, int]]:
     return wanted
 
 
+def _over_quota(session: Session, vc, req: JobRequest, sku: str, gpus: int, cpu: float, memory: int, quota: int,
+                total_gpus: int) -> Refused:
+    """The 422 for a non-preemptible job above the VC's whole quota. It suggests marking the job
+    preemptible only when the cluster's nodes could ever hold it as asked (enough nodes of the SKU
+    open to the VC, with the cores and memory, in one IB domain for a gang); otherwise a
+    preemptible job would wait forever (``no_matching_nodes`` / ``topology``), so it says why not."""
+    rows = session.execute(sa.select(Node.gpus, Node.cpu, Node.memory_bytes, Node.ib_domain).where(
+        Node.sku == sku, sa.or_(Node.vc.is_(None), Node.vc == vc.name))).all()
+    fit = [r for r in rows if r.gpus >= gpus and r.cpu >= cpu and r.memory_bytes >= memory]
+    message = f"VC {vc.name} has {quota} {sku} GPUs; this job asks {total_gpus}. Ask for at most {quota}"
+    details: dict[str, Any] = {"field": "gpus", "quota": quota, "asked": total_gpus, "sku": sku}
+    if req.type == "distributed":
+        per_domain: dict[str, int] = {}
+        for r in fit:
+            per_domain[r.ib_domain] = per_domain.get(r.ib_domain, 0) + 1
+        most = len(fit) if req.ib_domain == "any" else max(per_domain.values(), default=0)
+        runnable = most >= req.nodes
+        if not runnable:
+            where = "" if req.ib_domain == "any" or len(fit) < req.nodes else " in one IB domain"
+            message += (f"; marking it preemptible would not help: only {most} {sku} node(s) open to VC {vc.name}{where} "
+                        f"can hold one of its {req.nodes} parts.")
+            details["nodes_available"] = most
+    else:
+        runnable = bool(fit)
+        if not runnable:
+            message += (f"; marking it preemptible would not help: no {sku} node open to VC {vc.name} has {gpus} GPUs, "
+                        f"{cpu:g} cores and {memory} bytes.")
+    if runnable:
+        message += ", or mark it preemptible (it then runs on idle GPUs and may be preempted)."
+    details["preemptible_could_run"] = runnable
+    return Refused(message, code="quota_exceeds_vc", details=details)
+
+
 def check_sizes(req: JobRequest) -> None:
     """The command and the environment within the limits above: a 422 naming the field and the limit."""
     def too_large(field_name: str, limit: int, what: str, size: int) -> Refused:
@@ -248,9 +314,13 @@ def _check_abuse_limits(session: Session, settings: Settings, vc, user, now: dt.
                       details={"queued": int(waiting), "max": max_queued, "vc": vc.name})
 
 
-def submit(session: Session, settings: Settings, principal: Principal, req: JobRequest) -> Job:
+def submit(session: Session, settings: Settings, principal: Principal, req: JobRequest,
+           idempotency: tuple[str, str] | None = None) -> Job:
+    """Validate, check the rules and write the job (queued, or unapproved over the user quota).
+    ``idempotency``: (key, body hash) stored with the job in its transaction (``job_keeping.submit``)."""
     policy.require_vc_member(principal, req.vc)
     check_sizes(req)
+    tags = clean_tags(list(req.tags))
     vc, user = vc_and_user(session, req.vc, principal.user_id)
     if vc is None or user is None:  # a cluster admin naming a VC that does not exist
         raise NotFound(f"VC {req.vc!r} does not exist.", code="vc_not_found", details={"field": "vc"})
@@ -269,8 +339,7 @@ def submit(session: Session, settings: Settings, principal: Principal, req: JobR
     total_gpus = gpus * max(req.nodes, 1)
     quota = int((vc.quota or {}).get(sku, 0))
     if sku != CPU_SKU and not req.preemptible and total_gpus > quota:
-        raise Refused(f"VC {vc.name} has {quota} {sku} GPUs; this job asks {total_gpus}. Ask for at most {quota}, or mark it preemptible.",
-                      code="quota_exceeds_vc", details={"field": "gpus", "quota": quota, "asked": total_gpus, "sku": sku})
+        raise _over_quota(session, vc, req, sku, gpus, cpu, memory, quota, total_gpus)
     if req.type == "interactive" and vc.max_interactive_gpus is not None and total_gpus > vc.max_interactive_gpus:
         raise Refused(f"VC {vc.name} allows at most {vc.max_interactive_gpus} GPUs for interactive jobs; this job asks {total_gpus}.",
                       code="interactive_cap_exceeded", details={"field": "gpus", "max": vc.max_interactive_gpus})
@@ -298,6 +367,10 @@ def submit(session: Session, settings: Settings, principal: Principal, req: JobR
     session.flush()
     if not req.name:
         job.name = f"{req.type}-{job.id}"
+    for tag in tags:
+        session.add(JobTag(job_id=job.id, tag=tag))
+    if idempotency is not None:  # the unique (user, key): a parallel request with this key fails here or at commit
+        session.add(IdempotencyKey(user_id=user.id, key=idempotency[0], body_hash=idempotency[1], job_id=job.id, created_at=now))
     job_repo.add_event(session, job.id, "transition", message="submitted", actor=principal.name)
     if wanted_endpoints:  # written with the job, in its transaction; nothing is read for them
         endpoint_service.add_for_submit(session, job.id, wanted_endpoints, principal.name)
@@ -334,22 +407,28 @@ def _load_for_change(session: Session, principal: Principal, job_id: int, action
     return job
 
 
-def _cas(session: Session, job: Job, target: JobStatus, actor: str, reason: str, values: dict | None = None) -> None:
-    if not job_repo.set_status(session, job.id, job.status, target, actor=actor, reason=reason, values=values):
+def _cas(session: Session, job: Job, target: JobStatus, actor: str, reason: str, values: dict | None = None,
+         message: str | None = None) -> None:
+    if not job_repo.set_status(session, job.id, job.status, target, actor=actor, reason=reason, values=values,
+                               message=message[:1024] if message else None):
         session.rollback()
         raise WrongState(f"Job {job.id} changed state while you acted on it; reload and try again.", code="concurrent_change")
 
 
-def kill(session: Session, principal: Principal, job_id: int) -> Job:
+def kill(session: Session, principal: Principal, job_id: int, *, reason: str = "killed_by_user",
+         detail: str | None = None) -> Job:
+    """``reason``/``detail``: why, for a kill that is not a person's (the idle-job policy: ``idle_gpus``)."""
     job = _load_for_change(session, principal, job_id, "kill")
     if job.status is S.KILLING:
         return job  # already on its way out: asking twice is not an error
+    detail = (detail or f"killed by {principal.name}")[:512]
+    message = detail if reason != "killed_by_user" else None
     if job.status in (S.UNAPPROVED, S.QUEUED, S.PAUSED):
-        _cas(session, job, S.KILLED, principal.name, "killed_by_user",
-             {"finished_at": utcnow(), "reason": "killed_by_user", "reason_detail": f"killed by {principal.name}", "queue_position": None, "estimated_start": None})
+        _cas(session, job, S.KILLED, principal.name, reason,
+             {"finished_at": utcnow(), "reason": reason, "reason_detail": detail, "queue_position": None,
+              "estimated_start": None}, message)
     elif job.status in (S.SCHEDULING, S.RUNNING, S.PAUSING):
-        _cas(session, job, S.KILLING, principal.name, "killed_by_user",
-             {"reason": "killed_by_user", "reason_detail": f"killed by {principal.name}"})
+        _cas(session, job, S.KILLING, principal.name, reason, {"reason": reason, "reason_detail": detail}, message)
     else:
         raise WrongState(f"Job {job.id} is {job.status.value}; only jobs that have not ended can be killed.",
                          code="job_already_ended", details={"status": job.status.value})
@@ -358,12 +437,19 @@ def kill(session: Session, principal: Principal, job_id: int) -> Job:
     return job
 
 
-def pause(session: Session, principal: Principal, job_id: int) -> Job:
+def pause(session: Session, principal: Principal, job_id: int, *, reason: str = "paused_by_user",
+          detail: str | None = None) -> Job:
+    """``reason``/``detail``: why, for a pause that is not a person's (the idle-job policy: ``idle_gpus``,
+    which the paused job keeps as its reason)."""
     job = _load_for_change(session, principal, job_id, "pause")
+    by_user = reason == "paused_by_user"
     if job.status in (S.UNAPPROVED, S.QUEUED):
-        _cas(session, job, S.PAUSED, principal.name, "paused_by_user", {"reason": "paused", "reason_detail": None, "queue_position": None, "estimated_start": None})
+        _cas(session, job, S.PAUSED, principal.name, reason,
+             {"reason": "paused" if by_user else reason, "reason_detail": None if by_user else (detail or "")[:512] or None,
+              "queue_position": None, "estimated_start": None}, None if by_user else detail)
     elif job.status in (S.SCHEDULING, S.RUNNING):
-        _cas(session, job, S.PAUSING, principal.name, "paused_by_user")
+        _cas(session, job, S.PAUSING, principal.name, reason,
+             None if by_user else {"reason": reason, "reason_detail": (detail or "")[:512] or None}, None if by_user else detail)
     elif job.status in (S.PAUSING, S.PAUSED):
         return job
     else:
@@ -501,23 +587,38 @@ def time_left_s(job: Job, vc_limit_s: int | None, now: dt.datetime | None = None
 
 # -- change, batch, history ---------------------------------------------------------------------
 
-def patch(session: Session, principal: Principal, job_id: int, changes: Mapping[str, int | None]) -> Job:
-    """Change ``priority`` and/or ``max_time_s``; the scheduler reads them at its next tick."""
+def patch(session: Session, principal: Principal, job_id: int, changes: Mapping[str, int | bool | None]) -> Job:
+    """Change ``priority`` and/or ``max_time_s`` (the scheduler reads them at its next tick), and
+    ``idle_exempt`` (VC admins and cluster admins: the VC's idle-job policy leaves the job alone)."""
     job = session.get(Job, job_id)
     policy.require_visible(principal, job, job_id)
     assert job is not None
     if not changes:
-        raise InvalidInput("Send priority and/or max_time_s.", details={"field": "body"})
-    policy.check_patch(principal, job, changes.get("priority"), changes.get("max_time_s"))
+        raise InvalidInput("Send priority, max_time_s and/or idle_exempt.", details={"field": "body"})
+    unknown = sorted(set(changes) - {"priority", "max_time_s", "idle_exempt"})
+    if unknown:
+        raise InvalidInput(f"unknown job setting {unknown[0][:40]!r}; settable: priority, max_time_s, idle_exempt.",
+                           details={"field": unknown[0][:40]})
+    policy.check_patch(principal, job, changes.get("priority"), changes.get("max_time_s"))  # type: ignore[arg-type]
+    if "idle_exempt" in changes:
+        policy.require_idle_exempt(principal, job)
+        if not isinstance(changes["idle_exempt"], bool):
+            raise InvalidInput("idle_exempt must be true or false.", details={"field": "idle_exempt"})
     if job.status in TERMINAL:
         raise WrongState(f"Job {job.id} is {job.status.value}; an ended job cannot be changed.",
                          code="job_already_ended", details={"status": job.status.value})
     said = []
-    values = {}
+    values: dict = {}
     for key in ("priority", "max_time_s"):
         if key in changes and getattr(job, key) != changes[key]:
             said.append(f"{key} {getattr(job, key)} -> {changes[key]}")
             values[key] = changes[key]
+    if "idle_exempt" in changes and bool((job.spec or {}).get("idle_exempt")) != changes["idle_exempt"]:
+        spec = {k: v for k, v in (job.spec or {}).items() if k not in ("idle_exempt", "idle_exempt_by")}
+        if changes["idle_exempt"]:
+            spec |= {"idle_exempt": True, "idle_exempt_by": principal.name}
+        said.append(f"idle_exempt {not changes['idle_exempt']} -> {changes['idle_exempt']}")
+        values["spec"] = spec
     if values:
         # guarded on the status we read, so a job that ended meanwhile is not changed
         result = session.execute(sa.update(Job).where(Job.id == job.id, Job.status == job.status)

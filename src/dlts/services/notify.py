@@ -166,6 +166,16 @@ def vc_member_emails(session: Session, vc_id: int) -> list[str]:
     return _emails_of(session, _role_holders((Role.VC_MEMBER, Role.VC_ADMIN), vc_id))
 
 
+def vc_member_addresses(session: Session, vc_id: int) -> list[tuple[str, str]]:
+    """(user name, address) of everyone of a VC with a usable address, by name: one mail each, so
+    that members do not see each other's addresses."""
+    ids = _role_holders((Role.VC_MEMBER, Role.VC_ADMIN), vc_id)
+    rows = session.execute(sa.select(User.name, User.email)
+                           .where(User.id.in_(ids), User.disabled_at.is_(None), User.email.is_not(None))
+                           .order_by(User.name)).all()
+    return [(name, email.strip()) for name, email in rows if email and email.strip() and is_address(email.strip())]
+
+
 def job_notice_emails(session: Session, job: "Job") -> list[str]:
     """Whom to tell about a job: its owner first, then the admins of its VC."""
     return clean_recipients(_emails_of(session, [job.user_id]) + vc_admin_emails(session, job.vc_id))

@@ -102,7 +102,7 @@ def require_vc_settings_change(principal: Principal, vc_name: str, cluster_field
     if cluster_fields and not principal.is_cluster_admin:
         raise Forbidden(f"Only a cluster admin may change {', '.join(sorted(cluster_fields))} of VC {vc_name}; "
                         "VC admins may change policy, max_job_time_s, max_interactive_gpus, user_gpu_quota, notice, "
-                        "max_queued_jobs_per_user and max_submissions_per_minute.",
+                        "max_queued_jobs_per_user, max_submissions_per_minute and idle_policy.",
                         code="quota_requires_cluster_admin")
     if vc_fields and not principal.is_vc_admin(vc_name):
         raise Forbidden(f"Only an admin of VC {vc_name} may change its settings.", code="requires_vc_admin")
@@ -115,6 +115,14 @@ def can_see_node_details(principal: Principal) -> bool:
 def require_self_or_cluster_admin(principal: Principal, user_name: str, what: str) -> None:
     if user_name != principal.name and not principal.is_cluster_admin:
         raise Forbidden(f"Only a cluster admin may {what} of another user ({user_name[:64]}).")
+
+
+def require_idle_exempt(principal: Principal, job: Job) -> None:
+    """Only an admin of the job's VC (or a cluster admin) exempts a job from the VC's idle-job policy."""
+    require_visible(principal, job, job.id)
+    if not principal.is_vc_admin(job.vc.name):
+        raise Forbidden(f"Only an admin of VC {job.vc.name} may exempt job {job.id} from the VC's idle-job policy; ask "
+                        "one of them.", code="requires_vc_admin")
 
 
 def check_patch(principal: Principal, job: Job, priority: int | None, max_time_s: int | None) -> None:

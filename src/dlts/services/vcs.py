@@ -20,11 +20,14 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from dlts.errors import InvalidInput, NotFound, Refused, WrongState
-from dlts.models import TERMINAL, Job, Node, Role, RoleBinding, User, VirtualCluster, iso
+from dlts.models import TERMINAL, Job, Node, Role, VirtualCluster, iso
+from dlts.repositories import identity as identity_repo
 from dlts.repositories import usage as usage_repo
 from dlts.repositories import vc_events
 from dlts.repositories.cluster import sku_shapes
 from dlts.scheduler.model import CPU_SKU, SkuShape
+from dlts.scheduler.model import Vc as CoreVc
+from dlts.scheduler.quota import derived_cpu_memory, effective_cpu_memory_quota
 from dlts.services import policy
 from dlts.services import admin
 from dlts.services.admin import NAME_RE
@@ -32,7 +35,8 @@ from dlts.services.auth import Principal
 
 POLICIES = ("RF", "FIFO", "backfill")
 VC_ADMIN_FIELDS = ("policy", "max_job_time_s", "max_interactive_gpus", "user_gpu_quota", "notice",
-                   "max_queued_jobs_per_user", "max_submissions_per_minute", "default_runtime_estimate_s")
+                   "max_queued_jobs_per_user", "max_submissions_per_minute", "default_runtime_estimate_s",
+                   "idle_policy")
 MAX_ABUSE_LIMIT = 10_000_000
 CLUSTER_ADMIN_FIELDS = ("quota", "cpu_quota", "memory_quota_bytes", "gid", "ephemeral_storage_bytes", "pod_policy")
 MAX_QUOTA_GPUS = 1_000_000
@@ -78,6 +82,7 @@ class VcView:
     max_submissions_per_minute: int | None
     gid: int | None
     ephemeral_storage_bytes: int | None  # None: the cluster default
+    idle_policy: dict[str, Any] | None  # None: off
     pod_policy: dict[str, bool]
     storage: dict[str, Any]
     users: list[UserUse]
@@ -117,26 +122,14 @@ class VcSpec:
     gid: int | None = None
     ephemeral_storage_bytes: int | None = None
     pod_policy: Mapping[str, bool] = field(default_factory=dict)
-
-
-def derived_cpu_memory(quota: Mapping[str, int], shapes: Mapping[str, SkuShape]) -> tuple[float, int]:
-    """Cores and bytes that go with a GPU quota: each SKU's share of whole-node cores and memory."""
-    cpu, memory = 0.0, 0
-    for sku, gpus in quota.items():
-        shape = shapes.get(sku)
-        if shape is None or shape.gpus <= 0:
-            continue
-        cpu += shape.cpu * gpus / shape.gpus
-        memory += int(shape.memory_bytes * gpus / shape.gpus)
-    return round(cpu, 3), memory
+    idle_policy: Mapping[str, Any] | None = None
 
 
 def _members(session: Session, vc_id: int) -> tuple[list[str], list[str]]:
-    rows = session.execute(
-        sa.select(RoleBinding.role, User.name).join(User, User.id == RoleBinding.user_id).where(RoleBinding.vc_id == vc_id)
-    ).all()
-    admins = sorted({name for role, name in rows if role is Role.VC_ADMIN})
-    members = sorted({name for role, name in rows if role in (Role.VC_MEMBER, Role.VC_ADMIN)})
+    """Admins and members by their effective roles: their own bindings and their groups'."""
+    rows = identity_repo.vc_bindings(session, vc_id)
+    admins = sorted({b.user for b in rows if b.role is Role.VC_ADMIN})
+    members = sorted({b.user for b in rows if b.role in (Role.VC_MEMBER, Role.VC_ADMIN)})
     return admins, members
 
 
@@ -154,19 +147,20 @@ def _view(session: Session, vc: VirtualCluster, shapes: Mapping[str, SkuShape],
     for r in use:
         if r.vc == vc.name:
             users.setdefault(r.user, []).append(r)
-    derived_cpu, derived_memory = derived_cpu_memory(quota, shapes)
+    # the numbers the scheduler enforces (scheduler/quota.py): override, else quota.cpu, else derived
+    cores, memory_quota, cores_src, memory_src = effective_cpu_memory_quota(
+        CoreVc(vc.name, quota, cpu_quota=vc.cpu_quota, memory_quota_bytes=vc.memory_quota_bytes), shapes)
     admins, members = _members(session, vc.id)
     return VcView(
         name=vc.name, policy=vc.policy, quota=quota, skus=skus,
-        cpu_quota=vc.cpu_quota if vc.cpu_quota is not None else derived_cpu,
-        cpu_quota_source="override" if vc.cpu_quota is not None else "derived",
-        memory_quota_bytes=vc.memory_quota_bytes if vc.memory_quota_bytes is not None else derived_memory,
-        memory_quota_source="override" if vc.memory_quota_bytes is not None else "derived",
+        cpu_quota=cores, cpu_quota_source="override" if cores_src == "override" else "derived",
+        memory_quota_bytes=memory_quota, memory_quota_source="override" if memory_src == "override" else "derived",
         max_job_time_s=vc.max_job_time_s, max_interactive_gpus=vc.max_interactive_gpus,
         user_gpu_quota=vc.user_gpu_quota, notice=vc.notice, default_runtime_estimate_s=vc.default_runtime_estimate_s,
         max_queued_jobs_per_user=vc.max_queued_jobs_per_user,
         max_submissions_per_minute=vc.max_submissions_per_minute, gid=vc.gid,
         ephemeral_storage_bytes=vc.ephemeral_storage_bytes, pod_policy=dict(vc.pod_policy or {}),
+        idle_policy=dict(vc.idle_policy) if vc.idle_policy else None,
         storage=dict(vc.storage or {}),
         users=[UserUse(u, sum(r.jobs for r in rows), sum(r.gpus for r in rows if not r.preemptible),
                        sum(r.gpus for r in rows if r.preemptible), round(sum(r.cpu for r in rows), 3),
@@ -259,6 +253,44 @@ def _check_settings(changes: Mapping[str, Any]) -> None:
         check_pod_policy(changes["pod_policy"])
 
 
+IDLE_POLICY_KEYS = ("idle_warn_min", "idle_action_min", "idle_action", "exempt_types")
+IDLE_POLICY_DEFAULTS = {"idle_warn_min": 60, "idle_action_min": 60, "idle_action": "none", "exempt_types": []}
+MAX_IDLE_MIN = 7 * 24 * 60
+
+
+def check_idle_policy(value: Any, current: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The VC's idle-job policy after a change: ``value`` merges into the current policy (or the
+    defaults); null turns it off. ``idle_warn_min``/``idle_action_min``: minutes (fractions allowed)
+    of idle GPUs before the owner is told, and after that before the job is paused or killed;
+    ``idle_action``: pause, kill or none (warn only); ``exempt_types``: job types it never touches."""
+    from dlts.insight.rules import IDLE_ACTIONS, JOB_TYPES
+
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise InvalidInput("idle_policy must be an object: {idle_warn_min, idle_action_min, idle_action, exempt_types}, "
+                           "or null to turn it off.", details={"field": "idle_policy"})
+    unknown = sorted(str(k) for k in value if k not in IDLE_POLICY_KEYS)
+    if unknown:
+        raise InvalidInput(f"idle_policy: unknown key {unknown[0][:40]!r}; keys: {', '.join(IDLE_POLICY_KEYS)}.",
+                           details={"field": f"idle_policy.{unknown[0][:40]}"})
+    merged = {**IDLE_POLICY_DEFAULTS, **(current or {}), **value}
+    for key in ("idle_warn_min", "idle_action_min"):
+        number = merged[key]
+        if isinstance(number, bool) or not isinstance(number, (int, float)) or not 0 < number <= MAX_IDLE_MIN:
+            raise InvalidInput(f"idle_policy.{key} must be minutes above 0 and at most {MAX_IDLE_MIN} (a week).",
+                               details={"field": f"idle_policy.{key}"})
+    if merged["idle_action"] not in IDLE_ACTIONS:
+        raise InvalidInput(f"idle_policy.idle_action must be one of {', '.join(IDLE_ACTIONS)}.",
+                           details={"field": "idle_policy.idle_action"})
+    types = merged["exempt_types"]
+    if not isinstance(types, (list, tuple)) or any(t not in JOB_TYPES for t in types):
+        raise InvalidInput(f"idle_policy.exempt_types must be a list of job types: {', '.join(JOB_TYPES)}.",
+                           details={"field": "idle_policy.exempt_types"})
+    return {"idle_warn_min": merged["idle_warn_min"], "idle_action_min": merged["idle_action_min"],
+            "idle_action": merged["idle_action"], "exempt_types": sorted(set(types))}
+
+
 def check_abuse_limit(key: str, value: Any) -> int | None:
     """A per-user abuse limit: a whole number (0: no limit), or None for the cluster's default."""
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_ABUSE_LIMIT):
@@ -292,6 +324,7 @@ def create_vc(session: Session, principal: Principal, spec: VcSpec) -> VcView:
     settings = {k: getattr(spec, k) for k in VC_ADMIN_FIELDS + CLUSTER_ADMIN_FIELDS if k != "quota"}
     _check_settings(settings)
     settings["pod_policy"] = dict(settings["pod_policy"])
+    settings["idle_policy"] = check_idle_policy(settings["idle_policy"], None)
     quota = _check_quota(session, spec.name, spec.quota)
     if session.scalar(sa.select(VirtualCluster.id).where(VirtualCluster.name == spec.name)) is not None:
         raise WrongState(f"VC {spec.name!r} already exists; change it with PATCH /vcs/{spec.name}.", code="vc_exists")
@@ -335,13 +368,34 @@ def update_vc(session: Session, principal: Principal, name: str, changes: Mappin
         if not isinstance(values["quota"], Mapping):
             raise InvalidInput("quota must be an object of SKU: GPUs, e.g. {\"a100\": 64}.", details={"field": "quota"})
         values["quota"] = _check_quota(session, name, values["quota"])
+    if "idle_policy" in values:
+        values["idle_policy"] = check_idle_policy(values["idle_policy"], vc.idle_policy)
     for key, new in values.items():
         old = getattr(vc, key)
         if old != new:
             vc_events.record(session, name, principal.name, key, old, new)
             setattr(vc, key, new)
+            if key == "notice" and new and new.strip():
+                mail_notice(session, vc, new, principal.name)
     session.commit()
     return get_vc(session, principal, name)
+
+
+def mail_notice(session: Session, vc: VirtualCluster, notice: str, author: str) -> int:
+    """Queue the VC's new notice for each member (one mail each, in the caller's transaction), once
+    per notice: the same text set again within ``notify.dedup_window_s`` is not sent again."""
+    import hashlib
+
+    from dlts.services import notify
+
+    digest = hashlib.sha256(notice.strip().encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    queued = 0
+    for user, address in notify.vc_member_addresses(session, vc.id):
+        if notify.enqueue(session, template="vc_notice", to=[address],
+                          context={"vc": vc.name, "message": notice, "author": author, "user": user},
+                          dedup_key=f"vc-notice:{vc.id}:{digest}:{user}") is not None:
+            queued += 1
+    return queued
 
 
 def set_storage(session: Session, principal: Principal, name: str, document: Any) -> VcView:

@@ -23,6 +23,7 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
+from dlts.scheduler.quota import effective_cpu_memory_quota
 from dlts.scheduler import Decisions, Job, JobType, Placement, Snapshot, StopReason, decide
 from dlts.scheduler.plugins.walltime import effective_limit_s
 from dlts.sim.inputs import Cluster, TraceJob
@@ -121,6 +122,8 @@ class Simulation:
         self.last_event_s = max(self.last_event_s, t)
         if kind == "end":
             self._end(sj, t, "finished", "finished")
+        elif kind == "wake":  # a preemption budget ran out: only a pass is due
+            return
         elif kind == "stopped":  # a grace period ran out
             reason = sj.stop_reason or "preempted"
             if reason == "wall_time":
@@ -198,7 +201,8 @@ class Simulation:
     # -- applying decisions ---------------------------------------------------------------------
 
     def _pending_job(self, sj: SimJob) -> Job:
-        return pending_job(sj.spec)
+        # the preemption budget reads how often the job was preempted
+        return replace(pending_job(sj.spec), preemptions=sum(1 for a in sj.attempts if a["reason"] == "preempted"))
 
     def _start(self, sj: SimJob, now: float, placements: tuple[Placement, ...]) -> None:
         sj.state = "running"
@@ -210,6 +214,9 @@ class Simulation:
             sj.start_s = now
         sj.placements = list(placements)
         sj.job = replace(sj.job, running=True, started_at=now, placements=tuple(placements), stopping=False)
+        vc = self.cluster.vcs.get(sj.spec.vc)
+        if sj.spec.preemptible and vc is not None and vc.min_runtime_s > 0:
+            self._push(now + vc.min_runtime_s, "wake", sj.id, sj.attempt_no)  # reclaim may take it from then
         sj.attempts.append(
             {
                 "start_s": now,
@@ -451,6 +458,9 @@ def build_result(sim: Simulation) -> dict[str, Any]:
                 "max_job_time_s": v.max_job_time_s,
                 "max_interactive_gpus": v.max_interactive_gpus,
                 "user_gpu_quota": v.user_gpu_quota,
+                # the CPU-only quota the core enforces (override, quota.cpu, else derived)
+                "cpu_quota": effective_cpu_memory_quota(v, c.skus)[0],
+                "memory_quota_bytes": effective_cpu_memory_quota(v, c.skus)[1],
             }
             for k, v in c.vcs.items()
         },

@@ -159,12 +159,15 @@ def load_cluster(path: str | Path) -> Cluster:
     raw_skus = top.get("skus", dict)
     for name, spec in raw_skus.items():
         f = _Fields(path, spec, f"skus.{name}", raw_skus.line)
-        f.unknown({"gpus", "cpu", "memory_gb"})
+        f.unknown({"gpus", "cpu", "memory_gb", "cpu_per_gpu", "memory_per_gpu_gb"})
+        mpg = f.get("memory_per_gpu_gb", float, None, minimum=0)
         skus[str(name)] = SkuShape(
             str(name),
             f.get("gpus", int, minimum=0),
             f.get("cpu", float, minimum=0),
             int(f.get("memory_gb", float, minimum=0) * GIB),
+            f.get("cpu_per_gpu", float, None, minimum=0),
+            None if mpg is None else int(mpg * GIB),
         )
 
     nodes: list[Node] = []
@@ -216,6 +219,10 @@ def load_cluster(path: str | Path) -> Cluster:
                 "memory_quota_gb",
                 "allow_cpu_jobs_on_gpu_nodes",
                 "default_runtime_estimate_s",
+                "fair_share",
+                "min_runtime_s",
+                "max_reclaim_delay_s",
+                "max_preemptions",
             }
         )
         name = f.get("name", str)
@@ -243,7 +250,11 @@ def load_cluster(path: str | Path) -> Cluster:
             f.get("cpu_quota", float, None, minimum=0),
             None if mem_gb is None else int(mem_gb * GIB),
             f.get("allow_cpu_jobs_on_gpu_nodes", bool, False),
-            f.get("default_runtime_estimate_s", int, None, minimum=1),
+            default_runtime_estimate_s=f.get("default_runtime_estimate_s", int, None, minimum=1),
+            fair_share=f.get("fair_share", bool, True),
+            min_runtime_s=f.get("min_runtime_s", float, 0.0, minimum=0),
+            max_reclaim_delay_s=f.get("max_reclaim_delay_s", float, None, minimum=0),
+            max_preemptions=f.get("max_preemptions", int, 0, minimum=0),
         )
     for n in nodes:
         if n.vc is not None and n.vc not in vcs:

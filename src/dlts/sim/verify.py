@@ -182,18 +182,25 @@ def _never_fits(job: dict, vcs: dict) -> bool:
         per = job["gpus"] * max(1, job["nodes"])
         if job["type"] == "inference":
             per = job["gpus"] * max(1, job.get("min_replicas") or 1)
-        if not job["sku"] or per <= vcs[job["vc"]]["quota"].get(job["sku"], 0):
+        if not job["sku"] or (job["gpus"] == 0 and job["type"] != "distributed"):
+            # CPU-only: the simulator's jobs ask the default 1 core and 2 GiB each
+            v = vcs[job["vc"]]
+            if v.get("cpu_quota", 0) >= 1 and v.get("memory_quota_bytes", 0) >= 2 * 1024**3:
+                return False
+        elif per <= vcs[job["vc"]]["quota"].get(job["sku"], 0):
             return False
     return True
 
 
 def _check_fifo(jobs: list[dict], vcs: dict, out: list[str]) -> None:
-    by_vc: dict[str, list[dict]] = defaultdict(list)
+    # FIFO blocks per resource pool: the job's GPU SKU, or "cpu" for CPU-only jobs
+    by_vc: dict[tuple[str, str], list[dict]] = defaultdict(list)
     for j in jobs:
         if vcs[j["vc"]]["policy"] == "FIFO" and not j["preemptible"]:
-            by_vc[j["vc"]].append(j)
+            pool = j["sku"] if j["sku"] and (j["gpus"] > 0 or j["type"] == "distributed") else "cpu"
+            by_vc[(j["vc"], pool)].append(j)
     never = {"no_matching_nodes", "topology", "vc_quota"}
-    for vc, js in by_vc.items():
+    for (vc, _pool), js in by_vc.items():
         js.sort(key=lambda j: (-j["priority"], j["submit_s"], j["id"]))
         earlier: list[tuple[float, float, int]] = []  # (submit, first start or inf, id)
         for j in js:

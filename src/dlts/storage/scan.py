@@ -107,6 +107,8 @@ class ScanResult:
     vanished: int = 0
     fs_total_bytes: int | None = None
     fs_used_bytes: int | None = None
+    # per-VC totals measured directly (Lustre project or group quotas); None: summed from by_owner
+    vc_totals: dict[str, Totals] | None = None
 
     @property
     def errors(self) -> int:
@@ -119,6 +121,8 @@ class ScanResult:
         return round(100.0 * self.fs_used_bytes / self.fs_total_bytes, 2)
 
     def by_vc(self) -> dict[str | None, Totals]:
+        if self.vc_totals is not None:
+            return dict(self.vc_totals)
         out: dict[str | None, Totals] = {}
         for (vc, _user), t in self.by_owner.items():
             agg = out.setdefault(vc, Totals())

@@ -6,12 +6,19 @@ recorded in tests/lustre/fixtures/ (the <= 2.16.0 quota layout, or the 2.16.52+ 
 version says so). Only the subset of options dlts_lustre uses is implemented; anything else exits 2
 with a usage error, like the real tools.
 
+Nodes: each invocation runs on the node named by $DLTS_FAKE_LUSTRE_NODE (default "client"). The
+state says which node is the MGS ("mgs_node", default "mgs") and where each target lives (an MDT's
+or OST's "node", default "mds" / "oss"). As on a real cluster, pool changes and conf_param work only
+on the MGS (elsewhere: "This command must be run on the MGS.", ENODEV), and the osd-* parameters
+(quota_slave.enabled/info, kbytes*, files*) exist only on the node that holds the target.
+
 Test hooks in the state: "fail" {"lfs df": {"rc": 5, "stderr": "..."}}, "raw" {"lfs df": "text"}
 (stdout replaced verbatim) and "sleep_s" {"lfs df": 5}; keys are "TOOL SUBCOMMAND".
 Standard library only: it runs under whichever interpreter $DLTS_FAKE_LUSTRE_PYTHON names.
 """
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 import re
@@ -20,6 +27,7 @@ import time
 
 STATE_DIR = os.environ.get("DLTS_FAKE_LUSTRE_DIR", "")
 STATE_PATH = os.path.join(STATE_DIR, "state.json")
+NODE = os.environ.get("DLTS_FAKE_LUSTRE_NODE", "client")
 SUFFIX_KIB = {"K": 1, "M": 1024, "G": 1024**2, "T": 1024**3, "P": 1024**4, "E": 1024**5}
 POOL_NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,15}$")
 
@@ -108,6 +116,23 @@ def resolve_id(state: dict, kind: str, ident: str) -> tuple[str, int]:
     raise Fail(22, f"lfs: can't find {word} '{ident}'")
 
 
+# ---------------------------------------------------------------- nodes
+
+def is_mgs(state: dict) -> bool:
+    return NODE == state.get("mgs_node", "mgs")
+
+
+def local_targets(state: dict) -> list[tuple[str, dict]]:
+    """(kind, target) of the MDTs and OSTs this node holds."""
+    out = [("MDT", t) for t in state["mdts"] if t.get("node", "mds") == NODE]
+    return out + [("OST", t) for t in state["osts"] if t.get("node", "oss") == NODE]
+
+
+def not_on_mgs(what: str) -> Fail:
+    # lctl's get_mgs_device() prints the first line; the command's perror()/error line follows
+    return Fail(19, f"This command must be run on the MGS.\n{what}: No such device")
+
+
 # ---------------------------------------------------------------- lfs quota / setquota
 
 def quota_record(state: dict, kind: str, num: int) -> dict:
@@ -179,8 +204,8 @@ def lfs_quota(state: dict, args: list[str]) -> str:
     kind, ident, mount = rest[0][1], rest[1], rest[2]
     if mount != state["mount"]:
         raise Fail(19, f"lfs quota: '{mount}' is not on a Lustre filesystem: No such device")
-    if quiet and not new_format(state):
-        raise Fail(2, "lfs quota: unrecognized option '--delimiter'")
+    if delim is not None and not new_format(state):
+        raise Fail(2, f"lfs quota: unrecognized option '--delimiter={delim}'")
     name, num = resolve_id(state, kind, ident)
     rec = quota_record(state, kind, num)
     lim, uses_default = effective_limits(state, kind, rec)
@@ -197,8 +222,12 @@ def lfs_quota(state: dict, args: list[str]) -> str:
     word = {"u": "usr", "g": "grp", "p": "prj"}[kind]
     idword = {"u": "uid", "g": "gid", "p": "pid"}[kind]
     lines = []
-    if quiet:
-        lines.append(delim.join([mount] + values) if delim else " ".join([mount] + values))
+    if quiet:  # no title, no header; before 2.16.52 a long mount point still sits on its own line
+        if delim:
+            lines.append(delim.join([mount] + values))
+        else:
+            row = " ".join(f"{v:>7}" for v in values)
+            lines += [mount, f"{'':15} {row}"] if len(mount) > 15 and not new_format(state) else [f"{mount:>15} {row}"]
         return "\n".join(lines) + "\n"
     lines.append(f"Disk quotas for {word} {name} ({idword} {num}):")
     if pool:
@@ -433,7 +462,11 @@ def lfs_setdirstripe(state: dict, args: list[str]) -> str:
     if not opts.get("-D") or len(rest) != 1:
         raise Fail(2, "lfs setdirstripe: only '-D -c N -i IDX DIR' is supported by the fake")
     rec = dir_rec(state, rest[0])
-    rec["default_dirstripe"] = {"count": int(opts.get("-c", "1")), "offset": int(opts.get("-i", "-1"))}
+    count = int(opts.get("-c", "1"))
+    if count == 0 or count < -1 or count > len(state["mdts"]):
+        raise Fail(22, f"lfs setdirstripe: default stripe count {count} is invalid for "
+                       f"{len(state['mdts'])} MDTs: Invalid argument")
+    rec["default_dirstripe"] = {"count": count, "offset": int(opts.get("-i", "-1"))}
     return ""
 
 
@@ -519,6 +552,11 @@ def lfs_project(state: dict, args: list[str]) -> str:
 def lctl_pool(state: dict, sub: str, args: list[str]) -> str:
     args = [a for a in args if a != "-n"]
     fs = state["fsname"]
+    if sub != "pool_list" and not is_mgs(state):
+        raise not_on_mgs(sub)
+    if sub == "pool_list" and NODE != "client" and not is_mgs(state) and not any(
+            kind == "MDT" for kind, _ in local_targets(state)):
+        raise Fail(1, "Cannot run pool_list command since there is no local MGS/MDT or client")
     if sub == "pool_list":
         if len(args) != 1:
             raise Fail(2, "lctl pool_list: usage: pool_list FSNAME[.POOL]")
@@ -593,6 +631,38 @@ def stats_blocks(state: dict, family: str) -> str:
     return "\n".join(out) + "\n"
 
 
+QUOTA_TYPES_RE = re.compile(r"^(none|[ugp]+)$")
+
+
+def quota_types(state: dict, kind: str) -> str:
+    value = state.get("quota_enforced", {}).get(kind.lower(), "none")
+    return value or "none"
+
+
+def osd_params(state: dict) -> dict[str, str]:
+    """The osd-* parameters of the targets this node holds, as lctl names them (2.15 names)."""
+    fs = state["fsname"]
+    out = {}
+    for kind, t in local_targets(state):
+        if not t.get("active", True):
+            continue
+        base = f"osd-ldiskfs.{fs}-{kind}{t['index']:04x}"
+        enabled = quota_types(state, kind)
+        out[f"{base}.quota_slave.enabled"] = enabled
+        out[f"{base}.quota_slave.info"] = (
+            f"target name:    {fs}-{kind}{t['index']:04x}\npool ID:        0\ntype:           "
+            f"{'md' if kind == 'MDT' else 'dt'}\nquota enabled:  {enabled}\nconn to master: setup\n"
+            "space acct:     ugp\nuser uptodate:  glb[1],slv[1],reint[0]\ngroup uptodate: glb[1],slv[1],reint[0]\n"
+            "project uptodate: glb[1],slv[1],reint[0]")
+        free = t["kib_total"] - t["kib_used"]
+        out[f"{base}.kbytestotal"] = str(t["kib_total"])
+        out[f"{base}.kbytesfree"] = str(free)
+        out[f"{base}.kbytesavail"] = str(max(0, free - t.get("kib_reserved", 0)))
+        out[f"{base}.filestotal"] = str(t["inodes_total"])
+        out[f"{base}.filesfree"] = str(t["inodes_total"] - t["inodes_used"])
+    return out
+
+
 def lctl_get_param(state: dict, args: list[str]) -> str:
     bare = "-n" in args
     names = [a for a in args if not a.startswith("-")]
@@ -602,7 +672,59 @@ def lctl_get_param(state: dict, args: list[str]) -> str:
         return stats_blocks(state, "obdfilter")
     if names == ["mdt.*.md_stats"]:
         return stats_blocks(state, "mdt")
-    raise Fail(2, f"error: get_param: param_path '{names[0] if names else ''}': No such file or directory")
+    params = osd_params(state)
+    out = []
+    for pattern in names:
+        matched = sorted(n for n in params if fnmatch.fnmatchcase(n, pattern))
+        if not matched:
+            path = pattern.replace(".", "/")
+            raise Fail(2, f"error: get_param: param_path '{path}': No such file or directory")
+        for name in matched:
+            value = params[name]
+            if bare:
+                out.append(value)
+            elif "\n" in value:  # a multi-line value: the name on its own line, then the value
+                out += [f"{name}=", value]
+            else:
+                out.append(f"{name}={value}")
+    return "\n".join(out) + "\n"
+
+
+def lctl_list_param(state: dict, args: list[str]) -> str:
+    names = [a for a in args if not a.startswith("-")]
+    params = osd_params(state)
+    out = []
+    for pattern in names:
+        matched = sorted(n for n in params if fnmatch.fnmatchcase(n, pattern))
+        if not matched:
+            raise Fail(2, f"error: list_param: param_path '{pattern.replace('.', '/')}': No such file or directory")
+        out += matched
+    return "\n".join(out) + "\n"
+
+
+def lctl_conf_param(state: dict, args: list[str]) -> str:
+    if not is_mgs(state):
+        raise not_on_mgs("error: conf_param")
+    delete = "-d" in args
+    rest = [a for a in args if a != "-d"]
+    if len(rest) != 1:
+        raise Fail(2, "usage: conf_param [-d] <target.keyword=val>")
+    key, _, value = rest[0].partition("=")
+    parts = key.split(".")
+    if len(parts) < 2 or parts[0] != state["fsname"]:
+        raise Fail(2, "error: conf_param: No such file or directory")
+    if parts[1:2] == ["quota"]:
+        if len(parts) != 3 or parts[2] not in ("mdt", "ost"):
+            raise Fail(22, "error: conf_param: Invalid argument")
+        if delete:
+            state.setdefault("quota_enforced", {}).pop(parts[2], None)
+            return ""
+        if not value or not QUOTA_TYPES_RE.match(value):
+            raise Fail(22, "error: conf_param: Invalid argument")
+        state.setdefault("quota_enforced", {})[parts[2]] = "".join(t for t in "ugp" if t in value) or "none"
+        return ""
+    state.setdefault("conf_params", {})[key] = None if delete else value
+    return ""
 
 
 # ---------------------------------------------------------------- dispatch
@@ -623,10 +745,14 @@ def dispatch(tool: str, args: list[str], state: dict) -> str:
         return lctl_pool(state, sub, rest)
     if sub == "get_param":
         return lctl_get_param(state, rest)
+    if sub == "list_param":
+        return lctl_list_param(state, rest)
+    if sub == "conf_param":
+        return lctl_conf_param(state, rest)
     raise Fail(2, f"lctl: unknown command '{sub}'")
 
 
-READS = {"quota", "df", "getstripe", "getdirstripe", "pool_list", "get_param", "--version"}
+READS = {"quota", "df", "getstripe", "getdirstripe", "pool_list", "get_param", "list_param", "--version"}
 
 
 def is_read(tool: str, args: list[str]) -> bool:

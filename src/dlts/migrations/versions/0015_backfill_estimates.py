@@ -2,14 +2,14 @@
 vcs.default_runtime_estimate_s (the runtime assumed for jobs with no limit)
 
 Revision ID: 0015
-Revises: 0011
+Revises: 0014
 """
 from alembic import op
 import sqlalchemy as sa
 from sqlalchemy.dialects import mysql
 
 revision = '0015'
-down_revision = '0011'
+down_revision = '0014'
 branch_labels = None
 depends_on = None
 

@@ -14,13 +14,7 @@ from dlts.scheduler.state import PassState, Request
 GIB = 1024**3
 
 
-def cpu_quota_cores(vc: Vc) -> float | None:
-    """Cores a VC is guaranteed on CPU-only nodes; None means no CPU quota is enforced."""
-    if vc.cpu_quota is not None:
-        return vc.cpu_quota
-    if CPU_SKU in vc.quota:
-        return float(vc.quota[CPU_SKU])
-    return None
+_SOURCE = {"derived": "derived from its GPU quota", "cpu_sku": "its cpu quota"}
 
 
 @register("filter", "approval")
@@ -75,20 +69,29 @@ class VcQuota:
             return None
         used = state.vc_used[job.vc]
         if req.sku == CPU_SKU:
-            cores = cpu_quota_cores(vc)
+            cores, mem_quota, cores_src, mem_src = state.cpu_quota(vc)
             ask = req.cpu * core
-            if cores is not None and used[CPU_SKU] + ask > cores + 1e-9:
-                return Rejection(
-                    WaitReason.VC_QUOTA,
-                    f"VC {vc.name} uses {used[CPU_SKU]:g} of {cores:g} CPU-only cores; this job asks {ask:g}",
-                )
-            if vc.memory_quota_bytes is not None:
-                mem = state.vc_used_memory[job.vc]
-                if mem + req.memory_bytes * core > vc.memory_quota_bytes:
+            ask_mem = req.memory_bytes * core
+            mem = state.vc_used_memory[job.vc]
+            for asked, quota_v, used_v, what, src in (
+                (ask, cores, used[CPU_SKU], "cores", cores_src),
+                (ask_mem, mem_quota, mem, "GiB", mem_src),
+            ):
+                scale = GIB if what == "GiB" else 1
+                how = "" if src == "override" else f" ({_SOURCE[src]})"
+                if asked > quota_v + 1e-9:
                     return Rejection(
                         WaitReason.VC_QUOTA,
-                        f"VC {vc.name} uses {mem / GIB:.1f} of {vc.memory_quota_bytes / GIB:.1f} GiB on CPU-only "
-                        f"nodes; this job asks {req.memory_bytes * core / GIB:.1f}",
+                        f"this job asks {asked / scale:g} {what} for non-preemptible CPU-only work, more than VC "
+                        f"{vc.name}'s whole quota of {quota_v / scale:g}{how}; ask for less, submit it preemptible, "
+                        "or have the quota raised",
+                        permanent=True,
+                    )
+                if used_v + asked > quota_v + 1e-9:
+                    return Rejection(
+                        WaitReason.VC_QUOTA,
+                        f"VC {vc.name} uses {used_v / scale:g} of {quota_v / scale:g} {what} of CPU-only quota{how}; "
+                        f"this job asks {asked / scale:g}",
                     )
             return None
         quota = vc.quota.get(req.sku, 0)

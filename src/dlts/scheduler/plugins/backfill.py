@@ -28,19 +28,27 @@ from dlts.scheduler.model import Job, Placement, Policy, Reservation, Vc, WaitRe
 from dlts.scheduler.plugins.placement import _fits_cpu_mem, cpu_pools
 from dlts.scheduler.plugins.walltime import effective_limit_s
 from dlts.scheduler.reservations import INF, Item, Timeline, first_run, mask_of
-from dlts.scheduler.state import NodeState, PassState, Pool, Request
+from dlts.scheduler.state import NodeState, PassState, Pool, Request, cpu_job_fits
 
 RESERVABLE = frozenset(
     {
         WaitReason.CAPACITY,
         WaitReason.FRAGMENTATION,
         WaitReason.TOPOLOGY,
+        WaitReason.CPU,  # sched2: GPUs free but not the cores / memory there
+        WaitReason.MEMORY,
         WaitReason.VC_QUOTA,
         WaitReason.USER_QUOTA,
         WaitReason.INTERACTIVE_CAP,
         WaitReason.RESERVATION,
     }
 )
+
+
+
+def _keeps_gpu_reserve(ns: NodeState, req: Request) -> bool:
+    """A CPU-only unit on ``ns`` leaves the cores and bytes the node keeps for its free GPUs."""
+    return cpu_job_fits(ns, ns.free_mask, ns.free_cpu, ns.free_memory_bytes, req)
 
 
 @register("policy", Policy.BACKFILL.value)
@@ -226,6 +234,9 @@ class BackfillPass:
                         ptr += 1
                     i += 1
                     continue
+                if not g and not _keeps_gpu_reserve(ns, req):
+                    i += 1  # the cores a GPU node keeps for its free GPUs (quota.py); GPU starts may free them
+                    continue
                 found = i
                 break
             if advance:
@@ -237,7 +248,7 @@ class BackfillPass:
                     if (found >= 0 and k > found) or best is not None:
                         break
                     ns = nodes[k]
-                    if not _fits_cpu_mem(ns, req) or (g and ns.free_gpus < g):
+                    if not _fits_cpu_mem(ns, req) or (g and ns.free_gpus < g) or (not g and not _keeps_gpu_reserve(ns, req)):
                         continue
                     idx = tl.fits(ns, req, self.now, end, free_now=ns.free_mask)  # type: ignore[union-attr]
                     if idx is None:
@@ -521,6 +532,9 @@ class BackfillPass:
                     # nothing reclaimable or leaving here: the pass state is the time model now
                     if not _fits_cpu_mem(ns, req) or (g and (ns.free_gpus < g or first_run(ns.free_mask, ns.node.gpus, g) < 0)):
                         idx = None
+                    elif not g and not _keeps_gpu_reserve(ns, req):
+                        i += 1  # cores kept for the node's free GPUs; a GPU start may free them
+                        continue
                     else:
                         start = first_run(ns.free_mask, ns.node.gpus, g) if g else 0
                         idx = tuple(range(start, start + g))
@@ -621,13 +635,15 @@ class BackfillPass:
             picked = []
             for h in order:
                 hm, hc, hb = _share(h, ns)
-                if hm & want or h.claimed or h.stopping:
+                if (hm & want or h.claimed or h.stopping) and (h.stopping or h.claimed or not h.protect):
                     picked.append(h)
                     mask, c, m = mask | hm, c + hc, m + hb
+                elif hm & want:
+                    return None  # inside its preemption budget (min_runtime_s): not a victim
             for h in order:
                 if (mask & want) == want and c + 1e-9 >= cpu and m >= mem:
                     break
-                if h in picked:
+                if h in picked or (h.protect and not h.stopping):
                     continue
                 hm, hc, hb = _share(h, ns)
                 picked.append(h)

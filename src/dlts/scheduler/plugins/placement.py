@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dlts.scheduler.framework import Rejection, register
 from dlts.scheduler.model import CPU_SKU, Job, Placement, Vc, WaitReason
-from dlts.scheduler.state import NodeState, PassState, Pool, Request, best_run
+from dlts.scheduler.state import NodeState, PassState, Pool, Request, best_run, cpu_job_fits
 
 GIB = 1024**3
 
@@ -84,17 +84,55 @@ class BestFit:
 
     def explain(self, state: PassState, job: Job, req: Request, vc: Vc) -> Rejection:
         pools = state.pools_for(req.sku, job.vc)
+        # Free capacity only shrinks in a pass: while the pools' totals are unchanged, so is the answer.
+        key = ("explain", req, tuple((id(p), p.free_gpus, p.free_cpu, p.free_memory_bytes) for p in pools))
+        got = state.explain_cache.get(key)
+        if got is None:
+            got = state.explain_cache[key] = self._explain(pools, req)
+        return got
+
+    def _explain(self, pools: list[Pool], req: Request) -> Rejection:
         free = sum(p.free_gpus for p in pools)
-        free_cpu = sum(p.free_cpu for p in pools)
-        free_mem = sum(p.free_memory_bytes for p in pools)
         need = req.total_gpus
-        per = f"{req.gpus} {req.sku} GPUs on one node" + (f" for each of {req.units} replicas" if req.units > 1 else "")
-        if free >= need and free_cpu + 1e-9 >= req.cpu * req.units and free_mem >= req.memory_bytes * req.units:
+        g = req.gpus
+        per = f"{g} {req.sku} GPUs on one node" + (f" for each of {req.units} replicas" if req.units > 1 else "")
+        # Nodes with a run of g free GPUs: if there are some, cores or memory are what is missing.
+        gpu_ok = cores_ok = 0
+        best_cpu, best_mem = 0.0, 0
+        for pool in pools:
+            if pool.free_gpus < g:
+                continue
+            for k in range(g, pool.max_gpus + 1):
+                for ns in pool.buckets[k].values():
+                    if best_run(ns.free_mask, ns.node.gpus, g) < 0:
+                        continue
+                    gpu_ok += 1
+                    best_cpu = max(best_cpu, ns.free_cpu)
+                    if ns.free_cpu + 1e-9 >= req.cpu:
+                        cores_ok += 1
+                        best_mem = max(best_mem, ns.free_memory_bytes)
+        if gpu_ok and not cores_ok:
+            return Rejection(
+                WaitReason.CPU,
+                f"needs {per} with {req.cpu:g} cores; {_nodes(gpu_ok)} {g} free GPUs but at most "
+                f"{max(best_cpu, 0.0):g} free cores",
+            )
+        if cores_ok:
+            return Rejection(
+                WaitReason.MEMORY,
+                f"needs {per} with {req.memory_bytes / GIB:.1f} GiB; {_nodes(cores_ok)} the GPUs and cores free but "
+                f"at most {max(best_mem, 0) / GIB:.1f} GiB of free memory",
+            )
+        if free >= need:
             return Rejection(
                 WaitReason.FRAGMENTATION,
                 f"needs {per}; {free} {req.sku} GPUs are free but scattered across nodes",
             )
         return Rejection(WaitReason.CAPACITY, f"needs {per}; only {free} {req.sku} GPUs are free")
+
+
+def _nodes(n: int) -> str:
+    return "1 node has" if n == 1 else f"{n} nodes have"
 
 
 def cpu_pools(state: PassState, job: Job, vc: Vc) -> list[Pool]:
@@ -139,8 +177,14 @@ class CpuOnly:
             if state.fail_cache.known_to_fail(key, 0, req.cpu, req.memory_bytes):
                 continue
             best: NodeState | None = None
+            gpu_pool = pool.sku != CPU_SKU
             for ns in pool.nodes:
-                if _fits_cpu_mem(ns, req) and (best is None or ns.free_cpu < best.free_cpu):
+                if gpu_pool:
+                    if not cpu_job_fits(ns, ns.free_mask, ns.free_cpu, ns.free_memory_bytes, req):
+                        continue
+                elif not _fits_cpu_mem(ns, req):
+                    continue
+                if best is None or ns.free_cpu < best.free_cpu:
                     best = ns
             if best is not None:
                 return Placement(best.name, (), req.cpu, req.memory_bytes)
@@ -152,19 +196,39 @@ class CpuOnly:
         return _place_units(state, req, units, lambda record_failure: self._one(state, job, req, vc, record_failure))
 
     def explain(self, state: PassState, job: Job, req: Request, vc: Vc) -> Rejection:
-        pools = self._pools(state, job, vc)
-        free_cpu = sum(p.free_cpu for p in pools)
-        free_mem = sum(p.free_memory_bytes for p in pools)
+        # What CPU-only work may use on each node: everything free on CPU-only nodes, and on GPU
+        # nodes what is not kept for their free GPUs.
+        free_cpu, free_mem, kept_cpu = 0.0, 0, 0.0
+        cores_node = mem_node = False
+        for pool in self._pools(state, job, vc):
+            for ns in pool.nodes:
+                c, m = max(ns.free_cpu, 0.0), max(ns.free_memory_bytes, 0)
+                if pool.sku != CPU_SKU:
+                    kc = min(c, ns.reserve_cpu * ns.free_gpus)
+                    kept_cpu += kc
+                    c, m = c - kc, max(0, m - ns.reserve_memory_bytes * ns.free_gpus)
+                free_cpu += c
+                free_mem += m
+                if c + 1e-9 >= req.cpu:
+                    cores_node = True
+                    mem_node = mem_node or m >= req.memory_bytes
+        kept = f" ({kept_cpu:g} more cores on GPU nodes are kept for their free GPUs)" if kept_cpu > 1e-9 else ""
+        need = f"needs {req.cpu:g} cores and {req.memory_bytes / GIB:.1f} GiB on one node"
+        if req.units > 1:
+            need += f" for each of {req.units} replicas"
+        if cores_node and not mem_node:
+            return Rejection(
+                WaitReason.MEMORY,
+                f"{need}; nodes with {req.cpu:g} free cores lack the memory ({free_mem / GIB:.1f} GiB free in all)",
+            )
         if free_cpu + 1e-9 >= req.cpu * req.units and free_mem >= req.memory_bytes * req.units:
             return Rejection(
                 WaitReason.FRAGMENTATION,
-                f"needs {req.cpu:g} cores and {req.memory_bytes / GIB:.1f} GiB on one node; {free_cpu:g} cores are "
-                "free but scattered across nodes",
+                f"{need}; {free_cpu:g} cores and {free_mem / GIB:.1f} GiB are free but scattered across nodes{kept}",
             )
         return Rejection(
             WaitReason.CAPACITY,
-            f"needs {req.cpu:g} cores and {req.memory_bytes / GIB:.1f} GiB; {free_cpu:g} cores and "
-            f"{free_mem / GIB:.1f} GiB are free",
+            f"{need}; only {free_cpu:g} cores and {free_mem / GIB:.1f} GiB are free to CPU-only jobs{kept}",
         )
 
 
@@ -253,15 +317,48 @@ class Gang:
 
     def explain(self, state: PassState, job: Job, req: Request, vc: Vc) -> Rejection:
         pools = self._eligible(state, job, req)
-        whole = sum(len(d) for p in pools for d in p.whole_by_domain.values())
+        key = ("explain", req, tuple((id(p), p.free_gpus, p.free_cpu, p.free_memory_bytes) for p in pools))
+        got = state.explain_cache.get(key)
+        if got is None:
+            got = state.explain_cache[key] = self._explain(pools, req)
+        return got
+
+    def _explain(self, pools: list[Pool], req: Request) -> Rejection:
         free = sum(p.free_gpus for p in pools)
-        need = f"needs {req.units} whole {req.sku} nodes"
-        if req.same_domain and whole >= req.units:
-            domains = {d for pool in pools for d in pool.whole_by_domain}
-            best = max((sum(len(pool.whole_by_domain.get(d, ())) for pool in pools) for d in domains), default=0)
+        need = f"needs {req.units} whole {req.sku} node{'s' if req.units != 1 else ''}"
+        # Wholly free nodes (every GPU free), and those of them that also have the cores and memory.
+        whole = fit = cores = 0
+        fit_by_domain: dict[str, int] = {}
+        best_cpu, best_mem = 0.0, 0
+        for pool in pools:
+            for dom, members in pool.whole_by_domain.items():
+                for ns in members.values():
+                    whole += 1
+                    best_cpu = max(best_cpu, ns.free_cpu)
+                    if ns.free_cpu + 1e-9 < req.cpu:
+                        continue
+                    cores += 1
+                    best_mem = max(best_mem, ns.free_memory_bytes)
+                    if ns.free_memory_bytes >= req.memory_bytes:
+                        fit += 1
+                        fit_by_domain[dom] = fit_by_domain.get(dom, 0) + 1
+        if fit >= req.units:
+            best = max(fit_by_domain.values(), default=0)
             return Rejection(
                 WaitReason.TOPOLOGY,
-                f"{need} in one IB domain; {whole} are free but at most {best} in one domain",
+                f"{need} in one IB domain; {fit} are free but at most {best} in one domain",
+            )
+        if whole >= req.units and cores < req.units:
+            return Rejection(
+                WaitReason.CPU,
+                f"{need} with {req.cpu:g} cores each; {whole} have all GPUs free but only {cores} of them the cores "
+                f"(at most {max(best_cpu, 0.0):g} free cores on one)",
+            )
+        if whole >= req.units:
+            return Rejection(
+                WaitReason.MEMORY,
+                f"{need} with {req.memory_bytes / GIB:.1f} GiB each; {cores} have all GPUs and the cores free but only "
+                f"{fit} the memory (at most {max(best_mem, 0) / GIB:.1f} GiB free on one)",
             )
         if free >= req.units * req.gpus:
             return Rejection(

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dlts.scheduler.framework import ReclaimPlan, register
 from dlts.scheduler.model import CPU_SKU, Job, Placement, Vc
 from dlts.scheduler.plugins.placement import cpu_pools
-from dlts.scheduler.state import Holding, NodeState, PassState, Pool, Request, best_run, mask_of
+from dlts.scheduler.state import Holding, NodeState, PassState, Pool, Request, best_run, cpu_job_fits, mask_of
 
 Free = list  # [gpu mask, cores, bytes]
 
@@ -54,14 +54,14 @@ def _set_cost(new: list[Holding]) -> tuple:
     return (len(new), max(h.job.priority for h in new), -started)
 
 
-def _lower_bound(ns: NodeState, taken: set[int]) -> tuple | None:
+def _lower_bound(ns: NodeState, taken: set[int], allowed: int = 0) -> tuple | None:
     """The least cost any option on ``ns`` can have; None when nothing here is reclaimable.
 
     Greedy takes holdings in victim order, so an option with one new victim costs at least the
     first non-stopping candidate's (1, priority, -started); more victims cost more. Unclaimed
     stopping work may make room for free, so such a node is bounded by (0,)."""
     for h in _ordered(ns):
-        if h.claimed or (taken and id(h) in taken):
+        if h.claimed or (taken and id(h) in taken) or h.protect > allowed:
             continue
         if h.stopping:
             return (0,)
@@ -73,18 +73,54 @@ def _lower_bound(ns: NodeState, taken: set[int]) -> tuple | None:
 class Reclaim:
     name = "reclaim"
 
-    def find(self, state: PassState, job: Job, req: Request, vc: Vc) -> ReclaimPlan | None:
-        key = ("reclaim", req.sku, job.vc, req.whole_node, req.same_domain, req.units)
+    def find(self, state: PassState, job: Job, req: Request, vc: Vc, allowed: int | None = None) -> ReclaimPlan | None:
+        if allowed is None:
+            allowed = self.allowed(state, job, vc)
+        key = ("reclaim", req.sku, job.vc, req.whole_node, req.same_domain, req.units, allowed)
         if state.reclaim_fail_cache.known_to_fail(key, req.gpus, req.cpu, req.memory_bytes):
             return None
         if req.sku == CPU_SKU:
             pools = cpu_pools(state, job, vc)
         else:
             pools = state.pools_for(req.sku, job.vc)
-        found = self._gang(state, pools, req) if req.whole_node else self._units(state, pools, req)
+        found = self._gang(state, pools, req, allowed) if req.whole_node else self._units(state, pools, req, allowed)
         if found is None:
             state.reclaim_fail_cache.record(key, req.gpus, req.cpu, req.memory_bytes)
         return found
+
+    @staticmethod
+    def allowed(state: PassState, job: Job, vc: Vc) -> int:
+        """The protection level reclaim may override for ``job``: 1 once it has waited longer than
+        its VC's ``max_reclaim_delay_s`` (its guarantee was violated for that long), else 0."""
+        delay = vc.max_reclaim_delay_s
+        if delay is not None and state.now - job.queue_time >= delay:
+            return 1
+        return 0
+
+    def blocked_note(self, state: PassState, job: Job, req: Request, vc: Vc) -> str | None:
+        """Why no room was made although preemptible work could make it: the preemption budget."""
+        if not state.any_protected:
+            return None
+        allowed = self.allowed(state, job, vc)
+        if allowed >= 2:
+            return None
+        plan = self.find(state, job, req, vc, allowed=2)
+        if plan is None:
+            return None
+        held = [h for h in plan.victims if h.protect > allowed]
+        if not held:
+            return None
+        until = min(h.protected_until for h in held)
+        ids = sorted({h.job.id for h in held})
+        names = ("job " if len(ids) == 1 else "jobs ") + ", ".join(str(i) for i in ids)
+        note = (f"preempting {names} would make room, but they are inside their preemption budget "
+                f"(min_runtime_s) for {max(0.0, until - state.now):.0f} s more")
+        if any(h.protect == 2 for h in held):
+            note += " (preempted max_preemptions times already: no exception)"
+        elif vc.max_reclaim_delay_s is not None:
+            wait_more = job.queue_time + vc.max_reclaim_delay_s - state.now
+            note += f", or until this job has waited max_reclaim_delay_s ({max(0.0, wait_more):.0f} s more)"
+        return note
 
     # -- helpers ---------------------------------------------------------------------------------
 
@@ -95,13 +131,15 @@ class Reclaim:
 
     @staticmethod
     def _fits(ns: NodeState, free: Free, req: Request) -> bool:
+        if req.gpus == 0 and ns.node.gpus:  # a CPU-only unit on a GPU node
+            return cpu_job_fits(ns, free[0], free[1], free[2], req)
         if free[1] + 1e-9 < req.cpu or free[2] < req.memory_bytes:
             return False
         return req.gpus == 0 or best_run(free[0], ns.node.gpus, req.gpus) >= 0
 
     # -- single-node units (jobs, replicas, CPU-only) ----------------------------------------------
 
-    def _units(self, state: PassState, pools: list[Pool], req: Request) -> ReclaimPlan | None:
+    def _units(self, state: PassState, pools: list[Pool], req: Request, allowed: int = 0) -> ReclaimPlan | None:
         overlay: dict[str, Free] = {}
         chosen: list[Holding] = []
         plan: list[Placement] = []
@@ -126,14 +164,14 @@ class Reclaim:
                         if ns.free_gpus + ns.reclaim_gpus < req.gpus:
                             continue  # even freeing everything reclaimable here leaves too few GPUs
                         f = [ns.free_mask, ns.free_cpu, ns.free_memory_bytes]
-                    bound = _lower_bound(ns, chosen_ids)
+                    bound = _lower_bound(ns, chosen_ids, allowed)
                     if bound is not None:
                         scored.append((bound, ns.name, ns, f))
                 scored.sort(key=lambda x: (x[0], x[1]))
                 for bound, _, ns, f in scored:
                     if best is not None and best[0][:3] < bound:
                         break
-                    option = self._node_option(ns, f, req, chosen_ids)
+                    option = self._node_option(ns, f, req, chosen_ids, allowed)
                     if option is None:
                         continue
                     cost, new_set = option
@@ -161,19 +199,22 @@ class Reclaim:
         return ReclaimPlan(chosen, plan)
 
     def _node_option(
-        self, ns: NodeState, free: Free, req: Request, taken: set[int]
+        self, ns: NodeState, free: Free, req: Request, taken: set[int], allowed: int = 0
     ) -> tuple[tuple, list[Holding]] | None:
         name, g, n_gpus = ns.name, req.gpus, ns.node.gpus
         need_cpu, need_mem = req.cpu - 1e-9, req.memory_bytes
         mask, cpu, mem = free
         picked: list[Holding] = []
         for h in _ordered(ns):
-            if h.claimed or (taken and id(h) in taken):
+            if h.claimed or (taken and id(h) in taken) or h.protect > allowed:
                 continue
             m, c, b = _share(h, ns)
             mask, cpu, mem = mask | m, cpu + c, mem + b
             picked.append(h)
-            if cpu >= need_cpu and mem >= need_mem and (g == 0 or best_run(mask, n_gpus, g) >= 0):
+            if g == 0 and n_gpus:
+                if cpu_job_fits(ns, mask, cpu, mem, req):
+                    break
+            elif cpu >= need_cpu and mem >= need_mem and (g == 0 or best_run(mask, n_gpus, g) >= 0):
                 break
         else:
             return None
@@ -186,7 +227,10 @@ class Reclaim:
                 for x in rest:
                     xm, xc, xb = _share(x, ns)
                     rm, rc, rb = rm | xm, rc + xc, rb + xb
-                if rc >= need_cpu and rb >= need_mem and (g == 0 or best_run(rm, n_gpus, g) >= 0):
+                if g == 0 and n_gpus:
+                    if cpu_job_fits(ns, rm, rc, rb, req):
+                        picked = rest
+                elif rc >= need_cpu and rb >= need_mem and (g == 0 or best_run(rm, n_gpus, g) >= 0):
                     picked = rest
         new = [h for h in picked if not h.stopping]
         left = bin(mask).count("1") - g
@@ -197,12 +241,14 @@ class Reclaim:
 
     # -- gangs of whole nodes ------------------------------------------------------------------
 
-    def _gang(self, state: PassState, pools: list[Pool], req: Request) -> ReclaimPlan | None:
+    def _gang(self, state: PassState, pools: list[Pool], req: Request, allowed: int = 0) -> ReclaimPlan | None:
         groups: dict[str, list[tuple[tuple, NodeState, list[Holding]]]] = {}
         for pool in pools:
             for ns in pool.nodes:
                 mask, cpu, mem = ns.free_mask, ns.free_cpu, ns.free_memory_bytes
                 hs = [h for h in ns.holdings if not h.claimed]
+                if any(h.protect > allowed for h in hs):
+                    continue  # work inside its preemption budget stays on this node
                 for h in hs:
                     m, c, b = _share(h, ns)
                     mask, cpu, mem = mask | m, cpu + c, mem + b

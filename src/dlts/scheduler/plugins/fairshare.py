@@ -1,0 +1,126 @@
+"""Sort plugin ``fair_share``: priority, then the owner's recent use, then queue time.
+
+Among pending jobs of one VC with equal priority, a job whose owner has used less than an equal
+share of the VC's recent GPU time goes first. The use is an input: ``Snapshot.fair_share_usage``
+maps (vc, user) to decayed GPU-seconds (every GPU-second counts 1/2 after a half-life; the job
+manager computes it from the accounting rollup, so running work adds to it as it runs). A user's
+*ratio* is their use divided by the equal share (the VC's total use / the number of users with use
+or waiting jobs there); a new user has ratio 0.
+
+The order across VCs is not changed: jobs are first sorted by ``priority_queue_time``, then inside
+each (VC, priority) group the jobs are re-ranked by (ratio, queue time, id) into the positions the
+group held. So queue positions (numbered per VC) show the fair-share order, and a VC's place in
+the competition for shared capacity stays what queue time gives it. With no use recorded, or with
+``Vc.fair_share`` off, or a single user, the order is exactly ``priority_queue_time``.
+
+``revise_waits`` runs after the pass: a job that waits while a later-submitted job of another user
+of its VC and priority, moved ahead of it by fair share, started in this pass gets reason
+``fair_share`` with both users' ratios in the detail, if by queue time it would have been among
+the group's first k jobs (k = the group's starts in this pass), i.e. it would likely have had the
+room. Other waiting jobs keep the reason placement gave them.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from dlts.scheduler.framework import register
+from dlts.scheduler.model import Job, Wait, WaitReason
+from dlts.scheduler.plugins.ordering import PriorityQueueTime
+
+
+@register("sort", "fair_share")
+class FairShare(PriorityQueueTime):
+    name = "fair_share"
+
+    def __init__(self) -> None:
+        self._ratio: dict[tuple[str, str], float] = {}
+        # job id -> (group key, rank by queue time, rank by fair share), for reordered groups only
+        self._ranks: dict[int, tuple[tuple[str, int, int], int, int]] = {}
+
+    def ratios(self, state, jobs: list[Job]) -> dict[tuple[str, str], float]:
+        usage = state.snapshot.fair_share_usage
+        users: dict[str, set[str]] = defaultdict(set)
+        for j in jobs:
+            users[j.vc].add(j.user)
+        for vc, user in usage:
+            users[vc].add(user)
+        total: dict[str, float] = defaultdict(float)
+        for (vc, _), used in usage.items():
+            total[vc] += max(used, 0.0)
+        out: dict[tuple[str, str], float] = {}
+        for vc, names in users.items():
+            share = total[vc] / len(names) if names else 0.0
+            for u in names:
+                out[(vc, u)] = (max(usage.get((vc, u), 0.0), 0.0) / share) if share > 0 else 0.0
+        return out
+
+    def order(self, state, jobs: list[Job], phase: int = 0) -> list[Job]:
+        base = sorted(jobs, key=self.sort_key)
+        usage = state.snapshot.fair_share_usage
+        if not usage:
+            return base
+        ratio = self.ratios(state, jobs)
+        self._ratio.update(ratio)
+        groups: dict[tuple[str, int], list[int]] = defaultdict(list)
+        for i, j in enumerate(base):
+            groups[(j.vc, j.priority)].append(i)
+        out = list(base)
+        for (vc_name, prio), idx in groups.items():
+            if len(idx) < 2:
+                continue
+            vc = state.vcs.get(vc_name)
+            if vc is not None and not vc.fair_share:
+                continue
+            members = [base[i] for i in idx]
+            if len({j.user for j in members}) < 2:
+                continue
+            ranked = sorted(members, key=lambda j: (ratio.get((j.vc, j.user), 0.0), j.queue_time, j.id))
+            if ranked == members:
+                continue
+            key = (vc_name, prio, phase)
+            by_queue = {j.id: k for k, j in enumerate(members)}
+            for k, (i, j) in enumerate(zip(idx, ranked)):
+                out[i] = j
+                self._ranks[j.id] = (key, by_queue[j.id], k)
+        return out
+
+    def revise_waits(self, state, waits: list[Wait], started: set[int]) -> list[Wait]:
+        if not self._ranks:
+            return waits
+        jobs = {j.id: j for j in state.snapshot.jobs if j.id in self._ranks}
+        # per group: the started jobs' (queue rank, fair-share rank, id)
+        started_by_group: dict[tuple, list[tuple[int, int, int]]] = defaultdict(list)
+        for jid in started:
+            got = self._ranks.get(jid)
+            if got is not None:
+                started_by_group[got[0]].append((got[1], got[2], jid))
+        if not started_by_group:
+            return waits
+        revisable = {WaitReason.CAPACITY, WaitReason.FRAGMENTATION, WaitReason.CPU, WaitReason.MEMORY,
+                     WaitReason.TOPOLOGY}
+        out = []
+        for w in waits:
+            got = self._ranks.get(w.job_id)
+            if got is None or w.reason not in revisable or w.permanent:
+                out.append(w)
+                continue
+            key, q, f = got
+            me = jobs[w.job_id]
+            group_starts = started_by_group.get(key, ())
+            # By queue time roughly the first len(group_starts) jobs of the group would have had the
+            # room; a job past those would have waited anyway and keeps its own reason.
+            if q >= len(group_starts):
+                out.append(w)
+                continue
+            ahead = [jid for sq, sf, jid in group_starts if sq > q and sf < f and jobs[jid].user != me.user]
+            if not ahead:
+                out.append(w)
+                continue
+            other = jobs[min(ahead)]
+            mine, theirs = self._ratio.get((me.vc, me.user), 0.0), self._ratio.get((other.vc, other.user), 0.0)
+            detail = (f"user {me.user} used {mine:.2f}x an equal share of VC {me.vc}'s recent GPU time; "
+                      f"job {other.id} of {other.user} ({theirs:.2f}x), submitted later, went first ({w.detail})")
+            out.append(Wait(w.job_id, WaitReason.FAIR_SHARE, detail, None, w.queue_position, False,
+                            w.estimated_start))  # backfill's reservation stays
+        return out

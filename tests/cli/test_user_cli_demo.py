@@ -1,0 +1,424 @@
+"""The user CLI as a user runs it: a real `dlts demo` (API over HTTP, job manager, local jobs) in one
+process, every `dlts` command in another, from a config directory of their own (a laptop)."""
+
+from __future__ import annotations
+
+import getpass
+import json
+import os
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+DLTS = [sys.executable, "-m", "dlts"]
+SRC = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def base_env() -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DLTS_")}
+    path = os.pathsep.join(str(SRC / d) for d in ("src", "agents", "lustre"))
+    env["PYTHONPATH"] = path + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
+class Demo:
+    def __init__(self, home: Path, port: int, log: Path):
+        self.home, self.port, self.log = home, port, log
+        self.url = f"http://127.0.0.1:{port}"
+        self.proc: subprocess.Popen | None = None
+
+    def env(self) -> dict:
+        return base_env() | {"DLTS_HOME": str(self.home), "DLTS_TICK_S": "0.3", "DLTS_PREEMPT_GRACE_S": "2"}
+
+    def start(self) -> str:
+        """Start the demo; its stdout (the banner) goes to a file, never a pipe that could fill."""
+        with open(self.log, "w") as out:
+            self.proc = subprocess.Popen(DLTS + ["demo", "--port", str(self.port), "--demo-gpus", "2"], env=self.env(),
+                                         stdout=out, stderr=subprocess.STDOUT, text=True)
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                if requests.get(f"{self.url}/readyz", timeout=2).status_code == 200:
+                    break
+            except requests.ConnectionError:
+                pass
+            assert self.proc.poll() is None, self.log.read_text()
+            assert time.monotonic() < deadline, "the demo did not come up: " + self.log.read_text()
+            time.sleep(0.2)
+        return self.log.read_text()
+
+    def stop(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGINT)
+        self.proc.wait(timeout=90)
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cli-demo")
+    d = Demo(root / "home", free_port(), root / "demo.log")
+    d.banners = [d.start()]
+    d.stop()
+    d.banners.append(d.start())  # a second start: the banner must still say how to sign in
+    yield d
+    d.stop()
+
+
+@pytest.fixture
+def user(tmp_path, demo):
+    """A user's machine: its own config directory; nothing of the demo's environment."""
+    return User(tmp_path / "config", demo)
+
+
+class User:
+    def __init__(self, config: Path, demo: Demo):
+        self.config, self.demo = config, demo
+
+    def env(self, **extra) -> dict:
+        return base_env() | {"XDG_CONFIG_HOME": str(self.config), "DLTS_POLL_S": "0.2"} | extra
+
+    def run(self, *args: str, timeout: float = 120, **extra) -> subprocess.CompletedProcess:
+        result = subprocess.run(DLTS + list(args), env=self.env(**extra), capture_output=True, text=True, timeout=timeout,
+                                check=False)
+        assert "Traceback" not in result.stderr, result.stderr
+        return result
+
+    def popen(self, *args: str) -> subprocess.Popen:
+        return subprocess.Popen(DLTS + list(args), env=self.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+
+    def login(self, token_file: str = "alice-token", *more: str) -> subprocess.CompletedProcess:
+        result = self.run("login", self.demo.url, "--token-file", str(self.demo.home / token_file), *more)
+        assert result.returncode == 0, result.stderr
+        return result
+
+
+def api(demo: Demo, token_name: str = "alice-token"):
+    token = (demo.home / token_name).read_text().strip()
+    session = requests.Session()
+    session.headers["Authorization"] = f"Bearer {token}"
+    return session
+
+
+def wait_job(demo: Demo, job_id: int, statuses: set[str], timeout_s: float = 60) -> dict:
+    session = api(demo)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        job = session.get(f"{demo.url}/api/v1/jobs/{job_id}", timeout=10).json()
+        if job["status"] in statuses:
+            return job
+        assert time.monotonic() < deadline, job
+        time.sleep(0.2)
+
+
+def test_the_demo_says_where_the_portal_is_and_how_alice_and_admin_sign_in_on_every_start(demo):
+    first, second = demo.banners
+    credentials = demo.home / "demo-credentials"
+    for banner in (first, second):
+        assert f"portal: {demo.url}/" in banner
+        assert "sign in as alice" in banner and "admin" in banner
+        assert f"their passwords are in {credentials}" in banner
+        assert f"dlts login {demo.url} --token-file {demo.home / 'alice-token'}" in banner
+    # the passwords themselves are printed once, at the first start only
+    passwords = dict(line.split(":", 1) for line in credentials.read_text().split())
+    assert passwords["alice"] in first and passwords["alice"] not in second
+    assert "demo created" in first and "demo resumed" in second
+
+
+def test_login_stores_a_private_profile_and_whoami_reads_it(user, demo):
+    result = user.login()
+    assert "as alice" in result.stdout
+    path = user.config / "dlts" / "profiles.yaml"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+    me = user.run("whoami", "--json")
+    assert me.returncode == 0, me.stderr
+    parsed = json.loads(me.stdout)
+    assert parsed["name"] == "alice" and parsed["url"] == demo.url and parsed["vcs"][0]["name"] == "default"
+    # a second profile, and the environment over the stored one
+    user.login("demo-token", "--profile", "ops")
+    assert json.loads(user.run("whoami", "--json", "--profile", "ops").stdout)["name"] == "admin"
+    admin_token = (demo.home / "demo-token").read_text().strip()
+    assert json.loads(user.run("whoami", "--json", DLTS_TOKEN=admin_token).stdout)["name"] == "admin"
+    assert json.loads(user.run("whoami", "--json", DLTS_PROFILE="ops").stdout)["name"] == "admin"
+    out = user.run("logout", "--profile", "ops")
+    assert out.returncode == 0 and "removed" in out.stdout
+    gone = user.run("whoami", "--profile", "ops")
+    assert gone.returncode == 3 and "dlts login" in gone.stderr
+
+
+def test_login_refuses_a_bad_token_and_a_server_that_is_not_there(user, demo, tmp_path):
+    bad = tmp_path / "bad-token"
+    bad.write_text("dlts_not-a-real-token\n")
+    result = user.run("login", demo.url, "--token-file", str(bad))
+    assert result.returncode == 3 and "refused this token" in result.stderr
+    assert not (user.config / "dlts" / "profiles.yaml").exists()
+    nowhere = user.run("login", f"http://127.0.0.1:{free_port()}", "--token-file", str(demo.home / "alice-token"))
+    assert nowhere.returncode == 4 and "cannot reach" in nowhere.stderr
+    # the token from standard input (the prompt reads it there when no terminal is attached)
+    piped = subprocess.run(DLTS + ["login", demo.url], input=(demo.home / "alice-token").read_text(), env=user.env(),
+                           capture_output=True, text=True, timeout=60, check=False)
+    assert piped.returncode == 0 and "as alice" in piped.stdout, piped.stderr
+
+
+def test_not_logged_in_says_how_to_log_in(user):
+    result = user.run("jobs")
+    assert result.returncode == 3 and "dlts login URL" in result.stderr
+
+
+def test_submit_wait_exits_with_the_jobs_exit_code(user, demo):
+    user.login()
+    ok = user.run("submit", "--image", "any", "--wait", "--", "sh", "-c", "echo done")
+    assert ok.returncode == 0, ok.stderr
+    job_id = int(ok.stdout.strip())
+    assert f"job {job_id}: queued" in ok.stderr and f"job {job_id}: finished exit code 0" in ok.stderr
+    failed = user.run("submit", "--image", "any", "--max-retries", "0", "--wait", "--", "exit 7")
+    assert failed.returncode == 7, failed.stderr
+    assert "failed" in failed.stderr and "exit code 7" in failed.stderr
+    job = wait_job(demo, int(failed.stdout.strip()), {"failed"})
+    assert job["exit_code"] == 7 and job["command"] == "exit 7"
+
+
+def test_submit_from_a_spec_file_and_from_another_job(user, demo, tmp_path):
+    user.login()
+    spec = tmp_path / "job.yaml"
+    spec.write_text("image: any\ncommand: echo from-the-file\nname: from-file\nenv: {GREETING: hi}\n")
+    result = user.run("submit", "-f", str(spec), "--env", "OTHER=2", "--max-time", "1h30m", "--json")
+    assert result.returncode == 0, result.stderr
+    job = json.loads(result.stdout)
+    assert job["name"] == "from-file" and job["env"] == {"GREETING": "hi", "OTHER": "2"}
+    assert job["max_time_s"] == 5400 and job["vc"] == "default"
+    clone = user.run("submit", "--from", str(job["id"]), "--name", "clone", "--json")
+    assert clone.returncode == 0, clone.stderr
+    copy = json.loads(clone.stdout)
+    assert copy["id"] != job["id"] and copy["name"] == "clone" and copy["command"] == "echo from-the-file"
+    assert copy["env"] == job["env"] and copy["max_time_s"] == 5400
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("image: any\ncommand: echo\nwrong_field: 1\n")
+    refused = user.run("submit", "-f", str(bad))
+    assert refused.returncode == 1 and "wrong_field" in refused.stderr and "HTTP 400" in refused.stderr
+    spec.write_text("image: any\ncommand: 'true'\ngpus: 64\n")
+    from_file = user.run("submit", "-f", str(spec))
+    assert from_file.returncode == 1 and "gpus" in from_file.stderr and "--gpus" not in from_file.stderr
+    not_yaml = tmp_path / "not.yaml"
+    not_yaml.write_text("image: [unclosed\n")
+    assert user.run("submit", "-f", str(not_yaml)).returncode == 2
+
+
+def test_a_refused_submission_names_the_flag(user):
+    user.login()
+    too_many = user.run("submit", "--image", "any", "--gpus", "64", "--", "true")
+    assert too_many.returncode == 1 and "--gpus" in too_many.stderr and "HTTP 422" in too_many.stderr
+    env = user.run("submit", "--image", "any", "--env", "DLTS_X=1", "--", "true")
+    assert env.returncode == 1 and "--env" in env.stderr and "DLTS_X" in env.stderr
+    duration = user.run("submit", "--image", "any", "--max-time", "soon", "--", "true")
+    assert duration.returncode == 2 and "--max-time" in duration.stderr
+    vc = user.run("submit", "--image", "any", "--vc", "nope", "--", "true")
+    assert vc.returncode == 1 and "nope" in vc.stderr
+
+
+def test_logs_follow_a_running_job_to_its_end(user, demo, tmp_path):
+    user.login()
+    flag = tmp_path / "go-on"
+    command = f"echo first; while [ ! -e {flag} ]; do sleep 0.1; done; echo second; echo third"
+    job_id = int(user.run("submit", "--image", "any", "--", command).stdout.strip())
+    follower = user.popen("logs", "-f", str(job_id))
+    try:
+        assert follower.stdout.readline() == "first\n"  # printed while the job still runs
+        assert wait_job(demo, job_id, {"running"})["status"] == "running"
+        flag.touch()
+        out, err = follower.communicate(timeout=90)
+    finally:
+        follower.kill()
+    assert follower.returncode == 0, err
+    assert out == "second\nthird\n"
+    assert wait_job(demo, job_id, {"finished"})["exit_code"] == 0
+    # the whole log, and a download of it
+    assert user.run("logs", str(job_id)).stdout == "first\nsecond\nthird\n"
+    target = tmp_path / "job.log"
+    saved = user.run("logs", str(job_id), "--download", str(target))
+    assert saved.returncode == 0 and target.read_text() == "first\nsecond\nthird\n"
+    # a job killed before it ran: -f says so and ends (the demo's 2 GPUs are held by another job)
+    blocker = int(user.run("submit", "--image", "any", "--gpus", "2", "--", "sleep 600").stdout.strip())
+    try:
+        wait_job(demo, blocker, {"running"})
+        held = int(user.run("submit", "--image", "any", "--gpus", "2", "--", "true").stdout.strip())
+        assert wait_job(demo, held, {"queued"})["attempt"] == 0
+        assert user.run("kill", str(held)).returncode == 0
+        assert wait_job(demo, held, {"killed"})["attempt"] == 0
+        never = user.run("logs", "-f", str(held), timeout=60)
+        assert never.returncode == 0 and "without running" in never.stderr
+    finally:
+        user.run("kill", str(blocker))
+    missing = user.run("logs", "987654")
+    assert missing.returncode == 1 and "job_not_found" in missing.stderr
+
+
+def test_batch_kill_with_one_bad_id_and_wait_on_a_killed_job(user, demo):
+    user.login()
+    waiter = user.popen("submit", "--image", "any", "--wait", "--", "sleep 600")
+    try:
+        job_id = int(waiter.stdout.readline())
+        wait_job(demo, job_id, {"running"})
+        killed = user.run("kill", str(job_id), "987654")
+        assert killed.returncode == 1
+        lines = killed.stdout.splitlines()
+        assert lines[0].startswith(f"job {job_id}: kill") or lines[0] == f"job {job_id}: killed", lines
+        assert "job 987654: failed" in lines[1] and "job_not_found" in lines[1]
+        assert "1 of 2 failed" in killed.stderr
+        _, err = waiter.communicate(timeout=90)
+    finally:
+        waiter.kill()
+    assert waiter.returncode == 143, err
+    assert wait_job(demo, job_id, {"killed"})["status"] == "killed"
+    again = user.run("kill", str(job_id), "--json")
+    assert again.returncode == 1 and json.loads(again.stdout)["results"][0]["code"] == "job_already_ended"
+
+
+def test_jobs_lists_like_squeue_and_as_json(user, demo):
+    user.login()
+    job_id = int(user.run("submit", "--image", "any", "--name", "listed", "--", "sleep 600").stdout.strip())
+    try:
+        wait_job(demo, job_id, {"running"})
+        table = user.run("jobs")
+        assert table.returncode == 0, table.stderr
+        header = table.stdout.splitlines()[0].split()
+        assert header == ["ID", "NAME", "USER", "VC", "STATUS", "REASON", "GPUS", "POS", "START", "TIME-LEFT"]
+        row = next(line.split() for line in table.stdout.splitlines()[1:] if line.split()[0] == str(job_id))
+        assert row[1:5] == ["listed", "alice", "default", "running"]
+        listed = json.loads(user.run("jobs", "--json", "--mine").stdout)
+        assert job_id in [j["id"] for j in listed] and all(j["user"] == "alice" for j in listed)
+        assert all(j["status"] not in ("finished", "failed", "killed", "error") for j in listed)
+        ended = json.loads(user.run("jobs", "--json", "--status", "finished").stdout)
+        assert all(j["status"] == "finished" for j in ended)
+        shown = json.loads(user.run("show", str(job_id), "--json").stdout)
+        assert shown["id"] == job_id and shown["status"] == "running" and shown["attempts"][0]["number"] == 1
+        human = user.run("show", str(job_id))
+        assert f"job {job_id} listed: running" in human.stdout and "attempts:" in human.stdout
+        watcher = user.popen("jobs", "--watch", "--interval", "0.3")
+        try:
+            seen = []
+            while sum(1 for line in seen if line.startswith(demo.url)) < 2 and len(seen) < 500:
+                seen.append(watcher.stdout.readline())
+        finally:
+            watcher.send_signal(signal.SIGINT)
+            watcher.communicate(timeout=30)
+        assert sum(1 for line in seen if line.startswith(demo.url)) >= 2, seen  # redrawn
+        assert any(line.split()[:2] == [str(job_id), "listed"] for line in seen), seen
+        assert watcher.returncode in (0, 130)  # Ctrl-C while it sleeps, or while it asks
+        bad = user.run("jobs", "--status", "sleeping")
+        assert bad.returncode == 1 and "status" in bad.stderr and "HTTP 400" in bad.stderr
+    finally:
+        user.run("kill", str(job_id))
+
+
+def test_a_revoked_token_says_to_log_in_again(user, demo):
+    made = subprocess.run(DLTS + ["user", "token", "alice", "--label", "laptop"], env=demo.env(), capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert made.returncode == 0, made.stderr
+    token_file = user.config.parent / "laptop-token"
+    token_file.write_text(made.stdout.strip())
+    assert user.run("login", demo.url, "--token-file", str(token_file)).returncode == 0
+    assert user.run("jobs").returncode == 0
+    session = api(demo)
+    tokens = session.get(f"{demo.url}/api/v1/me/tokens", timeout=10).json()["items"]
+    laptop = next(t for t in tokens if t["name"] == "laptop")
+    assert session.delete(f"{demo.url}/api/v1/me/tokens/{laptop['id']}", timeout=10).status_code in (200, 202, 204)
+    stale = user.run("jobs")
+    assert stale.returncode == 3
+    assert "dlts login" in stale.stderr and "revoked" in stale.stderr and "HTTP 401" in stale.stderr
+
+
+def test_endpoints_keys_ips_vc_and_usage(user, demo, tmp_path):
+    user.login()
+    job_id = int(user.run("submit", "--image", "any", "--port", "18800", "--", "sleep 600").stdout.strip())
+    try:
+        eps = json.loads(user.run("endpoints", str(job_id), "--json").stdout)
+        assert [e["kind"] for e in eps] == ["port"] and eps[0]["port"] == 18800
+        opened = user.run("endpoints", str(job_id), "open", "port", "--port", "18801", "--name", "tb")
+        assert opened.returncode == 0 and "port tb" in opened.stdout, opened.stderr
+        twice = user.run("endpoints", str(job_id), "open", "port", "--port", "18801")
+        assert twice.returncode == 1 and "endpoint_exists" in twice.stderr
+        eid = next(e["id"] for e in json.loads(user.run("endpoints", str(job_id), "--json").stdout) if e["name"] == "tb")
+        closed = user.run("endpoints", str(job_id), "close", str(eid))
+        assert closed.returncode == 0 and "closing" in closed.stdout
+        no_ssh = user.run("ssh", str(job_id))
+        assert no_ssh.returncode == 1 and f"dlts endpoints {job_id} open ssh" in no_ssh.stderr
+    finally:
+        user.run("kill", str(job_id))
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "me@laptop", "-f", str(tmp_path / "key")],
+                   check=True, capture_output=True)
+    added = user.run("keys", "add", str(tmp_path / "key.pub"))
+    assert added.returncode == 0 and "SHA256:" in added.stdout, added.stderr
+    keys = json.loads(user.run("keys", "--json").stdout)
+    assert any(k["name"] == "me@laptop" for k in keys)
+    dup = user.run("keys", "add", str(tmp_path / "key.pub"))
+    assert dup.returncode == 1 and "duplicate_ssh_key" in dup.stderr
+    assert user.run("keys", "delete", str(keys[-1]["id"])).returncode == 0
+    ip = user.run("ips", "add", "203.0.113.9")
+    assert ip.returncode == 0 and "203.0.113.9/32" in ip.stdout, ip.stderr
+    wide = user.run("ips", "add", "10.0.0.0/4")
+    assert wide.returncode == 1 and "ip" in wide.stderr
+    assert "203.0.113.9/32" in user.run("ips").stdout
+    vc = json.loads(user.run("vc", "show", "default", "--json").stdout)
+    assert vc["name"] == "default" and "alice" in vc["members"]
+    assert "demo-gpu" in user.run("vc", "show", "default").stdout
+    hidden = user.run("vc", "show", "elsewhere")
+    assert hidden.returncode == 1 and "vc_not_found" in hidden.stderr
+    usage = json.loads(user.run("usage", "--json", "--group-by", "user,vc").stdout)
+    assert usage["group_by"] == ["user", "vc"]
+    assert user.run("usage").returncode == 0
+    assert user.run("usage", "--group-by", "planet").returncode == 1
+
+
+@pytest.mark.skipif(shutil.which("sshd") is None and not os.access("/usr/sbin/sshd", os.X_OK) or shutil.which("ssh") is None,
+                    reason="sshd or ssh is not installed (apt-get install openssh-server openssh-client)")
+def test_ssh_runs_ssh_through_the_jobs_ready_endpoint(user, demo, tmp_path):
+    user.login()
+    key = tmp_path / "id"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True, capture_output=True)
+    assert user.run("keys", "add", str(key) + ".pub").returncode == 0
+    job_id = int(user.run("submit", "--image", "any", "--ssh", "--", "sleep 600").stdout.strip())
+    try:
+        deadline = time.monotonic() + 90
+        while (ep := json.loads(user.run("endpoints", str(job_id), "--json").stdout)[0])["status"] != "ready":
+            assert ep["status"] in ("pending",) and time.monotonic() < deadline, ep
+            time.sleep(0.3)
+        me = getpass.getuser()
+        printed = user.run("ssh", "--print", "--login", me, str(job_id), "-i", str(key), "--", "echo", "hi").stdout
+        assert printed.strip() == f"ssh -p {ep['host_port']} -i {key} {me}@{ep['host']} echo hi"
+        done = user.run("ssh", "--login", me, str(job_id), "-i", str(key), "-o", "StrictHostKeyChecking=no",
+                        "-o", "UserKnownHostsFile=/dev/null", "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes",
+                        "-o", "ConnectTimeout=10", "--", "echo hello from the job", timeout=60)
+        assert done.returncode == 0 and done.stdout == "hello from the job\n", done.stderr
+        owner = user.run("ssh", "--print", str(job_id)).stdout.strip()
+        assert owner == f"ssh -p {ep['host_port']} alice@{ep['host']}"  # the endpoint's user by default
+    finally:
+        user.run("kill", str(job_id))
+
+
+def test_the_client_follows_cursors_through_every_page(demo):
+    from dlts.client.api import Client
+
+    client = Client(demo.url, (demo.home / "alice-token").read_text().strip())
+    for _ in range(5):
+        client.post("/jobs", {"vc": "default", "image": "any", "command": "true"})
+    everything = client.get("/jobs", limit=500)["items"]
+    assert len(everything) >= 5
+    paged = list(client.pages("/jobs", page_size=2))
+    assert [j["id"] for j in paged] == [j["id"] for j in everything]
+    assert [j["id"] for j in client.pages("/jobs", limit=3, page_size=2)] == [j["id"] for j in everything[:3]]
