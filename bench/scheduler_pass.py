@@ -37,7 +37,7 @@ CURVE = [(2_000, 200), (5_000, 500), (10_000, 1_000), (20_000, 2_000)]
 HERE = Path(__file__).resolve().parent
 
 
-def build_snapshot(n_jobs: int, n_nodes: int, seed: int = 42) -> Snapshot:
+def build_snapshot(n_jobs: int, n_nodes: int, seed: int = 42, policy: str | None = None) -> Snapshot:
     rng = random.Random(seed)
     n_domains = max(2, n_nodes // 100)
     n_vcs = max(5, n_nodes // 40)
@@ -52,7 +52,7 @@ def build_snapshot(n_jobs: int, n_nodes: int, seed: int = 42) -> Snapshot:
         name: Vc(
             name,
             {s: per_sku_gpus[s] // n_vcs for s in sku_names},
-            Policy.FIFO if k % 3 == 0 else Policy.RF,
+            Policy(policy) if policy else (Policy.FIFO if k % 3 == 0 else Policy.RF),
             max_job_time_s=7 * 86400,
             max_interactive_gpus=16,
             user_gpu_quota=64,
@@ -113,9 +113,9 @@ def build_snapshot(n_jobs: int, n_nodes: int, seed: int = 42) -> Snapshot:
     return Snapshot(SKUS, tuple(nodes), vcs, tuple(jobs))
 
 
-def one_point(n_jobs: int, n_nodes: int, repeat: int) -> dict:
+def one_point(n_jobs: int, n_nodes: int, repeat: int, policy: str | None = None) -> dict:
     t0 = time.perf_counter()
-    snap = build_snapshot(n_jobs, n_nodes)
+    snap = build_snapshot(n_jobs, n_nodes, policy=policy)
     build_s = time.perf_counter() - t0
     times, cpu_times, last = [], [], None
     for _ in range(repeat):
@@ -143,6 +143,8 @@ def one_point(n_jobs: int, n_nodes: int, repeat: int) -> dict:
         "placements": placements,
         "placements_per_s": round(placements / median, 1),
         "stops": len(last.stops),
+        "reservations": len(last.reservations),
+        "policy": policy or "RF/FIFO mix",
         "waits": len(last.waits),
         "reasons": reasons,
         "phases_s": {k: round(v, 4) for k, v in last.timings_s.items()},
@@ -150,9 +152,10 @@ def one_point(n_jobs: int, n_nodes: int, repeat: int) -> dict:
     }
 
 
-def run_point(n_jobs: int, n_nodes: int, repeat: int) -> dict:
+def run_point(n_jobs: int, n_nodes: int, repeat: int, policy: str | None = None) -> dict:
     out = subprocess.run(
-        [sys.executable, __file__, "--only", str(n_jobs), str(n_nodes), "--repeat", str(repeat), "--json"],
+        [sys.executable, __file__, "--only", str(n_jobs), str(n_nodes), "--repeat", str(repeat), "--json"]
+        + (["--policy", policy] if policy else []),
         capture_output=True,
         text=True,
         check=True,
@@ -192,17 +195,22 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--json", action="store_true", help="print the point as JSON (used by the curve)")
     ap.add_argument("--no-sim", action="store_true", help="skip the 10,000-job dlts sim run")
+    ap.add_argument("--policy", choices=[p.value for p in Policy], default=None,
+                    help="every VC on this policy (default: a third FIFO, the rest RF)")
+    ap.add_argument("--curve", nargs="*", type=int, default=None, metavar="PENDING NODES",
+                    help="pairs of points instead of the default curve, e.g. --curve 20000 2000 100000 10000")
     args = ap.parse_args()
     if args.only:
-        point = one_point(args.only[0], args.only[1], args.repeat)
+        point = one_point(args.only[0], args.only[1], args.repeat, args.policy)
         print(json.dumps(point) if args.json else json.dumps(point, indent=1))
         return
     print(
         f"{'pending':>8} {'nodes':>6} {'running':>8} {'pass_s':>8} {'cpu_s':>7} {'placed':>7} {'placements/s':>13} "
         f"{'stops':>6} {'peak_RSS_MiB':>13} {'load':>5}"
     )
-    for n_jobs, n_nodes in CURVE:
-        p = run_point(n_jobs, n_nodes, args.repeat)
+    curve = CURVE if not args.curve else list(zip(args.curve[::2], args.curve[1::2]))
+    for n_jobs, n_nodes in curve:
+        p = run_point(n_jobs, n_nodes, args.repeat, args.policy)
         print(
             f"{p['pending']:>8} {p['nodes']:>6} {p['running']:>8} {p['pass_median_s']:>8.3f} {p['pass_cpu_median_s']:>7.3f} "
             f"{p['placements']:>7} {p['placements_per_s']:>13.0f} {p['stops']:>6} {p['peak_rss_mib']:>13.1f} "

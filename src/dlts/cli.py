@@ -402,7 +402,7 @@ def vc() -> None:
 @vc.command("add")
 @click.argument("name")
 @click.option("--quota", "quota", multiple=True, metavar="SKU=GPUS", help="GPU quota per SKU; repeat for more SKUs.")
-@click.option("--policy", type=click.Choice(["RF", "FIFO"]), default="RF", show_default=True)
+@click.option("--policy", type=click.Choice(["RF", "FIFO", "backfill"]), default="RF", show_default=True)
 @pass_ctx
 def vc_add(ctx: Context, name: str, quota: tuple[str, ...], policy: str) -> None:
     """Add VC NAME with a GPU quota per SKU and a scheduling policy."""
@@ -417,7 +417,7 @@ def vc_add(ctx: Context, name: str, quota: tuple[str, ...], policy: str) -> None
 @click.argument("name")
 @click.option("--quota", "quota", multiple=True, metavar="SKU=GPUS",
               help="GPU quota per SKU; repeat for more SKUs. The whole quota: SKUs not given go to 0.")
-@click.option("--policy", type=click.Choice(["RF", "FIFO"]), help="Scheduling policy (default: RF for a new VC, else kept).")
+@click.option("--policy", type=click.Choice(["RF", "FIFO", "backfill"]), help="Scheduling policy (default: RF for a new VC, else kept).")
 @click.option("--gid", help="The VC's group (1000 or more), a supplementary group of its jobs; 'none' clears it "
                             "(default: kept).")
 @click.option("--ephemeral-storage", "ephemeral", metavar="BYTES",

@@ -122,6 +122,10 @@ class Settings(BaseModel):
     # CPU-only jobs without explicit cpu/memory get these
     cpu_job_default_cpu: float = Field(1.0, gt=0)
     cpu_job_default_memory_bytes: int = Field(2 * 1024**3, gt=0)
+    # backfill (VCs with policy backfill): jobs per pass that cannot start and get a reservation
+    reservation_depth: int = Field(8, ge=0, le=1000)
+    # backfill: runtime assumed for jobs with no limit when their VC sets none; null: unbounded
+    default_runtime_estimate_s: int | None = Field(None, gt=0)
     default_max_retries: int = Field(3, ge=0, le=100)
     # per SKU: cores / bytes a GPU node keeps for each free GPU; CPU-only jobs may use only the rest
     # (unset: the node's cores / GPUs and bytes / GPUs, so a default-sized GPU job always fits).

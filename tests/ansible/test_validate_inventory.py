@@ -187,7 +187,7 @@ CASES = {
     ),
     "virtual cluster with an unknown policy": (
         lambda inv: _set_vc(inv, 1, policy="LIFO"),
-        'policy, when set, must be RF or FIFO (found "LIFO")',
+        'policy, when set, must be RF, FIFO or backfill (found "LIFO")',
     ),
     "virtual cluster quota on a SKU no worker has": (
         lambda inv: _set_vc(inv, 0, quota={"a100-80g": 8}),

@@ -63,7 +63,7 @@ def test_set_brings_a_vc_made_elsewhere_to_the_declared_quota(dlts, sessions, wo
     (["Bad_Name", "--quota", "a100=1"], "must start with a lowercase letter"),
     (["research", "--quota", "a100=-1"], "must look like SKU=GPUS"),
     (["research", "--quota", "a100"], "must look like SKU=GPUS"),
-    (["research", "--policy", "LIFO"], "'LIFO' is not one of 'RF', 'FIFO'"),
+    (["research", "--policy", "LIFO"], "'LIFO' is not one of 'RF', 'FIFO', 'backfill'"),
 ])
 def test_set_refuses_bad_input_and_changes_nothing(dlts, sessions, args, message):
     code, output = dlts("vc", "set", *args)

@@ -44,9 +44,9 @@ from dlts.services.policy import Visibility, job_visibility
 blp = Blueprint("jobs", __name__, description="Training jobs")
 blp.before_request(authenticate)
 
-PUBLIC_FIELDS = ("id", "name", "user", "vc", "type", "status", "reason", "queue_position", "sku", "gpus", "nodes",
-                 "cpu", "memory_bytes", "preemptible", "submitted_at", "started_at", "finished_at", "tags", "favourite",
-                 "archived_at")
+PUBLIC_FIELDS = ("id", "name", "user", "vc", "type", "status", "reason", "queue_position", "estimated_start", "sku",
+                 "gpus", "nodes", "cpu", "memory_bytes", "preemptible", "submitted_at", "started_at", "finished_at",
+                 "tags", "favourite", "archived_at")
 
 
 def _kept(job_ids: list[int]) -> tuple[dict[int, list[str]], set[int]]:
@@ -59,7 +59,8 @@ def job_dict(job: Job, visibility: Visibility, attempts: list[JobAttempt] | None
     data = {
         "id": job.id, "name": job.name, "user": job.user.name, "vc": job.vc.name, "type": job.type,
         "status": job.status.value, "reason": job.reason, "reason_detail": job.reason_detail,
-        "queue_position": job.queue_position, "image": job.image, "command": job.command, "sku": job.sku,
+        "queue_position": job.queue_position, "estimated_start": _estimate(job), "image": job.image,
+        "command": job.command, "sku": job.sku,
         "gpus": job.gpus, "nodes": job.nodes, "cpu": job.cpu, "memory_bytes": job.memory_bytes,
         "priority": job.priority, "preemptible": job.preemptible, "max_retries": job.max_retries,
         "retries_used": job.retries_used, "max_time_s": job.max_time_s,
@@ -94,6 +95,11 @@ def job_dict(job: Job, visibility: Visibility, attempts: list[JobAttempt] | None
 COMMAND_PREVIEW_CHARS = 200
 
 
+def _estimate(job: Job) -> str | None:
+    """Backfill's estimated start of a queued job (its reservation); null when unknown."""
+    return iso(job.estimated_start) if job.status.value == "queued" else None
+
+
 def job_summary(job: Job, visibility: Visibility, command_start: str, tags: list[str] | None = None,
                 favourite: bool = False) -> dict:
     """A list item (JobSummarySchema): no env, ports or spec, and only the start of the command
@@ -101,7 +107,8 @@ def job_summary(job: Job, visibility: Visibility, command_start: str, tags: list
     data = {
         "id": job.id, "name": job.name, "user": job.user.name, "vc": job.vc.name, "type": job.type,
         "status": job.status.value, "reason": job.reason, "reason_detail": job.reason_detail,
-        "queue_position": job.queue_position, "image": job.image, "sku": job.sku, "gpus": job.gpus,
+        "queue_position": job.queue_position, "estimated_start": _estimate(job), "image": job.image,
+        "sku": job.sku, "gpus": job.gpus,
         "nodes": job.nodes, "cpu": job.cpu, "memory_bytes": job.memory_bytes, "priority": job.priority,
         "preemptible": job.preemptible, "max_retries": job.max_retries, "retries_used": job.retries_used,
         "max_time_s": job.max_time_s, "time_left_s": job_service.time_left_s(job, job.vc.max_job_time_s),

@@ -196,6 +196,9 @@ class _JobFields(Schema):
     reason = fields.String(allow_none=True)
     reason_detail = fields.String(allow_none=True)
     queue_position = fields.Integer(allow_none=True)
+    estimated_start = fields.String(allow_none=True, metadata={
+        "description": "queued jobs of backfill VCs: when the scheduler expects it to start (its reservation, "
+                       "assuming running jobs end by their limits); null when unknown"})
     image = fields.String()
     sku = fields.String(allow_none=True)
     gpus = fields.Integer()
@@ -373,8 +376,11 @@ class IdlePolicySchema(Schema):
 
 
 class VcSettingsFields(Schema):
-    policy = fields.String(validate=validate.OneOf(["RF", "FIFO"]))
+    policy = fields.String(validate=validate.OneOf(["RF", "FIFO", "backfill"]))
     max_job_time_s = fields.Integer(strict=True, allow_none=True, validate=validate.Range(60, 366 * 86400))
+    default_runtime_estimate_s = fields.Integer(strict=True, allow_none=True, validate=validate.Range(60, 366 * 86400),
+                                                metadata={"description": "backfill: the runtime assumed for jobs with "
+                                                          "no limit; null: the cluster default"})
     max_interactive_gpus = fields.Integer(strict=True, allow_none=True, validate=_nonneg(1_000_000))
     user_gpu_quota = fields.Integer(strict=True, allow_none=True, validate=_nonneg(1_000_000))
     notice = fields.String(allow_none=True, validate=validate.Length(max=2000))
@@ -440,6 +446,7 @@ class VcSchema(Schema):
     max_interactive_gpus = fields.Integer(allow_none=True)
     user_gpu_quota = fields.Integer(allow_none=True)
     notice = fields.String(allow_none=True)
+    default_runtime_estimate_s = fields.Integer(allow_none=True)
     max_queued_jobs_per_user = fields.Integer(allow_none=True, metadata={"description": "null: the cluster default"})
     max_submissions_per_minute = fields.Integer(allow_none=True, metadata={"description": "null: the cluster default"})
     gid = fields.Integer(allow_none=True)

@@ -300,7 +300,7 @@ class JobManager:
         if job.started_at is not None and ended_at < job.started_at:
             ended_at = job.started_at  # the manager's clock saw it start after the backend's clock saw it end
         requested = attempt.stop_requested if attempt else None
-        values = {"exit_code": code, "queue_position": None}
+        values = {"exit_code": code, "queue_position": None, "estimated_start": None}
         spends_retry = False
         if job.status is S.KILLING:
             target, reason = S.KILLED, job.reason or "killed"
@@ -560,7 +560,7 @@ class JobManager:
         number = job.attempt + 1
         if not job_repo.set_status(session, job.id, S.QUEUED, S.SCHEDULING, actor="scheduler", reason="started",
                                    message="placed on " + ", ".join(p.node for p in placements),
-                                   values={"attempt": number, "reason": None, "reason_detail": None, "queue_position": None}):
+                                   values={"attempt": number, "reason": None, "reason_detail": None, "queue_position": None, "estimated_start": None}):
             return None  # changed meanwhile (killed): nothing was written
         attempt = JobAttempt(job_id=job.id, number=number, placements=placements_to_json(placements),
                              created_at=max(self._now(), job.submitted_at or self._now()))
@@ -651,19 +651,28 @@ class JobManager:
         if not decisions.waits:
             return
         waits = {w.job_id: w for w in decisions.waits}
-        current = session.execute(sa.select(Job.id, Job.reason, Job.reason_detail, Job.queue_position)
+        current = session.execute(sa.select(Job.id, Job.reason, Job.reason_detail, Job.queue_position,
+                                            Job.estimated_start)
                                   .where(Job.id.in_(list(waits)), Job.status == S.QUEUED)).all()
-        for job_id, reason, detail, position in current:
+        for job_id, reason, detail, position, estimate in current:
             wait = waits[job_id]
             code = wait.reason_code
             new_detail = (wait.detail or None) and wait.detail[:512]
-            if (reason, detail, position) == (code, new_detail, wait.queue_position):
+            new_estimate = _dt(wait.estimated_start) if wait.estimated_start is not None else None
+            if (reason, detail, position, _whole_s(estimate)) == (code, new_detail, wait.queue_position,
+                                                                  _whole_s(new_estimate)):
                 continue
             session.execute(sa.update(Job).where(Job.id == job_id, Job.status == S.QUEUED)
-                            .values(reason=code, reason_detail=new_detail, queue_position=wait.queue_position))
+                            .values(reason=code, reason_detail=new_detail, queue_position=wait.queue_position,
+                                    estimated_start=new_estimate))
             if reason != code:
                 job_repo.add_event(session, job_id, "reason", reason=code, message=new_detail, actor="scheduler")
         session.commit()
+
+
+def _whole_s(moment: dt.datetime | None) -> int | None:
+    """A stored estimate to the second: a pass's estimate moves by fractions as ``now`` does."""
+    return None if moment is None else int(_epoch(moment))
 
 
 def _list(indexes) -> str:

@@ -89,6 +89,7 @@ def load_snapshot(session: Session, settings: Settings) -> core.Snapshot:
             max_interactive_gpus=vc.max_interactive_gpus, user_gpu_quota=vc.user_gpu_quota,
             cpu_quota=vc.cpu_quota, memory_quota_bytes=vc.memory_quota_bytes,
             allow_cpu_jobs_on_gpu_nodes=vc.allow_cpu_jobs_on_gpu_nodes,
+            default_runtime_estimate_s=vc.default_runtime_estimate_s or settings.default_runtime_estimate_s,
             **_vc_scheduling(settings, own),
         )
     nodes = tuple(
@@ -124,6 +125,7 @@ def load_snapshot(session: Session, settings: Settings) -> core.Snapshot:
     return core.Snapshot(skus=reserved_shapes(sku_shapes(session), settings), nodes=nodes, vcs=vcs, jobs=tuple(jobs),
                          cpu_job_default_cpu=settings.cpu_job_default_cpu,
                          cpu_job_default_memory_bytes=settings.cpu_job_default_memory_bytes,
+                         reservation_depth=settings.reservation_depth,
                          fair_share_usage=fair_share_usage(session, settings, vc_names, utcnow())
                          if any(v.fair_share for v in vcs.values()) else {})
 

@@ -74,6 +74,9 @@ class Job(Base):
     reason: Mapped[str | None] = mapped_column(sa.String(64))
     reason_detail: Mapped[str | None] = mapped_column(sa.String(512))
     queue_position: Mapped[int | None] = mapped_column(sa.Integer)
+    # backfill: when the scheduler's last pass expects the waiting job to start (its reservation);
+    # NULL: unknown (no reservation, or nothing bounds the running work) (revision 0015)
+    estimated_start: Mapped[dt.datetime | None] = mapped_column(Timestamp)
     image: Mapped[str] = mapped_column(sa.String(512))
     command: Mapped[str] = mapped_column(sa.Text)
     sku: Mapped[str | None] = mapped_column(sa.String(64))

@@ -25,6 +25,8 @@ class VirtualCluster(Base):
     max_job_time_s: Mapped[int | None] = mapped_column(sa.Integer)
     max_interactive_gpus: Mapped[int | None] = mapped_column(sa.Integer)
     user_gpu_quota: Mapped[int | None] = mapped_column(sa.Integer)
+    # backfill: runtime assumed for jobs with no limit; NULL: the cluster default (revision 0015)
+    default_runtime_estimate_s: Mapped[int | None] = mapped_column(sa.Integer)
     allow_cpu_jobs_on_gpu_nodes: Mapped[bool] = mapped_column(sa.Boolean, default=True)
     # privileged pod features this VC may use (cluster admin): {"privileged": false, "host_network": ...}
     pod_policy: Mapped[dict] = mapped_column(sa.JSON, default=dict)

@@ -51,11 +51,11 @@ S = JobStatus
 PAGE_SIZE = 50
 # column id -> header; "status" and "id" are always shown
 COLUMNS = {
-    "name": "Name", "user": "User", "vc": "VC", "type": "Type", "queue": "Queue #", "gpus": "GPUs",
+    "name": "Name", "user": "User", "vc": "VC", "type": "Type", "queue": "Queue #", "estimate": "Est. start", "gpus": "GPUs",
     "sku": "SKU", "preemptible": "Preemptible", "priority": "Priority", "submitted": "Submitted",
     "started": "Started", "finished": "Finished", "timeout": "Time left",
 }
-DEFAULT_COLUMNS = ("name", "user", "vc", "queue", "gpus", "preemptible", "submitted", "started", "finished", "timeout")
+DEFAULT_COLUMNS = ("name", "user", "vc", "queue", "estimate", "gpus", "preemptible", "submitted", "started", "finished", "timeout")
 STATUS_GROUPS = {"active": [S.UNAPPROVED, S.QUEUED, S.SCHEDULING, S.RUNNING, S.PAUSING, S.PAUSED, S.KILLING],
                  "waiting": [S.UNAPPROVED, S.QUEUED], "ended": sorted(TERMINAL, key=lambda s: s.value)}
 ACTIONS = job_service.BATCH_ACTIONS

@@ -19,13 +19,14 @@ import time
 from contextlib import contextmanager
 from typing import Iterator
 
-from dlts.scheduler.framework import DEFAULT_PROFILE, Framework, Profile, Rejection, VcQueue, resource_pool
+from dlts.scheduler.framework import DEFAULT_PROFILE, Framework, Profile, ReclaimPlan, Rejection, VcQueue, resource_pool
 from dlts.scheduler.model import (
     CPU_SKU,
     Decisions,
     Job,
     JobType,
     Placement,
+    Policy,
     Snapshot,
     Start,
     Stop,
@@ -51,6 +52,12 @@ class _Pass:
         self.positions: dict[int, int] = {}
         self._queue_cache: dict[str, tuple] = {}
         self._blocked: dict[int, Rejection] = {}
+        # -- backfill (plugins/backfill.py): only when some VC is on backfill --
+        self.bf = None
+        if any(v.policy is Policy.BACKFILL for v in snapshot.vcs.values()):
+            from dlts.scheduler.plugins.backfill import BackfillPass
+
+            self.bf = BackfillPass(self.state, now, self.starts)
 
     @contextmanager
     def _phase(self, name: str) -> Iterator[None]:
@@ -106,9 +113,12 @@ class _Pass:
 
     # -- one pending job -------------------------------------------------------------------------
 
-    def _wait(self, job: Job, rej: Rejection) -> None:
+    def _wait(self, job: Job, rej: Rejection, req: Request | None = None, vc=None) -> None:
+        estimate = None
+        if self.bf is not None:  # backfill: maybe a reservation (and an estimated start)
+            rej, estimate = self.bf.on_wait(job, req, vc, rej)
         self.waits.append(
-            Wait(job.id, rej.reason, rej.detail, rej.blocked_by, self.positions.get(job.id), rej.permanent)
+            Wait(job.id, rej.reason, rej.detail, rej.blocked_by, self.positions.get(job.id), rej.permanent, estimate)
         )
 
     def _queue(self, vc_name: str):
@@ -142,55 +152,78 @@ class _Pass:
             if rej is not None:
                 if policy is not None and job.approved:
                     policy.on_wait(queue, job, rej)
-                self._wait(job, rej)
+                self._wait(job, rej, req, vc)
                 return
         assert req is not None and vc is not None  # node_match rejected both cases
         placer = fw.placer_for(req)
         assert placer is not None
-        placements = placer.place(st, job, req, vc, req.units)
+        held: Rejection | None = None
+        plan: ReclaimPlan | None = None
+        native = False  # a backfill VC's own job: its room (and reclaim) come from the time model
+        if self.bf is not None and self.bf.handles(job, vc):
+            native = self.bf.native(job, vc)
+            got = self.bf.place_now(job, req, vc, req.units)
+            placements = got if isinstance(got, list) else None
+            held = got if isinstance(got, Rejection) else None
+            plan = got if isinstance(got, ReclaimPlan) else None
+        else:
+            placements = placer.place(st, job, req, vc, req.units)
         if placements is not None:
             st.count_start(job, len(placements))
             self.starts[job.id] = list(placements)
+            if self.bf is not None:
+                self.bf.on_start(job, placements)
             return
-        rej = placer.explain(st, job, req, vc)
-        if not job.preemptible:
+        rej = held if held is not None else placer.explain(st, job, req, vc)
+        if plan is not None:
+            rej = self._apply_plan(job, plan, rej)
+        elif not job.preemptible and not native:
             rej = self._reclaim(job, req, vc, rej)
         if policy is not None:
             policy.on_wait(queue, job, rej)
-        self._wait(job, rej)
+        self._wait(job, rej, req, vc)
 
     def _reclaim(self, job: Job, req: Request, vc, rej: Rejection) -> Rejection:
+        if self.bf is not None and self.bf.skip_reclaim(job, req):
+            return rej
         for plugin in self.fw.preempt:
             plan = plugin.find(self.state, job, req, vc)
             if plan is None:
                 continue
-            victims = plan.victims
-            self.state.reserve_free_part(plan.placements)
-            for h in victims:
-                self.state.claim(h)
-            new = [h for h in victims if not h.stopping]
-            for h in new:
-                if h.replica:
-                    self.stops.append(Stop(h.job.id, StopReason.SCALE_DOWN, job.id, h.placements))
-                else:
-                    self.stops.append(Stop(h.job.id, StopReason.PREEMPTED, job.id))
-                    self.state.mark_stopping(h.job)
-                h.stopping = True
-            old = [h for h in victims if h not in new]
-            parts = []
-            if [h for h in new if not h.replica]:
-                parts.append(f"preempting {_ids([h for h in new if not h.replica])} to make room")
-            if [h for h in new if h.replica]:
-                parts.append(f"removing {_replicas([h for h in new if h.replica])} to make room")
-            if old:
-                parts.append(f"waiting for {_exiting(old)} to exit")
-            return Rejection(WaitReason.CAPACITY, f"{rej.detail}; " + "; ".join(parts) + "; starts when they exit")
+            if self.bf is not None and not self.bf.plan_ok(job, req, plan.placements, plan.victims):
+                continue  # the room would take resources reserved for a job ahead
+            return self._apply_plan(job, plan, rej)
         for plugin in self.fw.preempt:  # the preemption budget may be what keeps the room
             note = getattr(plugin, "blocked_note", None)
             text = note(self.state, job, req, vc) if note is not None else None
             if text:
                 return Rejection(rej.reason, f"{rej.detail}; {text}", rej.permanent, rej.blocked_by)
         return rej
+
+    def _apply_plan(self, job: Job, plan: ReclaimPlan, rej: Rejection) -> Rejection:
+        victims = plan.victims
+        self.state.reserve_free_part(plan.placements)
+        for h in victims:
+            self.state.claim(h)
+        new = [h for h in victims if not h.stopping]
+        for h in new:
+            if h.replica:
+                self.stops.append(Stop(h.job.id, StopReason.SCALE_DOWN, job.id, h.placements))
+            else:
+                self.stops.append(Stop(h.job.id, StopReason.PREEMPTED, job.id))
+                self.state.mark_stopping(h.job)
+            h.stopping = True
+        if self.bf is not None:
+            self.bf.on_reclaimed(victims)
+        old = [h for h in victims if h not in new]
+        parts = []
+        if [h for h in new if not h.replica]:
+            parts.append(f"preempting {_ids([h for h in new if not h.replica])} to make room")
+        if [h for h in new if h.replica]:
+            parts.append(f"removing {_replicas([h for h in new if h.replica])} to make room")
+        if old:
+            parts.append(f"waiting for {_exiting(old)} to exit")
+        return Rejection(WaitReason.CAPACITY, f"{rej.detail}; " + "; ".join(parts) + "; starts when they exit")
 
     # -- extra inference replicas ------------------------------------------------------------
 
@@ -207,12 +240,18 @@ class _Pass:
         have += len(self.starts.get(job.id, ()))
         added: list[Placement] = []
         while have + len(added) < job.max_replicas:
-            got = placer.place(st, job, req, vc, 1)
+            if self.bf is not None and self.bf.handles(job, vc):
+                got = self.bf.place_now(job, req, vc, 1)
+                got = got if isinstance(got, list) else None
+            else:
+                got = placer.place(st, job, req, vc, 1)
             if got is None:
                 break
             added.extend(got)
         if not added:
             return
+        if self.bf is not None:
+            self.bf.on_start(job, added)
         self.starts.setdefault(job.id, []).extend(added)
         if job.running:
             self.scale_up.add(job.id)
@@ -234,7 +273,8 @@ class _Pass:
         starts = tuple(
             Start(job_id, tuple(pl), scale_up=job_id in self.scale_up) for job_id, pl in self.starts.items()
         )
-        return Decisions(starts, tuple(merged.values()), tuple(self.waits), dict(self.timings_s))
+        reservations = tuple(self.bf.reservations) if self.bf is not None else ()
+        return Decisions(starts, tuple(merged.values()), tuple(self.waits), dict(self.timings_s), reservations)
 
 
 def _pool_words(pool: str) -> str:
@@ -272,4 +312,4 @@ def decide(snapshot: Snapshot, now: float, profile: Profile = DEFAULT_PROFILE) -
     out = _Pass(snapshot, now, profile).run()
     timings = dict(out.timings_s)
     timings["total"] = time.perf_counter() - t0
-    return Decisions(out.starts, out.stops, out.waits, timings)
+    return Decisions(out.starts, out.stops, out.waits, timings, out.reservations)

@@ -143,7 +143,7 @@ class Profile:
     sort: str = "fair_share"  # priority_queue_time, re-ranked inside each VC by recent use
     stop: tuple[str, ...] = ("wall_time",)
     filter: tuple[str, ...] = ("approval", "node_match", "vc_quota", "user_quota", "interactive_cap")
-    policy: tuple[str, ...] = ("RF", "FIFO")
+    policy: tuple[str, ...] = ("RF", "FIFO", "backfill")
     place: tuple[str, ...] = ("gang", "cpu_only", "best_fit")
     preempt: tuple[str, ...] = ("reclaim",)
 

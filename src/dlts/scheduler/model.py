@@ -20,6 +20,7 @@ CPU_SKU = "cpu"  # the SKU name of CPU-only nodes and CPU-only requests
 class Policy(str, enum.Enum):
     RF = "RF"
     FIFO = "FIFO"
+    BACKFILL = "backfill"  # RF plus reservations (plugins/backfill.py)
 
 
 class JobType(str, enum.Enum):
@@ -44,7 +45,7 @@ class WaitReason(str, enum.Enum):
     CPU = "cpu"  # the GPUs are there but the node(s) lack free cores
     MEMORY = "memory"  # the GPUs (and cores) are there but the node(s) lack free memory
     FAIR_SHARE = "fair_share"  # jobs of users with less recent use went first (plugins/fairshare.py)
-    RESERVATION = "reservation"  # rendered as "reservation:<id>"; set by a backfill policy
+    RESERVATION = "reservation"  # rendered as "reservation:<id>"; set by policy backfill (would delay job <id>)
 
 
 class StopReason(str, enum.Enum):
@@ -96,6 +97,9 @@ class Vc:
     cpu_quota: float | None = None
     memory_quota_bytes: int | None = None
     allow_cpu_jobs_on_gpu_nodes: bool = False
+    # backfill: the runtime assumed for jobs with no limit (no max_time_s, no max_job_time_s);
+    # None: such jobs are unbounded and estimates that depend on them are unknown
+    default_runtime_estimate_s: int | None = None
     # Fair share inside the VC (plugins/fairshare.py): among jobs of equal priority, owners with
     # less decayed GPU use (``Snapshot.fair_share_usage``) relative to an equal share go first.
     fair_share: bool = True
@@ -173,6 +177,8 @@ class Snapshot:
     # Defaults for CPU-only requests that leave ``cpu`` / ``memory_bytes`` unset (<= 0).
     cpu_job_default_cpu: float = 1.0
     cpu_job_default_memory_bytes: int = 2 * 1024**3
+    # backfill: how many jobs that cannot start get a reservation per pass (in the pass's order)
+    reservation_depth: int = 8
     # (vc, user) -> decayed GPU-seconds of recent use, computed by the job manager (fair share).
     # Empty: nobody has used anything, so fair share leaves the priority/queue-time order alone.
     fair_share_usage: Mapping[tuple[str, str], float] = field(default_factory=dict)
@@ -214,12 +220,25 @@ class Wait:
     # Nothing but a change of configuration (quota, nodes, the job's own request) lets it start;
     # such a job does not block a FIFO queue.
     permanent: bool = False
+    # backfill: when the job's reservation starts (snapshot clock); None: unknown (no reservation)
+    estimated_start: float | None = None
 
     @property
     def reason_code(self) -> str:
         if self.reason in (WaitReason.BLOCKED_BY, WaitReason.RESERVATION) and self.blocked_by is not None:
             return f"{self.reason.value}:{self.blocked_by}"
         return self.reason.value
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """Backfill: a waiting job's planned start, ``placements`` held from ``start`` until ``end``
+    (``math.inf`` for a job with no limit) against every job considered after it in the pass."""
+
+    job_id: int
+    start: float
+    end: float
+    placements: tuple[Placement, ...]
 
 
 Decision = Start | Stop | Wait
@@ -231,3 +250,4 @@ class Decisions:
     stops: tuple[Stop, ...] = ()
     waits: tuple[Wait, ...] = ()
     timings_s: Mapping[str, float] = field(default_factory=dict)  # phase name -> seconds
+    reservations: tuple[Reservation, ...] = ()  # backfill VCs only

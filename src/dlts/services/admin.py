@@ -157,8 +157,8 @@ def parse_quota(items: list[str] | tuple[str, ...]) -> dict[str, int]:
 def add_vc(session: Session, name: str, quota: dict[str, int], *, policy: str = "RF",
            cpu_quota: float | None = None, memory_quota_bytes: int | None = None) -> VirtualCluster:
     _check_name("VC", name)
-    if policy not in ("RF", "FIFO"):
-        raise InvalidInput("policy must be RF or FIFO.", details={"field": "policy"})
+    if policy not in ("RF", "FIFO", "backfill"):
+        raise InvalidInput("policy must be RF, FIFO or backfill.", details={"field": "policy"})
     if session.scalar(sa.select(VirtualCluster.id).where(VirtualCluster.name == name)) is not None:
         raise WrongState(f"VC {name!r} already exists.", code="vc_exists")
     vc = VirtualCluster(name=name, quota=quota, policy=policy, cpu_quota=cpu_quota,
@@ -187,8 +187,8 @@ def set_vc(session: Session, name: str, quota: dict[str, int], *, policy: str | 
     ``max_submissions_per_minute`` change only when given (None clears them: the cluster default). Returns what changed; each
     change is recorded as a VC event by ``actor``."""
     _check_name("VC", name)
-    if policy is not None and policy not in ("RF", "FIFO"):
-        raise InvalidInput("policy must be RF or FIFO.", details={"field": "policy"})
+    if policy is not None and policy not in ("RF", "FIFO", "backfill"):
+        raise InvalidInput("policy must be RF, FIFO or backfill.", details={"field": "policy"})
     extra = {}
     if gid is not UNSET:
         extra["gid"] = check_id("gid", gid)

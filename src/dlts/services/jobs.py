@@ -425,7 +425,8 @@ def kill(session: Session, principal: Principal, job_id: int, *, reason: str = "
     message = detail if reason != "killed_by_user" else None
     if job.status in (S.UNAPPROVED, S.QUEUED, S.PAUSED):
         _cas(session, job, S.KILLED, principal.name, reason,
-             {"finished_at": utcnow(), "reason": reason, "reason_detail": detail, "queue_position": None}, message)
+             {"finished_at": utcnow(), "reason": reason, "reason_detail": detail, "queue_position": None,
+              "estimated_start": None}, message)
     elif job.status in (S.SCHEDULING, S.RUNNING, S.PAUSING):
         _cas(session, job, S.KILLING, principal.name, reason, {"reason": reason, "reason_detail": detail}, message)
     else:
@@ -445,7 +446,7 @@ def pause(session: Session, principal: Principal, job_id: int, *, reason: str = 
     if job.status in (S.UNAPPROVED, S.QUEUED):
         _cas(session, job, S.PAUSED, principal.name, reason,
              {"reason": "paused" if by_user else reason, "reason_detail": None if by_user else (detail or "")[:512] or None,
-              "queue_position": None}, None if by_user else detail)
+              "queue_position": None, "estimated_start": None}, None if by_user else detail)
     elif job.status in (S.SCHEDULING, S.RUNNING):
         _cas(session, job, S.PAUSING, principal.name, reason,
              None if by_user else {"reason": reason, "reason_detail": (detail or "")[:512] or None}, None if by_user else detail)

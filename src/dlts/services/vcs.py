@@ -33,9 +33,10 @@ from dlts.services import admin
 from dlts.services.admin import NAME_RE
 from dlts.services.auth import Principal
 
-POLICIES = ("RF", "FIFO")
+POLICIES = ("RF", "FIFO", "backfill")
 VC_ADMIN_FIELDS = ("policy", "max_job_time_s", "max_interactive_gpus", "user_gpu_quota", "notice",
-                   "max_queued_jobs_per_user", "max_submissions_per_minute", "idle_policy")
+                   "max_queued_jobs_per_user", "max_submissions_per_minute", "default_runtime_estimate_s",
+                   "idle_policy")
 MAX_ABUSE_LIMIT = 10_000_000
 CLUSTER_ADMIN_FIELDS = ("quota", "cpu_quota", "memory_quota_bytes", "gid", "ephemeral_storage_bytes", "pod_policy")
 MAX_QUOTA_GPUS = 1_000_000
@@ -76,6 +77,7 @@ class VcView:
     max_interactive_gpus: int | None
     user_gpu_quota: int | None
     notice: str | None
+    default_runtime_estimate_s: int | None  # backfill: runtime assumed for jobs with no limit
     max_queued_jobs_per_user: int | None  # None: the cluster default; 0: no limit
     max_submissions_per_minute: int | None
     gid: int | None
@@ -114,6 +116,7 @@ class VcSpec:
     max_interactive_gpus: int | None = None
     user_gpu_quota: int | None = None
     notice: str | None = None
+    default_runtime_estimate_s: int | None = None
     max_queued_jobs_per_user: int | None = None
     max_submissions_per_minute: int | None = None
     gid: int | None = None
@@ -153,7 +156,8 @@ def _view(session: Session, vc: VirtualCluster, shapes: Mapping[str, SkuShape],
         cpu_quota=cores, cpu_quota_source="override" if cores_src == "override" else "derived",
         memory_quota_bytes=memory_quota, memory_quota_source="override" if memory_src == "override" else "derived",
         max_job_time_s=vc.max_job_time_s, max_interactive_gpus=vc.max_interactive_gpus,
-        user_gpu_quota=vc.user_gpu_quota, notice=vc.notice, max_queued_jobs_per_user=vc.max_queued_jobs_per_user,
+        user_gpu_quota=vc.user_gpu_quota, notice=vc.notice, default_runtime_estimate_s=vc.default_runtime_estimate_s,
+        max_queued_jobs_per_user=vc.max_queued_jobs_per_user,
         max_submissions_per_minute=vc.max_submissions_per_minute, gid=vc.gid,
         ephemeral_storage_bytes=vc.ephemeral_storage_bytes, pod_policy=dict(vc.pod_policy or {}),
         idle_policy=dict(vc.idle_policy) if vc.idle_policy else None,
@@ -230,7 +234,8 @@ def _check_quota(session: Session, vc_name: str, quota: Mapping[str, Any]) -> di
 def _check_settings(changes: Mapping[str, Any]) -> None:
     if "policy" in changes and changes["policy"] not in POLICIES:
         raise InvalidInput(f"policy must be one of {', '.join(POLICIES)}.", details={"field": "policy"})
-    for key, low, high in (("max_job_time_s", 60, 366 * 86400), ("max_interactive_gpus", 0, MAX_QUOTA_GPUS),
+    for key, low, high in (("max_job_time_s", 60, 366 * 86400), ("default_runtime_estimate_s", 60, 366 * 86400),
+                           ("max_interactive_gpus", 0, MAX_QUOTA_GPUS),
                            ("user_gpu_quota", 0, MAX_QUOTA_GPUS), ("cpu_quota", 0, 10**7),
                            ("memory_quota_bytes", 0, 2**62)):
         value = changes.get(key)

@@ -22,7 +22,7 @@ from dlts.sim.inputs import SimInputError, load_cluster, load_trace
 @click.option("--out", "out_path", required=True, type=click.Path(dir_okay=False, writable=True, path_type=Path),
               help="Where to write RESULT.json (with --compare: one RESULT per policy, OUT with .POLICY before "
                    "the suffix).")
-@click.option("--policy", "policy_name", default=None, metavar="RF|FIFO",
+@click.option("--policy", "policy_name", default=None, metavar="RF|FIFO|backfill",
               help="Override every VC's policy.")
 @click.option("--compare", "compare", default=None, metavar="P1,P2,...",
               help="Replay the trace under each policy (every VC) and print a side-by-side table.")

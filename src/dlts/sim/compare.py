@@ -46,6 +46,8 @@ ROWS = (
     ("big-job (>=16 GPUs) avg wait", "big_job_avg_wait_s", "h"),
     ("big-job (>=16 GPUs) max wait", "big_job_max_wait_s", "h"),
     ("never finished", "never_finished", "n"),
+    ("jobs given an estimated start", "estimated_jobs", "n"),
+    ("... started by their first estimate", "started_by_estimate", "n"),
     ("makespan", "makespan_s", "h"),
 )
 

@@ -47,6 +47,9 @@ class SimJob:
     stopping_until: float | None = None
     stop_reason: str | None = None
     attempt_no: int = 0
+    # backfill: the first and the latest estimated start a pass gave it while it waited
+    first_estimate_s: float | None = None
+    last_estimate_s: float | None = None
 
     @property
     def id(self) -> int:
@@ -133,7 +136,7 @@ class Simulation:
     def _snapshot(self) -> Snapshot:
         jobs = [sj.job for sj in self.pending.values()] + [sj.job for sj in self.running.values()]
         c = self.cluster
-        return Snapshot(c.skus, c.nodes, c.vcs, tuple(jobs))
+        return Snapshot(c.skus, c.nodes, c.vcs, tuple(jobs), reservation_depth=c.reservation_depth)
 
     def _pass(self, now: float) -> bool:
         """One pass; True when it stopped something at once (so another pass at ``now`` may start
@@ -176,7 +179,12 @@ class Simulation:
         started = {s.job_id for s in d.starts}
         for w in d.waits:
             if w.job_id not in started:
-                self.jobs[w.job_id].wait_reasons[w.reason.value] += 1
+                sj = self.jobs[w.job_id]
+                sj.wait_reasons[w.reason.value] += 1
+                if w.estimated_start is not None:
+                    if sj.first_estimate_s is None and sj.start_s is None:
+                        sj.first_estimate_s = w.estimated_start
+                    sj.last_estimate_s = w.estimated_start
         return immediate and bool(self.pending)
 
     def _may_grow(self, sj: SimJob) -> bool:
@@ -379,6 +387,9 @@ def build_result(sim: Simulation) -> dict[str, Any]:
             "state": sj.state if sj.state != "submitted" else "queued",
             "attempts": sj.attempts,
             "wait_reasons": dict(sorted(sj.wait_reasons.items())),
+            # backfill: the first estimated start given while it waited, and the last one
+            "estimated_start_s": sj.first_estimate_s,
+            "last_estimated_start_s": sj.last_estimate_s,
         }
         if s.type is JobType.INFERENCE:
             row["min_replicas"], row["max_replicas"] = s.min_replicas, s.max_replicas
@@ -424,6 +435,12 @@ def build_result(sim: Simulation) -> dict[str, Any]:
         "killed": sum(1 for j in jobs_out if j["state"] == "killed"),
         "never_finished": sum(1 for j in jobs_out if j["state"] not in ("finished", "killed")),
         "passes": sim.passes,
+        # backfill: jobs that were given an estimated start, and how many started by their first one
+        "estimated_jobs": sum(1 for j in jobs_out if j["estimated_start_s"] is not None),
+        "started_by_estimate": sum(
+            1 for j in jobs_out
+            if j["estimated_start_s"] is not None and j["start_s"] is not None and j["start_s"] <= j["estimated_start_s"]
+        ),
         "by_vc": by_vc,
     }
     cluster = {

@@ -55,6 +55,7 @@ class Cluster:
     vcs: dict[str, Vc]
     tick_s: float
     preempt_grace_s: float = 0.0
+    reservation_depth: int = 8  # backfill: reservations per pass
 
 
 @dataclass(frozen=True)
@@ -152,7 +153,7 @@ def load_cluster(path: str | Path) -> Cluster:
         mark = getattr(exc, "problem_mark", None)
         raise SimInputError(path, mark.line + 1 if mark else None, None, f"not valid YAML: {exc}") from None
     top = _Fields(path, data, "cluster")
-    top.unknown({"skus", "nodes", "vcs", "tick_s", "preempt_grace_s"})
+    top.unknown({"skus", "nodes", "vcs", "tick_s", "preempt_grace_s", "reservation_depth"})
 
     skus: dict[str, SkuShape] = {}
     raw_skus = top.get("skus", dict)
@@ -217,6 +218,7 @@ def load_cluster(path: str | Path) -> Cluster:
                 "cpu_quota",
                 "memory_quota_gb",
                 "allow_cpu_jobs_on_gpu_nodes",
+                "default_runtime_estimate_s",
                 "fair_share",
                 "min_runtime_s",
                 "max_reclaim_delay_s",
@@ -248,6 +250,7 @@ def load_cluster(path: str | Path) -> Cluster:
             f.get("cpu_quota", float, None, minimum=0),
             None if mem_gb is None else int(mem_gb * GIB),
             f.get("allow_cpu_jobs_on_gpu_nodes", bool, False),
+            default_runtime_estimate_s=f.get("default_runtime_estimate_s", int, None, minimum=1),
             fair_share=f.get("fair_share", bool, True),
             min_runtime_s=f.get("min_runtime_s", float, 0.0, minimum=0),
             max_reclaim_delay_s=f.get("max_reclaim_delay_s", float, None, minimum=0),
@@ -262,6 +265,7 @@ def load_cluster(path: str | Path) -> Cluster:
         vcs,
         top.get("tick_s", float, 10.0, minimum=0.001),
         top.get("preempt_grace_s", float, 0.0, minimum=0),
+        top.get("reservation_depth", int, 8, minimum=0),
     )
 
 

@@ -121,5 +121,6 @@ class FairShare(PriorityQueueTime):
             mine, theirs = self._ratio.get((me.vc, me.user), 0.0), self._ratio.get((other.vc, other.user), 0.0)
             detail = (f"user {me.user} used {mine:.2f}x an equal share of VC {me.vc}'s recent GPU time; "
                       f"job {other.id} of {other.user} ({theirs:.2f}x), submitted later, went first ({w.detail})")
-            out.append(Wait(w.job_id, WaitReason.FAIR_SHARE, detail, None, w.queue_position, False))
+            out.append(Wait(w.job_id, WaitReason.FAIR_SHARE, detail, None, w.queue_position, False,
+                            w.estimated_start))  # backfill's reservation stays
         return out

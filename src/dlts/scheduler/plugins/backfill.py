@@ -1,0 +1,674 @@
+"""Backfill: RF plus reservations for the jobs at the head of the order that cannot start.
+
+``policy: backfill`` on a VC. The pass walks the order as RF does; the first
+``Snapshot.reservation_depth`` non-preemptible jobs of backfill VCs that cannot start (in the
+pass's order, across VCs) get a *reservation*: the earliest time at which, by the time model of
+``dlts.scheduler.reservations``, their VC's quotas admit them and nodes hold them, and the
+placements they would take then. Every job considered after a reservation (any VC, preemptible
+jobs and extra inference replicas too) starts only if it ends, by its limit, before the
+reservation starts, or takes none of the reserved resources (GPU indices, cores, bytes, quota);
+else it waits with reason ``reservation:<id>``.
+
+Jobs of backfill VCs are placed first fit in a fixed node order (own pool, then shared, snapshot
+order; gangs: the first IB domain by name), now and in reservations alike, so the model that
+computes an estimate is the one that places the job when its time comes. Jobs of other VCs keep
+their best-fit placement until a reservation exists in the pass; after that they are placed by
+the same first-fit rule so they can step around reserved resources.
+
+The effective duration of a job is its limit (``max_time_s``, else the VC's ``max_job_time_s``),
+else its VC's ``default_runtime_estimate_s``, else unbounded (its reservation, if any, never ends;
+an estimate that depends on it is unknown).
+"""
+
+from __future__ import annotations
+
+import bisect
+from dlts.scheduler.framework import ReclaimPlan, Rejection, VcQueue, register
+from dlts.scheduler.model import Job, Placement, Policy, Reservation, Vc, WaitReason
+from dlts.scheduler.plugins.placement import _fits_cpu_mem, cpu_pools
+from dlts.scheduler.plugins.walltime import effective_limit_s
+from dlts.scheduler.reservations import INF, Item, Timeline, first_run, mask_of
+from dlts.scheduler.state import NodeState, PassState, Pool, Request, cpu_job_fits
+
+RESERVABLE = frozenset(
+    {
+        WaitReason.CAPACITY,
+        WaitReason.FRAGMENTATION,
+        WaitReason.TOPOLOGY,
+        WaitReason.CPU,  # sched2: GPUs free but not the cores / memory there
+        WaitReason.MEMORY,
+        WaitReason.VC_QUOTA,
+        WaitReason.USER_QUOTA,
+        WaitReason.INTERACTIVE_CAP,
+        WaitReason.RESERVATION,
+    }
+)
+
+
+
+def _keeps_gpu_reserve(ns: NodeState, req: Request) -> bool:
+    """A CPU-only unit on ``ns`` leaves the cores and bytes the node keeps for its free GPUs."""
+    return cpu_job_fits(ns, ns.free_mask, ns.free_cpu, ns.free_memory_bytes, req)
+
+
+@register("policy", Policy.BACKFILL.value)
+class BackfillPolicy:
+    """Like RF for the queue walk (nothing is blocked); reservations are kept by ``BackfillPass``."""
+
+    name = Policy.BACKFILL.value
+
+    def blocked_by(self, queue: VcQueue, job: Job) -> int | None:
+        return None
+
+    def on_wait(self, queue: VcQueue, job: Job, rejection: Rejection) -> None:
+        return None
+
+
+def duration_s(job: Job, vc: Vc | None) -> float:
+    """How long ``job`` holds what it takes, for reservations: limit, else the VC's estimate."""
+    limit = effective_limit_s(job, vc)
+    if limit is not None:
+        return float(limit)
+    if vc is not None and vc.default_runtime_estimate_s is not None and vc.default_runtime_estimate_s > 0:
+        return float(vc.default_runtime_estimate_s)
+    return INF
+
+
+class BackfillPass:
+    """Per-pass backfill bookkeeping; created by the core only when some VC is on backfill."""
+
+    def __init__(self, state: PassState, now: float, starts: dict[int, list[Placement]]) -> None:
+        self.state = state
+        self.now = now
+        self.starts = starts
+        self.depth = max(0, int(state.snapshot.reservation_depth))
+        self.timeline: Timeline | None = None
+        self.reservations: list[Reservation] = []
+        self.tried = 0
+        self._pointers: dict[tuple, int] = {}
+        self._refused_plans: dict[tuple, list[tuple[int, float, int, float]]] = {}
+        self._details: dict[tuple, Rejection] = {}
+        self._durations: dict[tuple, float] = {}
+        self._orders: dict[tuple, list[NodeState]] = {}
+        self._held: dict[str, int] = {}
+        self._rev: dict[int, object] = {}
+        self._conflicts: list[int] = []
+        self._pointer_pools: dict[tuple, Pool] = {}
+        self._held_now: set[int] = set()
+        self._reserved_lists: dict[int, tuple[int, list[tuple[int, str]]]] = {}
+        self._gang_index: dict[int, dict[str, int]] = {}  # id(order) -> node name -> position  # jobs whose reclaimed room is reserved from now  # pool id -> its reversed view, kept for the pass
+        self._jobs: dict[int, Job] | None = None
+
+    # -- helpers ---------------------------------------------------------------------------------
+
+    def duration(self, job: Job) -> float:
+        key = (job.max_time_s, job.vc)
+        got = self._durations.get(key)
+        if got is None:
+            got = self._durations[key] = duration_s(job, self.state.vcs.get(job.vc))
+        return got
+
+    def handles(self, job: Job, vc: Vc | None) -> bool:
+        return bool(self.reservations) or (vc is not None and vc.policy is Policy.BACKFILL)
+
+    @staticmethod
+    def native(job: Job, vc: Vc | None) -> bool:
+        """A non-preemptible job of a backfill VC: placed (and reclaims) by the time model."""
+        return vc is not None and vc.policy is Policy.BACKFILL and not job.preemptible
+
+    def _pools(self, job: Job, req: Request, vc: Vc) -> list[Pool]:
+        if req.gpus == 0 and not req.whole_node:
+            return cpu_pools(self.state, job, vc)
+        return self.state.pools_for(req.sku, job.vc)
+
+    def _tl(self) -> Timeline:
+        if self.timeline is None:
+            jobs = {j.id: j for j in self.state.snapshot.jobs}
+            self.timeline = Timeline(self.state, self.now, self.duration, self.starts, jobs)
+        return self.timeline
+
+    # -- placing now -----------------------------------------------------------------------------
+
+    def place_now(self, job: Job, req: Request, vc: Vc, units: int) -> list[Placement] | Rejection | None:
+        """First-fit placement now that keeps every reservation; reserves it in the pass state.
+
+        None: no room by the pass state (the caller explains why); a ``Rejection`` with reason
+        ``reservation``: there is room, but only on resources (or quota) reserved for a job ahead."""
+        end = self.now + self.duration(job)
+        tl = self.timeline if self.reservations else None
+        if tl is not None:
+            rid = tl.counters_fit(job, units, self.now, end, only_reserved=True)
+            if rid is not None:
+                return self._reserved(job, rid, "its VC's quota")
+        pools = self._pools(job, req, vc)
+        if self.native(job, vc):
+            return self._native_now(job, req, pools, units, end)
+        if job.preemptible:  # opportunistic work fills the cluster from the other end
+            pools = [self._reversed(p) for p in reversed(pools)]
+        conflict: list[int] = []
+        if req.whole_node:
+            got = self._gang_now(pools, req, end, tl, conflict)
+            if got is not None:
+                self.state.reserve(got)
+                return got
+        else:
+            got = self._units_now(pools, req, units, end, tl, conflict)
+            if got is not None:
+                return got
+        if conflict:
+            return self._reserved(job, conflict[0], "resources")
+        return None
+
+    def _reserved(self, job: Job, rid: int, what: str) -> Rejection:
+        key = (rid, what, self.duration(job))
+        got = self._details.get(key)
+        if got is None:
+            got = self._details[key] = self._reserved_detail(job, rid, what)
+        return got
+
+    def _reserved_detail(self, job: Job, rid: int, what: str) -> Rejection:
+        res = next((r for r in self.reservations if r.job_id == rid), None)
+        when = f" from {res.start - self.now:.0f} s from now" if res is not None else ""
+        nodes = f" on {', '.join(sorted({p.node for p in res.placements}))}" if res is not None and res.placements else ""
+        limit = self.duration(job)
+        runs = f"its limit of {limit:.0f} s" if limit < INF else "it has no time limit"
+        return Rejection(
+            WaitReason.RESERVATION,
+            f"it would hold {what} reserved for job {rid}{nodes}{when} ({runs}); it starts when it fits "
+            f"without delaying that job",
+            blocked_by=rid,
+        )
+
+    def _units_now(self, pools: list[Pool], req: Request, units: int, end: float, tl: Timeline | None,
+                   conflict: list[int]) -> list[Placement] | None:
+        st = self.state
+        taken: list[Placement] = []
+        temp: list[tuple[str, Item]] = []
+        try:
+            for _ in range(units):
+                p = self._one_now(pools, req, end, tl, conflict, advance=units == 1)
+                if p is None:
+                    st.unreserve(taken)
+                    return None
+                st.reserve([p])
+                taken.append(p)
+                if tl is not None and units > 1:
+                    it = Item(self.now, end, mask_of(p.gpu_indices), p.cpu, p.memory_bytes, -2, False)
+                    tl.items[p.node].append(it)
+                    tl.node_version[p.node] += 1
+                    temp.append((p.node, it))
+            return taken
+        finally:
+            for name, it in temp:
+                tl.items[name].remove(it)  # type: ignore[union-attr]
+                tl.node_version[name] += 1  # type: ignore[union-attr]
+
+    def _index(self, pool: Pool) -> dict[str, int]:
+        return pool.memo(("bf_index",), lambda: {ns.name: i for i, ns in enumerate(pool.nodes)})  # type: ignore[return-value]
+
+    def _one_now(self, pools: list[Pool], req: Request, end: float, tl: Timeline | None, conflict: list[int],
+                 advance: bool) -> Placement | None:
+        """The first node (fixed order) that fits now and keeps every reservation.
+
+        Nodes without reservations are scanned from a per-shape pointer that only moves past nodes
+        that cannot fit this shape by the pass state (free capacity only shrinks in a pass) or hold
+        a reservation; the few nodes with reservations are checked one by one."""
+        g = req.gpus
+        reserved = tl.reserved_nodes if tl is not None else None
+        for pool in pools:
+            key = (id(pool), g, req.cpu, req.memory_bytes)
+            ptr = self._pointers.get(key, 0)
+            nodes = pool.nodes
+            n = len(nodes)
+            i = ptr
+            found = -1
+            while i < n:
+                ns = nodes[i]
+                if reserved and reserved.get(ns.name):
+                    if advance and i == ptr:
+                        ptr += 1
+                    i += 1
+                    continue
+                if not _fits_cpu_mem(ns, req) or (g and (ns.free_gpus < g or first_run(ns.free_mask, ns.node.gpus, g) < 0)):
+                    if advance and i == ptr:
+                        ptr += 1
+                    i += 1
+                    continue
+                if not g and not _keeps_gpu_reserve(ns, req):
+                    i += 1  # the cores a GPU node keeps for its free GPUs (quota.py); GPU starts may free them
+                    continue
+                found = i
+                break
+            if advance:
+                self._pointers[key] = ptr
+            if reserved:
+                index = self._index(pool)
+                best = None
+                for k, name in self._reserved_in(pool, tl):
+                    if (found >= 0 and k > found) or best is not None:
+                        break
+                    ns = nodes[k]
+                    if not _fits_cpu_mem(ns, req) or (g and ns.free_gpus < g) or (not g and not _keeps_gpu_reserve(ns, req)):
+                        continue
+                    idx = tl.fits(ns, req, self.now, end, free_now=ns.free_mask)  # type: ignore[union-attr]
+                    if idx is None:
+                        c = tl.conflict(ns.name, self.now, end)  # type: ignore[union-attr]
+                        if c is not None:
+                            conflict.append(c)
+                        continue
+                    best = (k, idx)
+                if best is not None:
+                    return Placement(nodes[best[0]].name, best[1], req.cpu, req.memory_bytes)
+            if found >= 0:
+                ns = nodes[found]
+                start = first_run(ns.free_mask, ns.node.gpus, g) if g else 0
+                return Placement(ns.name, tuple(range(start, start + g)), req.cpu, req.memory_bytes)
+        return None
+
+    def _gang_now(self, pools: list[Pool], req: Request, end: float, tl: Timeline | None,
+                  conflict: list[int]) -> list[Placement] | None:
+        reserved = tl.reserved_nodes if tl is not None else None
+        index = {}
+        k = 0
+        for pool in pools:
+            for ns in pool.nodes:
+                index[ns.name] = k
+                k += 1
+        cands: list[NodeState] = []
+        for pool in pools:
+            for dom in pool.whole_by_domain.values():
+                for ns in dom.values():
+                    if not _fits_cpu_mem(ns, req):
+                        continue
+                    if reserved and reserved.get(ns.name):
+                        if tl.fits(ns, req, self.now, end, free_now=ns.free_mask) is None:  # type: ignore[union-attr]
+                            c = tl.conflict(ns.name, self.now, end)  # type: ignore[union-attr]
+                            if c is not None:
+                                conflict.append(c)
+                            continue
+                    cands.append(ns)
+        cands.sort(key=lambda ns: index[ns.name])
+        groups: dict[str, list[NodeState]] = {}
+        for ns in cands:
+            groups.setdefault(ns.node.ib_domain if req.same_domain else "*", []).append(ns)
+        for dom in sorted(groups):
+            if len(groups[dom]) >= req.units:
+                return [Placement(ns.name, tuple(range(ns.node.gpus)), req.cpu, req.memory_bytes)
+                        for ns in groups[dom][: req.units]]
+        return None
+
+    # -- the pass's hooks --------------------------------------------------------------------------
+
+    def on_start(self, job: Job, placements: list[Placement]) -> None:
+        if self.timeline is not None:
+            self.timeline.add_start(job, placements)
+
+    def on_reclaimed(self, victims) -> None:
+        """Victims of a reclaim are on their way out: gone in the time model."""
+        tl = self.timeline
+        if tl is None:
+            return
+        names = set()
+        for h in victims:
+            names.update(p.node for p in h.placements)
+            if h.replica:
+                tl.end_now(h.job.id, {(p.node, mask_of(p.gpu_indices)) for p in h.placements})
+            else:
+                tl.end_now(h.job.id)
+        # nodes with reservations are checked one by one anyway (the pointers skip them)
+        self._rewind({n for n in names if not tl.reserved_nodes.get(n)})
+
+    def _reserved_in(self, pool: Pool, tl: Timeline) -> list[tuple[int, str]]:
+        """The pool's nodes that hold reservations, in the fixed order (kept per reservation count)."""
+        key = id(pool)
+        got = self._reserved_lists.get(key)
+        if got is None:
+            got = self._reserved_lists[key] = (0, [])
+        cursor, items = got
+        if cursor < len(tl.reserved_log):
+            index = self._index(pool)
+            for name in tl.reserved_log[cursor:]:
+                k = index.get(name)
+                if k is not None:
+                    bisect.insort(items, (k, name))
+            self._reserved_lists[key] = (len(tl.reserved_log), items)
+        return items
+
+    def _rewind(self, names: set[str]) -> None:
+        """Room that comes free in the model (reclaimed work): first-fit pointers of the time model
+        move back to the first such node so it is seen again."""
+        if not names:
+            return
+        for key, pool in self._pointer_pools.items():
+            index = self._index(pool)
+            ks = [index[n] for n in names if n in index]
+            if ks and self._pointers.get(key, 0) > min(ks):
+                self._pointers[key] = min(ks)
+
+    def skip_reclaim(self, job: Job, req: Request) -> bool:
+        """A reclaim for this shape and end was already refused for taking reserved resources."""
+        if not self.reservations:
+            return False
+        key = ("plan", req.sku, job.vc, req.whole_node, req.same_domain, req.units)
+        end = self.now + self.duration(job)
+        return any(g <= req.gpus and c <= req.cpu + 1e-9 and m <= req.memory_bytes and e <= end
+                   for g, c, m, e in self._refused_plans.get(key, ()))
+
+    def _refuse_plan(self, job: Job, req: Request) -> None:
+        key = ("plan", req.sku, job.vc, req.whole_node, req.same_domain, req.units)
+        entries = self._refused_plans.setdefault(key, [])
+        if len(entries) < 16:
+            entries.append((req.gpus, req.cpu, req.memory_bytes, self.now + self.duration(job)))
+
+    def plan_ok(self, job: Job, req: Request, placements: list[Placement], victims) -> bool:
+        """A reclaim plan may not take reserved resources the job would hold past a reservation."""
+        if not self.reservations or self.timeline is None:
+            return True
+        tl = self.timeline
+        end = self.now + self.duration(job)
+        if tl.counters_fit(job, req.units, self.now, end, only_reserved=True) is not None:
+            return False
+        ignore = {h.job.id for h in victims if not h.replica}
+        for p in placements:
+            if tl.reserved_nodes.get(p.node):
+                if not tl.fits_exact(self.state.nodes[p.node], p, self.now, end, ignore):
+                    self._refuse_plan(job, req)
+                    return False
+        return True
+
+    def on_wait(self, job: Job, req: Request | None, vc: Vc | None, rej: Rejection) -> tuple[Rejection, float | None]:
+        """Give one of the first ``reservation_depth`` waiting jobs of backfill VCs its reservation."""
+        if job.id in self._held_now:
+            # reclaimed room, held from now on: it starts when the victims have exited, which the
+            # model cannot time (the grace period), so no estimate is given
+            return rej, None
+        if (
+            vc is None
+            or req is None
+            or vc.policy is not Policy.BACKFILL
+            or job.preemptible
+            or not job.approved
+            or rej.permanent
+            or rej.reason not in RESERVABLE
+            or self.tried >= self.depth
+        ):
+            return rej, None
+        self.tried += 1
+        tl = self._tl()
+        duration = self.duration(job)
+        got = tl.earliest(job, req, self._pools(job, req, vc), duration)
+        if got is None:
+            return rej, None
+        start, placements = got
+        end = start + duration if duration < INF else INF
+        tl.add_reservation(job, start, end, placements)
+        self.reservations.append(Reservation(job.id, start, end, tuple(placements)))
+        detail = f"{rej.detail}; reserved {', '.join(sorted({p.node for p in placements}))} from {start - self.now:.0f} s from now"
+        return Rejection(rej.reason, detail, rej.permanent, rej.blocked_by), start
+
+    # -- backfill VCs' own jobs: the time model places them (and reclaims for them) ------------------
+
+    def _native_now(self, job: Job, req: Request, pools: list[Pool], units: int,
+                    end: float) -> list[Placement] | ReclaimPlan | Rejection | None:
+        """The first placement in the fixed order that fits once reclaimable work (preemptible
+        jobs, extra replicas) and work on its way out are gone, keeping every reservation: exactly
+        what a reservation for this job would be at ``now``. If the pass state holds it already,
+        start; else reclaim what is in the way (the job starts when it has exited)."""
+        tl = self._tl()
+        st = self.state
+        order = self._order(pools)
+        got: list[Placement] | None
+        self._conflicts = []
+        got = None
+        for skip in (False, True):  # free room first; only where there is none, reclaim
+            if req.whole_node:
+                got = self._native_gang(order, req, end, tl, skip)
+            else:
+                got = self._native_units(pools, req, units, end, tl, skip)
+            if got is not None:
+                break
+        if got is None:
+            if self._conflicts and self.reservations:
+                return self._reserved(job, self._conflicts[0], "resources")
+            return None
+        if self._all_free_now(got):
+            st.reserve(got)
+            return got
+        victims = self._victims(got)
+        if victims is None:
+            return None
+        # The room is this job's from now on (in the model too), so later jobs neither count on it
+        # nor reclaim it again; the job starts there once what is in the way has exited.
+        tl.add_reservation(job, self.now, end, got)
+        self.reservations.append(Reservation(job.id, self.now, end, tuple(got)))
+        self._held_now.add(job.id)
+        return ReclaimPlan(victims, got)
+
+    def _reversed(self, pool: Pool) -> Pool:
+        got = self._rev.get(id(pool))
+        if got is None:
+            got = self._rev[id(pool)] = _Reversed(pool)  # type: ignore[assignment]
+        return got  # type: ignore[return-value]
+
+    def _order(self, pools: list[Pool]) -> list[NodeState]:
+        key = tuple(id(p) for p in pools)
+        got = self._orders.get(key)
+        if got is None:
+            got = self._orders[key] = [ns for pool in pools for ns in pool.nodes]
+        return got
+
+    def _all_free_now(self, got: list[Placement]) -> bool:
+        """The pass state holds all of ``got`` now (several units on one node counted together)."""
+        need: dict[str, list] = {}
+        for p in got:
+            v = need.setdefault(p.node, [0, 0.0, 0])
+            v[0] |= mask_of(p.gpu_indices)
+            v[1] += p.cpu
+            v[2] += p.memory_bytes
+        for name, (want, cpu, mem) in need.items():
+            ns = self.state.nodes[name]
+            if (ns.free_mask & want) != want or ns.free_cpu + 1e-9 < cpu or ns.free_memory_bytes < mem:
+                return False
+        return True
+
+    def _maybe(self, ns: NodeState, g: int) -> bool:
+        """Cheap bound: free GPUs plus everything any holding has here could hold ``g``."""
+        held = self._held.get(ns.name)
+        if held is None:
+            held = self._held[ns.name] = sum(len(p.gpu_indices) for h in ns.holdings for p in h.placements
+                                             if p.node == ns.name)
+        return ns.free_gpus + held >= g
+
+    def _native_units(self, pools: list[Pool], req: Request, units: int, end: float,
+                      tl: Timeline, skip: bool) -> list[Placement] | None:
+        st = self.state
+        out: list[Placement] = []
+        temp: list[tuple[str, Item]] = []
+        took: list[tuple[NodeState, int]] = []  # GPU bits taken in the pass state for later units
+        try:
+            for _ in range(units):
+                p = self._native_one(pools, req, end, tl, skip, advance=units == 1)
+                if p is None:
+                    return None
+                out.append(p)
+                if units > 1:  # later units see this one, in the time model and the pass state
+                    it = Item(self.now, end, mask_of(p.gpu_indices), p.cpu, p.memory_bytes, -2, True)
+                    tl.items[p.node].append(it)
+                    tl.node_version[p.node] += 1
+                    temp.append((p.node, it))
+                    ns = st.nodes[p.node]
+                    bits = mask_of(p.gpu_indices) & ns.free_mask
+                    st.take(ns, bits, p.cpu, p.memory_bytes)
+                    took.append((ns, bits))
+            return out
+        finally:
+            for name, it in temp:
+                tl.items[name].remove(it)
+                tl.node_version[name] += 1
+            for (ns, bits), (_n, it) in zip(took, temp):
+                st.give(ns, bits, it.cpu, it.mem)
+
+    def _native_one(self, pools: list[Pool], req: Request, end: float, tl: Timeline, skip: bool,
+                    advance: bool) -> Placement | None:
+        g = req.gpus
+        reserved = tl.reserved_nodes
+        for pool in pools:
+            key = ("native", id(pool), skip, g, req.cpu, req.memory_bytes)
+            self._pointer_pools[key] = pool
+            ptr = self._pointers.get(key, 0)
+            nodes = pool.nodes
+            n = len(nodes)
+            i = ptr
+            found: tuple[int, tuple[int, ...]] | None = None
+            while i < n:
+                ns = nodes[i]
+                if reserved.get(ns.name):
+                    if advance and i == ptr:
+                        ptr += 1
+                    i += 1
+                    continue
+                idx: tuple[int, ...] | None
+                if not ns.holdings:
+                    # nothing reclaimable or leaving here: the pass state is the time model now
+                    if not _fits_cpu_mem(ns, req) or (g and (ns.free_gpus < g or first_run(ns.free_mask, ns.node.gpus, g) < 0)):
+                        idx = None
+                    elif not g and not _keeps_gpu_reserve(ns, req):
+                        i += 1  # cores kept for the node's free GPUs; a GPU start may free them
+                        continue
+                    else:
+                        start = first_run(ns.free_mask, ns.node.gpus, g) if g else 0
+                        idx = tuple(range(start, start + g))
+                elif g and not self._maybe(ns, g):
+                    idx = None
+                else:
+                    idx = tl.fits(ns, req, self.now, end, skip_reclaimable=skip)
+                if idx is None:
+                    if advance and i == ptr:
+                        ptr += 1
+                    i += 1
+                    continue
+                found = (i, idx)
+                break
+            if advance:
+                self._pointers[key] = ptr
+            for k, name in self._reserved_in(pool, tl):
+                if found is not None and k > found[0]:
+                    break
+                if g and not self._maybe(nodes[k], g):
+                    continue
+                idx = tl.fits(nodes[k], req, self.now, end, skip_reclaimable=skip)
+                if idx is not None and (found is None or k < found[0]):
+                    found = (k, idx)
+                elif idx is None and _fits_cpu_mem(nodes[k], req) and (
+                        not g or first_run(nodes[k].free_mask, nodes[k].node.gpus, g) >= 0):
+                    c = tl.conflict(name, self.now, end)
+                    if c is not None:
+                        self._conflicts.append(c)
+            if found is not None:
+                return Placement(nodes[found[0]].name, found[1], req.cpu, req.memory_bytes)
+        return None
+
+    def _native_gang(self, order: list[NodeState], req: Request, end: float, tl: Timeline,
+                     skip: bool) -> list[Placement] | None:
+        groups: dict[str, list[NodeState]] = {}
+        need = {}
+        index = self._gang_index.get(id(order))
+        if index is None:
+            index = self._gang_index[id(order)] = {ns.name: i for i, ns in enumerate(order)}
+        cands = {}
+        for ns in order if len(order) <= 64 else ():
+            cands[ns.name] = ns
+        if len(order) > 64:  # only nodes that can be whole now: wholly free, or holding only reclaimable work
+            pools = {id(ns.pool): ns.pool for ns in order if ns.pool is not None}
+            for pool in pools.values():
+                for dom in pool.whole_by_domain.values():
+                    cands.update(dom)
+                for ns in pool.memo(("with_holdings",), lambda pool=pool: [n for n in pool.nodes if n.holdings]):
+                    if ns.holdings:
+                        cands[ns.name] = ns
+            for name in tl.reserved_nodes:
+                ns = self.state.nodes.get(name)
+                if ns is not None and ns.name in index:
+                    cands[name] = ns
+        for ns in sorted(cands.values(), key=lambda n: index.get(n.name, 1 << 30)):
+            if ns.name not in index:
+                continue
+            if ns.node.cpu + 1e-9 < req.cpu or ns.node.memory_bytes < req.memory_bytes:
+                continue
+            if not ns.holdings and not tl.reserved_nodes.get(ns.name):
+                ok = ns.whole_free and _fits_cpu_mem(ns, req)
+            elif not self._maybe(ns, ns.node.gpus):
+                ok = False
+            else:
+                ok = tl.fits(ns, req, self.now, end, skip_reclaimable=skip) is not None
+                if not ok and ns.whole_free and tl.reserved_nodes.get(ns.name):
+                    c = tl.conflict(ns.name, self.now, end)
+                    if c is not None:
+                        self._conflicts.append(c)
+            if ok:
+                dom = ns.node.ib_domain if req.same_domain else "*"
+                groups.setdefault(dom, []).append(ns)
+                need[dom] = len(groups[dom])
+        for dom in sorted(groups):
+            if len(groups[dom]) >= req.units:
+                return [Placement(ns.name, tuple(range(ns.node.gpus)), req.cpu, req.memory_bytes)
+                        for ns in groups[dom][: req.units]]
+        return None
+
+    def _victims(self, placements: list[Placement]):
+        """Holdings on the chosen nodes that stand in the way: those on the chosen GPU indices, then
+        (victim order) as many more as the cores and bytes need. None if that is not enough."""
+        from dlts.scheduler.plugins.reclaim import _ordered, _share
+
+        st = self.state
+        chosen: dict[int, object] = {}
+        need: dict[str, list] = {}
+        for p in placements:
+            v = need.setdefault(p.node, [0, 0.0, 0])
+            v[0] |= mask_of(p.gpu_indices)
+            v[1] += p.cpu
+            v[2] += p.memory_bytes
+        for name, (want, cpu, mem) in need.items():
+            ns = st.nodes[name]
+            mask, c, m = ns.free_mask, ns.free_cpu, ns.free_memory_bytes
+            order = _ordered(ns)
+            picked = []
+            for h in order:
+                hm, hc, hb = _share(h, ns)
+                if (hm & want or h.claimed or h.stopping) and (h.stopping or h.claimed or not h.protect):
+                    picked.append(h)
+                    mask, c, m = mask | hm, c + hc, m + hb
+                elif hm & want:
+                    return None  # inside its preemption budget (min_runtime_s): not a victim
+            for h in order:
+                if (mask & want) == want and c + 1e-9 >= cpu and m >= mem:
+                    break
+                if h in picked or (h.protect and not h.stopping):
+                    continue
+                hm, hc, hb = _share(h, ns)
+                picked.append(h)
+                mask, c, m = mask | hm, c + hc, m + hb
+            if not ((mask & want) == want and c + 1e-9 >= cpu and m >= mem):
+                return None
+            for h in picked:
+                chosen[id(h)] = h
+        return list(chosen.values())
+
+
+class _Reversed:
+    """A pool seen from its last node: preemptible work fills the cluster from the other end, so
+    non-preemptible first-fit rarely has to reclaim it."""
+
+    __slots__ = ("pool", "nodes", "whole_by_domain", "_memo")
+
+    def __init__(self, pool: Pool) -> None:
+        self.pool = pool
+        self.nodes = pool.memo(("bf_reversed",), lambda: list(reversed(pool.nodes)))
+        self.whole_by_domain = pool.whole_by_domain
+        self._memo: dict = {}
+
+    def memo(self, key, compute):
+        return self.pool.memo(("rev",) + key, compute)
+
+    def __hash__(self) -> int:
+        return id(self.pool) ^ 1

@@ -1,0 +1,136 @@
+"""Property tests for backfill: reservations hold when every job ends by its limit.
+
+Hypothesis draws a small cluster whose VCs are all on ``backfill`` and a stream of jobs of every
+type, each running exactly its effective duration (its limit, else its VC's
+``default_runtime_estimate_s``; jobs with neither are unbounded and run "forever", and estimates
+that depend on them are unknown). Jobs that end before their limit may reshuffle later reservations
+(an estimate can then move either way); that is outside this property (docs/scheduling.md). All jobs share one priority, so a later arrival is behind every reservation in
+the order. Every time a pass gives a waiting job an ``estimated_start``, that job must start by
+then; every pass also keeps ``check_pass``'s invariants, and the RESULT checker agrees at the end.
+Times are multiples of the tick (as a reservation at T is honoured by the pass at T).
+"""
+
+from __future__ import annotations
+
+import os
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from dlts.scheduler import JobType, Node, Policy, Vc
+from dlts.scheduler.plugins.walltime import effective_limit_s
+from dlts.sim.engine import Simulation
+from dlts.sim.inputs import Cluster, TraceJob
+from dlts.sim.verify import check_result
+
+from .builders import SKUS
+from .invariants import check_pass
+
+EXAMPLES = int(os.environ.get("DLTS_BACKFILL_EXAMPLES", "150"))
+FOREVER = 10_000_000.0  # a job with no limit and no estimate is unbounded: the model holds it forever
+
+
+@st.composite
+def backfill_clusters(draw) -> Cluster:
+    n_vcs = draw(st.integers(1, 3))
+    vc_names = [f"vc{i}" for i in range(n_vcs)]
+    domains = [f"pod{i}" for i in range(draw(st.integers(1, 3)))]
+    nodes = []
+    for sku, count in (("a100", draw(st.integers(1, 5))), ("v100", draw(st.integers(0, 3))), ("cpu", draw(st.integers(0, 2)))):
+        shape = SKUS[sku]
+        for k in range(count):
+            nodes.append(Node(
+                f"{sku}-{k}", sku, shape.gpus, shape.cpu, shape.memory_bytes, draw(st.sampled_from(domains)),
+                draw(st.sampled_from([None, None, None] + vc_names)), draw(st.sampled_from([True, True, True, True, False])),
+                draw(st.sampled_from([(), (), (), (), (3,)])) if shape.gpus else (),
+            ))
+    vcs = {}
+    for name in vc_names:
+        vcs[name] = Vc(
+            name,
+            {"a100": draw(st.integers(0, 32)), "v100": draw(st.integers(0, 12))},
+            Policy.BACKFILL,
+            draw(st.sampled_from([None, 600, 3000])),
+            draw(st.sampled_from([None, 2, 8])),
+            draw(st.sampled_from([None, 4, 16])),
+            cpu_quota=draw(st.sampled_from([None, None, 8.0])),
+            allow_cpu_jobs_on_gpu_nodes=draw(st.booleans()),
+            default_runtime_estimate_s=draw(st.sampled_from([None, 900, 5000])),
+        )
+    return Cluster(dict(SKUS), tuple(nodes), vcs, tick_s=10.0, preempt_grace_s=0.0,
+                   reservation_depth=draw(st.sampled_from([1, 2, 8])))
+
+
+@st.composite
+def exact_traces(draw, cluster: Cluster) -> list[TraceJob]:
+    jobs = []
+    for i in range(1, draw(st.integers(1, 30)) + 1):
+        jtype = draw(st.sampled_from(list(JobType)))
+        sku = draw(st.sampled_from(["a100", "a100", "v100", None]))
+        per_node = SKUS[sku].gpus if sku else 0
+        gpus = draw(st.integers(1, per_node)) if sku else 0
+        nodes = 0
+        if jtype is JobType.DISTRIBUTED:
+            if sku is None:
+                sku, per_node = "a100", 8
+            gpus, nodes = per_node, draw(st.integers(1, 3))
+        min_r = draw(st.integers(1, 2)) if jtype is JobType.INFERENCE else 0
+        vc = draw(st.sampled_from(sorted(cluster.vcs)))
+        max_time = draw(st.sampled_from([None, None, 300, 1200, 4000]))
+        t = TraceJob(
+            id=i, submit_s=10.0 * draw(st.integers(0, 300)), vc=vc, user=draw(st.sampled_from(["ann", "bob"])),
+            type=jtype, sku=sku, gpus=gpus, nodes=nodes, duration_s=0.0, max_time_s=max_time, priority=100,
+            preemptible=draw(st.booleans()), min_replicas=min_r,
+            max_replicas=min_r + draw(st.integers(0, 2)) if min_r else 0,
+        )
+        v = cluster.vcs[vc]
+        limit = max_time or v.max_job_time_s or v.default_runtime_estimate_s
+        duration = limit if limit else FOREVER
+        jobs.append(TraceJob(**{**t.__dict__, "duration_s": float(duration)}))
+    return jobs
+
+
+def _replay(cluster: Cluster, trace: list[TraceJob]) -> tuple[dict, dict[int, list[tuple[float, float]]]]:
+    promised: dict[int, list[tuple[float, float]]] = {}
+    jobs = {t.id: t for t in trace}
+
+    def hook(snap, decisions, now):
+        check_pass(snap, decisions, now)
+        reserved = {r.job_id: r for r in decisions.reservations}
+        for w in decisions.waits:
+            if w.estimated_start is not None:
+                assert w.job_id in reserved and reserved[w.job_id].start == w.estimated_start
+                assert w.estimated_start >= now
+                promised.setdefault(w.job_id, []).append((now, w.estimated_start))
+        for r in decisions.reservations:
+            assert not jobs[r.job_id].preemptible
+
+    result = Simulation(cluster, trace, on_pass=hook).run()
+    return result, promised
+
+
+def _check(cluster: Cluster, trace: list[TraceJob]) -> None:
+    result, promised = _replay(cluster, trace)
+    assert check_result(result) == []
+    by_id = {j["id"]: j for j in result["jobs"]}
+    for job_id, estimates in promised.items():
+        started = by_id[job_id]["start_s"]
+        for at, estimate in estimates:
+            assert started is not None and started <= estimate, (
+                f"job {job_id}: estimated at t={at} to start by {estimate}, started at {started}"
+            )
+
+
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(st.data())
+def test_reservations_start_by_their_estimate_when_jobs_end_by_their_limit(data) -> None:
+    cluster = data.draw(backfill_clusters())
+    trace = data.draw(exact_traces(cluster))
+    _check(cluster, trace)
+
+
+def test_the_limit_is_what_a_job_is_assumed_to_run() -> None:
+    vc = Vc("v", {"a100": 8}, Policy.BACKFILL, max_job_time_s=600, default_runtime_estimate_s=900)
+    t = TraceJob(id=1, submit_s=0.0, vc="v", user="ann", type=JobType.BATCH, sku="a100", gpus=1, nodes=0,
+                 duration_s=600.0, max_time_s=None, priority=100, preemptible=False)
+    assert effective_limit_s(Simulation(Cluster(dict(SKUS), (), {"v": vc}, 10.0), [t]).jobs[1].job, vc) == 600

@@ -1,0 +1,174 @@
+"""Backfill, one readable case per rule: reservations, what may start in front of them, and
+estimated start times (docs/scheduling.md, "Backfill")."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+from dlts.scheduler import JobType, Policy, decide
+
+from .builders import job, node, nodes, running, snap, summary, vc
+
+NOW = 1000.0
+BF = dict(policy=Policy.BACKFILL)
+
+
+def waits(d):
+    return {w.job_id: w for w in d.waits}
+
+
+def busy(j, name, idx, started_at=0.0):
+    return running(j, (name, idx), started_at=started_at)
+
+
+def test_a_small_job_that_ends_before_the_reservation_starts_in_front_of_the_big_one() -> None:
+    # n1: 6 GPUs held until t=5000 (limit 5000, started at 0); job 2 needs the whole node.
+    s = snap([node("n1")], vc(**BF), [
+        busy(job(1, 6, max_time_s=5000), "n1", tuple(range(6))),
+        job(2, 8), job(3, 2, max_time_s=4000),
+    ])
+    d = decide(s, NOW)
+    assert summary(d)["starts"] == {3: [("n1", (6, 7))]}  # ends at 5000, exactly when job 2 may start
+    w = waits(d)[2]
+    assert w.reason_code == "capacity" and w.estimated_start == 5000.0
+    (r,) = d.reservations
+    assert (r.job_id, r.start, r.end, [p.node for p in r.placements]) == (2, 5000.0, math.inf, ["n1"])
+
+
+def test_a_job_that_would_run_past_the_reservation_waits_for_it() -> None:
+    s = snap([node("n1")], vc(**BF), [
+        busy(job(1, 6, max_time_s=5000), "n1", tuple(range(6))),
+        job(2, 8, max_time_s=1000), job(3, 2, max_time_s=4001),
+    ])
+    d = decide(s, NOW)
+    assert summary(d)["starts"] == {}
+    w = waits(d)[3]
+    assert w.reason_code == "reservation:2"
+    assert "job 2" in w.detail and "4001" in w.detail
+    # job 3 is within the reservation depth: it gets its own reservation after job 2's
+    assert w.estimated_start == 6000.0
+
+
+def test_a_job_without_any_limit_runs_past_every_reservation() -> None:
+    s = snap([node("n1")], vc(**BF), [busy(job(1, 6, max_time_s=5000), "n1", tuple(range(6))), job(2, 8), job(3, 1)])
+    d = decide(s, NOW)
+    assert summary(d)["waits"] == {2: "capacity", 3: "reservation:2"}
+    assert waits(d)[3].estimated_start is None  # job 2 never ends by the model: unknown
+
+
+def test_a_long_job_on_resources_the_reservation_does_not_use_starts() -> None:
+    s = snap([node("n1"), node("n2")], vc(**BF), [
+        busy(job(1, 6, max_time_s=5000), "n1", tuple(range(6))),
+        busy(job(4, 8, max_time_s=9000), "n2", tuple(range(8))),
+        job(2, 8), job(3, 2),  # job 3 has no limit, but n1's free GPUs 6-7 are not reserved
+    ])
+    d = decide(s, NOW)
+    # job 2 reserves n1 (free first, at 5000); the two free GPUs there are part of it...
+    assert waits(d)[2].estimated_start == 5000.0
+    assert summary(d)["waits"][3] == "reservation:2"
+    # ...but an 8-GPU reservation on n2 leaves n1's 2 free GPUs alone
+    s2 = snap([node("n1"), node("n2")], vc(**BF), [
+        busy(job(1, 6, max_time_s=9000), "n1", tuple(range(6))),
+        busy(job(4, 8, max_time_s=5000), "n2", tuple(range(8))),
+        job(2, 8), job(3, 2),
+    ])
+    d2 = decide(s2, NOW)
+    assert summary(d2)["starts"] == {3: [("n1", (6, 7))]}
+    assert [p.node for p in d2.reservations[0].placements] == ["n2"]
+
+
+def test_the_estimate_uses_the_vc_limit_then_the_default_estimate() -> None:
+    cluster = [node("n1")]
+    base = [busy(job(1, 8), "n1", tuple(range(8)), started_at=100.0), job(2, 8)]
+    d = decide(snap(cluster, vc(max_job_time_s=3000, **BF), base), NOW)
+    assert waits(d)[2].estimated_start == 3100.0
+    d = decide(snap(cluster, vc(default_runtime_estimate_s=7200, **BF), base), NOW)
+    assert waits(d)[2].estimated_start == 7300.0
+    d = decide(snap(cluster, vc(**BF), base), NOW)  # no limit and no estimate: unknown
+    assert waits(d)[2].estimated_start is None and d.reservations == ()
+
+
+def test_reservation_depth_limits_how_many_waiting_jobs_get_one() -> None:
+    jobs = [busy(job(1, 8, max_time_s=2000), "n1", tuple(range(8)))] + [job(i, 8, max_time_s=1000) for i in (2, 3, 4)]
+    s = snap([node("n1")], vc(**BF), jobs)
+    d = decide(s, NOW)
+    assert [w.estimated_start for w in sorted(d.waits, key=lambda w: w.job_id)] == [2000.0, 3000.0, 4000.0]
+    d = decide(replace(s, reservation_depth=1), NOW)
+    assert [w.estimated_start for w in sorted(d.waits, key=lambda w: w.job_id)] == [2000.0, None, None]
+    assert summary(d)["waits"] == {2: "capacity", 3: "capacity", 4: "capacity"}  # no GPU is free at all
+    d = decide(replace(s, reservation_depth=0), NOW)  # depth 0: plain RF
+    assert d.reservations == () and summary(d)["waits"] == {2: "capacity", 3: "capacity", 4: "capacity"}
+
+
+def test_a_gang_reservation_waits_for_nodes_in_one_ib_domain() -> None:
+    # pod a: a1 frees at 2000, a2 at 6000; pod b: b1 frees at 3000. A 2-node gang needs a1+a2.
+    s = snap([node("a1", domain="a"), node("a2", domain="a"), node("b1", domain="b")], vc(**BF), [
+        busy(job(1, 8, max_time_s=2000), "a1", tuple(range(8))),
+        busy(job(2, 8, max_time_s=6000), "a2", tuple(range(8))),
+        busy(job(3, 8, max_time_s=3000), "b1", tuple(range(8))),
+        job(4, 8, type=JobType.DISTRIBUTED, nodes=2, max_time_s=1000),
+    ])
+    d = decide(s, NOW)
+    (r,) = d.reservations
+    assert r.start == 6000.0 and sorted(p.node for p in r.placements) == ["a1", "a2"]
+
+
+def test_an_earlier_reservation_consumes_what_a_later_one_cannot_count() -> None:
+    s = snap([node("n1"), node("n2")], vc(**BF), [
+        busy(job(1, 8, max_time_s=2000), "n1", tuple(range(8))),
+        busy(job(2, 8, max_time_s=4000), "n2", tuple(range(8))),
+        job(3, 8, max_time_s=10000), job(4, 8, max_time_s=100),
+    ])
+    d = decide(s, NOW)
+    assert {r.job_id: (r.start, r.placements[0].node) for r in d.reservations} == {3: (2000.0, "n1"), 4: (4000.0, "n2")}
+
+
+def test_quota_is_a_reserved_resource() -> None:
+    # VC quota 8: job 1 (non-preemptible, 4 GPUs) runs until 2000; job 2 needs all 8 -> vc_quota,
+    # reserved at 2000. Job 3 (2 GPUs, n2 free) fits the quota now but would hold it past 2000.
+    s = snap([node("n1"), node("n2")], vc(quota={"a100": 8}, **BF), [
+        busy(job(1, 4, max_time_s=2000), "n1", (0, 1, 2, 3)),
+        job(2, 8, max_time_s=1000), job(3, 2, max_time_s=5000), job(5, 2, max_time_s=500),
+    ])
+    d = decide(s, NOW)
+    assert waits(d)[2].reason_code == "vc_quota" and waits(d)[2].estimated_start == 2000.0
+    assert waits(d)[3].reason_code == "reservation:2"
+    assert 5 in summary(d)["starts"]  # ends at 1500, before the reservation
+
+
+def test_other_vcs_and_preemptible_jobs_respect_a_reservation() -> None:
+    s = snap([node("n1")], [vc("bf", **BF), vc("rf")], [
+        busy(job(1, 6, vc="bf", max_time_s=5000), "n1", tuple(range(6))),
+        job(2, 8, vc="bf"), job(3, 2, vc="rf"), job(4, 2, vc="rf", preemptible=True, max_time_s=100),
+    ])
+    d = decide(s, NOW)
+    assert summary(d)["waits"] == {2: "capacity", 3: "reservation:2"}
+    assert summary(d)["starts"] == {4: [("n1", (6, 7))]}
+
+
+def test_jobs_of_backfill_vcs_are_placed_first_fit_in_node_order() -> None:
+    s = snap([node("n1"), node("n2")], vc(**BF), [busy(job(1, 6), "n2", tuple(range(6))), job(2, 2)])
+    assert summary(decide(s, NOW))["starts"] == {2: [("n1", (0, 1))]}
+    s = snap([node("n1"), node("n2")], vc(), [busy(job(1, 6), "n2", tuple(range(6))), job(2, 2)])
+    assert summary(decide(s, NOW))["starts"] == {2: [("n2", (6, 7))]}  # RF keeps best fit
+
+
+def test_room_made_by_preemption_is_held_from_now_without_an_estimate() -> None:
+    s = snap(nodes("n", 2), vc(**BF), [
+        busy(job(1, 8, preemptible=True, vc="v"), "n0", tuple(range(8))),
+        busy(job(4, 8, max_time_s=5000), "n1", tuple(range(8))),
+        job(2, 8, max_time_s=1000), job(3, 1, max_time_s=10),
+    ])
+    d = decide(s, NOW)
+    assert summary(d)["stops"] == {1: "preempted"}
+    # the room is job 2's from now on (it starts once job 1 has exited, after the grace period)
+    assert [(r.job_id, r.start, r.placements[0].node) for r in d.reservations][0] == (2, NOW, "n0")
+    assert waits(d)[2].estimated_start is None
+    assert summary(d)["waits"][3] == "capacity"  # no GPU is free now; the room is held for job 2
+
+
+def test_free_room_is_taken_before_anything_is_preempted() -> None:
+    s = snap(nodes("n", 2), vc(**BF), [busy(job(1, 8, preemptible=True, vc="v"), "n0", tuple(range(8))), job(2, 8)])
+    d = decide(s, NOW)
+    assert summary(d) == {"starts": {2: [("n1", tuple(range(8)))]}, "stops": {}, "waits": {}}

@@ -1,0 +1,48 @@
+"""The production-shaped trace generator (bench/traces/production.py): its jobs look as documented,
+and a replay under backfill obeys every rule the RESULT checker knows."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+from dlts.sim.compare import with_policy
+from dlts.scheduler import Policy
+from dlts.sim.engine import Simulation
+from dlts.sim.inputs import load_cluster, load_trace
+from dlts.sim.verify import check_result
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "bench" / "traces" / "production.py"
+
+
+def _module():
+    spec = importlib.util.spec_from_file_location("production_trace", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)  # type: ignore[union-attr]
+    return mod
+
+
+def test_the_trace_is_heavy_tailed_bursty_and_seeded() -> None:
+    rows = _module().generate(3000, 11, seed=19)
+    assert rows == _module().generate(3000, 11, seed=19)
+    gpus = [int(r[6]) * max(1, int(r[7])) for r in rows]
+    one = [r for r, g in zip(rows, gpus) if g == 1]
+    assert 0.6 < len(one) / len(rows) < 0.8
+    assert sum(1 for r in one if float(r[8]) < 3600) / len(one) > 0.6  # most 1-GPU jobs run under an hour
+    assert max(float(r[8]) for r in rows) > 2 * 86400  # a tail to days
+    gangs = [g for g in gpus if g >= 16]
+    assert gangs and set(gangs) <= {16, 32, 64}
+    assert len({r[2] for r in rows}) == 4
+
+
+def test_a_replay_under_backfill_obeys_the_rules(tmp_path) -> None:
+    subprocess.run([sys.executable, str(SCRIPT), "--jobs", "300", "--days", "1", "--out-dir", str(tmp_path)],
+                   check=True, capture_output=True)
+    cluster = with_policy(load_cluster(tmp_path / "production_cluster.yaml"), Policy.BACKFILL)
+    trace = load_trace(tmp_path / "production.csv", cluster)
+    result = Simulation(cluster, trace).run()
+    assert check_result(result) == []
+    assert result["summary"]["finished"] == 300
