@@ -83,6 +83,16 @@ def node_address(node: Mapping[str, Any] | None, name: str) -> str:
     return name
 
 
+def _changed_by(stamp: str | None) -> float | None:
+    """When a condition had changed at the latest: the API server writes whole seconds, so a
+    change stamped 12:00:07 happened within that second; counting from its end means a node is
+    never taken for lost before ``lost_after_s`` (at most a second late)."""
+    since = ts(stamp)
+    if since is None or stamp is None:
+        return None
+    return since if "." in stamp else since + 1.0
+
+
 class NodeLoss:
     """Which nodes' pods count as lost (see the module docstring). Not thread-safe: ``observe`` only."""
 
@@ -99,7 +109,7 @@ class NodeLoss:
             self._missing_since.pop(name, None)
             cond = ready_condition(node)
             if cond is None or cond.get("status") != "True":
-                since = ts((cond or {}).get("lastTransitionTime")) or now
+                since = _changed_by((cond or {}).get("lastTransitionTime")) or now
                 if now - since >= after:
                     state = "Unknown" if cond is None else cond.get("status")
                     out[name] = f"node {name} has been Ready={state} for {now - since:.0f} s"
