@@ -31,20 +31,8 @@ from typing import Callable
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from dlts.models import (
-    TERMINAL,
-    IdempotencyKey,
-    Job,
-    JobAttempt,
-    JobEndpoint,
-    JobEvent,
-    JobFavourite,
-    JobInsight,
-    JobTag,
-    PortalSession,
-    RateCounter,
-    utcnow,
-)
+from dlts.models import TERMINAL, IdempotencyKey, Job, PortalSession, RateCounter, utcnow
+from dlts.services.job_keeping import delete_jobs
 
 log = logging.getLogger(__name__)
 
@@ -117,14 +105,11 @@ class Janitor:
                     break
                 t0 = self.timer()
                 # children first, explicitly: each count is known, and no cascade runs inside the jobs DELETE
-                events += session.execute(sa.delete(JobEvent).where(JobEvent.job_id.in_(ids))).rowcount or 0
-                attempts += session.execute(sa.delete(JobAttempt).where(JobAttempt.job_id.in_(ids))).rowcount or 0
-                endpoints += session.execute(sa.delete(JobEndpoint).where(JobEndpoint.job_id.in_(ids))).rowcount or 0
-                session.execute(sa.delete(JobInsight).where(JobInsight.job_id.in_(ids)))  # none, unless the manager was off
-                for child in (JobTag, JobFavourite, IdempotencyKey):
-                    session.execute(sa.delete(child).where(child.job_id.in_(ids)))
-                jobs += session.execute(sa.delete(Job).where(Job.id.in_(ids), Job.finished_at < cutoff)
-                                        .execution_options(synchronize_session=False)).rowcount or 0
+                counts = delete_jobs(session, ids)
+                events += counts["events"]
+                attempts += counts["attempts"]
+                endpoints += counts["endpoints"]
+                jobs += counts["jobs"]
                 session.commit()
                 durations.append(self.timer() - t0)
             batches += 1

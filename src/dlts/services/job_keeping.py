@@ -36,6 +36,7 @@ from dlts.models import (
     JobEndpoint,
     JobEvent,
     JobFavourite,
+    JobInsight,
     JobTag,
     utcnow,
 )
@@ -222,6 +223,7 @@ def delete_jobs(session: Session, ids: list[int]) -> dict[str, int]:
         "tags": session.execute(sa.delete(JobTag).where(JobTag.job_id.in_(ids))).rowcount or 0,
         "favourites": session.execute(sa.delete(JobFavourite).where(JobFavourite.job_id.in_(ids))).rowcount or 0,
         "idempotency_keys": session.execute(sa.delete(IdempotencyKey).where(IdempotencyKey.job_id.in_(ids))).rowcount or 0,
+        "insights": session.execute(sa.delete(JobInsight).where(JobInsight.job_id.in_(ids))).rowcount or 0,
     }
     counts["jobs"] = session.execute(sa.delete(Job).where(Job.id.in_(ids), Job.status.in_([s.value for s in TERMINAL]))
                                      .execution_options(synchronize_session=False)).rowcount or 0
