@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from hypothesis import settings as hypothesis_settings
 import sqlalchemy as sa
+from hypothesis import settings as hypothesis_settings
 from werkzeug.serving import make_server
 
 from dlts import db_migrate

@@ -44,9 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     nvml_lib = None
     if args.fake_nvml:
-        from dlts_testing.fake_nvml import scenario
-
         from dlts_agent.nvml import real_gpu_devices
+        from dlts_testing.fake_nvml import scenario
 
         devices = real_gpu_devices()
         if devices:

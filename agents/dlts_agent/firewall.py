@@ -32,8 +32,9 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from dlts_agent.config import ConfigError, FirewallConfig
 from dlts_agent.model import FirewallStatus

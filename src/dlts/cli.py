@@ -537,7 +537,6 @@ def vc_lustre(ctx: Context, vc_name: str, pool: str, osts: str, mdt: str, direct
               project_id: int | None, stripe_count: int | None, default_dir_stripe_count: int | None) -> None:
     """Pin VC's Lustre directory to an OST pool and an MDT; `dlts managers` applies it."""
     from dlts.services import admin as admin_service
-
     from dlts.strict import is_whole_number
 
     settings = {"pool": pool, "osts": osts, "mdt": int(mdt) if is_whole_number(mdt) else mdt, "directory": directory,

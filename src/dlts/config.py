@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal, Mapping
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -24,8 +25,8 @@ from dlts.directory_settings import DirectorySettings
 from dlts.insight.settings import InsightSettings
 from dlts.notify_settings import NotifySettings
 from dlts.repair.settings import RepairSettings
-from dlts.strict import is_whole_number
 from dlts.storage.settings import StorageSettings
+from dlts.strict import is_whole_number
 
 ENV_PREFIX = "DLTS_"
 SYSTEM_CONFIG = Path("/etc/dlts/dlts.yaml")

@@ -82,7 +82,7 @@ class ReportAPI:
         self.url = f"http://127.0.0.1:{self.server.server_port}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
-    def __enter__(self) -> "ReportAPI":
+    def __enter__(self) -> ReportAPI:
         self.thread.start()
         return self
 

@@ -2,12 +2,11 @@
 from __future__ import annotations
 
 import pytest
+from lustre_fixtures import load_fixture
 from prometheus_client import CollectorRegistry, generate_latest
 
 from dlts_lustre.client import LustreClient
 from dlts_lustre.metrics import LustreCollector
-
-from lustre_fixtures import load_fixture
 
 GIB = 1024 * 1024
 

@@ -8,6 +8,9 @@ import os
 
 import pytest
 from click.testing import CliRunner
+from lustre_fixtures import MGS_PREFIX, load_fixture
+from prometheus_client import CollectorRegistry
+
 from dlts_lustre.cli import main
 from dlts_lustre.client import LustreClient
 from dlts_lustre.errors import LustreCommandError
@@ -18,8 +21,6 @@ from dlts_lustre.parsers.quota import parse_quota
 from dlts_lustre.plan import ActionKind, apply_plan, build_plan
 from dlts_lustre.policy import policy_from_vcs
 from dlts_lustre.runner import Runner, needs_mgs
-from lustre_fixtures import MGS_PREFIX, load_fixture
-from prometheus_client import CollectorRegistry
 
 GIB = 1024 * 1024
 

@@ -156,11 +156,11 @@ def test_every_dashboard_query_returns_series_from_prometheus_scraping_the_demo_
         pytest.fail("prometheus is required (apt-get install prometheus)")
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
-    from dlts_lustre.client import LustreClient
     from kubernetes import client as k8s
     from prometheus_client import REGISTRY, start_http_server
 
     from dlts.metrics import instrument_kubernetes
+    from dlts_lustre.client import LustreClient
     from tests.fakes.kube_apiserver import FakeClock, FakeKubeApiServer
 
     procs: list[subprocess.Popen] = []

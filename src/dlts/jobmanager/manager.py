@@ -560,7 +560,8 @@ class JobManager:
         number = job.attempt + 1
         if not job_repo.set_status(session, job.id, S.QUEUED, S.SCHEDULING, actor="scheduler", reason="started",
                                    message="placed on " + ", ".join(p.node for p in placements),
-                                   values={"attempt": number, "reason": None, "reason_detail": None, "queue_position": None, "estimated_start": None}):
+                                   values={"attempt": number, "reason": None, "reason_detail": None, "queue_position": None,
+                                           "estimated_start": None}):
             return None  # changed meanwhile (killed): nothing was written
         attempt = JobAttempt(job_id=job.id, number=number, placements=placements_to_json(placements),
                              created_at=max(self._now(), job.submitted_at or self._now()))

@@ -24,9 +24,9 @@ import logging
 import shutil
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session

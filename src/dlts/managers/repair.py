@@ -20,8 +20,9 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
@@ -62,11 +63,11 @@ MAX_STEPS_PER_TICK = 6  # a node may go through this many decisions in one tick 
 
 
 def epoch(value: dt.datetime | None) -> float | None:
-    return None if value is None else value.replace(tzinfo=dt.timezone.utc).timestamp()
+    return None if value is None else value.replace(tzinfo=dt.UTC).timestamp()
 
 
 def from_epoch(value: float) -> dt.datetime:
-    return dt.datetime.fromtimestamp(value, dt.timezone.utc).replace(tzinfo=None)
+    return dt.datetime.fromtimestamp(value, dt.UTC).replace(tzinfo=None)
 
 
 def health_of(node: Node) -> core.Health:

@@ -13,7 +13,7 @@ Register it on the registry the managers process serves (``registry.register(Rep
 
 from __future__ import annotations
 
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import sqlalchemy as sa
 from prometheus_client.core import (

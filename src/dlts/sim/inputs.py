@@ -148,7 +148,7 @@ def load_cluster(path: str | Path) -> Cluster:
     except OSError as exc:
         raise SimInputError(path, None, None, f"cannot read: {exc.strerror}") from None
     try:
-        data = yaml.load(text, Loader=_Loader)  # noqa: S506 (a SafeLoader subclass)
+        data = yaml.load(text, Loader=_Loader)  # a SafeLoader subclass
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         raise SimInputError(path, mark.line + 1 if mark else None, None, f"not valid YAML: {exc}") from None
