@@ -225,7 +225,8 @@ class LustreStorageManager:
         return data
 
     def policy(self):
-        from dlts_lustre.policy import PolicyError, policy_from_vcs
+        from dlts_lustre.errors import PolicyError
+        from dlts_lustre.policy import policy_from_vcs
 
         with self.session_factory() as session:
             vcs = [{"name": vc.name, **(vc.storage or {})["lustre"]}
