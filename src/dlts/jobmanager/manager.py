@@ -1,9 +1,11 @@
-"""One job manager tick: observe the backend, reconcile, carry out requests, schedule, apply.
+"""One job manager tick: sync nodes, observe the backend, reconcile, carry out requests, schedule,
+apply.
 
 Only this module (and the backends it drives) touches the cluster. Every step is safe to repeat:
 status writes are compare-and-set, backend objects are named from (job id, attempt), so a crash
 between any two steps is finished by the next tick.
 
+    0 nodes     backend.nodes() -> node rows (capacity, SKU, IB domain, ready)
     1 observe   backend.observe() once: phases and exit codes of every attempt it holds
     2 reconcile attempts that started or ended -> job transitions; orphans removed; a pending
                 attempt's reason (image pull, unschedulable, ...) onto its job; an attempt not
@@ -19,6 +21,8 @@ between any two steps is finished by the next tick.
                 session is not thread-safe); stops -> terminate; waits -> reason + queue position;
                 inference scale-up -> new replicas in the attempt row + launch (creates the missing
                 ones); scale-down -> replicas marked retiring + backend.remove_replicas
+    6 garbage   every GC_INTERVAL_S: backend.collect_garbage(live attempts) removes the objects a
+                crash or a restored database left behind
 
 Times of attempts (created, started) come from the manager's clock, never from the backend's
 (a process's or container's start time is rounded and may precede the submission).
