@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _findings_comment(snap) -> str:  # type: ignore[no-untyped-def]
+def _findings_comment(snap) -> str:
     """Findings as '#' comment lines after the metrics, so the output stays valid exposition text."""
     if not snap.findings:
         return "# findings: none\n"

@@ -326,7 +326,7 @@ MOVED_KEYS = {
 # Sections whose keys the environment sets one by one: DLTS_KUBERNETES__NAMESPACE=jobs,
 # DLTS_STORAGE__SCAN_INTERVAL_S=600, DLTS_INSIGHT__IDLE_MIN=45, DLTS_DIRECTORY__URL=ldaps://... (lists
 # such as storage.roots and directory.vc_roles are the file's).
-SECTIONS = {"kubernetes": KubernetesSettings, "storage": StorageSettings, "insight": InsightSettings,
+SECTIONS: dict[str, type[BaseModel]] = {"kubernetes": KubernetesSettings, "storage": StorageSettings, "insight": InsightSettings,
             "directory": DirectorySettings}
 
 
@@ -348,10 +348,10 @@ def _from_env(environ: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, str
                 values.setdefault(name, {})[subkey] = raw
                 origins[f"{name}.{subkey}"] = key
             continue
-        name = known.get(rest)
-        if name is not None and name not in SECTIONS:
-            values[name] = raw
-            origins[name] = key
+        field = known.get(rest)
+        if field is not None and field not in SECTIONS:
+            values[field] = raw
+            origins[field] = key
     return values, origins
 
 

@@ -77,7 +77,10 @@ class TickThread(threading.Thread):
     def __init__(self, manager: JobManager | None, interval_s: float, *, name: str = "jobmanager", tick=None):
         super().__init__(name=name, daemon=True)
         self.manager, self.interval_s = manager, interval_s
-        self.tick = tick or manager.tick
+        if tick is None:
+            assert manager is not None, "a TickThread without a tick of its own runs the manager's"
+            tick = manager.tick
+        self.tick = tick
         self.stopping = threading.Event()
 
     def run(self) -> None:
@@ -120,6 +123,7 @@ def start_agent(settings: Settings, sessions, node, url: str, scenario_name: str
     if mode == "fake":
         from dlts_testing.fake_nvml import DeferredFaults, scenario
 
+        assert scenario_name is not None  # agent_mode says "fake" only for a named scenario
         faulty = scenario(scenario_name)
         faulty.gpus = faulty.gpus[: node.gpus]
         deferred = DeferredFaults(faulty)  # each faulty GPU fails once a job runs on it
