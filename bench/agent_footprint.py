@@ -124,7 +124,7 @@ def main() -> int:
         "--no-collector.systemd",
         f"--collector.textfile.directory={textfile_dir}",
     ]
-    log = open(tmp / "exporters.log", "wb")
+    log = open(tmp / "exporters.log", "wb")  # noqa: SIM115 - the exporters write to it until they stop
     procs = [
         subprocess.Popen(ne_cmd, stdout=log, stderr=subprocess.STDOUT),
         subprocess.Popen(agent_cmd, stdout=log, stderr=subprocess.STDOUT),

@@ -34,7 +34,7 @@ import requests
 import sqlalchemy as sa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from mariadb_profile import apply_for_this_run  # noqa: E402
+from mariadb_profile import apply_for_this_run
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_URL = "mysql+pymysql://root@127.0.0.1:3306/dlts_bench"
@@ -153,13 +153,17 @@ def main() -> None:
     try:
         low = max(1, top - 400_000)
         scenarios = {
-            "get_job": (tokens["admin"], f'math.randomseed(7)\nrequest = function()\n  return wrk.format("GET", "/api/v1/jobs/" .. math.random({low}, {top}))\nend\n', "/"),
+            "get_job": (tokens["admin"], "math.randomseed(7)\nrequest = function()\n"
+                        f'  return wrk.format("GET", "/api/v1/jobs/" .. math.random({low}, {top}))\nend\n', "/"),
             "list_first": (tokens["admin"], "", "/api/v1/jobs?limit=50"),
             "list_member": (tokens["alice"], "", "/api/v1/jobs?limit=50"),
-            "post_job": (tokens["alice"], 'wrk.method = "POST"\nwrk.body = \'{"vc": "vc0", "image": "busybox", "command": "true"}\'\n', "/api/v1/jobs"),
+            "post_job": (tokens["alice"],
+                         'wrk.method = "POST"\nwrk.body = \'{"vc": "vc0", "image": "busybox", "command": "true"}\'\n',
+                         "/api/v1/jobs"),
         }
         if deep is not None:
-            scenarios["list_deep_filtered"] = (tokens["admin"], "", f"/api/v1/jobs?limit=50&vc=vc1&status=finished&cursor={cursor_for(deep + 1)}")
+            scenarios["list_deep_filtered"] = (
+                tokens["admin"], "", f"/api/v1/jobs?limit=50&vc=vc1&status=finished&cursor={cursor_for(deep + 1)}")
             scenarios["list_deep"] = (tokens["admin"], "", f"/api/v1/jobs?limit=50&cursor={cursor_for(deep + 1)}")
         for name, (token, script, path) in scenarios.items():
             if only and name not in only:

@@ -32,8 +32,8 @@ import sqlalchemy as sa
 from sqlalchemy.orm import sessionmaker
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from api_load import add_server_args, lua, parse_wrk, start_gunicorn  # noqa: E402
-from mariadb_profile import apply_for_this_run  # noqa: E402
+from api_load import add_server_args, lua, parse_wrk, start_gunicorn
+from mariadb_profile import apply_for_this_run
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -48,7 +48,7 @@ def read_script(low: int, high: int, delay_ms: int = 0) -> str:
 
 
 def start_wrk(url: str, script: str, duration_s: int, connections: int) -> subprocess.Popen:
-    fh = tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False)
+    fh = tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False)  # noqa: SIM115 - wrk reads it after close
     fh.write(script)
     fh.close()
     return subprocess.Popen(["wrk", "-t", "1", "-c", str(connections), "-d", f"{duration_s}s", "--latency", "-s", fh.name, url],

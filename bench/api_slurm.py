@@ -83,7 +83,7 @@ def start(tuned: bool) -> dict:
 
 
 def stop(state: dict) -> None:
-    for name, pidfile in state["pids"].items():
+    for pidfile in state["pids"].values():
         try:
             os.kill(int(pidfile.read_text().strip()), 15)
         except (OSError, ValueError):

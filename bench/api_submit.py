@@ -30,9 +30,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import api_slurm  # noqa: E402
-from api_load import add_server_args, start_gunicorn  # noqa: E402
-from mariadb_profile import apply_for_this_run  # noqa: E402
+import api_slurm
+from api_load import add_server_args, start_gunicorn
+from mariadb_profile import apply_for_this_run
 
 BODY = json.dumps({"vc": "vc0", "image": "busybox", "command": "true", "gpus": 0})
 

@@ -172,7 +172,8 @@ def sim_point(jobs: int) -> dict:
         )
         t = time.perf_counter()
         proc = subprocess.run(
-            [sys.executable, "-m", "dlts.sim", "--cluster", f"{tmp}/cluster.yaml", "--trace", f"{tmp}/steady.csv", "--out", f"{tmp}/r.json"],
+            [sys.executable, "-m", "dlts.sim", "--cluster", f"{tmp}/cluster.yaml", "--trace", f"{tmp}/steady.csv",
+             "--out", f"{tmp}/r.json"],
             check=True,
             capture_output=True,
             text=True,

@@ -107,7 +107,8 @@ def seed(url: str, jobs: int, first_id: int, old_fraction: float, rng: random.Ra
             if not queued:
                 attempt_rows.append((job_id, 1, json.dumps([{"node": f"node{job_id % 16:02d}", "gpu_indices": list(range(gpus)),
                                                              "cpu": 12.0, "memory_bytes": 2**34}]),
-                                     submitted, submitted + dt.timedelta(seconds=30), finished, job_rows[-1][22], status, status != "finished"))
+                                     submitted, submitted + dt.timedelta(seconds=30), finished, job_rows[-1][22], status,
+                                     status != "finished"))
                 event_rows.append((job_id, finished, "transition", "running", status, status, None, "jobmanager"))
         insert_many(cursor, "jobs", JOB_COLUMNS, job_rows)
         insert_many(cursor, "job_attempts", ATTEMPT_COLUMNS, attempt_rows)

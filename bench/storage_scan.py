@@ -54,7 +54,7 @@ def generate(tree: Path, files: int, seed: int) -> dict:
     started = time.monotonic()
     leaves = max(1, -(-files // PER_DIR))
     payload = b"x" * 65536
-    made_files = links = symlinks = 0
+    links = symlinks = 0
     leaf_dirs: list[Path] = []
     per_top = -(-leaves // TOPS)
     for i in range(leaves):
@@ -85,9 +85,8 @@ def generate(tree: Path, files: int, seed: int) -> dict:
                 recent.append(path)
                 if len(recent) > 200:
                     recent.pop(0)
-        made_files += 1
-        if made_files % 100000 == 0:
-            print(f"  made {made_files} files, {made_files / (time.monotonic() - started):.0f}/s", flush=True)
+        if (i + 1) % 100000 == 0:
+            print(f"  made {i + 1} files, {(i + 1) / (time.monotonic() - started):.0f}/s", flush=True)
     made = {"files": files, "seed": seed, "dirs": len(leaf_dirs), "hard_links": links, "symlinks": symlinks,
             "seconds": round(time.monotonic() - started, 1)}
     manifest.write_text(json.dumps(made))  # the manifest is a file too: du and the scanner both count it

@@ -1,5 +1,10 @@
 """Shared fixtures: settings, a migrated database (SQLite, or MariaDB via DLTS_TEST_DATABASE_URL),
 the Flask app and client, users with tokens, and a live server (real HTTP + job manager + local backend).
+
+This file is loaded for every test, the pure ones too (tests/scheduler, tests/agent, the Lustre
+package's tests), so the application, its database layer and Flask are imported inside the fixtures
+that use them: those suites run where only their own dependencies are installed
+(tests/test_pure_suites.py proves it).
 """
 
 from __future__ import annotations
@@ -9,18 +14,13 @@ import shutil
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from hypothesis import settings as hypothesis_settings
-import sqlalchemy as sa
-from werkzeug.serving import make_server
 
-from dlts import db_migrate
-from dlts.app import create_app
-from dlts.config import Settings
-from dlts.db import engine_of, session_factory
-from dlts.models import Base, Node
-from dlts.services import admin
+if TYPE_CHECKING:
+    from dlts.config import Settings
 
 TEST_DATABASE_URL = os.environ.get("DLTS_TEST_DATABASE_URL", "")
 
@@ -35,6 +35,10 @@ IS_MYSQL = TEST_DATABASE_URL.startswith(("mysql", "mariadb"))
 @pytest.fixture(scope="session")
 def migrated_template(tmp_path_factory) -> str:
     """Run the real Alembic migrations once per session; tests start from that schema."""
+    import sqlalchemy as sa
+
+    from dlts import db_migrate
+
     if IS_MYSQL:
         engine = sa.create_engine(TEST_DATABASE_URL)
         with engine.begin() as conn:
@@ -54,6 +58,10 @@ def migrated_template(tmp_path_factory) -> str:
 
 @pytest.fixture
 def database_url(migrated_template, tmp_path) -> str:
+    import sqlalchemy as sa
+
+    from dlts.models import Base
+
     if IS_MYSQL:
         engine = sa.create_engine(TEST_DATABASE_URL)
         with engine.begin() as conn:
@@ -73,6 +81,8 @@ def settings(tmp_path, database_url) -> Settings:
     # testnode (4 pretend demo-gpu GPUs, 8 cores) and the fake Kubernetes clusters' GPU nodes also
     # run the tests' CPU-only jobs, as in the demo: no cores kept for free GPUs (sku_reserve "*";
     # the default keeps the proportional share)
+    from dlts.config import Settings
+
     return Settings(home=tmp_path / "home", database_url=database_url, secret_key="test-secret-key-0123456789",
                     tick_s=0.2, preempt_grace_s=2.0, demo_gpus=4, demo_sku="demo-gpu", max_body_bytes=64 * 1024,
                     sku_reserve={"*": {"cpu_per_gpu": 0, "memory_per_gpu_bytes": 0}})
@@ -80,6 +90,9 @@ def settings(tmp_path, database_url) -> Settings:
 
 @pytest.fixture
 def app(settings):
+    from dlts.app import create_app
+    from dlts.db import engine_of
+
     settings.home.mkdir(parents=True, exist_ok=True)
     application = create_app(settings)
     application.testing = True
@@ -94,6 +107,8 @@ def client(app):
 
 @pytest.fixture
 def sessions(app):
+    from dlts.db import session_factory
+
     return session_factory(app)
 
 
@@ -111,6 +126,11 @@ class World:
 def world(sessions) -> World:
     """admin (cluster admin), vcadmin (admin of vision), alice and bob (members of vision),
     carol (member of nlp only). Node: the local machine registered by the job manager later."""
+    import sqlalchemy as sa
+
+    from dlts.models import Node
+    from dlts.services import admin
+
     tokens = {}
     with sessions() as s:
         admin.add_vc(s, "vision", {"demo-gpu": 4}, cpu_quota=64, memory_quota_bytes=256 * 2**30)
@@ -143,6 +163,8 @@ class LiveServer:
 @pytest.fixture
 def live(app, settings, sessions):
     """The API over real HTTP on loopback, a job manager with the local backend (ticked by the test)."""
+    from werkzeug.serving import make_server
+
     from dlts.backends.local import LocalBackend
     from dlts.jobmanager import JobManager
 

@@ -12,10 +12,11 @@ import email.policy
 import ipaddress
 import socket
 import ssl
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from email.message import EmailMessage
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 from aiosmtpd.controller import Controller
@@ -86,7 +87,7 @@ class SmtpServer:
     def received(self) -> list[Received]:
         return self.handler.received
 
-    def start(self, **smtp_parameters: Any) -> "SmtpServer":
+    def start(self, **smtp_parameters: Any) -> SmtpServer:
         self.controller = Controller(self.handler, hostname="127.0.0.1", port=self.port, **smtp_parameters)
         self.controller.start()
         return self
@@ -130,7 +131,7 @@ def certificate(tmp_path_factory) -> Certificate:
     directory = tmp_path_factory.mktemp("tls")
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "dlts-test-smtp")])
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
             .serial_number(x509.random_serial_number())
             .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=1))

@@ -18,8 +18,9 @@ import logging
 import os
 import subprocess
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Mapping, Protocol
+from typing import Any, Protocol
 
 from dlts_agent.config import ActionsConfig
 from dlts_agent.dcgm import DiagOutputError, parse_diag
@@ -83,7 +84,7 @@ class OrderResult:
         return d
 
     @staticmethod
-    def from_json(d: Mapping[str, Any]) -> "OrderResult":
+    def from_json(d: Mapping[str, Any]) -> OrderResult:
         return OrderResult(
             str(d["id"]),
             str(d["action"]),

@@ -18,7 +18,8 @@ import queue
 import socket
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from dlts_agent import __version__
 from dlts_agent.actions import ActionExecutor
@@ -243,7 +244,7 @@ class Agent:
             return
         try:
             self.firewall.check()
-        except Exception:  # noqa: BLE001 - the loop must go on measuring whatever nft does
+        except Exception:  # the loop must go on measuring whatever nft does
             log.exception("checking the endpoint firewall failed")
 
     def run(self, stop: threading.Event) -> None:

@@ -44,9 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     nvml_lib = None
     if args.fake_nvml:
-        from dlts_testing.fake_nvml import scenario
-
         from dlts_agent.nvml import real_gpu_devices
+        from dlts_testing.fake_nvml import scenario
 
         devices = real_gpu_devices()
         if devices:
@@ -86,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _findings_comment(snap) -> str:  # type: ignore[no-untyped-def]
+def _findings_comment(snap) -> str:
     """Findings as '#' comment lines after the metrics, so the output stays valid exposition text."""
     if not snap.findings:
         return "# findings: none\n"

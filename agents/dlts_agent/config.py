@@ -11,8 +11,9 @@ import os
 import socket
 import types
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 from urllib.parse import urlsplit
 
 ENV_CONFIG = "DLTS_AGENT_CONFIG"
@@ -377,7 +378,7 @@ __all__ = [
     "AgentConfig",
     "ConfigError",
     "Thresholds",
-    "load_config",
     "config_from_mapping",
+    "load_config",
     "read_node_token",
 ]

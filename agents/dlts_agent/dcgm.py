@@ -5,8 +5,9 @@ The output is one JSON document, sometimes after a warning line (DCGM prints tho
 "Deployment", "tests": [{"name": "...", "results": [{"gpu_ids": "0,1" or 3, "status": "PASS",
 "warnings": [...], "info": [...]}], "test_summary": {"status": "Pass"}}, null, ...]}], "version":
 "3.1.0"}}``; DCGM 4 names the GPU of a result ``entity_id`` and adds a ``test_summary``
-per test and warnings as objects (``{"warning": "...", "error_id": 95}``). Statuses are spelled PASS/Pass, FAIL/Fail, WARN/Warn, SKIP/SKIPPED/Skip, "Not Run";
-test lists may hold nulls. A test fails when any of its results (or its summary) fails.
+per test and warnings as objects (``{"warning": "...", "error_id": 95}``). Statuses are spelled
+PASS/Pass, FAIL/Fail, WARN/Warn, SKIP/SKIPPED/Skip, "Not Run"; test lists may hold nulls. A test
+fails when any of its results (or its summary) fails.
 """
 
 from __future__ import annotations

@@ -9,8 +9,8 @@ of samples. Corrected-error counts are judged as rates between two collections, 
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 from dlts_agent.config import Thresholds
 from dlts_agent.model import (
@@ -440,13 +440,13 @@ def detect_disk(host: HostSample, t: Thresholds) -> list[Finding]:
 
 
 __all__ = [
+    "RECOVERY_ACTIONS",
+    "XID_RULES",
     "detect",
+    "detect_disk",
     "detect_gpu",
     "detect_gpu_count",
-    "detect_xid",
     "detect_ib",
     "detect_nfs",
-    "detect_disk",
-    "XID_RULES",
-    "RECOVERY_ACTIONS",
+    "detect_xid",
 ]

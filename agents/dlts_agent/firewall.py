@@ -32,8 +32,9 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from dlts_agent.config import ConfigError, FirewallConfig
 from dlts_agent.model import FirewallStatus
@@ -110,8 +111,8 @@ def parse_spec(data: Any) -> FirewallSpec:
     collapsed = []
     for port, networks in sorted(by_port.items()):
         merged: list[ipaddress.IPv4Network | ipaddress.IPv6Network] = []
-        for family in (4, 6):
-            merged.extend(ipaddress.collapse_addresses([n for n in networks if n.version == family]))  # type: ignore[arg-type]
+        merged.extend(ipaddress.collapse_addresses([n for n in networks if isinstance(n, ipaddress.IPv4Network)]))
+        merged.extend(ipaddress.collapse_addresses([n for n in networks if isinstance(n, ipaddress.IPv6Network)]))
         if merged:
             collapsed.append((port, tuple(merged)))
     return FirewallSpec(version, (low, high), tuple(collapsed))

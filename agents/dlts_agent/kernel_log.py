@@ -17,8 +17,8 @@ import json
 import os
 import re
 import subprocess
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 from dlts_agent.nvml import normalize_bus_id
 

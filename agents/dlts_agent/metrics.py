@@ -12,7 +12,8 @@ from __future__ import annotations
 import json
 import os
 import threading
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import CollectorRegistry
@@ -430,7 +431,7 @@ def write_textfile(path: str, body: bytes) -> None:
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
-def serve_metrics(address: str, port: int, render: Callable[[], bytes]) -> "ThreadingHTTPServer":
+def serve_metrics(address: str, port: int, render: Callable[[], bytes]) -> ThreadingHTTPServer:
     """A read-only HTTP endpoint: GET/HEAD ``/metrics`` (and ``/``). Any other method gets 501 from
     the standard library handler; nothing on this port can change the node. A thread per request,
     so a slow client cannot hold up Prometheus; each is cut off after ``timeout`` seconds.
@@ -441,7 +442,7 @@ def serve_metrics(address: str, port: int, render: Callable[[], bytes]) -> "Thre
         server_version = "dlts-agent"
         timeout = 10
 
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+        def log_message(self, format: str, *args: Any) -> None:  # `format`: the stdlib's signature
             pass
 
         def _reply(self, with_body: bool) -> None:

@@ -9,8 +9,9 @@ as "healthy".
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 
 class CollectorStatus(str, enum.Enum):

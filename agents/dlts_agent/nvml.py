@@ -15,7 +15,8 @@ import ctypes
 import glob
 import logging
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from dlts_agent.model import GpuReadout, GpuSample
 

@@ -20,8 +20,9 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from dlts_agent.actions import ActionExecutor, OrderResult
 from dlts_agent.config import ReportConfig
@@ -39,7 +40,7 @@ MAX_RESPONSE_BYTES = 16 * 1024 * 1024
 def iso(ts: float | None) -> str | None:
     if ts is None:
         return None
-    return dt.datetime.fromtimestamp(ts, dt.timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return dt.datetime.fromtimestamp(ts, dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def build_payload(snap: AgentSnapshot, results: list[OrderResult], heartbeat_s: float, boot_id: str,
@@ -175,7 +176,7 @@ class Reporter:
         if self.on_firewall is not None and data is not None:
             try:
                 self.on_firewall(data.get("firewall"))
-            except Exception:  # noqa: BLE001 - the firewall must never stop reports or orders
+            except Exception:  # the firewall must never stop reports or orders
                 log.exception("applying the endpoint firewall failed; the previous rules stay")
         return _orders(data)
 

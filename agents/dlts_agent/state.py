@@ -40,7 +40,7 @@ class AgentState:
         self._save_lock = threading.Lock()
 
     @classmethod
-    def load(cls, path: str | None) -> "AgentState":
+    def load(cls, path: str | None) -> AgentState:
         st = cls(path)
         if path is None or not os.path.exists(path):
             return st

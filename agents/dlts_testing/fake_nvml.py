@@ -15,15 +15,16 @@ It lives in ``dlts_testing``, not in the agent's package: the product does not c
 from __future__ import annotations
 
 import dataclasses
-
 import json
 import threading
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import SimpleNamespace
-from typing import Any, Callable
+from typing import Any
 
 import pynvml
+
 from dlts_agent.nvml import NVML_FI_DEV_GET_GPU_RECOVERY_ACTION
 
 NVMLError = pynvml.NVMLError
@@ -303,7 +304,7 @@ class DeferredFaults:
 def _healthy_copy(g: FakeGpu) -> FakeGpu:
     return dataclasses.replace(
         g,
-        ecc=None if g.ecc is None else {key: 0 for key in g.ecc},
+        ecc=None if g.ecc is None else dict.fromkeys(g.ecc, 0),
         remapped_rows=None if g.remapped_rows is None else (0, 0, 0, 0),
         retired_sbe=None if g.retired_sbe is None else [],
         retired_dbe=None if g.retired_dbe is None else [],

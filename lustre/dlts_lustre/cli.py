@@ -18,7 +18,7 @@ import click
 
 from dlts_lustre.client import LustreClient
 from dlts_lustre.errors import LustreError, PolicyError, UnsafePlanError
-from dlts_lustre.model import GraceState, QuotaEntry, QuotaKind, QuotaReport
+from dlts_lustre.model import GraceState, GraceStatus, QuotaEntry, QuotaKind, QuotaReport
 from dlts_lustre.plan import Plan, apply_plan, build_plan
 from dlts_lustre.policy import load_policy
 from dlts_lustre.runner import DEFAULT_TIMEOUT_S, Runner
@@ -136,7 +136,7 @@ def apply(ctx: click.Context, policy_path: str, dry_run: bool, force: bool, as_j
 
 # ---------------------------------------------------------------------------------------------- quota
 
-def _grace_text(entry_grace) -> str:
+def _grace_text(entry_grace: GraceStatus) -> str:
     if entry_grace.state is GraceState.NOT_STARTED:
         return "-"
     if entry_grace.state is GraceState.EXPIRED:

@@ -1,5 +1,6 @@
-"""Typed Lustre operations: each builds an argv (``cmd_*`` functions, also used by the planner), runs it
-through the ``Runner`` and parses the answer into a frozen dataclass.
+"""Typed Lustre operations. Reads run through the ``Runner`` and parse the answer into a frozen
+dataclass (``LustreClient``'s methods); writes are argvs built by the ``cmd_*`` functions, which the
+planner puts into a plan's actions and ``LustreClient.execute`` runs (dry-run aware).
 """
 from __future__ import annotations
 
@@ -45,7 +46,6 @@ from dlts_lustre.runner import CommandResult, Runner
 Argv = tuple[str, ...]
 OST_STATS_PARAM = "obdfilter.*.stats"
 MDT_STATS_PARAM = "mdt.*.md_stats"
-QUOTA_TYPES = "ugp"
 # the per-target space of a server, without a client mount (lfs df needs one)
 SERVER_SPACE_PARAMS = ("kbytestotal", "kbytesfree", "kbytesavail", "filestotal", "filesfree")
 QUOTA_SLAVE_ENABLED = "quota_slave*.enabled"
@@ -132,13 +132,6 @@ def cmd_setdirstripe_default(path: str, *, stripe_count: int = 1, mdt_index: int
     return ("lfs", "setdirstripe", "-D", "-c", str(stripe_count), "-i", str(mdt_index), path)
 
 
-def cmd_conf_param_quota(fsname: str, kind: str, types: str = QUOTA_TYPES) -> Argv:
-    """``lctl conf_param FS.quota.{mdt,ost}=ugp``: switch quota enforcement on (MGS only)."""
-    if kind not in ("mdt", "ost"):
-        raise ValueError(f"quota enforcement is set for mdt or ost, not {kind!r}")
-    return ("lctl", "conf_param", f"{fsname}.quota.{kind}={types}")
-
-
 def cmd_set_project(path: str, project_id: int) -> Argv:
     return ("lfs", "project", "-p", str(project_id), "-s", "-r", path)
 
@@ -161,12 +154,10 @@ class LustreClient:
     def _read(self, argv: Sequence[str], ok_codes: Sequence[int] = (0,)) -> CommandResult:
         return self.runner.run(argv, ok_codes=ok_codes)
 
-    def _write(self, argv: Sequence[str]) -> CommandResult:
-        return self.runner.run(argv, mutating=True)
-
     def execute(self, argv: Sequence[str]) -> CommandResult:
-        """Run a mutating argv built by a ``cmd_*`` function (honours dry-run)."""
-        return self._write(argv)
+        """Run a mutating argv built by a ``cmd_*`` function (honours dry-run): the one way this
+        package changes a filesystem, so that a plan shows exactly what apply runs."""
+        return self.runner.run(argv, mutating=True)
 
     # quotas
     def quota(self, kind: QuotaKind, ident: str | int, mount: str, *, verbose: bool = False,
@@ -188,10 +179,6 @@ class LustreClient:
         return parse_quota(self._read(argv).stdout, kind=kind, delimiter="," if delimited else None,
                            quiet=quiet and not delimited)
 
-    def set_quota(self, kind: QuotaKind, ident: str | int, mount: str, limits: QuotaLimits,
-                  pool: str | None = None) -> CommandResult:
-        return self._write(cmd_setquota(kind, str(ident), mount, limits, pool))
-
     def _require_defaults(self) -> None:
         if not self.version().has_default_quotas:
             raise LustreError(f"default quotas (-U/-G/-P) need Lustre 2.12+, this is {self.version()}")
@@ -200,21 +187,9 @@ class LustreClient:
         self._require_defaults()
         return parse_default_quota(self._read(("lfs", "quota", kind.default_flag, mount)).stdout, kind=kind)
 
-    def set_default_quota(self, kind: QuotaKind, mount: str, limits: QuotaLimits) -> CommandResult:
-        self._require_defaults()
-        return self._write(cmd_set_default_quota(kind, mount, limits))
-
-    def use_default_quota(self, kind: QuotaKind, ident: str | int, mount: str) -> CommandResult:
-        self._require_defaults()
-        return self._write(cmd_use_default_quota(kind, str(ident), mount))
-
     def grace_times(self, kind: QuotaKind, mount: str, pool: str | None = None) -> GraceTimes:
         argv = ["lfs", "quota", "-t", f"-{kind.value}"] + (["--pool", pool] if pool else []) + [mount]
         return parse_grace_times(self._read(argv).stdout)
-
-    def set_grace_times(self, kind: QuotaKind, mount: str, block_grace_s: int, inode_grace_s: int,
-                        pool: str | None = None) -> CommandResult:
-        return self._write(cmd_set_grace(kind, mount, block_grace_s, inode_grace_s, pool))
 
     # pools
     def pools(self, fsname: str) -> tuple[str, ...]:
@@ -223,32 +198,9 @@ class LustreClient:
     def pool(self, fsname: str, name: str) -> Pool:
         return parse_pool_members(self._read(("lctl", "pool_list", f"{fsname}.{name}")).stdout, fsname, name)
 
-    def pool_new(self, fsname: str, name: str) -> CommandResult:
-        return self._write(cmd_pool_new(fsname, name))
-
-    def pool_add(self, fsname: str, name: str, indices: Iterable[int]) -> CommandResult:
-        return self._write(cmd_pool_add(fsname, name, indices))
-
-    def pool_remove(self, fsname: str, name: str, indices: Iterable[int]) -> CommandResult:
-        return self._write(cmd_pool_remove(fsname, name, indices))
-
-    def pool_destroy(self, fsname: str, name: str) -> CommandResult:
-        return self._write(cmd_pool_destroy(fsname, name))
-
     # layout
-    def setstripe(self, path: str, *, pool: str | None = None, stripe_count: int | None = None,
-                  stripe_size: str | None = None) -> CommandResult:
-        return self._write(cmd_setstripe(path, pool=pool, stripe_count=stripe_count, stripe_size=stripe_size))
-
     def getstripe(self, path: str) -> StripeLayout:
         return parse_getstripe(self._read(("lfs", "getstripe", "-d", path)).stdout)
-
-    def mkdir(self, path: str, *, mdt_index: int | None = None, stripe_count: int | None = None,
-              hash_type: str | None = None) -> CommandResult:
-        return self._write(cmd_mkdir(path, mdt_index=mdt_index, stripe_count=stripe_count, hash_type=hash_type))
-
-    def setdirstripe_default(self, path: str, *, stripe_count: int = 1, mdt_index: int = -1) -> CommandResult:
-        return self._write(cmd_setdirstripe_default(path, stripe_count=stripe_count, mdt_index=mdt_index))
 
     def getdirstripe(self, path: str, *, default: bool = False) -> DirStripe:
         argv = ("lfs", "getdirstripe", "-D", path) if default else ("lfs", "getdirstripe", path)
@@ -259,9 +211,6 @@ class LustreClient:
 
     def project(self, path: str) -> ProjectInfo:
         return parse_project(self._read(("lfs", "project", "-d", path)).stdout)
-
-    def set_project(self, path: str, project_id: int) -> CommandResult:
-        return self._write(cmd_set_project(path, project_id))
 
     # space, health, stats
     def df(self, mount: str, *, inodes: bool = False, pool: str | None = None, fsname: str | None = None) -> DfReport:
@@ -285,9 +234,6 @@ class LustreClient:
     def quota_enforcement(self, fsname: str) -> dict[str, str]:
         """``{target: "ugp"|...|"none"}`` from ``quota_slave*.enabled`` of this node's targets."""
         return osd_values(self._osd_params(fsname, (QUOTA_SLAVE_ENABLED,)), QUOTA_SLAVE_ENABLED)
-
-    def conf_param_quota(self, fsname: str, kind: str, types: str = QUOTA_TYPES) -> CommandResult:
-        return self._write(cmd_conf_param_quota(fsname, kind, types))
 
     def server_targets(self, fsname: str) -> tuple[ServerTarget, ...]:
         """This server's MDTs and OSTs with their space and quota enforcement (``lctl get_param``)."""

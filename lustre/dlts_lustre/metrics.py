@@ -146,6 +146,7 @@ class LustreCollector(Collector):
         return [gauge]
 
     def _df(self) -> tuple[DfReport, list[Metric]]:
+        assert self.mount is not None  # the df section needs a mount (checked in __init__)
         blocks = self.client.df(self.mount)
         inodes = self.client.df(self.mount, inodes=True)
         fs = self._fs(blocks)

@@ -15,8 +15,8 @@ from pathlib import PurePosixPath
 
 from dlts_lustre import client as c
 from dlts_lustre.errors import LustreCommandError, PolicyError, UnsafePlanError
-from dlts_lustre.model import QuotaKind, QuotaLimits, QuotaReport
-from dlts_lustre.policy import SPREAD, Policy, VcStorage
+from dlts_lustre.model import DfReport, QuotaKind, QuotaLimits, QuotaReport
+from dlts_lustre.policy import SPREAD, Grace, Policy, VcStorage
 from dlts_lustre.units import format_grace_s, format_size_kib
 
 
@@ -134,7 +134,7 @@ class Planner:
         ordered = sorted(enumerate(self.actions), key=lambda pair: (_ORDER[pair[1].kind], pair[0]))
         return Plan(actions=tuple(a for _, a in ordered), warnings=tuple(self.warnings))
 
-    def _check_targets(self, df) -> None:
+    def _check_targets(self, df: DfReport) -> None:
         osts = {t.index for t in df.osts()}
         mdts = {t.index for t in df.mdts()}
         for i, vc in enumerate(self.policy.vcs):
@@ -274,7 +274,7 @@ class Planner:
                          f"user {user}: follow the default quota again",
                          shrink_reason(report, default_limits, f"user {user}"))
 
-    def _plan_grace(self, kind: QuotaKind, grace) -> None:
+    def _plan_grace(self, kind: QuotaKind, grace: Grace | None) -> None:
         if grace is None:
             return
         current = self.client.grace_times(kind, self.mount)

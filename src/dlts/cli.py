@@ -12,8 +12,9 @@ import dataclasses
 import functools
 import logging
 import sys
+from collections.abc import Callable
 from contextlib import contextmanager
-from typing import ClassVar
+from typing import Any
 
 import click
 
@@ -79,7 +80,10 @@ class SectionedGroup(click.Group):
     is a user command when it carries ``dlts_section = "user"``; a server group's user subcommands
     (``vc show``) are listed with the user commands too."""
 
-    lazy: ClassVar[dict] = {}  # name -> a function returning the command, imported when first asked for
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # name -> a function returning the command, imported when first asked for
+        self.lazy: dict[str, Callable[[], click.Command]] = {}
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(set(super().list_commands(ctx)) | set(self.lazy))
@@ -436,7 +440,7 @@ def vc_set(ctx: Context, name: str, quota: tuple[str, ...], policy: str | None, 
     prints 'added', 'updated' or 'unchanged' (for Ansible)."""
     from dlts.services import admin as admin_service
 
-    extra = {}
+    extra: dict[str, Any] = {}
     if gid is not None:
         extra["gid"] = _optional_int("--gid", gid)
     if ephemeral is not None:
@@ -537,7 +541,6 @@ def vc_lustre(ctx: Context, vc_name: str, pool: str, osts: str, mdt: str, direct
               project_id: int | None, stripe_count: int | None, default_dir_stripe_count: int | None) -> None:
     """Pin VC's Lustre directory to an OST pool and an MDT; `dlts managers` applies it."""
     from dlts.services import admin as admin_service
-
     from dlts.strict import is_whole_number
 
     settings = {"pool": pool, "osts": osts, "mdt": int(mdt) if is_whole_number(mdt) else mdt, "directory": directory,
@@ -796,7 +799,7 @@ def storage_scan(ctx: Context, paths: tuple[str, ...], as_json: bool, record: bo
                 result = manager.scan_and_record(root)
             else:
                 names = {}
-                if manager is not None and root is not None:
+                if manager is not None and root is not None and sessions is not None:
                     with sessions() as session:
                         names = manager.uid_names(session)
                 result = scan_path(os.path.abspath(path), storage_settings, uid_names=names)

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal, Mapping
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -24,8 +25,8 @@ from dlts.directory_settings import DirectorySettings
 from dlts.insight.settings import InsightSettings
 from dlts.notify_settings import NotifySettings
 from dlts.repair.settings import RepairSettings
-from dlts.strict import is_whole_number
 from dlts.storage.settings import StorageSettings
+from dlts.strict import is_whole_number
 
 ENV_PREFIX = "DLTS_"
 SYSTEM_CONFIG = Path("/etc/dlts/dlts.yaml")
@@ -325,7 +326,7 @@ MOVED_KEYS = {
 # Sections whose keys the environment sets one by one: DLTS_KUBERNETES__NAMESPACE=jobs,
 # DLTS_STORAGE__SCAN_INTERVAL_S=600, DLTS_INSIGHT__IDLE_MIN=45, DLTS_DIRECTORY__URL=ldaps://... (lists
 # such as storage.roots and directory.vc_roles are the file's).
-SECTIONS = {"kubernetes": KubernetesSettings, "storage": StorageSettings, "insight": InsightSettings,
+SECTIONS: dict[str, type[BaseModel]] = {"kubernetes": KubernetesSettings, "storage": StorageSettings, "insight": InsightSettings,
             "directory": DirectorySettings}
 
 
@@ -347,10 +348,10 @@ def _from_env(environ: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, str
                 values.setdefault(name, {})[subkey] = raw
                 origins[f"{name}.{subkey}"] = key
             continue
-        name = known.get(rest)
-        if name is not None and name not in SECTIONS:
-            values[name] = raw
-            origins[name] = key
+        field = known.get(rest)
+        if field is not None and field not in SECTIONS:
+            values[field] = raw
+            origins[field] = key
     return values, origins
 
 

@@ -77,7 +77,10 @@ class TickThread(threading.Thread):
     def __init__(self, manager: JobManager | None, interval_s: float, *, name: str = "jobmanager", tick=None):
         super().__init__(name=name, daemon=True)
         self.manager, self.interval_s = manager, interval_s
-        self.tick = tick or manager.tick
+        if tick is None:
+            assert manager is not None, "a TickThread without a tick of its own runs the manager's"
+            tick = manager.tick
+        self.tick = tick
         self.stopping = threading.Event()
 
     def run(self) -> None:
@@ -111,16 +114,16 @@ def start_agent(settings: Settings, sessions, node, url: str, scenario_name: str
     action then (``actions.enabled: false``: a demo does not reset or reboot your machine): a real
     fault takes the node through quarantine to ``out_of_service``, for you to look at. The agent
     reads this machine's /proc (it sees the demo's jobs) but not its kernel log."""
+    from dlts.services import nodes as node_service
     from dlts_agent.agent import Agent
     from dlts_agent.config import config_from_mapping
-
-    from dlts.services import nodes as node_service
 
     mode = agent_mode(node, settings, scenario_name)
     lib = deferred = None
     if mode == "fake":
         from dlts_testing.fake_nvml import DeferredFaults, scenario
 
+        assert scenario_name is not None  # agent_mode says "fake" only for a named scenario
         faulty = scenario(scenario_name)
         faulty.gpus = faulty.gpus[: node.gpus]
         deferred = DeferredFaults(faulty)  # each faulty GPU fails once a job runs on it
@@ -267,7 +270,8 @@ def run_demo(settings: Settings, fake_nvml: str | None = None) -> None:
     click.echo(f"DLTS demo {'created' if created else 'resumed'} in {home}")
     click.echo(f"  node {node.name}: {gpus}, {node.cpu:g} cores; VC 'default' gets all of it")
     click.echo(f"  API:   {url}/api/v1   (OpenAPI: {url}/api/v1/openapi.json)")
-    click.echo(f"  admin API token: {(home / 'demo-token').read_text().strip()}   (also in {home / 'demo-token'}; alice's in {home / 'alice-token'})")
+    click.echo(f"  admin API token: {(home / 'demo-token').read_text().strip()}   "
+               f"(also in {home / 'demo-token'}; alice's in {home / 'alice-token'})")
     click.echo(f"  portal: {url}/   sign in as alice (member of VC default) or admin (cluster admin); "
                f"their passwords are in {home / 'demo-credentials'} (user:password lines)")
     if created:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 
 
-def child_exit(_server, worker) -> None:  # type: ignore[no-untyped-def]
+def child_exit(_server, worker) -> None:
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         from prometheus_client import multiprocess
 

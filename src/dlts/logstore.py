@@ -22,6 +22,7 @@ through it; ``UnsafeLog`` says so and the API answers ``no_log``.
 from __future__ import annotations
 
 import fcntl
+import io
 import os
 import re
 import stat
@@ -79,7 +80,7 @@ class AttemptLogWriter:
         self.attempt = int(attempt)
         self.head_bytes, self.tail_bytes, self.part_bytes = _limits(max_bytes)
         self._head = self.dir / f"attempt-{self.attempt}.log"
-        self._fh = None
+        self._fh: io.FileIO | None = None
         self._fh_start: int | None = None
         self._lock_fd: int | None = None
         if shared:

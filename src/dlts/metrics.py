@@ -99,7 +99,7 @@ _known_label_values()
 
 
 # -- Flask ----------------------------------------------------------------------------------------
-def init_app(app) -> None:  # type: ignore[no-untyped-def]
+def init_app(app) -> None:
     """Count and time every request (the URL rule is the label: bounded), and time its SQL."""
     from flask import g, request
 
@@ -108,7 +108,7 @@ def init_app(app) -> None:  # type: ignore[no-untyped-def]
         g.dlts_metrics_t0 = time.perf_counter()
 
     @app.after_request
-    def _observe(response):  # type: ignore[no-untyped-def]
+    def _observe(response):
         t0 = g.pop("dlts_metrics_t0", None)
         if t0 is not None:
             rule = _endpoint(request.url_rule.rule) if request.url_rule is not None else "unmatched"
@@ -135,17 +135,17 @@ def instrument_engine(engine: sa.engine.Engine) -> None:
     from sqlalchemy import event
 
     @event.listens_for(engine, "before_cursor_execute")
-    def _before(conn, _cursor, _statement, _params, _context, _many) -> None:  # type: ignore[no-untyped-def]
+    def _before(conn, _cursor, _statement, _params, _context, _many) -> None:
         conn.info.setdefault("dlts_t0", []).append(time.perf_counter())
 
     @event.listens_for(engine, "after_cursor_execute")
-    def _after(conn, _cursor, statement, _params, _context, _many) -> None:  # type: ignore[no-untyped-def]
+    def _after(conn, _cursor, statement, _params, _context, _many) -> None:
         starts = conn.info.get("dlts_t0")
         if starts:
             DB_QUERY_DURATION.labels(_operation(statement)).observe(time.perf_counter() - starts.pop())
 
     @event.listens_for(engine, "handle_error")
-    def _error(context) -> None:  # type: ignore[no-untyped-def]
+    def _error(context) -> None:
         starts = context.connection.info.get("dlts_t0") if context.connection is not None else None
         if starts:
             starts.pop()
@@ -157,11 +157,11 @@ def instrument_engine(engine: sa.engine.Engine) -> None:
         DB_POOL_MAX.inc(size() + max(0, overflow))
 
     @event.listens_for(pool, "checkout")
-    def _checkout(*_args) -> None:  # type: ignore[no-untyped-def]
+    def _checkout(*_args) -> None:
         DB_POOL_IN_USE.inc()
 
     @event.listens_for(pool, "checkin")
-    def _checkin(*_args) -> None:  # type: ignore[no-untyped-def]
+    def _checkin(*_args) -> None:
         DB_POOL_IN_USE.dec()
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from dlts_agent.config import AgentConfig, config_from_mapping
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -3,7 +3,8 @@
 It implements the contract of docs/agent.md: ``POST /api/v1/nodes/{name}/report`` with a bearer
 node token (401 without one, 403 for a wrong token or another node's token), stores each report,
 records order results idempotently by order id, and answers with the orders that have no result
-yet. The real endpoint lives in src/dlts; the lead's end-to-end test exercises that one.
+yet. The real endpoint lives in src/dlts; tests/api/test_node_report.py drives it with the agent's
+Reporter end to end.
 """
 
 from __future__ import annotations
@@ -82,7 +83,7 @@ class ReportAPI:
         self.url = f"http://127.0.0.1:{self.server.server_port}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
-    def __enter__(self) -> "ReportAPI":
+    def __enter__(self) -> ReportAPI:
         self.thread.start()
         return self
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 from agent_testkit import FakeNode, agent_config, logged_commands
+
 from dlts_agent.actions import OrderStatus
 from dlts_agent.agent import Agent
 from dlts_testing.fake_nvml import fallen_off_bus, healthy_8xa100

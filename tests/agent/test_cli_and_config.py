@@ -14,11 +14,12 @@ from pathlib import Path
 import pytest
 import yaml
 from agent_testkit import FakeNode, agent_config
+from prometheus_client.parser import text_string_to_metric_families
+
 from dlts_agent.agent import Agent
 from dlts_agent.cli import main
 from dlts_agent.config import AgentConfig, ConfigError, config_from_mapping, load_config
 from dlts_testing.fake_nvml import dbe_gpu3
-from prometheus_client.parser import text_string_to_metric_families
 
 REPO = Path(__file__).resolve().parents[2]
 UNIT = REPO / "agents/systemd/dlts-agent.service"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+
 from dlts_agent.config import Thresholds
 from dlts_agent.detectors import (
     XID_RULES,

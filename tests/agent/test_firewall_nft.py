@@ -26,12 +26,13 @@ from typing import Any
 
 import pytest
 from agent_testkit import FakeNode, agent_config
+
 from dlts_agent import firewall as firewall_module
 from dlts_agent.agent import Agent
 from dlts_agent.config import ConfigError, FirewallConfig, ReportConfig, config_from_mapping
-from dlts_testing.fake_nvml import healthy_8xa100
 from dlts_agent.firewall import Firewall, FirewallSpecError, find_nft, parse_spec, render
 from dlts_agent.reporter import Reporter
+from dlts_testing.fake_nvml import healthy_8xa100
 
 IN_A, IN_B, OUTSIDE = 31001, 31002, 8080  # two guarded ports and one outside the range
 RANGE = [30000, 32767]
@@ -406,7 +407,7 @@ def test_the_script_replaces_one_table_and_guards_only_tcp_to_the_range():
     assert lines[lines.index("table inet dlts_endpoints") + 1] == "delete table inet dlts_endpoints"
     assert "# version: abc" in lines and "tcp dport 30000-32767 jump guarded" in lines
     assert "type filter hook prerouting priority -150; policy accept;" in lines
-    assert ["192.0.2.0/24 . 31001,", "198.51.100.7/32 . 31002"] == [x for x in lines if x.startswith(("192.", "198."))]
+    assert [x for x in lines if x.startswith(("192.", "198."))] == ["192.0.2.0/24 . 31001,", "198.51.100.7/32 . 31002"]
     assert "2001:db8::/48 . 31001" in lines
     single = render(parse_spec(spec("one", port_range=[31000, 31000])))
     assert "tcp dport 31000 jump guarded" in single and "elements" not in single

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from agent_testkit import FakeNode, agent_config, logged_commands
+
 from dlts_agent.actions import OrderStatus
 from dlts_agent.agent import Agent
 from dlts_agent.dcgm import DiagOutputError, parse_diag

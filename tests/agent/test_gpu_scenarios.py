@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 from agent_testkit import FakeNode, agent_config
+
 from dlts_agent.agent import Agent
-from dlts_testing.fake_nvml import SCENARIOS, scenario
 from dlts_agent.model import CollectorStatus, FindingCode, RecommendedAction, Severity
 from dlts_agent.nvml import Nvml, NvmlUnavailable, normalize_bus_id
+from dlts_testing.fake_nvml import SCENARIOS, scenario
 
 
 def run_agent(node: FakeNode, name: str, expected_gpus: int = 8, lib=None) -> Agent:

@@ -4,17 +4,18 @@ from __future__ import annotations
 
 import pytest
 from agent_testkit import BTIME, FAKEBIN, FIXTURES, FakeNode, agent_config
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from dlts_agent.actions import OrderError, parse_order
 from dlts_agent.agent import Agent
 from dlts_agent.collectors.infiniband import _enum_name
 from dlts_agent.collectors.xid import XidCollector
-from dlts_testing.fake_nvml import healthy_8xa100
 from dlts_agent.kernel_log import XidLineParser, parse_kmsg_record
 from dlts_agent.model import CollectorStatus
 from dlts_agent.nvml import Nvml
 from dlts_agent.state import AgentState
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from dlts_testing.fake_nvml import healthy_8xa100
 
 
 @pytest.mark.parametrize(

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from agent_testkit import agent_config
+
 from dlts_agent.agent import Agent
 from dlts_agent.config import ConfigError, load_config
 

@@ -13,6 +13,8 @@ import urllib.request
 
 import pytest
 from agent_testkit import FakeNode, agent_config, logged_commands
+from report_api import ReportAPI
+
 from dlts_agent.agent import Agent
 from dlts_agent.config import (
     ConfigError,
@@ -20,9 +22,8 @@ from dlts_agent.config import (
     config_from_mapping,
     read_node_token,
 )
-from dlts_testing.fake_nvml import dbe_gpu3, healthy_8xa100
 from dlts_agent.reporter import Reporter, ReportError
-from report_api import ReportAPI
+from dlts_testing.fake_nvml import dbe_gpu3, healthy_8xa100
 
 TOKEN = "nt_gpu-node-01_3f9c2b7a"
 

@@ -9,7 +9,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from ansible_helpers import INVENTORIES  # noqa: E402
+from ansible_helpers import INVENTORIES
 
 
 @pytest.fixture(params=sorted(INVENTORIES))

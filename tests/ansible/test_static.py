@@ -21,8 +21,8 @@ ROLES = {
 
 
 def test_every_lifecycle_playbook_and_role_exists():
-    assert LIFECYCLE_PLAYBOOKS <= set(PLAYBOOKS)
-    assert ROLES <= {p.name for p in ROLES_DIR.iterdir() if p.is_dir()}
+    assert set(PLAYBOOKS) >= LIFECYCLE_PLAYBOOKS
+    assert {p.name for p in ROLES_DIR.iterdir() if p.is_dir()} >= ROLES
 
 
 def test_every_playbook_passes_syntax_check_with_every_inventory(inventory_name):

@@ -11,6 +11,7 @@ import pytest
 import sqlalchemy as sa
 
 from dlts.models import AllowedIp, StorageUsage, utcnow
+
 from .helpers import assert_envelope, ssh_public_key
 
 
@@ -118,8 +119,9 @@ def test_storage_usage_reads_the_last_scan_as_json_and_csv(client, world, sessio
     assert rows[0] == ["scanned_at", "mount", "vc", "user", "directory", "bytes_used", "files", "apparent_bytes",
                        "oldest_at", "previous_bytes_used"]
     assert rows[1][1:] == ["/data", "vision", "alice", "", str(10**12), "5", "", "", "1"]
-    formula = list(csv.reader(io.StringIO(client.get("/api/v1/storage/usage?format=csv", headers=world.auth("bob")).get_data(as_text=True))))
-    assert ["'=cmd|calc"] == [row[3] for row in formula[1:] if "calc" in row[3]]
+    answer = client.get("/api/v1/storage/usage?format=csv", headers=world.auth("bob"))
+    formula = list(csv.reader(io.StringIO(answer.get_data(as_text=True))))
+    assert [row[3] for row in formula[1:] if "calc" in row[3]] == ["'=cmd|calc"]
     assert_envelope(client.get("/api/v1/storage/usage?format=xml", headers=world.auth("bob")), 400)
 
 

@@ -9,14 +9,15 @@ cell is independent of the others.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import pytest
 import sqlalchemy as sa
 
 from dlts.models import AllowedIp, JobStatus, SshKey, User, utcnow
 from dlts.services import admin
+
 from .helpers import make_job, ssh_public_key, unique
 
 ROLES = ("anonymous", "member", "other_vc", "vc_admin", "cluster_admin", "owner")
@@ -191,6 +192,7 @@ def with_job(sessions, settings):
 
 def job_with_endpoint(sessions, settings):
     from dlts.services import endpoints
+
     from .helpers import principal
 
     job_id = make_job(sessions, settings, "alice", status=JobStatus.RUNNING)
@@ -346,7 +348,7 @@ def test_the_table_covers_every_api_route(app):
         if not rule.rule.startswith("/api/v1/") or rule.rule.endswith("openapi.json"):
             continue
         path = re.sub(r"<(?:[^:>]+:)?(\w+)>", lambda m: PATH_TARGETS.get(
-            m.group(1), "{vc}" if "vcs" in rule.rule else "testnode"), rule.rule)
+            m.group(1), "{vc}" if "vcs" in rule.rule else "testnode"), rule.rule)  # noqa: B023 - re.sub calls it now
         for method in rule.methods - {"HEAD", "OPTIONS"}:
             assert (method, path) in covered, f"{method} {rule.rule} has no row in the authorisation table"
 

@@ -214,7 +214,7 @@ def test_cluster_status_shows_only_the_vcs_the_caller_belongs_to(client, world, 
     with sessions() as s:
         admin.add_user(s, "loner")
         loner = admin.new_token(s, "loner", "t")
-    names = lambda who: [v["vc"] for v in client.get("/api/v1/cluster/status", headers=who).get_json()["vcs"]]  # noqa: E731
+    names = lambda who: [v["vc"] for v in client.get("/api/v1/cluster/status", headers=who).get_json()["vcs"]]
     assert names(world.auth("admin")) == ["nlp", "vision"]
     assert names(world.auth("alice")) == ["vision"]
     assert names(world.auth("carol")) == ["nlp"]

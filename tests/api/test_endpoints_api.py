@@ -13,6 +13,7 @@ import pytest
 import sqlalchemy as sa
 
 from dlts.models import EndpointStatus, Job, JobEndpoint, JobEvent, JobStatus
+
 from .helpers import assert_envelope, make_job, ssh_public_key
 
 JOB = {"vc": "vision", "image": "debian:12", "command": "true"}
@@ -245,6 +246,7 @@ def test_submission_reads_nothing_more_for_its_endpoints(app, world, sessions, s
     """The submit hot path: ssh and ports add one INSERT to the job's transaction, never a SELECT."""
     from dlts.db import engine_of
     from dlts.services import jobs as job_service
+
     from .helpers import principal
 
     engine = engine_of(app)
@@ -280,6 +282,7 @@ def test_concurrent_opens_never_pass_the_cap(sessions, settings, world):
 
     from dlts.errors import DltsError
     from dlts.services import endpoints
+
     from .helpers import principal
 
     job_id = make_job(sessions, settings, "alice", status=JobStatus.RUNNING)

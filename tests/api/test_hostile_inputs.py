@@ -10,6 +10,7 @@ import pytest
 import sqlalchemy as sa
 
 from dlts.models import Job, JobEndpoint, JobEvent, JobStatus, SshKey, VirtualCluster
+
 from .helpers import assert_envelope, job_count, make_job
 
 JOB = {"vc": "vision", "image": "debian:12", "command": "true"}

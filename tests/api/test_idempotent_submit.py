@@ -18,6 +18,7 @@ from dlts.config import load_settings
 from dlts.db import engine_of, session_factory
 from dlts.managers.janitor import Janitor
 from dlts.models import IdempotencyKey, Job, utcnow
+
 from .helpers import assert_envelope, job_count
 
 JOB = {"vc": "vision", "image": "debian:12", "command": "python train.py"}

@@ -10,6 +10,7 @@ import sqlalchemy as sa
 
 from dlts.managers.janitor import Janitor
 from dlts.models import Job, JobAttempt, JobEndpoint, JobEvent, JobStatus, utcnow
+
 from .helpers import make_job
 
 

@@ -13,6 +13,7 @@ import sqlalchemy as sa
 
 from dlts.models import Job, JobAttempt, JobEvent, JobFavourite, JobStatus, JobTag, UsageJobDay, utcnow
 from dlts.services import accounting
+
 from .helpers import assert_envelope, job_count, make_job
 
 JOB = {"vc": "vision", "image": "debian:12", "command": "python train.py"}

@@ -4,6 +4,7 @@ cordon/uncordon/repair; and end to end, the real agent reporter (dlts_agent) ove
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
@@ -230,6 +231,7 @@ def test_the_real_agent_applies_the_api_firewall_only_when_it_changes(live, worl
     """dlts_agent's Reporter and Firewall against the API over HTTP; nft is a recording runner here
     (tests/agent/test_firewall_nft.py runs the real nft in a network namespace)."""
     import requests
+
     from dlts_agent.config import FirewallConfig, ReportConfig
     from dlts_agent.firewall import Firewall
     from dlts_agent.model import AgentSnapshot, Collection
@@ -240,7 +242,7 @@ def test_the_real_agent_applies_the_api_firewall_only_when_it_changes(live, worl
     scripts: list[str] = []
 
     def nft(argv, timeout_s):
-        scripts.append(open(argv[-1]).read())
+        scripts.append(Path(argv[-1]).read_text())
         return 0, ""
 
     firewall = Firewall(FirewallConfig(enabled=True), str(tmp_path / "state"), nft=["nft"], runner=nft)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 
 from dlts.models import JobAttempt, JobStatus
+
 from .helpers import assert_envelope, make_job
 
 GIB = 2**30
@@ -45,7 +46,8 @@ def test_vc_admin_changes_are_recorded_as_events_and_take_effect_for_the_next_su
     events = client.get("/api/v1/vcs/vision/events", headers=auth).get_json()["items"]
     changed = {e["field"]: (e["old"], e["new"], e["actor"]) for e in events}
     assert changed["user_gpu_quota"] == (None, 0, "vcadmin") and changed["policy"] == ("RF", "FIFO", "vcadmin")
-    job = client.post("/api/v1/jobs", json={"vc": "vision", "image": "x", "command": "true", "gpus": 1}, headers=world.auth("alice")).get_json()
+    job = client.post("/api/v1/jobs", json={"vc": "vision", "image": "x", "command": "true", "gpus": 1},
+                      headers=world.auth("alice")).get_json()
     assert job["status"] == "unapproved"
     error = assert_envelope(client.post("/api/v1/jobs", json={"vc": "vision", "image": "x", "command": "true", "gpus": 2,
                                                               "type": "interactive"}, headers=world.auth("alice")), 422)
@@ -136,7 +138,8 @@ def test_batch_gives_one_result_per_id_and_never_fails_all_for_one(client, world
     assert (by_id[ended]["http_status"], by_id[ended]["code"]) == (409, "job_already_ended")
     assert by_id[others]["http_status"] == 404 and by_id[99999999]["http_status"] == 404
     assert_envelope(client.post("/api/v1/jobs:batch", json={"action": "explode", "ids": [mine]}, headers=world.auth("alice")), 400)
-    assert_envelope(client.post("/api/v1/jobs:batch", json={"action": "kill", "ids": list(range(1, 502))}, headers=world.auth("alice")), 400)
+    assert_envelope(client.post("/api/v1/jobs:batch", json={"action": "kill", "ids": list(range(1, 502))},
+                                headers=world.auth("alice")), 400)
 
 
 def test_events_and_attempts_paginate_and_members_see_only_public_parts(client, world, sessions, settings):
@@ -160,7 +163,8 @@ def test_events_and_attempts_paginate_and_members_see_only_public_parts(client, 
     assert all(e["kind"] == "transition" and "actor" not in e for e in public)
     page = client.get(f"/api/v1/jobs/{job_id}/attempts", query_string={"limit": 1}, headers=world.auth("alice")).get_json()
     assert page["items"][0]["number"] == 1 and page["items"][0]["placements"][0]["node"] == "testnode"
-    page2 = client.get(f"/api/v1/jobs/{job_id}/attempts", query_string={"cursor": page["next_cursor"]}, headers=world.auth("alice")).get_json()
+    page2 = client.get(f"/api/v1/jobs/{job_id}/attempts", query_string={"cursor": page["next_cursor"]},
+                       headers=world.auth("alice")).get_json()
     assert [a["number"] for a in page2["items"]] == [2] and page2["next_cursor"] is None
     public = client.get(f"/api/v1/jobs/{job_id}/attempts", headers=world.auth("bob")).get_json()["items"]
     assert all(a["placements"] == [] for a in public)

@@ -9,7 +9,6 @@ time for processes, the fake clock and kubelet for pods, until ``until(observed)
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -17,13 +16,11 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:  # tests.fakes is imported as a package from the repository root
-    sys.path.insert(0, str(ROOT))
-
 from dlts.backends.base import ClusterBackend, LaunchSpec, Observed
 from dlts.logstore import head_path, iter_log
 from dlts.scheduler.model import Placement
+
+ROOT = Path(__file__).resolve().parents[2]
 
 GIB = 1024**3
 

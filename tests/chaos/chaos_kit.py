@@ -304,7 +304,7 @@ class ApiServer:
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.url = f"http://127.0.0.1:{self.server.server_port}"
 
-    def __enter__(self) -> ApiServer:  # noqa: PYI034
+    def __enter__(self) -> ApiServer:
         self.thread.start()
         return self
 

@@ -50,7 +50,7 @@ def test_a_node_lost_mid_job_requeues_it_at_the_head_within_node_lost_after_s_an
     assert all(h.job(j).status is S.RUNNING for j in running)
     waiting = [h.submit(command="sleep infinity", gpus=8, name=f"later-{i}") for i in range(2)]
     requeue_s = []
-    for round_ in range(3):
+    for _round in range(3):
         for _ in range(rng.randrange(6)):  # a random moment of the jobs' run
             h.tick(TICK_S)
         victim = rng.choice(running)

@@ -385,7 +385,7 @@ def test_endpoints_keys_ips_vc_and_usage(user, demo, tmp_path):
     assert user.run("usage", "--group-by", "planet").returncode == 1
 
 
-@pytest.mark.skipif(shutil.which("sshd") is None and not os.access("/usr/sbin/sshd", os.X_OK) or shutil.which("ssh") is None,
+@pytest.mark.skipif((shutil.which("sshd") is None and not os.access("/usr/sbin/sshd", os.X_OK)) or shutil.which("ssh") is None,
                     reason="sshd or ssh is not installed (apt-get install openssh-server openssh-client)")
 def test_ssh_runs_ssh_through_the_jobs_ready_endpoint(user, demo, tmp_path):
     user.login()

@@ -113,8 +113,8 @@ def test_bad_flags_are_usage_errors_naming_the_flag(tmp_path):
 
 
 def test_the_error_line_names_the_field_and_says_to_log_in_on_401():
-    assert "--gpus: too many (gpus_exceed_node, HTTP 422)" == ApiError(
-        422, "gpus_exceed_node", "too many", {"field": "gpus"}).describe("--gpus")
+    assert ApiError(
+        422, "gpus_exceed_node", "too many", {"field": "gpus"}).describe("--gpus") == "--gpus: too many (gpus_exceed_node, HTTP 422)"
     assert ApiError(400, "invalid_input", "env: bad name", {"fields": {"env": ["x"]}}).describe("--env") == \
         "--env: bad name (invalid_input, HTTP 400)"
     assert str(ApiError(400, "invalid_input", "oops", {"fields": {"image": ["Missing"]}})) == \
@@ -155,7 +155,7 @@ def test_submit_sends_an_idempotency_key_and_retries_a_lost_answer_with_the_same
     seen: list[str] = []
 
     class Handler(http.server.BaseHTTPRequestHandler):
-        def do_POST(self):  # noqa: N802 - http.server's name
+        def do_POST(self):  # http.server's name
             self.rfile.read(int(self.headers["Content-Length"]))
             seen.append(self.headers.get("Idempotency-Key", ""))
             status, body = (503, b'{"error": {"code": "database_unavailable", "message": "retry"}}') if len(seen) == 1 \

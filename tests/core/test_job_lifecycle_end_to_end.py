@@ -12,7 +12,8 @@ from dlts.models import JobEvent
 
 
 def test_a_job_prints_a_value_and_the_log_returns_it(live, world):
-    job = submit(live, world, command='echo "answer=$((6*7)) user=$DLTS_USER vc=$DLTS_VC gpus=$DLTS_NUM_GPUS cuda=$CUDA_VISIBLE_DEVICES"', gpus=2)
+    job = submit(live, world, gpus=2,
+                 command='echo "answer=$((6*7)) user=$DLTS_USER vc=$DLTS_VC gpus=$DLTS_NUM_GPUS cuda=$CUDA_VISIBLE_DEVICES"')
     assert job["status"] == "queued"
     done = wait_for(live, world, job["id"], {"finished"})
     assert done["exit_code"] == 0

@@ -84,7 +84,7 @@ def test_two_concurrent_writers_exactly_one_wins(world, sessions):
         barrier = threading.Barrier(2)
         results: dict[str, bool] = {}
 
-        def writer(target: JobStatus):
+        def writer(target: JobStatus, barrier: threading.Barrier = barrier, results: dict[str, bool] = results):
             with sessions() as s:
                 s.connection()  # open the transaction before the race
                 barrier.wait()

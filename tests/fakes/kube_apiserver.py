@@ -118,7 +118,7 @@ NAMESPACED = {"pods": "Pod", "services": "Service", "secrets": "Secret", "config
 CLUSTER_SCOPED = {"nodes": "Node", "namespaces": "Namespace"}
 KINDS = {**NAMESPACED, **CLUSTER_SCOPED}
 # The API group/version each resource is served under (the path prefix and the objects' apiVersion).
-GROUP_VERSIONS = {resource: "v1" for resource in KINDS} | {"networkpolicies": "networking.k8s.io/v1"}
+GROUP_VERSIONS = dict.fromkeys(KINDS, "v1") | {"networkpolicies": "networking.k8s.io/v1"}
 
 _DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -412,7 +412,8 @@ def json_patch(target: dict, ops: list) -> dict:
         if kind == "test":
             current = parent[int(last)] if isinstance(parent, list) else parent.get(last)
             if current != op.get("value"):
-                raise ApiError(422, "Invalid", f"the server rejected our request due to an error in our request: test failed at {op['path']}")
+                raise ApiError(422, "Invalid",
+                               f"the server rejected our request due to an error in our request: test failed at {op['path']}")
         elif kind in ("add", "replace"):
             if isinstance(parent, list):
                 idx = len(parent) if last == "-" else int(last)
@@ -709,7 +710,10 @@ class Store:
             elif "merge-patch" in content_type:
                 new = merge_patch(current, patch)
             else:
-                raise ApiError(415, "UnsupportedMediaType", f"the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/strategic-merge-patch+json; got {content_type}")
+                raise ApiError(415, "UnsupportedMediaType",
+                               "the body of the request was in an unknown format - accepted media types include: "
+                               "application/json-patch+json, application/merge-patch+json, "
+                               f"application/strategic-merge-patch+json; got {content_type}")
             # A resourceVersion inside a patch is a precondition (optimistic concurrency).
             sent_rv = (new.get("metadata") or {}).get("resourceVersion")
             if sent_rv != current["metadata"]["resourceVersion"]:

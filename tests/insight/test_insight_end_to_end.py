@@ -38,10 +38,9 @@ def api(live, world, method, path, user="alice", **kw):
 def agent(tmp_path, live, sessions, app):
     """The real agent on a fake node with 4 fake A100s (idle), reporting to the live API. The API
     runs as the demo does: it takes the utilisation a fake NVML reads (any other API ignores it)."""
+    from dlts.services import nodes as node_service
     from dlts_agent.agent import Agent
     from dlts_testing.fake_nvml import FakeDriver, scenario
-
-    from dlts.services import nodes as node_service
 
     app.config["DLTS_DEMO"] = True
     lib = scenario("healthy-8xa100")

@@ -192,7 +192,7 @@ def test_findings_are_deduplicated_change_and_clear_with_events(client, world, s
     assert [c for c, _ in events(client, world, job_id)] == ["gpus_partly_busy", "gpus_partly_busy"]
     assert "Only 2 of this job's 4 GPUs" in events(client, world, job_id)[-1][1]
     # all busy: cleared
-    busy = gpu_metrics({i: (job_id, 0.9) for i in range(4)})
+    busy = gpu_metrics(dict.fromkeys(range(4), (job_id, 0.9)))
     history(sessions, 35, busy)
     report(client, token, busy)
     insight.run_once()
@@ -212,7 +212,7 @@ def test_memory_and_cpu_findings_come_from_the_report_and_history(client, world,
 
 def test_a_preemptible_job_is_told_when_guaranteed_work_waits_for_its_gpus(client, world, sessions, settings):
     job_id = running_job(client, world, sessions, gpus=(0, 1, 2, 3), preemptible=True)
-    busy = gpu_metrics({i: (job_id, 0.9) for i in range(4)})
+    busy = gpu_metrics(dict.fromkeys(range(4), (job_id, 0.9)))
     token = node_token(sessions)
     history(sessions, 5, busy)
     report(client, token, busy)

@@ -3,16 +3,10 @@ a kubeconfig, a fake clock shared by the server's kubelet and the backend, and s
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:  # tests.fakes is imported as a package from the repository root
-    sys.path.insert(0, str(ROOT))
-
 import sqlalchemy as sa
 
 from dlts.backends.base import LaunchSpec
@@ -24,6 +18,8 @@ from dlts.services import admin
 from dlts.services import jobs as job_service
 from dlts.services.auth import principal_for
 from tests.fakes.kube_apiserver import FakeClock, FakeKubeApiServer
+
+ROOT = Path(__file__).resolve().parents[2]
 
 GIB = 1024**3
 NODES = ("n1", "n2", "n3", "n4")

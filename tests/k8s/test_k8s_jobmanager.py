@@ -1,4 +1,4 @@
-"""End to end through the lead's job manager: database -> scheduler core -> KubernetesBackend ->
+"""End to end through the job manager: database -> scheduler core -> KubernetesBackend ->
 official client -> fake API server (whose kubelet runs the pods) -> observe -> job transitions.
 
 Jobs are submitted with the same service the REST API calls; ticks are driven by the test and the

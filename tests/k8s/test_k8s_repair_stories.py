@@ -165,7 +165,7 @@ def test_a_failed_validation_on_kubernetes_escalates_to_a_reboot_and_a_flapping_
     # nvidia-smi was asked to reset GPU 3 and did nothing; the reboot reloaded every GPU
     assert agent.boots == 1 and any("--gpu-reset" in c for c in agent.driver.commands)
     assert agent.lib.resets == list(range(8))
-    assert [N.REMEDIATING, N.VALIDATING] == [s for s in drive.states if s in (N.REMEDIATING, N.VALIDATING)][-2:]
+    assert [s for s in drive.states if s in (N.REMEDIATING, N.VALIDATING)][-2:] == [N.REMEDIATING, N.VALIDATING]
     [first] = cycles(h, target)
     assert (first.scope, first.outcome, first.flap) == ("node", "returned", False)
     assert steps(h, first.id) == [("reset_gpu", "succeeded"), ("reboot", "succeeded")]

@@ -8,7 +8,7 @@ import yaml
 from click.testing import CliRunner
 
 from dlts_lustre.cli import main
-from dlts_lustre.client import LustreClient
+from dlts_lustre.client import LustreClient, cmd_mkdir, cmd_pool_add, cmd_pool_new, cmd_setquota
 from dlts_lustre.model import QuotaKind, QuotaLimits
 from dlts_lustre.plan import ActionKind, apply_plan, build_plan
 from dlts_lustre.policy import load_policy, policy_from_mapping, policy_from_vcs
@@ -123,7 +123,7 @@ def test_only_what_changed_is_run(fake_lustre, tmp_path):
 
 
 def test_a_user_with_explicit_limits_is_reset_to_the_default(fake_lustre, tmp_path):
-    LustreClient().set_quota(QuotaKind.USER, "bob", str(fake_lustre.mount), QuotaLimits(GIB, 2 * GIB, 0, 0))
+    LustreClient().execute(cmd_setquota(QuotaKind.USER, "bob", str(fake_lustre.mount), QuotaLimits(GIB, 2 * GIB, 0, 0)))
     result = run("apply", write_policy(fake_lustre, tmp_path, small_policy(fake_lustre)))
     assert result.exit_code == 0, result.output
     assert "user bob: follow the default quota again" in result.output
@@ -149,9 +149,9 @@ def test_shrinking_a_quota_below_usage_is_refused_without_force(fake_lustre, tmp
 
 def test_destroying_a_non_empty_pool_is_refused_but_an_empty_one_is_pruned(fake_lustre, tmp_path):
     client = LustreClient()
-    client.pool_new("dltsfs", "legacy")
-    client.pool_add("dltsfs", "legacy", [5])
-    client.pool_new("dltsfs", "unused")
+    client.execute(cmd_pool_new("dltsfs", "legacy"))
+    client.execute(cmd_pool_add("dltsfs", "legacy", [5]))
+    client.execute(cmd_pool_new("dltsfs", "unused"))
     data = small_policy(fake_lustre, prune_pools=True)
     refused = run("apply", write_policy(fake_lustre, tmp_path, data))
     assert refused.exit_code == 3
@@ -174,7 +174,7 @@ def test_moving_a_directory_to_another_project_is_unsafe(fake_lustre, tmp_path):
 
 def test_an_existing_directory_on_the_wrong_mdt_is_reported_not_moved(fake_lustre, tmp_path):
     (fake_lustre.mount / "vcs").mkdir()
-    LustreClient().mkdir(str(fake_lustre.mount / "vcs" / "vision"), mdt_index=0)
+    LustreClient().execute(cmd_mkdir(str(fake_lustre.mount / "vcs" / "vision"), mdt_index=0))
     result = run("apply", write_policy(fake_lustre, tmp_path, small_policy(fake_lustre)))
     assert result.exit_code == 0, result.output
     assert "is on MDT 0, the policy says MDT 1" in result.output

@@ -6,7 +6,7 @@ import json
 from click.testing import CliRunner
 
 from dlts_lustre.cli import main
-from dlts_lustre.client import LustreClient
+from dlts_lustre.client import LustreClient, cmd_pool_add, cmd_pool_new, cmd_setquota
 from dlts_lustre.model import QuotaKind, QuotaLimits
 
 GIB = 1024 * 1024
@@ -18,10 +18,10 @@ def run(*args):
 
 def _populate(fake):
     client = LustreClient()
-    client.pool_new("dltsfs", "vc_a")
-    client.pool_add("dltsfs", "vc_a", [0, 1])
-    client.pool_new("dltsfs", "empty")
-    client.set_quota(QuotaKind.USER, "alice", str(fake.mount), QuotaLimits(10 * GIB, 20 * GIB, 0, 0))
+    client.execute(cmd_pool_new("dltsfs", "vc_a"))
+    client.execute(cmd_pool_add("dltsfs", "vc_a", [0, 1]))
+    client.execute(cmd_pool_new("dltsfs", "empty"))
+    client.execute(cmd_setquota(QuotaKind.USER, "alice", str(fake.mount), QuotaLimits(10 * GIB, 20 * GIB, 0, 0)))
 
     def usage(state):
         state["quotas"]["u"]["1001"].update(used_kib=15 * GIB, used_inodes=7)

@@ -2,12 +2,11 @@
 from __future__ import annotations
 
 import pytest
+from lustre_fixtures import load_fixture
 from prometheus_client import CollectorRegistry, generate_latest
 
-from dlts_lustre.client import LustreClient
+from dlts_lustre.client import LustreClient, cmd_pool_add, cmd_pool_new
 from dlts_lustre.metrics import LustreCollector
-
-from lustre_fixtures import load_fixture
 
 GIB = 1024 * 1024
 
@@ -43,8 +42,8 @@ def _stats_state(snapshot, read_samples, read_sum):
 
 def test_capacity_pool_and_health_metrics(fake_lustre):
     client = LustreClient()
-    client.pool_new("dltsfs", "vc_a")
-    client.pool_add("dltsfs", "vc_a", [0, 5])
+    client.execute(cmd_pool_new("dltsfs", "vc_a"))
+    client.execute(cmd_pool_add("dltsfs", "vc_a", [0, 5]))
     fake_lustre.update(lambda s: s["osts"][5].update(active=False))
     registry = registry_for(LustreCollector(str(fake_lustre.mount), clock=Clock(),
                                             sections=("health", "df", "pools")))

@@ -8,8 +8,11 @@ import os
 
 import pytest
 from click.testing import CliRunner
+from lustre_fixtures import MGS_PREFIX, load_fixture
+from prometheus_client import CollectorRegistry
+
 from dlts_lustre.cli import main
-from dlts_lustre.client import LustreClient
+from dlts_lustre.client import LustreClient, cmd_pool_add, cmd_pool_new, cmd_pool_remove
 from dlts_lustre.errors import LustreCommandError
 from dlts_lustre.metrics import SERVER_SECTIONS, LustreCollector
 from dlts_lustre.model import QuotaKind, TargetKind
@@ -18,8 +21,6 @@ from dlts_lustre.parsers.quota import parse_quota
 from dlts_lustre.plan import ActionKind, apply_plan, build_plan
 from dlts_lustre.policy import policy_from_vcs
 from dlts_lustre.runner import Runner, needs_mgs
-from lustre_fixtures import MGS_PREFIX, load_fixture
-from prometheus_client import CollectorRegistry
 
 GIB = 1024 * 1024
 
@@ -47,18 +48,18 @@ def on(node: str) -> Runner:
 def test_pool_commands_are_refused_off_the_mgs_with_lctls_own_error(fake_lustre):
     client = LustreClient(Runner(mgs_command=()))  # no route: runs on the client
     with pytest.raises(LustreCommandError) as err:
-        client.pool_new("dltsfs", "vc_a")
+        client.execute(cmd_pool_new("dltsfs", "vc_a"))
     expected = load_fixture("lctl_pool_new_not_mgs.txt")
     assert err.value.exit_code == 19 and err.value.stderr.strip() == expected.strip()
     assert "vc_a" not in fake_lustre.state()["pools"]
     # reading pools works on a client (lctl reads the client's lov pools), creating them on the MGS
     assert client.pools("dltsfs") == ()
     routed = LustreClient(Runner(mgs_command=tuple(MGS_PREFIX.split())))
-    routed.pool_new("dltsfs", "vc_a")
-    routed.pool_add("dltsfs", "vc_a", [0, 1])
+    routed.execute(cmd_pool_new("dltsfs", "vc_a"))
+    routed.execute(cmd_pool_add("dltsfs", "vc_a", [0, 1]))
     assert client.pool("dltsfs", "vc_a").ost_indices == (0, 1)
     with pytest.raises(LustreCommandError, match="must be run on the MGS"):
-        client.pool_remove("dltsfs", "vc_a", [1])
+        client.execute(cmd_pool_remove("dltsfs", "vc_a", [1]))
     assert fake_lustre.state()["pools"]["vc_a"] == [0, 1]
 
 
@@ -92,15 +93,15 @@ def test_conf_param_is_refused_off_the_mgs_and_quota_enforcement_reaches_the_ser
     assert sorted(oss.quota_enforcement("dltsfs")) == [f"dltsfs-OST{i:04x}" for i in range(6)]
     assert LustreClient(on("client")).quota_enforcement("dltsfs") == {}  # a client holds no target
     with pytest.raises(LustreCommandError) as err:
-        LustreClient(Runner(mgs_command=())).conf_param_quota("dltsfs", "ost")
+        LustreClient(Runner(mgs_command=())).execute(("lctl", "conf_param", "dltsfs.quota.ost=ugp"))
     assert err.value.exit_code == 19 and "error: conf_param: No such device" in err.value.stderr
     mgs = LustreClient(Runner(mgs_command=tuple(MGS_PREFIX.split())))
     with pytest.raises(LustreCommandError, match="Invalid argument"):
-        mgs.conf_param_quota("dltsfs", "ost", "ugx")
-    mgs.conf_param_quota("dltsfs", "ost")
+        mgs.execute(("lctl", "conf_param", "dltsfs.quota.ost=ugx"))
+    mgs.execute(("lctl", "conf_param", "dltsfs.quota.ost=ugp"))
     assert set(oss.quota_enforcement("dltsfs").values()) == {"ugp"}
     assert set(mds.quota_enforcement("dltsfs").values()) == {"none"}  # quota.mdt is separate
-    mgs.conf_param_quota("dltsfs", "mdt", "gu")
+    mgs.execute(("lctl", "conf_param", "dltsfs.quota.mdt=gu"))
     assert set(mds.quota_enforcement("dltsfs").values()) == {"ug"}
 
 
@@ -129,8 +130,8 @@ def test_server_targets_and_the_server_side_collector(fake_lustre):
 
 
 def test_pool_membership_on_the_mgs_without_a_client_mount(fake_lustre):
-    LustreClient().pool_new("dltsfs", "vc_a")
-    LustreClient().pool_add("dltsfs", "vc_a", [2, 3])
+    LustreClient().execute(cmd_pool_new("dltsfs", "vc_a"))
+    LustreClient().execute(cmd_pool_add("dltsfs", "vc_a", [2, 3]))
     registry = CollectorRegistry()
     registry.register(LustreCollector(None, client=LustreClient(on("mgs")), fsname="dltsfs", sections=SERVER_SECTIONS))
     assert registry.get_sample_value("dlts_lustre_pool_ost", {"fs": "dltsfs", "pool": "vc_a",

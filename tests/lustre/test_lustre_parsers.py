@@ -4,15 +4,27 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from lustre_fixtures import load_fixture
 
 from dlts_lustre.errors import LustreParseError
 from dlts_lustre.model import GRACE_NOTIFY_S, GraceState, HealthState, QuotaKind, TargetFlag
-from dlts_lustre.parsers import (compute_rates, parse_default_quota, parse_df, parse_df_single, parse_getdirstripe,
-                                 parse_getdirstripe_mdt, parse_getstripe, parse_grace_times, parse_health,
-                                 parse_pool_list, parse_pool_members, parse_project, parse_quota, parse_stats,
-                                 parse_version)
-
-from lustre_fixtures import load_fixture
+from dlts_lustre.parsers import (
+    compute_rates,
+    parse_default_quota,
+    parse_df,
+    parse_df_single,
+    parse_getdirstripe,
+    parse_getdirstripe_mdt,
+    parse_getstripe,
+    parse_grace_times,
+    parse_health,
+    parse_pool_list,
+    parse_pool_members,
+    parse_project,
+    parse_quota,
+    parse_stats,
+    parse_version,
+)
 
 # ------------------------------------------------------------------------------------------- version
 

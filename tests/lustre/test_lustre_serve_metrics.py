@@ -10,6 +10,7 @@ import time
 
 import requests
 from click.testing import CliRunner
+
 from dlts_lustre.cli import main
 
 

@@ -10,7 +10,6 @@ import re
 import pytest
 import sqlalchemy as sa
 import yaml
-from dlts_lustre.errors import LustreCommandError
 from lustre_fixtures import MGS_PREFIX
 from werkzeug.security import generate_password_hash
 
@@ -18,6 +17,7 @@ from dlts.config import load_settings
 from dlts.managers.storage import LustreStorageManager, periodic_entries
 from dlts.models import StorageSnapshot, User, VirtualCluster
 from dlts.services import admin
+from dlts_lustre.errors import LustreCommandError
 
 GIB_KIB = 1024 * 1024
 

@@ -9,7 +9,6 @@ import datetime as dt
 import json
 import shutil
 import subprocess
-import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -21,11 +20,9 @@ import pytest
 import requests
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from tests.smtp_server import free_port
 
-from tests.smtp_server import free_port, smtp_server  # noqa: F401  (the fixture)
+ROOT = Path(__file__).resolve().parents[2]
 
 TEMPLATE = ROOT / "ansible" / "roles" / "monitoring" / "templates" / "alertmanager.yml.j2"
 DEFAULTS = ROOT / "ansible" / "roles" / "monitoring" / "defaults" / "main.yml"

@@ -156,11 +156,11 @@ def test_every_dashboard_query_returns_series_from_prometheus_scraping_the_demo_
         pytest.fail("prometheus is required (apt-get install prometheus)")
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
-    from dlts_lustre.client import LustreClient
     from kubernetes import client as k8s
     from prometheus_client import REGISTRY, start_http_server
 
     from dlts.metrics import instrument_kubernetes
+    from dlts_lustre.client import LustreClient, cmd_pool_add, cmd_pool_new
     from tests.fakes.kube_apiserver import FakeClock, FakeKubeApiServer
 
     procs: list[subprocess.Popen] = []
@@ -183,8 +183,8 @@ def test_every_dashboard_query_returns_series_from_prometheus_scraping_the_demo_
     # pools are made on the MGS, as on a real filesystem (the fake lctl refuses them elsewhere)
     monkeypatch.setenv("DLTS_LUSTRE_MGS_COMMAND", "env DLTS_FAKE_LUSTRE_NODE=mgs")
     client = LustreClient()
-    client.pool_new("dltsfs", "vc_default")
-    client.pool_add("dltsfs", "vc_default", [0, 1])
+    client.execute(cmd_pool_new("dltsfs", "vc_default"))
+    client.execute(cmd_pool_add("dltsfs", "vc_default", [0, 1]))
     env = base_env | lustre_env
 
     home, demo_port = tmp_path / "demo", free_port()

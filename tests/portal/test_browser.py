@@ -180,7 +180,8 @@ def _history(sessions) -> None:
                       image="pytorch/pytorch:2.3", command="python train.py", sku="demo-gpu", gpus=2, cpu=1, memory_bytes=2**30,
                       spec={}, queue_time=now - dt.timedelta(minutes=ago_min), submitted_at=now - dt.timedelta(minutes=ago_min),
                       started_at=now - dt.timedelta(minutes=ago_min - 1) if ended else None,
-                      finished_at=now - dt.timedelta(minutes=ago_min - 20) if ended else None, exit_code=1 if status is JobStatus.FAILED else None))
+                      finished_at=now - dt.timedelta(minutes=ago_min - 20) if ended else None,
+                      exit_code=1 if status is JobStatus.FAILED else None))
         s.commit()
 
 

@@ -14,8 +14,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "agent"))  # agent_testkit
 
-from agent_testkit import FakeNode, agent_config, make_fake_node  # noqa: E402,F401
-from dlts_testing.fake_nvml import fake_dcgmi_diag  # noqa: E402
+from agent_testkit import FakeNode, agent_config, make_fake_node  # noqa: F401
+
+from dlts_testing.fake_nvml import fake_dcgmi_diag
 
 
 class FakeDriver:
@@ -61,7 +62,7 @@ class RunningAgent:
     thread: threading.Thread | None = None
     boots: int = 0
 
-    def start(self) -> "RunningAgent":
+    def start(self) -> RunningAgent:
         from dlts_agent.agent import Agent
 
         self.stop = threading.Event()

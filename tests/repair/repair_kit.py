@@ -1,4 +1,5 @@
-"""Builders for the repair tests: the notifier's outbox as rows, a clock that can jump, node reports through the real service, and jobs placed on a node's GPUs."""
+"""Builders for the repair tests: the notifier's outbox as rows, a clock that can jump, node reports
+through the real service, and jobs placed on a node's GPUs."""
 
 from __future__ import annotations
 

@@ -163,7 +163,7 @@ def test_every_repair_notice_renders_and_a_refused_smtp_connection_keeps_it_for_
     """A chain run to its end writes all four repair notices; each renders from templates/email with
     the context the repair manager gives (StrictUndefined: a missing key fails). The mail server is
     down at first: the notices stay in the outbox and the next run after the back-off sends them."""
-    manager, clock, outbox = kit
+    manager, _clock, outbox = kit
     victim = running_job(sessions, rsettings, "testnode", (3,))
     report(sessions, findings=DBE)
     manager().run_once()
@@ -202,7 +202,7 @@ def test_every_repair_notice_renders_and_a_refused_smtp_connection_keeps_it_for_
 
 
 def test_a_node_that_fails_validation_escalates(kit, sessions):
-    manager, clock, outbox = kit
+    manager, clock, _outbox = kit
     report(sessions, findings=DBE)
     for _ in range(2):
         manager().run_once()
@@ -239,7 +239,7 @@ def test_a_remap_failure_goes_to_rma_and_only_a_human_returns_it(kit, sessions, 
 
 
 def test_a_flapping_node_escalates_instead_of_repeating(kit, sessions):
-    manager, clock, outbox = kit
+    manager, clock, _outbox = kit
 
     def cycle_once(expect_action):
         report(sessions, findings=DBE)
@@ -260,7 +260,7 @@ def test_a_flapping_node_escalates_instead_of_repeating(kit, sessions):
 
 
 def test_with_a_budget_of_two_three_failing_nodes_leave_two_at_a_time(kit, sessions):
-    manager, clock, outbox = kit
+    manager, clock, _outbox = kit
     with sessions() as s:
         for name in ("n1", "n2", "n3"):
             s.add(Node(name=name, sku="demo-gpu", gpus=4, cpu=8, memory_bytes=2**34, ib_domain="x", backend="test",
@@ -298,7 +298,7 @@ def test_with_a_budget_of_two_three_failing_nodes_leave_two_at_a_time(kit, sessi
 
 
 def test_a_lost_heartbeat_marks_the_node_lost_requeues_its_jobs_and_a_report_validates_it(kit, sessions, rsettings):
-    manager, clock, outbox = kit
+    manager, clock, _outbox = kit
     job = running_job(sessions, rsettings, "testnode", (1,))
     report(sessions)
     clock.advance(rsettings.node_lost_after_s + 1)
@@ -355,7 +355,7 @@ def test_a_lost_node_that_comes_back_with_a_fault_goes_into_that_faults_chain(ki
 
 
 def test_a_fault_seen_while_a_lost_node_validates_goes_into_that_faults_chain(kit, sessions, rsettings):
-    manager, clock, outbox = kit
+    manager, clock, _outbox = kit
     report(sessions)
     clock.advance(rsettings.node_lost_after_s + 1)
     manager().run_once()
@@ -372,7 +372,7 @@ def test_a_fault_seen_while_a_lost_node_validates_goes_into_that_faults_chain(ki
 
 
 def test_pause_holds_new_actions_and_resume_goes_on(kit, sessions, world, client):
-    manager, clock, outbox = kit
+    manager, clock, _outbox = kit
     assert client.post("/api/v1/repair/pause", json={"reason": "maintenance"}, headers=world.auth("admin")).status_code == 200
     report(sessions, findings=DBE)
     manager().run_once()
@@ -460,7 +460,7 @@ def test_a_crash_at_any_effect_of_any_step_finishes_the_cycle_exactly_once(kit, 
 
 
 def test_cancel_returns_the_node_and_withdraws_its_orders(kit, sessions, world, client):
-    manager, clock, outbox = kit
+    manager, _clock, _outbox = kit
     started = client.post("/api/v1/nodes/testnode/repairs", json={"steps": ["reset_gpu", "ticket"], "gpus": [1]},
                           headers=world.auth("admin"))
     assert started.status_code == 201, started.get_json()
@@ -484,7 +484,7 @@ def test_metrics_count_states_cycles_durations_and_outcomes_per_remediation(kit,
 
     from dlts.managers.repair_metrics import RepairMetrics
 
-    manager, clock, outbox = kit
+    manager, clock, _outbox = kit
     registry = CollectorRegistry()
     registry.register(RepairMetrics(sessions))
     report(sessions, findings=DBE)
@@ -523,7 +523,7 @@ def to_validating(kit, sessions):
 
 
 def test_the_validation_orders_dcgmi_diag_on_the_repaired_gpu_and_returns_when_it_passes(kit, sessions, rsettings):
-    manager, clock, _ = kit
+    _manager, clock, _ = kit
     to_validating(kit, sessions)
     repair = RepairManager(sessions, diag_settings(rsettings), clock=clock)
     repair.run_once()
@@ -544,7 +544,7 @@ def test_the_validation_orders_dcgmi_diag_on_the_repaired_gpu_and_returns_when_i
 
 
 def test_a_failed_diagnostic_escalates_and_a_silent_one_times_out_and_is_cancelled(kit, sessions, rsettings):
-    manager, clock, _ = kit
+    _manager, clock, _ = kit
     to_validating(kit, sessions)
     repair = RepairManager(sessions, diag_settings(rsettings, validation_diag_timeout_s=100), clock=clock)
     repair.run_once()
@@ -574,7 +574,7 @@ def test_a_failed_diagnostic_escalates_and_a_silent_one_times_out_and_is_cancell
 
 
 def test_required_without_dcgmi_fails_the_validation(kit, sessions, rsettings):
-    manager, clock, _ = kit
+    _manager, clock, _ = kit
     to_validating(kit, sessions)
     repair = RepairManager(sessions, diag_settings(rsettings, validation_diag="required"), clock=clock)
     repair.run_once()

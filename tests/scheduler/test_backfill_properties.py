@@ -4,10 +4,11 @@ Hypothesis draws a small cluster whose VCs are all on ``backfill`` and a stream 
 type, each running exactly its effective duration (its limit, else its VC's
 ``default_runtime_estimate_s``; jobs with neither are unbounded and run "forever", and estimates
 that depend on them are unknown). Jobs that end before their limit may reshuffle later reservations
-(an estimate can then move either way); that is outside this property (docs/scheduling.md). All jobs share one priority, so a later arrival is behind every reservation in
-the order. Every time a pass gives a waiting job an ``estimated_start``, that job must start by
-then; every pass also keeps ``check_pass``'s invariants, and the RESULT checker agrees at the end.
-Times are multiples of the tick (as a reservation at T is honoured by the pass at T).
+(an estimate can then move either way); that is outside this property (docs/scheduling.md). All jobs
+share one priority, so a later arrival is behind every reservation in the order. Every time a pass
+gives a waiting job an ``estimated_start``, that job must start by then; every pass also keeps
+``check_pass``'s invariants, and the RESULT checker agrees at the end. Times are multiples of the
+tick (as a reservation at T is honoured by the pass at T).
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from dlts.sim.compare import with_policy
 from dlts.scheduler import Policy
+from dlts.sim.compare import with_policy
 from dlts.sim.engine import Simulation
 from dlts.sim.inputs import load_cluster, load_trace
 from dlts.sim.verify import check_result

@@ -4,8 +4,8 @@ budget. Same shape as ``test_rules.py``: a snapshot, the decisions it must produ
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Callable
 
 import pytest
 

@@ -139,7 +139,8 @@ BAD_INPUTS = [
     ("trace row with an unknown VC", SMALL_CLUSTER, HEADER + "1,0,nope,ann,batch,a100,1,0,10,,100,false\n", "t.csv, line 2, field 'vc'"),
     ("trace row with a bad number", SMALL_CLUSTER, HEADER + "1,0,lab,ann,batch,a100,x,0,10,,100,false\n", "line 2, field 'gpus'"),
     ("distributed row without nodes", SMALL_CLUSTER, HEADER + "1,0,lab,ann,distributed,a100,8,0,10,,100,false\n", "field 'nodes'"),
-    ("duplicate job id", SMALL_CLUSTER, HEADER + "1,0,lab,a,batch,a100,1,0,10,,100,false\n1,0,lab,a,batch,a100,1,0,10,,100,false\n", "line 3, field 'id'"),
+    ("duplicate job id", SMALL_CLUSTER,
+     HEADER + "1,0,lab,a,batch,a100,1,0,10,,100,false\n1,0,lab,a,batch,a100,1,0,10,,100,false\n", "line 3, field 'id'"),
 ]
 
 
@@ -153,7 +154,7 @@ def test_bad_input_names_file_line_and_field(tmp_path: Path, name: str, cluster,
     )
     assert res.exit_code == 2, res.output
     assert expect in res.output, res.output
-    assert "Traceback" not in res.output and res.exception is None or isinstance(res.exception, SystemExit)
+    assert ("Traceback" not in res.output and res.exception is None) or isinstance(res.exception, SystemExit)
 
 
 def test_a_terminal_gets_a_progress_bar(tmp_path: Path) -> None:

@@ -3,7 +3,6 @@ downgrade keeps them (SQLite here; MariaDB was checked by hand with the same rou
 
 from __future__ import annotations
 
-
 import sqlalchemy as sa
 from alembic import command
 from sqlalchemy.orm import Session

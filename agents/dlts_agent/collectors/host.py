@@ -8,7 +8,6 @@ import psutil
 
 from dlts_agent.model import FilesystemSample, HostSample
 
-
 # /proc/stat's cpu columns, in order (proc(5)); older kernels have fewer
 CPU_MODES = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal", "guest", "guest_nice")
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")

@@ -9,7 +9,8 @@ checks for ``lctl`` first so that such nodes never import the Lustre package at 
 from __future__ import annotations
 
 import shutil
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from dlts_agent.collectors.base import Skip
 from dlts_agent.model import LustreSample, LustreTargetSample

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import subprocess
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from dlts_agent.kernel_log import (
     JournalSource,

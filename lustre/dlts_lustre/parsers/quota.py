@@ -15,8 +15,18 @@ import re
 from dataclasses import dataclass
 
 from dlts_lustre.errors import LustreParseError
-from dlts_lustre.model import (GRACE_NOTIFY_S, DefaultQuota, GraceState, GraceStatus, GraceTimes, QuotaEntry,
-                               QuotaKind, QuotaLimits, QuotaReport, TargetQuota)
+from dlts_lustre.model import (
+    GRACE_NOTIFY_S,
+    DefaultQuota,
+    GraceState,
+    GraceStatus,
+    GraceTimes,
+    QuotaEntry,
+    QuotaKind,
+    QuotaLimits,
+    QuotaReport,
+    TargetQuota,
+)
 from dlts_lustre.parsers._common import human_to_kib
 from dlts_lustre.units import parse_grace_s
 

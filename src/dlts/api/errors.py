@@ -48,9 +48,11 @@ def register(app: Flask) -> None:
             return envelope(400, "invalid_input", f"{first[0]}: {text}", {"fields": fields})
         if status == 413:
             limit = app.config.get("MAX_CONTENT_LENGTH")
-            return envelope(413, "body_too_large", f"The request body is larger than this server's limit of {limit} bytes.", {"limit_bytes": limit})
+            return envelope(413, "body_too_large", f"The request body is larger than this server's limit of {limit} bytes.",
+                            {"limit_bytes": limit})
         if status == 400:
-            return envelope(400, "invalid_input", "The request body is not valid JSON; send Content-Type: application/json with a JSON object.")
+            return envelope(400, "invalid_input", "The request body is not valid JSON; send Content-Type: "
+                                                  "application/json with a JSON object.")
         return envelope(status, HTTP_CODES.get(status, "error"), exc.description or exc.name)
 
     @app.errorhandler(OperationalError)
@@ -59,7 +61,7 @@ def register(app: Flask) -> None:
         log.warning("database unavailable: %s", exc.__class__.__name__)
         try:
             db.session.rollback()
-        except Exception:  # the connection is gone; the pool replaces it on the next checkout
+        except Exception:  # noqa: BLE001 - the connection is gone; the pool replaces it on the next checkout
             pass
         return envelope(503, "database_unavailable", "The database is unreachable right now; retry in a few seconds.")
 
@@ -70,5 +72,6 @@ def register(app: Flask) -> None:
 
     @app.errorhandler(Exception)
     def _unexpected(exc: Exception):
-        log.exception("unhandled error")
-        return envelope(500, "internal_error", "Something went wrong on our side; it has been logged. Try again, and tell your operators if it persists.")
+        log.error("unhandled error", exc_info=exc)
+        return envelope(500, "internal_error", "Something went wrong on our side; it has been logged. Try again, and "
+                                               "tell your operators if it persists.")

@@ -20,7 +20,8 @@ blp.before_request(authenticate)
 @blp.doc(security=[{"bearer": []}])
 def me():
     who = principal()
-    vcs = db.session.scalars(sa.select(VirtualCluster).where(VirtualCluster.name.in_(who.vcs)).order_by(VirtualCluster.name)) if who.vcs else []
+    vcs = db.session.scalars(sa.select(VirtualCluster).where(VirtualCluster.name.in_(who.vcs))
+                             .order_by(VirtualCluster.name)) if who.vcs else []
     uid, gid = db.session.execute(sa.select(User.uid, User.gid).where(User.id == who.user_id)).one()
     return {
         "name": who.name,

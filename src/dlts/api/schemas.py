@@ -139,7 +139,8 @@ class PlacementSchema(Schema):
     cpu = fields.Float()
     memory_bytes = fields.Integer()
     replica = fields.Integer(metadata={"description": "the replica's stable index (inference jobs: one placement per replica)"})
-    retiring = fields.Boolean(metadata={"description": "an inference replica being removed (scale-down); it frees its GPUs once it has exited"})
+    retiring = fields.Boolean(metadata={"description": "an inference replica being removed (scale-down); it frees its "
+                                                       "GPUs once it has exited"})
 
 
 class AttemptSchema(Schema):
@@ -562,7 +563,8 @@ class NodeSchema(Schema):
     cordoned_by = fields.String(allow_none=True, metadata={"description": "the cluster admin whose cordon holds it"})
     unhealthy_gpus = fields.List(fields.Integer(), metadata={"description": "GPU indices the scheduler never assigns"})
     repair_paused = fields.Boolean()
-    repair = fields.Dict(allow_none=True, metadata={"description": "the open repair cycle: id, state, kind, scope, gpus, problem, step, started_at"})
+    repair = fields.Dict(allow_none=True, metadata={"description": "the open repair cycle: id, state, kind, scope, "
+                                                                   "gpus, problem, step, started_at"})
     last_heartbeat_at = fields.String(allow_none=True)
     details = fields.Dict(allow_none=True, metadata={"description": "cluster admins only: findings, orders, events, metrics, labels, jobs"})
 

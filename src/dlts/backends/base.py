@@ -174,10 +174,11 @@ class NodeInfo:
 class ClusterBackend(Protocol):
     name: str
 
-    def launch(self, spec: LaunchSpec) -> None:
+    def launch(self, spec: LaunchSpec) -> str | None:
         """Create the attempt's objects that do not exist yet (for each of ``spec.replicas``);
         existing ones are left alone. Launching an inference attempt again with more replicas is
-        how replicas are added."""
+        how replicas are added. A returned text is a note the job manager records on the job's
+        first launch (the local backend says which identity the job runs as)."""
 
     def remove_replicas(self, job_id: int, attempt: int, replicas: Iterable[int], grace_s: float) -> None:
         """Stop those replicas of an inference attempt only: SIGTERM now, kill after ``grace_s``.

@@ -1,10 +1,11 @@
 """An in-memory copy of DLTS's pods kept current by one list and a watch (an informer, in short).
 
-With it, ``KubernetesBackend.observe`` reads memory instead of listing every pod each tick: the
-API server sends only changes. The list pages (``limit``/``continue``) like every list DLTS sends. It owns the watch thread, the resourceVersion bookkeeping (a 410
-Expired means "list again"), reconnects with back-off, and says when it cannot be trusted
-(``snapshot()`` returns None until the first list and after any failure, until the next successful
-list), in which case the backend lists as before. Nothing is inferred from a broken watch.
+With it, ``KubernetesBackend.observe`` reads memory instead of listing every pod each tick: the API
+server sends only changes. The list pages (``limit``/``continue``) like every list DLTS sends. It
+owns the watch thread, the resourceVersion bookkeeping (a 410 Expired means "list again"),
+reconnects with back-off, and says when it cannot be trusted (``snapshot()`` returns None until the
+first list and after any failure, until the next successful list), in which case the backend lists
+as before. Nothing is inferred from a broken watch.
 """
 
 from __future__ import annotations

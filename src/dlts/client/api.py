@@ -9,10 +9,10 @@ from __future__ import annotations
 import http.client
 import json
 import time
-import uuid
 import urllib.error
 import urllib.parse
 import urllib.request
+import uuid
 from collections.abc import Iterator
 from typing import Any
 

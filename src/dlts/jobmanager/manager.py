@@ -1,9 +1,11 @@
-"""One job manager tick: observe the backend, reconcile, carry out requests, schedule, apply.
+"""One job manager tick: sync nodes, observe the backend, reconcile, carry out requests, schedule,
+apply.
 
 Only this module (and the backends it drives) touches the cluster. Every step is safe to repeat:
 status writes are compare-and-set, backend objects are named from (job id, attempt), so a crash
 between any two steps is finished by the next tick.
 
+    0 nodes     backend.nodes() -> node rows (capacity, SKU, IB domain, ready)
     1 observe   backend.observe() once: phases and exit codes of every attempt it holds
     2 reconcile attempts that started or ended -> job transitions; orphans removed; a pending
                 attempt's reason (image pull, unschedulable, ...) onto its job; an attempt not
@@ -19,6 +21,8 @@ between any two steps is finished by the next tick.
                 session is not thread-safe); stops -> terminate; waits -> reason + queue position;
                 inference scale-up -> new replicas in the attempt row + launch (creates the missing
                 ones); scale-down -> replicas marked retiring + backend.remove_replicas
+    6 garbage   every GC_INTERVAL_S: backend.collect_garbage(live attempts) removes the objects a
+                crash or a restored database left behind
 
 Times of attempts (created, started) come from the manager's clock, never from the backend's
 (a process's or container's start time is rounded and may precede the submission).
@@ -31,8 +35,10 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any, cast
 
 import sqlalchemy as sa
+from sqlalchemy.engine import CursorResult
 from sqlalchemy.orm import Session
 
 from dlts import metrics
@@ -172,7 +178,7 @@ class JobManager:
                 if getattr(node, key) != value:
                     setattr(node, key, value)
             cordon = repair_cordon(node, info)
-            if cordon is not None and hasattr(self.backend, "cordon"):
+            if cordon is not None and hasattr(self.backend, "cordon") and hasattr(self.backend, "uncordon"):
                 self.backend.cordon(node.name, node.state_reason or node.state.value) if cordon else self.backend.uncordon(node.name)
         for name, node in known.items():
             if name not in seen and node.backend == self.backend.name and node.ready:
@@ -243,9 +249,9 @@ class JobManager:
         detail = (seen.message or "")[:512] or None if code else None
         if (job.reason, job.reason_detail) == (code, detail):
             return
-        done = session.execute(sa.update(Job).where(Job.id == job.id, Job.status == S.SCHEDULING)
-                               .values(reason=code, reason_detail=detail, updated_at=utcnow())
-                               .execution_options(synchronize_session=False))
+        done = cast(CursorResult, session.execute(
+            sa.update(Job).where(Job.id == job.id, Job.status == S.SCHEDULING)
+            .values(reason=code, reason_detail=detail, updated_at=utcnow()).execution_options(synchronize_session=False)))
         if done.rowcount and code is not None and code != job.reason:
             job_repo.add_event(session, job.id, "reason", reason=code, message=detail, actor=ACTOR)
         session.commit()
@@ -296,11 +302,11 @@ class JobManager:
         waiting for and spends a retry."""
         now = utcnow()
         code = seen.exit_code if seen else None
-        ended_at = _dt(seen.finished_at) if seen and seen.finished_at else now
+        ended_at = (_dt(seen.finished_at) if seen and seen.finished_at else None) or now
         if job.started_at is not None and ended_at < job.started_at:
             ended_at = job.started_at  # the manager's clock saw it start after the backend's clock saw it end
         requested = attempt.stop_requested if attempt else None
-        values = {"exit_code": code, "queue_position": None, "estimated_start": None}
+        values: dict[str, Any] = {"exit_code": code, "queue_position": None, "estimated_start": None}
         spends_retry = False
         if job.status is S.KILLING:
             target, reason = S.KILLED, job.reason or "killed"
@@ -464,8 +470,9 @@ class JobManager:
                   "host_port": state.host_port if ready else None, "message": (state.message or "")[:512] or None}
         if all(getattr(row, key) == value for key, value in values.items()):
             return
-        done = session.execute(sa.update(JobEndpoint).where(JobEndpoint.id == row.id, JobEndpoint.status == row.status)
-                               .values(**values, updated_at=utcnow()).execution_options(synchronize_session=False))
+        done = cast(CursorResult, session.execute(
+            sa.update(JobEndpoint).where(JobEndpoint.id == row.id, JobEndpoint.status == row.status)
+            .values(**values, updated_at=utcnow()).execution_options(synchronize_session=False)))
         if not done.rowcount:
             return  # closed or deleted meanwhile: the next tick sees it
         changed = row.status is not status or row.attempt != job.attempt
@@ -560,7 +567,8 @@ class JobManager:
         number = job.attempt + 1
         if not job_repo.set_status(session, job.id, S.QUEUED, S.SCHEDULING, actor="scheduler", reason="started",
                                    message="placed on " + ", ".join(p.node for p in placements),
-                                   values={"attempt": number, "reason": None, "reason_detail": None, "queue_position": None, "estimated_start": None}):
+                                   values={"attempt": number, "reason": None, "reason_detail": None, "queue_position": None,
+                                           "estimated_start": None}):
             return None  # changed meanwhile (killed): nothing was written
         attempt = JobAttempt(job_id=job.id, number=number, placements=placements_to_json(placements),
                              created_at=max(self._now(), job.submitted_at or self._now()))
@@ -589,19 +597,19 @@ class JobManager:
         if not ready:
             return
         results = launch_all(self.backend, [item[-1] for item in ready])
-        for (job, attempt, added, first, _spec), (note, exc) in zip(ready, results):
-            if exc is None:
+        for (job, attempt, added, first, _spec), (note, error) in zip(ready, results):
+            if error is None:
                 if first and isinstance(note, str) and note:
                     job_repo.add_event(session, job.id, "reason", reason=IDENTITY, message=note, actor=ACTOR)
                     session.commit()
-            elif isinstance(exc, LeaseLost):
-                raise exc  # another managers process acts now: record nothing
-            elif isinstance(exc, BackendUnavailable):
+            elif isinstance(error, LeaseLost):
+                raise error  # another managers process acts now: record nothing
+            elif isinstance(error, BackendUnavailable):
                 # transient: the job stays scheduling and the next tick launches it again (idempotent)
-                log.warning("launch of job %s attempt %s deferred: %s", job.id, attempt.number, exc)
+                log.warning("launch of job %s attempt %s deferred: %s", job.id, attempt.number, error)
             else:  # the backend refused: record it on the job, never lose it silently
-                log.error("launch of job %s attempt %s failed", job.id, attempt.number, exc_info=exc)
-                self._launch_failed(session, job, attempt, added, exc)
+                log.error("launch of job %s attempt %s failed", job.id, attempt.number, exc_info=error)
+                self._launch_failed(session, job, attempt, added, error)
 
     def _launch_failed(self, session: Session, job: Job, attempt: JobAttempt, added: list[int] | None,
                        exc: BaseException) -> None:

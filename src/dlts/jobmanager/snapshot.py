@@ -21,7 +21,7 @@ from dlts.scheduler import model as core
 
 
 def epoch(value: dt.datetime | None) -> float | None:
-    return None if value is None else value.replace(tzinfo=dt.timezone.utc).timestamp()
+    return None if value is None else value.replace(tzinfo=dt.UTC).timestamp()
 
 
 @dataclass(frozen=True)

@@ -222,8 +222,9 @@ def read_directory(cfg: DirectorySettings, conn_factory: Callable[[DirectorySett
                 snapshot.skipped.append(f"user {dn}: name {name} appears twice in the directory; the first is used")
                 continue
             uid, gid = (_first(attrs, a) for a in (cfg.uid_attribute, cfg.gid_attribute))
-            snapshot.users[name] = DirectoryUser(name, dn, int(uid) if is_whole_number(uid) else None,
-                                                 int(gid) if is_whole_number(gid) else None, _first(attrs, cfg.email_attribute))
+            snapshot.users[name] = DirectoryUser(name, dn, int(uid) if uid is not None and is_whole_number(uid) else None,
+                                                 int(gid) if gid is not None and is_whole_number(gid) else None,
+                                                 _first(attrs, cfg.email_attribute))
             by_dn[dn.lower()] = name
         if cfg.group_base:
             for dn, attrs in _paged(conn, cfg.group_base, cfg.group_filter,
@@ -271,7 +272,7 @@ def _email(entry: DirectoryUser, report: SyncReport) -> tuple[bool, str | None]:
     try:
         return True, user_service.check_email(entry.email)
     except InvalidInput:
-        report.skipped.append(f"user {entry.name}: e-mail {entry.email[:80]!r} is not an address; not changed")
+        report.skipped.append(f"user {entry.name}: e-mail {(entry.email or '')[:80]!r} is not an address; not changed")
         return False, None
 
 

@@ -24,11 +24,13 @@ import logging
 import shutil
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import cast
 
 import sqlalchemy as sa
+from sqlalchemy.engine import CursorResult
 from sqlalchemy.orm import Session
 
 from dlts.models import TERMINAL, IdempotencyKey, Job, PortalSession, RateCounter, utcnow
@@ -158,8 +160,9 @@ class Janitor:
                     self.sleep(pause)
             with self.session_factory() as session:
                 t0 = self.timer()
-                deleted += session.execute(sa.delete(key.class_).where(key.in_(keys), expired)
-                                           .execution_options(synchronize_session=False)).rowcount or 0
+                result = cast(CursorResult, session.execute(sa.delete(key.class_).where(key.in_(keys), expired)
+                                                            .execution_options(synchronize_session=False)))
+                deleted += result.rowcount or 0
                 session.commit()
                 durations.append(self.timer() - t0)
             batches += 1

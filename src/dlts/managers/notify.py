@@ -29,9 +29,9 @@ import logging
 import smtplib
 import ssl
 from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from email.message import EmailMessage
-from typing import Callable, Iterable, Sequence
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
@@ -134,7 +134,7 @@ def build_message(row: OutboxMessage, mail: RenderedMail, settings: NotifySettin
     message["From"] = settings.from_address
     message["To"] = ", ".join(row.recipients)
     message["Subject"] = mail.subject
-    message["Date"] = email.utils.format_datetime(now.replace(tzinfo=dt.timezone.utc))
+    message["Date"] = email.utils.format_datetime(now.replace(tzinfo=dt.UTC))
     message["Message-ID"] = f"<dlts.notify.{row.id}.{row.created_at:%Y%m%d%H%M%S}@{domain}>"
     message["Auto-Submitted"] = "auto-generated"  # RFC 3834: no vacation replies to a robot
     message["X-DLTS-Notice"] = row.template

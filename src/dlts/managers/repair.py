@@ -20,8 +20,9 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
@@ -62,19 +63,21 @@ MAX_STEPS_PER_TICK = 6  # a node may go through this many decisions in one tick 
 
 
 def epoch(value: dt.datetime | None) -> float | None:
-    return None if value is None else value.replace(tzinfo=dt.timezone.utc).timestamp()
+    return None if value is None else value.replace(tzinfo=dt.UTC).timestamp()
 
 
 def from_epoch(value: float) -> dt.datetime:
-    return dt.datetime.fromtimestamp(value, dt.timezone.utc).replace(tzinfo=None)
+    return dt.datetime.fromtimestamp(value, dt.UTC).replace(tzinfo=None)
 
 
 def health_of(node: Node) -> core.Health:
     """The agent's latest report as the validation reads it (docs/agent.md report format)."""
     metrics = node.metrics if isinstance(node.metrics, dict) else {}
     gpus = reported_gpus(metrics)
-    collectors = metrics.get("collectors") if isinstance(metrics.get("collectors"), dict) else {}
-    gpu_collector = collectors.get("gpu").get("status") if isinstance(collectors.get("gpu"), dict) else None
+    reported = metrics.get("collectors")
+    collectors: dict[str, Any] = reported if isinstance(reported, dict) else {}
+    gpu = collectors.get("gpu")
+    gpu_collector = gpu.get("status") if isinstance(gpu, dict) else None
     count = metrics.get("gpu_count")
     return core.Health(
         report_s=epoch(node.last_heartbeat_at),
@@ -178,8 +181,8 @@ class RepairManager:
                 self._node_steps(session, node, cycles.get(node.id), findings.get(node.id, []), jobs.get(node.name, []),
                                  last_returns.get(node.id), paused_all, now_s, budget_free, in_repair, result,
                                  until_queued=True)
-        queue = [(n, repo.open_cycle(session, n.id)) for n in nodes if n.state is N.QUARANTINED]
-        for node, _cycle in sorted((q for q in queue if q[1] is not None), key=lambda q: queue_key(q[1])):
+        queue = [(n, c) for n in nodes if n.state is N.QUARANTINED and (c := repo.open_cycle(session, n.id)) is not None]
+        for node, _cycle in sorted(queue, key=lambda q: queue_key(q[1])):
             self._node_steps(session, node, None, None, [], last_returns.get(node.id), paused_all, now_s, budget_free,
                              in_repair, result)
 
@@ -244,7 +247,8 @@ class RepairManager:
     def _view(self, session: Session, node: Node, cycle: RepairCycle | None, rows: list[NodeFinding], jobs: list,
               last_return: core.LastReturn | None, paused_all: bool) -> core.NodeView:
         since = epoch(cycle.validation_since) if cycle is not None else None
-        found = tuple(finding_of(r) for r in rows if r.cleared_at is None or (since is not None and epoch(r.cleared_at) >= since))
+        found = tuple(finding_of(r) for r in rows
+                      if r.cleared_at is None or (since is not None and (epoch(r.cleared_at) or 0.0) >= since))
         on_node = tuple(core.JobOnNode(job.id, tuple(p.get("gpu_indices") or ()), job.preemptible,
                                        job.type == "distributed" or job.nodes > 0,
                                        attempt.stop_requested is not None or job.status in (JobStatus.KILLING, JobStatus.PAUSING))
@@ -308,6 +312,7 @@ class RepairManager:
             if cycle is not None and d.end_cycle:  # a new cycle replaces an open one: the old one ends first
                 repo.end_cycle(session, cycle, d.end_cycle, d.message, now)
                 session.flush()
+            assert d.to_state is not None  # every decision that opens a cycle moves the node
             try:
                 cycle = repo.start_cycle(session, node, kind=plan.kind, scope=plan.scope.value, gpus=list(plan.gpus),
                                          steps=plan.steps, step_index=plan.step_index, severity=plan.severity,

@@ -13,7 +13,7 @@ Register it on the registry the managers process serves (``registry.register(Rep
 
 from __future__ import annotations
 
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import sqlalchemy as sa
 from prometheus_client.core import (
@@ -59,6 +59,7 @@ class RepairMetrics:
                               .where(RepairCycle.ended_at.isnot(None))).all()
             by_outcome: dict[str, list[float]] = {}
             for outcome, started, finished in ended:
+                assert finished is not None  # the query's condition
                 by_outcome.setdefault(outcome or "unknown", []).append((finished - started).total_seconds())
             for outcome in OUTCOMES:  # every known outcome from the start: 0 until the first
                 by_outcome.setdefault(outcome, [])

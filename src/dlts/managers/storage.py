@@ -19,8 +19,9 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 import yaml
@@ -53,7 +54,7 @@ def human_bytes(value: int | None) -> str:
 class StorageManager:
     """Scans, alerts and expiry of the configured roots (``storage.roots``)."""
 
-    def __init__(self, session_factory: Callable[[], Session], settings: "Settings", *,
+    def __init__(self, session_factory: Callable[[], Session], settings: Settings, *,
                  scan: Callable[..., ScanResult] = scan_root, expire: Callable[..., ExpireReport] = expire_root,
                  now: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep):
         self.session_factory = session_factory
@@ -121,7 +122,7 @@ class StorageManager:
             raise ValueError(f"{root.path}: no expire_after_days configured; give --older-than-days")
         now = self.now()
         warn_s = min(root.warn_days, days) * DAY_S
-        at = dt.datetime.fromtimestamp(now, dt.timezone.utc).replace(tzinfo=None)
+        at = dt.datetime.fromtimestamp(now, dt.UTC).replace(tzinfo=None)
         with self.session_factory() as session:
             names = self.uid_names(session)
             # an owner's files go only once a warning is warn_days old (and younger than the expiry
@@ -167,11 +168,11 @@ class StorageManager:
                        context={"root": str(root.path), "owner": owner, "files": warning.files,
                                 "size": human_bytes(warning.bytes), "paths": warning.paths,
                                 "expire_after_days": f"{days:g}",
-                                "delete_after": dt.datetime.fromtimestamp(due, dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")},
+                                "delete_after": dt.datetime.fromtimestamp(due, dt.UTC).strftime("%Y-%m-%d %H:%M UTC")},
                        dedup_key=f"storage_expiry_warning:{root.path}:{owner}:{int(delete_after // DAY_S)}")
 
 
-def periodic_entries(settings: "Settings", sessions: Callable[[], Session]) -> list["Periodic"]:
+def periodic_entries(settings: Settings, sessions: Callable[[], Session]) -> list[Periodic]:
     """The storage manager's entries for ``dlts managers``: the scans and the expiry of the
     ``storage.roots`` (none without roots), and the Lustre pass with ``lustre_defaults_file``."""
     from dlts.managers import Periodic
@@ -224,7 +225,8 @@ class LustreStorageManager:
         return data
 
     def policy(self):
-        from dlts_lustre.policy import PolicyError, policy_from_vcs
+        from dlts_lustre.errors import PolicyError
+        from dlts_lustre.policy import policy_from_vcs
 
         with self.session_factory() as session:
             vcs = [{"name": vc.name, **(vc.storage or {})["lustre"]}

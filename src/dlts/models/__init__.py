@@ -39,7 +39,8 @@ from dlts.models.vc import VcEvent, VirtualCluster
 
 __all__ = [
     "ACTIVE", "TERMINAL", "TRANSITIONS", "AllowedIp", "ApiToken", "Base", "EndpointKind", "EndpointStatus", "Group",
-    "GroupMember", "IdempotencyKey", "Job", "JobFavourite", "JobTag", "JobAttempt", "JobEndpoint", "JobEvent", "JobInsight", "JobStatus", "JobTemplate", "ManagersLease", "Node",
+    "GroupMember", "IdempotencyKey", "Job", "JobFavourite", "JobTag", "JobAttempt", "JobEndpoint", "JobEvent",
+    "JobInsight", "JobStatus", "JobTemplate", "ManagersLease", "Node",
     "NodeEvent", "NodeFinding", "NodeOrder", "NodeState", "OutboxMessage", "OutboxStatus", "PortalSession", "RateCounter",
     "RegistryCredential", "RepairControl", "RepairCycle", "RepairStep", "Role", "RoleBinding", "SshKey", "StorageExpiryLog",
     "StorageSnapshot", "StorageUsage", "UsageJobDay", "UsageTotal", "User", "UtilisationPoint", "VcEvent", "VirtualCluster",

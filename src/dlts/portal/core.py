@@ -214,7 +214,8 @@ def _layout() -> dict[str, Any]:
 @bp.app_errorhandler(CSRFError)
 def _csrf(exc: CSRFError):
     return render_template("error.html", status=400, title="The form expired",
-                           message="This form was open too long or came from another site. Go back, reload the page and send it again."), 400
+                           message="This form was open too long or came from another site. Go back, reload the page "
+                                   "and send it again."), 400
 
 
 @bp.errorhandler(DltsError)
@@ -250,9 +251,10 @@ def _database(exc: DBAPIError):
 def _unexpected(exc: Exception):
     if isinstance(exc, HTTPException):
         return exc
-    log.exception("portal: unhandled error")
+    log.error("portal: unhandled error", exc_info=exc)
     return render_template("error.html", status=500, title="Something went wrong",
-                           message="Something went wrong on our side; it has been logged. Try again, and tell your operators if it persists."), 500
+                           message="Something went wrong on our side; it has been logged. Try again, and tell your "
+                                   "operators if it persists."), 500
 
 
 # -- template filters -------------------------------------------------------------------------------

@@ -24,7 +24,9 @@ from dlts.strict import is_whole_number, whole_number_or_none
 
 S = JobStatus
 SETTING_HELP = {
-    "policy": "RF lets a smaller job that fits start before a bigger one that waits; FIFO starts jobs strictly in submission order; backfill is RF that reserves room for the jobs at the head of the queue (from running jobs' time limits) and lets later jobs start only if they end in time or use other resources.",
+    "policy": "RF lets a smaller job that fits start before a bigger one that waits; FIFO starts jobs strictly in "
+              "submission order; backfill is RF that reserves room for the jobs at the head of the queue (from running "
+              "jobs' time limits) and lets later jobs start only if they end in time or use other resources.",
     "max_job_time_s": "Jobs running longer than this are stopped; members may not ask for more.",
     "max_interactive_gpus": "Interactive jobs of the VC together may hold at most this many GPUs.",
     "user_gpu_quota": "A member holding more non-preemptible GPUs than this needs a VC admin to approve each further job.",

@@ -188,8 +188,10 @@ def _job_page(job_id: int, new_token: dict | None = None, status: int = 200):
     who = principal()
     job, visibility = job_service.get(db.session, who, job_id)
     full = visibility is Visibility.FULL
-    attempts = list(db.session.scalars(sa.select(JobAttempt).where(JobAttempt.job_id == job.id).order_by(JobAttempt.number))) if full else []
-    events = list(db.session.scalars(sa.select(JobEvent).where(JobEvent.job_id == job.id).order_by(JobEvent.id.desc()).limit(200))) if full else []
+    attempts = list(db.session.scalars(sa.select(JobAttempt).where(JobAttempt.job_id == job.id)
+                                       .order_by(JobAttempt.number))) if full else []
+    events = list(db.session.scalars(sa.select(JobEvent).where(JobEvent.job_id == job.id)
+                                     .order_by(JobEvent.id.desc()).limit(200))) if full else []
     current = next((a for a in attempts if a.number == job.attempt), None)
     placements = current.placements if current is not None and job.status in ACTIVE else []
     vc_admin = who.is_vc_admin(job.vc.name)

@@ -20,8 +20,10 @@ class _NodeRow(Protocol):
 
 
 class _Info(Protocol):
-    unschedulable: bool
-    cordoned_by_dlts: bool
+    @property
+    def unschedulable(self) -> bool: ...
+    @property
+    def cordoned_by_dlts(self) -> bool: ...
 
 
 def repair_cordon(node: _NodeRow, info: _Info) -> bool | None:

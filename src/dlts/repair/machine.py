@@ -19,8 +19,8 @@ States (docs/repair.md):
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 from dlts.repair.rules import (
     HEARTBEAT_LOST,

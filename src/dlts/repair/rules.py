@@ -15,9 +15,10 @@ all SKUs or per SKU. Findings no rule matches are recorded by the API and never 
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import yaml
 

@@ -539,7 +539,8 @@ def _rows(session: Session, names: list[str], group_by: tuple[str, ...], sums: M
     user_ids = {k[names.index("user")] for k in sums} if "user" in names else set()
     vc_ids = {k[names.index("vc")] for k in sums} if "vc" in names else set()
     users = dict(session.execute(sa.select(User.id, User.name).where(User.id.in_(user_ids))).all()) if user_ids else {}
-    vcs = dict(session.execute(sa.select(VirtualCluster.id, VirtualCluster.name).where(VirtualCluster.id.in_(vc_ids))).all()) if vc_ids else {}
+    vcs = dict(session.execute(sa.select(VirtualCluster.id, VirtualCluster.name)
+                               .where(VirtualCluster.id.in_(vc_ids))).all()) if vc_ids else {}
     rows = []
     for key, (gpu, busy, sampled, pre) in sums.items():
         keys: dict[str, Any] = {}
@@ -583,7 +584,8 @@ def _usage_by_job(session: Session, q: UsageQuery, visible: list[int] | None, vc
     users = {r[-7] for r in found}
     vcs = {r[-6] for r in found}
     user_names = dict(session.execute(sa.select(User.id, User.name).where(User.id.in_(users))).all()) if users else {}
-    vc_names = dict(session.execute(sa.select(VirtualCluster.id, VirtualCluster.name).where(VirtualCluster.id.in_(vcs))).all()) if vcs else {}
+    vc_names = dict(session.execute(sa.select(VirtualCluster.id, VirtualCluster.name)
+                                    .where(VirtualCluster.id.in_(vcs))).all()) if vcs else {}
     rows = []
     for r in found:
         job_id, *rest = r

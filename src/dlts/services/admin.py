@@ -127,8 +127,8 @@ def set_user(session: Session, name: str, changes: Mapping[str, Any]) -> tuple[U
     if not changes:
         raise InvalidInput("Send uid and/or gid.", details={"field": "body"})
     user = get_user(session, name)
-    uid = changes["uid"] if "uid" in changes else user.uid
-    gid = changes["gid"] if "gid" in changes else user.gid
+    uid = changes.get("uid", user.uid)
+    gid = changes.get("gid", user.gid)
     _check_identity(session, name, uid, gid, user.id)
     said = tuple(f"{key} {getattr(user, key)} -> {value}" for key, value in (("uid", uid), ("gid", gid))
                  if getattr(user, key) != value)

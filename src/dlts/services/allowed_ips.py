@@ -70,8 +70,10 @@ def parse_cidr(text: str, *, allow_loopback: bool = False) -> str:
     except ValueError as exc:
         if "has host bits set" in str(exc):
             suggestion = ipaddress.ip_network(text.strip(), strict=False)
-            raise InvalidInput(f"{text.strip()} has host bits set; did you mean {suggestion}?", details={"field": "ip", "suggestion": str(suggestion)}) from None
-        raise InvalidInput(f"{text.strip()[:64]!r} is not an IPv4/IPv6 address or CIDR network (e.g. 203.0.113.7, 198.51.100.0/24, 2001:db8::/48).",
+            raise InvalidInput(f"{text.strip()} has host bits set; did you mean {suggestion}?",
+                               details={"field": "ip", "suggestion": str(suggestion)}) from None
+        raise InvalidInput(f"{text.strip()[:64]!r} is not an IPv4/IPv6 address or CIDR network (e.g. 203.0.113.7, "
+                           "198.51.100.0/24, 2001:db8::/48).",
                            details={"field": "ip"}) from None
     if network.prefixlen < MIN_PREFIX[network.version]:
         raise Refused(f"{network} is too wide: allow at most a /{MIN_PREFIX[network.version]} network for IPv{network.version}.",
@@ -93,7 +95,8 @@ def _user(session: Session, principal: Principal, user_name: str | None, what: s
     return user
 
 
-def list_entries(session: Session, principal: Principal, user_name: str | None = None, *, include_expired: bool = False) -> list[AllowedIpView]:
+def list_entries(session: Session, principal: Principal, user_name: str | None = None, *,
+                 include_expired: bool = False) -> list[AllowedIpView]:
     user = _user(session, principal, user_name, "read the allowed IPs")
     query = sa.select(AllowedIp).where(AllowedIp.user_id == user.id).order_by(AllowedIp.id)
     if not include_expired:

@@ -124,7 +124,8 @@ def forget_principals() -> None:
 
 def authenticate_bearer(session: Session, header: str | None, cache: PrincipalCache | None = None) -> Principal:
     if not header or not header.startswith("Bearer "):
-        raise Unauthenticated("Send 'Authorization: Bearer <token>'. Create a token with `dlts user token NAME` or on the portal's My API tokens page.")
+        raise Unauthenticated("Send 'Authorization: Bearer <token>'. Create a token with `dlts user token NAME` or on "
+                              "the portal's My API tokens page.")
     token_hash = hash_token(header[len("Bearer ") :].strip())
     now = utcnow()
     if cache is not None and (who := cache.get(token_hash, now)) is not None:

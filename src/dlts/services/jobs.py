@@ -158,7 +158,8 @@ def _resources(req: JobRequest, sku: str, shape: SkuShape | None, settings: Sett
         if shape is None or shape.gpus == 0:
             raise InvalidInput("A distributed job takes whole GPU nodes; name a GPU sku.", details={"field": "sku"})
         if gpus not in (0, shape.gpus):
-            raise InvalidInput(f"A distributed job takes whole nodes: gpus is per node and must be {shape.gpus} on {sku} nodes (or leave it out).",
+            raise InvalidInput(f"A distributed job takes whole nodes: gpus is per node and must be {shape.gpus} on "
+                               f"{sku} nodes (or leave it out).",
                                code="gpus_not_whole_node", details={"field": "gpus", "expected": shape.gpus})
         return shape.gpus, req.cpu or shape.cpu, req.memory_bytes or shape.memory_bytes
     if req.nodes:
@@ -169,13 +170,15 @@ def _resources(req: JobRequest, sku: str, shape: SkuShape | None, settings: Sett
         return 0, req.cpu or settings.cpu_job_default_cpu, req.memory_bytes or settings.cpu_job_default_memory_bytes
     assert shape is not None
     if gpus > shape.gpus:
-        raise Refused(f"A {sku} node has {shape.gpus} GPUs; this job asks {gpus} on one node. Ask for at most {shape.gpus}, or use type: distributed with whole nodes.",
+        raise Refused(f"A {sku} node has {shape.gpus} GPUs; this job asks {gpus} on one node. Ask for at most "
+                      f"{shape.gpus}, or use type: distributed with whole nodes.",
                       code="gpus_exceed_node", details={"field": "gpus", "max": shape.gpus})
     share = gpus / shape.gpus
     cpu = req.cpu if req.cpu is not None else round(shape.cpu * share, 3)
     memory = req.memory_bytes if req.memory_bytes is not None else int(shape.memory_bytes * share)
     if cpu > shape.cpu or memory > shape.memory_bytes:
-        raise Refused(f"A {sku} node has {shape.cpu:g} cores and {shape.memory_bytes} bytes of memory; this job asks {cpu:g} cores and {memory} bytes.",
+        raise Refused(f"A {sku} node has {shape.cpu:g} cores and {shape.memory_bytes} bytes of memory; this job asks "
+                      f"{cpu:g} cores and {memory} bytes.",
                       code="resources_exceed_node", details={"field": "cpu" if cpu > shape.cpu else "memory"})
     return gpus, cpu, memory
 

@@ -61,7 +61,8 @@ def require_approve(principal: Principal, job: Job) -> None:
 
 def require_vc_member(principal: Principal, vc_name: str) -> None:
     if not principal.is_vc_member(vc_name):
-        raise NotFound(f"VC {vc_name!r} does not exist or you are not a member of it. Your VCs: {', '.join(principal.vcs) or 'none'}.", code="vc_not_found", details={"field": "vc"})
+        raise NotFound(f"VC {vc_name!r} does not exist or you are not a member of it. "
+                       f"Your VCs: {', '.join(principal.vcs) or 'none'}.", code="vc_not_found", details={"field": "vc"})
 
 
 def require_cluster_admin(principal: Principal, what: str) -> None:

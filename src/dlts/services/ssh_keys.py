@@ -59,12 +59,14 @@ def parse_public_key(text: str) -> ParsedKey:
     if not isinstance(text, str) or not text.strip():
         raise InvalidInput("public_key is empty; paste the contents of your ~/.ssh/id_ed25519.pub.", details={"field": "public_key"})
     if len(text) > MAX_KEY_CHARS:
-        raise InvalidInput(f"public_key is longer than {MAX_KEY_CHARS} characters; paste one public key line.", details={"field": "public_key"})
+        raise InvalidInput(f"public_key is longer than {MAX_KEY_CHARS} characters; paste one public key line.",
+                           details={"field": "public_key"})
     line = text.strip()
     if "\n" in line or "\r" in line:
         raise InvalidInput("public_key must be one line (one key); add several keys one by one.", details={"field": "public_key"})
     if "PRIVATE KEY" in line:
-        raise InvalidInput("This is a private key. Never share it: paste the .pub file instead.", code="private_key", details={"field": "public_key"})
+        raise InvalidInput("This is a private key. Never share it: paste the .pub file instead.", code="private_key",
+                           details={"field": "public_key"})
     parts = line.split(None, 2)
     if len(parts) < 2 or parts[0] not in KNOWN_TYPES:
         shown = parts[0][:40] if parts else ""
@@ -81,13 +83,14 @@ def parse_public_key(text: str) -> ParsedKey:
     except (binascii.Error, ValueError, TypeError):
         raise InvalidInput("public_key could not be parsed: the base64 part is damaged or does not match the key type. "
                            "Copy the whole line of the .pub file again.", code="invalid_ssh_key", details={"field": "public_key"}) from None
-    except Exception:  # cryptography raises UnsupportedAlgorithm for odd curves
+    except Exception:  # noqa: BLE001 - cryptography raises UnsupportedAlgorithm for odd curves
         raise InvalidInput("public_key uses an unsupported algorithm; use ed25519, ECDSA or RSA (2048+ bits).",
                            code="invalid_ssh_key", details={"field": "public_key"}) from None
     if isinstance(key, rsa.RSAPublicKey):
         bits = key.key_size
         if bits < MIN_RSA_BITS:
-            raise Refused(f"This RSA key has {bits} bits; at least {MIN_RSA_BITS} are required. Create an ed25519 key with `ssh-keygen -t ed25519`.",
+            raise Refused(f"This RSA key has {bits} bits; at least {MIN_RSA_BITS} are required. Create an ed25519 key "
+                          "with `ssh-keygen -t ed25519`.",
                           code="weak_ssh_key", details={"field": "public_key", "bits": bits, "min_bits": MIN_RSA_BITS})
         if bits > MAX_RSA_BITS:
             raise InvalidInput(f"This RSA key has {bits} bits; at most {MAX_RSA_BITS} are accepted.", code="invalid_ssh_key",

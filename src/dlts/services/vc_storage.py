@@ -139,7 +139,8 @@ def _home(value: Any) -> dict:
 
 
 def check_lustre(vc_name: str, value: Any) -> dict:
-    from dlts_lustre.policy import PolicyError, policy_from_vcs
+    from dlts_lustre.errors import PolicyError
+    from dlts_lustre.policy import policy_from_vcs
 
     if not isinstance(value, Mapping):
         raise _bad("lustre", "must be an object (docs/lustre.md).")

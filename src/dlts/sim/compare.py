@@ -3,6 +3,7 @@ SVG chart (queue length and GPU utilisation over time), written by hand: no plot
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 from html import escape
 
@@ -144,7 +145,7 @@ def svg_chart(results: dict[str, dict], title: str = "") -> str:
             x = left + pw * k / 5
             parts.append(f'<text x="{x:.1f}" y="{y0 + panel + 14}" text-anchor="middle">{t_max * k / 5 / HOUR:.0f} h</text>')
 
-    def line(y0: float, xs: list[float], ys: list[float], y_max: float, colour: str) -> None:
+    def line(y0: float, xs: Sequence[float], ys: Sequence[float], y_max: float, colour: str) -> None:
         pts = " ".join(
             f"{left + pw * x / t_max:.1f},{y0 + panel - panel * min(y, y_max) / y_max:.1f}" for x, y in zip(xs, ys)
         )

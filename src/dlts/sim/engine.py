@@ -20,12 +20,13 @@ from __future__ import annotations
 import heapq
 import math
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable
+from typing import Any
 
-from dlts.scheduler.quota import effective_cpu_memory_quota
 from dlts.scheduler import Decisions, Job, JobType, Placement, Snapshot, StopReason, decide
 from dlts.scheduler.plugins.walltime import effective_limit_s
+from dlts.scheduler.quota import effective_cpu_memory_quota
 from dlts.sim.inputs import Cluster, TraceJob
 
 PassHook = Callable[[Snapshot, Decisions, float], None]
@@ -113,7 +114,7 @@ class Simulation:
         return self.result()
 
     def _stale(self, ev: tuple) -> bool:
-        _, _, kind, job_id, attempt = ev
+        _, _, _kind, job_id, attempt = ev
         sj = self.jobs[job_id]
         return sj.attempt_no != attempt or sj.state != "running"
 

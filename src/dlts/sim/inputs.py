@@ -148,7 +148,7 @@ def load_cluster(path: str | Path) -> Cluster:
     except OSError as exc:
         raise SimInputError(path, None, None, f"cannot read: {exc.strerror}") from None
     try:
-        data = yaml.load(text, Loader=_Loader)  # noqa: S506 (a SafeLoader subclass)
+        data = yaml.load(text, Loader=_Loader)  # a SafeLoader subclass
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         raise SimInputError(path, mark.line + 1 if mark else None, None, f"not valid YAML: {exc}") from None
@@ -296,7 +296,7 @@ def load_trace(path: str | Path, cluster: Cluster) -> list[TraceJob]:
             line = reader.line_num
             jobs.append(_parse_row(path, line, row, cluster, ids))
     if all(isinstance(j.label, int) for j in jobs):  # every id a whole number: keep them
-        jobs = [replace(j, id=int(j.label)) for j in jobs]
+        jobs = [replace(j, id=j.label) for j in jobs if isinstance(j.label, int)]
         jobs.sort(key=lambda j: (j.submit_s, j.id))
     else:
         jobs.sort(key=lambda j: (j.submit_s, j.line))

@@ -246,7 +246,7 @@ class _Walk:
                 return False, False
             all_expired, all_gone = True, True
             # deepest first: the subdirectories, then the files here, then this directory
-            for child, is_dir in sorted(entries, key=lambda e: (not e[1], e[0])):
+            for child, _is_dir in sorted(entries, key=lambda e: (not e[1], e[0])):
                 expired, gone = self.entry(fd, rel, child, depth + 1)
                 all_expired &= expired
                 all_gone &= gone

@@ -119,7 +119,7 @@ def resolve_id(state: dict, kind: str, ident: str) -> tuple[str, int]:
 # ---------------------------------------------------------------- nodes
 
 def is_mgs(state: dict) -> bool:
-    return NODE == state.get("mgs_node", "mgs")
+    return state.get("mgs_node", "mgs") == NODE
 
 
 def local_targets(state: dict) -> list[tuple[str, dict]]:

@@ -9,8 +9,8 @@ nodes.repair_state goes (repair cycles replace it).
 Revision ID: 0006
 Revises: 0005
 """
-from alembic import op
 import sqlalchemy as sa
+from alembic import op
 from sqlalchemy.dialects import mysql
 
 revision = '0006'

@@ -3,8 +3,8 @@
 Revision ID: 0007
 Revises: 0006
 """
-from alembic import op
 import sqlalchemy as sa
+from alembic import op
 from sqlalchemy.dialects import mysql
 
 revision = '0007'

@@ -7,8 +7,8 @@ passes book their whole history through the same code as new ones (docs/accounti
 Revision ID: 0010
 Revises: 0009
 """
-from alembic import op
 import sqlalchemy as sa
+from alembic import op
 from sqlalchemy.dialects import mysql
 
 revision = '0010'

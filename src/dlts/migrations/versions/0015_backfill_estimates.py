@@ -4,8 +4,8 @@ vcs.default_runtime_estimate_s (the runtime assumed for jobs with no limit)
 Revision ID: 0015
 Revises: 0014
 """
-from alembic import op
 import sqlalchemy as sa
+from alembic import op
 from sqlalchemy.dialects import mysql
 
 revision = '0015'

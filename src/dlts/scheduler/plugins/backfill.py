@@ -96,7 +96,7 @@ class BackfillPass:
         self._pointer_pools: dict[tuple, Pool] = {}
         self._held_now: set[int] = set()
         self._reserved_lists: dict[int, tuple[int, list[tuple[int, str]]]] = {}
-        self._gang_index: dict[int, dict[str, int]] = {}  # id(order) -> node name -> position  # jobs whose reclaimed room is reserved from now  # pool id -> its reversed view, kept for the pass
+        self._gang_index: dict[int, dict[str, int]] = {}  # id(order) -> node name -> position
         self._jobs: dict[int, Job] | None = None
 
     # -- helpers ---------------------------------------------------------------------------------
@@ -242,9 +242,8 @@ class BackfillPass:
             if advance:
                 self._pointers[key] = ptr
             if reserved:
-                index = self._index(pool)
                 best = None
-                for k, name in self._reserved_in(pool, tl):
+                for k, _name in self._reserved_in(pool, tl):
                     if (found >= 0 and k > found) or best is not None:
                         break
                     ns = nodes[k]
