@@ -32,8 +32,29 @@ EXAMPLE_SECRETS = {
     "vault_dlts_node_token_seed": "c4b7a1e8d2f5c9b3a6e0d4f7c1b8a5e2",
     "vault_monitoring_smtp_auth_password": "7a2d5f8c1e4b9a3d6f0c2e5b8a1d4f7c",
     "vault_monitoring_grafana_admin_password": "1c4f7a2d5e8b3c6f9a0d2e5b7c1f4a8d",
+    "vault_dlts_notify_smtp_password": "5b8e1d4a7c0f3b6e9d2a5c8f1b4e7d0a",
 }
 
+
+# An operator's whole set of sections (dlts_notify, dlts_repair, ...) with their vaulted passwords:
+# validate_inventory passes them, the dlts_control role renders them into a dlts.yaml that
+# `dlts config check` accepts and load_settings reads back key for key.
+OPERATOR_SECTIONS = {
+    "dlts_notify": {"smtp_host": "mx.lab.example", "smtp_port": 587, "security": "starttls", "username": "dlts",
+                    "from_address": "dlts@lab.example", "portal_url": "https://dlts.lab.example",
+                    "rate_limit_per_hour": 30, "subject_prefix": "[lab]"},
+    "dlts_repair": {"max_nodes_in_repair": "20%", "dry_run": True, "flap_window_s": 7200},
+    "dlts_storage": {"scan_interval_s": 1800, "threads_per_root": 8,
+                     "roots": [{"path": "/srv/nfs/home", "kind": "nfs", "owner_by": "directory", "alert_percent": 90},
+                               {"path": "/srv/nfs/scratch", "expire_after_days": 30, "expire_paths": ["*"],
+                                "warn_days": 7, "keep": ["datasets"]}]},
+    "dlts_insight": {"idle_min": 45, "low_ratio": 0.25},
+    "dlts_directory": {"url": "ldaps://ldap.lab.example", "bind_dn": "cn=dlts,ou=services,dc=lab,dc=example",
+                       "user_base": "ou=people,dc=lab,dc=example", "group_base": "ou=groups,dc=lab,dc=example",
+                       "vc_roles": [{"group": "vision-admins", "vc": "research", "role": "admin"}]},
+}
+OPERATOR_SECRETS = {"dlts_notify_smtp_password": "smtp-password-from-the-vault",
+                    "dlts_directory_bind_password": "bind-password-from-the-vault"}
 
 def tool(name: str) -> str:
     """Path of a command the tests need; a missing one fails the test with the package to install."""

@@ -21,6 +21,8 @@ import pytest
 import yaml
 from ansible_helpers import (
     INVENTORIES,
+    OPERATOR_SECRETS,
+    OPERATOR_SECTIONS,
     REPO,
     ansible_env,
     make_stub_executables,
@@ -498,3 +500,55 @@ def test_only_dlts_nodes_report_to_the_api_and_register_a_token(inventory_name, 
         assert reporting == {"cp1", "cp2", "cp3"} | {f"gpu{n:03d}" for n in range(1, 65)}
         assert {"mds1", "oss1", "mon1"} <= set(decided) - reporting
         assert {d["ca_file"] for d in decided.values()} == {""}
+
+
+def test_the_operator_sections_come_from_the_inventory(tmp_path):
+    """dlts_notify, dlts_repair, dlts_storage, dlts_insight and dlts_directory become the sections of
+    dlts.yaml key for key; the vaulted passwords become files the config names, never keys."""
+    from dlts.config import load_settings
+
+    make_stub_executables(tmp_path / "venv" / "bin", ("gunicorn", "dlts"))
+    config_dir = tmp_path / "etc"
+    overrides = {"dlts_control_venv": str(tmp_path / "venv"), "dlts_control_config_dir": str(config_dir),
+                 **OPERATOR_SECTIONS, **OPERATOR_SECRETS}
+    out = render_templates("vagrant", tmp_path / "out", overrides, roles_only=("dlts_control",))
+    config_file = out["dlts_control"] / "dlts.yaml"
+    text = config_file.read_text()
+    assert all(secret not in text for secret in OPERATOR_SECRETS.values())
+    result = subprocess.run([str(Path(sys.executable).parent / "dlts"), "config", "check"],
+                            env=dict(os.environ, DLTS_CONFIG=str(config_file)), capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    settings = load_settings(config_file, environ={})
+    for variable, values in OPERATOR_SECTIONS.items():
+        dumped = getattr(settings, variable.removeprefix("dlts_")).model_dump(mode="json", exclude_unset=True)
+        for key, value in values.items():
+            if key == "roots":
+                assert [{k: r[k] for k in given} for r, given in zip(dumped["roots"], value)] == value
+            else:
+                assert dumped[key] == value, (variable, key)
+    assert settings.notify.password_file == config_dir / "smtp-password"
+    assert settings.directory.bind_password_file == config_dir / "ldap-bind-password"
+    # the role's task writes the vaulted password into that file; the notifier reads it from there
+    settings.notify.password_file.parent.mkdir(parents=True)
+    settings.notify.password_file.write_text(OPERATOR_SECRETS["dlts_notify_smtp_password"] + "\n")
+    assert settings.notify.read_password() == OPERATOR_SECRETS["dlts_notify_smtp_password"]
+
+
+def test_operator_sections_the_inventory_leaves_out_keep_dlts_defaults(rendered):
+    from dlts.config import Settings, load_settings
+
+    name, out, _ = rendered
+    inventory = yaml.safe_load((INVENTORIES[name] / "group_vars/all/dlts.yml").read_text())
+    config = yaml.safe_load((out["dlts_control"] / "dlts.yaml").read_text())
+    settings = load_settings(out["dlts_control"] / "dlts.yaml", environ={})
+    sections = {"notify", "repair", "storage", "insight", "directory"}
+    given = {s for s in sections if f"dlts_{s}" in inventory}
+    assert given == ({"notify", "repair"} if name == "example" else set()), name
+    assert set(config) & sections == given
+    for section in sections - given:
+        assert getattr(settings, section) == Settings.model_fields[section].default_factory(), section
+    if name == "example":  # the relay's account, its password in a file the role writes from the vault
+        assert (settings.notify.smtp_host, settings.notify.username) == ("smtp.example.com", "dlts@example.com")
+        assert settings.notify.password_file == Path("/etc/dlts/smtp-password")
+        assert settings.repair.max_nodes_in_repair == "20%"

@@ -14,7 +14,14 @@ from pathlib import Path
 
 import pytest
 import yaml
-from ansible_helpers import EXAMPLE_SECRETS, INVENTORIES, ROLES_DIR, run_playbook
+from ansible_helpers import (
+    EXAMPLE_SECRETS,
+    INVENTORIES,
+    OPERATOR_SECRETS,
+    OPERATOR_SECTIONS,
+    ROLES_DIR,
+    run_playbook,
+)
 
 
 class Inventory:
@@ -265,6 +272,30 @@ CASES = {
         lambda inv: _set_vc(inv, 1, gid=0),
         "Virtual cluster product: gid, when set, is the Unix group of the VC's shared storage",
     ),
+    "notify section with an unknown key": (
+        lambda inv: _set_dlts(inv, "dlts_notify", {"smtp_host": "mx.lab", "smtp_server": "mx.lab"}),
+        "dlts_notify.smtp_server is not a key of the notify: section (known: batch_size,",
+    ),
+    "notify section that is not a mapping": (
+        lambda inv: _set_dlts(inv, "dlts_notify", "mx.lab"),
+        'dlts_notify must be a mapping of keys of DLTS\'s notify: section (docs/configuration.md), found "mx.lab"',
+    ),
+    "SMTP password given as a file name": (
+        lambda inv: _set_dlts(inv, "dlts_notify", {"smtp_host": "mx.lab", "password_file": "/etc/pw"}),
+        "dlts_notify.password_file is set by the role from the secret variable dlts_notify_smtp_password",
+    ),
+    "SMTP user without a password": (
+        lambda inv: _set_dlts(inv, "dlts_notify", {"smtp_host": "mx.lab", "username": "dlts"}),
+        "dlts_notify.username is set, so the notifier authenticates: set dlts_notify_smtp_password",
+    ),
+    "directory bind account without a password": (
+        lambda inv: _set_dlts(inv, "dlts_directory", {"url": "ldaps://ldap.lab", "bind_dn": "cn=dlts,dc=lab"}),
+        "dlts_directory.bind_dn is set, so the directory sync binds as that account",
+    ),
+    "repair section with an unknown key": (
+        lambda inv: _set_dlts(inv, "dlts_repair", {"max_nodes_in_repairs": 2}),
+        "dlts_repair.max_nodes_in_repairs is not a key of the repair: section",
+    ),
     "user quota with an unknown key": (
         lambda inv: inv.edit("group_vars/all/lustre.yml", lambda d: d["lustre_user_quota"]["default"].update(blocks=5)),
         "lustre_user_quota.default takes block_soft and block_hard",
@@ -388,6 +419,27 @@ def test_the_inventory_check_knows_every_key_of_the_kubernetes_section_with_its_
         le = [m.le for m in metadata if isinstance(m, annotated_types.Le)]
         expected = ((gt or ge)[0], bool(gt), le[0] if le else None)
         assert (spec["min"], spec.get("exclusive_min", False), spec.get("max")) == expected, name
+
+
+def test_the_inventory_check_knows_every_key_of_the_operator_sections():
+    """validate_inventory's key lists of dlts_notify, dlts_repair, dlts_storage, dlts_insight and
+    dlts_directory are the code's sections; the password-file keys are the role's, from the vault."""
+    from dlts.config import Settings
+
+    defaults = yaml.safe_load((ROLES_DIR / "validate_inventory" / "defaults" / "main.yml").read_text())
+    sections = defaults["validate_inventory_operator_sections"]
+    secret_keys = defaults["validate_inventory_operator_secret_keys"]
+    assert set(sections) == {"notify", "repair", "storage", "insight", "directory"}
+    for section, keys in sections.items():
+        model = Settings.model_fields[section].annotation
+        assert set(keys) | set(secret_keys.get(section, {})) == set(model.model_fields), section
+        assert not set(keys) & set(secret_keys.get(section, {})), section
+
+
+def test_full_operator_sections_pass(lab, tmp_path):
+    lab.edit("group_vars/all/dlts.yml", lambda d: d.update(OPERATOR_SECTIONS))
+    result = _validate(lab, tmp_path, extra_vars=OPERATOR_SECRETS)
+    assert result.returncode == 0, result.stdout[-3000:]
 
 
 def test_a_database_replica_that_is_also_the_primary_is_refused(lab, tmp_path):
