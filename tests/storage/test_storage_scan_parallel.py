@@ -88,7 +88,7 @@ def test_processes_and_threads_give_the_same_aggregation(tmp_path):
         assert by_processes[key] == by_threads[key], key
     # the directories that hold no hard-linked name: the same sums whichever walk counted the link
     untouched = {f"t{t}" for t in (1, 2)}
-    rows = lambda doc: {r["directory"]: r for r in doc["by_directory"] if r["directory"] in untouched}  # noqa: E731
+    rows = lambda doc: {r["directory"]: r for r in doc["by_directory"] if r["directory"] in untouched}
     assert rows(by_processes) == rows(by_threads)
     assert [f["path"] for f in by_processes["oldest_files"][:2]] == [str(root / "t1/s1/f3"), str(root / "t2/s1/f3")]
     assert by_processes["oldest_files"] == by_threads["oldest_files"]

@@ -25,7 +25,15 @@ from typing import Any, Callable
 
 from dlts.storage import scan as scan_module
 from dlts.storage import walk
-from dlts.storage.scan import COMPLETE, FAILED, HUNG, TIMEOUT, Owners, ScanResult, Totals
+from dlts.storage.scan import (
+    COMPLETE,
+    FAILED,
+    HUNG,
+    TIMEOUT,
+    Owners,
+    ScanResult,
+    Totals,
+)
 from dlts.storage.settings import StorageRoot, StorageSettings
 
 POLL_S = 0.05  # how often the deadlines are checked while the workers are busy
@@ -83,7 +91,7 @@ def _root(base: str, settings: StorageSettings, result: ScanResult, statvfs: Cal
     def run() -> None:
         try:
             box["value"] = statvfs(base)
-        except BaseException as exc:  # noqa: BLE001  (reported as the scan's outcome)
+        except BaseException as exc:
             box["error"] = exc
 
     thread = threading.Thread(target=run, name=f"storage-statvfs{base.replace('/', '-')}", daemon=True)
@@ -175,6 +183,7 @@ class _Merge:
         for negated, path in payload["oldest"]:
             self.old(-negated, path)
         self.seen_again += payload["seen_again"]
+        result.worker_peak_rss_kib.append(payload["peak_rss_kib"])
         result.dirs += payload["dirs"]
         result.vanished += payload["vanished"]
         for problems, paths, count in ((result.unreadable, payload["unreadable"], payload["unreadable_count"]),

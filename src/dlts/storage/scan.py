@@ -117,6 +117,7 @@ class ScanResult:
     fs_used_bytes: int | None = None
     # per-VC totals measured directly (Lustre project or group quotas); None: summed from by_owner
     vc_totals: dict[str, Totals] | None = None
+    worker_peak_rss_kib: list[int] = field(default_factory=list)  # each worker process's peak (none: threads)
 
     @property
     def errors(self) -> int:
@@ -158,6 +159,7 @@ class ScanResult:
                               "vc": self.directory_vc.get(d), **t.to_dict()} for d, t in sorted(
                 self.by_directory.items(), key=lambda kv: (-kv[1].allocated_bytes, kv[0]))],
             "top_dirs": self.top_dirs, "oldest_files": self.oldest_files,
+            "worker_peak_rss_kib": self.worker_peak_rss_kib,
         }
 
 
@@ -215,7 +217,7 @@ class _Workers:
             key, fn, arg = task
             try:
                 self.results.put((key, fn(arg), None))
-            except BaseException as exc:  # noqa: BLE001  (handed to the coordinator as the outcome)
+            except BaseException as exc:
                 self.results.put((key, None, exc))
 
     def submit(self, key: Any, fn: Callable[[str], Any], arg: str) -> None:
@@ -446,4 +448,5 @@ def iter_rows(result: ScanResult) -> Iterator[dict[str, Any]]:
         yield {"vc": result.directory_vc.get(directory), "user": owner, "directory": directory, **t.to_dict()}
 
 
-from dlts.storage import parallel  # noqa: E402  (the walk by worker processes; it uses the names above)
+# the walk by worker processes, last: it uses the names above
+from dlts.storage import parallel

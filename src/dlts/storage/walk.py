@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import heapq
 import os
+import resource
 import stat
 import time
 from typing import Any, Callable
@@ -154,7 +155,8 @@ class Walk:
         return {"sums": self.sums, "dir_uids": self.dir_uids, "oldest": self.oldest, "links": self.take_links(),
                 "seen_again": self.seen_again, "dirs": self.dirs, "vanished": self.vanished,
                 "unreadable": self.unreadable, "unreadable_count": self.unreadable_count,
-                "other_fs": self.other_fs, "other_fs_count": self.other_fs_count}
+                "other_fs": self.other_fs, "other_fs_count": self.other_fs_count,
+                "peak_rss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}
 
 
 def work(conn: Any, slot: int, started: Any, paths: Any, hungry: Any, root_dev: int, depth: int, keep_oldest: int,
