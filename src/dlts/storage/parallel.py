@@ -184,6 +184,7 @@ class _Merge:
             self.old(-negated, path)
         self.seen_again += payload["seen_again"]
         result.worker_peak_rss_kib.append(payload["peak_rss_kib"])
+        result.worker_cpu_s.append(round(payload["cpu_s"], 3))
         result.dirs += payload["dirs"]
         result.vanished += payload["vanished"]
         for problems, paths, count in ((result.unreadable, payload["unreadable"], payload["unreadable_count"]),

@@ -117,7 +117,9 @@ class ScanResult:
     fs_used_bytes: int | None = None
     # per-VC totals measured directly (Lustre project or group quotas); None: summed from by_owner
     vc_totals: dict[str, Totals] | None = None
-    worker_peak_rss_kib: list[int] = field(default_factory=list)  # each worker process's peak (none: threads)
+    # each worker process's peak resident size and CPU seconds (user + system); empty when threads walked
+    worker_peak_rss_kib: list[int] = field(default_factory=list)
+    worker_cpu_s: list[float] = field(default_factory=list)
 
     @property
     def errors(self) -> int:
@@ -159,7 +161,7 @@ class ScanResult:
                               "vc": self.directory_vc.get(d), **t.to_dict()} for d, t in sorted(
                 self.by_directory.items(), key=lambda kv: (-kv[1].allocated_bytes, kv[0]))],
             "top_dirs": self.top_dirs, "oldest_files": self.oldest_files,
-            "worker_peak_rss_kib": self.worker_peak_rss_kib,
+            "worker_peak_rss_kib": self.worker_peak_rss_kib, "worker_cpu_s": self.worker_cpu_s,
         }
 
 

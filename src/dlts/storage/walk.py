@@ -156,7 +156,20 @@ class Walk:
                 "seen_again": self.seen_again, "dirs": self.dirs, "vanished": self.vanished,
                 "unreadable": self.unreadable, "unreadable_count": self.unreadable_count,
                 "other_fs": self.other_fs, "other_fs_count": self.other_fs_count,
-                "peak_rss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}
+                "peak_rss_kib": peak_rss_kib(), "cpu_s": sum(os.times()[:2])}
+
+
+def peak_rss_kib() -> int:
+    """This process's own peak resident size (VmHWM: ru_maxrss would include the parent's size from
+    before the exec of a spawned process)."""
+    try:
+        with open("/proc/self/status", "rb") as status:
+            for line in status:
+                if line.startswith(b"VmHWM:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 
 def work(conn: Any, slot: int, started: Any, paths: Any, hungry: Any, root_dev: int, depth: int, keep_oldest: int,
