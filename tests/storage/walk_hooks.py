@@ -23,3 +23,8 @@ def log_worker(path: str) -> None:
     """Records which worker process listed each directory, in the folder $DLTS_TEST_WALK_LOG."""
     with open(os.path.join(os.environ["DLTS_TEST_WALK_LOG"], str(os.getpid())), "a") as log:
         log.write(path + "\n")
+
+
+def slow(path: str) -> None:
+    """Every directory takes 0.1 s to answer (a slow mount)."""
+    time.sleep(0.1)

@@ -297,8 +297,9 @@ def _stop(procs: list, conns: list, finished: bool) -> list:
     for proc in procs:
         if not finished and proc.is_alive():
             proc.kill()
+    deadline = time.monotonic() + 2.0  # a killed worker dies at once unless the kernel holds it
     for proc in procs:
-        proc.join(2.0 if finished else 0.5)
+        proc.join(max(0.0, deadline - time.monotonic()))
     for conn in conns:
         conn.close()
     stuck = [proc for proc in procs if proc.is_alive()]
