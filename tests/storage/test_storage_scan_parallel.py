@@ -5,7 +5,9 @@ tree split across the workers, a hung directory in a worker, an unreadable one."
 from __future__ import annotations
 
 import os
+import sys
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -101,7 +103,7 @@ def test_the_tree_is_split_across_the_worker_processes(tmp_path, monkeypatch):
     log = tmp_path / "log"
     log.mkdir()
     monkeypatch.setenv("DLTS_TEST_WALK_LOG", str(log))
-    result = scan_root(StorageRoot(path=root), StorageSettings(processes_per_root=3), before_dir=walk_hooks.log_worker)
+    result = scan_root(StorageRoot(path=root), StorageSettings(processes_per_root=3), before_dir=walk_hooks.log_worker_slowly)
     assert result.status == COMPLETE and result.total.files == 8 * 3 * 5 + 3
     listed = {pid.name: pid.read_text().split() for pid in log.iterdir()}
     assert len(listed) >= 2, listed  # more than one worker listed directories
@@ -143,3 +145,18 @@ def test_processes_per_root_zero_means_one_per_cpu_between_two_and_eight():
     assert 2 <= StorageSettings().scan_processes() <= 8
     assert StorageSettings(processes_per_root=3).scan_processes() == 3
     assert StorageSettings(processes_per_root=1).scan_processes() == 1
+
+
+def test_workers_do_not_run_the_script_that_started_the_scan_again(tmp_path, monkeypatch):
+    """`dlts storage scan` and `dlts managers` run from the `dlts` console script; a spawned worker
+    would run it again as its __main__ (all of dlts.cli) unless the scan keeps it out."""
+    marker = tmp_path / "script-ran"
+    script = tmp_path / "console_script.py"
+    script.write_text(f"open({str(marker)!r}, 'a').write('ran\\n')\n")
+    main = types.ModuleType("__main__")
+    main.__file__ = str(script)
+    monkeypatch.setitem(sys.modules, "__main__", main)
+    result = scan_root(StorageRoot(path=make_tree(tmp_path)), StorageSettings(processes_per_root=2))
+    assert result.status == COMPLETE and len(result.worker_cpu_s) == 2
+    assert not marker.exists()
+    assert sys.modules["__main__"] is main  # put back

@@ -28,3 +28,10 @@ def log_worker(path: str) -> None:
 def slow(path: str) -> None:
     """Every directory takes 0.1 s to answer (a slow mount)."""
     time.sleep(0.1)
+
+
+def log_worker_slowly(path: str) -> None:
+    """log_worker, each directory taking 0.02 s: the walk outlasts the scanning process's first look
+    at its idle workers even on a loaded machine."""
+    log_worker(path)
+    time.sleep(0.02)
