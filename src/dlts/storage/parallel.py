@@ -108,7 +108,7 @@ def _root(base: str, settings: StorageSettings, result: ScanResult, statvfs: Cal
     def run() -> None:
         try:
             box["value"] = statvfs(base)
-        except BaseException as exc:
+        except Exception as exc:  # noqa: BLE001  (the scan's outcome: failed, with the message)
             box["error"] = exc
 
     thread = threading.Thread(target=run, name=f"storage-statvfs{base.replace('/', '-')}", daemon=True)
