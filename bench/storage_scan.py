@@ -11,7 +11,10 @@
 2. Warms the cache with one ``du -s`` pass.
 3. ``--repeat`` rounds, alternately: ``du -s TREE``, ``dlts storage scan TREE --json`` (each a
    subprocess, as an operator runs them, under ``/usr/bin/time -v`` for peak RSS when present),
-   and ``gdu``/``ncdu`` when installed. Medians, files/s, the scanner/du ratio, peak RSS.
+   and ``gdu``/``ncdu`` when installed. Medians, files/s, the scanner/du ratio, peak RSS (for the
+   scanner: its own plus each worker process's), CPU seconds (user + system, workers included) and
+   their ratio to du's, and for the scanner a model of its time on an idle machine (its own CPU,
+   then its busiest worker's, at least all its CPU spread over the cores) against du's CPU time.
 4. Checks the totals agree: ``du -s -B1`` minus the directories' own blocks equals the scanner's
    allocated bytes, and ``du -s --inodes`` equals its files + directories (hard links once in both).
 5. Unless ``--no-small``, the same at ``--files / 10`` in a second tree, to show the scanner's peak
@@ -103,7 +106,10 @@ def timed(cmd: list[str], env: dict | None = None) -> dict:
         raise SystemExit(f"{' '.join(cmd)} failed ({p.returncode}): {p.stderr[-2000:]}")
     m = re.search(r"Maximum resident set size \(kbytes\): (\d+)", p.stderr)
     rss = int(m.group(1)) if m else None
-    return {"seconds": seconds, "rss_kib": rss, "stdout": p.stdout}
+    # CPU seconds (user + system) of the command and the children it waited for (the scan's workers)
+    cpu = [re.search(rf"{kind} time \(seconds\): ([\d.]+)", p.stderr) for kind in ("User", "System")]
+    cpu_s = sum(float(c.group(1)) for c in cpu) if all(cpu) else None
+    return {"seconds": seconds, "rss_kib": rss, "cpu_s": cpu_s, "stdout": p.stdout}
 
 
 def tools(tree: Path) -> dict[str, list[str]]:
@@ -133,6 +139,16 @@ def measure(tree: Path, repeat: int, env: dict) -> dict:
             runs[name].append(r)
             if name.startswith("dlts"):
                 scan_doc = json.loads(r.pop("stdout"))
+                # /usr/bin/time reports the largest single process; the workers are processes of their own
+                if r["rss_kib"] is not None:
+                    r["rss_kib"] += sum(scan_doc.get("worker_peak_rss_kib") or [])
+                workers = scan_doc.get("worker_cpu_s") or []
+                if r["cpu_s"] is not None:
+                    # a model of the same run with the machine to itself (os.cpu_count() cores): the
+                    # scanning process's own CPU (start-up, merge) then the busiest worker, and never
+                    # less than all the CPU spread over the cores
+                    r["idle_estimate_s"] = max(r["cpu_s"] / (os.cpu_count() or 1),
+                                               r["cpu_s"] - sum(workers) + max(workers, default=0.0))
             else:
                 r.pop("stdout")
     du_bytes = int(subprocess.run(["du", "-s", "-B1", str(tree)], capture_output=True, text=True,
@@ -154,20 +170,41 @@ def measure(tree: Path, repeat: int, env: dict) -> dict:
     for name, rs in runs.items():
         secs = statistics.median(r["seconds"] for r in rs)
         rss = [r["rss_kib"] for r in rs if r["rss_kib"] is not None]
+        cpu = [r["cpu_s"] for r in rs if r["cpu_s"] is not None]
         summary[name] = {"median_s": round(secs, 3), "runs_s": [round(r["seconds"], 3) for r in rs],
-                         "entries_per_s": round(du_inodes / secs), "peak_rss_mib": round(max(rss) / 1024, 1) if rss else None}
-    du_s = summary["du -s"]["median_s"]
+                         "entries_per_s": round(du_inodes / secs), "peak_rss_mib": round(max(rss) / 1024, 1) if rss else None,
+                         "median_cpu_s": round(statistics.median(cpu), 3) if cpu else None}
+    for name, rs in runs.items():
+        idle = [r["idle_estimate_s"] for r in rs if r.get("idle_estimate_s") is not None]
+        if idle:
+            summary[name]["idle_estimate_s"] = round(statistics.median(idle), 3)
+    du_s, du_cpu = summary["du -s"]["median_s"], summary["du -s"]["median_cpu_s"]
+    if du_cpu:  # du is one process: on an idle machine with a warm cache it takes about its CPU time
+        for s in summary.values():
+            if "idle_estimate_s" in s:
+                s["idle_estimate_rate_vs_du"] = round(du_cpu / s["idle_estimate_s"], 2)
     for s in summary.values():
         s["rate_vs_du"] = round(du_s / s["median_s"], 2)
+        # the CPU work against du's: with the machine to itself and enough cores, a tool of W
+        # processes runs in about cpu_s / W; this ratio is what a loaded machine cannot hide
+        s["cpu_vs_du"] = round(s["median_cpu_s"] / du_cpu, 2) if du_cpu and s["median_cpu_s"] else None
     return {"tools": summary, "check": check}
 
 
 def table(files: int, res: dict) -> str:
     lines = [f"{files:,} files ({res['check']['du_inodes']:,} inodes):",
-             f"  {'tool':28} {'median s':>9} {'entries/s':>11} {'rate vs du':>10} {'peak RSS MiB':>13}"]
+             f"  {'tool':28} {'median s':>9} {'entries/s':>11} {'rate vs du':>10} {'peak RSS MiB':>13} {'CPU s':>7} {'CPU vs du':>9}"]
     for name, s in res["tools"].items():
         rss = f"{s['peak_rss_mib']:.1f}" if s["peak_rss_mib"] is not None else "-"
-        lines.append(f"  {name:28} {s['median_s']:>9.2f} {s['entries_per_s']:>11,} {s['rate_vs_du']:>9.2f}x {rss:>13}")
+        cpu = f"{s['median_cpu_s']:.2f}" if s["median_cpu_s"] is not None else "-"
+        cpu_ratio = f"{s['cpu_vs_du']:.2f}x" if s["cpu_vs_du"] is not None else "-"
+        lines.append(f"  {name:28} {s['median_s']:>9.2f} {s['entries_per_s']:>11,} {s['rate_vs_du']:>9.2f}x {rss:>13}"
+                     f" {cpu:>7} {cpu_ratio:>9}")
+    for name, s in res["tools"].items():
+        if "idle_estimate_rate_vs_du" in s:
+            lines.append(f"  {name}: on an idle machine of {os.cpu_count()} cores (a model from CPU times) about "
+                         f"{s['idle_estimate_s']:.2f} s against du's {res['tools']['du -s']['median_cpu_s']:.2f} s: "
+                         f"{s['idle_estimate_rate_vs_du']:.2f}x")
     c = res["check"]
     lines.append(f"  totals: du -B1 {c['du_bytes']:,} - dirs {c['dir_bytes']:,} = {c['du_file_bytes']:,}; scanner "
                  f"{c['scanner_allocated_bytes']:,} ({'agree' if c['bytes_agree'] else 'DIFFER'}); du --inodes "

@@ -782,7 +782,6 @@ def storage_scan(ctx: Context, paths: tuple[str, ...], as_json: bool, record: bo
     import json
     import os
 
-    from dlts.managers.storage import StorageManager, human_bytes
     from dlts.storage.scan import COMPLETE, scan_path
 
     storage_settings = ctx.settings.storage
@@ -793,7 +792,11 @@ def storage_scan(ctx: Context, paths: tuple[str, ...], as_json: bool, record: bo
     results = []
     configured = [storage_settings.root(os.path.abspath(p)) for p in paths]
     with ctx.sessions() if any(configured) else contextlib.nullcontext() as sessions:
-        manager = StorageManager(sessions, ctx.settings) if sessions is not None else None
+        manager = None
+        if sessions is not None:  # the database's users name the uids (the manager and its models load only then)
+            from dlts.managers.storage import StorageManager
+
+            manager = StorageManager(sessions, ctx.settings)
         for path, root in zip(paths, configured):
             if record and manager is not None and root is not None:
                 result = manager.scan_and_record(root)
@@ -807,6 +810,8 @@ def storage_scan(ctx: Context, paths: tuple[str, ...], as_json: bool, record: bo
     for result in results:
         if as_json:
             continue
+        from dlts.managers.storage import human_bytes
+
         click.echo(f"{result.root}: {result.status}{' (' + result.message + ')' if result.message else ''}, "
                    f"{result.total.files} files in {result.dirs} dirs, {human_bytes(result.total.allocated_bytes)} "
                    f"allocated ({human_bytes(result.total.apparent_bytes)} apparent), {result.errors} unreadable, "

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+import walk_hooks
 from click.testing import CliRunner
 
 from dlts.storage import scan as scan_module
@@ -185,8 +186,13 @@ def test_a_hung_statvfs_of_the_root_is_a_hung_mount_too(tree):
 
 def test_the_whole_scan_stops_at_scan_timeout(tree):
     clock = iter(range(0, 10_000, 5)).__next__  # every call: 5 s later
+    # the worker processes' directories answer slowly, so the scan is still walking when the clock passes
     result = scan_root(StorageRoot(path=tree), StorageSettings(scan_timeout_s=12, dir_timeout_s=3600),
-                       clock=lambda: float(clock()))
+                       clock=lambda: float(clock()), before_dir=walk_hooks.slow)
+    assert result.status == TIMEOUT and "scan_timeout_s" in result.message
+    threaded = iter(range(0, 10_000, 5)).__next__
+    result = scan_root(StorageRoot(path=tree), StorageSettings(scan_timeout_s=12, dir_timeout_s=3600,
+                                                               processes_per_root=1), clock=lambda: float(threaded()))
     assert result.status == TIMEOUT and "scan_timeout_s" in result.message
 
 

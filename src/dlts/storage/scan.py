@@ -117,6 +117,9 @@ class ScanResult:
     fs_used_bytes: int | None = None
     # per-VC totals measured directly (Lustre project or group quotas); None: summed from by_owner
     vc_totals: dict[str, Totals] | None = None
+    # each worker process's peak resident size and CPU seconds (user + system); empty when threads walked
+    worker_peak_rss_kib: list[int] = field(default_factory=list)
+    worker_cpu_s: list[float] = field(default_factory=list)
 
     @property
     def errors(self) -> int:
@@ -158,6 +161,7 @@ class ScanResult:
                               "vc": self.directory_vc.get(d), **t.to_dict()} for d, t in sorted(
                 self.by_directory.items(), key=lambda kv: (-kv[1].allocated_bytes, kv[0]))],
             "top_dirs": self.top_dirs, "oldest_files": self.oldest_files,
+            "worker_peak_rss_kib": self.worker_peak_rss_kib, "worker_cpu_s": self.worker_cpu_s,
         }
 
 
@@ -215,7 +219,7 @@ class _Workers:
             key, fn, arg = task
             try:
                 self.results.put((key, fn(arg), None))
-            except BaseException as exc:  # noqa: BLE001  (handed to the coordinator as the outcome)
+            except BaseException as exc:
                 self.results.put((key, None, exc))
 
     def submit(self, key: Any, fn: Callable[[str], Any], arg: str) -> None:
@@ -243,10 +247,16 @@ def still_hung(root: str) -> bool:
 # -- the scan ---------------------------------------------------------------------------------------
 
 def scan_root(root: StorageRoot, settings: StorageSettings, *, uid_names: Mapping[int, str] | None = None,
-              list_dir: Callable[[str], tuple[list[_Entry], list[tuple[str, str]]]] = _list_dir,
+              list_dir: Callable[[str], tuple[list[_Entry], list[tuple[str, str]]]] | None = None,
               statvfs: Callable[[str], tuple[Any, Any]] = _statvfs,
-              clock: Callable[[], float] = time.monotonic, wall_clock: Callable[[], float] = time.time) -> ScanResult:
-    """Scan one root; never raises for what it finds (the result's status and message say it)."""
+              clock: Callable[[], float] = time.monotonic, wall_clock: Callable[[], float] = time.time,
+              before_dir: Callable[[str], None] | None = None) -> ScanResult:
+    """Scan one root; never raises for what it finds (the result's status and message say it).
+
+    The tree is walked by ``settings.scan_processes()`` worker processes (``dlts.storage.walk``);
+    with one, or with a ``list_dir`` given (tests: a directory that hangs), by threads in this
+    process. ``before_dir``, a module-level function, is called in the worker with each directory's
+    path before it is listed (tests: a directory that hangs or fails in a worker process)."""
     base = str(root.path)
     result = ScanResult(base, root.kind, wall_clock())
     started = clock()
@@ -254,9 +264,14 @@ def scan_root(root: StorageRoot, settings: StorageSettings, *, uid_names: Mappin
         result.status, result.message = HUNG, f"{base}: an earlier scan is still stuck in the file system; mount hung"
         return result
     owners = Owners(root, uid_names)
+    if list_dir is None and settings.scan_processes() > 1:
+        done = parallel.scan(root, settings, owners, result, statvfs, clock, started, before_dir)
+        if done is not None:
+            return done
+        result = ScanResult(base, root.kind, result.started_at)
     workers = _Workers(settings.threads_per_root, f"storage-scan{base.replace('/', '-')}")
     try:
-        _coordinate(root, settings, owners, workers, result, list_dir, statvfs, clock, started)
+        _coordinate(root, settings, owners, workers, result, list_dir or _list_dir, statvfs, clock, started)
     finally:
         stuck = workers.stop()
         if stuck:
@@ -394,6 +409,13 @@ def _coordinate(root: StorageRoot, settings: StorageSettings, owners: Owners, wo
                     sizes[1] += apparent
                     sizes[2] += files
 
+    finish(result, owners, settings, dir_sizes, dir_owner, oldest)
+
+
+def finish(result: ScanResult, owners: Owners, settings: StorageSettings, dir_sizes: dict[tuple[str, ...], list[int]],
+           dir_owner: dict[tuple[str, ...], str], oldest: list[tuple[float, str]]) -> None:
+    """The directories' owners and VCs, the biggest directories and the oldest files, from the sums."""
+    base = result.root
     for parts in dir_sizes:
         if len(parts) == 1 and parts[0] not in result.by_directory:
             result.by_directory[parts[0]] = Totals()
@@ -426,3 +448,7 @@ def iter_rows(result: ScanResult) -> Iterator[dict[str, Any]]:
     for directory, t in result.by_directory.items():
         owner = result.directory_owner.get(directory) or None
         yield {"vc": result.directory_vc.get(directory), "user": owner, "directory": directory, **t.to_dict()}
+
+
+# the walk by worker processes, last: it uses the names above
+from dlts.storage import parallel

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import posixpath
 from pathlib import Path
 from typing import Literal
@@ -102,7 +103,11 @@ class StorageSettings(BaseModel):
     # dlts managers scans every root this often (storage.scan) and expires this often (storage.expire)
     scan_interval_s: float = Field(3600.0, ge=10)
     expire_interval_s: float = Field(86400.0, ge=60)
-    # directories listed at once per root
+    # worker processes walking one root, each its own part of the tree (they bypass the GIL, and on
+    # NFS each waits on its own round trips); 0: one per CPU, at least 2 and at most 8; 1: no worker
+    # process, the scanning process lists with threads_per_root threads
+    processes_per_root: int = Field(0, ge=0, le=64)
+    # directories listed at once per root when processes_per_root is 1
     threads_per_root: int = Field(4, ge=1, le=64)
     # listing one directory (and stat-ing its entries) longer than this: the mount is reported hung
     dir_timeout_s: float = Field(60.0, gt=0, le=3600)
@@ -131,6 +136,11 @@ class StorageSettings(BaseModel):
             if paths.count(path) > 1:
                 raise ValueError(f"root {path} is listed twice")
         return value
+
+    def scan_processes(self) -> int:
+        if self.processes_per_root:
+            return self.processes_per_root
+        return max(2, min(8, os.cpu_count() or 1))
 
     def root(self, path: str | Path) -> StorageRoot | None:
         wanted = posixpath.normpath(str(path))

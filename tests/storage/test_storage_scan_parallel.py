@@ -1,0 +1,162 @@
+"""The scan by worker processes (dlts.storage.parallel / dlts.storage.walk) on real trees: hard links
+whose names fall in different workers' parts count once, the same totals as the threaded walk, the
+tree split across the workers, a hung directory in a worker, an unreadable one."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import types
+from pathlib import Path
+
+import pytest
+import walk_hooks
+
+from dlts.storage import scan as scan_module
+from dlts.storage.scan import COMPLETE, HUNG, scan_root
+from dlts.storage.settings import StorageRoot, StorageSettings
+
+
+def make_tree(base: Path) -> Path:
+    """8 top-level directories of 3 subdirectories of 5 files of distinct sizes, and hard links to a
+    few of them from other top-level directories (and from the same directory)."""
+    root = base / "nfs"
+    size = 1
+    for t in range(8):
+        for s in range(3):
+            d = root / f"t{t}" / f"s{s}"
+            d.mkdir(parents=True)
+            for f in range(5):
+                (d / f"f{f}").write_bytes(b"x" * (size * 997))
+                size += 1
+    (root / "loose.bin").write_bytes(b"y" * 12345)
+    (root / "plain.txt").write_bytes(b"p" * 10)
+    os.link(root / "t0/s0/f0", root / "t7/s2/link-a")  # across top-level directories
+    os.link(root / "t0/s0/f0", root / "t4/s1/link-b")
+    os.link(root / "t0/s0/f0", root / "t0/s0/link-c")  # in the same directory
+    os.link(root / "t3/s1/f4", root / "t6/s0/link-d")
+    os.link(root / "t3/s1/f4", root / "link-e")  # at the root
+    os.link(root / "loose.bin", root / "t5/s2/link-f")
+    os.symlink("../s0/f1", root / "t2/s1/sym")
+    return root
+
+
+def expected_totals(root: Path) -> dict:
+    """Counted independently: every non-directory once per (st_dev, st_ino)."""
+    seen: set[tuple[int, int]] = set()
+    names = allocated = apparent = 0
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]:
+            st = os.lstat(os.path.join(dirpath, name))
+            names += 1
+            if (st.st_dev, st.st_ino) in seen:
+                continue
+            seen.add((st.st_dev, st.st_ino))
+            allocated += st.st_blocks * 512
+            apparent += st.st_size
+    return {"files": len(seen), "allocated_bytes": allocated, "apparent_bytes": apparent,
+            "hardlinks_seen_again": names - len(seen)}
+
+
+@pytest.mark.parametrize("processes", [2, 3, 5])
+def test_hard_links_across_workers_count_once_with_exact_totals(tmp_path, processes):
+    root = make_tree(tmp_path)
+    want = expected_totals(root)
+    assert want["hardlinks_seen_again"] == 6 and want["files"] == 8 * 3 * 5 + 3  # + loose.bin, plain.txt and the symlink
+    result = scan_root(StorageRoot(path=root), StorageSettings(processes_per_root=processes))
+    doc = result.to_dict()
+    assert result.status == COMPLETE and result.errors == 0, result.message
+    assert {k: doc[k] for k in want} == want
+    assert doc["dirs"] == 1 + 8 + 8 * 3
+    # every view adds up to the same totals
+    for view in ("by_user", "by_directory", "by_vc"):
+        assert sum(row["files"] for row in doc[view]) == want["files"], view
+        assert sum(row["allocated_bytes"] for row in doc[view]) == want["allocated_bytes"], view
+        assert sum(row["apparent_bytes"] for row in doc[view]) == want["apparent_bytes"], view
+    dirs = {row["directory"] for row in doc["by_directory"]}
+    assert dirs == {f"t{t}" for t in range(8)} | {"."}
+
+
+def test_processes_and_threads_give_the_same_aggregation(tmp_path):
+    root = make_tree(tmp_path)
+    for name in ("t1", "t2"):  # no hard links here: their place is the same in both walks
+        os.utime(root / name / "s1" / "f3", (1_000_000_000 + int(name[1]), 1_000_000_000 + int(name[1])))
+    settings = {"top_dirs": 50, "oldest_files": 3}
+    by_processes = scan_root(StorageRoot(path=root), StorageSettings(processes_per_root=2, **settings)).to_dict()
+    by_threads = scan_root(StorageRoot(path=root), StorageSettings(processes_per_root=1, **settings)).to_dict()
+    for key in ("files", "dirs", "allocated_bytes", "apparent_bytes", "hardlinks_seen_again", "oldest_mtime", "errors",
+                "by_user", "by_vc"):
+        assert by_processes[key] == by_threads[key], key
+    # the directories that hold no hard-linked name: the same sums whichever walk counted the link
+    untouched = {f"t{t}" for t in (1, 2)}
+    rows = lambda doc: {r["directory"]: r for r in doc["by_directory"] if r["directory"] in untouched}
+    assert rows(by_processes) == rows(by_threads)
+    assert [f["path"] for f in by_processes["oldest_files"][:2]] == [str(root / "t1/s1/f3"), str(root / "t2/s1/f3")]
+    # the third is a hard-linked file: either of its names, whichever the walk met first
+    assert [f["mtime"] for f in by_processes["oldest_files"]] == [f["mtime"] for f in by_threads["oldest_files"]]
+    assert {d["path"] for d in by_processes["top_dirs"]} == {d["path"] for d in by_threads["top_dirs"]}
+
+
+def test_the_tree_is_split_across_the_worker_processes(tmp_path, monkeypatch):
+    root = make_tree(tmp_path)
+    log = tmp_path / "log"
+    log.mkdir()
+    monkeypatch.setenv("DLTS_TEST_WALK_LOG", str(log))
+    result = scan_root(StorageRoot(path=root), StorageSettings(processes_per_root=3), before_dir=walk_hooks.log_worker_slowly)
+    assert result.status == COMPLETE and result.total.files == 8 * 3 * 5 + 3
+    listed = {pid.name: pid.read_text().split() for pid in log.iterdir()}
+    assert len(listed) >= 2, listed  # more than one worker listed directories
+    everything = sorted(p for paths in listed.values() for p in paths)
+    assert len(everything) == len(set(everything)) == 1 + 8 + 8 * 3  # each directory listed once, by one worker
+    assert os.getpid() not in map(int, listed)
+
+
+def test_a_hung_directory_in_a_worker_process_is_reported_and_the_worker_killed(tmp_path):
+    root = make_tree(tmp_path)
+    (root / "t3" / "hang").mkdir()
+    settings = StorageSettings(processes_per_root=2, dir_timeout_s=0.5)
+    started = time.monotonic()
+    result = scan_root(StorageRoot(path=root), settings, before_dir=walk_hooks.hang_in_hang)
+    assert time.monotonic() - started < 10
+    assert result.status == HUNG, result.message
+    assert f"{root / 't3' / 'hang'}: no answer within dir_timeout_s" in result.message
+    assert f"mount {root} hung" in result.message
+    deadline = time.monotonic() + 5  # a sleeping worker can be killed: nothing is left behind
+    while scan_module.still_hung(str(root)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not scan_module.still_hung(str(root))
+    assert scan_root(StorageRoot(path=root), StorageSettings(processes_per_root=2)).status == COMPLETE
+
+
+def test_a_directory_a_worker_cannot_read_is_skipped_and_counted(tmp_path):
+    root = make_tree(tmp_path)
+    (root / "t1" / "closed").mkdir()
+    (root / "t1" / "closed" / "secret.bin").write_bytes(b"z" * 5000)
+    result = scan_root(StorageRoot(path=root), StorageSettings(processes_per_root=2),
+                       before_dir=walk_hooks.refuse_closed)
+    doc = result.to_dict()
+    assert result.status == COMPLETE and doc["errors"] == 1
+    assert doc["unreadable"] == [f"{root / 't1' / 'closed'}: Permission denied"]
+    assert doc["files"] == 8 * 3 * 5 + 3  # secret.bin not counted
+
+
+def test_processes_per_root_zero_means_one_per_cpu_between_two_and_eight():
+    assert 2 <= StorageSettings().scan_processes() <= 8
+    assert StorageSettings(processes_per_root=3).scan_processes() == 3
+    assert StorageSettings(processes_per_root=1).scan_processes() == 1
+
+
+def test_workers_do_not_run_the_script_that_started_the_scan_again(tmp_path, monkeypatch):
+    """`dlts storage scan` and `dlts managers` run from the `dlts` console script; a spawned worker
+    would run it again as its __main__ (all of dlts.cli) unless the scan keeps it out."""
+    marker = tmp_path / "script-ran"
+    script = tmp_path / "console_script.py"
+    script.write_text(f"open({str(marker)!r}, 'a').write('ran\\n')\n")
+    main = types.ModuleType("__main__")
+    main.__file__ = str(script)
+    monkeypatch.setitem(sys.modules, "__main__", main)
+    result = scan_root(StorageRoot(path=make_tree(tmp_path)), StorageSettings(processes_per_root=2))
+    assert result.status == COMPLETE and len(result.worker_cpu_s) == 2
+    assert not marker.exists()
+    assert sys.modules["__main__"] is main  # put back
