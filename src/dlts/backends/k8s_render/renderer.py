@@ -180,6 +180,9 @@ def _environment(templates_dir: str | None) -> jinja2.Environment:
         finalize=yaml_literal,
         autoescape=False,
         keep_trailing_newline=True,
+        # Templates are read once per process: without this every render stats each template
+        # file to see whether it changed (a restart picks up an operator's edited template).
+        auto_reload=False,
     )
 
 
@@ -240,6 +243,7 @@ class ManifestRenderer:
         self._env = _environment(templates_dir)
         self._shapes: OrderedDict[str, dict] = OrderedDict()  # rendered text with tokens -> parsed
         self._shapes_lock = threading.Lock()
+        self._supervisor: str | None = None
 
     def _render(self, template: str, context: Mapping[str, Any]) -> dict:
         values: list[str] = []
@@ -281,12 +285,14 @@ class ManifestRenderer:
     def supervisor_script(self) -> str:
         """The endpoint supervisor (``endpoint-supervisor.sh``: the operator's copy when there is
         one). A shell script, not a Jinja template: it is shipped as it is."""
-        try:
-            text, _path, _uptodate = self._env.loader.get_source(self._env, SUPERVISOR_TEMPLATE)  # type: ignore[union-attr]
-        except jinja2.TemplateNotFound:
-            raise TemplateError(f"{SUPERVISOR_TEMPLATE} not found in {self.templates_dir or DEFAULT_TEMPLATES_DIR}"
-                                ) from None
-        return text
+        if self._supervisor is None:
+            try:
+                text, _path, _uptodate = self._env.loader.get_source(self._env, SUPERVISOR_TEMPLATE)  # type: ignore[union-attr]
+            except jinja2.TemplateNotFound:
+                raise TemplateError(f"{SUPERVISOR_TEMPLATE} not found in {self.templates_dir or DEFAULT_TEMPLATES_DIR}"
+                                    ) from None
+            self._supervisor = text  # read once, as the templates are
+        return self._supervisor
 
     def endpoint_configmap(self, job_id: int, attempt: int, labels: Mapping[str, str], annotations: Mapping[str, str],
                            endpoints: Sequence[EndpointSpec], ssh_public_keys: Iterable[str]) -> dict:
@@ -386,10 +392,13 @@ class ManifestRenderer:
                 "selector": attempt_match(spec.job_id, spec.attempt), "master_port": s.master_port,
             }))
         # Endpoints (ssh, Jupyter, VS Code, ports) are exposed by ``expose`` once the job runs: its
-        # NodePort Service is made then. The ConfigMap the supervisor reads exists from the start
-        # (empty list) so that the pods' mount of it works; ``expose`` fills it.
-        configmap = self.endpoint_configmap(spec.job_id, spec.attempt, common_labels, annotations, (),
-                                            spec.ssh_public_keys)
+        # NodePort Service and the ConfigMap the supervisor reads are made then (the pods mount the
+        # ConfigMap as optional; the entrypoint starts the supervisor when the kubelet has filled
+        # it in). A distributed job's pods get it from the start (empty list): its authorized_keys
+        # are what lets them ssh to each other. Most jobs never open an endpoint, and this
+        # ConfigMap (with the supervisor script, ~12 KB) was a third of a launch's requests.
+        configmaps = (self.endpoint_configmap(spec.job_id, spec.attempt, common_labels, annotations, (),
+                                              spec.ssh_public_keys),) if distributed else ()
 
         volumes: list[dict] = [
             {"name": "dlts-runtime", "emptyDir": {"sizeLimit": RUNTIME_VOLUME_LIMIT}},
@@ -485,7 +494,7 @@ class ManifestRenderer:
             pods.append(doc)
         for doc in secrets + services + pods:
             self._check_ownership(doc, spec.job_id, spec.attempt)
-        return RenderedAttempt(tuple(secrets), tuple(services), tuple(pods), (configmap,), tuple(policies))
+        return RenderedAttempt(tuple(secrets), tuple(services), tuple(pods), configmaps, tuple(policies))
 
     @staticmethod
     def _identity_init(who: Identity, home: str) -> dict | None:

@@ -76,8 +76,13 @@ trap 'forward TERM' TERM
 trap 'forward INT' INT
 if [ -n "${HOME:-}" ] && [ ! -d "$HOME" ]; then "$bb" mkdir -p "$HOME" 2>/dev/null; fi
 sup=
-if [ -n "${DLTS_ENDPOINTS_DIR:-}" ] && [ -r "$DLTS_ENDPOINTS_DIR/supervisor.sh" ]; then
-    "$bb" sh "$DLTS_ENDPOINTS_DIR/supervisor.sh" </dev/null &
+if [ -n "${DLTS_ENDPOINTS_DIR:-}" ]; then
+    # The endpoint ConfigMap of a job that is not distributed is made when its first endpoint
+    # opens; the kubelet then fills the mounted directory. The supervisor starts once it is there.
+    (
+        while [ ! -r "$DLTS_ENDPOINTS_DIR/supervisor.sh" ]; do "$bb" sleep "${DLTS_ENDPOINTS_POLL_S:-5}"; done
+        exec "$bb" sh "$DLTS_ENDPOINTS_DIR/supervisor.sh"
+    ) </dev/null &
     sup=$!
 fi
 if [ -x /bin/sh ]; then set -- /bin/sh; else set -- "$bb" sh; fi

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -39,6 +40,7 @@ log = logging.getLogger(__name__)
 
 MERGE_PATCH = "application/merge-patch+json"
 STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
+TOKEN_REFRESH_S = 1.0  # how often the kubeconfig's token refresh hook may run (see connect)
 _LIST_RESTARTS = 3  # a list whose continue token expires this many times in a row gives up
 _CREATORS = {
     "Pod": (k8s.CoreV1Api, "create_namespaced_pod"), "Service": (k8s.CoreV1Api, "create_namespaced_service"),
@@ -81,9 +83,34 @@ def connect(settings: KubernetesSettings) -> k8s.ApiClient:
                                     "cluster config's kubernetes.kubeconfig to a readable kubeconfig") from None
     # One attempt per call: the back-off below decides when to try again, not urllib3.
     cfg.retries = False
+    _refresh_token_at_most_every(cfg, TOKEN_REFRESH_S)
     # Log copies and launches run in small thread pools: one connection each, plus the ticks'.
     cfg.connection_pool_maxsize = max(8, settings.launch_parallelism + 4)
     return k8s.ApiClient(cfg)
+
+
+def _refresh_token_at_most_every(cfg: k8s.Configuration, seconds: float) -> None:
+    """The kubeconfig loader installs a hook that runs before every request: it reloads an
+    expiring token (exec plugins, OIDC; the service account's file in a pod) and sets the whole
+    configuration again, host included, whose setter reads the proxy variables of the
+    environment: ~0.3 ms per request, for a token that changes every few minutes at most (the
+    loader refreshes 5 minutes before expiry). Running it once per ``seconds`` keeps every
+    refresh and drops the rest."""
+    hook = cfg.refresh_api_key_hook
+    if hook is None:
+        return
+    lock = threading.Lock()
+    last = [float("-inf")]
+
+    def refresh(configuration: k8s.Configuration) -> None:
+        now = time.monotonic()
+        with lock:
+            if now - last[0] < seconds:
+                return
+            last[0] = now
+        hook(configuration)
+
+    cfg.refresh_api_key_hook = refresh
 
 
 class KubernetesApi:
@@ -126,6 +153,12 @@ class KubernetesApi:
         kwargs.setdefault("_request_timeout", self.settings.request_timeout_s)
         try:
             result = fn(*args, **kwargs)
+            if kwargs.get("_preload_content") is False and isinstance(result, urllib3.BaseHTTPResponse):
+                # Read the whole body now: urllib3 gives the connection back to the pool only
+                # once the body has been read. A response nobody reads (a create's, a delete's)
+                # would otherwise keep its connection until garbage collection closes it, and
+                # every request would pay a new TCP connection (and the server a new thread).
+                result.data  # noqa: B018 - kept on the response (``.data`` again returns it)
         except ApiException as exc:
             if exc.status in ok:
                 self.succeeded()
