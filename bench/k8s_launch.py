@@ -12,8 +12,10 @@ Two parts:
    pass decided to start them all: ``jobmanager.manager.launch_all``, at most the backend's
    ``launch_parallelism`` (``kubernetes.launch_parallelism``, ``--parallelism`` overrides) at once.
    For each job: seconds from the decision (all decided at t0) to its launch returning (its pod's
-   create answered 201), and the launch call's own duration. Then API calls (and seconds) for one
-   tick's ``nodes()`` + ``observe()`` at 0 and N running jobs.
+   create answered 201), and the launch call's own duration; the CPU both processes spent on the
+   burst, per launch (this one: DLTS and the client; the API server's), and the TCP connections the
+   API server accepted during it. Then API calls (and seconds) for one tick's ``nodes()`` +
+   ``observe()`` at 0 and N running jobs.
 2. jobmanager: N jobs submitted through the job service, then ``JobManager.tick()``s until every
    job has a pod: each tick's duration and API calls, and decision -> pod created for every job
    (from the start of the tick that decided it to its launch returning), with SQLite.
