@@ -345,3 +345,27 @@ def test_an_unexpected_refusal_elsewhere_is_unavailability_with_the_message(api,
     api.fail_next(1, 403, verbs={"list"})
     with pytest.raises(KubernetesUnavailable, match="HTTP 403.*Forbidden"):
         backend.observe()
+
+
+def test_the_kubeconfig_token_hook_runs_at_most_once_a_second(api, kubeconfig, monkeypatch):
+    """The loader's hook sets the whole configuration again before every request (~0.3 ms: the
+    host setter reads the environment's proxy variables); a token refresh needs it every few
+    minutes at most."""
+    from kubernetes.config import kube_config
+
+    from dlts.backends.k8s_settings import KubernetesSettings
+    from dlts.backends.kubernetes.api import connect
+
+    calls = []
+    original = kube_config.KubeConfigLoader._set_config
+
+    def counting(self, configuration):
+        calls.append(1)
+        return original(self, configuration)
+
+    monkeypatch.setattr(kube_config.KubeConfigLoader, "_set_config", counting)
+    client = connect(KubernetesSettings(kubeconfig=str(kubeconfig), namespace="default"))
+    calls.clear()
+    tokens = {client.configuration.get_api_key_with_prefix("BearerToken") for _ in range(50)}
+    assert len(calls) == 1 and tokens == {f"Bearer {api.token}"}
+    client.close()

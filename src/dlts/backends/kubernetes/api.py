@@ -96,19 +96,22 @@ def _refresh_token_at_most_every(cfg: k8s.Configuration, seconds: float) -> None
     environment: ~0.3 ms per request, for a token that changes every few minutes at most (the
     loader refreshes 5 minutes before expiry). Running it once per ``seconds`` keeps every
     refresh and drops the rest."""
-    hook = cfg.refresh_api_key_hook
-    if hook is None:
+    if cfg.refresh_api_key_hook is None:
         return
     lock = threading.Lock()
-    last = [float("-inf")]
+    state: dict[str, Any] = {"hook": cfg.refresh_api_key_hook, "last": float("-inf")}
 
     def refresh(configuration: k8s.Configuration) -> None:
         now = time.monotonic()
         with lock:
-            if now - last[0] < seconds:
+            if now - state["last"] < seconds:
                 return
-            last[0] = now
-        hook(configuration)
+            state["last"] = now
+            state["hook"](configuration)
+            # the loader's hook installs a new hook of its own each time it runs: keep it inside
+            if configuration.refresh_api_key_hook is not refresh:
+                state["hook"] = configuration.refresh_api_key_hook or state["hook"]
+                configuration.refresh_api_key_hook = refresh
 
     cfg.refresh_api_key_hook = refresh
 
