@@ -95,6 +95,7 @@ import base64
 import copy
 import datetime as dt
 import fnmatch
+import itertools
 import json
 import random
 import re
@@ -2730,6 +2731,14 @@ def _start_error(entry: str) -> str:
 # -- HTTP ---------------------------------------------------------------------------------------
 
 
+def _events_after(history: deque, revision: int) -> list:
+    """The recorded events after ``revision``, oldest first: read from the newest end, since a watch
+    wakes for every write and the history holds up to ``history_max`` events."""
+    newer = list(itertools.takewhile(lambda e: e[0] > revision, reversed(history)))
+    newer.reverse()
+    return newer
+
+
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server: _HttpServer
@@ -2895,10 +2904,10 @@ class _Handler(BaseHTTPRequestHandler):
             last_bookmark = time.monotonic()
             while time.monotonic() < deadline and not store.stopping:
                 with store.lock:
-                    pending = [e for e in store.history if e[0] > last]
+                    pending = _events_after(store.history, last)
                     if not pending:
                         store.changed.wait(timeout=min(0.2, max(0.0, deadline - time.monotonic())))
-                        pending = [e for e in store.history if e[0] > last]
+                        pending = _events_after(store.history, last)
                     if pending:
                         last = pending[-1][0]
                     current = store.revision

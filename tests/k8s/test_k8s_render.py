@@ -444,12 +444,12 @@ def test_bad_or_escalating_fields_are_refused_with_a_reason(field, value, messag
 # can add them, and the rendered pod is checked against the VC's policy (the configuration's
 # privileged_policy plus the VC's pod_policy from the database).
 
-_HOST_PATH = ("  volumes: {{ volumes }}", "  volumes: {{ volumes + [{'name': 'scratch', "
-              "'hostPath': {'path': '/scratch', 'type': 'Directory'}}] }}")
-_PRIVILEGED = ("        privileged: false\n        allowPrivilegeEscalation: false\n        capabilities:\n"
-               "          drop: [ALL]\n      volumeMounts: {{ volume_mounts }}",
-               "        privileged: true\n        allowPrivilegeEscalation: true\n        capabilities:\n"
-               "          drop: [ALL]\n      volumeMounts: {{ volume_mounts }}")
+_HOST_PATH = ("  volumes: {{ volumes }}", ("  volumes: {{ volumes + [{'name': 'scratch', "
+                                          "'hostPath': {'path': '/scratch', 'type': 'Directory'}}] }}"))
+_PRIVILEGED = (("        privileged: false\n        allowPrivilegeEscalation: false\n        capabilities:\n"
+                "          drop: [ALL]\n      volumeMounts: {{ volume_mounts }}"),
+               ("        privileged: true\n        allowPrivilegeEscalation: true\n        capabilities:\n"
+                "          drop: [ALL]\n      volumeMounts: {{ volume_mounts }}"))
 _HOST_NETWORK = ("  shareProcessNamespace: true\n", "  shareProcessNamespace: true\n  hostNetwork: true\n")
 
 
