@@ -12,8 +12,10 @@ Two parts:
    pass decided to start them all: ``jobmanager.manager.launch_all``, at most the backend's
    ``launch_parallelism`` (``kubernetes.launch_parallelism``, ``--parallelism`` overrides) at once.
    For each job: seconds from the decision (all decided at t0) to its launch returning (its pod's
-   create answered 201), and the launch call's own duration. Then API calls (and seconds) for one
-   tick's ``nodes()`` + ``observe()`` at 0 and N running jobs.
+   create answered 201), and the launch call's own duration; the CPU both processes spent on the
+   burst, per launch (this one: DLTS and the client; the API server's), and the TCP connections the
+   API server accepted during it. Then API calls (and seconds) for one tick's ``nodes()`` +
+   ``observe()`` at 0 and N running jobs.
 2. jobmanager: N jobs submitted through the job service, then ``JobManager.tick()``s until every
    job has a pod: each tick's duration and API calls, and decision -> pod created for every job
    (from the start of the tick that decided it to its launch returning), with SQLite.
@@ -61,6 +63,8 @@ def _serve(conn, nodes: int) -> None:
         "reset_counts": lambda: api.reset_counts(),
         "total_requests": lambda: api.total_requests(),
         "pods_version": lambda: _pods_version(store),
+        "cpu_s": lambda: time.process_time(),
+        "connections": lambda: api.connections,
     }
     while True:
         name, args = conn.recv()
@@ -113,6 +117,14 @@ class RemoteCluster:
     def pods_version(self) -> int:
         return self._ask("pods_version")
 
+    def cpu_s(self) -> float:
+        """CPU seconds the API server's process has used (all its threads)."""
+        return self._ask("cpu_s")
+
+    def connections(self) -> int:
+        """TCP connections the API server has accepted."""
+        return self._ask("connections")
+
     def stop(self) -> None:
         self._ask("stop")
         self._proc.join(10)
@@ -146,6 +158,12 @@ class LocalCluster:
 
     def pods_version(self) -> int:
         return _pods_version(self.api.store)
+
+    def cpu_s(self) -> float:  # the bench's own process: counted there already
+        return 0.0
+
+    def connections(self) -> int:
+        return self.api.connections
 
     def stop(self) -> None:
         self.api.stop()
@@ -232,8 +250,11 @@ def bench_backend(jobs: int, watch: bool = False) -> dict:
             calls: dict[int, tuple[int, float]] = {0: _tick_cost(api, backend)}
             api.reset_counts()
             timed = _Timed(backend)
-            decided = time.perf_counter()
+            server_cpu, connections = api.cpu_s(), api.connections()
+            decided, cpu = time.perf_counter(), time.process_time()
             results = launch_all(timed, specs)
+            cpu = time.process_time() - cpu
+            server_cpu, connections = api.cpu_s() - server_cpu, api.connections() - connections
             assert all(exc is None for _, exc in results), [exc for _, exc in results if exc][:3]
             latency = sorted(t - decided for t in timed.done.values())
             launch_s = list(timed.took.values())
@@ -249,6 +270,11 @@ def bench_backend(jobs: int, watch: bool = False) -> dict:
                 "decision_to_pod_median_s": statistics.median(latency),
                 "decision_to_pod_p95_s": _pct(latency, 0.95),
                 "decision_to_last_pod_s": latency[-1],
+                # CPU per launch while the burst ran: this process (DLTS and the client) and the
+                # API server's (0 with --api-in-process: its CPU is in the first number)
+                "dlts_cpu_ms_per_launch": cpu / jobs * 1e3,
+                "apiserver_cpu_ms_per_launch": server_cpu / jobs * 1e3,
+                "connections_opened": connections,
                 "calls_per_tick": {str(k): v[0] for k, v in sorted(calls.items())},
                 "tick_ms": {str(k): round(v[1] * 1e3, 1) for k, v in sorted(calls.items())},
             }
@@ -337,7 +363,7 @@ def main() -> None:
     runs = [bench_backend(args.jobs) for _ in range(args.repeat)]
     watch_runs = [bench_backend(args.jobs, watch=True) for _ in range(args.repeat)]
     keys = ("launch_median_ms", "launch_p95_ms", "decision_to_pod_median_s", "decision_to_pod_p95_s",
-            "decision_to_last_pod_s")
+            "decision_to_last_pod_s", "dlts_cpu_ms_per_launch", "apiserver_cpu_ms_per_launch", "connections_opened")
     summary = {k: round(statistics.median(r[k] for r in runs), 3) for k in keys}
     summary["calls_per_tick"] = runs[-1]["calls_per_tick"]
     summary["tick_ms_median"] = {n: statistics.median(r["tick_ms"][n] for r in runs) for n in runs[-1]["tick_ms"]}

@@ -95,6 +95,7 @@ import base64
 import copy
 import datetime as dt
 import fnmatch
+import itertools
 import json
 import random
 import re
@@ -471,8 +472,8 @@ class Store:
         self.revision += 1
         return str(self.revision)
 
-    def _new_meta(self, obj: dict, resource: str, namespace: str) -> dict:
-        obj = copy.deepcopy(obj)
+    def _new_meta(self, obj: dict, resource: str, namespace: str, copied: bool = True) -> dict:
+        obj = copy.deepcopy(obj) if copied else obj
         obj["apiVersion"] = GROUP_VERSIONS[resource]
         obj["kind"] = KINDS[resource]
         meta = obj.setdefault("metadata", {})
@@ -486,18 +487,21 @@ class Store:
             meta.pop("namespace", None)
         return obj
 
-    def _put(self, resource: str, namespace: str, obj: dict, event: str = "MODIFIED") -> None:
+    def _put(self, resource: str, namespace: str, obj: dict, event: str = "MODIFIED") -> str:
         self.objects[(resource, namespace, obj["metadata"]["name"])] = obj
-        self._record(event, resource, namespace, obj)
+        return self._record(event, resource, namespace, obj)
 
-    def _record(self, event: str, resource: str, namespace: str, obj: dict) -> None:
-        """Append a watch event for ``obj`` at the current revision and wake the watchers."""
+    def _record(self, event: str, resource: str, namespace: str, obj: dict) -> str:
+        """Append a watch event for ``obj`` at the current revision and wake the watchers; returns
+        the object's JSON as recorded (what a write answers with)."""
         if event == "DELETED":
             obj = dict(obj, metadata=dict(obj["metadata"], resourceVersion=str(self.revision)))
         labels = dict(obj["metadata"].get("labels") or {})
+        text = json.dumps(obj)
         with self.lock:
-            self.history.append((self.revision, event, resource, namespace, labels, json.dumps(obj)))
+            self.history.append((self.revision, event, resource, namespace, labels, text))
             self.changed.notify_all()
+        return text
 
     def oldest_watchable(self) -> int:
         """The oldest resourceVersion a watch or a continue token may start from (older ones are
@@ -640,6 +644,11 @@ class Store:
         return out
 
     def create(self, resource: str, namespace: str, body: dict) -> dict:
+        return json.loads(self.create_json(resource, namespace, body, copied=True))
+
+    def create_json(self, resource: str, namespace: str, body: dict, copied: bool = False) -> bytes:
+        """``create`` answering with the object's JSON (what the HTTP handler sends). ``body`` is
+        the store's from now on unless ``copied`` (the handler's is freshly decoded)."""
         name = (body.get("metadata") or {}).get("name")
         if not name and (body.get("metadata") or {}).get("generateName"):
             name = body["metadata"]["generateName"] + uuid.uuid4().hex[:5]
@@ -652,7 +661,7 @@ class Store:
             if (resource, namespace, name) in self.objects:
                 raise ApiError(409, "AlreadyExists", f'{resource} "{name}" already exists',
                                {"name": name, "kind": resource})
-            obj = self._new_meta(body, resource, namespace)
+            obj = self._new_meta(body, resource, namespace, copied)
             if resource == "pods":
                 obj["spec"].setdefault("restartPolicy", "Always")
                 obj["spec"].setdefault("terminationGracePeriodSeconds", 30)
@@ -663,9 +672,9 @@ class Store:
                 obj["status"] = status
             if resource == "services":
                 self._service_spec(namespace, obj, None)
-            self._put(resource, namespace, obj, "ADDED")
+            text = self._put(resource, namespace, obj, "ADDED")
             self.created[resource] += 1
-            return copy.deepcopy(obj)
+            return text.encode()
 
     def replace(self, resource: str, namespace: str, name: str, body: dict, subresource: str = "") -> dict:
         with self.lock:
@@ -2726,6 +2735,14 @@ def _start_error(entry: str) -> str:
 # -- HTTP ---------------------------------------------------------------------------------------
 
 
+def _events_after(history: deque, revision: int) -> list:
+    """The recorded events after ``revision``, oldest first: read from the newest end, since a watch
+    wakes for every write and the history holds up to ``history_max`` events."""
+    newer = list(itertools.takewhile(lambda e: e[0] > revision, reversed(history)))
+    newer.reverse()
+    return newer
+
+
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server: _HttpServer
@@ -2735,6 +2752,7 @@ class _Handler(BaseHTTPRequestHandler):
         # Headers and body go out in two writes; without NODELAY, Nagle + the client's delayed
         # ACK add ~40 ms to every response.
         self.request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.server.api.connected()
 
     def log_message(self, format: str, *args: Any) -> None:
         pass
@@ -2824,7 +2842,7 @@ class _Handler(BaseHTTPRequestHandler):
                     raise _bad_request(f"the kind of the body ({body.get('kind')}) does not match {KINDS[resource]}")
                 if resource in NAMESPACED and (body.get("metadata") or {}).get("namespace") not in (None, ns):
                     raise _bad_request("the namespace of the provided object does not match the namespace sent on the request")
-                self._send(201, store.create(resource, ns, body))
+                self._send(201, store.create_json(resource, ns, body))
             elif method == "PUT" and name:
                 self._send(200, store.replace(resource, ns, name, self._body() or {}, sub))
             elif method == "PATCH" and name:
@@ -2890,10 +2908,10 @@ class _Handler(BaseHTTPRequestHandler):
             last_bookmark = time.monotonic()
             while time.monotonic() < deadline and not store.stopping:
                 with store.lock:
-                    pending = [e for e in store.history if e[0] > last]
+                    pending = _events_after(store.history, last)
                     if not pending:
                         store.changed.wait(timeout=min(0.2, max(0.0, deadline - time.monotonic())))
-                        pending = [e for e in store.history if e[0] > last]
+                        pending = _events_after(store.history, last)
                     if pending:
                         last = pending[-1][0]
                     current = store.revision
@@ -2957,6 +2975,7 @@ class FakeKubeApiServer:
         self.requests: Counter[tuple[str, str]] = Counter()
         self._faults: list[tuple[int, set[str] | None, set[str] | None]] = []
         self.delay_s = 0.0
+        self.connections = 0  # TCP connections accepted (a client that keeps them alive opens few)
         self._lock = threading.Lock()
         self._http = _HttpServer(("127.0.0.1", 0), _Handler)
         self._http.api = self
@@ -2997,6 +3016,10 @@ class FakeKubeApiServer:
         return path
 
     # instrumentation
+    def connected(self) -> None:
+        with self._lock:
+            self.connections += 1
+
     def record(self, verb: str, resource: str) -> None:
         with self._lock:
             self.requests[(verb, resource)] += 1

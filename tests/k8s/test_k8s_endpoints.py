@@ -51,11 +51,15 @@ def running(api, backend):
     return backend
 
 
-def test_launch_makes_no_endpoint_service_from_ports_only_the_empty_configmap(api, backend):
+def test_launch_makes_no_endpoint_service_from_ports_and_the_configmap_with_the_first_endpoint(api, backend):
     backend.launch(make_spec(1, ports=(22, 8888), ssh_public_keys=(KEY,)))
     assert service(api) is None and api.objects("services") == []
+    assert api.objects("configmaps") == []  # not distributed: nothing reads it before an endpoint opens
+    backend.expose(1, 1, [], (KEY,))
+    assert api.objects("configmaps") == []  # nothing to expose: still none
+    backend.expose(1, 1, [SSH], (KEY,))
     cm = configmap(api)
-    assert cm["data"]["endpoints"] == "" and cm["data"]["authorized_keys"] == KEY + "\n"
+    assert cm["data"]["endpoints"] == "11 ssh 22\n" and cm["data"]["authorized_keys"] == KEY + "\n"
     assert cm["data"]["supervisor.sh"].startswith("#!/bin/sh\n# DLTS endpoint supervisor")
     assert cm["metadata"]["labels"]["dlts.io/job-id"] == "1" and cm["metadata"]["labels"]["dlts.io/vc"] == "vision"
     [pod] = api.pods()
@@ -64,15 +68,16 @@ def test_launch_makes_no_endpoint_service_from_ports_only_the_empty_configmap(ap
     assert env_of(pod)["DLTS_ENDPOINTS_DIR"] == "/dlts-endpoints"
     command = pod["spec"]["containers"][0]["command"]
     assert command[:3] == ["/dlts-runtime/busybox", "sh", "-c"]  # the entrypoint starts the supervisor
-    assert '"$bb" sh "$DLTS_ENDPOINTS_DIR/supervisor.sh" </dev/null &' in command[3]
+    assert 'exec "$bb" sh "$DLTS_ENDPOINTS_DIR/supervisor.sh"' in command[3]
 
 
 def test_only_the_first_pod_of_a_distributed_job_runs_the_supervisor(api, backend):
     backend.launch(make_spec(2, type="distributed", nodes=("n1", "n2")))
     pods = sorted(api.pods(), key=lambda p: p["metadata"]["name"])
     assert [env_of(p).get("DLTS_ENDPOINTS_DIR") for p in pods] == ["/dlts-endpoints", None]
-    # every pod sees the owner's keys (ssh between the pods)
+    # every pod sees the owner's keys (ssh between the pods): the ConfigMap is there from the start
     assert {env_of(p)["DLTS_SSH_AUTHORIZED_KEYS"] for p in pods} == {"/dlts-endpoints/authorized_keys"}
+    assert configmap(api, 2)["data"]["endpoints"] == ""
 
 
 def test_endpoints_are_pending_until_the_pod_runs_then_ready_at_the_nodes_internal_ip(api, backend):
@@ -231,7 +236,7 @@ def test_endpoints_that_cannot_be_exposed_fail_with_the_reason_and_are_left_out(
 
 
 def test_a_refused_service_fails_its_endpoints_with_the_apis_message_without_backing_off(api, running):
-    api.fail_next(1, 422, verbs={"create"})
+    api.fail_next(1, 422, verbs={"create"}, resources={"services"})
     [state] = running.expose(1, 1, [TENSORBOARD])
     assert state.status == "failed"
     assert state.message == "Kubernetes refused Service dlts-1-1-ep: injected fault: Unprocessable Entity"
@@ -281,4 +286,4 @@ def test_garbage_collection_removes_the_endpoint_objects_of_an_orphan(api, runni
     running.launch(make_spec(2, command="sleep infinity"))
     assert running.collect_garbage(live={(2, 1)}) == ((1, 1),)
     assert api.objects("services") == []
-    assert [c["metadata"]["name"] for c in api.objects("configmaps")] == ["dlts-2-1-endpoints"]
+    assert api.objects("configmaps") == []  # job 2 has no endpoint, so no ConfigMap either

@@ -211,7 +211,7 @@ def test_hostile_job_fields_stay_data_and_grant_nothing(h):
     [pod] = h.api.pods()
     env = env_of(pod)
     assert env["DLTS_COMMAND"] == "echo " + evil and env["NOTE"] == evil
-    assert pod["spec"]["hostNetwork"] is False and pod["spec"]["hostIPC"] is False
+    assert not {"hostNetwork", "hostIPC", "hostPID"} & set(pod["spec"])
     assert pod["spec"]["containers"][0]["securityContext"] == {"privileged": False, "allowPrivilegeEscalation": False,
                                                                "capabilities": {"drop": ["ALL"]}}
     assert not any("hostPath" in v for v in pod["spec"]["volumes"])

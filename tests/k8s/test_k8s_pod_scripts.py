@@ -127,6 +127,32 @@ def test_the_entrypoint_starts_the_supervisor_then_stops_it_with_the_job(runtime
     assert "job ran" in out and "dlts-endpoints: port 6006: nothing to start" in out
 
 
+def test_the_supervisor_starts_when_its_configmap_arrives_after_the_job(runtime, tmp_path):
+    """A job that is not distributed gets its endpoint ConfigMap with its first endpoint, after the
+    pod started: the entrypoint starts the supervisor once the kubelet has filled the directory."""
+    endpoints = tmp_path / "dlts-endpoints"
+    endpoints.mkdir()
+    proc = entrypoint(runtime, "sleep 3; echo job ran", DLTS_ENDPOINTS_DIR=str(endpoints),
+                      DLTS_ENDPOINTS_STATE=str(tmp_path / "state"), DLTS_ENDPOINTS_POLL_S="0.2")
+    time.sleep(0.6)
+    (endpoints / "endpoints").write_text("3 port 6006\n")
+    staged = tmp_path / "supervisor.sh"  # the kubelet swaps the files in at once
+    shutil.copy(SUPERVISOR, staged)
+    staged.rename(endpoints / "supervisor.sh")
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0
+    assert "job ran" in out and "dlts-endpoints: port 6006: nothing to start" in out
+
+
+def test_a_job_whose_endpoints_never_come_ends_with_its_own_status(runtime, tmp_path):
+    endpoints = tmp_path / "dlts-endpoints"
+    endpoints.mkdir()
+    started = time.monotonic()
+    proc = entrypoint(runtime, "echo plain; exit 3", DLTS_ENDPOINTS_DIR=str(endpoints), DLTS_ENDPOINTS_POLL_S="30")
+    out, _ = proc.communicate(timeout=20)
+    assert (proc.returncode, out) == (3, "plain\n") and time.monotonic() - started < 10
+
+
 def test_without_endpoints_dir_no_supervisor_runs(runtime):
     proc = entrypoint(runtime, "echo plain")
     out, _ = proc.communicate(timeout=20)

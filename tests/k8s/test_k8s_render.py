@@ -152,8 +152,9 @@ def test_cpu_jobs_see_no_gpus():
 def test_objects_come_in_creation_order():
     kinds = [d["kind"] for d in ManifestRenderer(SETTINGS).render(CASES["distributed"]).all()]
     assert kinds == ["ConfigMap", "NetworkPolicy", "Service", "Pod", "Pod"]
+    # not distributed: the endpoint ConfigMap is made with the first endpoint (``expose``)
     kinds = [d["kind"] for d in ManifestRenderer(SETTINGS).render(CASES["cpu_with_storage_and_registry"]).all()]
-    assert kinds == ["Secret", "ConfigMap", "NetworkPolicy", "Pod"]
+    assert kinds == ["Secret", "NetworkPolicy", "Pod"]
 
 
 # -- the init on stock images ------------------------------------------------------------------------
@@ -396,7 +397,7 @@ def test_hostile_strings_stay_data(evil):
                                       type="distributed", nodes=("n1", "n2")))
     for pod in rendered.pods:
         assert set(pod["spec"]) == set(rendered.pods[0]["spec"])
-        assert pod["spec"]["hostNetwork"] is False and "hostPID" not in pod["spec"]
+        assert not {"hostNetwork", "hostIPC", "hostPID"} & set(pod["spec"])
         assert pod["spec"]["containers"][0]["securityContext"] == {
             "privileged": False, "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
         env = env_of(pod)
@@ -432,9 +433,6 @@ def test_label_values_are_valid_and_distinct():
     ("ssh_public_keys", ("ssh-ed25519 AAAA x\nssh-rsa BBBB y",), "single-line"),
     ("ports", (0,), "not a TCP port"),
     ("command", "   ", "command is empty"),
-    ("privileged", True, "does not allow privileged"),
-    ("host_ipc", True, "does not allow host_ipc"),
-    ("host_paths", ("/",), "does not allow host_path"),
     ("supplemental_groups", (-1,), "supplemental groups"),
 ])
 def test_bad_or_escalating_fields_are_refused_with_a_reason(field, value, message):
@@ -442,27 +440,44 @@ def test_bad_or_escalating_fields_are_refused_with_a_reason(field, value, messag
         renderer().render(spec(**{field: value}))
 
 
-def test_policy_for_every_vc_and_path_checks():
-    r = renderer(privileged_policy={"*": ["host_path"]})
-    [pod] = r.render(spec(host_paths=("/scratch",))).pods
+# A job cannot ask for privileged features (no field of a LaunchSpec does); a customised template
+# can add them, and the rendered pod is checked against the VC's policy (the configuration's
+# privileged_policy plus the VC's pod_policy from the database).
+
+_HOST_PATH = ("  volumes: {{ volumes }}", ("  volumes: {{ volumes + [{'name': 'scratch', "
+                                          "'hostPath': {'path': '/scratch', 'type': 'Directory'}}] }}"))
+_PRIVILEGED = (("        privileged: false\n        allowPrivilegeEscalation: false\n        capabilities:\n"
+                "          drop: [ALL]\n      volumeMounts: {{ volume_mounts }}"),
+               ("        privileged: true\n        allowPrivilegeEscalation: true\n        capabilities:\n"
+                "          drop: [ALL]\n      volumeMounts: {{ volume_mounts }}"))
+_HOST_NETWORK = ("  shareProcessNamespace: true\n", "  shareProcessNamespace: true\n  hostNetwork: true\n")
+
+
+def test_a_template_s_host_path_needs_the_policy_for_every_vc_or_its_own(tmp_path):
+    templates = _override(tmp_path, lambda t: t.replace(*_HOST_PATH))
+    [pod] = ManifestRenderer(KubernetesSettings(privileged_policy={"*": ["host_path"]}),
+                             templates_dir=templates).render(spec()).pods
     assert pod["spec"]["volumes"][-1]["hostPath"]["path"] == "/scratch"
-    with pytest.raises(LaunchRefused, match="absolute path"):
-        r.render(spec(host_paths=("/scratch/../etc",)))
+    with pytest.raises(LaunchRefused, match="host_path"):
+        ManifestRenderer(KubernetesSettings(privileged_policy={"other": ["host_path"]}),
+                         templates_dir=templates).render(spec())
 
 
-def test_a_privileged_job_where_allowed():
-    [pod] = renderer(privileged_policy={"vision": ["privileged"]}).render(spec(privileged=True)).pods
+def test_a_template_s_privileged_container_where_the_vc_allows_it(tmp_path):
+    templates = _override(tmp_path, lambda t: t.replace(*_PRIVILEGED))
+    [pod] = ManifestRenderer(KubernetesSettings(privileged_policy={"vision": ["privileged"]}),
+                             templates_dir=templates).render(spec()).pods
     sc = pod["spec"]["containers"][0]["securityContext"]
     assert sc["privileged"] is True and sc["allowPrivilegeEscalation"] is True
 
 
-def test_the_vc_policy_from_the_database_adds_to_the_config():
-    [pod] = renderer().render(spec(11, host_network=True, vc_pod_policy={"host_network": True,
-                                                                            "privileged": False})).pods
+def test_the_vc_policy_from_the_database_adds_to_the_config(tmp_path):
+    templates = _override(tmp_path, lambda t: t.replace(*_HOST_NETWORK))
+    r = ManifestRenderer(KubernetesSettings(), templates_dir=templates)
+    [pod] = r.render(spec(11, vc_pod_policy={"host_network": True, "privileged": False})).pods
     assert pod["spec"]["hostNetwork"] is True
-    assert "sysctls" not in pod["spec"]["securityContext"]  # a namespaced sysctl would change the host's
-    with pytest.raises(LaunchRefused, match="privileged"):
-        renderer().render(spec(11, privileged=True, vc_pod_policy={"privileged": False}))
+    with pytest.raises(LaunchRefused, match="host_network"):
+        r.render(spec(11, vc_pod_policy={"host_network": False}))
     with pytest.raises(TemplateError, match="host_netwrk"):
         renderer().render(spec(11, vc_pod_policy={"host_netwrk": True}))
 
@@ -486,7 +501,8 @@ def test_an_operator_template_override_is_used_and_others_fall_back(tmp_path):
 
 
 def test_a_template_cannot_grant_what_the_policy_does_not(tmp_path):
-    templates = _override(tmp_path, lambda t: t.replace("  hostIPC: {{ job.host_ipc }}", "  hostIPC: true"))
+    templates = _override(tmp_path, lambda t: t.replace("  shareProcessNamespace: true\n",
+                                                        "  shareProcessNamespace: true\n  hostIPC: true\n"))
     with pytest.raises(LaunchRefused, match="host_ipc"):
         ManifestRenderer(SETTINGS, templates_dir=templates).render(CASES["batch"])
     templates = _override(tmp_path, lambda t: t.replace("          drop: [ALL]\n      volumeMounts",

@@ -74,11 +74,6 @@ class LaunchSpec:
     ssh_public_keys: tuple[str, ...] = ()
     log_path: str = ""  # where the attempt's stdout+stderr must end up
     registry_credentials: tuple[RegistryCredential, ...] = ()
-    # Privileged features the job asks for; a backend refuses those its VC's policy does not allow.
-    privileged: bool = False
-    host_network: bool = False
-    host_ipc: bool = False
-    host_paths: tuple[str, ...] = ()  # host directories mounted at the same path in the container
     # The VC's admin-set policy (``VirtualCluster.pod_policy``), added to what the backend's own
     # configuration allows for the VC.
     vc_pod_policy: Mapping[str, bool] = field(default_factory=dict)  # {"host_network": True, ...}

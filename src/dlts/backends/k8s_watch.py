@@ -113,6 +113,10 @@ class PodWatch:
                 log.warning("pod watch failed (%s); relisting in %.0f s", exc, backoff_s)
                 self._stop.wait(backoff_s)
                 backoff_s = min(60.0, backoff_s * 2)
+            except Exception:
+                if self._stop.is_set():  # stop() closed the response under a read (urllib3 then fails oddly)
+                    break
+                raise
 
     def step(self) -> None:
         """List if needed, then follow one watch request to its end (or to an error)."""

@@ -1,7 +1,7 @@
 """What a job may ask of its pods, checked before and after rendering.
 
-Before: the fields of a ``LaunchSpec`` (image, env, ports, keys, the privileged features it asks
-for against its VC's policy, the identity it runs as, the storage it mounts). After:
+Before: the fields of a ``LaunchSpec`` (image, env, ports, keys, the identity it runs as, the
+storage it mounts). After:
 ``check_pod_policy`` reads the *rendered* pod, so a customised template cannot grant what the
 cluster admin did not allow either: privileged containers, privilege escalation, added or
 undropped capabilities, no seccomp profile, host namespaces and ports, hostPath volumes other
@@ -131,7 +131,7 @@ def check_storage(spec: LaunchSpec) -> tuple[StorageMount, ...]:
     return spec.storage
 
 
-def check_spec(spec: LaunchSpec, allowed: frozenset[PrivilegedFeature]) -> None:
+def check_spec(spec: LaunchSpec) -> None:
     """Refuse a spec the renderer cannot turn into safe objects; each message says what to change."""
     if not spec.placements:
         raise LaunchRefused(f"job {spec.job_id} attempt {spec.attempt} has no placement; the scheduler must place it first")
@@ -158,19 +158,6 @@ def check_spec(spec: LaunchSpec, allowed: frozenset[PrivilegedFeature]) -> None:
     if spec.ephemeral_storage_bytes is not None and spec.ephemeral_storage_bytes < 1024**2:
         raise LaunchRefused(f"ephemeral storage of {spec.ephemeral_storage_bytes} bytes is too small for a "
                             "container; ask for at least 1 MiB")
-    wanted = {
-        PrivilegedFeature.PRIVILEGED: spec.privileged,
-        PrivilegedFeature.HOST_NETWORK: spec.host_network,
-        PrivilegedFeature.HOST_IPC: spec.host_ipc,
-        PrivilegedFeature.HOST_PATH: bool(spec.host_paths),
-    }
-    for feature, asked in wanted.items():
-        if asked and feature not in allowed:
-            raise LaunchRefused(f"VC {spec.vc} does not allow {feature.value} for its jobs; remove it from the "
-                                "job or ask a cluster admin to allow it for the VC")
-    for path in spec.host_paths:
-        if not _clean_path(path):
-            raise LaunchRefused(f"host path {path!r} must be an absolute path without '..'")
 
 
 def _non_root(uid: Any, non_root: Any) -> bool:

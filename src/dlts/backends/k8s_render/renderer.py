@@ -121,6 +121,12 @@ def _yaml_escape(match: re.Match[str]) -> str:
     return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
 
 
+# One encoder for every value (``json.dumps`` with options builds a new one per call; a pod has ~50
+# values); strings, most of them, straight through the C string encoder the encoder itself uses.
+_encode = json.JSONEncoder(ensure_ascii=False).encode
+_encode_str = json.encoder.encode_basestring
+
+
 def yaml_literal(value: Any) -> str:
     """Render ``value`` as a JSON literal, which YAML reads back as exactly ``value``.
 
@@ -135,7 +141,7 @@ def yaml_literal(value: Any) -> str:
     if isinstance(value, (tuple, frozenset, set)):
         value = list(value)
     try:
-        text = json.dumps(value, ensure_ascii=False, sort_keys=False)
+        text = _encode_str(value) if isinstance(value, str) else _encode(value)
     except (TypeError, ValueError) as exc:
         raise TemplateError(f"cannot render {type(value).__name__} value into a manifest: {exc}") from None
     if _SURROGATE.search(text):
@@ -180,7 +186,40 @@ def _environment(templates_dir: str | None) -> jinja2.Environment:
         finalize=yaml_literal,
         autoescape=False,
         keep_trailing_newline=True,
+        # Templates are read once per process: without this every render stats each template
+        # file to see whether it changed (a restart picks up an operator's edited template).
+        auto_reload=False,
     )
+
+
+_TOKEN_IN_JSON = re.compile(f'"{re.escape(_TOKEN)}(\\d+)@"')
+
+
+def _skeleton(shape: Any, values: Sequence[str], doc: Any) -> tuple[tuple[str, ...], tuple[int, ...]] | None:
+    """The shape as JSON text cut at its tokens (the literal pieces, and which value goes between
+    each two), so that a render is one join and one ``json.loads`` instead of a walk in Python.
+    None (fill by walking) when the text would not give back exactly what ``_fill`` made of
+    this render's values: a key that is not a string, a value JSON cannot carry."""
+    try:
+        pieces = _TOKEN_IN_JSON.split(json.dumps(shape, ensure_ascii=False))
+    except (TypeError, ValueError):
+        return None
+    skeleton = (tuple(pieces[0::2]), tuple(int(i) for i in pieces[1::2]))
+    try:
+        same = _fill_text(skeleton, values) == doc
+    except ValueError:
+        same = False
+    return skeleton if same else None
+
+
+def _fill_text(skeleton: tuple[tuple[str, ...], tuple[int, ...]], values: Sequence[str]) -> Any:
+    """``_fill`` for a shape cut by ``_skeleton``: each token's place gets its value's JSON literal."""
+    literals, indexes = skeleton
+    parts = [literals[0]]
+    for index, literal in zip(indexes, literals[1:]):
+        parts.append(values[index])
+        parts.append(literal)
+    return json.loads("".join(parts))
 
 
 def _fill(node: Any, values: Sequence[str], template: str) -> Any:
@@ -238,8 +277,10 @@ class ManifestRenderer:
         self.templates_dir = templates_dir
         self.termination_grace_s = max(0, round(termination_grace_s))
         self._env = _environment(templates_dir)
-        self._shapes: OrderedDict[str, dict] = OrderedDict()  # rendered text with tokens -> parsed
+        # rendered text with tokens -> (parsed, the same as JSON cut at its tokens; see _skeleton)
+        self._shapes: OrderedDict[str, tuple[Any, Any]] = OrderedDict()
         self._shapes_lock = threading.Lock()
+        self._supervisor: str | None = None
 
     def _render(self, template: str, context: Mapping[str, Any]) -> dict:
         values: list[str] = []
@@ -255,38 +296,45 @@ class ManifestRenderer:
         finally:
             _recording.values = None
         with self._shapes_lock:
-            shape = self._shapes.get(text)
-            if shape is not None:
+            entry = self._shapes.get(text)
+            if entry is not None:
                 self._shapes.move_to_end(text)
-        fresh = shape is None
-        if fresh:
-            try:
-                docs = [d for d in yaml.load_all(text, Loader=_SafeLoader) if d is not None]
-            except yaml.YAMLError as exc:
-                raise TemplateError(f"template {template} rendered invalid YAML: {exc}") from None
-            if len(docs) != 1 or not isinstance(docs[0], dict):
-                raise TemplateError(f"template {template} must render exactly one object, got {len(docs)}")
-            shape = docs[0]
+        if entry is not None:
+            shape, skeleton = entry
+            if skeleton is not None:
+                try:
+                    return _fill_text(skeleton, values)
+                except ValueError:  # a value that cannot stand where its token is (a key): say why below
+                    pass
+            return _fill(shape, values, template)
+        try:
+            docs = [d for d in yaml.load_all(text, Loader=_SafeLoader) if d is not None]
+        except yaml.YAMLError as exc:
+            raise TemplateError(f"template {template} rendered invalid YAML: {exc}") from None
+        if len(docs) != 1 or not isinstance(docs[0], dict):
+            raise TemplateError(f"template {template} must render exactly one object, got {len(docs)}")
+        shape = docs[0]
         doc = _fill(shape, values, template)
-        if fresh:
-            # The client's models check the structure (a typo'd key, a list where a map belongs),
-            # which is the shape's: once per shape is enough.
-            to_model(doc, template)
-            with self._shapes_lock:
-                self._shapes[text] = shape
-                while len(self._shapes) > _SHAPES_MAX:
-                    self._shapes.popitem(last=False)
+        # The client's models check the structure (a typo'd key, a list where a map belongs),
+        # which is the shape's: once per shape is enough.
+        to_model(doc, template)
+        with self._shapes_lock:
+            self._shapes[text] = (shape, _skeleton(shape, values, doc))
+            while len(self._shapes) > _SHAPES_MAX:
+                self._shapes.popitem(last=False)
         return doc
 
     def supervisor_script(self) -> str:
         """The endpoint supervisor (``endpoint-supervisor.sh``: the operator's copy when there is
         one). A shell script, not a Jinja template: it is shipped as it is."""
-        try:
-            text, _path, _uptodate = self._env.loader.get_source(self._env, SUPERVISOR_TEMPLATE)  # type: ignore[union-attr]
-        except jinja2.TemplateNotFound:
-            raise TemplateError(f"{SUPERVISOR_TEMPLATE} not found in {self.templates_dir or DEFAULT_TEMPLATES_DIR}"
-                                ) from None
-        return text
+        if self._supervisor is None:
+            try:
+                text, _path, _uptodate = self._env.loader.get_source(self._env, SUPERVISOR_TEMPLATE)  # type: ignore[union-attr]
+            except jinja2.TemplateNotFound:
+                raise TemplateError(f"{SUPERVISOR_TEMPLATE} not found in {self.templates_dir or DEFAULT_TEMPLATES_DIR}"
+                                    ) from None
+            self._supervisor = text  # read once, as the templates are
+        return self._supervisor
 
     def endpoint_configmap(self, job_id: int, attempt: int, labels: Mapping[str, str], annotations: Mapping[str, str],
                            endpoints: Sequence[EndpointSpec], ssh_public_keys: Iterable[str]) -> dict:
@@ -346,7 +394,7 @@ class ManifestRenderer:
     def render(self, spec: LaunchSpec) -> RenderedAttempt:
         s = self.settings
         allowed = allowed_features(s, spec)
-        check_spec(spec, allowed)
+        check_spec(spec)
         who = identity(spec, allowed)
         storage = check_storage(spec)
         base = attempt_name(spec.job_id, spec.attempt)
@@ -386,10 +434,13 @@ class ManifestRenderer:
                 "selector": attempt_match(spec.job_id, spec.attempt), "master_port": s.master_port,
             }))
         # Endpoints (ssh, Jupyter, VS Code, ports) are exposed by ``expose`` once the job runs: its
-        # NodePort Service is made then. The ConfigMap the supervisor reads exists from the start
-        # (empty list) so that the pods' mount of it works; ``expose`` fills it.
-        configmap = self.endpoint_configmap(spec.job_id, spec.attempt, common_labels, annotations, (),
-                                            spec.ssh_public_keys)
+        # NodePort Service and the ConfigMap the supervisor reads are made then (the pods mount the
+        # ConfigMap as optional; the entrypoint starts the supervisor when the kubelet has filled
+        # it in). A distributed job's pods get it from the start (empty list): its authorized_keys
+        # are what lets them ssh to each other. Most jobs never open an endpoint, and this
+        # ConfigMap (with the supervisor script, ~12 KB) was a third of a launch's requests.
+        configmaps = (self.endpoint_configmap(spec.job_id, spec.attempt, common_labels, annotations, (),
+                                              spec.ssh_public_keys),) if distributed else ()
 
         volumes: list[dict] = [
             {"name": "dlts-runtime", "emptyDir": {"sizeLimit": RUNTIME_VOLUME_LIMIT}},
@@ -413,9 +464,6 @@ class ManifestRenderer:
             mounts.append({"name": vname, "mountPath": mount.mount_path, "readOnly": mount.read_only})
             if mount.name == "home" and not mount.read_only:
                 home = mount.mount_path
-        for i, path in enumerate(spec.host_paths):
-            volumes.append({"name": f"host-{i}", "hostPath": {"path": path, "type": "Directory"}})
-            mounts.append({"name": f"host-{i}", "mountPath": path})
         # A uid the image does not know gets HOME=/ (not writable): the owner's home directory when
         # the VC mounts one, else a directory the entrypoint makes in the container.
         home = str(spec.env.get("HOME") or home or (f"/tmp/{who.login}" if who.login else "/root"))
@@ -478,14 +526,13 @@ class ManifestRenderer:
                 "image_pull_secrets": pull_secrets, "volumes": volumes, "volume_mounts": mounts,
                 "ports": list(spec.ports),
                 "job": {"id": spec.job_id, "attempt": spec.attempt, "image": spec.image, "type": spec.type,
-                        "distributed": distributed, "privileged": spec.privileged,
-                        "host_network": spec.host_network, "host_ipc": spec.host_ipc},
+                        "distributed": distributed},
             })
             check_pod_policy(doc, allowed, storage_host_paths)
             pods.append(doc)
         for doc in secrets + services + pods:
             self._check_ownership(doc, spec.job_id, spec.attempt)
-        return RenderedAttempt(tuple(secrets), tuple(services), tuple(pods), (configmap,), tuple(policies))
+        return RenderedAttempt(tuple(secrets), tuple(services), tuple(pods), configmaps, tuple(policies))
 
     @staticmethod
     def _identity_init(who: Identity, home: str) -> dict | None:

@@ -61,7 +61,9 @@ END { for (g in want) if (!(g in have)) {
 # known to the shell; waiting again gives its real status once it has exited. Shells start background commands with SIGINT and
 # SIGQUIT ignored when there is no job control (no tty), so a forwarded INT reaches programs that
 # install their own handler; Kubernetes itself sends TERM. (busybox's kill takes no "--": a
-# negative pid right after the signal names the process group.)
+# negative pid right after the signal names the process group.) The endpoint supervisor starts
+# once ``supervisor.sh`` is in the endpoints directory: at once for a distributed job, else when
+# the first endpoint's ConfigMap has been made and the kubelet has filled the (optional) mount.
 ENTRYPOINT = r"""rt=${DLTS_RUNTIME_DIR:-/dlts-runtime}
 bb=$rt/busybox
 job=
@@ -76,8 +78,17 @@ trap 'forward TERM' TERM
 trap 'forward INT' INT
 if [ -n "${HOME:-}" ] && [ ! -d "$HOME" ]; then "$bb" mkdir -p "$HOME" 2>/dev/null; fi
 sup=
-if [ -n "${DLTS_ENDPOINTS_DIR:-}" ] && [ -r "$DLTS_ENDPOINTS_DIR/supervisor.sh" ]; then
-    "$bb" sh "$DLTS_ENDPOINTS_DIR/supervisor.sh" </dev/null &
+if [ -n "${DLTS_ENDPOINTS_DIR:-}" ]; then
+    (
+        s=
+        trap 'kill "$s" 2>/dev/null; exit 0' TERM
+        while [ ! -r "$DLTS_ENDPOINTS_DIR/supervisor.sh" ]; do
+            "$bb" sleep "${DLTS_ENDPOINTS_POLL_S:-5}" &
+            s=$!
+            wait "$s"
+        done
+        exec "$bb" sh "$DLTS_ENDPOINTS_DIR/supervisor.sh"
+    ) </dev/null &
     sup=$!
 fi
 if [ -x /bin/sh ]; then set -- /bin/sh; else set -- "$bb" sh; fi

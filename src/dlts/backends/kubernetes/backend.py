@@ -3,7 +3,7 @@
 It puts the package's parts together; each concern lives in its own module (see the package's
 docstring). What this module owns is the lifecycle of an attempt's objects:
 
-* ``launch``: the objects ``k8s_render`` produces (secrets, the endpoint ConfigMap, services, the
+* ``launch``: the objects ``k8s_render`` produces (secrets, a distributed job's endpoint ConfigMap, services, the
   NetworkPolicy, then one pod per placement), created idempotently: a name that already exists
   is the object of this very attempt (names are deterministic), so a second launch creates
   nothing. Thread-safe: the job manager launches several attempts at once

@@ -1,13 +1,14 @@
 """The endpoints of an attempt (ssh, Jupyter, VS Code, ports) on Kubernetes: ``expose``.
 
 What this module owns: one NodePort Service per attempt whose ports match the endpoints exactly
-(created, patched, deleted), the endpoint ConfigMap the supervisor in the job's container reads, and
-(with ``network_policy: true``) the ingress of the attempt's NetworkPolicy: open from anywhere on
-exactly the job's declared ports and its ready endpoints' container ports. An endpoint is ready once
-a pod it selects runs and its port has a nodePort, at the InternalIP of the pod's node. A few
-requests per call, however large the cluster: the ConfigMap, the Service and the NetworkPolicy by
-name, the attempt's pods (from the watch when there is one, else one list by label), the pod's node
-when no recent node list has it; then only the writes that change something.
+(created, patched, deleted), the endpoint ConfigMap the supervisor in the job's container reads
+(made with the first endpoint; a distributed job's is made at launch), and (with
+``network_policy: true``) the ingress of the attempt's NetworkPolicy: open from anywhere on exactly
+the job's declared ports and its ready endpoints' container ports. An endpoint is ready once a pod
+it selects runs and its port has a nodePort, at the InternalIP of the pod's node. A few requests per
+call, however large the cluster: the ConfigMap, the Service and the NetworkPolicy by name, the
+attempt's pods (from the watch when there is one, else one list by label), the pod's node when no
+recent node list has it; then only the writes that change something.
 """
 
 from __future__ import annotations
@@ -203,6 +204,8 @@ class Endpoints:
                                  keys: tuple[str, ...]) -> str:
         """Create or update the endpoint ConfigMap; returns the API's refusal ("" when done)."""
         ns, name = self.namespace, endpoint_configmap_name(job_id, attempt)
+        if current is None and not endpoints:  # made with the first endpoint (see the renderer)
+            return ""
         try:
             if current is None:
                 doc = self.renderer.endpoint_configmap(job_id, attempt, labels, annotations, endpoints, keys)
