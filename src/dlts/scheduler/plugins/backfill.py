@@ -551,19 +551,23 @@ class BackfillPass:
                 break
             if advance:
                 self._pointers[key] = ptr
+            limit = found[0] if found is not None else n
+            maybe, fits, now, conflicts = self._maybe, tl.fits, self.now, self._conflicts
             for k, name in self._reserved_in(pool, tl):
-                if found is not None and k > found[0]:
+                if k > limit:
                     break
-                if g and not self._maybe(nodes[k], g):
+                ns = nodes[k]
+                if g and not maybe(ns, g):
                     continue
-                idx = tl.fits(nodes[k], req, self.now, end, skip_reclaimable=skip)
-                if idx is not None and (found is None or k < found[0]):
-                    found = (k, idx)
-                elif idx is None and _fits_cpu_mem(nodes[k], req) and (
-                        not g or first_run(nodes[k].free_mask, nodes[k].node.gpus, g) >= 0):
-                    c = tl.conflict(name, self.now, end)
+                idx = fits(ns, req, now, end, None, None, skip)
+                if idx is not None:
+                    if found is None or k < found[0]:
+                        found = (k, idx)
+                        limit = k
+                elif _fits_cpu_mem(ns, req) and (not g or first_run(ns.free_mask, ns.node.gpus, g) >= 0):
+                    c = tl.conflict(name, now, end)
                     if c is not None:
-                        self._conflicts.append(c)
+                        conflicts.append(c)
             if found is not None:
                 return Placement(nodes[found[0]].name, found[1], req.cpu, req.memory_bytes)
         return None
