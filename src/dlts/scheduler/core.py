@@ -19,7 +19,8 @@ import time
 from contextlib import contextmanager
 from typing import Iterator
 
-from dlts.scheduler.framework import DEFAULT_PROFILE, Framework, Profile, ReclaimPlan, Rejection, VcQueue, resource_pool
+from dlts.scheduler.framework import ReclaimPlan, Rejection, VcQueue
+from dlts.scheduler.plugins.registry import BUILTIN, DEFAULT_PROFILE, Profile, Registry, resolve
 from dlts.scheduler.model import (
     CPU_SKU,
     Decisions,
@@ -33,17 +34,17 @@ from dlts.scheduler.model import (
     StopReason,
     Wait,
     WaitReason,
+    resource_pool,
 )
 from dlts.scheduler.state import Holding, PassState, Request
 
 
 class _Pass:
-    def __init__(self, snapshot: Snapshot, now: float, profile: Profile) -> None:
+    def __init__(self, snapshot: Snapshot, now: float, profile: Profile, registry: Registry) -> None:
         self.timings_s: dict[str, float] = {}
-        self.fw = Framework.from_profile(profile)
+        self.fw = resolve(profile, registry)
         with self._phase("snapshot"):
             self.state = PassState(snapshot, now)
-            self.state.framework = self.fw
         self.starts: dict[int, list[Placement]] = {}
         self.scale_up: set[int] = set()
         self.stops: list[Stop] = []
@@ -305,11 +306,12 @@ def _ids_of(ids: list[int]) -> str:
     return ("job " if len(ids) == 1 else "jobs ") + ", ".join(str(i) for i in ids)
 
 
-def decide(snapshot: Snapshot, now: float, profile: Profile = DEFAULT_PROFILE) -> Decisions:
+def decide(snapshot: Snapshot, now: float, profile: Profile = DEFAULT_PROFILE,
+           registry: Registry = BUILTIN) -> Decisions:
     """One scheduling pass over ``snapshot`` at time ``now`` (seconds, same clock as the
-    snapshot's ``queue_time`` and ``started_at``)."""
+    snapshot's ``queue_time`` and ``started_at``), running ``profile``'s plugins from ``registry``."""
     t0 = time.perf_counter()
-    out = _Pass(snapshot, now, profile).run()
+    out = _Pass(snapshot, now, profile, registry).run()
     timings = dict(out.timings_s)
     timings["total"] = time.perf_counter() - t0
     return Decisions(out.starts, out.stops, out.waits, timings, out.reservations)

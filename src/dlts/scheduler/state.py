@@ -226,7 +226,6 @@ class PassState:
         self.stopped: set[int] = set()  # jobs told to stop in this pass
         self.node_match_cache: dict[tuple, Any] = {}  # (vc, request) -> Rejection | None
         self.explain_cache: dict[tuple, Any] = {}  # (request, pools' free totals) -> Rejection
-        self.framework: Any = None  # the resolved plugins; set by ``decide``
         self.fail_cache = FailureCache()
         self.reclaim_fail_cache = FailureCache()
         self._request_cache: dict[tuple, Request | None] = {}

@@ -23,7 +23,7 @@ an estimate that depends on it is unknown).
 from __future__ import annotations
 
 import bisect
-from dlts.scheduler.framework import ReclaimPlan, Rejection, VcQueue, register
+from dlts.scheduler.framework import ReclaimPlan, Rejection, VcQueue
 from dlts.scheduler.model import Job, Placement, Policy, Reservation, Vc, WaitReason
 from dlts.scheduler.plugins.placement import _fits_cpu_mem, cpu_pools
 from dlts.scheduler.plugins.walltime import effective_limit_s
@@ -51,7 +51,6 @@ def _keeps_gpu_reserve(ns: NodeState, req: Request) -> bool:
     return cpu_job_fits(ns, ns.free_mask, ns.free_cpu, ns.free_memory_bytes, req)
 
 
-@register("policy", Policy.BACKFILL.value)
 class BackfillPolicy:
     """Like RF for the queue walk (nothing is blocked); reservations are kept by ``BackfillPass``."""
 

@@ -24,12 +24,10 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from dlts.scheduler.framework import register
 from dlts.scheduler.model import Job, Wait, WaitReason
 from dlts.scheduler.plugins.ordering import PriorityQueueTime
 
 
-@register("sort", "fair_share")
 class FairShare(PriorityQueueTime):
     name = "fair_share"
 

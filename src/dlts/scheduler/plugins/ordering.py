@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from dlts.scheduler.framework import register
 from dlts.scheduler.model import Job
 
 
-@register("sort", "priority_queue_time")
 class PriorityQueueTime:
     """Requeued jobs (preempted, node lost) keep their queue time, so they sort back to the head;
     the id breaks ties so the order is total and a pass is deterministic."""

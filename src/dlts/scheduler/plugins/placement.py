@@ -7,7 +7,7 @@ are in no pool, so they are never chosen.
 
 from __future__ import annotations
 
-from dlts.scheduler.framework import Rejection, register
+from dlts.scheduler.framework import Rejection
 from dlts.scheduler.model import CPU_SKU, Job, Placement, Vc, WaitReason
 from dlts.scheduler.state import NodeState, PassState, Pool, Request, best_run, cpu_job_fits
 
@@ -31,7 +31,6 @@ def _place_units(state: PassState, req: Request, units: int, one) -> list[Placem
     return taken
 
 
-@register("place", "best_fit")
 class BestFit:
     """Single-node GPU jobs (and each inference replica): the node where the job fits with the
     fewest free GPUs left, on a contiguous run of GPU indices (the shortest run that fits)."""
@@ -146,7 +145,6 @@ def cpu_pools(state: PassState, job: Job, vc: Vc) -> list[Pool]:
     return pools
 
 
-@register("place", "cpu_only")
 class CpuOnly:
     """CPU-only jobs: CPU-only nodes first (fewest cores left wins), then GPU nodes' spare cores
     only if the VC allows it, so GPU nodes keep the cores their GPUs need."""
@@ -240,7 +238,6 @@ def _domain_counts(pool: Pool, req: Request) -> dict[str, int]:
     return out
 
 
-@register("place", "gang")
 class Gang:
     """Distributed jobs: ``units`` whole nodes of one SKU, all or nothing, inside one IB domain
     unless the job says ``ib_domain: any``. Among domains that can hold the gang, the one with the

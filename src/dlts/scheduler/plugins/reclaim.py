@@ -11,7 +11,7 @@ two jobs never count on the same room.
 
 from __future__ import annotations
 
-from dlts.scheduler.framework import ReclaimPlan, register
+from dlts.scheduler.framework import ReclaimPlan
 from dlts.scheduler.model import CPU_SKU, Job, Placement, Vc
 from dlts.scheduler.plugins.placement import cpu_pools
 from dlts.scheduler.state import Holding, NodeState, PassState, Pool, Request, best_run, cpu_job_fits, mask_of
@@ -69,7 +69,6 @@ def _lower_bound(ns: NodeState, taken: set[int], allowed: int = 0) -> tuple | No
     return None
 
 
-@register("preempt", "reclaim")
 class Reclaim:
     name = "reclaim"
 
