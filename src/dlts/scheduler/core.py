@@ -16,10 +16,11 @@ room for in the same pass: victims get SIGTERM and a grace period, so the job wa
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from contextlib import contextmanager
 from typing import Iterator
 
-from dlts.scheduler.framework import ReclaimPlan, Rejection, VcQueue
+from dlts.scheduler.framework import OrderingSortPlugin, PolicyPlugin, ReclaimPlan, Rejection, VcQueue
 from dlts.scheduler.plugins.registry import BUILTIN, DEFAULT_PROFILE, Profile, Registry, resolve
 from dlts.scheduler.model import (
     CPU_SKU,
@@ -32,6 +33,7 @@ from dlts.scheduler.model import (
     Start,
     Stop,
     StopReason,
+    Vc,
     Wait,
     WaitReason,
     resource_pool,
@@ -51,7 +53,7 @@ class _Pass:
         self.waits: list[Wait] = []
         self.queues: dict[str, VcQueue] = {}
         self.positions: dict[int, int] = {}
-        self._queue_cache: dict[str, tuple] = {}
+        self._queue_cache: dict[str, tuple[Vc | None, VcQueue, PolicyPlugin | None]] = {}
         self._blocked: dict[int, Rejection] = {}
         # -- backfill (plugins/backfill.py): only when some VC is on backfill --
         self.bf = None
@@ -74,9 +76,13 @@ class _Pass:
             for plugin in fw.stop:
                 self.stops.extend(plugin.stops(st))
         with self._phase("order"):
-            key = fw.sort.sort_key
-            # a sort plugin may order a whole list (fair share re-ranks inside each VC)
-            order = getattr(fw.sort, "order", None) or (lambda st_, jobs, phase=0: sorted(jobs, key=key))
+            sorter = fw.sort
+
+            def order(st_: PassState, jobs: list[Job], phase: int = 0) -> list[Job]:
+                # a sort plugin may order a whole list (fair share re-ranks inside each VC)
+                if isinstance(sorter, OrderingSortPlugin):
+                    return sorter.order(st_, jobs, phase)
+                return sorted(jobs, key=sorter.sort_key)
             pending = [j for j in snap.jobs if not j.running]
             core = order(st, [j for j in pending if not j.preemptible], 0)
             opportunistic = order(st, [j for j in pending if j.preemptible], 1)
@@ -105,16 +111,14 @@ class _Pass:
                 else:
                     self._assign(job)
         t0 = time.perf_counter()
-        revise = getattr(fw.sort, "revise_waits", None)
-        if revise is not None:
-            self.waits = revise(st, self.waits, set(self.starts))
+        if isinstance(fw.sort, OrderingSortPlugin):
+            self.waits = fw.sort.revise_waits(st, self.waits, set(self.starts))
         out = self._finalize()
-        out.timings_s["finalize"] = time.perf_counter() - t0  # type: ignore[index]
-        return out
+        return replace(out, timings_s={**out.timings_s, "finalize": time.perf_counter() - t0})
 
     # -- one pending job -------------------------------------------------------------------------
 
-    def _wait(self, job: Job, rej: Rejection, req: Request | None = None, vc=None) -> None:
+    def _wait(self, job: Job, rej: Rejection, req: Request | None = None, vc: Vc | None = None) -> None:
         estimate = None
         if self.bf is not None:  # backfill: maybe a reservation (and an estimated start)
             rej, estimate = self.bf.on_wait(job, req, vc, rej)
@@ -122,7 +126,7 @@ class _Pass:
             Wait(job.id, rej.reason, rej.detail, rej.blocked_by, self.positions.get(job.id), rej.permanent, estimate)
         )
 
-    def _queue(self, vc_name: str):
+    def _queue(self, vc_name: str) -> tuple[Vc | None, VcQueue, PolicyPlugin | None]:
         """The VC's queue state and policy plugin, resolved once per pass."""
         got = self._queue_cache.get(vc_name)
         if got is None:
@@ -184,7 +188,7 @@ class _Pass:
             policy.on_wait(queue, job, rej)
         self._wait(job, rej, req, vc)
 
-    def _reclaim(self, job: Job, req: Request, vc, rej: Rejection) -> Rejection:
+    def _reclaim(self, job: Job, req: Request, vc: Vc, rej: Rejection) -> Rejection:
         if self.bf is not None and self.bf.skip_reclaim(job, req):
             return rej
         for plugin in self.fw.preempt:
@@ -195,8 +199,7 @@ class _Pass:
                 continue  # the room would take resources reserved for a job ahead
             return self._apply_plan(job, plan, rej)
         for plugin in self.fw.preempt:  # the preemption budget may be what keeps the room
-            note = getattr(plugin, "blocked_note", None)
-            text = note(self.state, job, req, vc) if note is not None else None
+            text = plugin.blocked_note(self.state, job, req, vc)
             if text:
                 return Rejection(rej.reason, f"{rej.detail}; {text}", rej.permanent, rej.blocked_by)
         return rej

@@ -25,8 +25,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from dlts.scheduler.model import Job, Placement, Stop, Vc, WaitReason
+from dlts.scheduler.model import Job, Placement, Stop, Vc, Wait, WaitReason
 from dlts.scheduler.state import Holding, PassState, Request
+
+
+# what a sort plugin orders by: priority, queue time, id, and the like (smaller first)
+SortKey = tuple[float, ...]
 
 
 @dataclass(frozen=True)
@@ -64,7 +68,17 @@ class ReclaimPlan:
 class SortPlugin(Protocol):
     name: str
 
-    def sort_key(self, job: Job) -> tuple: ...
+    def sort_key(self, job: Job) -> SortKey: ...
+
+
+@runtime_checkable
+class OrderingSortPlugin(SortPlugin, Protocol):
+    """A sort plugin that orders a whole list (fair share re-ranks inside each VC) and may revise
+    the reasons of jobs that waited because of that order."""
+
+    def order(self, state: PassState, jobs: list[Job], phase: int = 0) -> list[Job]: ...
+
+    def revise_waits(self, state: PassState, waits: list[Wait], started: set[int]) -> list[Wait]: ...
 
 
 @runtime_checkable
@@ -113,6 +127,11 @@ class PreemptPlugin(Protocol):
 
     def find(self, state: PassState, job: Job, req: Request, vc: Vc) -> ReclaimPlan | None:
         """The room to make, or None when no set of reclaimable work makes room."""
+        ...
+
+    def blocked_note(self, state: PassState, job: Job, req: Request, vc: Vc) -> str | None:
+        """When ``find`` made no room although reclaimable work could (e.g. the preemption budget
+        protects it): why, in words for the wait reason; else None."""
         ...
 
 

@@ -71,6 +71,11 @@ class Item:
     node: str = ""
 
 
+# a quota counter: ("q", vc, sku) VC GPUs, ("u", vc, user) a user's GPUs, ("i", vc) interactive GPUs,
+# ("cpu", vc) / ("mem", vc) CPU-only cores and bytes
+CounterKey = tuple[str, ...]
+
+
 @dataclass(slots=True)
 class Counted:
     start: float
@@ -78,10 +83,9 @@ class Counted:
     amount: float
     job: int
     future: bool = False
-    key: tuple = ()  # the counter it is part of (to invalidate what is memoised for that counter)
+    key: CounterKey = ()  # the counter it is part of (to invalidate what is memoised for that counter)
 
 
-CounterKey = tuple
 
 
 def window_overlaps(a_start: float, a_end: float, b_start: float, b_end: float) -> bool:
@@ -104,11 +108,11 @@ class Timeline:
         self.reserved_vcs: set[str] = set()  # VCs with a reserved counter
         self.version = 0  # bumped on every change
         self.node_version: dict[str, int] = defaultdict(int)  # per node: memoised fits are valid for one
-        self._demand: dict[tuple, list] = {}
-        self._demand_shapes: dict[tuple, list] = {}
-        self._fits_memo: dict[tuple, tuple[int, ...] | None] = {}
+        self._demand: dict[tuple[object, ...], list[tuple[CounterKey, float, bool]]] = {}
+        self._demand_shapes: dict[tuple[object, ...], list[tuple[CounterKey, float, bool]]] = {}
+        self._fits_memo: dict[tuple[object, ...], tuple[int, ...] | None] = {}
         self.counter_version: dict[CounterKey, int] = defaultdict(int)  # per counter: memoised checks valid for one
-        self._counter_memo: dict[tuple, int | None] = {}
+        self._counter_memo: dict[tuple[object, ...], int | None] = {}
         self.memoise = MEMOISE  # tests compare decisions with and without the memos
         gone: set[tuple[str, tuple[int, ...]]] = set()
         for h in state.holdings:

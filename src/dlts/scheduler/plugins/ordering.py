@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dlts.scheduler.framework import SortKey
 from dlts.scheduler.model import Job
 
 
@@ -11,5 +12,5 @@ class PriorityQueueTime:
 
     name = "priority_queue_time"
 
-    def sort_key(self, job: Job) -> tuple:
+    def sort_key(self, job: Job) -> SortKey:
         return (-job.priority, job.queue_time, job.id)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Callable, Mapping, TypeVar
+from typing import Callable, Mapping
 
 from dlts.scheduler.framework import (
     FilterPlugin,
@@ -167,28 +167,57 @@ class _Handle:
         return _first_placer(self.place, req)
 
 
-P = TypeVar("P")
-
-
 def resolve(profile: Profile, registry: Registry = BUILTIN) -> Plugins:
     """Instantiate the profile's plugins from ``registry``; unknown names fail with the known ones,
     and a factory that returns something that is not a plugin of its point fails by name."""
     handle = _Handle()
 
-    def make(point: str, name: str, kind: type[P]) -> P:
-        plugin = registry.create(point, name, handle)
-        if not isinstance(plugin, kind):
-            raise TypeError(f"{point} plugin {name!r} does not implement {kind.__name__}")
-        return plugin
+    def wrong(point: str, name: str, kind: str) -> TypeError:
+        return TypeError(f"{point} plugin {name!r} does not implement {kind}")
 
-    place = [make("place", n, PlacePlugin) for n in profile.place]
-    handle.place = place
-    policies = [make("policy", n, PolicyPlugin) for n in profile.policy]
+    def place(name: str) -> PlacePlugin:
+        p = registry.create("place", name, handle)
+        if isinstance(p, PlacePlugin):
+            return p
+        raise wrong("place", name, "PlacePlugin")
+
+    def policy(name: str) -> PolicyPlugin:
+        p = registry.create("policy", name, handle)
+        if isinstance(p, PolicyPlugin):
+            return p
+        raise wrong("policy", name, "PolicyPlugin")
+
+    def sort(name: str) -> SortPlugin:
+        p = registry.create("sort", name, handle)
+        if isinstance(p, SortPlugin):
+            return p
+        raise wrong("sort", name, "SortPlugin")
+
+    def stop(name: str) -> StopPlugin:
+        p = registry.create("stop", name, handle)
+        if isinstance(p, StopPlugin):
+            return p
+        raise wrong("stop", name, "StopPlugin")
+
+    def filter_(name: str) -> FilterPlugin:
+        p = registry.create("filter", name, handle)
+        if isinstance(p, FilterPlugin):
+            return p
+        raise wrong("filter", name, "FilterPlugin")
+
+    def preempt(name: str) -> PreemptPlugin:
+        p = registry.create("preempt", name, handle)
+        if isinstance(p, PreemptPlugin):
+            return p
+        raise wrong("preempt", name, "PreemptPlugin")
+
+    handle.place = [place(n) for n in profile.place]
+    policies = [policy(n) for n in profile.policy]
     return Plugins(
-        sort=make("sort", profile.sort, SortPlugin),
-        stop=[make("stop", n, StopPlugin) for n in profile.stop],
-        filter=[make("filter", n, FilterPlugin) for n in profile.filter],
+        sort=sort(profile.sort),
+        stop=[stop(n) for n in profile.stop],
+        filter=[filter_(n) for n in profile.filter],
         policy={p.name: p for p in policies},
-        place=place,
-        preempt=[make("preempt", n, PreemptPlugin) for n in profile.preempt],
+        place=handle.place,
+        preempt=[preempt(n) for n in profile.preempt],
     )
