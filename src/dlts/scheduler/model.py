@@ -179,11 +179,6 @@ class Snapshot:
     cpu_job_default_memory_bytes: int = 2 * 1024**3
     # backfill: how many jobs that cannot start get a reservation per pass (in the pass's order)
     reservation_depth: int = 8
-    # backfill: a job that has waited this long (seconds since its queue time) holds its
-    # reservation's resources from now on: nothing else starts on them, even work that would end
-    # before the reservation starts, so the room it needs gathers as running work ends early.
-    # None: reservations never hold (SCHEDULING.md's rule; big jobs may wait up to the limits).
-    reservation_hold_after_s: float | None = None
     # (vc, user) -> decayed GPU-seconds of recent use, computed by the job manager (fair share).
     # Empty: nobody has used anything, so fair share leaves the priority/queue-time order alone.
     fair_share_usage: Mapping[tuple[str, str], float] = field(default_factory=dict)

@@ -136,8 +136,7 @@ class Simulation:
     def _snapshot(self) -> Snapshot:
         jobs = [sj.job for sj in self.pending.values()] + [sj.job for sj in self.running.values()]
         c = self.cluster
-        return Snapshot(c.skus, c.nodes, c.vcs, tuple(jobs), reservation_depth=c.reservation_depth,
-                        reservation_hold_after_s=c.reservation_hold_after_s)
+        return Snapshot(c.skus, c.nodes, c.vcs, tuple(jobs), reservation_depth=c.reservation_depth)
 
     def _pass(self, now: float) -> bool:
         """One pass; True when it stopped something at once (so another pass at ``now`` may start

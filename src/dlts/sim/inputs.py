@@ -56,7 +56,6 @@ class Cluster:
     tick_s: float
     preempt_grace_s: float = 0.0
     reservation_depth: int = 8  # backfill: reservations per pass
-    reservation_hold_after_s: float | None = None  # backfill: a job waiting this long holds its room
 
 
 @dataclass(frozen=True)
@@ -154,7 +153,7 @@ def load_cluster(path: str | Path) -> Cluster:
         mark = getattr(exc, "problem_mark", None)
         raise SimInputError(path, mark.line + 1 if mark else None, None, f"not valid YAML: {exc}") from None
     top = _Fields(path, data, "cluster")
-    top.unknown({"skus", "nodes", "vcs", "tick_s", "preempt_grace_s", "reservation_depth", "reservation_hold_after_s"})
+    top.unknown({"skus", "nodes", "vcs", "tick_s", "preempt_grace_s", "reservation_depth"})
 
     skus: dict[str, SkuShape] = {}
     raw_skus = top.get("skus", dict)
@@ -267,7 +266,6 @@ def load_cluster(path: str | Path) -> Cluster:
         top.get("tick_s", float, 10.0, minimum=0.001),
         top.get("preempt_grace_s", float, 0.0, minimum=0),
         top.get("reservation_depth", int, 8, minimum=0),
-        top.get("reservation_hold_after_s", float, None, minimum=0),
     )
 
 

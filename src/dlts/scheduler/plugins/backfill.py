@@ -98,6 +98,7 @@ class BackfillPass:
         self._rev: dict[int, _Reversed] = {}
         self._conflicts: list[int] = []
         self._pointer_pools: dict[tuple[object, ...], NodeOrder] = {}
+        self._dead: dict[tuple[object, ...], set[str]] = {}  # per shape: reserved nodes it cannot use
         self._held_now: set[int] = set()
         self._reserved_lists: dict[int, tuple[int, list[tuple[int, str]]]] = {}
         self._gang_index: dict[int, dict[str, int]] = {}  # id(order) -> node name -> position  # jobs whose reclaimed room is reserved from now  # pool id -> its reversed view, kept for the pass
@@ -323,6 +324,8 @@ class BackfillPass:
                 tl.end_now(h.job.id, {(p.node, mask_of(p.gpu_indices)) for p in h.placements})
             else:
                 tl.end_now(h.job.id)
+        for dead in self._dead.values():
+            dead.difference_update(names)
         # nodes with reservations are checked one by one anyway (the pointers skip them)
         self._rewind({n for n in names if not tl.reserved_nodes.get(n)})
 
@@ -409,13 +412,7 @@ class BackfillPass:
             return rej, None
         start, placements = got
         end = start + duration if duration < INF else INF
-        hold = self.state.snapshot.reservation_hold_after_s
-        if hold is not None and self.now - job.queue_time >= hold and start > self.now:
-            # held: what the job will take is kept from now on, so nothing else starts there (even
-            # work that would end before ``start``); the room gathers as running work ends early
-            tl.add_reservation(job, self.now, end, placements)
-        else:
-            tl.add_reservation(job, start, end, placements)
+        tl.add_reservation(job, start, end, placements)
         self.reservations.append(Reservation(job.id, start, end, tuple(placements)))
         detail = f"{rej.detail}; reserved {', '.join(sorted({p.node for p in placements}))} from {start - self.now:.0f} s from now"
         return Rejection(rej.reason, detail, rej.permanent, rej.blocked_by), start
@@ -561,11 +558,19 @@ class BackfillPass:
                 self._pointers[key] = ptr
             limit = found[0] if found is not None else n
             maybe, fits, now, conflicts = self._maybe, tl.fits, self.now, self._conflicts
+            # Reserved nodes where this shape fits neither the pass state nor the model: the pass
+            # state only shrinks, and the model grows only where a reclaim ends work
+            # (``on_reclaimed`` takes those nodes out again), so they are skipped from then on.
+            dead = self._dead.setdefault(key, set()) if tl.memoise else set()
             for k, name in self._reserved_in(pool, tl):
                 if k > limit:
                     break
+                if name in dead:
+                    continue
                 ns = nodes[k]
                 if g and not maybe(ns, g):
+                    if advance:
+                        dead.add(name)
                     continue
                 idx = fits(ns, req, now, end, None, None, skip)
                 if idx is not None:
@@ -576,6 +581,8 @@ class BackfillPass:
                     c = tl.conflict(name, now, end)
                     if c is not None:
                         conflicts.append(c)
+                elif advance:
+                    dead.add(name)
             if found is not None:
                 return Placement(nodes[found[0]].name, found[1], req.cpu, req.memory_bytes)
         return None
