@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from dlts.scheduler import decide
-from dlts.scheduler import reservations
+from dlts.scheduler import decide, reservations
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "scheduler_pass.py"
 

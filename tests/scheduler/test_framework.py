@@ -7,7 +7,16 @@ import sys
 
 import pytest
 
-from dlts.scheduler import BUILTIN, PROFILES, JobType, Profile, Rejection, WaitReason, decide, profile_named
+from dlts.scheduler import (
+    BUILTIN,
+    PROFILES,
+    JobType,
+    Profile,
+    Rejection,
+    WaitReason,
+    decide,
+    profile_named,
+)
 
 from .builders import job, nodes, running, snap, vc
 

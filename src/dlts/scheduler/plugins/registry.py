@@ -10,9 +10,9 @@ registry: the built-in one is never changed).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Callable, Mapping
 
 from dlts.scheduler.framework import (
     FilterPlugin,
@@ -24,7 +24,13 @@ from dlts.scheduler.framework import (
     StopPlugin,
 )
 from dlts.scheduler.model import Policy
-from dlts.scheduler.plugins.admission import Approval, InteractiveCap, NodeMatch, UserQuota, VcQuota
+from dlts.scheduler.plugins.admission import (
+    Approval,
+    InteractiveCap,
+    NodeMatch,
+    UserQuota,
+    VcQuota,
+)
 from dlts.scheduler.plugins.backfill import BackfillPolicy
 from dlts.scheduler.plugins.fairshare import FairShare
 from dlts.scheduler.plugins.ordering import PriorityQueueTime
@@ -46,7 +52,7 @@ class Registry:
     def __init__(self, factories: Mapping[str, Mapping[str, Factory]]) -> None:
         unknown = set(factories) - set(EXTENSION_POINTS)
         if unknown:
-            raise ValueError(f"unknown extension point {sorted(unknown)[0]!r}; expected one of {EXTENSION_POINTS}")
+            raise ValueError(f"unknown extension point {min(unknown)!r}; expected one of {EXTENSION_POINTS}")
         self._factories: Mapping[str, Mapping[str, Factory]] = MappingProxyType(
             {p: MappingProxyType(dict(factories.get(p, {}))) for p in EXTENSION_POINTS}
         )
