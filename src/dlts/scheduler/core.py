@@ -245,8 +245,8 @@ class _Pass:
         added: list[Placement] = []
         while have + len(added) < job.max_replicas:
             if self.bf is not None and self.bf.handles(job, vc):
-                got = self.bf.place_now(job, req, vc, 1)
-                got = got if isinstance(got, list) else None
+                placed = self.bf.place_now(job, req, vc, 1, extra=True)
+                got = placed if isinstance(placed, list) else None
             else:
                 got = placer.place(st, job, req, vc, 1)
             if got is None:

@@ -134,10 +134,12 @@ class BackfillPass:
 
     # -- placing now -----------------------------------------------------------------------------
 
-    def place_now(self, job: Job, req: Request, vc: Vc,
-                  units: int) -> list[Placement] | ReclaimPlan | Rejection | None:
+    def place_now(self, job: Job, req: Request, vc: Vc, units: int,
+                  extra: bool = False) -> list[Placement] | ReclaimPlan | Rejection | None:
         """First-fit placement now that keeps every reservation; reserves it in the pass state.
-        A backfill VC's own job may instead get a ``ReclaimPlan`` (room to make by reclaiming).
+        A backfill VC's own job may instead get a ``ReclaimPlan`` (room to make by reclaiming);
+        ``extra`` (an inference job's replicas beyond ``min_replicas``) is opportunistic work like
+        a preemptible job: placed from the other end, never by reclaiming.
 
         None: no room by the pass state (the caller explains why); a ``Rejection`` with reason
         ``reservation``: there is room, but only on resources (or quota) reserved for a job ahead."""
@@ -148,9 +150,9 @@ class BackfillPass:
             if rid is not None:
                 return self._reserved(job, rid, "its VC's quota")
         pools = self._pools(job, req, vc)
-        if self.native(job, vc):
+        if self.native(job, vc) and not extra:
             return self._native_now(job, req, pools, units, end)
-        if job.preemptible:  # opportunistic work fills the cluster from the other end
+        if job.preemptible or extra:  # opportunistic work fills the cluster from the other end
             order: Sequence[NodeOrder] = [self._reversed(p) for p in reversed(pools)]
         else:
             order = pools
@@ -472,7 +474,7 @@ class BackfillPass:
         """The pass state holds all of ``got`` now (several units on one node counted together)."""
         for name, (want, cpu, mem) in _per_node(got).items():
             ns = self.state.nodes[name]
-            if (ns.free_mask & want) != want or ns.free_cpu + 1e-9 < cpu or ns.free_memory_bytes < mem:
+            if not _room(ns, want, cpu, mem, ns.free_mask, ns.free_cpu, ns.free_memory_bytes):
                 return False
         return True
 
@@ -652,14 +654,14 @@ class BackfillPass:
                 elif hm & want:
                     return None  # inside its preemption budget (min_runtime_s): not a victim
             for h in order:
-                if (mask & want) == want and c + 1e-9 >= cpu and m >= mem:
+                if _room(ns, want, cpu, mem, mask, c, m):
                     break
                 if h in picked or (h.protect and not h.stopping):
                     continue
                 hm, hc, hb = _share(h, ns)
                 picked.append(h)
                 mask, c, m = mask | hm, c + hc, m + hb
-            if not ((mask & want) == want and c + 1e-9 >= cpu and m >= mem):
+            if not _room(ns, want, cpu, mem, mask, c, m):
                 return None
             for h in picked:
                 chosen[id(h)] = h
@@ -673,6 +675,19 @@ def _per_node(placements: list[Placement]) -> dict[str, tuple[int, float, int]]:
         mask, cpu, mem = out.get(p.node, (0, 0.0, 0))
         out[p.node] = (mask | mask_of(p.gpu_indices), cpu + p.cpu, mem + p.memory_bytes)
     return out
+
+
+def _room(ns: NodeState, want: int, cpu: float, mem: int, free_mask: int, free_cpu: float, free_mem: int) -> bool:
+    """Whether free (mask, cores, bytes) of ``ns`` hold GPU indices ``want`` and ``cpu``/``mem``;
+    CPU-only units (``want`` 0) on a GPU node must also leave the cores and bytes the node keeps for
+    its free GPUs (quota.py), as every other placement path checks."""
+    if (free_mask & want) != want or free_cpu + 1e-9 < cpu or free_mem < mem:
+        return False
+    if want or ns.node.gpus <= 0 or not (ns.reserve_cpu or ns.reserve_memory_bytes):
+        return True
+    free_gpus = bin(free_mask & ns.usable_mask).count("1")
+    return (free_cpu - cpu + 1e-9 >= ns.reserve_cpu * free_gpus
+            and free_mem - mem >= ns.reserve_memory_bytes * free_gpus)
 
 
 def _positions(nodes: list[NodeState]) -> dict[str, int]:
