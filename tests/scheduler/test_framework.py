@@ -133,3 +133,21 @@ def test_the_config_chooses_a_profile_by_name() -> None:
     assert Settings().scheduler_profile == "default"
     with pytest.raises(ValidationError, match="unknown scheduler profile 'fastest'"):
         Settings(scheduler_profile="fastest")
+
+
+def test_a_pass_leaves_the_garbage_collector_as_it_found_it() -> None:
+    import gc
+
+    s = snap(nodes("n", 1), vc(), [job(1)])
+    assert gc.isenabled()
+    decide(s, 0)
+    assert gc.isenabled()
+    with pytest.raises(ValueError):
+        decide(s, 0, Profile(filter=("nope",)))
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        decide(s, 0)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
