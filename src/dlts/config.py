@@ -125,6 +125,9 @@ class Settings(BaseModel):
     cpu_job_default_memory_bytes: int = Field(2 * 1024**3, gt=0)
     # backfill (VCs with policy backfill): jobs per pass that cannot start and get a reservation
     reservation_depth: int = Field(8, ge=0, le=1000)
+    # which scheduler plugins a pass runs, by profile name (dlts.scheduler.plugins.registry.PROFILES:
+    # default, no_fair_share, no_reclaim)
+    scheduler_profile: str = "default"
     # backfill: runtime assumed for jobs with no limit when their VC sets none; null: unbounded
     default_runtime_estimate_s: int | None = Field(None, gt=0)
     default_max_retries: int = Field(3, ge=0, le=100)
@@ -239,6 +242,14 @@ class Settings(BaseModel):
             host, sep, port = value.rpartition(":")
             if not sep or not host or not is_whole_number(port, max_value=65535) or not 1 <= int(port) <= 65535:
                 raise ValueError("must be HOST:PORT (e.g. 0.0.0.0:9465), or empty for no metrics endpoint")
+        return value
+
+    @field_validator("scheduler_profile")
+    @classmethod
+    def _known_profile(cls, value: str) -> str:
+        from dlts.scheduler import profile_named
+
+        profile_named(value)  # ValueError naming the known profiles
         return value
 
     @field_validator("demo_sku")

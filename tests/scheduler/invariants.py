@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections import defaultdict
 
 from dlts.scheduler import CPU_SKU, Decisions, JobType, Policy, Snapshot, StopReason, WaitReason
-from dlts.scheduler.framework import resource_pool
-from dlts.scheduler.plugins.walltime import effective_limit_s
+from dlts.scheduler.model import resource_pool
 from dlts.scheduler.quota import gpu_reserve
+from dlts.scheduler.plugins.walltime import effective_limit_s
 
 
 def check_pass(snap: Snapshot, d: Decisions, now: float) -> None:

@@ -7,17 +7,26 @@ import sys
 
 import pytest
 
-from dlts.scheduler import REGISTRY, JobType, Profile, Rejection, WaitReason, decide, register
+from dlts.scheduler import (
+    BUILTIN,
+    PROFILES,
+    JobType,
+    Profile,
+    Rejection,
+    WaitReason,
+    decide,
+    profile_named,
+)
 
 from .builders import job, nodes, running, snap, vc
 
 
-def test_every_default_plugin_is_registered_by_name() -> None:
-    p = Profile()
-    assert p.sort in REGISTRY["sort"]
-    for point in ("stop", "filter", "policy", "place", "preempt"):
-        for name in getattr(p, point):
-            assert name in REGISTRY[point], (point, name)
+def test_every_profile_names_only_registered_plugins() -> None:
+    for profile in PROFILES.values():
+        assert ("sort", profile.sort) in BUILTIN
+        for point in ("stop", "filter", "policy", "place", "preempt"):
+            for name in getattr(profile, point):
+                assert (point, name) in BUILTIN, (point, name)
 
 
 def test_an_unknown_plugin_name_fails_with_the_known_ones() -> None:
@@ -25,9 +34,26 @@ def test_an_unknown_plugin_name_fails_with_the_known_ones() -> None:
         decide(snap(nodes("n", 1), vc(), [job(1)]), 0, Profile(filter=("nope",)))
 
 
-def test_registering_a_name_twice_is_refused() -> None:
+def test_an_unknown_profile_name_fails_with_the_known_ones() -> None:
+    assert profile_named("default") == Profile()
+    with pytest.raises(ValueError, match=r"unknown scheduler profile 'fast' \(known: default, no_fair_share"):
+        profile_named("fast")
+
+
+def test_registering_a_name_twice_is_refused_and_the_builtin_registry_never_changes() -> None:
     with pytest.raises(ValueError, match="already registered"):
-        register("filter", "vc_quota")(object)
+        BUILTIN.with_plugin("filter", "vc_quota", lambda h: _NoJobsAboveFourGpus())
+    with pytest.raises(ValueError, match="unknown extension point 'score'"):
+        BUILTIN.with_plugin("score", "x", lambda h: _NoJobsAboveFourGpus())
+    more = BUILTIN.with_plugin("filter", _NoJobsAboveFourGpus.name, lambda h: _NoJobsAboveFourGpus())
+    assert ("filter", _NoJobsAboveFourGpus.name) in more
+    assert ("filter", _NoJobsAboveFourGpus.name) not in BUILTIN
+
+
+def test_a_factory_that_returns_no_plugin_of_its_point_fails_by_name() -> None:
+    reg = BUILTIN.with_plugin("filter", "broken", lambda h: object())
+    with pytest.raises(TypeError, match="filter plugin 'broken' does not implement FilterPlugin"):
+        decide(snap(nodes("n", 1), vc(), [job(1)]), 0, Profile(filter=("broken",)), reg)
 
 
 class _NoJobsAboveFourGpus:
@@ -39,16 +65,37 @@ class _NoJobsAboveFourGpus:
         return None
 
 
-register("filter", _NoJobsAboveFourGpus.name)(_NoJobsAboveFourGpus)
+class _OnlyPlaceableGangs:
+    """A filter built with the pass's handle: it asks which placer would take the request."""
+
+    name = "test_only_gangs"
+
+    def __init__(self, plugins) -> None:
+        self.plugins = plugins
+
+    def check(self, state, job, req, vc):
+        placer = self.plugins.placer_for(req) if req is not None else None
+        if placer is None or placer.name != "gang":
+            return Rejection(WaitReason.CAPACITY, f"only gangs here, not {placer.name if placer else 'this'}")
+        return None
 
 
 def test_a_profile_adds_a_custom_filter_by_name() -> None:
     s = snap(nodes("n", 1), vc(), [job(1, 8), job(2, 4)])
     default = decide(s, 0)
     assert {x.job_id for x in default.starts} == {1}
-    custom = decide(s, 0, Profile(filter=Profile().filter + (_NoJobsAboveFourGpus.name,)))
+    reg = BUILTIN.with_plugin("filter", _NoJobsAboveFourGpus.name, lambda h: _NoJobsAboveFourGpus())
+    custom = decide(s, 0, Profile(filter=Profile().filter + (_NoJobsAboveFourGpus.name,)), reg)
     assert {x.job_id for x in custom.starts} == {2}
     assert custom.waits[0].detail == "this cluster takes at most 4 GPUs a job"
+
+
+def test_a_factory_gets_a_handle_to_the_placers() -> None:
+    s = snap(nodes("n", 2), vc(), [job(1, 8), job(2, 8, type=JobType.DISTRIBUTED, nodes=2)])
+    reg = BUILTIN.with_plugin("filter", _OnlyPlaceableGangs.name, _OnlyPlaceableGangs)
+    d = decide(s, 0, Profile(filter=Profile().filter + (_OnlyPlaceableGangs.name,)), reg)
+    assert {x.job_id for x in d.starts} == {2}
+    assert [w.detail for w in d.waits] == ["only gangs here, not best_fit"]
 
 
 def test_a_profile_without_reclaim_never_preempts() -> None:
@@ -75,3 +122,32 @@ def test_the_core_imports_no_database_web_or_cluster_library() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_the_config_chooses_a_profile_by_name() -> None:
+    from pydantic import ValidationError
+
+    from dlts.config import Settings
+
+    assert Settings(scheduler_profile="no_reclaim").scheduler_profile == "no_reclaim"
+    assert Settings().scheduler_profile == "default"
+    with pytest.raises(ValidationError, match="unknown scheduler profile 'fastest'"):
+        Settings(scheduler_profile="fastest")
+
+
+def test_a_pass_leaves_the_garbage_collector_as_it_found_it() -> None:
+    import gc
+
+    s = snap(nodes("n", 1), vc(), [job(1)])
+    assert gc.isenabled()
+    decide(s, 0)
+    assert gc.isenabled()
+    with pytest.raises(ValueError):
+        decide(s, 0, Profile(filter=("nope",)))
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        decide(s, 0)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()

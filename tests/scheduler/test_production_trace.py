@@ -46,3 +46,29 @@ def test_a_replay_under_backfill_obeys_the_rules(tmp_path) -> None:
     result = Simulation(cluster, trace).run()
     assert check_result(result) == []
     assert result["summary"]["finished"] == 300
+
+
+def test_forced_waits_count_only_the_vcs_own_work_running_at_submit(tmp_path) -> None:
+    spec = importlib.util.spec_from_file_location("forced_waits", ROOT / "bench" / "traces" / "forced_waits.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)  # type: ignore[union-attr]
+    (tmp_path / "c.yaml").write_text(
+        "skus:\n  a100: {gpus: 8, cpu: 96, memory_gb: 900}\nnodes:\n  - {prefix: g, count: 4, sku: a100}\n"
+        "vcs:\n  - {name: v, quota: {a100: 16}}\n  - {name: w, quota: {a100: 16}}\n")
+    head = "id,submit_s,vc,user,type,sku,gpus,nodes,duration_s,max_time_s,priority,preemptible\n"
+    (tmp_path / "t.csv").write_text(head + "a,0,v,ann,batch,a100,8,0,100,,100,false\n"
+                                    "p,0,v,ann,batch,a100,8,0,500,,100,true\n"
+                                    "o,0,w,bob,batch,a100,8,0,900,,100,false\n"
+                                    "big,10,v,bob,distributed,a100,8,2,50,,100,false\n")
+
+    def attempt(start, end, node):
+        return {"start_s": start, "end_s": end, "gpus": {node: list(range(8))}}
+
+    result = {"jobs": [
+        {"id": "a", "start_s": 0.0, "attempts": [attempt(0.0, 100.0, "g000")]},
+        {"id": "p", "start_s": 0.0, "attempts": [attempt(0.0, 500.0, "g001")]},  # preemptible: not counted
+        {"id": "o", "start_s": 0.0, "attempts": [attempt(0.0, 900.0, "g002")]},  # another VC: not counted
+        {"id": "big", "start_s": 150.0, "attempts": [attempt(150.0, 200.0, "g000")]},
+    ]}
+    rows = mod.forced_waits(tmp_path / "c.yaml", tmp_path / "t.csv", result)
+    assert rows == [{"id": "big", "vc": "v", "gpus": 16, "wait_s": 140.0, "forced_s": 90.0}]

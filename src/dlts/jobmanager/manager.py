@@ -75,7 +75,7 @@ from dlts.models import (
 )
 from dlts.repair.cordon import repair_cordon
 from dlts.repositories import jobs as job_repo
-from dlts.scheduler import decide
+from dlts.scheduler import decide, profile_named
 from dlts.scheduler.model import Decisions, Placement, Stop, StopReason
 
 log = logging.getLogger(__name__)
@@ -138,7 +138,7 @@ class JobManager:
             self.sync_logs(observed)
             self.carry_out_requests(session, observed)
             self._reconcile_endpoints(session)
-            decisions = decide(load_snapshot(session, self.settings), self.clock())
+            decisions = decide(load_snapshot(session, self.settings), self.clock(), profile_named(self.settings.scheduler_profile))
             metrics.observe_decisions(decisions)
             self.apply(session, decisions)
             self.last_decisions = decisions

@@ -5,7 +5,7 @@ call ``decide`` and carry out the returned decisions. See docs/scheduling.md.
 """
 
 from dlts.scheduler.core import decide
-from dlts.scheduler.framework import DEFAULT_PROFILE, REGISTRY, Profile, Rejection, register
+from dlts.scheduler.framework import Rejection
 from dlts.scheduler.model import (
     CPU_SKU,
     Decisions,
@@ -23,7 +23,7 @@ from dlts.scheduler.model import (
     Wait,
     WaitReason,
 )
-from dlts.scheduler import plugins  # noqa: E402,F401  (registers the built-in plugins by name)
+from dlts.scheduler.plugins.registry import BUILTIN, DEFAULT_PROFILE, PROFILES, Profile, Registry, profile_named
 
 __all__ = [
     "CPU_SKU",
@@ -35,7 +35,10 @@ __all__ = [
     "Placement",
     "Policy",
     "Profile",
-    "REGISTRY",
+    "PROFILES",
+    "Registry",
+    "BUILTIN",
+    "profile_named",
     "Rejection",
     "SkuShape",
     "Snapshot",
@@ -46,5 +49,4 @@ __all__ = [
     "Wait",
     "WaitReason",
     "decide",
-    "register",
 ]

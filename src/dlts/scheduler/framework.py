@@ -16,17 +16,21 @@ preempt    picks running work to free room for a non-preemptible job (reclaim)
 ========== ============================================================================
 
 A rejection is a value (``Rejection``) carrying the reason users see; faults are exceptions.
-``REGISTRY`` maps (point, name) to a factory; a ``Profile`` names the plugins a pass uses, so a
-test or an operator can switch rules on and off by name.
+This module holds the interfaces only; ``dlts.scheduler.plugins.registry`` lists the built-in
+plugins by name and the profiles (which plugins a pass runs) a config may choose.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol, cast
+from typing import Protocol, runtime_checkable
 
-from dlts.scheduler.model import CPU_SKU, Job, JobType, Placement, Stop, Vc, WaitReason
+from dlts.scheduler.model import Job, Placement, Stop, Vc, Wait, WaitReason
 from dlts.scheduler.state import Holding, PassState, Request
+
+
+# what a sort plugin orders by: priority, queue time, id, and the like (smaller first)
+SortKey = tuple[float, ...]
 
 
 @dataclass(frozen=True)
@@ -50,13 +54,6 @@ class VcQueue:
     blockers: dict[str, int] = field(default_factory=dict)
 
 
-def resource_pool(job: Job) -> str:
-    """The pool a job competes in for FIFO: its GPU SKU, or ``cpu`` for CPU-only jobs."""
-    if job.gpus <= 0 or job.sku in (None, CPU_SKU):
-        return job.sku if job.type is JobType.DISTRIBUTED and job.sku else CPU_SKU
-    return job.sku
-
-
 @dataclass(frozen=True)
 class ReclaimPlan:
     """What a preempt plugin found: the holdings to free (already-stopping ones included) and
@@ -67,24 +64,38 @@ class ReclaimPlan:
     placements: list[Placement]
 
 
+@runtime_checkable
 class SortPlugin(Protocol):
     name: str
 
-    def sort_key(self, job: Job) -> tuple: ...
+    def sort_key(self, job: Job) -> SortKey: ...
 
 
+@runtime_checkable
+class OrderingSortPlugin(SortPlugin, Protocol):
+    """A sort plugin that orders a whole list (fair share re-ranks inside each VC) and may revise
+    the reasons of jobs that waited because of that order."""
+
+    def order(self, state: PassState, jobs: list[Job], phase: int = 0) -> list[Job]: ...
+
+    def revise_waits(self, state: PassState, waits: list[Wait], started: set[int]) -> list[Wait]: ...
+
+
+@runtime_checkable
 class StopPlugin(Protocol):
     name: str
 
     def stops(self, state: PassState) -> list[Stop]: ...
 
 
+@runtime_checkable
 class FilterPlugin(Protocol):
     name: str
 
     def check(self, state: PassState, job: Job, req: Request | None, vc: Vc | None) -> Rejection | None: ...
 
 
+@runtime_checkable
 class PolicyPlugin(Protocol):
     name: str
 
@@ -93,6 +104,7 @@ class PolicyPlugin(Protocol):
     def on_wait(self, queue: VcQueue, job: Job, rejection: Rejection) -> None: ...
 
 
+@runtime_checkable
 class PlacePlugin(Protocol):
     name: str
 
@@ -109,6 +121,7 @@ class PlacePlugin(Protocol):
     def explain(self, state: PassState, job: Job, req: Request, vc: Vc) -> Rejection: ...
 
 
+@runtime_checkable
 class PreemptPlugin(Protocol):
     name: str
 
@@ -116,76 +129,14 @@ class PreemptPlugin(Protocol):
         """The room to make, or None when no set of reclaimable work makes room."""
         ...
 
-
-EXTENSION_POINTS = ("sort", "stop", "filter", "policy", "place", "preempt")
-
-REGISTRY: dict[str, dict[str, Callable[[], object]]] = {p: {} for p in EXTENSION_POINTS}
-
-
-def register(point: str, name: str) -> Callable[[Callable[[], object]], Callable[[], object]]:
-    """Class decorator: make a plugin available to profiles under ``name``."""
-    if point not in REGISTRY:
-        raise ValueError(f"unknown extension point {point!r}; expected one of {EXTENSION_POINTS}")
-
-    def deco(factory: Callable[[], object]) -> Callable[[], object]:
-        if name in REGISTRY[point]:
-            raise ValueError(f"plugin {name!r} already registered at {point!r}")
-        REGISTRY[point][name] = factory
-        return factory
-
-    return deco
+    def blocked_note(self, state: PassState, job: Job, req: Request, vc: Vc) -> str | None:
+        """When ``find`` made no room although reclaimable work could (e.g. the preemption budget
+        protects it): why, in words for the wait reason; else None."""
+        ...
 
 
-@dataclass(frozen=True)
-class Profile:
-    """Which plugins one pass runs, by registered name, in order."""
+@runtime_checkable
+class PluginHandle(Protocol):
+    """What a plugin factory receives besides its arguments: the pass's other plugins it may ask."""
 
-    sort: str = "fair_share"  # priority_queue_time, re-ranked inside each VC by recent use
-    stop: tuple[str, ...] = ("wall_time",)
-    filter: tuple[str, ...] = ("approval", "node_match", "vc_quota", "user_quota", "interactive_cap")
-    policy: tuple[str, ...] = ("RF", "FIFO", "backfill")
-    place: tuple[str, ...] = ("gang", "cpu_only", "best_fit")
-    preempt: tuple[str, ...] = ("reclaim",)
-
-
-DEFAULT_PROFILE = Profile()
-
-
-@dataclass
-class Framework:
-    """A profile resolved to plugin instances."""
-
-    sort: SortPlugin
-    stop: list[StopPlugin]
-    filter: list[FilterPlugin]
-    policy: dict[str, PolicyPlugin]
-    place: list[PlacePlugin]
-    preempt: list[PreemptPlugin]
-    timings_s: dict[str, float] = field(default_factory=dict)
-
-    @classmethod
-    def from_profile(cls, profile: Profile) -> Framework:
-        import dlts.scheduler.plugins  # noqa: F401  (registers the built-in plugins)
-
-        def make(point: str, name: str) -> Any:
-            try:
-                return REGISTRY[point][name]()
-            except KeyError:
-                known = ", ".join(sorted(REGISTRY[point])) or "none"
-                raise ValueError(f"profile names unknown {point} plugin {name!r} (known: {known})") from None
-
-        policies = [cast(PolicyPlugin, make("policy", n)) for n in profile.policy]
-        return cls(
-            sort=make("sort", profile.sort),
-            stop=[make("stop", n) for n in profile.stop],
-            filter=[make("filter", n) for n in profile.filter],
-            policy={p.name: p for p in policies},
-            place=[make("place", n) for n in profile.place],
-            preempt=[make("preempt", n) for n in profile.preempt],
-        )
-
-    def placer_for(self, req: Request) -> PlacePlugin | None:
-        for p in self.place:
-            if p.handles(req):
-                return p
-        return None
+    def placer_for(self, req: Request) -> PlacePlugin | None: ...

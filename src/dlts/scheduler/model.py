@@ -251,3 +251,10 @@ class Decisions:
     waits: tuple[Wait, ...] = ()
     timings_s: Mapping[str, float] = field(default_factory=dict)  # phase name -> seconds
     reservations: tuple[Reservation, ...] = ()  # backfill VCs only
+
+
+def resource_pool(job: Job) -> str:
+    """The pool a job competes in for FIFO: its GPU SKU, or ``cpu`` for CPU-only jobs."""
+    if job.gpus <= 0 or job.sku in (None, CPU_SKU):
+        return job.sku if job.type is JobType.DISTRIBUTED and job.sku else CPU_SKU
+    return job.sku

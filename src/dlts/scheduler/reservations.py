@@ -33,6 +33,7 @@ from dlts.scheduler.model import CPU_SKU, Job, JobType, Placement, Vc
 from dlts.scheduler.state import NodeState, PassState, Pool, Request
 
 INF = math.inf
+MEMOISE = True  # memoised fits and counter checks (decisions are the same without; tests compare)
 EPS = 1e-9
 
 
@@ -70,6 +71,11 @@ class Item:
     node: str = ""
 
 
+# a quota counter: ("q", vc, sku) VC GPUs, ("u", vc, user) a user's GPUs, ("i", vc) interactive GPUs,
+# ("cpu", vc) / ("mem", vc) CPU-only cores and bytes
+CounterKey = tuple[str, ...]
+
+
 @dataclass(slots=True)
 class Counted:
     start: float
@@ -77,9 +83,9 @@ class Counted:
     amount: float
     job: int
     future: bool = False
+    key: CounterKey = ()  # the counter it is part of (to invalidate what is memoised for that counter)
 
 
-CounterKey = tuple
 
 
 def window_overlaps(a_start: float, a_end: float, b_start: float, b_end: float) -> bool:
@@ -102,8 +108,12 @@ class Timeline:
         self.reserved_vcs: set[str] = set()  # VCs with a reserved counter
         self.version = 0  # bumped on every change
         self.node_version: dict[str, int] = defaultdict(int)  # per node: memoised fits are valid for one
-        self._demand: dict[tuple, list] = {}
-        self._fits_memo: dict[tuple, tuple[int, ...] | None] = {}
+        self._demand: dict[tuple[object, ...], list[tuple[CounterKey, float, bool]]] = {}
+        self._demand_shapes: dict[tuple[object, ...], list[tuple[CounterKey, float, bool]]] = {}
+        self._fits_memo: dict[tuple[object, ...], tuple[int, ...] | None] = {}
+        self.counter_version: dict[CounterKey, int] = defaultdict(int)  # per counter: memoised checks valid for one
+        self._counter_memo: dict[tuple[object, ...], int | None] = {}
+        self.memoise = MEMOISE  # tests compare decisions with and without the memos
         gone: set[tuple[str, tuple[int, ...]]] = set()
         for h in state.holdings:
             if h.claimed and h.replica and not h.retiring:
@@ -147,7 +157,8 @@ class Timeline:
                     self.reserved_log.append(p.node)
                 self.reserved_nodes[p.node] += 1
         for key, amount, _check in self.demand(job, units):
-            c = Counted(start, end, amount, job.id, future)
+            c = Counted(start, end, amount, job.id, future, key)
+            self.counter_version[key] += 1
             self.counters[key].append(c)
             mine.append(c)
             if future:
@@ -165,6 +176,8 @@ class Timeline:
             self.version += 1
             if isinstance(it, Item):
                 self.node_version[it.node] += 1
+            else:
+                self.counter_version[it.key] += 1
 
     def add_start(self, job: Job, placements: Iterable[Placement]) -> None:
         placements = list(placements)
@@ -189,7 +202,13 @@ class Timeline:
         got = self._demand.get(memo_key)
         if got is not None:
             return got
-        got = self._demand[memo_key] = self._compute_demand(job, req, units)
+        # the same shape for another user: only the per-user counter's key differs
+        base_key = memo_key[:2] + memo_key[3:]
+        base = self._demand_shapes.get(base_key)
+        if base is None:
+            base = self._demand_shapes[base_key] = self._compute_demand(job, req, units)
+        got = self._demand[memo_key] = [(("u", job.vc, job.user), a, e) if k[0] == "u" else (k, a, e)
+                                        for k, a, e in base]
         return got
 
     def _compute_demand(self, job: Job, req: Request | None, units: int) -> list[tuple[CounterKey, float, bool]]:
@@ -242,18 +261,35 @@ class Timeline:
             cap = self.cap(key)
             if cap is None:
                 continue
-            items = [c for c in self.counters.get(key, ()) if c.end > start and c.start < end]
-            points = [start] + [c.start for c in items if c.start > start]
-            for t in points:
-                used = 0.0
-                last = None
-                for c in items:
-                    if c.start <= t < c.end:
-                        used += c.amount
-                        if c.future and (last is None or c.start >= last.start):
-                            last = c
-                if used + amount > cap + EPS:
-                    return last.job if last is not None else -1
+            if self.memoise:
+                memo_key = (key, amount, start, end, self.counter_version[key])
+                if memo_key in self._counter_memo:
+                    got = self._counter_memo[memo_key]
+                else:
+                    if len(self._counter_memo) > 100_000:
+                        self._counter_memo.clear()
+                    got = self._counter_memo[memo_key] = self._overload(key, amount, cap, start, end)
+            else:
+                got = self._overload(key, amount, cap, start, end)
+            if got is not None:
+                return got
+        return None
+
+    def _overload(self, key: CounterKey, amount: float, cap: float, start: float, end: float) -> int | None:
+        """None when ``amount`` more stays within ``cap`` on counter ``key`` over [start, end); else
+        the id of the latest-starting reservation in the overload, or -1."""
+        items = [c for c in self.counters.get(key, ()) if c.end > start and c.start < end]
+        points = [start] + [c.start for c in items if c.start > start]
+        for t in points:
+            used = 0.0
+            last = None
+            for c in items:
+                if c.start <= t < c.end:
+                    used += c.amount
+                    if c.future and (last is None or c.start >= last.start):
+                        last = c
+            if used + amount > cap + EPS:
+                return last.job if last is not None else -1
         return None
 
     def counters_free_from(self, job: Job, units: int, start: float, duration: float) -> float:
@@ -295,7 +331,7 @@ class Timeline:
              ignore: set[int] | None = None, skip_reclaimable: bool = False) -> tuple[int, ...] | None:
         """GPU indices ``req`` takes on ``ns`` for [start, end), or None; ``free_now`` narrows the
         mask to what the pass state has free (placing now)."""
-        if ignore is None:
+        if ignore is None and self.memoise:
             key = (ns.name, id(req), start, end, free_now, skip_reclaimable, self.node_version[ns.name])
             if key in self._fits_memo:
                 return self._fits_memo[key]

@@ -1,5 +1,1 @@
-"""The built-in plugins; importing this package registers each under its name."""
-
-from dlts.scheduler.plugins import admission, backfill, fairshare, ordering, placement, policy, reclaim, walltime
-
-__all__ = ["admission", "backfill", "fairshare", "ordering", "placement", "policy", "reclaim", "walltime"]
+"""The built-in plugins; ``registry`` lists them by extension point and name, and the profiles."""

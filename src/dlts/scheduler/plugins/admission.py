@@ -7,7 +7,7 @@ an inference job's non-preemptible part is its ``min_replicas``.
 
 from __future__ import annotations
 
-from dlts.scheduler.framework import Rejection, register
+from dlts.scheduler.framework import PluginHandle, Rejection
 from dlts.scheduler.model import CPU_SKU, Job, JobType, Vc, WaitReason
 from dlts.scheduler.state import PassState, Request
 
@@ -17,7 +17,6 @@ GIB = 1024**3
 _SOURCE = {"derived": "derived from its GPU quota", "cpu_sku": "its cpu quota"}
 
 
-@register("filter", "approval")
 class Approval:
     name = "approval"
 
@@ -27,13 +26,15 @@ class Approval:
         return Rejection(WaitReason.APPROVAL, "waiting for a VC admin to approve this job", permanent=True)
 
 
-@register("filter", "node_match")
 class NodeMatch:
     """Rejects jobs no schedulable node could ever hold as asked (unknown VC or SKU, a request
     larger than any node, a VC with no node of the SKU). Cached per shape: the answer depends on
     the inventory only, not on what is running."""
 
     name = "node_match"
+
+    def __init__(self, plugins: PluginHandle) -> None:
+        self.plugins = plugins
 
     def check(self, state: PassState, job: Job, req: Request | None, vc: Vc | None) -> Rejection | None:
         if vc is None:
@@ -48,7 +49,7 @@ class NodeMatch:
         key = (job.vc, id(req))  # requests are interned per shape for the pass
         if key in cache:
             return cache[key]
-        placer = state.framework.placer_for(req)
+        placer = self.plugins.placer_for(req)
         result = placer.feasible(state, job, req, vc) if placer is not None else Rejection(
             WaitReason.NO_MATCHING_NODES, "no placement rule handles this request", permanent=True
         )
@@ -56,7 +57,6 @@ class NodeMatch:
         return result
 
 
-@register("filter", "vc_quota")
 class VcQuota:
     """Guarantee: a VC's non-preemptible jobs together never use more than its quota per SKU."""
 
@@ -113,7 +113,6 @@ class VcQuota:
         return None
 
 
-@register("filter", "user_quota")
 class UserQuota:
     """A user's non-preemptible GPUs in a VC above ``user_gpu_quota`` need a VC admin's approval.
 
@@ -140,7 +139,6 @@ class UserQuota:
         return None
 
 
-@register("filter", "interactive_cap")
 class InteractiveCap:
     """Running interactive jobs of a VC never hold more than ``max_interactive_gpus``."""
 

@@ -23,12 +23,17 @@ an estimate that depends on it is unknown).
 from __future__ import annotations
 
 import bisect
-from dlts.scheduler.framework import ReclaimPlan, Rejection, VcQueue, register
+from functools import partial
+from typing import Callable, Protocol, Sequence, TypeVar
+
+from dlts.scheduler.framework import ReclaimPlan, Rejection, VcQueue
 from dlts.scheduler.model import Job, Placement, Policy, Reservation, Vc, WaitReason
 from dlts.scheduler.plugins.placement import _fits_cpu_mem, cpu_pools
 from dlts.scheduler.plugins.walltime import effective_limit_s
 from dlts.scheduler.reservations import INF, Item, Timeline, first_run, mask_of
-from dlts.scheduler.state import NodeState, PassState, Pool, Request, cpu_job_fits
+from dlts.scheduler.state import Holding, NodeState, PassState, Pool, Request, cpu_job_fits
+
+T = TypeVar("T")
 
 RESERVABLE = frozenset(
     {
@@ -51,7 +56,6 @@ def _keeps_gpu_reserve(ns: NodeState, req: Request) -> bool:
     return cpu_job_fits(ns, ns.free_mask, ns.free_cpu, ns.free_memory_bytes, req)
 
 
-@register("policy", Policy.BACKFILL.value)
 class BackfillPolicy:
     """Like RF for the queue walk (nothing is blocked); reservations are kept by ``BackfillPass``."""
 
@@ -85,18 +89,19 @@ class BackfillPass:
         self.timeline: Timeline | None = None
         self.reservations: list[Reservation] = []
         self.tried = 0
-        self._pointers: dict[tuple, int] = {}
-        self._refused_plans: dict[tuple, list[tuple[int, float, int, float]]] = {}
-        self._details: dict[tuple, Rejection] = {}
-        self._durations: dict[tuple, float] = {}
-        self._orders: dict[tuple, list[NodeState]] = {}
+        self._pointers: dict[tuple[object, ...], int] = {}
+        self._refused_plans: dict[tuple[object, ...], list[tuple[int, float, int, float]]] = {}
+        self._details: dict[tuple[int, str, float], Rejection] = {}
+        self._durations: dict[tuple[float | None, str], float] = {}
+        self._orders: dict[tuple[int, ...], list[NodeState]] = {}
         self._held: dict[str, int] = {}
-        self._rev: dict[int, object] = {}
+        self._rev: dict[int, _Reversed] = {}
         self._conflicts: list[int] = []
-        self._pointer_pools: dict[tuple, Pool] = {}
+        self._pointer_pools: dict[tuple[object, ...], NodeOrder] = {}
+        self._dead: dict[tuple[object, ...], set[str]] = {}  # per shape: reserved nodes it cannot use
         self._held_now: set[int] = set()
         self._reserved_lists: dict[int, tuple[int, list[tuple[int, str]]]] = {}
-        self._gang_index: dict[int, dict[str, int]] = {}  # id(order) -> node name -> position
+        self._gang_index: dict[int, dict[str, int]] = {}  # id(order) -> node name -> position  # jobs whose reclaimed room is reserved from now  # pool id -> its reversed view, kept for the pass
         self._jobs: dict[int, Job] | None = None
 
     # -- helpers ---------------------------------------------------------------------------------
@@ -129,8 +134,12 @@ class BackfillPass:
 
     # -- placing now -----------------------------------------------------------------------------
 
-    def place_now(self, job: Job, req: Request, vc: Vc, units: int) -> list[Placement] | Rejection | None:
+    def place_now(self, job: Job, req: Request, vc: Vc, units: int,
+                  extra: bool = False) -> list[Placement] | ReclaimPlan | Rejection | None:
         """First-fit placement now that keeps every reservation; reserves it in the pass state.
+        A backfill VC's own job may instead get a ``ReclaimPlan`` (room to make by reclaiming);
+        ``extra`` (an inference job's replicas beyond ``min_replicas``) is opportunistic work like
+        a preemptible job: placed from the other end, never by reclaiming.
 
         None: no room by the pass state (the caller explains why); a ``Rejection`` with reason
         ``reservation``: there is room, but only on resources (or quota) reserved for a job ahead."""
@@ -141,18 +150,20 @@ class BackfillPass:
             if rid is not None:
                 return self._reserved(job, rid, "its VC's quota")
         pools = self._pools(job, req, vc)
-        if self.native(job, vc):
+        if self.native(job, vc) and not extra:
             return self._native_now(job, req, pools, units, end)
-        if job.preemptible:  # opportunistic work fills the cluster from the other end
-            pools = [self._reversed(p) for p in reversed(pools)]
+        if job.preemptible or extra:  # opportunistic work fills the cluster from the other end
+            order: Sequence[NodeOrder] = [self._reversed(p) for p in reversed(pools)]
+        else:
+            order = pools
         conflict: list[int] = []
         if req.whole_node:
-            got = self._gang_now(pools, req, end, tl, conflict)
+            got = self._gang_now(order, req, end, tl, conflict)
             if got is not None:
                 self.state.reserve(got)
                 return got
         else:
-            got = self._units_now(pools, req, units, end, tl, conflict)
+            got = self._units_now(order, req, units, end, tl, conflict)
             if got is not None:
                 return got
         if conflict:
@@ -179,7 +190,7 @@ class BackfillPass:
             blocked_by=rid,
         )
 
-    def _units_now(self, pools: list[Pool], req: Request, units: int, end: float, tl: Timeline | None,
+    def _units_now(self, pools: Sequence[NodeOrder], req: Request, units: int, end: float, tl: Timeline | None,
                    conflict: list[int]) -> list[Placement] | None:
         st = self.state
         taken: list[Placement] = []
@@ -199,14 +210,15 @@ class BackfillPass:
                     temp.append((p.node, it))
             return taken
         finally:
-            for name, it in temp:
-                tl.items[name].remove(it)  # type: ignore[union-attr]
-                tl.node_version[name] += 1  # type: ignore[union-attr]
+            if tl is not None:
+                for name, it in temp:
+                    tl.items[name].remove(it)
+                    tl.node_version[name] += 1
 
-    def _index(self, pool: Pool) -> dict[str, int]:
-        return pool.memo(("bf_index",), lambda: {ns.name: i for i, ns in enumerate(pool.nodes)})  # type: ignore[return-value]
+    def _index(self, pool: NodeOrder) -> dict[str, int]:
+        return pool.memo(("bf_index",), partial(_positions, pool.nodes))
 
-    def _one_now(self, pools: list[Pool], req: Request, end: float, tl: Timeline | None, conflict: list[int],
+    def _one_now(self, pools: Sequence[NodeOrder], req: Request, end: float, tl: Timeline | None, conflict: list[int],
                  advance: bool) -> Placement | None:
         """The first node (fixed order) that fits now and keeps every reservation.
 
@@ -241,17 +253,17 @@ class BackfillPass:
                 break
             if advance:
                 self._pointers[key] = ptr
-            if reserved:
+            if reserved and tl is not None:
                 best = None
-                for k, _name in self._reserved_in(pool, tl):
+                for k, name in self._reserved_in(pool, tl):
                     if (found >= 0 and k > found) or best is not None:
                         break
                     ns = nodes[k]
                     if not _fits_cpu_mem(ns, req) or (g and ns.free_gpus < g) or (not g and not _keeps_gpu_reserve(ns, req)):
                         continue
-                    idx = tl.fits(ns, req, self.now, end, free_now=ns.free_mask)  # type: ignore[union-attr]
+                    idx = tl.fits(ns, req, self.now, end, free_now=ns.free_mask)
                     if idx is None:
-                        c = tl.conflict(ns.name, self.now, end)  # type: ignore[union-attr]
+                        c = tl.conflict(ns.name, self.now, end)
                         if c is not None:
                             conflict.append(c)
                         continue
@@ -264,7 +276,7 @@ class BackfillPass:
                 return Placement(ns.name, tuple(range(start, start + g)), req.cpu, req.memory_bytes)
         return None
 
-    def _gang_now(self, pools: list[Pool], req: Request, end: float, tl: Timeline | None,
+    def _gang_now(self, pools: Sequence[NodeOrder], req: Request, end: float, tl: Timeline | None,
                   conflict: list[int]) -> list[Placement] | None:
         reserved = tl.reserved_nodes if tl is not None else None
         index = {}
@@ -275,13 +287,13 @@ class BackfillPass:
                 k += 1
         cands: list[NodeState] = []
         for pool in pools:
-            for dom in pool.whole_by_domain.values():
-                for ns in dom.values():
+            for domain_nodes in pool.whole_by_domain.values():
+                for ns in domain_nodes.values():
                     if not _fits_cpu_mem(ns, req):
                         continue
-                    if reserved and reserved.get(ns.name):
-                        if tl.fits(ns, req, self.now, end, free_now=ns.free_mask) is None:  # type: ignore[union-attr]
-                            c = tl.conflict(ns.name, self.now, end)  # type: ignore[union-attr]
+                    if tl is not None and reserved and reserved.get(ns.name):
+                        if tl.fits(ns, req, self.now, end, free_now=ns.free_mask) is None:
+                            c = tl.conflict(ns.name, self.now, end)
                             if c is not None:
                                 conflict.append(c)
                             continue
@@ -302,22 +314,24 @@ class BackfillPass:
         if self.timeline is not None:
             self.timeline.add_start(job, placements)
 
-    def on_reclaimed(self, victims) -> None:
+    def on_reclaimed(self, victims: list[Holding]) -> None:
         """Victims of a reclaim are on their way out: gone in the time model."""
         tl = self.timeline
         if tl is None:
             return
-        names = set()
+        names: set[str] = set()
         for h in victims:
             names.update(p.node for p in h.placements)
             if h.replica:
                 tl.end_now(h.job.id, {(p.node, mask_of(p.gpu_indices)) for p in h.placements})
             else:
                 tl.end_now(h.job.id)
+        for dead in self._dead.values():
+            dead.difference_update(names)
         # nodes with reservations are checked one by one anyway (the pointers skip them)
         self._rewind({n for n in names if not tl.reserved_nodes.get(n)})
 
-    def _reserved_in(self, pool: Pool, tl: Timeline) -> list[tuple[int, str]]:
+    def _reserved_in(self, pool: NodeOrder, tl: Timeline) -> list[tuple[int, str]]:
         """The pool's nodes that hold reservations, in the fixed order (kept per reservation count)."""
         key = id(pool)
         got = self._reserved_lists.get(key)
@@ -359,7 +373,7 @@ class BackfillPass:
         if len(entries) < 16:
             entries.append((req.gpus, req.cpu, req.memory_bytes, self.now + self.duration(job)))
 
-    def plan_ok(self, job: Job, req: Request, placements: list[Placement], victims) -> bool:
+    def plan_ok(self, job: Job, req: Request, placements: list[Placement], victims: list[Holding]) -> bool:
         """A reclaim plan may not take reserved resources the job would hold past a reservation."""
         if not self.reservations or self.timeline is None:
             return True
@@ -443,11 +457,11 @@ class BackfillPass:
         self._held_now.add(job.id)
         return ReclaimPlan(victims, got)
 
-    def _reversed(self, pool: Pool) -> Pool:
+    def _reversed(self, pool: Pool) -> _Reversed:
         got = self._rev.get(id(pool))
         if got is None:
-            got = self._rev[id(pool)] = _Reversed(pool)  # type: ignore[assignment]
-        return got  # type: ignore[return-value]
+            got = self._rev[id(pool)] = _Reversed(pool)
+        return got
 
     def _order(self, pools: list[Pool]) -> list[NodeState]:
         key = tuple(id(p) for p in pools)
@@ -458,15 +472,9 @@ class BackfillPass:
 
     def _all_free_now(self, got: list[Placement]) -> bool:
         """The pass state holds all of ``got`` now (several units on one node counted together)."""
-        need: dict[str, list] = {}
-        for p in got:
-            v = need.setdefault(p.node, [0, 0.0, 0])
-            v[0] |= mask_of(p.gpu_indices)
-            v[1] += p.cpu
-            v[2] += p.memory_bytes
-        for name, (want, cpu, mem) in need.items():
+        for name, (want, cpu, mem) in _per_node(got).items():
             ns = self.state.nodes[name]
-            if (ns.free_mask & want) != want or ns.free_cpu + 1e-9 < cpu or ns.free_memory_bytes < mem:
+            if not _room(ns, want, cpu, mem, ns.free_mask, ns.free_cpu, ns.free_memory_bytes):
                 return False
         return True
 
@@ -550,19 +558,33 @@ class BackfillPass:
                 break
             if advance:
                 self._pointers[key] = ptr
+            limit = found[0] if found is not None else n
+            maybe, fits, now, conflicts = self._maybe, tl.fits, self.now, self._conflicts
+            # Reserved nodes where this shape fits neither the pass state nor the model: the pass
+            # state only shrinks, and the model grows only where a reclaim ends work
+            # (``on_reclaimed`` takes those nodes out again), so they are skipped from then on.
+            dead = self._dead.setdefault(key, set()) if tl.memoise else set()
             for k, name in self._reserved_in(pool, tl):
-                if found is not None and k > found[0]:
+                if k > limit:
                     break
-                if g and not self._maybe(nodes[k], g):
+                if name in dead:
                     continue
-                idx = tl.fits(nodes[k], req, self.now, end, skip_reclaimable=skip)
-                if idx is not None and (found is None or k < found[0]):
-                    found = (k, idx)
-                elif idx is None and _fits_cpu_mem(nodes[k], req) and (
-                        not g or first_run(nodes[k].free_mask, nodes[k].node.gpus, g) >= 0):
-                    c = tl.conflict(name, self.now, end)
+                ns = nodes[k]
+                if g and not maybe(ns, g):
+                    if advance:
+                        dead.add(name)
+                    continue
+                idx = fits(ns, req, now, end, None, None, skip)
+                if idx is not None:
+                    if found is None or k < found[0]:
+                        found = (k, idx)
+                        limit = k
+                elif _fits_cpu_mem(ns, req) and (not g or first_run(ns.free_mask, ns.node.gpus, g) >= 0):
+                    c = tl.conflict(name, now, end)
                     if c is not None:
-                        self._conflicts.append(c)
+                        conflicts.append(c)
+                elif advance:
+                    dead.add(name)
             if found is not None:
                 return Placement(nodes[found[0]].name, found[1], req.cpu, req.memory_bytes)
         return None
@@ -570,7 +592,6 @@ class BackfillPass:
     def _native_gang(self, order: list[NodeState], req: Request, end: float, tl: Timeline,
                      skip: bool) -> list[Placement] | None:
         groups: dict[str, list[NodeState]] = {}
-        need = {}
         index = self._gang_index.get(id(order))
         if index is None:
             index = self._gang_index[id(order)] = {ns.name: i for i, ns in enumerate(order)}
@@ -580,15 +601,15 @@ class BackfillPass:
         if len(order) > 64:  # only nodes that can be whole now: wholly free, or holding only reclaimable work
             pools = {id(ns.pool): ns.pool for ns in order if ns.pool is not None}
             for pool in pools.values():
-                for dom in pool.whole_by_domain.values():
-                    cands.update(dom)
-                for ns in pool.memo(("with_holdings",), lambda pool=pool: [n for n in pool.nodes if n.holdings]):
+                for domain_nodes in pool.whole_by_domain.values():
+                    cands.update(domain_nodes)
+                for ns in pool.memo(("with_holdings",), partial(_with_holdings, pool)):
                     if ns.holdings:
                         cands[ns.name] = ns
             for name in tl.reserved_nodes:
-                ns = self.state.nodes.get(name)
-                if ns is not None and ns.name in index:
-                    cands[name] = ns
+                got = self.state.nodes.get(name)
+                if got is not None and got.name in index:
+                    cands[name] = got
         for ns in sorted(cands.values(), key=lambda n: index.get(n.name, 1 << 30)):
             if ns.name not in index:
                 continue
@@ -607,27 +628,20 @@ class BackfillPass:
             if ok:
                 dom = ns.node.ib_domain if req.same_domain else "*"
                 groups.setdefault(dom, []).append(ns)
-                need[dom] = len(groups[dom])
         for dom in sorted(groups):
             if len(groups[dom]) >= req.units:
                 return [Placement(ns.name, tuple(range(ns.node.gpus)), req.cpu, req.memory_bytes)
                         for ns in groups[dom][: req.units]]
         return None
 
-    def _victims(self, placements: list[Placement]):
+    def _victims(self, placements: list[Placement]) -> list[Holding] | None:
         """Holdings on the chosen nodes that stand in the way: those on the chosen GPU indices, then
         (victim order) as many more as the cores and bytes need. None if that is not enough."""
         from dlts.scheduler.plugins.reclaim import _ordered, _share
 
         st = self.state
-        chosen: dict[int, object] = {}
-        need: dict[str, list] = {}
-        for p in placements:
-            v = need.setdefault(p.node, [0, 0.0, 0])
-            v[0] |= mask_of(p.gpu_indices)
-            v[1] += p.cpu
-            v[2] += p.memory_bytes
-        for name, (want, cpu, mem) in need.items():
+        chosen: dict[int, Holding] = {}
+        for name, (want, cpu, mem) in _per_node(placements).items():
             ns = st.nodes[name]
             mask, c, m = ns.free_mask, ns.free_cpu, ns.free_memory_bytes
             order = _ordered(ns)
@@ -640,33 +654,74 @@ class BackfillPass:
                 elif hm & want:
                     return None  # inside its preemption budget (min_runtime_s): not a victim
             for h in order:
-                if (mask & want) == want and c + 1e-9 >= cpu and m >= mem:
+                if _room(ns, want, cpu, mem, mask, c, m):
                     break
                 if h in picked or (h.protect and not h.stopping):
                     continue
                 hm, hc, hb = _share(h, ns)
                 picked.append(h)
                 mask, c, m = mask | hm, c + hc, m + hb
-            if not ((mask & want) == want and c + 1e-9 >= cpu and m >= mem):
+            if not _room(ns, want, cpu, mem, mask, c, m):
                 return None
             for h in picked:
                 chosen[id(h)] = h
         return list(chosen.values())
 
 
+def _per_node(placements: list[Placement]) -> dict[str, tuple[int, float, int]]:
+    """Per node: the GPU mask, cores and bytes ``placements`` take there together."""
+    out: dict[str, tuple[int, float, int]] = {}
+    for p in placements:
+        mask, cpu, mem = out.get(p.node, (0, 0.0, 0))
+        out[p.node] = (mask | mask_of(p.gpu_indices), cpu + p.cpu, mem + p.memory_bytes)
+    return out
+
+
+def _room(ns: NodeState, want: int, cpu: float, mem: int, free_mask: int, free_cpu: float, free_mem: int) -> bool:
+    """Whether free (mask, cores, bytes) of ``ns`` hold GPU indices ``want`` and ``cpu``/``mem``;
+    CPU-only units (``want`` 0) on a GPU node must also leave the cores and bytes the node keeps for
+    its free GPUs (quota.py), as every other placement path checks."""
+    if (free_mask & want) != want or free_cpu + 1e-9 < cpu or free_mem < mem:
+        return False
+    if want or ns.node.gpus <= 0 or not (ns.reserve_cpu or ns.reserve_memory_bytes):
+        return True
+    free_gpus = bin(free_mask & ns.usable_mask).count("1")
+    return (free_cpu - cpu + 1e-9 >= ns.reserve_cpu * free_gpus
+            and free_mem - mem >= ns.reserve_memory_bytes * free_gpus)
+
+
+def _positions(nodes: list[NodeState]) -> dict[str, int]:
+    return {ns.name: i for i, ns in enumerate(nodes)}
+
+
+def _with_holdings(pool: Pool) -> list[NodeState]:
+    return [n for n in pool.nodes if n.holdings]
+
+
+class NodeOrder(Protocol):
+    """Nodes in the fixed order first fit scans: a pool, or a pool seen from its last node."""
+
+    @property
+    def nodes(self) -> list[NodeState]: ...
+
+    @property
+    def whole_by_domain(self) -> dict[str, dict[str, NodeState]]: ...
+
+    def memo(self, key: tuple[object, ...], compute: Callable[[], T]) -> T: ...
+
+
 class _Reversed:
     """A pool seen from its last node: preemptible work fills the cluster from the other end, so
     non-preemptible first-fit rarely has to reclaim it."""
 
-    __slots__ = ("pool", "nodes", "whole_by_domain", "_memo")
+    __slots__ = ("pool", "nodes", "whole_by_domain")
 
     def __init__(self, pool: Pool) -> None:
         self.pool = pool
         self.nodes = pool.memo(("bf_reversed",), lambda: list(reversed(pool.nodes)))
         self.whole_by_domain = pool.whole_by_domain
-        self._memo: dict = {}
 
-    def memo(self, key, compute):
+    def memo(self, key: tuple[object, ...], compute: Callable[[], T]) -> T:
         return self.pool.memo(("rev",) + key, compute)
 
     def __hash__(self) -> int:

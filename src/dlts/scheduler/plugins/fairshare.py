@@ -24,12 +24,11 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from dlts.scheduler.framework import register
 from dlts.scheduler.model import Job, Wait, WaitReason
 from dlts.scheduler.plugins.ordering import PriorityQueueTime
+from dlts.scheduler.state import PassState
 
 
-@register("sort", "fair_share")
 class FairShare(PriorityQueueTime):
     name = "fair_share"
 
@@ -38,7 +37,7 @@ class FairShare(PriorityQueueTime):
         # job id -> (group key, rank by queue time, rank by fair share), for reordered groups only
         self._ranks: dict[int, tuple[tuple[str, int, int], int, int]] = {}
 
-    def ratios(self, state, jobs: list[Job]) -> dict[tuple[str, str], float]:
+    def ratios(self, state: PassState, jobs: list[Job]) -> dict[tuple[str, str], float]:
         usage = state.snapshot.fair_share_usage
         users: dict[str, set[str]] = defaultdict(set)
         for j in jobs:
@@ -55,7 +54,7 @@ class FairShare(PriorityQueueTime):
                 out[(vc, u)] = (max(usage.get((vc, u), 0.0), 0.0) / share) if share > 0 else 0.0
         return out
 
-    def order(self, state, jobs: list[Job], phase: int = 0) -> list[Job]:
+    def order(self, state: PassState, jobs: list[Job], phase: int = 0) -> list[Job]:
         base = sorted(jobs, key=self.sort_key)
         usage = state.snapshot.fair_share_usage
         if not usage:
@@ -85,12 +84,12 @@ class FairShare(PriorityQueueTime):
                 self._ranks[j.id] = (key, by_queue[j.id], k)
         return out
 
-    def revise_waits(self, state, waits: list[Wait], started: set[int]) -> list[Wait]:
+    def revise_waits(self, state: PassState, waits: list[Wait], started: set[int]) -> list[Wait]:
         if not self._ranks:
             return waits
         jobs = {j.id: j for j in state.snapshot.jobs if j.id in self._ranks}
         # per group: the started jobs' (queue rank, fair-share rank, id)
-        started_by_group: dict[tuple, list[tuple[int, int, int]]] = defaultdict(list)
+        started_by_group: dict[tuple[str, int, int], list[tuple[int, int, int]]] = defaultdict(list)
         for jid in started:
             got = self._ranks.get(jid)
             if got is not None:

@@ -7,7 +7,10 @@ are in no pool, so they are never chosen.
 
 from __future__ import annotations
 
-from dlts.scheduler.framework import Rejection, register
+from functools import partial
+from typing import Callable
+
+from dlts.scheduler.framework import Rejection
 from dlts.scheduler.model import CPU_SKU, Job, Placement, Vc, WaitReason
 from dlts.scheduler.state import NodeState, PassState, Pool, Request, best_run, cpu_job_fits
 
@@ -18,11 +21,12 @@ def _fits_cpu_mem(ns: NodeState, req: Request) -> bool:
     return ns.free_cpu + 1e-9 >= req.cpu and ns.free_memory_bytes >= req.memory_bytes
 
 
-def _place_units(state: PassState, req: Request, units: int, one) -> list[Placement] | None:
+def _place_units(state: PassState, req: Request, units: int,
+                 one: Callable[[bool], Placement | None]) -> list[Placement] | None:
     """Place ``units`` independent single-node units, reserving as it goes; all or nothing."""
     taken: list[Placement] = []
     for i in range(units):
-        p = one(record_failure=(i == 0))  # later failures saw tentatively taken capacity
+        p = one(i == 0)  # record the first failure only: later failures saw tentatively taken capacity
         if p is None:
             state.unreserve(taken)
             return None
@@ -31,7 +35,6 @@ def _place_units(state: PassState, req: Request, units: int, one) -> list[Placem
     return taken
 
 
-@register("place", "best_fit")
 class BestFit:
     """Single-node GPU jobs (and each inference replica): the node where the job fits with the
     fewest free GPUs left, on a contiguous run of GPU indices (the shortest run that fits)."""
@@ -46,10 +49,7 @@ class BestFit:
         for pool in pools:
             if pool.memo(
                 ("fits", req.gpus, req.cpu, req.memory_bytes),
-                lambda pool=pool: any(
-                    ns.node.gpus >= req.gpus and ns.node.cpu >= req.cpu and ns.node.memory_bytes >= req.memory_bytes
-                    for ns in pool.nodes
-                ),
+                partial(_any_node_holds, pool, req),
             ):
                 return None
         if not pools:
@@ -146,7 +146,6 @@ def cpu_pools(state: PassState, job: Job, vc: Vc) -> list[Pool]:
     return pools
 
 
-@register("place", "cpu_only")
 class CpuOnly:
     """CPU-only jobs: CPU-only nodes first (fewest cores left wins), then GPU nodes' spare cores
     only if the VC allows it, so GPU nodes keep the cores their GPUs need."""
@@ -232,6 +231,11 @@ class CpuOnly:
         )
 
 
+def _any_node_holds(pool: Pool, req: Request) -> bool:
+    return any(ns.node.gpus >= req.gpus and ns.node.cpu >= req.cpu and ns.node.memory_bytes >= req.memory_bytes
+               for ns in pool.nodes)
+
+
 def _domain_counts(pool: Pool, req: Request) -> dict[str, int]:
     out: dict[str, int] = {}
     for ns in pool.nodes:
@@ -240,7 +244,6 @@ def _domain_counts(pool: Pool, req: Request) -> dict[str, int]:
     return out
 
 
-@register("place", "gang")
 class Gang:
     """Distributed jobs: ``units`` whole nodes of one SKU, all or nothing, inside one IB domain
     unless the job says ``ib_domain: any``. Among domains that can hold the gang, the one with the
@@ -257,8 +260,8 @@ class Gang:
     def feasible(self, state: PassState, job: Job, req: Request, vc: Vc) -> Rejection | None:
         per_domain: dict[str, int] = {}
         for pool in self._eligible(state, job, req):
-            counts = pool.memo(("domains", req.cpu, req.memory_bytes), lambda pool=pool: _domain_counts(pool, req))
-            for dom, k in counts.items():  # type: ignore[attr-defined]
+            counts = pool.memo(("domains", req.cpu, req.memory_bytes), partial(_domain_counts, pool, req))
+            for dom, k in counts.items():
                 per_domain[dom] = per_domain.get(dom, 0) + k
         total = sum(per_domain.values())
         if total < req.units:

@@ -7,11 +7,10 @@ in the same resource pool.
 
 from __future__ import annotations
 
-from dlts.scheduler.framework import Rejection, VcQueue, register, resource_pool
-from dlts.scheduler.model import Job, Policy
+from dlts.scheduler.framework import Rejection, VcQueue
+from dlts.scheduler.model import Job, Policy, resource_pool
 
 
-@register("policy", Policy.RF.value)
 class RunnableFirst:
     """Start every job that fits; a job that does not fit is skipped (large jobs may starve; the
     reason is recorded)."""
@@ -25,7 +24,6 @@ class RunnableFirst:
         return None
 
 
-@register("policy", Policy.FIFO.value)
 class Fifo:
     """The first non-preemptible job that does not fit blocks every later non-preemptible job of
     its VC *in the same resource pool* (GPU SKU; CPU-only jobs are their own pool) for the rest of

@@ -11,12 +11,13 @@ two jobs never count on the same room.
 
 from __future__ import annotations
 
-from dlts.scheduler.framework import ReclaimPlan, register
+from dlts.scheduler.framework import ReclaimPlan
 from dlts.scheduler.model import CPU_SKU, Job, Placement, Vc
 from dlts.scheduler.plugins.placement import cpu_pools
 from dlts.scheduler.state import Holding, NodeState, PassState, Pool, Request, best_run, cpu_job_fits, mask_of
 
-Free = list  # [gpu mask, cores, bytes]
+Free = tuple[int, float, int]  # (gpu mask, cores, bytes)
+Cost = tuple[float, ...]  # smaller is cheaper: (victims, their highest priority, -earliest start)
 
 
 def _share(h: Holding, ns: NodeState) -> tuple[int, float, int]:
@@ -41,20 +42,20 @@ def _ordered(ns: NodeState) -> list[Holding]:
     return ns.victim_order
 
 
-def _victim_order(h: Holding) -> tuple:
+def _victim_order(h: Holding) -> tuple[bool, int, float, int]:
     # Stopping work first (free), then lowest priority, then most recently started.
     started = h.job.started_at if h.job.started_at is not None else 0.0
     return (not h.stopping, h.job.priority, -started, h.job.id)
 
 
-def _set_cost(new: list[Holding]) -> tuple:
+def _set_cost(new: list[Holding]) -> Cost:
     if not new:
         return (0, 0, 0.0)
     started = min(h.job.started_at or 0.0 for h in new)
     return (len(new), max(h.job.priority for h in new), -started)
 
 
-def _lower_bound(ns: NodeState, taken: set[int], allowed: int = 0) -> tuple | None:
+def _lower_bound(ns: NodeState, taken: set[int], allowed: int = 0) -> Cost | None:
     """The least cost any option on ``ns`` can have; None when nothing here is reclaimable.
 
     Greedy takes holdings in victim order, so an option with one new victim costs at least the
@@ -69,7 +70,6 @@ def _lower_bound(ns: NodeState, taken: set[int], allowed: int = 0) -> tuple | No
     return None
 
 
-@register("preempt", "reclaim")
 class Reclaim:
     name = "reclaim"
 
@@ -127,7 +127,7 @@ class Reclaim:
     @staticmethod
     def _free(overlay: dict[str, Free], ns: NodeState) -> Free:
         v = overlay.get(ns.name)
-        return v if v is not None else [ns.free_mask, ns.free_cpu, ns.free_memory_bytes]
+        return v if v is not None else (ns.free_mask, ns.free_cpu, ns.free_memory_bytes)
 
     @staticmethod
     def _fits(ns: NodeState, free: Free, req: Request) -> bool:
@@ -145,10 +145,9 @@ class Reclaim:
         plan: list[Placement] = []
         chosen_ids: set[int] = set()
         all_nodes = [ns for pool in pools for ns in pool.nodes]
-        with_holdings = [ns for pool in pools  # memo calls the lambda at once (or not at all)
-                         for ns in pool.memo(("with_holdings",), lambda: [n for n in pool.nodes if n.holdings])]  # noqa: B023
+        with_holdings = [ns for pool in pools for ns in pool.memo(("with_holdings",), lambda: [n for n in pool.nodes if n.holdings])]
         for unit in range(req.units):
-            best: tuple | None = None
+            best: tuple[Cost, int, str, NodeState, list[Holding]] | None = None
             if unit > 0:  # earlier units may have left room that needs no victim
                 for ns in all_nodes:
                     if self._fits(ns, self._free(overlay, ns), req):
@@ -164,7 +163,7 @@ class Reclaim:
                     if f is None:
                         if ns.free_gpus + ns.reclaim_gpus < req.gpus:
                             continue  # even freeing everything reclaimable here leaves too few GPUs
-                        f = [ns.free_mask, ns.free_cpu, ns.free_memory_bytes]
+                        f = (ns.free_mask, ns.free_cpu, ns.free_memory_bytes)
                     bound = _lower_bound(ns, chosen_ids, allowed)
                     if bound is not None:
                         scored.append((bound, ns.name, ns, f))
@@ -191,18 +190,18 @@ class Reclaim:
                         continue
                     f = self._free(overlay, other)
                     m, c, b = _share(h, other)
-                    overlay[p.node] = [f[0] | m, f[1] + c, f[2] + b]
+                    overlay[p.node] = (f[0] | m, f[1] + c, f[2] + b)
             f = self._free(overlay, ns)
             start = best_run(f[0], ns.node.gpus, req.gpus) if req.gpus else 0
             used = ((1 << req.gpus) - 1) << start if req.gpus else 0
-            overlay[ns.name] = [f[0] & ~used, f[1] - req.cpu, f[2] - req.memory_bytes]
+            overlay[ns.name] = (f[0] & ~used, f[1] - req.cpu, int(f[2] - req.memory_bytes))
             plan.append(Placement(ns.name, tuple(range(start, start + req.gpus)), req.cpu, req.memory_bytes))
         return ReclaimPlan(chosen, plan)
 
     def _node_option(
         self, ns: NodeState, free: Free, req: Request, taken: set[int], allowed: int = 0
-    ) -> tuple[tuple, list[Holding]] | None:
-        g, n_gpus = req.gpus, ns.node.gpus
+    ) -> tuple[Cost, list[Holding]] | None:
+        name, g, n_gpus = ns.name, req.gpus, ns.node.gpus
         need_cpu, need_mem = req.cpu - 1e-9, req.memory_bytes
         mask, cpu, mem = free
         picked: list[Holding] = []
@@ -243,7 +242,7 @@ class Reclaim:
     # -- gangs of whole nodes ------------------------------------------------------------------
 
     def _gang(self, state: PassState, pools: list[Pool], req: Request, allowed: int = 0) -> ReclaimPlan | None:
-        groups: dict[str, list[tuple[tuple, NodeState, list[Holding]]]] = {}
+        groups: dict[str, list[tuple[Cost, NodeState, list[Holding]]]] = {}
         for pool in pools:
             for ns in pool.nodes:
                 mask, cpu, mem = ns.free_mask, ns.free_cpu, ns.free_memory_bytes
@@ -258,7 +257,7 @@ class Reclaim:
                 new = [h for h in hs if not h.stopping]
                 group = ns.node.ib_domain if req.same_domain else "*"
                 groups.setdefault(group, []).append((_set_cost(new), ns, hs))
-        best: tuple | None = None
+        best: tuple[Cost, str, ReclaimPlan] | None = None
         for group in sorted(groups):
             options = sorted(groups[group], key=lambda o: (o[0], o[1].name))
             if len(options) < req.units:

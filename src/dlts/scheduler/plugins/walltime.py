@@ -7,7 +7,6 @@ limit affects running jobs on the next pass.
 
 from __future__ import annotations
 
-from dlts.scheduler.framework import register
 from dlts.scheduler.model import Job, Stop, StopReason, Vc
 from dlts.scheduler.state import PassState
 
@@ -20,7 +19,6 @@ def effective_limit_s(job: Job, vc: Vc | None) -> float | None:
     return None
 
 
-@register("stop", "wall_time")
 class WallTime:
     name = "wall_time"
 
