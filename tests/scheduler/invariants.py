@@ -6,8 +6,8 @@ from collections import defaultdict
 
 from dlts.scheduler import CPU_SKU, Decisions, JobType, Policy, Snapshot, StopReason, WaitReason
 from dlts.scheduler.model import resource_pool
-from dlts.scheduler.quota import gpu_reserve
 from dlts.scheduler.plugins.walltime import effective_limit_s
+from dlts.scheduler.quota import gpu_reserve
 
 
 def check_pass(snap: Snapshot, d: Decisions, now: float) -> None:

@@ -26,8 +26,10 @@ from dlts.scheduler.model import (
 from dlts.scheduler.plugins.registry import BUILTIN, DEFAULT_PROFILE, PROFILES, Profile, Registry, profile_named
 
 __all__ = [
+    "BUILTIN",
     "CPU_SKU",
     "DEFAULT_PROFILE",
+    "PROFILES",
     "Decisions",
     "Job",
     "JobType",
@@ -35,10 +37,7 @@ __all__ = [
     "Placement",
     "Policy",
     "Profile",
-    "PROFILES",
     "Registry",
-    "BUILTIN",
-    "profile_named",
     "Rejection",
     "SkuShape",
     "Snapshot",
@@ -49,4 +48,5 @@ __all__ = [
     "Wait",
     "WaitReason",
     "decide",
+    "profile_named",
 ]

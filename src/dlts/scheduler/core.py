@@ -17,12 +17,11 @@ from __future__ import annotations
 
 import gc
 import time
-from dataclasses import replace
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
+from dataclasses import replace
 
 from dlts.scheduler.framework import OrderingSortPlugin, PolicyPlugin, ReclaimPlan, Rejection, VcQueue
-from dlts.scheduler.plugins.registry import BUILTIN, DEFAULT_PROFILE, Profile, Registry, resolve
 from dlts.scheduler.model import (
     CPU_SKU,
     Decisions,
@@ -39,6 +38,7 @@ from dlts.scheduler.model import (
     WaitReason,
     resource_pool,
 )
+from dlts.scheduler.plugins.registry import BUILTIN, DEFAULT_PROFILE, Profile, Registry, resolve
 from dlts.scheduler.state import Holding, PassState, Request
 
 

@@ -28,7 +28,6 @@ from typing import Protocol, runtime_checkable
 from dlts.scheduler.model import Job, Placement, Stop, Vc, Wait, WaitReason
 from dlts.scheduler.state import Holding, PassState, Request
 
-
 # what a sort plugin orders by: priority, queue time, id, and the like (smaller first)
 SortKey = tuple[float, ...]
 

@@ -11,8 +11,8 @@ since the epoch (or since trace start in the simulator); the core only compares 
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 CPU_SKU = "cpu"  # the SKU name of CPU-only nodes and CPU-only requests
 

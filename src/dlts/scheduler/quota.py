@@ -16,7 +16,7 @@
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 from dlts.scheduler.model import CPU_SKU, Node, SkuShape, Vc
 

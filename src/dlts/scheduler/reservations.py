@@ -25,9 +25,9 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from functools import lru_cache
-from typing import Callable, Iterable
+from functools import cache
 
 from dlts.scheduler.model import CPU_SKU, Job, JobType, Placement, Vc
 from dlts.scheduler.state import NodeState, PassState, Pool, Request
@@ -37,7 +37,7 @@ MEMOISE = True  # memoised fits and counter checks (decisions are the same witho
 EPS = 1e-9
 
 
-@lru_cache(maxsize=None)
+@cache
 def first_run(free_mask: int, n_gpus: int, want: int) -> int:
     """Start index of the lowest run of ``want`` contiguous free GPUs, or -1."""
     run = 0

@@ -20,9 +20,10 @@ that to keep a pass over 20,000 pending jobs fast.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import lru_cache
-from typing import TYPE_CHECKING, Callable, TypeVar, cast
+from functools import cache
+from typing import TYPE_CHECKING, TypeVar, cast
 
 from dlts.scheduler.model import CPU_SKU, Job, JobType, Node, Placement, Snapshot, Vc
 from dlts.scheduler.quota import effective_cpu_memory_quota, gpu_reserve
@@ -46,7 +47,7 @@ def cpu_job_fits(ns: NodeState, mask: int, cpu: float, memory_bytes: int, req: R
     return True
 
 
-@lru_cache(maxsize=None)
+@cache
 def best_run(free_mask: int, n_gpus: int, want: int) -> int:
     """Start index of the shortest run of >= ``want`` contiguous free GPUs, or -1.
 
@@ -185,7 +186,8 @@ class FailureCache:
         self._failed: dict[tuple[object, ...], list[tuple[int, float, int]]] = defaultdict(list)
 
     def known_to_fail(self, key: tuple[object, ...], gpus: int, cpu: float, memory_bytes: int) -> bool:
-        for g, c, m in self._failed.get(key, ()):
+        # a loop, not any(generator): 3.5x faster on a miss (timeit, three entries), and a pass asks often
+        for g, c, m in self._failed.get(key, ()):  # noqa: SIM110
             if g <= gpus and c <= cpu and m <= memory_bytes:
                 return True
         return False

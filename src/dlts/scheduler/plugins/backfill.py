@@ -23,8 +23,9 @@ an estimate that depends on it is unknown).
 from __future__ import annotations
 
 import bisect
+from collections.abc import Callable, Sequence
 from functools import partial
-from typing import Callable, Protocol, Sequence, TypeVar
+from typing import Protocol, TypeVar
 
 from dlts.scheduler.framework import ReclaimPlan, Rejection, VcQueue
 from dlts.scheduler.model import Job, Placement, Policy, Reservation, Vc, WaitReason
@@ -101,7 +102,7 @@ class BackfillPass:
         self._dead: dict[tuple[object, ...], set[str]] = {}  # per shape: reserved nodes it cannot use
         self._held_now: set[int] = set()
         self._reserved_lists: dict[int, tuple[int, list[tuple[int, str]]]] = {}
-        self._gang_index: dict[int, dict[str, int]] = {}  # id(order) -> node name -> position  # jobs whose reclaimed room is reserved from now  # pool id -> its reversed view, kept for the pass
+        self._gang_index: dict[int, dict[str, int]] = {}  # id(order) -> node name -> position
         self._jobs: dict[int, Job] | None = None
 
     # -- helpers ---------------------------------------------------------------------------------
@@ -255,7 +256,7 @@ class BackfillPass:
                 self._pointers[key] = ptr
             if reserved and tl is not None:
                 best = None
-                for k, name in self._reserved_in(pool, tl):
+                for k, _name in self._reserved_in(pool, tl):
                     if (found >= 0 and k > found) or best is not None:
                         break
                     ns = nodes[k]
@@ -714,7 +715,7 @@ class _Reversed:
     """A pool seen from its last node: preemptible work fills the cluster from the other end, so
     non-preemptible first-fit rarely has to reclaim it."""
 
-    __slots__ = ("pool", "nodes", "whole_by_domain")
+    __slots__ = ("nodes", "pool", "whole_by_domain")
 
     def __init__(self, pool: Pool) -> None:
         self.pool = pool

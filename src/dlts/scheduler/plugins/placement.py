@@ -7,8 +7,8 @@ are in no pool, so they are never chosen.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
-from typing import Callable
 
 from dlts.scheduler.framework import Rejection
 from dlts.scheduler.model import CPU_SKU, Job, Placement, Vc, WaitReason

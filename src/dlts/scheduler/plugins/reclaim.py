@@ -145,7 +145,8 @@ class Reclaim:
         plan: list[Placement] = []
         chosen_ids: set[int] = set()
         all_nodes = [ns for pool in pools for ns in pool.nodes]
-        with_holdings = [ns for pool in pools for ns in pool.memo(("with_holdings",), lambda: [n for n in pool.nodes if n.holdings])]
+        with_holdings = [ns for pool in pools  # memo calls the lambda at once (or not at all)
+                         for ns in pool.memo(("with_holdings",), lambda: [n for n in pool.nodes if n.holdings])]  # noqa: B023
         for unit in range(req.units):
             best: tuple[Cost, int, str, NodeState, list[Holding]] | None = None
             if unit > 0:  # earlier units may have left room that needs no victim
@@ -201,7 +202,7 @@ class Reclaim:
     def _node_option(
         self, ns: NodeState, free: Free, req: Request, taken: set[int], allowed: int = 0
     ) -> tuple[Cost, list[Holding]] | None:
-        name, g, n_gpus = ns.name, req.gpus, ns.node.gpus
+        g, n_gpus = req.gpus, ns.node.gpus
         need_cpu, need_mem = req.cpu - 1e-9, req.memory_bytes
         mask, cpu, mem = free
         picked: list[Holding] = []
