@@ -9,7 +9,6 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 from werkzeug.exceptions import HTTPException
 
 from dlts.errors import DltsError, RateLimited
-from dlts.extensions import db
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +26,7 @@ def envelope(status: int, code: str, message: str, details: dict | None = None):
 def register(app: Flask) -> None:
     @app.errorhandler(DltsError)
     def _dlts(exc: DltsError):
-        db.session.rollback()
+        # the service's transaction() has rolled its writes back already
         response = envelope(exc.http_status, exc.code, exc.message, exc.details)
         if isinstance(exc, RateLimited):
             response.headers["Retry-After"] = str(exc.retry_after_s)
@@ -57,10 +56,6 @@ def register(app: Flask) -> None:
     @app.errorhandler(DBAPIError)
     def _database(exc: Exception):
         log.warning("database unavailable: %s", exc.__class__.__name__)
-        try:
-            db.session.rollback()
-        except Exception:  # the connection is gone; the pool replaces it on the next checkout
-            pass
         return envelope(503, "database_unavailable", "The database is unreachable right now; retry in a few seconds.")
 
     @app.errorhandler(RecursionError)

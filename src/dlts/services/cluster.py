@@ -8,6 +8,7 @@ with 40 free GPUs spread one per node cannot start an 8-GPU job, and this is whe
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import sqlalchemy as sa
@@ -104,3 +105,16 @@ def status(session: Session, principal: Principal | None = None) -> ClusterStatu
                             {sku or CPU_SKU: g for (name, sku), g in queued.items() if name == vc.name},
                             sum(r.jobs for r in rows)))
     return ClusterStatus(iso(utcnow()), skus, vcs)
+
+
+def database_answers(session: Session) -> bool:
+    """Whether the database answers a trivial query now (``/readyz``); the session is left unused."""
+    try:
+        session.execute(sa.text("SELECT 1"))
+    except sa.exc.SQLAlchemyError:
+        with contextlib.suppress(sa.exc.SQLAlchemyError):
+            session.rollback()
+        return False
+    finally:
+        session.close()
+    return True
