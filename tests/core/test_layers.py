@@ -3,7 +3,8 @@
     app -> api | portal -> schemas -> services -> repositories -> models
 
 - nothing below the views (services, repositories, models, scheduler, jobmanager) imports Flask;
-- views (api/, portal/) run no query of their own: no ``session.execute/scalar(s)/query/get_one``;
+- views (api/, portal/) run no query of their own: no ``session.execute/scalar(s)/query/get_one``,
+  and import no repository (they call services);
 - no commit or rollback in views, repositories, models or the scheduler (services own the
   transaction; the job manager's and managers' passes own theirs);
 - no package imports a higher layer, and the api and the portal do not import each other.
@@ -83,6 +84,8 @@ def violations(module: str, source: str) -> list[str]:
                 found.append(f"{module}:{line} imports {name}: a higher layer than {own}")
             elif RANK[target] == RANK[own]:
                 found.append(f"{module}:{line} imports {name}: {own} and {target} do not import each other")
+        if _in(module, VIEWS) and target == "dlts.repositories":
+            found.append(f"{module}:{line} imports {name}: views call services, not repositories")
         if _in(module, BELOW_VIEWS) and target in VIEWS + ("dlts.app", "dlts.schemas"):
             if not (own and target and RANK[target] > RANK[own]):  # scheduler, jobmanager: not ranked above
                 found.append(f"{module}:{line} imports {name}: a higher layer than {module.split('.')[1]}")
@@ -125,6 +128,7 @@ def test_the_source_keeps_the_layers():
     ("dlts.portal.example", "def v(session):\n    return session.scalars(q)\n", "views call a service"),
     ("dlts.portal.example", "def v():\n    db.session.rollback()\n", "services own the transaction"),
     ("dlts.api.example", "def v():\n    db.session.commit()\n", "services own the transaction"),
+    ("dlts.portal.example", "from dlts.repositories.cluster import sku_shapes\n", "not repositories"),
     ("dlts.repositories.example", "def w(session):\n    session.commit()\n", "services own the transaction"),
     ("dlts.services.example", "from dlts.api.jobs import job_dict\n", "a higher layer than dlts.services"),
     ("dlts.repositories.example", "def f():\n    from dlts.services import jobs\n", "a higher layer than dlts.repositories"),

@@ -27,7 +27,6 @@ from dlts.models import (
 )
 from dlts.portal import charts, forms
 from dlts.portal.core import back, bp, flash_error, login_required, principal
-from dlts.repositories.cluster import sku_shapes
 from dlts.services import accounting, job_keeping, job_templates, portal_auth
 from dlts.services import cluster as cluster_service
 from dlts.services import endpoints as endpoint_service
@@ -403,7 +402,7 @@ def _submit_context(form: forms.SubmitForm) -> dict:
     who = principal()
     vc_names = job_service.vc_names_for(db.session, who)
     vc_name = form.values.get("vc") or (vc_names[0] if vc_names else "")
-    shapes = sku_shapes(db.session)
+    shapes = cluster_service.sku_shapes(db.session)
     status = cluster_service.status(db.session, who)
     # what each of the user's VCs has left per SKU, so they can pick a size that starts now
     remaining: dict[str, dict[str, tuple[int, int]]] = {}

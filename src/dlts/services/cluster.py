@@ -15,8 +15,9 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from dlts.models import Node, VirtualCluster, utcnow, iso
+from dlts.repositories import cluster as cluster_repo
 from dlts.repositories import usage as usage_repo
-from dlts.scheduler.model import CPU_SKU
+from dlts.scheduler.model import CPU_SKU, SkuShape
 from dlts.services.auth import Principal
 
 
@@ -118,3 +119,8 @@ def database_answers(session: Session) -> bool:
     finally:
         session.close()
     return True
+
+
+def sku_shapes(session: Session) -> dict[str, SkuShape]:
+    """The usual node shape of each SKU (what the submit form sizes a job against)."""
+    return cluster_repo.sku_shapes(session)

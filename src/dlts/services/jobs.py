@@ -444,7 +444,7 @@ class JobFilter:
 class JobListItem:
     job: Job
     visibility: policy.Visibility
-    time_left_s: int | None
+    time_left_s: float | None
     tags: list[str]
     favourite: bool
     command_start: str = ""
