@@ -71,5 +71,3 @@ def engine_options(url: str) -> dict:
             "connect_args": {"connect_timeout": 5, "read_timeout": 30, "write_timeout": 30}}
 
 
-def settings_of(app: Flask) -> Settings:
-    return app.extensions["dlts_settings"]

@@ -470,7 +470,7 @@ def _optional_int(option: str, value: str) -> int | None:
 def _optional_bytes(option: str, value: str) -> int | None:
     from marshmallow import ValidationError
 
-    from dlts.api.schemas import Memory
+    from dlts.schemas import Memory
     from dlts.strict import is_whole_number
 
     if value.lower() == "none":

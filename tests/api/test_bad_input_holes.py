@@ -299,7 +299,7 @@ def test_the_job_list_carries_summaries_and_the_detail_route_the_full_job(client
                       headers=world.auth("alice")).get_json()
     item = client.get("/api/v1/jobs", headers=world.auth("alice")).get_json()["items"][0]
     assert item["id"] == job["id"] and "env" not in item and "command" not in item and "ports" not in item
-    from dlts.api.jobs import COMMAND_PREVIEW_CHARS
+    from dlts.services.jobs import COMMAND_PREVIEW_CHARS
 
     assert item["command_preview"] == command[:COMMAND_PREVIEW_CHARS] and item["command_truncated"] is True
     assert len(json.dumps(item)) < 2000

@@ -12,8 +12,7 @@ from dlts.api.schemas import (AllowedIpArgs, AllowedIpCreateSchema, AllowedIpLis
                               RegistryCredentialCreateSchema, RegistryCredentialListSchema, RegistryCredentialSchema,
                               SshKeyCreateSchema, SshKeyListSchema, SshKeySchema, TokenCreateSchema, TokenListSchema,
                               TokenSchema)
-from dlts.app import settings_of
-from dlts.extensions import db
+from dlts.extensions import db, settings_of
 from dlts.services import allowed_ips, registry_credentials, ssh_keys, tokens
 
 blp = Blueprint("access", __name__, description="Your SSH keys, allowed IPs, API tokens and registry credentials")

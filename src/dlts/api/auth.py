@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from flask import Flask, current_app, g, request
 
-from dlts.app import settings_of
-from dlts.extensions import db
+from dlts.extensions import db, settings_of
 from dlts.services.auth import Principal, PrincipalCache, authenticate_bearer
 
 

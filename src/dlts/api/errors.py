@@ -9,7 +9,6 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 from werkzeug.exceptions import HTTPException
 
 from dlts.errors import DltsError, RateLimited
-from dlts.extensions import db
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +26,7 @@ def envelope(status: int, code: str, message: str, details: dict | None = None):
 def register(app: Flask) -> None:
     @app.errorhandler(DltsError)
     def _dlts(exc: DltsError):
-        db.session.rollback()
+        # the service's transaction() has rolled its writes back already
         response = envelope(exc.http_status, exc.code, exc.message, exc.details)
         if isinstance(exc, RateLimited):
             response.headers["Retry-After"] = str(exc.retry_after_s)
@@ -48,21 +47,15 @@ def register(app: Flask) -> None:
             return envelope(400, "invalid_input", f"{first[0]}: {text}", {"fields": fields})
         if status == 413:
             limit = app.config.get("MAX_CONTENT_LENGTH")
-            return envelope(413, "body_too_large", f"The request body is larger than this server's limit of {limit} bytes.",
-                            {"limit_bytes": limit})
+            return envelope(413, "body_too_large", f"The request body is larger than this server's limit of {limit} bytes.", {"limit_bytes": limit})
         if status == 400:
-            return envelope(400, "invalid_input", "The request body is not valid JSON; send Content-Type: "
-                                                  "application/json with a JSON object.")
+            return envelope(400, "invalid_input", "The request body is not valid JSON; send Content-Type: application/json with a JSON object.")
         return envelope(status, HTTP_CODES.get(status, "error"), exc.description or exc.name)
 
     @app.errorhandler(OperationalError)
     @app.errorhandler(DBAPIError)
     def _database(exc: Exception):
         log.warning("database unavailable: %s", exc.__class__.__name__)
-        try:
-            db.session.rollback()
-        except Exception:  # noqa: BLE001 - the connection is gone; the pool replaces it on the next checkout
-            pass
         return envelope(503, "database_unavailable", "The database is unreachable right now; retry in a few seconds.")
 
     @app.errorhandler(RecursionError)
@@ -72,6 +65,5 @@ def register(app: Flask) -> None:
 
     @app.errorhandler(Exception)
     def _unexpected(exc: Exception):
-        log.error("unhandled error", exc_info=exc)
-        return envelope(500, "internal_error", "Something went wrong on our side; it has been logged. Try again, and "
-                                               "tell your operators if it persists.")
+        log.exception("unhandled error")
+        return envelope(500, "internal_error", "Something went wrong on our side; it has been logged. Try again, and tell your operators if it persists.")

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import sqlalchemy as sa
 from flask import Blueprint, jsonify
 
 from dlts.api.errors import envelope
 from dlts.extensions import db
+from dlts.services import cluster as cluster_service
 
 bp = Blueprint("health", __name__)
 
@@ -18,11 +18,6 @@ def healthz():
 
 @bp.get("/readyz")
 def readyz():
-    try:
-        db.session.execute(sa.text("SELECT 1"))
-    except sa.exc.SQLAlchemyError:
-        db.session.rollback()
+    if not cluster_service.database_answers(db.session):
         return envelope(503, "database_unavailable", "The database is unreachable.")
-    finally:
-        db.session.remove()
     return jsonify({"status": "ready"})

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
-import sqlalchemy as sa
 from flask import Response, current_app, request, stream_with_context
 from flask.views import MethodView
 
@@ -14,7 +13,6 @@ from dlts.api.blueprint import Blueprint
 from dlts.api.schemas import (
     AttemptPageSchema,
     BatchResponseSchema,
-    EndpointCreateSchema,
     EndpointListSchema,
     EndpointSchema,
     EventPageSchema,
@@ -24,22 +22,19 @@ from dlts.api.schemas import (
     JobPageSchema,
     JobPatchSchema,
     JobSchema,
-    JobSubmitSchema,
     JobTagsResponseSchema,
     JobTagsSchema,
     LogArgs,
     LogSchema,
     PageArgs,
 )
-from dlts.app import settings_of
-from dlts.extensions import db
-from dlts.models import Job, JobAttempt, JobStatus, User, VirtualCluster, iso
-from dlts.repositories import insight as insight_repo
-from dlts.repositories import jobs as job_repo
+from dlts.extensions import db, settings_of
+from dlts.schemas import EndpointCreateSchema, JobSubmitSchema
+from dlts.models import Job, JobAttempt, iso
 from dlts.services import endpoints as endpoint_service
 from dlts.services import job_keeping
 from dlts.services import jobs as job_service
-from dlts.services.policy import Visibility, job_visibility
+from dlts.services.policy import Visibility
 
 blp = Blueprint("jobs", __name__, description="Training jobs")
 blp.before_request(authenticate)
@@ -49,13 +44,9 @@ PUBLIC_FIELDS = ("id", "name", "user", "vc", "type", "status", "reason", "queue_
                  "tags", "favourite", "archived_at")
 
 
-def _kept(job_ids: list[int]) -> tuple[dict[int, list[str]], set[int]]:
-    """Tags of these jobs and which of them the caller starred (two queries for a whole page)."""
-    return job_keeping.tags_of(db.session, job_ids), job_keeping.favourites_of(db.session, principal().user_id, job_ids)
-
-
 def job_dict(job: Job, visibility: Visibility, attempts: list[JobAttempt] | None = None,
-             endpoints: list[endpoint_service.EndpointView] | None = None, insights: list | None = None) -> dict:
+             endpoints: list[endpoint_service.EndpointView] | None = None, insights: list | None = None,
+             tags: list[str] | None = None, favourite: bool = False, actions: tuple[str, ...] | None = None) -> dict:
     data = {
         "id": job.id, "name": job.name, "user": job.user.name, "vc": job.vc.name, "type": job.type,
         "status": job.status.value, "reason": job.reason, "reason_detail": job.reason_detail,
@@ -73,11 +64,10 @@ def job_dict(job: Job, visibility: Visibility, attempts: list[JobAttempt] | None
         "visibility": visibility.value,
         "ib_domain": job.spec.get("ib_domain"), "min_replicas": job.spec.get("min_replicas", 0),
         "max_replicas": job.spec.get("max_replicas", 0), "archived_at": iso(job.archived_at),
+        "tags": tags or [], "favourite": favourite,
     }
     if insights is not None:
         data["insights"] = [{"code": i.code, "message": i.message, "since": iso(i.since)} for i in insights]
-    tags, starred = _kept([job.id])
-    data["tags"], data["favourite"] = tags.get(job.id, []), job.id in starred
     if attempts is not None:
         data["attempts"] = [{
             "number": a.number, "placements": a.placements, "started_at": iso(a.started_at),
@@ -87,12 +77,17 @@ def job_dict(job: Job, visibility: Visibility, attempts: list[JobAttempt] | None
         data["placements"] = current.placements if current and job.status.value in ("scheduling", "running", "pausing", "killing") else []
     if endpoints is not None:
         data["endpoints"] = endpoints
+    if actions is not None:
+        data["actions"] = list(actions)
     if visibility is Visibility.PUBLIC:
         data = {k: v for k, v in data.items() if k in PUBLIC_FIELDS} | {"visibility": visibility.value}
     return data
 
 
-COMMAND_PREVIEW_CHARS = 200
+def changed_job(job: Job) -> dict:
+    """A job the caller just changed (and so may manage): the whole job, with its tags and star."""
+    kept = job_service.keeping_of(db.session, principal(), job)
+    return job_dict(job, Visibility.FULL, tags=kept[0], favourite=kept[1])
 
 
 def _estimate(job: Job) -> str | None:
@@ -100,10 +95,10 @@ def _estimate(job: Job) -> str | None:
     return iso(job.estimated_start) if job.status.value == "queued" else None
 
 
-def job_summary(job: Job, visibility: Visibility, command_start: str, tags: list[str] | None = None,
-                favourite: bool = False) -> dict:
+def job_summary(item: job_service.JobListItem) -> dict:
     """A list item (JobSummarySchema): no env, ports or spec, and only the start of the command
-    (``command_start``, from ``job_repo.command_previews``); GET /jobs/{id} has the whole job."""
+    (``item.command_start``); GET /jobs/{id} has the whole job."""
+    job, visibility, command_start = item.job, item.visibility, item.command_start
     data = {
         "id": job.id, "name": job.name, "user": job.user.name, "vc": job.vc.name, "type": job.type,
         "status": job.status.value, "reason": job.reason, "reason_detail": job.reason_detail,
@@ -111,20 +106,16 @@ def job_summary(job: Job, visibility: Visibility, command_start: str, tags: list
         "sku": job.sku, "gpus": job.gpus,
         "nodes": job.nodes, "cpu": job.cpu, "memory_bytes": job.memory_bytes, "priority": job.priority,
         "preemptible": job.preemptible, "max_retries": job.max_retries, "retries_used": job.retries_used,
-        "max_time_s": job.max_time_s, "time_left_s": job_service.time_left_s(job, job.vc.max_job_time_s),
+        "max_time_s": job.max_time_s, "time_left_s": item.time_left_s,
         "submitted_at": iso(job.submitted_at), "queue_time": iso(job.queue_time), "started_at": iso(job.started_at),
         "finished_at": iso(job.finished_at), "exit_code": job.exit_code, "attempt": job.attempt,
-        "command_preview": command_start[:COMMAND_PREVIEW_CHARS],
-        "command_truncated": len(command_start) > COMMAND_PREVIEW_CHARS, "visibility": visibility.value,
-        "tags": tags or [], "favourite": favourite, "archived_at": iso(job.archived_at),
+        "command_preview": command_start[:job_service.COMMAND_PREVIEW_CHARS],
+        "command_truncated": len(command_start) > job_service.COMMAND_PREVIEW_CHARS, "visibility": visibility.value,
+        "tags": item.tags, "favourite": item.favourite, "archived_at": iso(job.archived_at),
     }
     if visibility is Visibility.PUBLIC:
         data = {k: v for k, v in data.items() if k in PUBLIC_FIELDS} | {"visibility": visibility.value}
     return data
-
-
-def _attempts(job_id: int) -> list[JobAttempt]:
-    return list(db.session.scalars(sa.select(JobAttempt).where(JobAttempt.job_id == job_id).order_by(JobAttempt.number)))
 
 
 @blp.route("/jobs")
@@ -132,35 +123,11 @@ class Jobs(MethodView):
     @blp.arguments(JobListArgs, location="query")
     @blp.response(200, JobPageSchema)
     @blp.doc(security=[{"bearer": []}])
-    def get(self, args):
+    def get(self, wanted: job_service.JobFilter):
         """List jobs you can see, newest first (keyset pagination). Items are summaries: no env or
         ports, the command's first 200 characters; GET /jobs/{id} has the whole job."""
-        who = principal()
-        visible = job_service.visible_vc_ids(who)
-        vc_id = user_id = None
-        if args.get("vc"):
-            vc_id = db.session.scalar(sa.select(VirtualCluster.id).where(VirtualCluster.name == args["vc"]))
-            if vc_id is None or (visible is not None and vc_id not in visible):
-                return {"items": [], "next_cursor": None}
-        if args.get("user"):
-            user_id = db.session.scalar(sa.select(User.id).where(User.name == args["user"]))
-            if user_id is None:
-                return {"items": [], "next_cursor": None}
-        statuses = [JobStatus(s.strip()) for s in args["status"].split(",")] if args.get("status") else []
-        before = job_repo.decode_cursor(args["cursor"]) if args.get("cursor") else None
-        limit = args["limit"]
-        tag = args["tag"].strip().lower() if args.get("tag") else None
-        rows = job_repo.list_jobs(db.session, visible_vc_ids=visible, user_id=user_id, vc_id=vc_id, statuses=statuses,
-                                  job_type=args.get("type"), boundary=before, limit=limit + 1, tag=tag,
-                                  favourite_of=who.user_id if args.get("favourite") else None,
-                                  archived=args["archived"])
-        page = rows[:limit]
-        ids = [j.id for j in page]
-        previews = job_repo.command_previews(db.session, ids, COMMAND_PREVIEW_CHARS)
-        tags, starred = _kept(ids)
-        items = [job_summary(j, job_visibility(who, j) or Visibility.PUBLIC, previews.get(j.id, ""), tags.get(j.id),
-                             j.id in starred) for j in page]
-        return {"items": items, "next_cursor": job_repo.encode_cursor(page[-1].id) if len(rows) > limit else None}
+        page = job_service.list_jobs(db.session, principal(), wanted)
+        return {"items": [job_summary(item) for item in page.items], "next_cursor": page.next_cursor}
 
     @blp.arguments(JobSubmitSchema)
     @blp.response(201, JobSchema)
@@ -168,15 +135,21 @@ class Jobs(MethodView):
     def post(self, body):
         """Submit a job into a VC you belong to. With an ``Idempotency-Key`` header a retry (same key,
         same body) answers the job the first request made, with ``Idempotent-Replayed: true``."""
-        memory = body.pop("memory")
-        body["ports"] = tuple(body["ports"])
-        body["tags"] = tuple(body["tags"])
         key = request.headers.get(job_keeping.HEADER)
-        job, replayed = job_keeping.submit(db.session, settings_of(current_app), principal(),
-                                           job_service.JobRequest(memory_bytes=memory, **body), key)
+        job, replayed = job_keeping.submit(db.session, settings_of(current_app), principal(), body, key)
+        tags, favourite = job_service.keeping_of(db.session, principal(), job)
         if replayed:
-            return job_dict(job, Visibility.FULL, _attempts(job.id)), 201, {"Idempotent-Replayed": "true"}
-        return job_dict(job, Visibility.FULL, [])
+            return (job_dict(job, Visibility.FULL, job_service.attempts_of(db.session, job), tags=tags, favourite=favourite),
+                    201, {"Idempotent-Replayed": "true"})
+        return job_dict(job, Visibility.FULL, [], tags=tags, favourite=favourite)
+
+
+def _whole_by_id(job_id: int) -> dict:
+    view = job_service.detail(db.session, principal(), job_id)
+    if not view.full:
+        return job_dict(view.job, view.visibility, tags=view.tags, favourite=view.favourite)
+    return job_dict(view.job, view.visibility, view.attempts, view.endpoints, view.insights, view.tags, view.favourite,
+                    view.actions)
 
 
 @blp.route("/jobs/<int(max=4611686018427387904):job_id>")
@@ -185,11 +158,7 @@ class OneJob(MethodView):
     @blp.doc(security=[{"bearer": []}])
     def get(self, job_id: int):
         """One job: status and reason, queue position, resources, placement, attempts."""
-        job, visibility = job_service.get(db.session, principal(), job_id)
-        if visibility is not Visibility.FULL:
-            return job_dict(job, visibility)
-        return job_dict(job, visibility, _attempts(job.id), endpoint_service.views_of(db.session, job),
-                        insight_repo.insights_of(db.session, job.id))
+        return _whole_by_id(job_id)
 
     @blp.arguments(JobPatchSchema)
     @blp.response(200, JobSchema)
@@ -197,8 +166,7 @@ class OneJob(MethodView):
     def patch(self, body, job_id: int):
         """Change priority (owner: up to 100, VC admin: up to 1000) or max_time_s (applies at the next tick);
         idle_exempt (VC admins): the VC's idle-job policy leaves the job alone."""
-        job = job_service.patch(db.session, principal(), job_id, body)
-        return job_dict(job, Visibility.FULL)
+        return changed_job(job_service.patch(db.session, principal(), job_id, body))
 
     @blp.response(204)
     @blp.doc(security=[{"bearer": []}])
@@ -281,8 +249,7 @@ def _action(name: str, service):
     @blp.response(202, JobSchema)
     @blp.doc(security=[{"bearer": []}], summary=f"{name.capitalize()} a job")
     def view(job_id: int):
-        job = service(db.session, principal(), job_id)
-        return job_dict(job, Visibility.FULL)
+        return changed_job(service(db.session, principal(), job_id))
 
     return view
 
@@ -292,7 +259,7 @@ def _archive(name: str, archived: bool):
     @blp.response(200, JobSchema)
     @blp.doc(security=[{"bearer": []}], summary=f"{name.capitalize()} an ended job of yours")
     def view(job_id: int):
-        return job_dict(job_keeping.set_archived(db.session, principal(), job_id, archived), Visibility.FULL)
+        return changed_job(job_keeping.set_archived(db.session, principal(), job_id, archived))
 
     return view
 

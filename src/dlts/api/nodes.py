@@ -11,8 +11,7 @@ from dlts.api.blueprint import Blueprint
 from dlts.api.schemas import (NodeOrderSchema, NodePageSchema, NodeRepairSchema, NodeReportResponseSchema,
                               NodeReportSchema, NodeSchema, PageArgs, RepairCycleListSchema, RepairCycleSchema,
                               RepairPauseSchema, RepairReturnSchema, RepairStartSchema, RepairStatusSchema)
-from dlts.app import settings_of
-from dlts.extensions import db
+from dlts.extensions import db, settings_of
 from dlts.services import nodes as node_service
 from dlts.services import repair as repair_service
 

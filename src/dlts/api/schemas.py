@@ -5,113 +5,23 @@ Unknown fields are refused (marshmallow's RAISE), every string is bounded, every
 
 from __future__ import annotations
 
-import re
 
-from marshmallow import INCLUDE, Schema, ValidationError, fields, validate, validates
+from marshmallow import INCLUDE, Schema, ValidationError, fields, post_load, validate, validates
 
-from dlts.errors import InvalidInput
-from dlts.services.endpoints import NAME_PATTERN as ENDPOINT_NAME_PATTERN
-from dlts.services.jobs import MAX_TAG_CHARS, MAX_TAGS, TAG_RULE, clean_tags
+from dlts.schemas import Memory, TagList
+from dlts.models import JobStatus, JobType
+from dlts.repair.machine import CycleKind, CycleOutcome
+from dlts.services.jobs import MAX_TAG_CHARS, COMMAND_PREVIEW_CHARS, JobFilter, decode_cursor
 from dlts.strict import MAX_ID, MAX_JSON_INT, is_whole_number
 
-ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
-MEMORY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE | re.ASCII)  # "١Gi" is no size
-UNITS = {"": 1, "b": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
-         "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
-JOB_STATUSES = ("unapproved", "queued", "scheduling", "running", "pausing", "paused", "killing",
-                "killed", "finished", "failed", "error")
-
-
-class Memory(fields.Field):
-    """Bytes as an integer, or a string with a unit: "16Gi", "512MB", "2G"."""
-
-    def __init__(self, *args, max_bytes: int = 64 * 2**40, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.max_bytes = max_bytes
-
-    def _deserialize(self, value, attr, data, **kwargs):
-        if isinstance(value, bool):
-            raise ValidationError("must be bytes (an integer) or a size like '16Gi'.")
-        if isinstance(value, int):
-            number = value
-        elif isinstance(value, str) and len(value) <= 32 and (m := MEMORY.match(value)):
-            unit = (m.group(2) or "").lower().rstrip("b")
-            number = int(float(m.group(1)) * UNITS[unit])
-        else:
-            raise ValidationError("must be bytes (an integer) or a size like '16Gi'.")
-        if not 1 <= number <= self.max_bytes:
-            raise ValidationError(f"must be between 1 byte and {self.max_bytes // 2**40} TiB.")
-        return number
-
-    def _serialize(self, value, attr, obj, **kwargs):
-        return value
-
-
-class TagList(fields.List):
-    """Job tags: lowercased, each once (``services.jobs.clean_tags``)."""
-
-    def __init__(self, **kwargs):
-        super().__init__(fields.String(validate=validate.Length(max=MAX_TAG_CHARS * 4)),
-                         metadata={"description": TAG_RULE + "; stored lowercased, each once"}, **kwargs)
-
-    def _deserialize(self, value, attr, data, **kwargs):
-        if isinstance(value, (list, tuple)) and len(value) > MAX_TAGS * 4:  # before thousands of items are read
-            raise ValidationError(f"at most {MAX_TAGS} tags.")
-        items = super()._deserialize(value, attr, data, **kwargs)
-        try:
-            return list(clean_tags(items))
-        except InvalidInput as exc:
-            raise ValidationError(exc.message) from None
-
-
-class JobSubmitSchema(Schema):
-    name = fields.String(validate=validate.Length(max=128), load_default="")
-    vc = fields.String(required=True, validate=validate.Length(min=1, max=64))
-    image = fields.String(required=True, validate=validate.Length(min=1, max=512))
-    command = fields.String(required=True, validate=validate.Length(min=1), metadata={
-        "description": "shell command line run by /bin/sh -c; at most 16384 bytes (422 field_too_large)"})
-    type = fields.String(load_default="batch", validate=validate.OneOf(["batch", "interactive", "distributed", "inference"]))
-    gpus = fields.Integer(load_default=0, strict=True, validate=validate.Range(0, 1024))
-    sku = fields.String(load_default=None, allow_none=True, validate=validate.Length(min=1, max=64))
-    cpu = fields.Float(load_default=None, allow_none=True, validate=validate.Range(min=0.001, max=4096))
-    memory = Memory(load_default=None, allow_none=True, metadata={"description": "bytes, or a size like '16Gi'"})
-    nodes = fields.Integer(load_default=0, strict=True, validate=validate.Range(0, 1024))
-    preemptible = fields.Boolean(load_default=False)
-    max_retries = fields.Integer(load_default=None, allow_none=True, strict=True, validate=validate.Range(0, 100))
-    max_time_s = fields.Integer(load_default=None, allow_none=True, strict=True, validate=validate.Range(1, 366 * 86400))
-    priority = fields.Integer(load_default=100, strict=True, validate=validate.Range(1, 1000))
-    env = fields.Dict(keys=fields.String(validate=validate.Length(max=128)), values=fields.String(), load_default=dict,
-                      metadata={"description": "at most 100 variables, each value at most 4096 bytes, 32768 bytes "
-                                               "together (422 field_too_large naming the field and the limit)"})
-    ports = fields.List(fields.Integer(strict=True, validate=validate.Range(
-        1024, 65535, error="must be a port between {min} and {max}: ports below 1024 belong to the system (ssh: set ssh: true).")),
-        load_default=list, validate=validate.Length(max=8, error="at most {max} ports per job (each is an endpoint)."),
-        metadata={"description": "ports the job listens on; each becomes a port endpoint named port-N"})
-    ssh = fields.Boolean(load_default=False, metadata={"description": "open an ssh endpoint (the owner's SSH keys)"})
-    ib_domain = fields.String(load_default=None, allow_none=True, validate=validate.Length(min=1, max=64))
-    min_replicas = fields.Integer(load_default=0, strict=True, validate=validate.Range(0, 256))
-    max_replicas = fields.Integer(load_default=0, strict=True, validate=validate.Range(0, 256))
-    ephemeral_storage_bytes = Memory(load_default=None, allow_none=True, max_bytes=2**50, metadata={
-        "description": "scratch space on the node (bytes or '20Gi'); at most the VC's ephemeral_storage_bytes "
-                       "(null: the VC's or the cluster's default)"})
-    run_as_root = fields.Boolean(load_default=False, metadata={
-        "description": "run as uid 0 instead of your uid; only in VCs whose pod_policy allows run_as_root"})
-    tags = TagList(load_default=list)
-
-    @validates("env")
-    def _env_names(self, value, **kwargs):
-        for key in value:
-            if not ENV_NAME.match(key):
-                raise ValidationError(f"environment variable name {key[:40]!r} must match [A-Za-z_][A-Za-z0-9_]*.")
-            if key.startswith("DLTS_"):
-                raise ValidationError(f"{key}: names starting with DLTS_ are set by DLTS.")
+JOB_STATUSES = tuple(s.value for s in JobStatus)
 
 
 class JobListArgs(Schema):
     vc = fields.String(validate=validate.Length(max=64))
     user = fields.String(validate=validate.Length(max=64))
     status = fields.String(validate=validate.Length(max=200), metadata={"description": "one status or a comma-separated list"})
-    type = fields.String(validate=validate.OneOf(["batch", "interactive", "distributed", "inference"]))
+    type = fields.String(validate=validate.OneOf([t.value for t in JobType]))
     limit = fields.Integer(load_default=50, validate=validate.Range(1, 500))
     cursor = fields.String(validate=validate.Length(max=64))
     tag = fields.String(validate=validate.Length(1, MAX_TAG_CHARS), metadata={"description": "jobs with this tag"})
@@ -124,6 +34,16 @@ class JobListArgs(Schema):
         bad = [s for s in value.split(",") if s.strip() not in JOB_STATUSES]
         if bad:
             raise ValidationError(f"unknown status {bad[0][:20]!r}; use {', '.join(JOB_STATUSES)}.")
+
+    @post_load
+    def _filter(self, data, **kwargs) -> JobFilter:
+        """Every job the caller may see, narrowed by these arguments (an unknown cursor: 400 invalid_cursor)."""
+        return JobFilter(
+            scope="all", vc=data.get("vc"), user=data.get("user"),
+            statuses=tuple(JobStatus(s.strip()) for s in data["status"].split(",")) if data.get("status") else (),
+            job_type=data.get("type"), before=decode_cursor(data["cursor"]) if data.get("cursor") else None,
+            limit=data["limit"], tag=data["tag"].strip().lower() if data.get("tag") else None,
+            favourite=bool(data.get("favourite")), archived=data["archived"], command_preview_chars=COMMAND_PREVIEW_CHARS)
 
 
 class LogArgs(Schema):
@@ -151,16 +71,6 @@ class AttemptSchema(Schema):
     exit_code = fields.Integer(allow_none=True)
     end_reason = fields.String(allow_none=True)
     spends_retry = fields.Boolean(allow_none=True)
-
-
-class EndpointCreateSchema(Schema):
-    kind = fields.String(required=True, validate=validate.OneOf(["ssh", "jupyter", "vscode", "port"]),
-                         metadata={"description": "ssh (port 22), jupyter (8888), vscode (8080), or port: one the job listens on"})
-    port = fields.Integer(strict=True, validate=validate.Range(1024, 65535, error="must be a port between {min} and {max}."),
-                          metadata={"description": "kind port only: the port the job listens on"})
-    name = fields.String(validate=[validate.Length(1, 32), validate.Regexp(
-        ENDPOINT_NAME_PATTERN, error="must be a lowercase letter, then lowercase letters, digits or '-' (at most 32).")],
-        metadata={"description": "default: the kind, or port-N"})
 
 
 class EndpointSchema(Schema):
@@ -242,6 +152,8 @@ class JobSchema(_JobFields):
     placements = fields.List(fields.Nested(PlacementSchema))
     attempts = fields.List(fields.Nested(AttemptSchema))
     endpoints = fields.List(fields.Nested(EndpointSchema), metadata={"description": "full visibility, GET only"})
+    actions = fields.List(fields.String(), metadata={
+        "description": "what you may do to the job now (kill, pause, resume, approve); full visibility, GET only"})
     ephemeral_storage_bytes = fields.Integer(allow_none=True, metadata={"description": "null: the VC's default"})
     run_as_root = fields.Boolean()
     ib_domain = fields.String(allow_none=True)
@@ -598,7 +510,7 @@ class RepairStepSchema(Schema):
 class RepairCycleSchema(Schema):
     id = fields.Integer()
     node = fields.String()
-    kind = fields.String(metadata={"description": "rule | manual | return"})
+    kind = fields.String(metadata={"description": " | ".join(CycleKind)})
     rule = fields.String(allow_none=True)
     scope = fields.String(metadata={"description": "gpu | node"})
     gpus = fields.List(fields.Integer())
@@ -614,7 +526,7 @@ class RepairCycleSchema(Schema):
     validation_since = fields.String(allow_none=True)
     ended_at = fields.String(allow_none=True)
     duration_s = fields.Float(allow_none=True)
-    outcome = fields.String(allow_none=True, metadata={"description": "returned | out_of_service | rma | lost | cancelled"})
+    outcome = fields.String(allow_none=True, metadata={"description": " | ".join(CycleOutcome)})
     message = fields.String(allow_none=True)
     steps = fields.List(fields.Nested(RepairStepSchema))
 

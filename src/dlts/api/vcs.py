@@ -13,8 +13,7 @@ from dlts.api.schemas import (MemberListSchema, MemberRemovalSchema, MemberRemov
                               RoleSchema, RegistryCredentialCreateSchema, RegistryCredentialListSchema,
                               RegistryCredentialSchema, VcCreateSchema, VcEventPageSchema, VcPageSchema, VcPatchSchema,
                               VcSchema, VcStorageSchema)
-from dlts.app import settings_of
-from dlts.extensions import db
+from dlts.extensions import db, settings_of
 from dlts.services import members, registry_credentials
 from dlts.services import vcs as vc_service
 

@@ -9,6 +9,7 @@ policy as ``KubernetesBackend.launch``, from the ``kubernetes:`` section of the 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -28,7 +29,7 @@ from dlts.scheduler.model import Placement
 def _load_body(path: str) -> dict:
     from marshmallow import ValidationError
 
-    from dlts.api.schemas import JobSubmitSchema
+    from dlts.schemas import JobSubmitSchema
 
     try:
         raw = json.loads(Path(path).read_text())
@@ -39,7 +40,7 @@ def _load_body(path: str) -> dict:
     if not isinstance(raw, dict):
         raise click.ClickException(f"{path} must hold a JSON object (a POST /api/v1/jobs body)")
     try:
-        return JobSubmitSchema().load(raw)
+        return dataclasses.asdict(req := JobSubmitSchema().load(raw)) | {"memory": req.memory_bytes}
     except ValidationError as exc:
         problems = "; ".join(f"{field}: {' '.join(map(str, msgs)) if isinstance(msgs, list) else msgs}"
                              for field, msgs in sorted(exc.normalized_messages().items()))

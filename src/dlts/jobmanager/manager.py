@@ -62,6 +62,8 @@ from dlts.jobmanager.snapshot import (
 )
 from dlts.managers.lease import LeaseLost
 from dlts.models import (
+    EndReason,
+    EventKind,
     ACTIVE,
     EndpointKind,
     EndpointStatus,
@@ -82,13 +84,11 @@ log = logging.getLogger(__name__)
 S = JobStatus
 E = EndpointStatus
 ACTOR = "jobmanager"
-SCALED = "scaled"  # job_events kind of inference replica changes (reason scale_up / scale_down)
-ENDPOINT = "endpoint"  # job_events kind of endpoints becoming ready or failing (reason ready / failed)
 GC_INTERVAL_S = 60.0  # how often the backend's objects are checked against the database's live attempts
-START_TIMEOUT = "start_timeout"  # reason of an attempt that had not started after start_timeout_s
+START_TIMEOUT = EndReason.START_TIMEOUT  # reason of an attempt that had not started after start_timeout_s
 IDENTITY = "identity"  # reason of the event a backend's launch note becomes (e.g. not run as the owner)
-REPAIR_STOPS = ("node_repair", "node_lost")  # stop_requested by the repair manager: requeue at the head
-KEPT_PAUSE_REASONS = ("idle_gpus",)  # a PAUSING job with this reason keeps it (and its detail) once paused
+REPAIR_STOPS = (EndReason.NODE_REPAIR, EndReason.NODE_LOST)  # stop_requested by the repair manager: requeue at the head
+KEPT_PAUSE_REASONS = (EndReason.IDLE_GPUS,)  # a PAUSING job with this reason keeps it (and its detail) once paused
 
 
 def _dt(epoch: float | None) -> dt.datetime | None:
@@ -253,7 +253,7 @@ class JobManager:
             sa.update(Job).where(Job.id == job.id, Job.status == S.SCHEDULING)
             .values(reason=code, reason_detail=detail, updated_at=utcnow()).execution_options(synchronize_session=False)))
         if done.rowcount and code is not None and code != job.reason:
-            job_repo.add_event(session, job.id, "reason", reason=code, message=detail, actor=ACTOR)
+            job_repo.add_event(session, job.id, EventKind.REASON, reason=code, message=detail, actor=ACTOR)
         session.commit()
 
     def sync_logs(self, observed: dict[tuple[int, int], Observed]) -> None:
@@ -309,16 +309,16 @@ class JobManager:
         values: dict[str, Any] = {"exit_code": code, "queue_position": None, "estimated_start": None}
         spends_retry = False
         if job.status is S.KILLING:
-            target, reason = S.KILLED, job.reason or "killed"
+            target, reason = S.KILLED, job.reason or EndReason.KILLED
             values |= {"finished_at": now}
         elif job.status is S.PAUSING:
-            target, reason = S.PAUSED, "paused"
+            target, reason = S.PAUSED, EndReason.PAUSED
             if job.reason in KEPT_PAUSE_REASONS:  # paused by a policy, not a person: the job says which and why
                 values |= {"reason": job.reason, "reason_detail": job.reason_detail}
             else:
                 values |= {"reason": "paused", "reason_detail": None}
-        elif requested == "preempted":
-            target, reason = S.QUEUED, "preempted"  # queue_time kept: back to the head of the queue
+        elif requested == EndReason.PREEMPTED:
+            target, reason = S.QUEUED, EndReason.PREEMPTED  # queue_time kept: back to the head of the queue
             values |= {"reason": "preempted", "reason_detail": "preempted to make room for a non-preemptible job"}
         elif requested in REPAIR_STOPS:  # the repair manager drained it: back to the head, no retry spent
             target, reason = S.QUEUED, requested
@@ -340,17 +340,17 @@ class JobManager:
             seen = Observed(job.id, job.attempt, RunPhase.FAILED, message=said[:1024])
             self.backend.terminate(job.id, job.attempt, 0)
         elif seen is not None and seen.node_lost:
-            target, reason = S.QUEUED, "node_lost"
+            target, reason = S.QUEUED, EndReason.NODE_LOST
             values |= {"reason": "node_lost", "reason_detail": seen.message or "the node was lost"}
         elif seen is not None and seen.phase is RunPhase.SUCCEEDED:
-            target, reason = S.FINISHED, "finished"
+            target, reason = S.FINISHED, EndReason.FINISHED
             values |= {"finished_at": ended_at, "reason": None, "reason_detail": None}
         elif job.retries_used < job.max_retries:
-            target, reason, spends_retry = S.QUEUED, "retry", True
+            target, reason, spends_retry = S.QUEUED, EndReason.RETRY, True
             detail = f"attempt {job.attempt} failed (exit code {code}); retry {job.retries_used + 1} of {job.max_retries}"
             values |= {"retries_used": job.retries_used + 1, "reason": "retry", "reason_detail": detail}
         else:
-            target, reason = S.FAILED, "failed"
+            target, reason = S.FAILED, EndReason.FAILED
             why = seen.message if seen and seen.message else f"exit code {code}"
             values |= {"finished_at": ended_at, "reason": "failed", "reason_detail": why[:512]}
         if job.started_at is None and seen is not None and seen.started_at:
@@ -477,10 +477,10 @@ class JobManager:
             return  # closed or deleted meanwhile: the next tick sees it
         changed = row.status is not status or row.attempt != job.attempt
         if ready and (changed or (row.host, row.host_port) != (values["host"], values["host_port"])):
-            job_repo.add_event(session, job.id, ENDPOINT, reason="ready", actor=ACTOR,
+            job_repo.add_event(session, job.id, EventKind.ENDPOINT, reason="ready", actor=ACTOR,
                                message=f"{row.name} ready at {values['host']}:{values['host_port']}")
         elif status is E.FAILED and changed:
-            job_repo.add_event(session, job.id, ENDPOINT, reason="failed", actor=ACTOR,
+            job_repo.add_event(session, job.id, EventKind.ENDPOINT, reason="failed", actor=ACTOR,
                                message=f"{row.name}: {values['message'] or 'failed'}")
 
     @staticmethod
@@ -524,7 +524,7 @@ class JobManager:
         first = max((r.index for r in replicas), default=-1) + 1
         added = tuple(Replica(first + i, p) for i, p in enumerate(placements))
         attempt.placements = replicas_to_json(replicas + added)
-        job_repo.add_event(session, job.id, SCALED, reason="scale_up", actor="scheduler",
+        job_repo.add_event(session, job.id, EventKind.SCALED, reason="scale_up", actor="scheduler",
                            message=f"added {_replicas_on(added)}")
         session.commit()
         self._launch(session, job, attempt, added=[r.index for r in added])
@@ -553,7 +553,7 @@ class JobManager:
         attempt.placements = replicas_to_json(
             Replica(r.index, r.placement, True) if r.index in indexes else r for r in replicas)
         why = f" to make room for job {stop.for_job}" if stop.for_job is not None else ""
-        job_repo.add_event(session, job.id, SCALED, reason="scale_down", actor="scheduler",
+        job_repo.add_event(session, job.id, EventKind.SCALED, reason="scale_down", actor="scheduler",
                            message=f"removing {_replicas_on(chosen)}{why}")
         session.commit()
         self.backend.remove_replicas(job.id, attempt.number, sorted(indexes), self.settings.preempt_grace_s)
@@ -600,7 +600,7 @@ class JobManager:
         for (job, attempt, added, first, _spec), (note, error) in zip(ready, results):
             if error is None:
                 if first and isinstance(note, str) and note:
-                    job_repo.add_event(session, job.id, "reason", reason=IDENTITY, message=note, actor=ACTOR)
+                    job_repo.add_event(session, job.id, EventKind.REASON, reason=IDENTITY, message=note, actor=ACTOR)
                     session.commit()
             elif isinstance(error, LeaseLost):
                 raise error  # another managers process acts now: record nothing
@@ -619,7 +619,7 @@ class JobManager:
         if job_repo.set_status(session, job.id, S.SCHEDULING, S.ERROR, actor=ACTOR, reason="launch_error",
                                message=str(exc)[:1024], values={"finished_at": utcnow(), "reason": "launch_error",
                                                                 "reason_detail": str(exc)[:512]}):
-            attempt.end_reason, attempt.ended_at = "launch_error", utcnow()
+            attempt.end_reason, attempt.ended_at = EndReason.LAUNCH_ERROR, utcnow()
         session.commit()
 
     def _refused_replicas(self, session: Session, job: Job, attempt: JobAttempt, added: list[int],
@@ -629,7 +629,7 @@ class JobManager:
         replicas = replicas_from_json(attempt.placements)
         attempt.placements = replicas_to_json(Replica(r.index, r.placement, True) if r.index in added else r
                                               for r in replicas)
-        job_repo.add_event(session, job.id, SCALED, reason="launch_error", actor=ACTOR,
+        job_repo.add_event(session, job.id, EventKind.SCALED, reason="launch_error", actor=ACTOR,
                            message=f"could not add replicas {_list(added)}: {exc}")
         session.commit()
         self.backend.remove_replicas(job.id, attempt.number, added, 0)
@@ -647,7 +647,7 @@ class JobManager:
                 session.rollback()
                 return
         elif attempt is not None and attempt.stop_requested is None:
-            job_repo.add_event(session, job.id, "reason", reason=reason.value, actor="scheduler",
+            job_repo.add_event(session, job.id, EventKind.REASON, reason=reason.value, actor="scheduler",
                                message="preempted to make room for a non-preemptible job")
         if attempt is not None and attempt.stop_requested is None:
             attempt.stop_requested = reason.value
@@ -674,7 +674,7 @@ class JobManager:
                             .values(reason=code, reason_detail=new_detail, queue_position=wait.queue_position,
                                     estimated_start=new_estimate))
             if reason != code:
-                job_repo.add_event(session, job_id, "reason", reason=code, message=new_detail, actor="scheduler")
+                job_repo.add_event(session, job_id, EventKind.REASON, reason=code, message=new_detail, actor="scheduler")
         session.commit()
 
 

@@ -116,7 +116,7 @@ def load_snapshot(session: Session, settings: Settings) -> core.Snapshot:
             running=running, started_at=started if running else None,
             # already on its way out (kill, pause, preemption): never chosen to be stopped again
             stopping=job.status in (JobStatus.KILLING, JobStatus.PAUSING) or bool(attempt and attempt.stop_requested),
-            user_quota_approved=bool((job.spec or {}).get("approved_by")),
+            user_quota_approved=job.approved_by is not None,
             placements=tuple(r.placement for r in replicas if not r.retiring),
             retiring=tuple(r.placement for r in replicas if r.retiring),
             min_replicas=(job.spec or {}).get("min_replicas", 0), max_replicas=(job.spec or {}).get("max_replicas", 0),

@@ -32,7 +32,7 @@ from sqlalchemy.orm import Session
 from dlts.config import Settings
 from dlts.errors import DltsError
 from dlts.insight import rules
-from dlts.models import Job, JobAttempt, JobInsight, Node, UtilisationPoint, utcnow
+from dlts.models import EndReason, EventKind, Job, JobAttempt, JobInsight, Node, UtilisationPoint, utcnow
 from dlts.repositories import insight as repo
 from dlts.repositories import jobs as job_repo
 from dlts.services import jobs as job_service
@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 ACTOR = "insight"
 # the manager acts as the cluster (pause/kill through services.jobs, which checks who may)
 SYSTEM = Principal(user_id=0, name=ACTOR, is_cluster_admin=True)
-IDLE_REASON = "idle_gpus"
+IDLE_REASON = EndReason.IDLE_GPUS
 LOOKBACK_MARGIN_MIN = 5.0
 
 
@@ -168,7 +168,7 @@ class InsightManager:
                                  since=f.since, raised_at=now, updated_at=now)
                 session.add(row)
                 rows[f.code] = row
-                job_repo.add_event(session, job.id, "insight", reason=f.code, message=f.message, actor=ACTOR)
+                job_repo.add_event(session, job.id, EventKind.INSIGHT, reason=f.code, message=f.message, actor=ACTOR)
                 result.raised += 1
                 continue
             row = existing
@@ -181,7 +181,7 @@ class InsightManager:
                     row.since = f.since
             if f.key != row.key:
                 row.key = f.key
-                job_repo.add_event(session, job.id, "insight", reason=f.code, message=f.message, actor=ACTOR)
+                job_repo.add_event(session, job.id, EventKind.INSIGHT, reason=f.code, message=f.message, actor=ACTOR)
                 result.raised += 1
             row.message, row.updated_at = f.message, now
         idle = rows.get(rules.GPUS_IDLE)
@@ -209,7 +209,7 @@ class InsightManager:
             rules.CPU_BOUND: "Cleared: the input pipeline no longer starves the GPUs.",
             rules.PREEMPTION_RISK: "Cleared: no non-preemptible work waits for this job's GPUs now.",
         }.get(row.code, "Cleared.")
-        job_repo.add_event(session, row.job_id, "insight", reason=f"{row.code}_cleared", message=message, actor=ACTOR)
+        job_repo.add_event(session, row.job_id, EventKind.INSIGHT, reason=f"{row.code}_cleared", message=message, actor=ACTOR)
         session.delete(row)
 
     def _warn(self, session: Session, job: Job, attempt: JobAttempt, idle: JobInsight, policy: rules.IdlePolicy,
@@ -226,7 +226,7 @@ class InsightManager:
             message = (f"This job's GPUs have been idle for {minutes:.0f} min (since {idle.since:%H:%M} UTC). VC "
                        f"{job.vc.name} asks you to release idle GPUs: kill the job if it has finished its work, pause it "
                        "while you are away.")
-        job_repo.add_event(session, job.id, "insight", reason="idle_warning", message=message, actor=ACTOR)
+        job_repo.add_event(session, job.id, EventKind.INSIGHT, reason="idle_warning", message=message, actor=ACTOR)
         notify.enqueue(session, template="idle_job_warning", to=notify.user_emails(session, [job.user.name]),
                        context={"job_id": job.id, "job_name": job.name, "vc": job.vc.name, "user": job.user.name,
                                 "message": message, "action": policy.action, "since": f"{idle.since:%Y-%m-%d %H:%M}",
@@ -241,7 +241,7 @@ class InsightManager:
         message = (f"{verb.capitalize()} by VC {job.vc.name}'s idle-job policy: its GPUs were idle for {minutes:.0f} min "
                    f"(since {idle.since:%H:%M} UTC), and still were {policy.action_min:g} min after the warning.")
         idle.acted_at = now
-        job_repo.add_event(session, job.id, "insight", reason="idle_action", message=message, actor=ACTOR)
+        job_repo.add_event(session, job.id, EventKind.INSIGHT, reason="idle_action", message=message, actor=ACTOR)
         notify.enqueue(session, template="idle_job_stopped", to=notify.job_notice_emails(session, job),
                        context={"job_id": job.id, "job_name": job.name, "vc": job.vc.name, "user": job.user.name,
                                 "message": message, "action": policy.action, "since": f"{idle.since:%Y-%m-%d %H:%M}",

@@ -31,6 +31,7 @@ from sqlalchemy.orm import Session
 from dlts.config import Settings
 from dlts.managers.lease import LeaseLost
 from dlts.models import (
+    EventKind,
     Job,
     JobStatus,
     Node,
@@ -238,7 +239,7 @@ class RepairManager:
     def _last_returns(self, session: Session, now_s: float) -> dict[int, core.LastReturn]:
         since = from_epoch(now_s - self.repair.flap_window_s)
         out: dict[int, core.LastReturn] = {}
-        for c in session.scalars(sa.select(RepairCycle).where(RepairCycle.outcome == "returned", RepairCycle.ended_at >= since,
+        for c in session.scalars(sa.select(RepairCycle).where(RepairCycle.outcome == core.CycleOutcome.RETURNED, RepairCycle.ended_at >= since,
                                                               RepairCycle.kind != "return").order_by(RepairCycle.id)):
             out[c.node_id] = core.LastReturn(epoch(c.ended_at) or 0.0, c.step_index, repo.steps_of(c), Scope(c.scope),
                                              tuple(c.gpus or []))
@@ -394,7 +395,7 @@ class RepairManager:
             if job.id not in wanted or attempt.stop_requested is not None:
                 continue
             attempt.stop_requested = d.stop_reason
-            job_repo.add_event(session, job.id, "repair", reason=d.stop_reason, actor=ACTOR, message=message)
+            job_repo.add_event(session, job.id, EventKind.REPAIR, reason=d.stop_reason, actor=ACTOR, message=message)
             self.notices.to_job(session, job, {"job_id": job.id, "job_name": job.name, "vc": job.vc.name, "user": job.user.name,
                                                "message": message, "node": node.name, "cycle_id": cycle.id if cycle else None},
                                 dedup_key=f"repair:job:{job.id}:{job.attempt}")
@@ -413,7 +414,7 @@ class RepairManager:
         else:
             targets = [""]
         why = f"repair {cycle.id}: {cycle.problem}"[:500]
-        orders = [NodeOrder(node_id=node.id, action=step.remediation.value, target=t or None, dry_run=False, status="pending",
+        orders = [NodeOrder(node_id=node.id, action=step.remediation.value, target=t or None, dry_run=False, status=core.OrderStatus.PENDING,
                             result={"reason": why}, created_by=ACTOR, created_at=now) for t in targets]
         session.add_all(orders)
         session.flush()
@@ -431,14 +432,14 @@ class RepairManager:
     def _open_diag_ids(session: Session, node: Node) -> list[int]:
         return list(session.scalars(sa.select(NodeOrder.id).where(
             NodeOrder.node_id == node.id, NodeOrder.action == DIAG_ACTION, NodeOrder.created_by == ACTOR,
-            NodeOrder.status.in_(("pending", "sent")))))
+            NodeOrder.status.in_(core.OPEN_ORDER))))
 
     def _order_diag(self, session: Session, node: Node, cycle: RepairCycle, now: dt.datetime) -> None:
         """``dcgmi diag`` on the repaired GPUs (a GPU-scope cycle: its GPUs; the others keep serving
         jobs), or on every GPU of a drained node."""
         gpus = [str(g) for g in cycle.gpus or []] if cycle.scope == Scope.GPU.value else []
         target = f"{self.repair.validation_diag_level}" + (f":{','.join(gpus)}" if gpus else "")
-        order = NodeOrder(node_id=node.id, action=DIAG_ACTION, target=target, dry_run=False, status="pending",
+        order = NodeOrder(node_id=node.id, action=DIAG_ACTION, target=target, dry_run=False, status=core.OrderStatus.PENDING,
                           result={"reason": f"repair {cycle.id}: validation"}, created_by=ACTOR, created_at=now)
         session.add(order)
         session.flush()

@@ -4,7 +4,7 @@ collector, as prometheus client_python recommends for state that lives elsewhere
     dlts_nodes{state}                                   nodes per repair state
     dlts_repair_queue_nodes                             quarantined nodes waiting for the budget
     dlts_repair_paused                                  1 while repairs are paused everywhere
-    dlts_repair_cycles_total{outcome}                   ended cycles (returned, out_of_service, rma, lost, cancelled)
+    dlts_repair_cycles_total{outcome}                   ended cycles (returned, out_of_service, rma, lost, cancelled, fault)
     dlts_repair_cycle_duration_seconds{outcome}         summary (_sum, _count) of ended cycles' durations
     dlts_repair_steps_total{remediation,result}         remediation steps by result (succeeded, failed, timed_out, cancelled)
 
@@ -25,12 +25,13 @@ from prometheus_client.core import (
 from sqlalchemy.orm import Session
 
 from dlts.models import Node, NodeState, RepairControl, RepairCycle, RepairStep
+from dlts.repair.machine import CycleOutcome, StepResult
 from dlts.repair.rules import Remediation
 
 # every known label value is exported from the start (0 until it happens), so that increase()
 # sees the first cycle and dashboards show 0 rather than nothing
-OUTCOMES = ("returned", "out_of_service", "rma", "lost", "cancelled")
-STEP_RESULTS = ("succeeded", "failed", "timed_out", "cancelled")
+OUTCOMES = tuple(o.value for o in CycleOutcome)
+STEP_RESULTS = tuple(r.value for r in StepResult)
 
 
 class RepairMetrics:

@@ -19,6 +19,8 @@ from dlts.models.job import (
     TRANSITIONS,
     EndpointKind,
     EndpointStatus,
+    EndReason,
+    EventKind,
     IdempotencyKey,
     Job,
     JobAttempt,
@@ -28,6 +30,7 @@ from dlts.models.job import (
     JobStatus,
     JobTag,
     JobTemplate,
+    JobType,
 )
 from dlts.models.insight import JobInsight
 from dlts.models.lease import ManagersLease
@@ -38,9 +41,8 @@ from dlts.models.storage import StorageExpiryLog, StorageSnapshot
 from dlts.models.vc import VcEvent, VirtualCluster
 
 __all__ = [
-    "ACTIVE", "TERMINAL", "TRANSITIONS", "AllowedIp", "ApiToken", "Base", "EndpointKind", "EndpointStatus", "Group",
-    "GroupMember", "IdempotencyKey", "Job", "JobFavourite", "JobTag", "JobAttempt", "JobEndpoint", "JobEvent",
-    "JobInsight", "JobStatus", "JobTemplate", "ManagersLease", "Node",
+    "ACTIVE", "TERMINAL", "TRANSITIONS", "AllowedIp", "ApiToken", "Base", "EndpointKind", "EndpointStatus", "EndReason", "EventKind", "Group",
+    "GroupMember", "IdempotencyKey", "Job", "JobFavourite", "JobTag", "JobAttempt", "JobEndpoint", "JobEvent", "JobInsight", "JobStatus", "JobTemplate", "JobType", "ManagersLease", "Node",
     "NodeEvent", "NodeFinding", "NodeOrder", "NodeState", "OutboxMessage", "OutboxStatus", "PortalSession", "RateCounter",
     "RegistryCredential", "RepairControl", "RepairCycle", "RepairStep", "Role", "RoleBinding", "SshKey", "StorageExpiryLog",
     "StorageSnapshot", "StorageUsage", "UsageJobDay", "UsageTotal", "User", "UtilisationPoint", "VcEvent", "VirtualCluster",

@@ -13,6 +13,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from dlts.models.base import Base, BigId, Timestamp, str_enum, utcnow
+from dlts.scheduler.model import JobType  # the scheduler's own enum: one list of job types
 
 
 class JobStatus(str, enum.Enum):
@@ -51,6 +52,40 @@ TRANSITIONS: dict[JobStatus, frozenset[JobStatus]] = {
 }
 
 
+class EventKind(enum.StrEnum):
+    """What a ``job_events`` row records (stored as the value; the column stays a string, so rows of
+    kinds no longer written still read)."""
+
+    TRANSITION = "transition"  # a status change (from_status -> to_status), or the submission
+    REASON = "reason"  # why a waiting job waits (a scheduler reason, an identity problem)
+    SCALED = "scaled"  # an inference job's replicas changed (reason scale_up / scale_down / launch_error)
+    ENDPOINT = "endpoint"  # an endpoint opened, closed, became ready or failed
+    CHANGE = "change"  # its owner or an admin changed it: priority, max time, tags, archived, idle exemption
+    INSIGHT = "insight"  # an insight finding (idle GPUs, ...) raised, cleared or acted on
+    REPAIR = "repair"  # the repair loop stopped the job to take its node out of service
+
+
+class EndReason(enum.StrEnum):
+    """Why an attempt ended (``job_attempts.end_reason``); the same words are an ended or requeued
+    job's ``reason``. Stored as the value in a string column; a kill's reason may also be one a
+    service names (``services.jobs.kill(reason=...)``)."""
+
+    FINISHED = "finished"
+    FAILED = "failed"
+    RETRY = "retry"  # failed, and a retry was left: requeued
+    KILLED = "killed"
+    KILLED_BY_USER = "killed_by_user"
+    IDLE_GPUS = "idle_gpus"  # the VC's idle-job policy stopped it
+    PAUSED = "paused"
+    PREEMPTED = "preempted"  # requeued at the head of its queue
+    WALL_TIME = "wall_time"
+    SCALE_DOWN = "scale_down"
+    NODE_LOST = "node_lost"
+    NODE_REPAIR = "node_repair"  # drained for a repair: requeued at the head, no retry spent
+    START_TIMEOUT = "start_timeout"
+    LAUNCH_ERROR = "launch_error"
+
+
 class Job(Base):
     __tablename__ = "jobs"
     __table_args__ = (
@@ -68,7 +103,7 @@ class Job(Base):
     name: Mapped[str] = mapped_column(sa.String(128))
     user_id: Mapped[int] = mapped_column(sa.ForeignKey("users.id"))
     vc_id: Mapped[int] = mapped_column(sa.ForeignKey("vcs.id"))
-    type: Mapped[str] = mapped_column(sa.String(16))  # batch | interactive | distributed | inference
+    type: Mapped[JobType] = mapped_column(str_enum(JobType, 16))
     status: Mapped[JobStatus] = mapped_column(str_enum(JobStatus, 16), default=S.QUEUED)
     # why the job waits (scheduler reason code) or why it ended (wall_time, killed_by_user, ...)
     reason: Mapped[str | None] = mapped_column(sa.String(64))
@@ -102,6 +137,9 @@ class Job(Base):
     # set by its owner once the job has ended (revision 0014): hidden from the default lists, still
     # counted in usage (accounting reads its own rollup)
     archived_at: Mapped[dt.datetime | None] = mapped_column(Timestamp)
+    # the VC admin who approved the job past its user quota (revision 0016); the scheduler no longer
+    # holds an approved job to that quota
+    approved_by: Mapped[str | None] = mapped_column(sa.String(64))
 
     user = relationship("User", lazy="joined")
     vc = relationship("VirtualCluster", lazy="joined")
@@ -124,7 +162,7 @@ class JobAttempt(Base):
     started_at: Mapped[dt.datetime | None] = mapped_column(Timestamp)
     ended_at: Mapped[dt.datetime | None] = mapped_column(Timestamp)
     exit_code: Mapped[int | None] = mapped_column(sa.Integer)
-    # finished | failed | killed | preempted | node_lost | wall_time | launch_error | ...
+    # an EndReason value
     end_reason: Mapped[str | None] = mapped_column(sa.String(64))
     # set when the job manager asked the backend to stop this attempt (kill, pause, preemption)
     stop_requested: Mapped[str | None] = mapped_column(sa.String(64))
@@ -148,7 +186,7 @@ class JobEvent(Base):
     id: Mapped[int] = mapped_column(BigId, primary_key=True)
     job_id: Mapped[int] = mapped_column(sa.ForeignKey("jobs.id", ondelete="CASCADE"))
     at: Mapped[dt.datetime] = mapped_column(Timestamp, default=utcnow)
-    kind: Mapped[str] = mapped_column(sa.String(16))  # transition | reason | scaled | repair | insight
+    kind: Mapped[str] = mapped_column(sa.String(16))  # an EventKind value
     from_status: Mapped[str | None] = mapped_column(sa.String(16))
     to_status: Mapped[str | None] = mapped_column(sa.String(16))
     reason: Mapped[str | None] = mapped_column(sa.String(64))

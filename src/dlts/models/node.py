@@ -105,7 +105,7 @@ class NodeOrder(Base):
     action: Mapped[str] = mapped_column(sa.String(32))  # reset_gpu | restart_service | reboot | drop_caches | gpu_diag
     target: Mapped[str | None] = mapped_column(sa.String(128))
     dry_run: Mapped[bool] = mapped_column(sa.Boolean, default=False)
-    status: Mapped[str] = mapped_column(sa.String(16), default="pending")  # pending|sent|done|failed|cancelled
+    status: Mapped[str] = mapped_column(sa.String(16), default="pending")  # a repair.machine.OrderStatus value
     result: Mapped[dict] = mapped_column(sa.JSON, default=dict)
     created_by: Mapped[str | None] = mapped_column(sa.String(64))  # a cluster admin, or "repair"
     created_at: Mapped[dt.datetime] = mapped_column(Timestamp, default=utcnow)

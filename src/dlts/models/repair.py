@@ -24,7 +24,7 @@ class RepairCycle(Base):
     id: Mapped[int] = mapped_column(BigId, primary_key=True)
     node_id: Mapped[int] = mapped_column(sa.ForeignKey("nodes.id", ondelete="CASCADE"))
     open_node_id: Mapped[int | None] = mapped_column(sa.BigInteger().with_variant(sa.Integer(), "sqlite"), unique=True)
-    kind: Mapped[str] = mapped_column(sa.String(16), default="rule")  # rule | manual | return
+    kind: Mapped[str] = mapped_column(sa.String(16), default="rule")  # a repair.machine.CycleKind value
     rule: Mapped[str | None] = mapped_column(sa.String(128))  # the rule's key, e.g. gpu_ecc_uncorrected/critical
     scope: Mapped[str] = mapped_column(sa.String(8))  # gpu | node
     gpus: Mapped[list] = mapped_column(sa.JSON, default=list)
@@ -42,7 +42,7 @@ class RepairCycle(Base):
     queued_until: Mapped[dt.datetime | None] = mapped_column(Timestamp)  # when the budget let it leave
     validation_since: Mapped[dt.datetime | None] = mapped_column(Timestamp)
     ended_at: Mapped[dt.datetime | None] = mapped_column(Timestamp)
-    # returned | out_of_service | rma | lost | cancelled
+    # a repair.machine.CycleOutcome value
     outcome: Mapped[str | None] = mapped_column(sa.String(32))
     message: Mapped[str | None] = mapped_column(sa.String(1024))
 
@@ -62,7 +62,7 @@ class RepairStep(Base):
     started_at: Mapped[dt.datetime] = mapped_column(Timestamp, default=utcnow)
     deadline_at: Mapped[dt.datetime | None] = mapped_column(Timestamp)
     ended_at: Mapped[dt.datetime | None] = mapped_column(Timestamp)
-    result: Mapped[str | None] = mapped_column(sa.String(16))  # succeeded | failed | timed_out | cancelled
+    result: Mapped[str | None] = mapped_column(sa.String(16))  # a repair.machine.StepResult value
     message: Mapped[str | None] = mapped_column(sa.String(1024))
 
 

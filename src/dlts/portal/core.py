@@ -10,7 +10,6 @@ view runs.
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import functools
 import logging
@@ -19,7 +18,6 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-import sqlalchemy as sa
 from flask import (
     Blueprint,
     Flask,
@@ -40,10 +38,10 @@ from sqlalchemy.exc import DBAPIError
 from werkzeug.exceptions import HTTPException
 from wtforms.validators import ValidationError
 
-from dlts.app import settings_of
 from dlts.errors import DltsError, RateLimited
-from dlts.extensions import db
-from dlts.models import JobStatus, VirtualCluster
+from dlts.extensions import db, settings_of
+from dlts.models import JobStatus
+from dlts.services import vcs as vc_service
 from dlts.services.auth import Principal
 from dlts.services.portal_auth import LoginLimits, principal_for_session
 
@@ -191,8 +189,7 @@ def back(default_endpoint: str, **values: Any):
 
 
 def flash_error(exc: DltsError) -> None:
-    """A refusal shown on the next page: the failed write is undone, its message flashed."""
-    db.session.rollback()
+    """A refusal shown on the next page: its message flashed (the service's transaction undid the write)."""
     flash(exc.message, "error")
 
 
@@ -203,9 +200,7 @@ def _layout() -> dict[str, Any]:
     if g.get("database_down"):
         return {"me": None, "vc_notices": notices}
     if who is not None and who.vcs:
-        notices = [(name, text) for name, text in db.session.execute(
-            sa.select(VirtualCluster.name, VirtualCluster.notice)
-            .where(VirtualCluster.name.in_(who.vcs), VirtualCluster.notice.is_not(None), VirtualCluster.notice != ""))]
+        notices = vc_service.notices(db.session, list(who.vcs))
     return {"me": who, "vc_notices": notices}
 
 
@@ -220,7 +215,6 @@ def _csrf(exc: CSRFError):
 
 @bp.errorhandler(DltsError)
 def _dlts_error(exc: DltsError):
-    db.session.rollback()
     titles = {401: "Please log in", 403: "Not allowed", 404: "Not found", 409: "Not possible now", 422: "Refused",
               429: "Slow down"}
     response = current_app.make_response((render_template(
@@ -240,8 +234,6 @@ def _not_found(exc):
 @bp.errorhandler(DBAPIError)
 def _database(exc: DBAPIError):
     log.warning("portal: database unavailable: %s", exc.__class__.__name__)
-    with contextlib.suppress(DBAPIError):  # the connection is gone; the pool replaces it on the next checkout
-        db.session.rollback()
     g.database_down = True  # the layout must not query it again
     return render_template("error.html", status=503, title="Database unavailable",
                            message="The database is unreachable right now; reload in a few seconds."), 503

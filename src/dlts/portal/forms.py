@@ -16,7 +16,7 @@ from typing import Any
 from marshmallow import ValidationError
 from werkzeug.datastructures import MultiDict
 
-from dlts.api.schemas import EndpointCreateSchema, JobSubmitSchema
+from dlts.schemas import EndpointCreateSchema, JobSubmitSchema
 from dlts.services.jobs import JobRequest
 from dlts.strict import decimal, is_whole_number
 
@@ -138,7 +138,7 @@ def parse(form_data: Mapping[str, Any] | MultiDict) -> tuple[SubmitForm, JobRequ
     if form.errors:
         return form, None
     try:
-        loaded = JobSubmitSchema().load(body)
+        req = JobSubmitSchema().load(body)
     except ValidationError as exc:
         for name, messages in exc.normalized_messages().items():
             text = messages[0] if isinstance(messages, list) and messages and isinstance(messages[0], str) else str(messages)
@@ -146,10 +146,7 @@ def parse(form_data: Mapping[str, Any] | MultiDict) -> tuple[SubmitForm, JobRequ
                 text = _first_text(messages)
             form.add_error(str(name), text[:300])
         return form, None
-    memory = loaded.pop("memory")
-    loaded["ports"] = tuple(loaded["ports"])
-    loaded["tags"] = tuple(loaded["tags"])
-    return form, JobRequest(memory_bytes=memory, **loaded)
+    return form, req
 
 
 def _first_text(value: Any) -> str:

@@ -6,9 +6,8 @@ import datetime as dt
 
 from flask import current_app, flash, redirect, render_template, request, url_for
 
-from dlts.app import settings_of
 from dlts.errors import DltsError
-from dlts.extensions import db
+from dlts.extensions import db, settings_of
 from dlts.models import utcnow
 from dlts.portal.core import bp, flash_error, login_required, principal
 from dlts.services import allowed_ips as ip_service
@@ -29,7 +28,6 @@ def ssh_keys():
             flash(f"Key {key.name} added ({key.fingerprint}); jobs started from now on accept it.", "ok")
             return redirect(url_for("portal.ssh_keys"))
         except DltsError as exc:
-            db.session.rollback()
             errors[str(exc.details.get("field", "public_key"))] = exc.message
             status = exc.http_status
     return render_template("ssh_keys.html", keys=key_service.list_keys(db.session, principal()), errors=errors,
@@ -60,7 +58,6 @@ def allowed_ips():
             flash(f"{entry.cidr} {'renewed' if entry.renewed else 'added'}; it expires {entry.expires_at[:10]}.", "ok")
             return redirect(url_for("portal.allowed_ips"))
         except DltsError as exc:
-            db.session.rollback()
             errors["ip"] = exc.message
             status = exc.http_status
     now = utcnow()

@@ -85,7 +85,6 @@ def admin_users():
             flash(f"User {view.name} created.", "ok")
             status = 201
         except DltsError as exc:
-            db.session.rollback()
             errors[str(exc.details.get("field", "name"))] = exc.message
             status = exc.http_status
     query = (request.args.get("q") or "").strip()[:64]
@@ -202,7 +201,6 @@ def admin_vcs():
                 raise InvalidInput("Unknown action.", details={"field": "action"})
             return redirect(url_for("portal.admin_vcs"))
         except DltsError as exc:
-            db.session.rollback()
             field = str(exc.details.get("field", "_form")).split(".")[0]  # quota.a100: the quota box
             errors[field if field in ("name", "quota", "policy", "confirm") else "_form"] = exc.message
             status = exc.http_status

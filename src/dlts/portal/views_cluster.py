@@ -5,16 +5,14 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import replace
 
-import sqlalchemy as sa
 from flask import Response, abort, current_app, flash, redirect, render_template, request, url_for
 
-from dlts.app import settings_of
 from dlts.errors import DltsError, InvalidInput
-from dlts.extensions import db
-from dlts.models import JobStatus, VirtualCluster, utcnow
-from dlts.portal import charts, forms, queries
+from dlts.extensions import db, settings_of
+from dlts.models import JobStatus, utcnow
+from dlts.portal import charts, forms
 from dlts.portal.core import admin_only_404, bp, flash_error, login_required, principal
-from dlts.repositories import jobs as job_repo
+from dlts.services import idle_gpus
 from dlts.services import accounting
 from dlts.services import cluster as cluster_service
 from dlts.services import nodes as node_service
@@ -102,12 +100,7 @@ def _int_or_none(name: str, empty: str = "no limit") -> int | None:
 def vc(name: str):
     who = principal()
     view = vc_service.get_vc(db.session, who, name)
-    vc_id = db.session.scalar(sa.select(VirtualCluster.id).where(VirtualCluster.name == name))
-    running = job_repo.list_jobs(db.session, visible_vc_ids=None, user_id=None, vc_id=vc_id,
-                                statuses=[S.SCHEDULING, S.RUNNING, S.PAUSING, S.KILLING], job_type=None, boundary=None,
-                                oldest_first=False, limit=100)
-    waiting = job_repo.list_jobs(db.session, visible_vc_ids=None, user_id=None, vc_id=vc_id,
-                                statuses=[S.UNAPPROVED, S.QUEUED], job_type=None, boundary=None, oldest_first=True, limit=100)
+    running, waiting = vc_service.jobs_of_vc(db.session, who, name)
     return render_template("vc.html", vc=view, running=running, waiting=waiting, tab="overview",
                            can_edit=who.is_vc_admin(name))
 
@@ -142,7 +135,6 @@ def vc_settings(name: str):
             flash(f"Settings of VC {name} saved; the scheduler uses them from its next pass.", "ok")
             return redirect(url_for("portal.vc_settings", name=name))
         except DltsError as exc:
-            db.session.rollback()
             errors[str(exc.details.get("field", "_form"))] = exc.message
             status = exc.http_status
     settings = settings_of(current_app)
@@ -184,7 +176,6 @@ def quotas():
                 vc_service.update_vc(db.session, who, view.name, {"quota": quota})
                 changed += 1
             except DltsError as exc:
-                db.session.rollback()
                 errors.append(f"VC {view.name}: {exc.message}")
         if changed:
             flash(f"Quota of {changed} VC{'s' if changed != 1 else ''} saved.", "ok")
@@ -260,9 +251,9 @@ def gpu_hours():
     total = {k: sum(r[k] for r in rows) for k in ("gpu_hours", "busy_gpu_hours", "idle_gpu_hours",
                                                     "unmeasured_gpu_hours", "preemptible_gpu_hours")}
     vcs = None if scope == "all" else who.vcs
-    idle = queries.idle_gpus_now(db.session, vc_names=vcs)
+    idle = idle_gpus.idle_gpus_now(db.session, vc_names=vcs)
     if idle is not None and scope == "mine":
         idle = [r for r in idle if r.user == who.name]
     return render_template("gpu_hours.html", rows=rows, total=total, month=month.strftime("%Y-%m"), idle=idle,
-                           scope=scope, idle_threshold=queries.IDLE_UTILISATION, chart=chart,
+                           scope=scope, idle_threshold=idle_gpus.IDLE_UTILISATION, chart=chart,
                            months=[(m, by_month.get(m)) for m in labels])

@@ -4,9 +4,7 @@ viewer and endpoints, the submit form with templates, and the single-job actions
 from __future__ import annotations
 
 import secrets
-from dataclasses import replace
 
-import sqlalchemy as sa
 from flask import (
     Response,
     abort,
@@ -20,31 +18,20 @@ from flask import (
     url_for,
 )
 
-from dlts.app import settings_of
 from dlts.errors import DltsError, InvalidInput
-from dlts.extensions import db
+from dlts.extensions import db, settings_of
 from dlts.models import (
     ACTIVE,
     TERMINAL,
-    Job,
-    JobAttempt,
-    JobEvent,
     JobStatus,
-    SshKey,
-    User,
-    VirtualCluster,
 )
 from dlts.portal import charts, forms
 from dlts.portal.core import back, bp, flash_error, login_required, principal
-from dlts.repositories import insight as insight_repo
-from dlts.repositories import jobs as job_repo
-from dlts.repositories.cluster import sku_shapes
 from dlts.services import accounting, job_keeping, job_templates, portal_auth
 from dlts.services import cluster as cluster_service
 from dlts.services import endpoints as endpoint_service
 from dlts.services import jobs as job_service
 from dlts.services.jobs import JOB_TYPES
-from dlts.services.policy import Visibility, job_visibility
 from dlts.strict import is_whole_number, whole_number, whole_number_or_none
 
 S = JobStatus
@@ -63,16 +50,8 @@ MAX_BATCH = 200
 LOG_CHUNK_BYTES = 256 * 1024  # per read of the log viewer; the viewer starts this far before the end
 
 
-def _visible_vc_ids(scope: str) -> list[int] | None:
-    who = principal()
-    if who.is_cluster_admin and scope != "all":  # an admin's "my VCs" view: the VCs they belong to
-        return job_service.visible_vc_ids(replace(who, is_cluster_admin=False))
-    return job_service.visible_vc_ids(who)
-
-
 def _columns() -> list[str]:
-    user = db.session.get_one(User, principal().user_id)
-    chosen = (user.preferences or {}).get("job_columns")
+    chosen = portal_auth.preferences(db.session, principal()).get("job_columns")
     if not isinstance(chosen, list):
         return list(DEFAULT_COLUMNS)
     return [c for c in COLUMNS if c in chosen]
@@ -104,39 +83,25 @@ def jobs():
     if tag and not job_service.TAG_PATTERN.match(tag):
         flash(f"{tag[:40]!r} is not a tag ({job_service.TAG_RULE}); showing every tag.", "error")
         tag = ""
-    visible = None if scope == "mine" else _visible_vc_ids(scope)
-    user_id: int | None = who.user_id if scope == "mine" else None
-    vc_id = None
-    empty = False
-    if args.get("vc"):
-        vc_id = db.session.scalar(sa.select(VirtualCluster.id).where(VirtualCluster.name == args["vc"]))
-        empty = vc_id is None or (visible is not None and vc_id not in visible) or (
-            scope == "mine" and args["vc"] not in who.vcs and not who.is_cluster_admin)
-    if args.get("user") and scope != "mine":
-        user_id = db.session.scalar(sa.select(User.id).where(User.name == args["user"]))
-        empty = empty or user_id is None
     cursor = args.get("cursor")
     try:
-        boundary = job_repo.decode_cursor(cursor) if cursor else None  # ASCII digits up to 2**62, or InvalidInput
+        boundary = job_service.decode_cursor(cursor) if cursor else None  # ASCII digits up to 2**62, or InvalidInput
     except InvalidInput as exc:
         flash_error(exc)
         boundary = None
-    rows: list[Job] = []
-    if not empty:
-        rows = job_repo.list_jobs(db.session, visible_vc_ids=visible, user_id=user_id, vc_id=vc_id, statuses=statuses,
-                                 job_type=job_type, boundary=boundary, oldest_first=oldest_first, limit=PAGE_SIZE + 1,
-                                 tag=tag or None, favourite_of=who.user_id if favourite else None, archived=archived)
-    page = rows[:PAGE_SIZE]
-    tags = job_keeping.tags_of(db.session, [j.id for j in page])
-    starred = job_keeping.favourites_of(db.session, who.user_id, [j.id for j in page])
-    next_cursor = job_repo.encode_cursor(page[-1].id) if len(rows) > PAGE_SIZE else None
-    items = [(j, job_visibility(who, j) or Visibility.PUBLIC,
-              job_service.time_left_s(j, j.vc.max_job_time_s)) for j in page]
+    page = job_service.list_jobs(db.session, who, job_service.JobFilter(
+        scope=scope, vc=args.get("vc") or None, user=args.get("user") or None, statuses=tuple(statuses),
+        job_type=job_type, before=boundary, oldest_first=oldest_first, limit=PAGE_SIZE, tag=tag or None,
+        favourite=favourite, archived=archived))
+    items = [(i.job, i.visibility, i.time_left_s) for i in page.items]
+    tags = {i.job.id: i.tags for i in page.items if i.tags}
+    starred = {i.job.id for i in page.items if i.favourite}
+    next_cursor = page.next_cursor
     filters = {k: v for k, v in {"scope": scope, "status": status, "vc": args.get("vc", ""), "user": args.get("user", ""),
                                  "type": job_type or "", "order": "oldest" if oldest_first else "", "tag": tag,
                                  "favourite": "true" if favourite else "",
                                  "archived": archived if archived != "false" else ""}.items() if v}
-    vc_names = list(db.session.scalars(sa.select(VirtualCluster.name).order_by(VirtualCluster.name))) if who.is_cluster_admin else who.vcs
+    vc_names = job_service.vc_names_for(db.session, who)
     return render_template("jobs.html", items=items, columns=_columns(), all_columns=COLUMNS, filters=filters,
                            scope=scope, next_cursor=next_cursor, first_page=cursor is None, statuses=list(JobStatus),
                            status_groups=STATUS_GROUPS, job_types=JOB_TYPES, vc_names=vc_names, oldest_first=oldest_first,
@@ -165,9 +130,7 @@ def jobs_batch():
         return back("portal.jobs")
     who = principal()
     if not request.form.get("confirm"):
-        found = {j.id: j for j in db.session.scalars(sa.select(Job).where(Job.id.in_(ids)))}
-        listed = [(i, found.get(i)) for i in ids]
-        listed = [(i, j if j is not None and job_visibility(who, j) is not None else None) for i, j in listed]
+        listed = job_service.visible_jobs(db.session, who, ids)
         return render_template("batch_confirm.html", action=action, listed=listed, next=request.form.get("next", ""))
     results = [(r.id, r.ok, f"now {r.status}" if r.ok else r.message)
                for r in job_service.batch(db.session, who, action, ids)]
@@ -186,40 +149,24 @@ def _job_page(job_id: int, new_token: dict | None = None, status: int = 200):
     """The job page; ``new_token``: a Jupyter / VS Code password just made, shown on this response only
     (it is never stored in the clear, nor put in the session cookie)."""
     who = principal()
-    job, visibility = job_service.get(db.session, who, job_id)
-    full = visibility is Visibility.FULL
-    attempts = list(db.session.scalars(sa.select(JobAttempt).where(JobAttempt.job_id == job.id)
-                                       .order_by(JobAttempt.number))) if full else []
-    events = list(db.session.scalars(sa.select(JobEvent).where(JobEvent.job_id == job.id)
-                                     .order_by(JobEvent.id.desc()).limit(200))) if full else []
-    current = next((a for a in attempts if a.number == job.attempt), None)
+    view = job_service.detail(db.session, who, job_id, events=200)
+    job, full, attempts, events, endpoints = view.job, view.full, view.attempts, view.events, view.endpoints
+    current = view.current_attempt
     placements = current.placements if current is not None and job.status in ACTIVE else []
     vc_admin = who.is_vc_admin(job.vc.name)
-    actions = []
-    if full:
-        if job.status not in TERMINAL and job.status is not S.KILLING:
-            actions.append("kill")
-        if job.status in (S.UNAPPROVED, S.QUEUED, S.SCHEDULING, S.RUNNING):
-            actions.append("pause")
-        if job.status is S.PAUSED:
-            actions.append("resume")
-        if job.status is S.UNAPPROVED and vc_admin:
-            actions.append("approve")
-    endpoints = endpoint_service.views_of(db.session, job) if full else []
+    actions = list(view.actions)
     can_open_endpoint = full and job.status not in TERMINAL and job.status is not S.KILLING
     # the owner is told before asking for ssh that nobody could log in without a key
-    no_ssh_key = (job.user_id == who.user_id and (can_open_endpoint or any(e.kind == "ssh" for e in endpoints))
-                  and db.session.scalar(sa.select(SshKey.id).where(SshKey.user_id == who.user_id).limit(1)) is None)
+    no_ssh_key = job_service.owner_lacks_ssh_key(db.session, who, job, endpoints)
     utilisation = _utilisation_charts(job.id, who) if full and current is not None and current.started_at else None
-    insights = insight_repo.insights_of(db.session, job.id) if full else []
+    insights = view.insights
     owner_of_ended = job.user_id == who.user_id and job.status in TERMINAL
-    keeping = {"tags": job_keeping.tags_of(db.session, [job.id]).get(job.id, []),
-               "favourite": job.id in job_keeping.favourites_of(db.session, who.user_id, [job.id]),
+    keeping = {"tags": view.tags, "favourite": view.favourite,
                "can_archive": owner_of_ended, "can_delete": owner_of_ended, "can_tag": full, "can_clone": full}
     response = current_app.make_response((render_template(
         "job.html", job=job, full=full, attempts=attempts, events=events, placements=placements, actions=actions,
         utilisation=utilisation, insights=insights, idle_exempt=bool((job.spec or {}).get("idle_exempt")),
-        messages=[e for e in events if e.kind in ("insight", "repair")], vc_admin=vc_admin,
+        messages=[e for e in events if e.kind in job_service.MESSAGE_KINDS], vc_admin=vc_admin,
         can_patch=full and job.status not in TERMINAL,
         time_left_s=job_service.time_left_s(job, job.vc.max_job_time_s), ended=job.status in TERMINAL,
         endpoints=endpoints, can_open_endpoint=can_open_endpoint, endpoint_kinds=endpoint_service.KINDS,
@@ -426,7 +373,6 @@ def job_log(job_id: int):
             offset = max(0, job_service.read_log(db.session, settings, principal(), job_id, attempt, 0, 0).size - tail)
         read = job_service.read_log(db.session, settings, principal(), job_id, attempt, offset, LOG_CHUNK_BYTES)
     except DltsError as exc:
-        db.session.rollback()
         return jsonify({"error": exc.message}), exc.http_status
     return jsonify({"attempt": read.attempt, "latest_attempt": read.job.attempt, "offset": offset,
                     "data": read.data.decode("utf-8", errors="replace"), "next_offset": read.next_offset,
@@ -444,7 +390,6 @@ def job_log_download(job_id: int):
     except InvalidInput as exc:
         if exc.code != "no_log":
             raise
-        db.session.rollback()
         flash(exc.message, "error")
         return redirect(url_for("portal.job", job_id=job_id))
     return Response(stream_with_context(chunks), mimetype="text/plain",
@@ -455,9 +400,9 @@ def job_log_download(job_id: int):
 
 def _submit_context(form: forms.SubmitForm) -> dict:
     who = principal()
-    vc_names = list(db.session.scalars(sa.select(VirtualCluster.name).order_by(VirtualCluster.name))) if who.is_cluster_admin else who.vcs
+    vc_names = job_service.vc_names_for(db.session, who)
     vc_name = form.values.get("vc") or (vc_names[0] if vc_names else "")
-    shapes = sku_shapes(db.session)
+    shapes = cluster_service.sku_shapes(db.session)
     status = cluster_service.status(db.session, who)
     # what each of the user's VCs has left per SKU, so they can pick a size that starts now
     remaining: dict[str, dict[str, tuple[int, int]]] = {}
@@ -499,7 +444,6 @@ def submit():
                                                    form.values["vc"] if request.form.get("share") else None)
             flash(f"Saved template {template.name}" + (f", shared with VC {form.values['vc']}." if template.vc_id else "."), "ok")
         except DltsError as exc:
-            db.session.rollback()
             form.errors["template_name"] = exc.message
         return render_template("submit.html", **_submit_context(form)), 400 if form.errors.get("template_name") else 200
     if req is None:
@@ -508,7 +452,6 @@ def submit():
     try:
         job, replayed = job_keeping.submit(db.session, settings_of(current_app), who, req, key)
     except DltsError as exc:
-        db.session.rollback()
         if exc.code in ("idempotency_key_reused", "invalid_idempotency_key"):
             # this form was sent before with other values: a fresh key makes the next press a new job
             form.values["idempotency_key"] = secrets.token_urlsafe(18)

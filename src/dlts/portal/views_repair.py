@@ -6,9 +6,8 @@ from __future__ import annotations
 
 from flask import abort, flash, redirect, render_template, request, url_for
 
-from dlts.app import settings_of
 from dlts.errors import DltsError
-from dlts.extensions import db
+from dlts.extensions import db, settings_of
 from dlts.portal.core import admin_only_404, bp, flash_error, principal
 from dlts.services import nodes as node_service
 from dlts.services import repair as repair_service

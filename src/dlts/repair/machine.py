@@ -48,6 +48,45 @@ class NodeState(str, enum.Enum):
     LOST = "lost"  # no heartbeat for lost_after_s
 
 
+class OrderStatus(enum.StrEnum):
+    """Where an order to a node's agent stands (``node_orders.status``)."""
+
+    PENDING = "pending"  # written, not yet handed to the agent
+    SENT = "sent"  # in a heartbeat answer; the agent is carrying it out
+    DONE = "done"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+OPEN_ORDER = (OrderStatus.PENDING, OrderStatus.SENT)
+
+
+class CycleKind(enum.StrEnum):
+    RULE = "rule"  # a finding matched a rule
+    MANUAL = "manual"  # an operator started it (POST /nodes/{name}/repairs)
+    RETURN = "return"  # a human's return or a lost node back: validate only
+
+
+class CycleOutcome(enum.StrEnum):
+    """How a repair cycle ended (``repair_cycles.outcome``)."""
+
+    RETURNED = "returned"
+    OUT_OF_SERVICE = "out_of_service"
+    RMA = "rma"
+    LOST = "lost"
+    CANCELLED = "cancelled"
+    FAULT = "fault"  # a node back from lost showed a fault while validating: a rule's cycle replaces it
+
+
+class StepResult(enum.StrEnum):
+    """How a remediation step ended (``repair_steps.result``)."""
+
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    TIMED_OUT = "timed_out"
+    CANCELLED = "cancelled"
+
+
 N = NodeState
 # from -> allowed targets; every state write goes through this table (compare-and-set)
 TRANSITIONS: dict[NodeState, frozenset[NodeState]] = {
@@ -144,7 +183,7 @@ class StepRun:
     remediation: Remediation
     started_s: float
     deadline_s: float
-    order_statuses: tuple[str, ...] = ()  # pending | sent | done | failed | cancelled
+    order_statuses: tuple[str, ...] = ()  # OrderStatus values
     order_messages: tuple[str, ...] = ()
 
 
@@ -153,7 +192,7 @@ class DiagRun:
     """The validation's GPU diagnostic order (``gpu_diag``), from when it was ordered."""
 
     ordered_s: float
-    status: str  # the order's: pending | sent | done | failed | cancelled
+    status: str  # the order's (an OrderStatus value)
     agent_status: str = ""  # the agent's: succeeded | failed | rejected | skipped (dcgmi not installed)
     message: str = ""
 
@@ -170,7 +209,7 @@ class Cycle:
     started_s: float
     step: StepRun | None = None  # the current step, while it runs
     validation_since_s: float | None = None
-    kind: str = "rule"  # rule | manual | return (a human's return or a lost node's: validate only)
+    kind: str = CycleKind.RULE
     diag: DiagRun | None = None  # this validation's GPU diagnostic, once ordered
 
 
@@ -236,11 +275,11 @@ class Decision:
     stop_jobs: tuple[int, ...] = ()
     stop_reason: str = "node_repair"  # node_repair | node_lost
     start_step: int | None = None  # the step index whose orders to create now
-    end_step: tuple[str, str] | None = None  # (succeeded | failed | timed_out, message)
+    end_step: tuple[StepResult, str] | None = None  # (how the step ended, message)
     advance_to: int | None = None  # the cycle's next step index (escalation)
     widen_to_node: bool = False
     begin_validation: bool = False
-    end_cycle: str | None = None  # returned | out_of_service | rma | lost | cleared
+    end_cycle: CycleOutcome | None = None
     notices: tuple[str, ...] = ()  # node_out_of_service | node_escalated | node_needs_human
     record_heartbeat_lost: bool = False
     order_diag: bool = False  # order the validation's GPU diagnostic (gpu_diag) now
@@ -282,7 +321,7 @@ def _go_lost(node: NodeView, ctx: Context) -> Decision:
     return Decision(
         N.LOST, HEARTBEAT_LOST, f"no report from the agent for {age:.0f} s (lost after {ctx.lost_after_s:g} s)",
         stop_jobs=tuple(j.job_id for j in node.jobs if not j.stopping), stop_reason="node_lost",
-        end_cycle="lost" if node.cycle is not None else None, record_heartbeat_lost=True,
+        end_cycle=CycleOutcome.LOST if node.cycle is not None else None, record_heartbeat_lost=True,
         notices=("node_out_of_service",))
 
 
@@ -316,13 +355,13 @@ def _targets(node: NodeView) -> list[JobOnNode]:
     return [j for j in node.jobs if j.whole_node or bad & set(j.gpu_indices)]
 
 
-def _escalate(node: NodeView, ctx: Context, why: str, end_step: tuple[str, str] | None) -> Decision:
+def _escalate(node: NodeView, ctx: Context, why: str, end_step: tuple[StepResult, str] | None) -> Decision:
     cycle = node.cycle
     assert cycle is not None
     nxt = cycle.step_index + 1
-    if cycle.kind == "return" or nxt >= len(cycle.steps):
+    if cycle.kind == CycleKind.RETURN or nxt >= len(cycle.steps):
         return Decision(N.OUT_OF_SERVICE, "chain_exhausted", f"{why}; no remediation left: a human must look at it",
-                        end_step=end_step, end_cycle="out_of_service", notices=("node_needs_human",))
+                        end_step=end_step, end_cycle=CycleOutcome.OUT_OF_SERVICE, notices=("node_needs_human",))
     target = N.REMEDIATING if node.state is not N.REMEDIATING else None
     return Decision(target, "escalated", f"{why}; next: {cycle.steps[nxt].describe()}", end_step=end_step,
                     advance_to=nxt, notices=("node_escalated",))
@@ -332,7 +371,7 @@ LOST_PROBLEM = "stopped reporting"  # the problem of the validate-only cycle of 
 
 
 def _quarantine_returning(node: NodeView, ctx: Context, why: str, stop_jobs: tuple[int, ...] = (),
-                          end_cycle: str | None = None) -> Decision:
+                          end_cycle: CycleOutcome | None = None) -> Decision:
     """A node back from ``lost`` with a fault: quarantined into the chain of the fault's rule."""
     plan = _plan(node, ctx, actionable(node, ctx, hold_down=False))
     what = "; ".join(f.describe() for f in plan.triggers)
@@ -363,7 +402,7 @@ def decide(node: NodeView, ctx: Context) -> Decision:
                 if node.paused:
                     return Decision(stop_jobs=remaining, stop_reason="node_lost", waiting="paused")
                 return _quarantine_returning(node, ctx, "the agent reports again with", remaining)
-            plan = OpenCycle(Scope.NODE, (), (), 0, "critical", LOST_PROBLEM, "lost", (), kind="return")
+            plan = OpenCycle(Scope.NODE, (), (), 0, "critical", LOST_PROBLEM, "lost", (), kind=CycleKind.RETURN)
             return Decision(N.VALIDATING, "reported_again", "the agent reports again; validating before return",
                             open_cycle=plan, begin_validation=True, stop_jobs=remaining, stop_reason="node_lost")
         remaining = tuple(j.job_id for j in node.jobs if not j.stopping)
@@ -401,14 +440,14 @@ def _remediating(node: NodeView, ctx: Context, cycle: Cycle) -> Decision:
     if run is None:
         if cycle.step_index >= len(cycle.steps):
             return Decision(N.OUT_OF_SERVICE, "chain_exhausted", "no remediation left: a human must look at it",
-                            end_cycle="out_of_service", notices=("node_needs_human",))
+                            end_cycle=CycleOutcome.OUT_OF_SERVICE, notices=("node_needs_human",))
         step = cycle.steps[cycle.step_index]
         if step.remediation is Remediation.TICKET:
             return Decision(N.OUT_OF_SERVICE, "ticket", f"{cycle.problem}: a human must look at it",
-                            end_cycle="out_of_service", notices=("node_needs_human",))
+                            end_cycle=CycleOutcome.OUT_OF_SERVICE, notices=("node_needs_human",))
         if step.remediation is Remediation.RMA:
             return Decision(N.RMA, "rma", f"{cycle.problem}: the hardware must be replaced (RMA)",
-                            end_cycle="rma", notices=("node_needs_human",))
+                            end_cycle=CycleOutcome.RMA, notices=("node_needs_human",))
         if node.paused:
             return Decision(waiting="paused")
         if step.remediation.needs_whole_node and cycle.scope is Scope.GPU:
@@ -416,15 +455,15 @@ def _remediating(node: NodeView, ctx: Context, cycle: Cycle) -> Decision:
                             widen_to_node=True)
         return Decision(start_step=cycle.step_index, waiting=f"{step.describe()} ordered")
     statuses = run.order_statuses
-    if statuses and all(st == "done" for st in statuses):
+    if statuses and all(st == OrderStatus.DONE for st in statuses):
         return Decision(N.VALIDATING, "remediated", f"{run.remediation.value} succeeded; validating",
-                        end_step=("succeeded", "; ".join(m for m in run.order_messages if m)), begin_validation=True)
-    if any(st in ("failed", "cancelled") for st in statuses):
+                        end_step=(StepResult.SUCCEEDED, "; ".join(m for m in run.order_messages if m)), begin_validation=True)
+    if any(st in (OrderStatus.FAILED, OrderStatus.CANCELLED) for st in statuses):
         why = f"{run.remediation.value} failed: " + "; ".join(m for m in run.order_messages if m)
-        return _escalate(node, ctx, why.rstrip(": "), ("failed", why))
+        return _escalate(node, ctx, why.rstrip(": "), (StepResult.FAILED, why))
     if ctx.now >= run.deadline_s:
         why = f"{run.remediation.value} had no result after {run.deadline_s - run.started_s:g} s"
-        return _escalate(node, ctx, why, ("timed_out", why))
+        return _escalate(node, ctx, why, (StepResult.TIMED_OUT, why))
     return Decision(waiting=f"{run.remediation.value} in progress")
 
 
@@ -468,16 +507,16 @@ def _validating(node: NodeView, ctx: Context, cycle: Cycle) -> Decision:
         return Decision(waiting="quiet period")
     problems = validation_problems(node, ctx, cycle)
     if problems:
-        if cycle.kind == "return" and cycle.problem == LOST_PROBLEM and actionable(node, ctx, hold_down=False) \
+        if cycle.kind == CycleKind.RETURN and cycle.problem == LOST_PROBLEM and actionable(node, ctx, hold_down=False) \
                 and not node.paused:
             # back from lost, and a fault a rule acts on showed up while it validated: that rule's chain
-            return _quarantine_returning(node, ctx, "validation after lost found", end_cycle="fault")
+            return _quarantine_returning(node, ctx, "validation after lost found", end_cycle=CycleOutcome.FAULT)
         return _escalate(node, ctx, "validation failed: " + "; ".join(problems), None)
     diag = _diag_verdict(node, ctx, cycle)
     if isinstance(diag, Decision):
         return diag
     return Decision(N.IN_SERVICE, "validated", f"healthy after the quiet period{diag}: back in service",
-                    end_cycle="returned")
+                    end_cycle=CycleOutcome.RETURNED)
 
 
 def _diag_verdict(node: NodeView, ctx: Context, cycle: Cycle) -> Decision | str:
@@ -489,7 +528,7 @@ def _diag_verdict(node: NodeView, ctx: Context, cycle: Cycle) -> Decision | str:
     run = cycle.diag
     if run is None:  # (part of the validation in flight: ordered while paused too)
         return Decision(order_diag=True, waiting="the GPU diagnostic is ordered")
-    if run.status in ("pending", "sent"):
+    if run.status in OPEN_ORDER:
         if ctx.now - run.ordered_s > ctx.settings.validation_diag_timeout_s:
             return _escalate(node, ctx, f"validation failed: the GPU diagnostic had no result after "
                                         f"{ctx.settings.validation_diag_timeout_s:g} s", None)
@@ -499,7 +538,7 @@ def _diag_verdict(node: NodeView, ctx: Context, cycle: Cycle) -> Decision | str:
             return _escalate(node, ctx, "validation failed: the GPU diagnostic is required (repair.validation_diag) "
                                         f"and {run.message or 'dcgmi is not installed on the node'}", None)
         return " (dcgmi not installed: no GPU diagnostic)"
-    if run.status == "done" and run.agent_status == "succeeded":
+    if run.status == OrderStatus.DONE and run.agent_status == "succeeded":
         return f" and the GPU diagnostic passed ({run.message})" if run.message else " and the GPU diagnostic passed"
     return _escalate(node, ctx, f"validation failed: the GPU diagnostic: {run.message or run.agent_status or run.status}",
                      None)

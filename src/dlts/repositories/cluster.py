@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
@@ -36,3 +37,36 @@ def vc_and_user(session: Session, vc_name: str, user_id: int) -> tuple[VirtualCl
         .outerjoin(VirtualCluster, VirtualCluster.name == vc_name).where(User.id == user_id)
     ).first()
     return (row[0], row[1]) if row else (None, None)
+
+
+def vc_id_named(session: Session, name: str) -> int | None:
+    return session.scalar(sa.select(VirtualCluster.id).where(VirtualCluster.name == name))
+
+
+def user_id_named(session: Session, name: str) -> int | None:
+    return session.scalar(sa.select(User.id).where(User.name == name))
+
+
+def all_vc_names(session: Session) -> list[str]:
+    return list(session.scalars(sa.select(VirtualCluster.name).order_by(VirtualCluster.name)))
+
+
+def vcs_named(session: Session, names: Sequence[str]) -> list[VirtualCluster]:
+    """These VCs, by name."""
+    if not names:
+        return []
+    return list(session.scalars(sa.select(VirtualCluster).where(VirtualCluster.name.in_(list(names)))
+                                .order_by(VirtualCluster.name)))
+
+
+def vc_notices(session: Session, names: Sequence[str]) -> list[tuple[str, str]]:
+    """(VC name, notice) of these VCs that have a notice set."""
+    return [(name, text) for name, text in session.execute(
+        sa.select(VirtualCluster.name, VirtualCluster.notice)
+        .where(VirtualCluster.name.in_(list(names)), VirtualCluster.notice.is_not(None), VirtualCluster.notice != ""))]
+
+
+def user_ids_of(session: Session, user_id: int) -> tuple[int | None, int | None]:
+    """(uid, gid) of a user."""
+    uid, gid = session.execute(sa.select(User.uid, User.gid).where(User.id == user_id)).one()
+    return uid, gid

@@ -23,7 +23,7 @@ from dlts.models import (
     RepairStep,
     utcnow,
 )
-from dlts.repair.machine import allowed
+from dlts.repair.machine import OPEN_ORDER, CycleOutcome, allowed
 from dlts.repair.rules import Remediation, Step
 
 
@@ -115,7 +115,7 @@ def start_cycle(session: Session, node: Node, *, kind: str, scope: str, gpus: li
     return cycle
 
 
-def end_cycle(session: Session, cycle: RepairCycle, outcome: str, message: str, now: dt.datetime | None = None) -> None:
+def end_cycle(session: Session, cycle: RepairCycle, outcome: CycleOutcome, message: str, now: dt.datetime | None = None) -> None:
     now = now or utcnow()
     cycle.open_node_id = None
     cycle.state = "ended"
@@ -130,5 +130,5 @@ def cancel_orders(session: Session, order_ids: list, now: dt.datetime | None = N
     if ids:
         from dlts.models import NodeOrder
 
-        session.execute(sa.update(NodeOrder).where(NodeOrder.id.in_(ids), NodeOrder.status.in_(["pending", "sent"]))
+        session.execute(sa.update(NodeOrder).where(NodeOrder.id.in_(ids), NodeOrder.status.in_(OPEN_ORDER))
                         .values(status="cancelled", completed_at=now or utcnow()).execution_options(synchronize_session=False))

@@ -23,7 +23,7 @@ class Policy(str, enum.Enum):
     BACKFILL = "backfill"  # RF plus reservations (plugins/backfill.py)
 
 
-class JobType(str, enum.Enum):
+class JobType(enum.StrEnum):
     BATCH = "batch"
     INTERACTIVE = "interactive"
     DISTRIBUTED = "distributed"

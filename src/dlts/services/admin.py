@@ -14,8 +14,9 @@ from dlts.errors import InvalidInput, NotFound, WrongState
 from dlts.models import Role, RoleBinding, User, VirtualCluster
 from dlts.repositories import vc_events
 from dlts.services import vc_storage
-from dlts.services.auth import Principal, forget_principals, issue_token
+from dlts.services.auth import forget_principals, issue_token
 from dlts.strict import is_whole_number
+from dlts.services.transaction import transactional
 
 NAME_RE = re.compile(r"^[a-z][a-z0-9_.-]{0,63}$")
 # POSIX ids DLTS runs jobs as: below 1000 are the system's (root 0, daemon, disk, shadow, ...)
@@ -91,6 +92,7 @@ def _check_identity(session: Session, name: str, uid: int | None, gid: int | Non
                              details={"field": "uid", "user": holder})
 
 
+@transactional
 def add_user(session: Session, name: str, *, admin: bool = False, email: str | None = None,
              uid: int | None = None, gid: int | None = None) -> User:
     _check_name("User", name)
@@ -117,6 +119,7 @@ class UserView:
     gid: int | None
 
 
+@transactional
 def set_user(session: Session, name: str, changes: Mapping[str, Any]) -> tuple[UserView, tuple[str, ...]]:
     """Change ``uid``/``gid`` of user ``name`` (only the keys present; both end up set or both unset).
     Returns the user and what changed (empty: it already was so)."""
@@ -137,6 +140,7 @@ def set_user(session: Session, name: str, changes: Mapping[str, Any]) -> tuple[U
     return UserView(user.name, user.email, user.uid, user.gid), said
 
 
+@transactional
 def new_token(session: Session, name: str, token_name: str = "cli", expires_days: int | None = None) -> str:
     user = get_user(session, name)
     token = issue_token(session, user, token_name, expires_days)
@@ -154,6 +158,7 @@ def parse_quota(items: list[str] | tuple[str, ...]) -> dict[str, int]:
     return quota
 
 
+@transactional
 def add_vc(session: Session, name: str, quota: dict[str, int], *, policy: str = "RF",
            cpu_quota: float | None = None, memory_quota_bytes: int | None = None) -> VirtualCluster:
     _check_name("VC", name)
@@ -177,6 +182,7 @@ class VcSetResult:
 UNSET: Any = object()  # set_vc: leave this setting as it is
 
 
+@transactional
 def set_vc(session: Session, name: str, quota: dict[str, int], *, policy: str | None = None,
            gid: int | None = UNSET, ephemeral_storage_bytes: int | None = UNSET,
            max_queued_jobs_per_user: int | None = UNSET, max_submissions_per_minute: int | None = UNSET,
@@ -227,6 +233,7 @@ def set_vc(session: Session, name: str, quota: dict[str, int], *, policy: str | 
     return VcSetResult(created=False, changes=tuple(changes))
 
 
+@transactional
 def add_member(session: Session, vc_name: str, user_name: str, *, admin: bool = False) -> None:
     vc, user = get_vc(session, vc_name), get_user(session, user_name)
     _bind(session, Role.VC_MEMBER, user, vc)
@@ -244,6 +251,7 @@ def set_vc_lustre(session: Session, vc_name: str, settings: dict, actor: str = "
     return lustre
 
 
+@transactional
 def replace_vc_storage(session: Session, vc: VirtualCluster, document: Any, actor: str) -> bool:
     """Make ``document`` (checked by ``services.vc_storage``) the VC's storage document, recorded as a VC
     event; returns False when it already was (nothing written). A document without a ``lustre`` key

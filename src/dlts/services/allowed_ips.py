@@ -3,8 +3,8 @@
 Entries are IPv4/IPv6 addresses or CIDR networks, validated with ``ipaddress`` and stored in their
 canonical form (``10.1.2.3/32``, ``2001:db8::/48``). Adding an entry that exists renews its expiry.
 A user manages their own entries; a cluster admin manages anyone's. ``services.allowlist`` turns the
-unexpired entries into each node's endpoint firewall; the managers pass ``allowlist.purge_expired``
-deletes expired ones.
+unexpired entries into each node's endpoint firewall; the managers' pass ``allowlist.purge_expired``
+(``allowlist.purge_expired_entries``, which calls ``purge_expired`` here) deletes expired ones.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from dlts.errors import InvalidInput, NotFound, Refused
 from dlts.models import AllowedIp, User, iso, utcnow
 from dlts.services import policy
 from dlts.services.auth import Principal
+from dlts.services.transaction import transactional
 
 MAX_ENTRIES_PER_USER = 64
 # wider than these would open endpoints to a large part of the internet
@@ -57,7 +58,9 @@ class AllowedIpView:
 LOOPBACK = [ipaddress.ip_network("127.0.0.0/8"), ipaddress.ip_network("::1/128")]
 
 
-def parse_cidr(text: str, *, allow_loopback: bool = False) -> str:
+def allowed_network(text: str, *, allow_loopback: bool = False) -> str:
+    """``text`` (an address or a CIDR network) in canonical CIDR form, once it passes the policy: not
+    too wide, not an address nobody connects from; InvalidInput or Refused naming ``ip`` otherwise."""
     if not isinstance(text, str) or not text.strip() or len(text) > 64:
         raise InvalidInput("ip must be an IPv4/IPv6 address or a CIDR network such as 203.0.113.7 or 2001:db8::/48.",
                            details={"field": "ip"})
@@ -104,8 +107,9 @@ def list_entries(session: Session, principal: Principal, user_name: str | None =
     return [AllowedIpView(r.id, user.name, r.cidr, iso(r.created_at), iso(r.expires_at)) for r in session.scalars(query)]
 
 
+@transactional
 def add_entry(session: Session, settings: Settings, principal: Principal, ip: str, user_name: str | None = None) -> AllowedIpView:
-    cidr = parse_cidr(ip, allow_loopback=settings.backend == "local")
+    cidr = allowed_network(ip, allow_loopback=settings.backend == "local")
     user = _user(session, principal, user_name, "change the allowed IPs")
     now = utcnow()
     expires = now + dt.timedelta(days=settings.allow_ip_days)
@@ -124,6 +128,7 @@ def add_entry(session: Session, settings: Settings, principal: Principal, ip: st
     return AllowedIpView(row.id, user.name, cidr, iso(row.created_at), iso(row.expires_at))
 
 
+@transactional
 def delete_entry(session: Session, principal: Principal, entry_id: int) -> None:
     row = session.get(AllowedIp, entry_id)
     if row is None or (row.user_id != principal.user_id and not principal.is_cluster_admin):

@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 
 from dlts.errors import Unauthenticated
 from dlts.models import ApiToken, GroupMember, Role, RoleBinding, User, VirtualCluster, utcnow
+from dlts.services.transaction import transactional
 
 TOKEN_PREFIX = "dlts_"
 
@@ -122,6 +123,7 @@ def forget_principals() -> None:
         cache.clear()
 
 
+@transactional
 def authenticate_bearer(session: Session, header: str | None, cache: PrincipalCache | None = None) -> Principal:
     if not header or not header.startswith("Bearer "):
         raise Unauthenticated("Send 'Authorization: Bearer <token>'. Create a token with `dlts user token NAME` or on "

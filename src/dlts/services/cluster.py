@@ -8,14 +8,16 @@ with 40 free GPUs spread one per node cannot start an 8-GPU job, and this is whe
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from dlts.models import Node, VirtualCluster, utcnow, iso
+from dlts.repositories import cluster as cluster_repo
 from dlts.repositories import usage as usage_repo
-from dlts.scheduler.model import CPU_SKU
+from dlts.scheduler.model import CPU_SKU, SkuShape
 from dlts.services.auth import Principal
 
 
@@ -104,3 +106,21 @@ def status(session: Session, principal: Principal | None = None) -> ClusterStatu
                             {sku or CPU_SKU: g for (name, sku), g in queued.items() if name == vc.name},
                             sum(r.jobs for r in rows)))
     return ClusterStatus(iso(utcnow()), skus, vcs)
+
+
+def database_answers(session: Session) -> bool:
+    """Whether the database answers a trivial query now (``/readyz``); the session is left unused."""
+    try:
+        session.execute(sa.text("SELECT 1"))
+    except sa.exc.SQLAlchemyError:
+        with contextlib.suppress(sa.exc.SQLAlchemyError):
+            session.rollback()
+        return False
+    finally:
+        session.close()
+    return True
+
+
+def sku_shapes(session: Session) -> dict[str, SkuShape]:
+    """The usual node shape of each SKU (what the submit form sizes a job against)."""
+    return cluster_repo.sku_shapes(session)

@@ -23,12 +23,12 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from dlts.errors import InvalidInput, NotFound, Refused, WrongState
-from dlts.models import TERMINAL, EndpointKind, EndpointStatus, Job, JobEndpoint, JobStatus, SshKey, iso, utcnow
-from dlts.repositories import commit_keeping_loaded
+from dlts.models import EventKind, TERMINAL, EndpointKind, EndpointStatus, Job, JobEndpoint, JobStatus, SshKey, iso, utcnow
 from dlts.repositories import jobs as job_repo
 from dlts.repositories import limits as limits_repo
 from dlts.services import policy
 from dlts.services.auth import Principal
+from dlts.services.transaction import commit_keeping_loaded, transactional
 
 K = EndpointKind
 ES = EndpointStatus
@@ -187,6 +187,7 @@ def _require_ssh_key(session: Session, principal: Principal, job: Job) -> None:
                   code="no_ssh_key", details={"field": "kind", "user": job.user.name})
 
 
+@transactional
 def open_endpoint(session: Session, principal: Principal, job_id: int, kind: str, port: int | None = None,
                   name: str | None = None) -> tuple[EndpointView, str | None]:
     """Ask for an endpoint; the job manager exposes it while the job runs. Returns the view and, for
@@ -206,7 +207,7 @@ def open_endpoint(session: Session, principal: Principal, job_id: int, kind: str
                       host=None, host_port=None, message=None, secret_hash=hash_secret(token) if token else None,
                       created_by=principal.name, created_at=now, updated_at=now)
     session.add(row)
-    job_repo.add_event(session, job.id, "endpoint", reason="opened", actor=principal.name,
+    job_repo.add_event(session, job.id, EventKind.ENDPOINT, reason="opened", actor=principal.name,
                        message=f"{endpoint_kind.value} endpoint {name!r} (port {port}) asked for")
     try:
         commit_keeping_loaded(session)  # every column of the row was set here; the job was only read
@@ -229,6 +230,7 @@ def add_for_submit(session: Session, job_id: int, kinds_ports: Sequence[tuple[En
 
 # -- close -----------------------------------------------------------------------------------------
 
+@transactional
 def close_endpoint(session: Session, principal: Principal, job_id: int, endpoint_id: int) -> EndpointView:
     """Mark an endpoint closing; the job manager removes it from the cluster and then the row."""
     job = _load(session, principal, job_id, "close endpoints of")
@@ -242,7 +244,7 @@ def close_endpoint(session: Session, principal: Principal, job_id: int, endpoint
     if row.status is not ES.CLOSING:
         # only these two columns are written (the job manager may be recording an address meanwhile)
         row.status, row.updated_at = ES.CLOSING, utcnow()
-        job_repo.add_event(session, job.id, "endpoint", reason="closed", actor=principal.name,
+        job_repo.add_event(session, job.id, EventKind.ENDPOINT, reason="closed", actor=principal.name,
                            message=f"{row.kind.value} endpoint {row.name!r} (port {row.port}) closed")
         commit_keeping_loaded(session)
     return endpoint_view(row, job)

@@ -21,6 +21,7 @@ from dlts.models import Group, GroupMember, Role, RoleBinding, User, VirtualClus
 from dlts.repositories import vc_events
 from dlts.services import admin, policy
 from dlts.services.auth import Principal, forget_principals
+from dlts.services.transaction import transactional
 
 VC_ROLES = {"member": Role.VC_MEMBER, "admin": Role.VC_ADMIN}
 DIRECTORY = "directory"
@@ -83,6 +84,7 @@ def get(session: Session, principal: Principal, name: str) -> GroupView:
     return _views(session, [get_group(session, name)])[0]
 
 
+@transactional
 def create(session: Session, principal: Principal, name: str) -> GroupView:
     policy.require_cluster_admin(principal, "create groups")
     check_name(name)
@@ -100,6 +102,7 @@ def check_name(name: str) -> None:
                            "or '-' (at most 64).", details={"field": "name"})
 
 
+@transactional
 def delete(session: Session, principal: Principal, name: str) -> None:
     """The group and its bindings go; its users lose what they held only through it."""
     policy.require_cluster_admin(principal, "delete groups")
@@ -120,6 +123,7 @@ def _require_hand_managed(group: Group) -> None:
                          "`dlts directory sync` would undo a change made here).", code="group_from_directory")
 
 
+@transactional
 def add_user(session: Session, principal: Principal, name: str, user_name: str) -> tuple[GroupView, bool]:
     policy.require_cluster_admin(principal, "change groups")
     group = get_group(session, name)
@@ -133,6 +137,7 @@ def add_user(session: Session, principal: Principal, name: str, user_name: str) 
     return _views(session, [group])[0], not exists
 
 
+@transactional
 def remove_user(session: Session, principal: Principal, name: str, user_name: str) -> GroupView:
     policy.require_cluster_admin(principal, "change groups")
     group = get_group(session, name)
@@ -175,6 +180,7 @@ def unbind(session: Session, group: Group, vc: VirtualCluster, actor: str) -> bo
     return bool(n)
 
 
+@transactional
 def put_vc_role(session: Session, principal: Principal, name: str, vc_name: str, role: str) -> tuple[GroupView, bool]:
     policy.require_cluster_admin(principal, "bind groups to VC roles")
     if role not in VC_ROLES:
@@ -188,6 +194,7 @@ def put_vc_role(session: Session, principal: Principal, name: str, vc_name: str,
     return _views(session, [group])[0], changed
 
 
+@transactional
 def delete_vc_role(session: Session, principal: Principal, name: str, vc_name: str) -> GroupView:
     policy.require_cluster_admin(principal, "bind groups to VC roles")
     group = get_group(session, name)

@@ -29,6 +29,7 @@ from sqlalchemy.orm import Session
 from dlts.config import Settings
 from dlts.errors import Forbidden, InvalidInput, Refused, WrongState
 from dlts.models import (
+    EventKind,
     TERMINAL,
     IdempotencyKey,
     Job,
@@ -44,6 +45,7 @@ from dlts.repositories import jobs as job_repo
 from dlts.services import jobs as job_service
 from dlts.services import policy
 from dlts.services.auth import Principal
+from dlts.services.transaction import transactional
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +94,7 @@ def _replay(session: Session, settings: Settings, principal: Principal, key: str
     return session.get(Job, row.job_id)
 
 
+@transactional
 def submit(session: Session, settings: Settings, principal: Principal, req: job_service.JobRequest,
            key: str | None) -> tuple[Job, bool]:
     """(job, replayed): without a key a plain ``jobs.submit``; with one, the job an earlier request
@@ -135,6 +138,7 @@ def tags_of(session: Session, job_ids: list[int]) -> dict[int, list[str]]:
     return job_repo.tags_of(session, job_ids)
 
 
+@transactional
 def set_tags(session: Session, principal: Principal, job_id: int, tags: object) -> list[str]:
     """Replace the job's tags (owner, VC admin, cluster admin); an event of kind ``change`` says what changed."""
     job, _ = _load(session, principal, job_id)
@@ -152,11 +156,12 @@ def set_tags(session: Session, principal: Principal, job_id: int, tags: object) 
     if added or removed:
         said = "; ".join(part for part in (f"added {', '.join(added)}" if added else "",
                                            f"removed {', '.join(removed)}" if removed else "") if part)
-        job_repo.add_event(session, job.id, "change", reason="tags", message=f"tags: {said}", actor=principal.name)
+        job_repo.add_event(session, job.id, EventKind.CHANGE, reason="tags", message=f"tags: {said}", actor=principal.name)
     session.commit()
     return sorted(wanted)
 
 
+@transactional
 def set_favourite(session: Session, principal: Principal, job_id: int, on: bool) -> bool:
     """Star or unstar a job you can see (per user; starring twice is starring once)."""
     job, _ = _load(session, principal, job_id)
@@ -188,13 +193,14 @@ def _require_owner_of_ended(principal: Principal, job: Job, action: str) -> None
                          "first, or wait for it to end.", code="job_not_ended", details={"status": job.status.value})
 
 
+@transactional
 def set_archived(session: Session, principal: Principal, job_id: int, archived: bool) -> Job:
     """Archive (hide from the default lists) or unarchive an ended job of yours; usage still counts it."""
     job, _ = _load(session, principal, job_id)
     _require_owner_of_ended(principal, job, "archive" if archived else "unarchive")
     if (job.archived_at is not None) != archived:
         job.archived_at = utcnow() if archived else None
-        job_repo.add_event(session, job.id, "change", reason="archived" if archived else "unarchived",
+        job_repo.add_event(session, job.id, EventKind.CHANGE, reason="archived" if archived else "unarchived",
                            message="archived: hidden from the default job lists" if archived else "unarchived",
                            actor=principal.name)
         session.commit()
@@ -202,6 +208,7 @@ def set_archived(session: Session, principal: Principal, job_id: int, archived: 
     return job
 
 
+@transactional
 def delete(session: Session, settings: Settings, principal: Principal, job_id: int) -> None:
     """Delete an ended job of yours: its row, events, attempts, endpoints, tags, favourites, idempotency
     keys and log files. The accounting rollup (usage_totals, usage_job_days) keeps its GPU time: usage

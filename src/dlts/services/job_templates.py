@@ -18,6 +18,7 @@ from dlts.errors import Forbidden, InvalidInput, NotFound
 from dlts.models import JobTemplate, VirtualCluster
 from dlts.services import policy
 from dlts.services.auth import Principal
+from dlts.services.transaction import transactional
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 _.-]{0,63}$")
 SPEC_KEYS = ("vc", "name", "type", "image", "command", "gpus", "nodes", "sku", "cpu", "memory", "preemptible",
@@ -51,6 +52,7 @@ def get_template(session: Session, principal: Principal, template_id: int) -> Jo
     raise NotFound(f"Template {template_id} does not exist or is not shared with you.", code="template_not_found")
 
 
+@transactional
 def save_template(session: Session, principal: Principal, name: str, spec: Mapping[str, Any],
                   share_with_vc: str | None = None) -> JobTemplate:
     """Create or overwrite the caller's template ``name`` (personal, or shared with a VC they belong to)."""
@@ -78,6 +80,7 @@ def save_template(session: Session, principal: Principal, name: str, spec: Mappi
     return template
 
 
+@transactional
 def delete_template(session: Session, principal: Principal, template_id: int) -> None:
     template = get_template(session, principal, template_id)
     if template.user_id != principal.user_id:

@@ -20,8 +20,21 @@ from sqlalchemy.orm import Session
 from dlts import logstore
 from dlts.config import Settings
 from dlts.errors import InvalidInput, NotFound, RateLimited, Refused, WrongState
-from dlts.models import TERMINAL, EndpointKind, IdempotencyKey, Job, JobStatus, JobTag, Node, User, utcnow
-from dlts.repositories import commit_keeping_loaded
+from dlts.models import (
+    TERMINAL,
+    EndpointKind,
+    EndReason,
+    EventKind,
+    IdempotencyKey,
+    Job,
+    JobStatus,
+    JobTag,
+    JobType,
+    Node,
+    User,
+    utcnow,
+)
+from dlts.repositories import cluster as cluster_repo
 from dlts.repositories import jobs as job_repo
 from dlts.repositories import limits as limits_repo
 from dlts.repositories.cluster import sku_shapes, vc_and_user
@@ -29,12 +42,13 @@ from dlts.scheduler.model import CPU_SKU, SkuShape
 from dlts.services import endpoints as endpoint_service
 from dlts.services import policy
 from dlts.services.auth import Principal
+from dlts.services.transaction import commit_keeping_loaded, transactional
 
 log = logging.getLogger(__name__)
 LOG_DOWNLOAD_CHUNK = 256 * 1024
 
 S = JobStatus
-JOB_TYPES = ("batch", "interactive", "distributed", "inference")
+JOB_TYPES = tuple(t.value for t in JobType)
 # What one job may carry (UTF-8 bytes): every list and page loads jobs by the hundred, so a job's
 # user-supplied text is bounded here; the list routes return summaries without env or command.
 MAX_COMMAND_BYTES = 16384
@@ -317,6 +331,7 @@ def _check_abuse_limits(session: Session, settings: Settings, vc, user, now: dt.
                       details={"queued": int(waiting), "max": max_queued, "vc": vc.name})
 
 
+@transactional
 def submit(session: Session, settings: Settings, principal: Principal, req: JobRequest,
            idempotency: tuple[str, str] | None = None) -> Job:
     """Validate, check the rules and write the job (queued, or unapproved over the user quota).
@@ -374,7 +389,7 @@ def submit(session: Session, settings: Settings, principal: Principal, req: JobR
         session.add(JobTag(job_id=job.id, tag=tag))
     if idempotency is not None:  # the unique (user, key): a parallel request with this key fails here or at commit
         session.add(IdempotencyKey(user_id=user.id, key=idempotency[0], body_hash=idempotency[1], job_id=job.id, created_at=now))
-    job_repo.add_event(session, job.id, "transition", message="submitted", actor=principal.name)
+    job_repo.add_event(session, job.id, EventKind.TRANSITION, message="submitted", actor=principal.name)
     if wanted_endpoints:  # written with the job, in its transaction; nothing is read for them
         endpoint_service.add_for_submit(session, job.id, wanted_endpoints, principal.name)
     why = _needs_approval(session, job, vc.user_gpu_quota)
@@ -399,6 +414,178 @@ def get(session: Session, principal: Principal, job_id: int) -> tuple[Job, polic
     return job, policy.require_visible(principal, job, job_id)  # type: ignore[return-value]
 
 
+# -- reads shared by the API and the portal --------------------------------------------------------
+
+KILLABLE = frozenset({S.UNAPPROVED, S.QUEUED, S.PAUSED, S.SCHEDULING, S.RUNNING, S.PAUSING})
+PAUSABLE = frozenset({S.UNAPPROVED, S.QUEUED, S.SCHEDULING, S.RUNNING})
+SCOPES = ("mine", "vc", "all")
+COMMAND_PREVIEW_CHARS = 200  # of each command in an API job list (the whole job: GET /jobs/{id})
+
+
+@dataclass(frozen=True)
+class JobFilter:
+    """What a job list shows. ``scope``: ``mine`` (the caller's own jobs), ``vc`` (the VCs the caller
+    belongs to, even for a cluster admin), ``all`` (every job the caller may see).
+    ``before``: the keyset boundary (a decoded cursor). ``command_preview_chars``: how much of each
+    command to read (0: none)."""
+
+    scope: str = "all"
+    vc: str | None = None
+    user: str | None = None
+    statuses: tuple[JobStatus, ...] = ()
+    job_type: str | None = None
+    before: int | None = None
+    oldest_first: bool = False
+    limit: int = 50
+    tag: str | None = None
+    favourite: bool = False
+    archived: str = "false"
+    command_preview_chars: int = 0
+
+
+@dataclass(frozen=True)
+class JobListItem:
+    job: Job
+    visibility: policy.Visibility
+    time_left_s: float | None
+    tags: list[str]
+    favourite: bool
+    command_start: str = ""
+
+
+@dataclass(frozen=True)
+class JobPage:
+    items: list[JobListItem]
+    next_cursor: str | None
+
+
+def decode_cursor(cursor: str) -> int:
+    """A list cursor back to its boundary; InvalidInput for anything we did not hand out."""
+    return job_repo.decode_cursor(cursor)
+
+
+def list_jobs(session: Session, principal: Principal, wanted: JobFilter) -> JobPage:
+    """One page of the jobs ``principal`` may see, newest first (or oldest), with tags and stars."""
+    user_id: int | None = None
+    if wanted.scope == "mine":
+        visible, user_id = None, principal.user_id
+    elif wanted.scope == "vc" and principal.is_cluster_admin:  # an admin's "my VCs": the VCs they belong to
+        visible = sorted(principal.vc_ids.values())
+    else:
+        visible = visible_vc_ids(principal)
+    vc_id = None
+    empty = JobPage([], None)
+    if wanted.vc:
+        vc_id = cluster_repo.vc_id_named(session, wanted.vc)
+        if vc_id is None or (visible is not None and vc_id not in visible) or (
+                wanted.scope == "mine" and wanted.vc not in principal.vcs and not principal.is_cluster_admin):
+            return empty
+    if wanted.user and wanted.scope != "mine":
+        user_id = cluster_repo.user_id_named(session, wanted.user)
+        if user_id is None:
+            return empty
+    rows = job_repo.list_jobs(session, visible_vc_ids=visible, user_id=user_id, vc_id=vc_id, statuses=list(wanted.statuses),
+                              job_type=wanted.job_type, boundary=wanted.before, oldest_first=wanted.oldest_first,
+                              limit=wanted.limit + 1, tag=wanted.tag or None,
+                              favourite_of=principal.user_id if wanted.favourite else None, archived=wanted.archived)
+    page = rows[:wanted.limit]
+    ids = [j.id for j in page]
+    previews = job_repo.command_previews(session, ids, wanted.command_preview_chars) if wanted.command_preview_chars else {}
+    tags = job_repo.tags_of(session, ids)
+    starred = job_repo.favourites_of(session, principal.user_id, ids)
+    items = [JobListItem(j, policy.job_visibility(principal, j) or policy.Visibility.PUBLIC,
+                         time_left_s(j, j.vc.max_job_time_s), tags.get(j.id, []), j.id in starred, previews.get(j.id, ""))
+             for j in page]
+    return JobPage(items, job_repo.encode_cursor(page[-1].id) if len(rows) > wanted.limit else None)
+
+
+@dataclass(frozen=True)
+class JobDetail:
+    """One job as its reader may see it. With ``Visibility.PUBLIC`` the lists are empty."""
+
+    job: Job
+    visibility: policy.Visibility
+    attempts: list
+    endpoints: list
+    insights: list
+    events: list
+    tags: list[str]
+    favourite: bool
+    actions: tuple[str, ...]
+
+    @property
+    def full(self) -> bool:
+        return self.visibility is policy.Visibility.FULL
+
+    @property
+    def current_attempt(self):
+        return next((a for a in self.attempts if a.number == self.job.attempt), None)
+
+
+def allowed_actions(principal: Principal, job: Job) -> tuple[str, ...]:
+    """The actions ``principal`` may take on ``job`` now (kill, pause, resume, approve): what
+    ``kill``/``pause``/``resume``/``approve`` would accept, in that order."""
+    if policy.job_visibility(principal, job) is not policy.Visibility.FULL:
+        return ()
+    actions = []
+    if job.status in KILLABLE:
+        actions.append("kill")
+    if job.status in PAUSABLE:
+        actions.append("pause")
+    if job.status is S.PAUSED:
+        actions.append("resume")
+    if job.status is S.UNAPPROVED and principal.is_vc_admin(job.vc.name):
+        actions.append("approve")
+    return tuple(actions)
+
+
+def detail(session: Session, principal: Principal, job_id: int, *, events: int = 0) -> JobDetail:
+    """The job with its attempts, endpoints, insights, tags, star, allowed actions and (``events`` > 0)
+    its newest events; NotFound outside the job's VCs."""
+    from dlts.repositories import insight as insight_repo
+
+    job, visibility = get(session, principal, job_id)
+    full = visibility is policy.Visibility.FULL
+    tags = job_repo.tags_of(session, [job.id]).get(job.id, [])
+    starred = job.id in job_repo.favourites_of(session, principal.user_id, [job.id])
+    if not full:
+        return JobDetail(job, visibility, [], [], [], [], tags, starred, ())
+    return JobDetail(job, visibility, job_repo.attempts_of(session, job.id), endpoint_service.views_of(session, job),
+                     insight_repo.insights_of(session, job.id),
+                     job_repo.latest_events(session, job.id, events) if events else [], tags, starred,
+                     allowed_actions(principal, job))
+
+
+def owner_lacks_ssh_key(session: Session, principal: Principal, job: Job, endpoints: list) -> bool:
+    """Whether to tell the owner that nobody could log in by ssh: they have no key, and the job can
+    still open an endpoint or has an ssh one."""
+    can_open = job.status not in TERMINAL and job.status is not S.KILLING
+    return (job.user_id == principal.user_id and (can_open or any(e.kind == "ssh" for e in endpoints))
+            and not job_repo.has_ssh_key(session, principal.user_id))
+
+
+def visible_jobs(session: Session, principal: Principal, ids: list[int]) -> list[tuple[int, Job | None]]:
+    """(id, job) for each id, in order; None where the job is missing or outside ``principal``'s VCs."""
+    found = job_repo.jobs_by_id(session, ids)
+    return [(i, j if j is not None and policy.job_visibility(principal, j) is not None else None)
+            for i, j in ((i, found.get(i)) for i in ids)]
+
+
+def keeping_of(session: Session, principal: Principal, job: Job) -> tuple[list[str], bool]:
+    """The job's tags, and whether ``principal`` starred it."""
+    return (job_repo.tags_of(session, [job.id]).get(job.id, []),
+            job.id in job_repo.favourites_of(session, principal.user_id, [job.id]))
+
+
+def attempts_of(session: Session, job: Job) -> list:
+    return job_repo.attempts_of(session, job.id)
+
+
+def vc_names_for(session: Session, principal: Principal) -> list[str]:
+    """The VCs ``principal`` picks from in forms and filters: every VC for a cluster admin."""
+    return cluster_repo.all_vc_names(session) if principal.is_cluster_admin else list(principal.vcs)
+
+
 def _load_for_change(session: Session, principal: Principal, job_id: int, action: str) -> Job:
     job = session.get(Job, job_id)
     policy.require_visible(principal, job, job_id)
@@ -418,14 +605,15 @@ def _cas(session: Session, job: Job, target: JobStatus, actor: str, reason: str,
         raise WrongState(f"Job {job.id} changed state while you acted on it; reload and try again.", code="concurrent_change")
 
 
-def kill(session: Session, principal: Principal, job_id: int, *, reason: str = "killed_by_user",
+@transactional
+def kill(session: Session, principal: Principal, job_id: int, *, reason: str = EndReason.KILLED_BY_USER,
          detail: str | None = None) -> Job:
     """``reason``/``detail``: why, for a kill that is not a person's (the idle-job policy: ``idle_gpus``)."""
     job = _load_for_change(session, principal, job_id, "kill")
     if job.status is S.KILLING:
         return job  # already on its way out: asking twice is not an error
     detail = (detail or f"killed by {principal.name}")[:512]
-    message = detail if reason != "killed_by_user" else None
+    message = detail if reason != EndReason.KILLED_BY_USER else None
     if job.status in (S.UNAPPROVED, S.QUEUED, S.PAUSED):
         _cas(session, job, S.KILLED, principal.name, reason,
              {"finished_at": utcnow(), "reason": reason, "reason_detail": detail, "queue_position": None,
@@ -440,6 +628,7 @@ def kill(session: Session, principal: Principal, job_id: int, *, reason: str = "
     return job
 
 
+@transactional
 def pause(session: Session, principal: Principal, job_id: int, *, reason: str = "paused_by_user",
           detail: str | None = None) -> Job:
     """``reason``/``detail``: why, for a pause that is not a person's (the idle-job policy: ``idle_gpus``,
@@ -463,6 +652,7 @@ def pause(session: Session, principal: Principal, job_id: int, *, reason: str = 
     return job
 
 
+@transactional
 def resume(session: Session, principal: Principal, job_id: int) -> Job:
     """A resumed job re-enters approval: over the user quota it waits for a VC admin again."""
     job = _load_for_change(session, principal, job_id, "resume")
@@ -479,14 +669,15 @@ def resume(session: Session, principal: Principal, job_id: int) -> Job:
     return job
 
 
+@transactional
 def approve(session: Session, principal: Principal, job_id: int) -> Job:
     job = _load_for_change(session, principal, job_id, "approve")
     if job.status is not S.UNAPPROVED:
         raise WrongState(f"Job {job.id} is {job.status.value}; only unapproved jobs can be approved.",
                          code="wrong_state", details={"status": job.status.value})
-    # the scheduler no longer holds this job to the user quota (it reads spec["approved_by"])
+    # the scheduler no longer holds this job to the user quota (it reads jobs.approved_by)
     _cas(session, job, S.QUEUED, principal.name, "approved",
-         {"reason": None, "reason_detail": f"approved by {principal.name}", "spec": {**job.spec, "approved_by": principal.name}})
+         {"reason": None, "reason_detail": f"approved by {principal.name}", "approved_by": principal.name[:64]})
     session.commit()
     session.refresh(job)
     return job
@@ -590,6 +781,7 @@ def time_left_s(job: Job, vc_limit_s: int | None, now: dt.datetime | None = None
 
 # -- change, batch, history ---------------------------------------------------------------------
 
+@transactional
 def patch(session: Session, principal: Principal, job_id: int, changes: Mapping[str, int | bool | None]) -> Job:
     """Change ``priority`` and/or ``max_time_s`` (the scheduler reads them at its next tick), and
     ``idle_exempt`` (VC admins and cluster admins: the VC's idle-job policy leaves the job alone)."""
@@ -629,7 +821,7 @@ def patch(session: Session, principal: Principal, job_id: int, changes: Mapping[
         if result.rowcount != 1:
             session.rollback()
             raise WrongState(f"Job {job.id} changed state while you acted on it; reload and try again.", code="concurrent_change")
-        job_repo.add_event(session, job.id, "change", reason="patched", message="; ".join(said), actor=principal.name)
+        job_repo.add_event(session, job.id, EventKind.CHANGE, reason="patched", message="; ".join(said), actor=principal.name)
         session.commit()
         session.refresh(job)
     return job
@@ -669,7 +861,8 @@ def batch(session: Session, principal: Principal, action: str, ids: list[int]) -
     return results
 
 
-PUBLIC_EVENT_KINDS = ("transition",)
+PUBLIC_EVENT_KINDS = (EventKind.TRANSITION,)  # what the other members of a job's VC see
+MESSAGE_KINDS = (EventKind.INSIGHT, EventKind.REPAIR)  # events shown as messages above a job's history
 
 
 def events(session: Session, principal: Principal, job_id: int, *, before_id: int | None = None,

@@ -25,6 +25,7 @@ from dlts.repositories import jobs as job_repo
 from dlts.repositories import vc_events
 from dlts.services import admin, policy
 from dlts.services.auth import Principal, forget_principals
+from dlts.services.transaction import transactional
 
 ROLES = {"member": (Role.VC_MEMBER,), "admin": (Role.VC_MEMBER, Role.VC_ADMIN)}
 QUEUED_CHOICES = ("keep", "kill")
@@ -95,6 +96,7 @@ def member_view(session: Session, principal: Principal, vc_name: str, user_name:
     return next((m for m in list_members(session, principal, vc_name) if m.user == user_name), None)
 
 
+@transactional
 def put_member(session: Session, principal: Principal, vc_name: str, user_name: str, role: str) -> tuple[MemberView, bool]:
     """Make ``user_name`` a ``member`` or an ``admin`` of the VC (their direct binding); idempotent.
     Returns the member and whether anything changed."""
@@ -123,6 +125,7 @@ def put_member(session: Session, principal: Principal, vc_name: str, user_name: 
     return view, changed
 
 
+@transactional
 def remove_member(session: Session, principal: Principal, vc_name: str, user_name: str, queued: str) -> RemovalView:
     """Remove the user's direct membership (and VC admin role) of the VC; see the module's docstring."""
     policy.require_vc_visible(principal, vc_name)

@@ -29,18 +29,20 @@ from sqlalchemy.orm import Session
 from dlts.config import Settings
 from dlts.errors import Forbidden, InvalidInput, NotFound, Unauthenticated, WrongState
 from dlts.models import Node, NodeEvent, NodeFinding, NodeOrder, RepairCycle, iso, utcnow
+from dlts.repair.machine import OPEN_ORDER, OrderStatus
 from dlts.repositories import repair as repair_repo
 from dlts.repositories import usage as usage_repo
 from dlts.services import accounting, allowlist, policy
 from dlts.services.auth import Principal, hash_token
 from dlts.strict import is_whole_number
+from dlts.services.transaction import transactional
 
 NODE_TOKEN_PREFIX = "dltsn_"
 REPAIR_ACTIONS = ("reset_gpu", "restart_service", "reboot", "drop_caches")
 NEEDS_TARGET = {"reset_gpu": "the GPU index or UUID", "restart_service": "the service name"}
 # agent result status -> order status
-RESULT_STATUS = {"succeeded": "done", "dry_run": "done", "failed": "failed", "rejected": "failed", "in_progress": "sent"}
-OPEN_ORDER = ("pending", "sent")
+RESULT_STATUS = {"succeeded": OrderStatus.DONE, "dry_run": OrderStatus.DONE, "failed": OrderStatus.FAILED,
+                 "rejected": OrderStatus.FAILED, "in_progress": OrderStatus.SENT}
 SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
 HISTORY_ROWS = 50
 
@@ -209,6 +211,7 @@ def get_node(session: Session, principal: Principal, name: str) -> NodeView:
                  repair_repo.open_cycle(session, node.id))
 
 
+@transactional
 def cordon(session: Session, principal: Principal, name: str) -> NodeView:
     """No new work on the node; running jobs stay. Idempotent. Independent of repairs: the repair
     loop never lifts a cordon a person set."""
@@ -222,6 +225,7 @@ def cordon(session: Session, principal: Principal, name: str) -> NodeView:
     return get_node(session, principal, name)
 
 
+@transactional
 def uncordon(session: Session, principal: Principal, name: str) -> NodeView:
     """Lift a cluster admin's cordon. A node in repair stays in repair (``dlts node return`` for a
     node that needs a human)."""
@@ -235,6 +239,7 @@ def uncordon(session: Session, principal: Principal, name: str) -> NodeView:
     return get_node(session, principal, name)
 
 
+@transactional
 def repair(session: Session, principal: Principal, name: str, action: str, target: str | None = None,
            dry_run: bool = False, reason: str = "") -> dict[str, Any]:
     """Order one action by hand; the agent receives it with its next report. It changes no state:
@@ -251,7 +256,7 @@ def repair(session: Session, principal: Principal, name: str, action: str, targe
     if busy and not dry_run:
         raise WrongState(f"Node {name} already has {busy} repair order(s) in flight; wait for the agent's result.",
                          code="repair_in_progress")
-    order = NodeOrder(node_id=node.id, action=action, target=target or None, dry_run=dry_run, status="pending",
+    order = NodeOrder(node_id=node.id, action=action, target=target or None, dry_run=dry_run, status=OrderStatus.PENDING,
                       result={"reason": reason[:500]} if reason else {}, created_by=principal.name)
     session.add(order)
     session.commit()
@@ -263,6 +268,7 @@ def repair(session: Session, principal: Principal, name: str, action: str, targe
 MIN_GIVEN_TOKEN_CHARS = 32
 
 
+@transactional
 def issue_node_token(session: Session, name: str) -> str:
     """A new random token for the node's agent (replaces the old one); shown once, stored hashed."""
     node = _node(session, name)
@@ -272,6 +278,7 @@ def issue_node_token(session: Session, name: str) -> str:
     return token
 
 
+@transactional
 def register_node_token(session: Session, name: str, token: str) -> bool:
     """Register a token made elsewhere (deployment tools derive it from a vaulted seed), replacing the
     old one. Idempotent: returns False, and writes nothing, when the node already has this token."""
@@ -303,6 +310,7 @@ def _health(findings: list[FindingIn]) -> str:
     return {0: "ok", 1: "warning", 2: "critical"}[worst]
 
 
+@transactional
 def record_report(session: Session, node: Node, report: Report, accept_fake: bool = False) -> list[dict[str, Any]]:
     """Store heartbeat, health, findings history and order results; return the orders to carry out.
     Findings read from a fake NVML are dropped unless the API runs as the demo (``accept_fake``),
@@ -339,15 +347,15 @@ def record_report(session: Session, node: Node, report: Report, accept_fake: boo
         order = session.get(NodeOrder, int(result.id)) if is_whole_number(result.id) else None
         if order is None or order.node_id != node.id or order.status not in OPEN_ORDER:
             continue  # unknown, another node's, or already recorded (results are re-sent until a 2xx)
-        order.status = RESULT_STATUS.get(result.status, "failed")
+        order.status = RESULT_STATUS.get(result.status, OrderStatus.FAILED)
         order.result = {**(order.result or {}), "agent": dict(result.raw)}
-        if order.status in ("done", "failed"):
+        if order.status in (OrderStatus.DONE, OrderStatus.FAILED):
             order.completed_at = now
     orders = list(session.scalars(sa.select(NodeOrder).where(NodeOrder.node_id == node.id, NodeOrder.status.in_(OPEN_ORDER),
                                                              NodeOrder.completed_at.is_(None)).order_by(NodeOrder.id).limit(20)))
     for order in orders:
-        if order.status == "pending":
-            order.status = "sent"
+        if order.status == OrderStatus.PENDING:
+            order.status = OrderStatus.SENT
     if not report.fake or accept_fake:  # per-job samples into the utilisation history (docs/accounting.md)
         accounting.record_utilisation(session, node.name, report.metrics, now)
     session.commit()

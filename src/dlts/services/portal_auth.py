@@ -34,6 +34,7 @@ from dlts.models import ApiToken, PortalSession, User, utcnow
 from dlts.repositories import limits as limits_repo
 from dlts.services.admin import get_user
 from dlts.services.auth import Principal, principal_for
+from dlts.services.transaction import transactional
 
 MIN_PASSWORD_CHARS = 12
 MAX_PASSWORD_CHARS = 256
@@ -62,6 +63,7 @@ def random_password() -> str:
     return secrets.token_urlsafe(12)
 
 
+@transactional
 def set_password(session: Session, user_name: str, password: str) -> User:
     check_password_strength(password)
     user = get_user(session, user_name)
@@ -96,6 +98,7 @@ def login_keys(user_name: str, client_ip: str | None) -> tuple[str, str]:
     return f"login-user:{user_name.strip().lower()[:64]}", f"login-ip:{(client_ip or '-')[:100]}"
 
 
+@transactional
 def login(session: Session, limits: LoginLimits, user_name: str, password: str, client_ip: str | None,
           now: dt.datetime | None = None) -> Principal:
     """Count the attempt, refuse it over a limit (TooManyAttempts, before any hash is computed), then
@@ -129,6 +132,7 @@ def _session_hash(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
+@transactional
 def start_session(session: Session, principal: Principal, lifetime: dt.timedelta) -> str:
     """A new session for ``principal``; returns the id for the cookie (never stored in the clear)."""
     now = utcnow()
@@ -141,6 +145,7 @@ def start_session(session: Session, principal: Principal, lifetime: dt.timedelta
     return token
 
 
+@transactional
 def principal_for_session(session: Session, token: object) -> Principal | None:
     """The principal behind a session cookie's id; None when the session ended or expired, or the user
     is gone or disabled."""
@@ -160,6 +165,7 @@ def principal_for_session(session: Session, token: object) -> Principal | None:
     return principal_for(session, user)
 
 
+@transactional
 def end_session(session: Session, token: object) -> None:
     """Logout: this session's row goes; its cookie, wherever a copy is, no longer logs anybody in."""
     if isinstance(token, str) and token:
@@ -184,6 +190,7 @@ def list_tokens(session: Session, principal: Principal) -> list[ApiToken]:
 PREFERENCE_KEYS = ("job_columns",)
 
 
+@transactional
 def save_preference(session: Session, principal: Principal, key: str, value: object) -> None:
     if key not in PREFERENCE_KEYS:
         raise InvalidInput(f"Unknown preference {key!r}.", details={"field": key})
@@ -191,3 +198,8 @@ def save_preference(session: Session, principal: Principal, key: str, value: obj
     # a new dict, so SQLAlchemy sees the JSON column change
     user.preferences = {**(user.preferences or {}), key: value}
     session.commit()
+
+
+def preferences(session: Session, principal: Principal) -> dict:
+    """The portal preferences ``principal`` saved (``{}`` before the first)."""
+    return dict(session.get_one(User, principal.user_id).preferences or {})

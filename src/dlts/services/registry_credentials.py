@@ -26,6 +26,7 @@ from dlts.errors import Forbidden, InvalidInput, NotFound, Refused, WrongState
 from dlts.models import RegistryCredential, VirtualCluster, iso
 from dlts.services import policy
 from dlts.services.auth import Principal
+from dlts.services.transaction import transactional
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +103,7 @@ def list_mine(session: Session, principal: Principal) -> list[CredentialView]:
     return [_view(r, principal.name) for r in rows]
 
 
+@transactional
 def add_mine(session: Session, secret_key: str, principal: Principal, server: str, username: str,
              password: str) -> CredentialView:
     where = (RegistryCredential.scope == "user", RegistryCredential.user_id == principal.user_id)
@@ -109,6 +111,7 @@ def add_mine(session: Session, secret_key: str, principal: Principal, server: st
                 server, username, password)
 
 
+@transactional
 def delete_mine(session: Session, principal: Principal, credential_id: int) -> None:
     row = session.get(RegistryCredential, credential_id)
     if row is None or row.scope != "user" or row.user_id != principal.user_id:
@@ -137,6 +140,7 @@ def list_vc(session: Session, principal: Principal, vc_name: str) -> list[Creden
     return [_view(r, vc.name) for r in rows]
 
 
+@transactional
 def add_vc(session: Session, secret_key: str, principal: Principal, vc_name: str, server: str, username: str,
            password: str) -> CredentialView:
     from dlts.repositories import vc_events
@@ -148,6 +152,7 @@ def add_vc(session: Session, secret_key: str, principal: Principal, vc_name: str
                                                     {"server": row.server, "username": row.username}))
 
 
+@transactional
 def delete_vc(session: Session, principal: Principal, vc_name: str, credential_id: int) -> None:
     from dlts.repositories import vc_events
 

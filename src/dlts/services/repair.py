@@ -26,12 +26,13 @@ from dlts.models import (
     iso,
     utcnow,
 )
-from dlts.repair.machine import IN_REPAIR, counts_against_budget
+from dlts.repair.machine import IN_REPAIR, CycleKind, CycleOutcome, StepResult, counts_against_budget
 from dlts.repair.rules import RuleError, Scope, rule_from_mapping
 from dlts.repositories import repair as repo
 from dlts.services import nodes as node_service
 from dlts.services import policy
 from dlts.services.auth import Principal
+from dlts.services.transaction import transactional
 
 N = NodeState
 RECENT_CYCLES = 20
@@ -82,6 +83,7 @@ def _chain(steps: list[str], target: str | None, gpus: list[int]):
     return rule.steps
 
 
+@transactional
 def start(session: Session, principal: Principal, name: str, *, steps: list[str], gpus: list[int],
           target: str | None = None, reason: str = "") -> dict[str, Any]:
     """Start a cycle by hand: the node is quarantined now and follows ``steps`` (the budget and
@@ -97,7 +99,7 @@ def start(session: Session, principal: Principal, name: str, *, steps: list[str]
     where = f"GPU {', '.join(map(str, sorted(gpus)))} " if gpus else ""
     problem = f"{where}repair started by {principal.name}" + (f": {reason}" if reason else "")
     try:
-        cycle = repo.start_cycle(session, node, kind="manual", scope=(Scope.GPU if gpus else Scope.NODE).value,
+        cycle = repo.start_cycle(session, node, kind=CycleKind.MANUAL, scope=(Scope.GPU if gpus else Scope.NODE).value,
                                  gpus=sorted(gpus), steps=chain, step_index=0, severity="critical", problem=problem,
                                  rule_key=None, triggers=[], actor=principal.name, to_state=N.QUARANTINED,
                                  reason="manual", message=problem)
@@ -110,6 +112,7 @@ def start(session: Session, principal: Principal, name: str, *, steps: list[str]
     return cycle_json(cycle, node.name, [])
 
 
+@transactional
 def cancel(session: Session, principal: Principal, name: str, cycle_id: int) -> dict[str, Any]:
     """End an open cycle: orders not yet carried out are withdrawn, the node returns to service
     (jobs already stopped stay requeued)."""
@@ -125,18 +128,19 @@ def cancel(session: Session, principal: Principal, name: str, cycle_id: int) -> 
     now = utcnow()
     step = repo.current_step(session, cycle)
     if step is not None:
-        step.ended_at, step.result, step.message = now, "cancelled", f"cancelled by {principal.name}"
+        step.ended_at, step.result, step.message = now, StepResult.CANCELLED, f"cancelled by {principal.name}"
         repo.cancel_orders(session, step.order_ids, now)
     message = f"repair {cycle.id} cancelled by {principal.name}"
     if not repo.set_state(session, node, N.IN_SERVICE, actor=principal.name, reason="cancelled", message=message,
                           cycle_id=cycle.id, values={"repair_scope": None, "unhealthy_gpus": []}, now=now):
         session.rollback()
         raise WrongState(f"Node {name} changed state meanwhile; look at it and try again.", code="node_state_changed")
-    repo.end_cycle(session, cycle, "cancelled", message, now)
+    repo.end_cycle(session, cycle, CycleOutcome.CANCELLED, message, now)
     session.commit()
     return cycle_json(cycle, node.name, [step] if step else [])
 
 
+@transactional
 def return_node(session: Session, principal: Principal, name: str, reason: str = "") -> dict[str, Any]:
     """A human says an out_of_service or rma node is fixed: it validates (quiet period, healthy
     report), then returns to service; a failed validation puts it back out of service."""
@@ -148,7 +152,7 @@ def return_node(session: Session, principal: Principal, name: str, reason: str =
     now = utcnow()
     message = f"returned by {principal.name}" + (f": {reason}" if reason else "") + "; validating"
     try:
-        cycle = repo.start_cycle(session, node, kind="return", scope=Scope.NODE.value, gpus=[], steps=(), step_index=0,
+        cycle = repo.start_cycle(session, node, kind=CycleKind.RETURN, scope=Scope.NODE.value, gpus=[], steps=(), step_index=0,
                                  severity="info", problem=f"returned by {principal.name}", rule_key=None, triggers=[],
                                  actor=principal.name, to_state=N.VALIDATING, reason="returned", message=message,
                                  now=now, validation_since=now)
@@ -161,6 +165,7 @@ def return_node(session: Session, principal: Principal, name: str, reason: str =
     return cycle_json(cycle, node.name, [])
 
 
+@transactional
 def set_pause(session: Session, principal: Principal, paused: bool, node_name: str | None = None,
               reason: str = "") -> dict[str, Any]:
     """Pause (or resume) new repair actions everywhere, or on one node; actions in flight finish."""

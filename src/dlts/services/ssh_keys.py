@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session
 from dlts.errors import InvalidInput, NotFound, Refused, WrongState
 from dlts.models import SshKey, iso
 from dlts.services.auth import Principal
+from dlts.services.transaction import transactional
 
 MAX_KEYS_PER_USER = 50
 MAX_KEY_CHARS = 16 * 1024
@@ -117,6 +118,7 @@ def list_keys(session: Session, principal: Principal) -> list[SshKeyView]:
     return [_view(r) for r in rows]
 
 
+@transactional
 def add_key(session: Session, principal: Principal, public_key: str, name: str | None = None) -> SshKeyView:
     parsed = parse_public_key(public_key)
     label = (name or parsed.comment or parsed.key_type)[:128]
@@ -141,6 +143,7 @@ def add_key(session: Session, principal: Principal, public_key: str, name: str |
     return _view(row)
 
 
+@transactional
 def delete_key(session: Session, principal: Principal, key_id: int) -> None:
     row = session.get(SshKey, key_id)
     if row is None or row.user_id != principal.user_id:

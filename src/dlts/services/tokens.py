@@ -12,6 +12,7 @@ from dlts.errors import InvalidInput, NotFound, Refused
 from dlts.models import ApiToken, User, iso, utcnow
 from dlts.repositories import limits as limits_repo
 from dlts.services.auth import Principal, forget_principals, issue_token
+from dlts.services.transaction import transactional
 
 MAX_TOKENS_PER_USER = 20
 
@@ -42,6 +43,7 @@ def list_tokens(session: Session, principal: Principal) -> list[TokenView]:
     return [_view(r) for r in session.scalars(_live(principal.user_id).order_by(ApiToken.id))]
 
 
+@transactional
 def create_token(session: Session, principal: Principal, name: str, expires_days: int | None = None) -> TokenView:
     if not name or len(name) > 64 or not name.isprintable():
         raise InvalidInput("name must be printable text of 1-64 characters.", details={"field": "name"})
@@ -60,6 +62,7 @@ def create_token(session: Session, principal: Principal, name: str, expires_days
     return _view(row, token)
 
 
+@transactional
 def revoke_token(session: Session, principal: Principal, token_id: int) -> TokenView:
     row = session.get(ApiToken, token_id)
     if row is None or row.user_id != principal.user_id or row.revoked_at is not None:

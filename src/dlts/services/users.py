@@ -25,6 +25,7 @@ from dlts.repositories import identity as identity_repo
 from dlts.repositories import jobs as job_repo
 from dlts.services import admin, policy, portal_auth
 from dlts.services.auth import Principal, forget_principals
+from dlts.services.transaction import transactional
 
 EMAIL_RE = re.compile(r"^[^@\s]{1,64}@[^@\s.]+(\.[^@\s.]+)+$")
 MAX_REASON = 255
@@ -110,6 +111,7 @@ def get(session: Session, principal: Principal, name: str) -> UserAdminView:
     return view(session, admin.get_user(session, name))
 
 
+@transactional
 def create(session: Session, principal: Principal, name: str, *, email: str | None = None, uid: int | None = None,
            gid: int | None = None, cluster_admin: bool = False, password: str | None = None,
            generate_password: bool = False) -> tuple[UserAdminView, str | None]:
@@ -149,6 +151,7 @@ def set_cluster_admin(session: Session, user: User, wanted: bool, actor: str) ->
     return False
 
 
+@transactional
 def update(session: Session, principal: Principal, name: str, changes: Mapping[str, Any]) -> UserAdminView:
     """``PATCH /users/{name}``: ``uid``/``gid`` (both set or both null), ``email``, ``cluster_admin``."""
     policy.require_cluster_admin(principal, "change a user")
@@ -178,6 +181,7 @@ def update(session: Session, principal: Principal, name: str, changes: Mapping[s
     return view(session, user)
 
 
+@transactional
 def disable_user(session: Session, user: User, actor: str, reason: str) -> DisableView:
     """Disable ``user`` (see the module's docstring); idempotent. The caller has checked who may."""
     result = hold_user(session, user, actor, reason)
@@ -206,6 +210,7 @@ def hold_user(session: Session, user: User, actor: str, reason: str) -> tuple[in
     return int(revoked or 0), int(ended or 0), held, running
 
 
+@transactional
 def enable_user(session: Session, user: User, actor: str) -> EnableView:
     released = release_user(session, user, actor)
     session.commit()
@@ -255,3 +260,20 @@ def reset_password(session: Session, principal: Principal, name: str, password: 
     shown = None if password is not None else portal_auth.random_password()
     portal_auth.set_password(session, name, password if password is not None else shown)
     return PasswordView(name, shown)
+
+
+def me(session: Session, principal: Principal) -> dict[str, Any]:
+    """GET /me: the caller's name, uid and gid, roles, and per VC its quota and the caller's GPUs in use."""
+    from dlts.repositories import cluster as cluster_repo
+    from dlts.services.jobs import user_gpus_in_vc
+
+    uid, gid = cluster_repo.user_ids_of(session, principal.user_id)
+    return {
+        "name": principal.name,
+        "uid": uid,
+        "gid": gid,
+        "cluster_admin": principal.is_cluster_admin,
+        "vcs": [{"name": vc.name, "roles": sorted(r.value for r in principal.vc_roles[vc.name]), "quota": vc.quota,
+                 "user_gpu_quota": vc.user_gpu_quota, "gpus_used": user_gpus_in_vc(session, principal.user_id, vc.id)}
+                for vc in cluster_repo.vcs_named(session, principal.vcs)],
+    }

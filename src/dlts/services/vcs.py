@@ -20,7 +20,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from dlts.errors import InvalidInput, NotFound, Refused, WrongState
-from dlts.models import TERMINAL, Job, Node, Role, VirtualCluster, iso
+from dlts.models import TERMINAL, Job, JobStatus, Node, Role, VirtualCluster, iso
 from dlts.repositories import identity as identity_repo
 from dlts.repositories import usage as usage_repo
 from dlts.repositories import vc_events
@@ -32,6 +32,7 @@ from dlts.services import policy
 from dlts.services import admin
 from dlts.services.admin import NAME_RE
 from dlts.services.auth import Principal
+from dlts.services.transaction import transactional
 
 POLICIES = ("RF", "FIFO", "backfill")
 VC_ADMIN_FIELDS = ("policy", "max_job_time_s", "max_interactive_gpus", "user_gpu_quota", "notice",
@@ -316,6 +317,7 @@ def check_pod_policy(value: Any) -> dict[str, bool]:
     return dict(value)
 
 
+@transactional
 def create_vc(session: Session, principal: Principal, spec: VcSpec) -> VcView:
     policy.require_cluster_admin(principal, "create a VC")
     if not NAME_RE.match(spec.name):
@@ -335,6 +337,7 @@ def create_vc(session: Session, principal: Principal, spec: VcSpec) -> VcView:
     return get_vc(session, principal, spec.name)
 
 
+@transactional
 def delete_vc(session: Session, principal: Principal, name: str) -> None:
     """Refused while the VC has jobs that have not ended; ended jobs (and their history) go with it."""
     vc = _load(session, principal, name)  # 404 first: non-members do not learn that it exists
@@ -350,6 +353,7 @@ def delete_vc(session: Session, principal: Principal, name: str) -> None:
     session.commit()
 
 
+@transactional
 def update_vc(session: Session, principal: Principal, name: str, changes: Mapping[str, Any]) -> VcView:
     """Apply ``changes`` (only the keys present); each changed value is recorded as a VC event."""
     vc = _load(session, principal, name)
@@ -410,3 +414,29 @@ def events(session: Session, principal: Principal, name: str, *, before_id: int 
     _load(session, principal, name)
     return [VcEventView(e.id, e.vc, iso(e.at), e.actor, e.field, e.old_value, e.new_value)
             for e in vc_events.list_events(session, name, before_id=before_id, limit=limit)]
+
+
+VC_PAGE_JOBS = 100  # of each kind on a VC's overview page
+
+
+def jobs_of_vc(session: Session, principal: Principal, name: str) -> tuple[list[Job], list[Job]]:
+    """A VC's running jobs (newest first) and waiting jobs (oldest first), at most 100 of each; the
+    caller has read the VC with ``get_vc`` (which refuses a stranger)."""
+    from dlts.repositories import cluster as cluster_repo
+    from dlts.repositories import jobs as job_repo
+
+    vc_id = cluster_repo.vc_id_named(session, name)
+    running = job_repo.list_jobs(session, visible_vc_ids=None, user_id=None, vc_id=vc_id,
+                                 statuses=[JobStatus.SCHEDULING, JobStatus.RUNNING, JobStatus.PAUSING, JobStatus.KILLING],
+                                 job_type=None, boundary=None, oldest_first=False, limit=VC_PAGE_JOBS)
+    waiting = job_repo.list_jobs(session, visible_vc_ids=None, user_id=None, vc_id=vc_id,
+                                 statuses=[JobStatus.UNAPPROVED, JobStatus.QUEUED], job_type=None, boundary=None,
+                                 oldest_first=True, limit=VC_PAGE_JOBS)
+    return running, waiting
+
+
+def notices(session: Session, vc_names: list[str]) -> list[tuple[str, str]]:
+    """(VC, notice) for each of these VCs with a notice set: the banner above every portal page."""
+    from dlts.repositories import cluster as cluster_repo
+
+    return cluster_repo.vc_notices(session, vc_names) if vc_names else []

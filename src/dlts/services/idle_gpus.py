@@ -1,4 +1,4 @@
-"""Read queries of portal pages that no service offers: assigned-but-idle GPUs now. (GPU hours come
+"""Assigned-but-idle GPUs now, per user (the portal's usage page). (GPU hours come
 from the accounting rollup, services/accounting.py.)"""
 
 from __future__ import annotations

@@ -1,0 +1,112 @@
+"""The one unit of work: services open it, views and repositories never commit or roll back.
+
+``transaction(session)`` commits when its block ends normally and rolls back when anything escapes it
+(a ``DltsError`` refusal as much as a database error), so a refused request leaves no half-written
+rows in the session for the page that shows the refusal. ``@transactional`` wraps a use-case whose
+first argument is the session in one.
+
+Blocks nest: only the outermost one commits or rolls back, so a use-case may call another and the
+caller still decides (a manager that catches a refusal of one job keeps the others' writes). A use-case
+may still commit inside its block (a compare-and-set followed by a reload, a retry after a lost race);
+the block's own commit then only runs when something was written after that.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Callable, Iterator
+from typing import Any, ParamSpec, TypeVar
+
+import sqlalchemy as sa
+from sqlalchemy.orm import Session, scoped_session
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+DEPTH = "dlts_transaction_depth"
+WROTE = "dlts_transaction_wrote"
+
+AnySession = Session | scoped_session
+
+
+def _real(session: AnySession) -> Session:
+    return session.registry() if isinstance(session, scoped_session) else session
+
+
+@sa.event.listens_for(Session, "after_flush")
+def _flushed(session: Session, _context: Any) -> None:
+    session.info[WROTE] = True
+
+
+@sa.event.listens_for(Session, "do_orm_execute")
+def _executed(state: Any) -> None:
+    if state.is_insert or state.is_update or state.is_delete:
+        state.session.info[WROTE] = True
+
+
+@sa.event.listens_for(Session, "after_commit")
+@sa.event.listens_for(Session, "after_soft_rollback")
+def _ended(session: Session, *_: Any) -> None:
+    session.info.pop(WROTE, None)
+
+
+def _has_writes(session: Session) -> bool:
+    return bool(session.info.get(WROTE) or session.new or session.dirty or session.deleted)
+
+
+def commit_keeping_loaded(session: AnySession) -> None:
+    """Commit without expiring the session's objects.
+
+    For a write whose every column the caller set itself (no server-side defaults, no SQL UPDATE
+    behind the ORM's back): the objects stay readable after the commit without a reload, which
+    saves a round trip per request. Anything else must commit normally.
+    """
+    real = _real(session)
+    saved = real.expire_on_commit
+    real.expire_on_commit = False
+    try:
+        real.commit()
+    finally:
+        real.expire_on_commit = saved
+
+
+@contextlib.contextmanager
+def transaction(session: AnySession, *, keep_loaded: bool = False) -> Iterator[Session]:
+    """Commit on success, roll back on any exception (re-raised); only the outermost block acts.
+
+    ``keep_loaded``: commit without expiring the loaded objects (see ``commit_keeping_loaded``).
+    A block that wrote nothing (or whose writes were already committed inside it) ends without a
+    COMMIT, so a read-only use-case costs no extra round trip.
+    """
+    real = _real(session)
+    depth = real.info.get(DEPTH, 0)
+    real.info[DEPTH] = depth + 1
+    try:
+        yield real
+    except BaseException:
+        if depth == 0:
+            # a lost connection cannot roll back; the pool replaces it, and the first error is the one to tell
+            with contextlib.suppress(sa.exc.DBAPIError):
+                real.rollback()
+        raise
+    else:
+        if depth == 0 and _has_writes(real):
+            if keep_loaded:
+                commit_keeping_loaded(real)
+            else:
+                real.commit()
+    finally:
+        real.info[DEPTH] = depth
+
+
+def transactional(fn: Callable[P, R]) -> Callable[P, R]:
+    """Run the use-case ``fn(session, ...)`` in ``transaction(session)``."""
+
+    @functools.wraps(fn)
+    def run(*args: P.args, **kwargs: P.kwargs) -> R:
+        session = args[0] if args else kwargs["session"]
+        with transaction(session):  # type: ignore[arg-type]
+            return fn(*args, **kwargs)
+
+    return run
