@@ -8,10 +8,21 @@ from flask.views import MethodView
 
 from dlts.api.auth import authenticate, principal
 from dlts.api.blueprint import Blueprint
-from dlts.api.schemas import (AllowedIpArgs, AllowedIpCreateSchema, AllowedIpListSchema, AllowedIpSchema,
-                              RegistryCredentialCreateSchema, RegistryCredentialListSchema, RegistryCredentialSchema,
-                              SshKeyCreateSchema, SshKeyListSchema, SshKeySchema, TokenCreateSchema, TokenListSchema,
-                              TokenSchema)
+from dlts.api.schemas import (
+    AllowedIpArgs,
+    AllowedIpCreateSchema,
+    AllowedIpListSchema,
+    AllowedIpSchema,
+    RegistryCredentialCreateSchema,
+    RegistryCredentialListSchema,
+    RegistryCredentialSchema,
+    SshKeyCreateSchema,
+    SshKeyListSchema,
+    SshKeySchema,
+    TokenCreateSchema,
+    TokenListSchema,
+    TokenSchema,
+)
 from dlts.extensions import db, settings_of
 from dlts.services import allowed_ips, registry_credentials, ssh_keys, tokens
 

@@ -47,9 +47,11 @@ def register(app: Flask) -> None:
             return envelope(400, "invalid_input", f"{first[0]}: {text}", {"fields": fields})
         if status == 413:
             limit = app.config.get("MAX_CONTENT_LENGTH")
-            return envelope(413, "body_too_large", f"The request body is larger than this server's limit of {limit} bytes.", {"limit_bytes": limit})
+            return envelope(413, "body_too_large", f"The request body is larger than this server's limit of {limit} bytes.",
+                            {"limit_bytes": limit})
         if status == 400:
-            return envelope(400, "invalid_input", "The request body is not valid JSON; send Content-Type: application/json with a JSON object.")
+            return envelope(400, "invalid_input",
+                            "The request body is not valid JSON; send Content-Type: application/json with a JSON object.")
         return envelope(status, HTTP_CODES.get(status, "error"), exc.description or exc.name)
 
     @app.errorhandler(OperationalError)
@@ -65,5 +67,6 @@ def register(app: Flask) -> None:
 
     @app.errorhandler(Exception)
     def _unexpected(exc: Exception):
-        log.exception("unhandled error")
-        return envelope(500, "internal_error", "Something went wrong on our side; it has been logged. Try again, and tell your operators if it persists.")
+        log.error("unhandled error", exc_info=exc)
+        return envelope(500, "internal_error", "Something went wrong on our side; it has been logged. Try again, and tell "
+                                               "your operators if it persists.")

@@ -29,8 +29,8 @@ from dlts.api.schemas import (
     PageArgs,
 )
 from dlts.extensions import db, settings_of
-from dlts.schemas import EndpointCreateSchema, JobSubmitSchema
 from dlts.models import Job, JobAttempt, iso
+from dlts.schemas import EndpointCreateSchema, JobSubmitSchema
 from dlts.services import endpoints as endpoint_service
 from dlts.services import job_keeping
 from dlts.services import jobs as job_service

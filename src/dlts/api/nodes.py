@@ -8,9 +8,21 @@ from flask import current_app, g, request
 from dlts.api import pagination
 from dlts.api.auth import authenticate, principal
 from dlts.api.blueprint import Blueprint
-from dlts.api.schemas import (NodeOrderSchema, NodePageSchema, NodeRepairSchema, NodeReportResponseSchema,
-                              NodeReportSchema, NodeSchema, PageArgs, RepairCycleListSchema, RepairCycleSchema,
-                              RepairPauseSchema, RepairReturnSchema, RepairStartSchema, RepairStatusSchema)
+from dlts.api.schemas import (
+    NodeOrderSchema,
+    NodePageSchema,
+    NodeRepairSchema,
+    NodeReportResponseSchema,
+    NodeReportSchema,
+    NodeSchema,
+    PageArgs,
+    RepairCycleListSchema,
+    RepairCycleSchema,
+    RepairPauseSchema,
+    RepairReturnSchema,
+    RepairStartSchema,
+    RepairStatusSchema,
+)
 from dlts.extensions import db, settings_of
 from dlts.services import nodes as node_service
 from dlts.services import repair as repair_service

@@ -5,13 +5,12 @@ Unknown fields are refused (marshmallow's RAISE), every string is bounded, every
 
 from __future__ import annotations
 
-
 from marshmallow import INCLUDE, Schema, ValidationError, fields, post_load, validate, validates
 
-from dlts.schemas import Memory, TagList
 from dlts.models import JobStatus, JobType
 from dlts.repair.machine import CycleKind, CycleOutcome
-from dlts.services.jobs import MAX_TAG_CHARS, COMMAND_PREVIEW_CHARS, JobFilter, decode_cursor
+from dlts.schemas import Memory, TagList
+from dlts.services.jobs import COMMAND_PREVIEW_CHARS, MAX_TAG_CHARS, JobFilter, decode_cursor
 from dlts.strict import MAX_ID, MAX_JSON_INT, is_whole_number
 
 JOB_STATUSES = tuple(s.value for s in JobStatus)

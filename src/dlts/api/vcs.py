@@ -9,10 +9,23 @@ from flask.views import MethodView
 from dlts.api import pagination
 from dlts.api.auth import authenticate, principal
 from dlts.api.blueprint import Blueprint
-from dlts.api.schemas import (MemberListSchema, MemberRemovalSchema, MemberRemoveArgs, MemberSchema, PageArgs,
-                              RoleSchema, RegistryCredentialCreateSchema, RegistryCredentialListSchema,
-                              RegistryCredentialSchema, VcCreateSchema, VcEventPageSchema, VcPageSchema, VcPatchSchema,
-                              VcSchema, VcStorageSchema)
+from dlts.api.schemas import (
+    MemberListSchema,
+    MemberRemovalSchema,
+    MemberRemoveArgs,
+    MemberSchema,
+    PageArgs,
+    RegistryCredentialCreateSchema,
+    RegistryCredentialListSchema,
+    RegistryCredentialSchema,
+    RoleSchema,
+    VcCreateSchema,
+    VcEventPageSchema,
+    VcPageSchema,
+    VcPatchSchema,
+    VcSchema,
+    VcStorageSchema,
+)
 from dlts.extensions import db, settings_of
 from dlts.services import members, registry_credentials
 from dlts.services import vcs as vc_service

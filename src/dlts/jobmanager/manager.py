@@ -62,11 +62,11 @@ from dlts.jobmanager.snapshot import (
 )
 from dlts.managers.lease import LeaseLost
 from dlts.models import (
-    EndReason,
-    EventKind,
     ACTIVE,
     EndpointKind,
     EndpointStatus,
+    EndReason,
+    EventKind,
     Job,
     JobAttempt,
     JobEndpoint,

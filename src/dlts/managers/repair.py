@@ -239,7 +239,8 @@ class RepairManager:
     def _last_returns(self, session: Session, now_s: float) -> dict[int, core.LastReturn]:
         since = from_epoch(now_s - self.repair.flap_window_s)
         out: dict[int, core.LastReturn] = {}
-        for c in session.scalars(sa.select(RepairCycle).where(RepairCycle.outcome == core.CycleOutcome.RETURNED, RepairCycle.ended_at >= since,
+        for c in session.scalars(sa.select(RepairCycle).where(RepairCycle.outcome == core.CycleOutcome.RETURNED,
+                                                              RepairCycle.ended_at >= since,
                                                               RepairCycle.kind != "return").order_by(RepairCycle.id)):
             out[c.node_id] = core.LastReturn(epoch(c.ended_at) or 0.0, c.step_index, repo.steps_of(c), Scope(c.scope),
                                              tuple(c.gpus or []))
@@ -414,8 +415,9 @@ class RepairManager:
         else:
             targets = [""]
         why = f"repair {cycle.id}: {cycle.problem}"[:500]
-        orders = [NodeOrder(node_id=node.id, action=step.remediation.value, target=t or None, dry_run=False, status=core.OrderStatus.PENDING,
-                            result={"reason": why}, created_by=ACTOR, created_at=now) for t in targets]
+        orders = [NodeOrder(node_id=node.id, action=step.remediation.value, target=t or None, dry_run=False,
+                            status=core.OrderStatus.PENDING, result={"reason": why}, created_by=ACTOR, created_at=now)
+                  for t in targets]
         session.add_all(orders)
         session.flush()
         session.add(RepairStep(cycle_id=cycle.id, number=index, remediation=step.remediation.value,

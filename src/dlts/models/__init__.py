@@ -1,7 +1,7 @@
 """All models, imported here so that Alembic and ``create_all`` see every table."""
 
-from dlts.models.accounting import UsageJobDay, UsageTotal, UtilisationPoint
 from dlts.models.access import AllowedIp, RegistryCredential, SshKey, StorageUsage
+from dlts.models.accounting import UsageJobDay, UsageTotal, UtilisationPoint
 from dlts.models.base import Base, iso, utcnow
 from dlts.models.identity import (
     ApiToken,
@@ -13,6 +13,7 @@ from dlts.models.identity import (
     RoleBinding,
     User,
 )
+from dlts.models.insight import JobInsight
 from dlts.models.job import (
     ACTIVE,
     TERMINAL,
@@ -32,7 +33,6 @@ from dlts.models.job import (
     JobTemplate,
     JobType,
 )
-from dlts.models.insight import JobInsight
 from dlts.models.lease import ManagersLease
 from dlts.models.node import Node, NodeEvent, NodeFinding, NodeOrder, NodeState
 from dlts.models.notify import OutboxMessage, OutboxStatus
@@ -41,10 +41,55 @@ from dlts.models.storage import StorageExpiryLog, StorageSnapshot
 from dlts.models.vc import VcEvent, VirtualCluster
 
 __all__ = [
-    "ACTIVE", "TERMINAL", "TRANSITIONS", "AllowedIp", "ApiToken", "Base", "EndpointKind", "EndpointStatus", "EndReason", "EventKind", "Group",
-    "GroupMember", "IdempotencyKey", "Job", "JobFavourite", "JobTag", "JobAttempt", "JobEndpoint", "JobEvent", "JobInsight", "JobStatus", "JobTemplate", "JobType", "ManagersLease", "Node",
-    "NodeEvent", "NodeFinding", "NodeOrder", "NodeState", "OutboxMessage", "OutboxStatus", "PortalSession", "RateCounter",
-    "RegistryCredential", "RepairControl", "RepairCycle", "RepairStep", "Role", "RoleBinding", "SshKey", "StorageExpiryLog",
-    "StorageSnapshot", "StorageUsage", "UsageJobDay", "UsageTotal", "User", "UtilisationPoint", "VcEvent", "VirtualCluster",
-    "iso", "utcnow",
+    "ACTIVE",
+    "TERMINAL",
+    "TRANSITIONS",
+    "AllowedIp",
+    "ApiToken",
+    "Base",
+    "EndReason",
+    "EndpointKind",
+    "EndpointStatus",
+    "EventKind",
+    "Group",
+    "GroupMember",
+    "IdempotencyKey",
+    "Job",
+    "JobAttempt",
+    "JobEndpoint",
+    "JobEvent",
+    "JobFavourite",
+    "JobInsight",
+    "JobStatus",
+    "JobTag",
+    "JobTemplate",
+    "JobType",
+    "ManagersLease",
+    "Node",
+    "NodeEvent",
+    "NodeFinding",
+    "NodeOrder",
+    "NodeState",
+    "OutboxMessage",
+    "OutboxStatus",
+    "PortalSession",
+    "RateCounter",
+    "RegistryCredential",
+    "RepairControl",
+    "RepairCycle",
+    "RepairStep",
+    "Role",
+    "RoleBinding",
+    "SshKey",
+    "StorageExpiryLog",
+    "StorageSnapshot",
+    "StorageUsage",
+    "UsageJobDay",
+    "UsageTotal",
+    "User",
+    "UtilisationPoint",
+    "VcEvent",
+    "VirtualCluster",
+    "iso",
+    "utcnow",
 ]

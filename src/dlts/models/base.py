@@ -36,7 +36,7 @@ def str_enum(enum_cls: type, length: int = 32) -> sa.Enum:
 
 
 def utcnow() -> dt.datetime:
-    return dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
+    return dt.datetime.now(dt.UTC).replace(tzinfo=None)
 
 
 def iso(value: dt.datetime | None) -> str | None:

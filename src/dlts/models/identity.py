@@ -38,7 +38,7 @@ class User(Base):
     # NULL: made by a person; "directory": made or adopted by the directory sync (revision 0013)
     source: Mapped[str | None] = mapped_column(sa.String(16))
 
-    tokens: Mapped[list["ApiToken"]] = relationship(back_populates="user", cascade="all, delete-orphan")
+    tokens: Mapped[list[ApiToken]] = relationship(back_populates="user", cascade="all, delete-orphan")
 
 
 class Group(Base):

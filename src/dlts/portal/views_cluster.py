@@ -12,8 +12,7 @@ from dlts.extensions import db, settings_of
 from dlts.models import JobStatus, utcnow
 from dlts.portal import charts, forms
 from dlts.portal.core import admin_only_404, bp, flash_error, login_required, principal
-from dlts.services import idle_gpus
-from dlts.services import accounting
+from dlts.services import accounting, idle_gpus
 from dlts.services import cluster as cluster_service
 from dlts.services import nodes as node_service
 from dlts.services import storage as storage_service

@@ -9,13 +9,25 @@ from __future__ import annotations
 
 import base64
 import binascii
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session, defer
 
 from dlts.errors import InvalidInput
-from dlts.models import EventKind, TRANSITIONS, Job, JobAttempt, JobEvent, JobFavourite, JobStatus, JobTag, SshKey, utcnow
+from dlts.models import (
+    TRANSITIONS,
+    EventKind,
+    Job,
+    JobAttempt,
+    JobEvent,
+    JobFavourite,
+    JobStatus,
+    JobTag,
+    SshKey,
+    utcnow,
+)
 from dlts.strict import whole_number
 
 

@@ -4,8 +4,9 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
@@ -15,8 +16,8 @@ from dlts.models import Role, RoleBinding, User, VirtualCluster
 from dlts.repositories import vc_events
 from dlts.services import vc_storage
 from dlts.services.auth import forget_principals, issue_token
-from dlts.strict import is_whole_number
 from dlts.services.transaction import transactional
+from dlts.strict import is_whole_number
 
 NAME_RE = re.compile(r"^[a-z][a-z0-9_.-]{0,63}$")
 # POSIX ids DLTS runs jobs as: below 1000 are the system's (root 0, daemon, disk, shadow, ...)

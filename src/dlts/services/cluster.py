@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from dlts.models import Node, VirtualCluster, utcnow, iso
+from dlts.models import Node, VirtualCluster, iso, utcnow
 from dlts.repositories import cluster as cluster_repo
 from dlts.repositories import usage as usage_repo
 from dlts.scheduler.model import CPU_SKU, SkuShape

@@ -15,15 +15,26 @@ from __future__ import annotations
 import hashlib
 import re
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from dlts.errors import InvalidInput, NotFound, Refused, WrongState
-from dlts.models import EventKind, TERMINAL, EndpointKind, EndpointStatus, Job, JobEndpoint, JobStatus, SshKey, iso, utcnow
+from dlts.models import (
+    TERMINAL,
+    EndpointKind,
+    EndpointStatus,
+    EventKind,
+    Job,
+    JobEndpoint,
+    JobStatus,
+    SshKey,
+    iso,
+    utcnow,
+)
 from dlts.repositories import jobs as job_repo
 from dlts.repositories import limits as limits_repo
 from dlts.services import policy

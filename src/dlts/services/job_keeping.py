@@ -29,8 +29,8 @@ from sqlalchemy.orm import Session
 from dlts.config import Settings
 from dlts.errors import Forbidden, InvalidInput, Refused, WrongState
 from dlts.models import (
-    EventKind,
     TERMINAL,
+    EventKind,
     IdempotencyKey,
     Job,
     JobAttempt,

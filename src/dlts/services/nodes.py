@@ -34,8 +34,8 @@ from dlts.repositories import repair as repair_repo
 from dlts.repositories import usage as usage_repo
 from dlts.services import accounting, allowlist, policy
 from dlts.services.auth import Principal, hash_token
-from dlts.strict import is_whole_number
 from dlts.services.transaction import transactional
+from dlts.strict import is_whole_number
 
 NODE_TOKEN_PREFIX = "dltsn_"
 REPAIR_ACTIONS = ("reset_gpu", "restart_service", "reboot", "drop_caches")

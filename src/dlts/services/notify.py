@@ -18,9 +18,10 @@ import datetime as dt
 import json
 import logging
 import re
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import jinja2
 import sqlalchemy as sa
@@ -176,7 +177,7 @@ def vc_member_addresses(session: Session, vc_id: int) -> list[tuple[str, str]]:
     return [(name, email.strip()) for name, email in rows if email and email.strip() and is_address(email.strip())]
 
 
-def job_notice_emails(session: Session, job: "Job") -> list[str]:
+def job_notice_emails(session: Session, job: Job) -> list[str]:
     """Whom to tell about a job: its owner first, then the admins of its VC."""
     return clean_recipients(_emails_of(session, [job.user_id]) + vc_admin_emails(session, job.vc_id))
 

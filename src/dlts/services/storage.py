@@ -48,7 +48,7 @@ class UsageReport:
 def _epoch(value: float | None) -> dt.datetime | None:
     if value is None:
         return None
-    return dt.datetime.fromtimestamp(value, dt.timezone.utc).replace(tzinfo=None)
+    return dt.datetime.fromtimestamp(value, dt.UTC).replace(tzinfo=None)
 
 
 def last_scan(session: Session, *, mount: str | None = None, vc: str | None = None, user: str | None = None) -> UsageReport:
@@ -119,7 +119,7 @@ def record_scan(session: Session, result: ScanResult, root: StorageRoot, setting
         over = was_over if percent is None and root.alert_percent is not None else False
     else:
         over = percent >= root.alert_percent
-    started_at = dt.datetime.fromtimestamp(result.started_at, dt.timezone.utc).replace(tzinfo=None)
+    started_at = dt.datetime.fromtimestamp(result.started_at, dt.UTC).replace(tzinfo=None)
     scanned_at = started_at + dt.timedelta(seconds=result.duration_s)
     if previous is not None and scanned_at <= previous.scanned_at:  # a clock step must not reorder scans
         scanned_at = previous.scanned_at + dt.timedelta(microseconds=1)

@@ -13,8 +13,9 @@ row; the job manager reads the VC table on each tick, so changes apply on the ne
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
@@ -28,8 +29,7 @@ from dlts.repositories.cluster import sku_shapes
 from dlts.scheduler.model import CPU_SKU, SkuShape
 from dlts.scheduler.model import Vc as CoreVc
 from dlts.scheduler.quota import derived_cpu_memory, effective_cpu_memory_quota
-from dlts.services import policy
-from dlts.services import admin
+from dlts.services import admin, policy
 from dlts.services.admin import NAME_RE
 from dlts.services.auth import Principal
 from dlts.services.transaction import transactional

@@ -24,7 +24,8 @@ import threading
 import time
 import types
 from collections import deque
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from dlts.storage import scan as scan_module
 from dlts.storage import walk

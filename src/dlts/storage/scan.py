@@ -22,8 +22,9 @@ import queue
 import stat
 import threading
 import time
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Mapping, NamedTuple
+from typing import Any, NamedTuple
 
 from dlts.storage.settings import StorageRoot, StorageSettings
 
@@ -219,7 +220,7 @@ class _Workers:
             key, fn, arg = task
             try:
                 self.results.put((key, fn(arg), None))
-            except BaseException as exc:
+            except Exception as exc:  # noqa: BLE001 - handed to the scan, which reports it as the outcome
                 self.results.put((key, None, exc))
 
     def submit(self, key: Any, fn: Callable[[str], Any], arg: str) -> None:
@@ -451,4 +452,4 @@ def iter_rows(result: ScanResult) -> Iterator[dict[str, Any]]:
 
 
 # the walk by worker processes, last: it uses the names above
-from dlts.storage import parallel
+from dlts.storage import parallel  # noqa: E402

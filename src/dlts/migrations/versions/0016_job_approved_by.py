@@ -6,8 +6,8 @@ Revises: 0015
 """
 import json
 
-from alembic import op
 import sqlalchemy as sa
+from alembic import op
 
 revision = '0016'
 down_revision = '0015'
