@@ -37,14 +37,14 @@ class SshKeys(MethodView):
     @blp.doc(security=SECURITY)
     def get(self):
         """Your SSH public keys (injected into every job you run)."""
-        return {"items": ssh_keys.list_keys(db.session, principal()), "next_cursor": None}
+        return {"items": ssh_keys.list_keys(db.session(), principal()), "next_cursor": None}
 
     @blp.arguments(SshKeyCreateSchema)
     @blp.response(201, SshKeySchema)
     @blp.doc(security=SECURITY)
     def post(self, body):
         """Add an OpenSSH public key (ed25519, ECDSA, RSA >= 2048 bits); duplicates are refused."""
-        return ssh_keys.add_key(db.session, principal(), body["public_key"], body.get("name"))
+        return ssh_keys.add_key(db.session(), principal(), body["public_key"], body.get("name"))
 
 
 @blp.route("/me/ssh-keys/<int(max=4611686018427387904):key_id>", methods=["DELETE"])
@@ -52,7 +52,7 @@ class SshKeys(MethodView):
 @blp.doc(security=SECURITY)
 def delete_ssh_key(key_id: int):
     """Remove one of your SSH keys."""
-    ssh_keys.delete_key(db.session, principal(), key_id)
+    ssh_keys.delete_key(db.session(), principal(), key_id)
 
 
 @blp.route("/me/allowed-ips")
@@ -62,14 +62,14 @@ class AllowedIps(MethodView):
     @blp.doc(security=SECURITY)
     def get(self, args):
         """Your allowed IPs that have not expired (cluster admins: ?user=NAME for anyone's)."""
-        return {"items": allowed_ips.list_entries(db.session, principal(), args.get("user")), "next_cursor": None}
+        return {"items": allowed_ips.list_entries(db.session(), principal(), args.get("user")), "next_cursor": None}
 
     @blp.arguments(AllowedIpCreateSchema)
     @blp.response(201, AllowedIpSchema)
     @blp.doc(security=SECURITY)
     def post(self, body):
         """Allow an IPv4/IPv6 address or CIDR for allow_ip_days; adding one again renews it."""
-        return allowed_ips.add_entry(db.session, settings_of(current_app), principal(), body["ip"], body.get("user"))
+        return allowed_ips.add_entry(db.session(), settings_of(current_app), principal(), body["ip"], body.get("user"))
 
 
 @blp.route("/me/allowed-ips/<int(max=4611686018427387904):entry_id>", methods=["DELETE"])
@@ -77,7 +77,7 @@ class AllowedIps(MethodView):
 @blp.doc(security=SECURITY)
 def delete_allowed_ip(entry_id: int):
     """Remove an allowed IP (yours; cluster admins: anyone's)."""
-    allowed_ips.delete_entry(db.session, principal(), entry_id)
+    allowed_ips.delete_entry(db.session(), principal(), entry_id)
 
 
 @blp.route("/me/tokens")
@@ -86,14 +86,14 @@ class Tokens(MethodView):
     @blp.doc(security=SECURITY)
     def get(self):
         """Your working API tokens (prefix, created, last used, expiry); never the tokens themselves."""
-        return {"items": tokens.list_tokens(db.session, principal()), "next_cursor": None}
+        return {"items": tokens.list_tokens(db.session(), principal()), "next_cursor": None}
 
     @blp.arguments(TokenCreateSchema)
     @blp.response(201, TokenSchema)
     @blp.doc(security=SECURITY)
     def post(self, body):
         """Create a token; the answer carries it once (only its hash is stored)."""
-        return tokens.create_token(db.session, principal(), body["name"], body["expires_days"])
+        return tokens.create_token(db.session(), principal(), body["name"], body["expires_days"])
 
 
 @blp.route("/me/tokens/<int(max=4611686018427387904):token_id>", methods=["DELETE"])
@@ -101,7 +101,7 @@ class Tokens(MethodView):
 @blp.doc(security=SECURITY)
 def revoke_token(token_id: int):
     """Revoke one of your tokens; it stops working at once."""
-    tokens.revoke_token(db.session, principal(), token_id)
+    tokens.revoke_token(db.session(), principal(), token_id)
 
 
 @blp.route("/me/registry-credentials")
@@ -110,7 +110,7 @@ class RegistryCredentials(MethodView):
     @blp.doc(security=SECURITY)
     def get(self):
         """Your private registry logins (server, username, created); never the passwords."""
-        return {"items": registry_credentials.list_mine(db.session, principal()), "next_cursor": None}
+        return {"items": registry_credentials.list_mine(db.session(), principal()), "next_cursor": None}
 
     @blp.arguments(RegistryCredentialCreateSchema)
     @blp.response(201, RegistryCredentialSchema)
@@ -118,7 +118,7 @@ class RegistryCredentials(MethodView):
     def post(self, body):
         """Add a registry login your jobs pull their images with (before the VC's); the password is stored
         encrypted and never returned."""
-        return registry_credentials.add_mine(db.session, settings_of(current_app).secret_key, principal(),
+        return registry_credentials.add_mine(db.session(), settings_of(current_app).secret_key, principal(),
                                              body["server"], body["username"], body["password"])
 
 
@@ -127,4 +127,4 @@ class RegistryCredentials(MethodView):
 @blp.doc(security=SECURITY)
 def delete_registry_credential(credential_id: int):
     """Remove one of your registry credentials."""
-    registry_credentials.delete_mine(db.session, principal(), credential_id)
+    registry_credentials.delete_mine(db.session(), principal(), credential_id)

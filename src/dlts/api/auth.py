@@ -17,7 +17,7 @@ def principal_cache(app: Flask) -> PrincipalCache:
 
 def authenticate() -> None:
     """``before_request`` of each API blueprint: sets ``g.principal`` or raises Unauthenticated."""
-    g.principal = authenticate_bearer(db.session, request.headers.get("Authorization"), principal_cache(current_app))
+    g.principal = authenticate_bearer(db.session(), request.headers.get("Authorization"), principal_cache(current_app))
 
 
 def principal() -> Principal:

@@ -30,7 +30,7 @@ SECURITY = [{"bearer": []}]
 def cluster_status():
     """Capacity and use per SKU, and per VC for the VCs you belong to (cluster admins: all); per SKU,
     how many nodes have 0..N GPUs free."""
-    return asdict(cluster_service.status(db.session, principal()))
+    return asdict(cluster_service.status(db.session(), principal()))
 
 
 @blp.route("/storage/usage")
@@ -40,7 +40,7 @@ def cluster_status():
 @blp.doc(security=SECURITY)
 def storage_usage(args):
     """The last storage scan: bytes and files by mount, VC and user (?format=csv for a spreadsheet)."""
-    report = storage_service.last_scan(db.session, mount=args.get("mount"), vc=args.get("vc"), user=args.get("user"))
+    report = storage_service.last_scan(db.session(), mount=args.get("mount"), vc=args.get("vc"), user=args.get("user"))
     if args["format"] == "csv":
         return Response(storage_service.to_csv(report), mimetype="text/csv",
                         headers={"Content-Disposition": 'attachment; filename="storage-usage.csv"'})
@@ -54,4 +54,4 @@ def storage_usage(args):
 def storage_snapshots(args):
     """The storage manager's scans, newest first: per root when, how long, how it ended (complete,
     hung, timeout, failed), totals, the file system's fill, the biggest directories, the oldest files."""
-    return {"items": storage_service.list_snapshots(db.session, root=args.get("root"), limit=args["limit"])}
+    return {"items": storage_service.list_snapshots(db.session(), root=args.get("root"), limit=args["limit"])}

@@ -18,6 +18,6 @@ def healthz():
 
 @bp.get("/readyz")
 def readyz():
-    if not cluster_service.database_answers(db.session):
+    if not cluster_service.database_answers(db.session()):
         return envelope(503, "database_unavailable", "The database is unreachable.")
     return jsonify({"status": "ready"})

@@ -86,7 +86,7 @@ def job_dict(job: Job, visibility: Visibility, attempts: list[JobAttempt] | None
 
 def changed_job(job: Job) -> dict:
     """A job the caller just changed (and so may manage): the whole job, with its tags and star."""
-    kept = job_service.keeping_of(db.session, principal(), job)
+    kept = job_service.keeping_of(db.session(), principal(), job)
     return job_dict(job, Visibility.FULL, tags=kept[0], favourite=kept[1])
 
 
@@ -126,7 +126,7 @@ class Jobs(MethodView):
     def get(self, wanted: job_service.JobFilter):
         """List jobs you can see, newest first (keyset pagination). Items are summaries: no env or
         ports, the command's first 200 characters; GET /jobs/{id} has the whole job."""
-        page = job_service.list_jobs(db.session, principal(), wanted)
+        page = job_service.list_jobs(db.session(), principal(), wanted)
         return {"items": [job_summary(item) for item in page.items], "next_cursor": page.next_cursor}
 
     @blp.arguments(JobSubmitSchema)
@@ -136,16 +136,16 @@ class Jobs(MethodView):
         """Submit a job into a VC you belong to. With an ``Idempotency-Key`` header a retry (same key,
         same body) answers the job the first request made, with ``Idempotent-Replayed: true``."""
         key = request.headers.get(job_keeping.HEADER)
-        job, replayed = job_keeping.submit(db.session, settings_of(current_app), principal(), body, key)
-        tags, favourite = job_service.keeping_of(db.session, principal(), job)
+        job, replayed = job_keeping.submit(db.session(), settings_of(current_app), principal(), body, key)
+        tags, favourite = job_service.keeping_of(db.session(), principal(), job)
         if replayed:
-            return (job_dict(job, Visibility.FULL, job_service.attempts_of(db.session, job), tags=tags, favourite=favourite),
+            return (job_dict(job, Visibility.FULL, job_service.attempts_of(db.session(), job), tags=tags, favourite=favourite),
                     201, {"Idempotent-Replayed": "true"})
         return job_dict(job, Visibility.FULL, [], tags=tags, favourite=favourite)
 
 
 def _whole_by_id(job_id: int) -> dict:
-    view = job_service.detail(db.session, principal(), job_id)
+    view = job_service.detail(db.session(), principal(), job_id)
     if not view.full:
         return job_dict(view.job, view.visibility, tags=view.tags, favourite=view.favourite)
     return job_dict(view.job, view.visibility, view.attempts, view.endpoints, view.insights, view.tags, view.favourite,
@@ -166,13 +166,13 @@ class OneJob(MethodView):
     def patch(self, body, job_id: int):
         """Change priority (owner: up to 100, VC admin: up to 1000) or max_time_s (applies at the next tick);
         idle_exempt (VC admins): the VC's idle-job policy leaves the job alone."""
-        return changed_job(job_service.patch(db.session, principal(), job_id, body))
+        return changed_job(job_service.patch(db.session(), principal(), job_id, body))
 
     @blp.response(204)
     @blp.doc(security=[{"bearer": []}])
     def delete(self, job_id: int):
         """Delete an ended job of yours with its history and logs (owner only). Its GPU time stays in usage."""
-        job_keeping.delete(db.session, settings_of(current_app), principal(), job_id)
+        job_keeping.delete(db.session(), settings_of(current_app), principal(), job_id)
         return ""
 
 
@@ -182,7 +182,7 @@ class OneJob(MethodView):
 @blp.doc(security=[{"bearer": []}])
 def put_job_tags(body, job_id: int):
     """Replace the job's tags (owner, VC admin); any status. An event of kind change records it."""
-    return {"job_id": job_id, "tags": job_keeping.set_tags(db.session, principal(), job_id, body["tags"])}
+    return {"job_id": job_id, "tags": job_keeping.set_tags(db.session(), principal(), job_id, body["tags"])}
 
 
 @blp.route("/jobs/<int(max=4611686018427387904):job_id>/favourite", methods=["PUT", "DELETE"])
@@ -190,7 +190,7 @@ def put_job_tags(body, job_id: int):
 @blp.doc(security=[{"bearer": []}])
 def job_favourite(job_id: int):
     """Star (PUT) or unstar (DELETE) a job you can see; your favourites are yours alone."""
-    on = job_keeping.set_favourite(db.session, principal(), job_id, request.method == "PUT")
+    on = job_keeping.set_favourite(db.session(), principal(), job_id, request.method == "PUT")
     return {"job_id": job_id, "favourite": on}
 
 
@@ -199,7 +199,7 @@ def job_favourite(job_id: int):
 @blp.doc(security=[{"bearer": []}])
 def job_spec(job_id: int):
     """The POST /jobs body that submits this job again (owner, VC admin): clone or resubmit."""
-    return job_keeping.spec(db.session, principal(), job_id)
+    return job_keeping.spec(db.session(), principal(), job_id)
 
 
 @blp.route("/jobs:batch", methods=["POST"])
@@ -208,7 +208,7 @@ def job_spec(job_id: int):
 @blp.doc(security=[{"bearer": []}])
 def batch(body):
     """Kill, pause, resume or approve many jobs: one result per id, never all-or-nothing."""
-    results = job_service.batch(db.session, principal(), body["action"], body["ids"])
+    results = job_service.batch(db.session(), principal(), body["action"], body["ids"])
     ok = sum(1 for r in results if r.ok)
     return {"action": body["action"], "results": results, "succeeded": ok, "failed": len(results) - ok}
 
@@ -220,7 +220,7 @@ def batch(body):
 def job_events(args, job_id: int):
     """Transitions, scheduler reasons, repair and insight messages, newest first."""
     before = pagination.decode_int("e", args.get("cursor"))
-    visibility, rows = job_service.events(db.session, principal(), job_id, before_id=before, limit=args["limit"] + 1)
+    visibility, rows = job_service.events(db.session(), principal(), job_id, before_id=before, limit=args["limit"] + 1)
     page = rows[: args["limit"]]
     items = [{"id": e.id, "at": iso(e.at), "kind": e.kind, "from_status": e.from_status, "to_status": e.to_status,
               "reason": e.reason, "message": e.message, "actor": e.actor} for e in page]
@@ -236,7 +236,7 @@ def job_events(args, job_id: int):
 def job_attempts(args, job_id: int):
     """Retry history, oldest first: where each attempt ran and how it ended."""
     after = pagination.decode_int("a", args.get("cursor")) or 0
-    visibility, rows = job_service.attempts(db.session, principal(), job_id, after_number=after, limit=args["limit"] + 1)
+    visibility, rows = job_service.attempts(db.session(), principal(), job_id, after_number=after, limit=args["limit"] + 1)
     page = rows[: args["limit"]]
     items = [{"number": a.number, "placements": a.placements if visibility is Visibility.FULL else [],
               "started_at": iso(a.started_at), "ended_at": iso(a.ended_at), "exit_code": a.exit_code,
@@ -249,7 +249,7 @@ def _action(name: str, service):
     @blp.response(202, JobSchema)
     @blp.doc(security=[{"bearer": []}], summary=f"{name.capitalize()} a job")
     def view(job_id: int):
-        return changed_job(service(db.session, principal(), job_id))
+        return changed_job(service(db.session(), principal(), job_id))
 
     return view
 
@@ -259,7 +259,7 @@ def _archive(name: str, archived: bool):
     @blp.response(200, JobSchema)
     @blp.doc(security=[{"bearer": []}], summary=f"{name.capitalize()} an ended job of yours")
     def view(job_id: int):
-        return changed_job(job_keeping.set_archived(db.session, principal(), job_id, archived))
+        return changed_job(job_keeping.set_archived(db.session(), principal(), job_id, archived))
 
     return view
 
@@ -278,7 +278,7 @@ class JobEndpoints(MethodView):
     @blp.doc(security=[{"bearer": []}])
     def get(self, job_id: int):
         """The job's endpoints (at most 8: one page), with their address once ready."""
-        return {"items": endpoint_service.list_endpoints(db.session, principal(), job_id), "next_cursor": None}
+        return {"items": endpoint_service.list_endpoints(db.session(), principal(), job_id), "next_cursor": None}
 
     @blp.arguments(EndpointCreateSchema)
     @blp.response(201, EndpointSchema)
@@ -286,7 +286,7 @@ class JobEndpoints(MethodView):
     def post(self, body, job_id: int):
         """Open ssh, jupyter, vscode or a port of a job that has not ended; the job manager exposes it while the
         job runs. jupyter and vscode answer their password (token) this once."""
-        view, token = endpoint_service.open_endpoint(db.session, principal(), job_id, body["kind"], body.get("port"),
+        view, token = endpoint_service.open_endpoint(db.session(), principal(), job_id, body["kind"], body.get("port"),
                                                      body.get("name"))
         return asdict(view) | ({"token": token} if token else {})
 
@@ -297,7 +297,7 @@ class JobEndpoints(MethodView):
 @blp.doc(security=[{"bearer": []}])
 def close_job_endpoint(job_id: int, endpoint_id: int):
     """Close an endpoint: it reads closing until the job manager has removed it from the cluster, then it is gone."""
-    return endpoint_service.close_endpoint(db.session, principal(), job_id, endpoint_id)
+    return endpoint_service.close_endpoint(db.session(), principal(), job_id, endpoint_id)
 
 
 @blp.route("/jobs/<int(max=4611686018427387904):job_id>/log")
@@ -309,10 +309,10 @@ def job_log(args, job_id: int):
     (rotated parts in order, a line where the middle was dropped)."""
     settings = settings_of(current_app)
     if args["download"]:
-        _job, number, chunks = job_service.download_log(db.session, settings, principal(), job_id, args.get("attempt"))
+        _job, number, chunks = job_service.download_log(db.session(), settings, principal(), job_id, args.get("attempt"))
         return Response(stream_with_context(chunks), mimetype="text/plain",
                         headers={"Content-Disposition": f'attachment; filename="job-{job_id}-attempt-{number}.log"'})
-    read = job_service.read_log(db.session, settings, principal(), job_id, args.get("attempt"),
+    read = job_service.read_log(db.session(), settings, principal(), job_id, args.get("attempt"),
                                 args["offset"], args["limit"])
     return {"job_id": read.job.id, "attempt": read.attempt, "offset": read.offset, "next_offset": read.next_offset,
             "size": read.size, "data": read.data.decode("utf-8", errors="replace"), "complete": read.complete}

@@ -16,4 +16,4 @@ blp.before_request(authenticate)
 @blp.response(200, MeSchema)
 @blp.doc(security=[{"bearer": []}])
 def me():
-    return user_service.me(db.session, principal())
+    return user_service.me(db.session(), principal())

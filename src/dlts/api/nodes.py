@@ -39,7 +39,7 @@ SECURITY = [{"bearer": []}]
 def list_nodes(args):
     """Nodes by name: SKU, capacity, use, health, repair state (details for cluster admins)."""
     after = pagination.decode("n", args.get("cursor"))
-    items = node_service.list_nodes(db.session, principal(), after_name=after, limit=args["limit"] + 1)
+    items = node_service.list_nodes(db.session(), principal(), after_name=after, limit=args["limit"] + 1)
     page = items[: args["limit"]]
     return {"items": page, "next_cursor": pagination.encode("n", page[-1].name) if len(items) > args["limit"] else None}
 
@@ -49,7 +49,7 @@ def list_nodes(args):
 @blp.doc(security=SECURITY)
 def get_node(name: str):
     """One node (details: findings history, repair orders, metrics, jobs, for cluster admins)."""
-    return node_service.get_node(db.session, principal(), name)
+    return node_service.get_node(db.session(), principal(), name)
 
 
 @blp.route("/nodes/<string:name>/cordon", methods=["POST"])
@@ -57,7 +57,7 @@ def get_node(name: str):
 @blp.doc(security=SECURITY)
 def cordon(name: str):
     """Stop placing new work on the node (cluster admin); running jobs stay."""
-    return node_service.cordon(db.session, principal(), name)
+    return node_service.cordon(db.session(), principal(), name)
 
 
 @blp.route("/nodes/<string:name>/uncordon", methods=["POST"])
@@ -65,7 +65,7 @@ def cordon(name: str):
 @blp.doc(security=SECURITY)
 def uncordon(name: str):
     """Return the node to service (cluster admin)."""
-    return node_service.uncordon(db.session, principal(), name)
+    return node_service.uncordon(db.session(), principal(), name)
 
 
 @blp.route("/nodes/<string:name>/repair", methods=["POST"])
@@ -74,7 +74,7 @@ def uncordon(name: str):
 @blp.doc(security=SECURITY)
 def repair(body, name: str):
     """Order a repair action; the node's agent receives it with its next report (cluster admin)."""
-    return node_service.repair(db.session, principal(), name, body["action"], body.get("target"), body["dry_run"], body["reason"])
+    return node_service.repair(db.session(), principal(), name, body["action"], body.get("target"), body["dry_run"], body["reason"])
 
 
 @blp.route("/nodes/<string:name>/repairs")
@@ -82,7 +82,7 @@ def repair(body, name: str):
 @blp.doc(security=SECURITY)
 def list_repairs(name: str):
     """The node's repair cycles, newest first, with their steps, times and results (cluster admin)."""
-    return {"items": repair_service.list_cycles(db.session, principal(), name)}
+    return {"items": repair_service.list_cycles(db.session(), principal(), name)}
 
 
 @blp.route("/nodes/<string:name>/repairs", methods=["POST"])
@@ -92,7 +92,7 @@ def list_repairs(name: str):
 def start_repair(body, name: str):
     """Start a repair cycle by hand (cluster admin): quarantine now, then the given chain; the
     budget and the pause apply. 409 unless the node is in service."""
-    return repair_service.start(db.session, principal(), name, steps=body["steps"], gpus=body["gpus"],
+    return repair_service.start(db.session(), principal(), name, steps=body["steps"], gpus=body["gpus"],
                                 target=body.get("target"), reason=body["reason"])
 
 
@@ -101,7 +101,7 @@ def start_repair(body, name: str):
 @blp.doc(security=SECURITY)
 def cancel_repair(name: str, cycle_id: int):
     """Cancel an open cycle (cluster admin): its orders are withdrawn, the node returns to service."""
-    return repair_service.cancel(db.session, principal(), name, cycle_id)
+    return repair_service.cancel(db.session(), principal(), name, cycle_id)
 
 
 @blp.route("/nodes/<string:name>/return", methods=["POST"])
@@ -110,7 +110,7 @@ def cancel_repair(name: str, cycle_id: int):
 @blp.doc(security=SECURITY)
 def return_node(body, name: str):
     """A human returns an out_of_service or rma node (cluster admin): it validates, then serves."""
-    return repair_service.return_node(db.session, principal(), name, body["reason"])
+    return repair_service.return_node(db.session(), principal(), name, body["reason"])
 
 
 @blp.route("/repair/pause", methods=["POST"])
@@ -119,7 +119,7 @@ def return_node(body, name: str):
 @blp.doc(security=SECURITY)
 def pause_repairs(body):
     """Stop new repair actions everywhere, or on ``node`` (cluster admin); those in flight finish."""
-    return repair_service.set_pause(db.session, principal(), True, body.get("node"), body["reason"])
+    return repair_service.set_pause(db.session(), principal(), True, body.get("node"), body["reason"])
 
 
 @blp.route("/repair/resume", methods=["POST"])
@@ -128,7 +128,7 @@ def pause_repairs(body):
 @blp.doc(security=SECURITY)
 def resume_repairs(body):
     """Resume repairs everywhere, or on ``node`` (cluster admin)."""
-    return repair_service.set_pause(db.session, principal(), False, body.get("node"), body["reason"])
+    return repair_service.set_pause(db.session(), principal(), False, body.get("node"), body["reason"])
 
 
 @blp.route("/repair/status")
@@ -136,7 +136,7 @@ def resume_repairs(body):
 @blp.doc(security=SECURITY)
 def repair_status():
     """Nodes per state, the budget per SKU, the queue, recent cycles, the pauses (cluster admin)."""
-    return repair_service.status(db.session, principal(), settings_of(current_app))
+    return repair_service.status(db.session(), principal(), settings_of(current_app))
 
 
 # The agent authenticates with a node token, not a user token: a blueprint of its own.
@@ -146,7 +146,7 @@ agent_blp = Blueprint("agent", __name__, description="Node agent reports (node t
 @agent_blp.before_request
 def _authenticate_node() -> None:
     name = (request.view_args or {}).get("name", "")
-    g.node = node_service.authenticate_node(db.session, name, request.headers.get("Authorization"))
+    g.node = node_service.authenticate_node(db.session(), name, request.headers.get("Authorization"))
 
 
 @agent_blp.route("/nodes/<string:name>/report", methods=["POST"])
@@ -165,5 +165,5 @@ def report(body, name: str):
     parsed = node_service.Report(node=body["node"], agent_version=body["agent_version"], heartbeat_at=body.get("heartbeat_at"),
                                  boot_id=body["boot_id"], findings=findings, metrics=body["metrics"],
                                  collectors=body["collectors"], order_results=results, fake=body["fake"])
-    return node_service.answer_report(db.session, settings_of(current_app), g.node, parsed,
+    return node_service.answer_report(db.session(), settings_of(current_app), g.node, parsed,
                                       accept_fake=bool(current_app.config.get("DLTS_DEMO")))

@@ -105,7 +105,7 @@ def usage(args):
     start, end = accounting.parse_range(args.get("from_"), args.get("to"), utcnow().date())
     query = accounting.UsageQuery(group_by=accounting.parse_group_by(args["group_by"]), start=start, end=end,
                                   vc=args.get("vc"), user=args.get("user"), limit=args["limit"])
-    report = accounting.usage(db.session, principal(), query)
+    report = accounting.usage(db.session(), principal(), query)
     if args["format"] == "csv":
         return Response(accounting.to_csv(report), mimetype="text/csv",
                         headers={"Content-Disposition": f'attachment; filename="gpu-usage-{start}-{end}.csv"'})
@@ -122,7 +122,7 @@ def usage(args):
 def job_utilisation(args, job_id: int):
     """One attempt's utilisation, a point a minute (the current attempt unless ?attempt=N): each GPU's
     utilisation and memory, the job's CPU cores and host memory. Owner, VC admins, cluster admins."""
-    history = accounting.utilisation(db.session, principal(), job_id, args.get("attempt"))
+    history = accounting.utilisation(db.session(), principal(), job_id, args.get("attempt"))
     data = asdict(history)
     data["started_at"], data["ended_at"] = iso(history.started_at), iso(history.ended_at)
     for point in data["points"]:

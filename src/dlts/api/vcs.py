@@ -43,7 +43,7 @@ class Vcs(MethodView):
     def get(self, args):
         """The VCs you belong to (all of them for a cluster admin), by name."""
         after = pagination.decode("v", args.get("cursor"))
-        items = vc_service.list_vcs(db.session, principal(), after_name=after, limit=args["limit"] + 1)
+        items = vc_service.list_vcs(db.session(), principal(), after_name=after, limit=args["limit"] + 1)
         page = items[: args["limit"]]
         return {"items": page, "next_cursor": pagination.encode("v", page[-1].name) if len(items) > args["limit"] else None}
 
@@ -52,7 +52,7 @@ class Vcs(MethodView):
     @blp.doc(security=SECURITY)
     def post(self, body):
         """Create a VC (cluster admin)."""
-        return vc_service.create_vc(db.session, principal(), vc_service.VcSpec(**body))
+        return vc_service.create_vc(db.session(), principal(), vc_service.VcSpec(**body))
 
 
 @blp.route("/vcs/<string:name>")
@@ -61,20 +61,20 @@ class Vc(MethodView):
     @blp.doc(security=SECURITY)
     def get(self, name: str):
         """One VC: quota and use per SKU, per-user use, policy and limits (members)."""
-        return vc_service.get_vc(db.session, principal(), name)
+        return vc_service.get_vc(db.session(), principal(), name)
 
     @blp.arguments(VcPatchSchema)
     @blp.response(200, VcSchema)
     @blp.doc(security=SECURITY)
     def patch(self, body, name: str):
         """Change settings (VC admin: policy and limits; cluster admin: quota). Applies at the next tick."""
-        return vc_service.update_vc(db.session, principal(), name, body)
+        return vc_service.update_vc(db.session(), principal(), name, body)
 
     @blp.response(204)
     @blp.doc(security=SECURITY)
     def delete(self, name: str):
         """Delete a VC with no unfinished jobs (cluster admin)."""
-        vc_service.delete_vc(db.session, principal(), name)
+        vc_service.delete_vc(db.session(), principal(), name)
 
 
 @blp.route("/vcs/<string:name>/events")
@@ -84,7 +84,7 @@ class Vc(MethodView):
 def vc_events(args, name: str):
     """Who changed which setting of the VC, newest first."""
     before = pagination.decode_int("ve", args.get("cursor"))
-    items = vc_service.events(db.session, principal(), name, before_id=before, limit=args["limit"] + 1)
+    items = vc_service.events(db.session(), principal(), name, before_id=before, limit=args["limit"] + 1)
     page = items[: args["limit"]]
     return {"items": page, "next_cursor": pagination.encode("ve", page[-1].id) if len(items) > args["limit"] else None}
 
@@ -94,7 +94,7 @@ def vc_events(args, name: str):
 @blp.doc(security=SECURITY)
 def vc_members(name: str):
     """The VC's members and admins (members of the VC), each with their direct role and their groups'."""
-    return {"items": members.list_members(db.session, principal(), name), "next_cursor": None}
+    return {"items": members.list_members(db.session(), principal(), name), "next_cursor": None}
 
 
 @blp.route("/vcs/<string:name>/members/<string:user_name>")
@@ -104,7 +104,7 @@ class VcMember(MethodView):
     @blp.doc(security=SECURITY)
     def put(self, body, name: str, user_name: str):
         """Make the user a `member` or an `admin` of the VC; idempotent (VC admin). A VC event records it."""
-        return members.put_member(db.session, principal(), name, user_name, body["role"])[0]
+        return members.put_member(db.session(), principal(), name, user_name, body["role"])[0]
 
     @blp.arguments(MemberRemoveArgs, location="query")
     @blp.response(200, MemberRemovalSchema)
@@ -112,7 +112,7 @@ class VcMember(MethodView):
     def delete(self, args, name: str, user_name: str):
         """Remove the user's membership (VC admin): running jobs finish, waiting jobs are kept or killed
         (`?queued=keep|kill`, default keep); the answer lists them."""
-        return members.remove_member(db.session, principal(), name, user_name, args["queued"])
+        return members.remove_member(db.session(), principal(), name, user_name, args["queued"])
 
 
 @blp.route("/vcs/<string:name>/storage", methods=["PUT"])
@@ -122,7 +122,7 @@ class VcMember(MethodView):
 def put_vc_storage(body, name: str):
     """Replace the VC's whole storage document: NFS exports, host directories, users' homes, Lustre (cluster
     admin). Attempts launched from now on mount it."""
-    return vc_service.set_storage(db.session, principal(), name, body)
+    return vc_service.set_storage(db.session(), principal(), name, body)
 
 
 @blp.route("/vcs/<string:name>/registry-credentials")
@@ -131,7 +131,7 @@ class VcRegistryCredentials(MethodView):
     @blp.doc(security=SECURITY)
     def get(self, name: str):
         """The VC's registry credentials (VC admins); never the passwords."""
-        return {"items": registry_credentials.list_vc(db.session, principal(), name), "next_cursor": None}
+        return {"items": registry_credentials.list_vc(db.session(), principal(), name), "next_cursor": None}
 
     @blp.arguments(RegistryCredentialCreateSchema)
     @blp.response(201, RegistryCredentialSchema)
@@ -139,7 +139,7 @@ class VcRegistryCredentials(MethodView):
     def post(self, body, name: str):
         """Add a registry login every job of the VC pulls its image with (VC admins); the password is stored
         encrypted and never returned."""
-        return registry_credentials.add_vc(db.session, settings_of(current_app).secret_key, principal(), name,
+        return registry_credentials.add_vc(db.session(), settings_of(current_app).secret_key, principal(), name,
                                            body["server"], body["username"], body["password"])
 
 
@@ -148,4 +148,4 @@ class VcRegistryCredentials(MethodView):
 @blp.doc(security=SECURITY)
 def delete_vc_registry_credential(name: str, credential_id: int):
     """Remove one of the VC's registry credentials (VC admins)."""
-    registry_credentials.delete_vc(db.session, principal(), name, credential_id)
+    registry_credentials.delete_vc(db.session(), principal(), name, credential_id)

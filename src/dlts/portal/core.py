@@ -98,7 +98,7 @@ def _load_principal() -> Any:
     g.principal = None
     session_id = session.get(SESSION_ID)
     if session_id is not None:
-        g.principal = principal_for_session(db.session, session_id)
+        g.principal = principal_for_session(db.session(), session_id)
         if g.principal is None:  # logged out, password changed, expired, or the user disabled
             session.clear()
     elif session.get("uid") is not None:  # a cookie from before server-side sessions: not a login
@@ -200,7 +200,7 @@ def _layout() -> dict[str, Any]:
     if g.get("database_down"):
         return {"me": None, "vc_notices": notices}
     if who is not None and who.vcs:
-        notices = vc_service.notices(db.session, list(who.vcs))
+        notices = vc_service.notices(db.session(), list(who.vcs))
     return {"me": who, "vc_notices": notices}
 
 

@@ -23,14 +23,14 @@ def ssh_keys():
     status = 200
     if request.method == "POST":
         try:
-            key = key_service.add_key(db.session, principal(), request.form.get("public_key", ""),
+            key = key_service.add_key(db.session(), principal(), request.form.get("public_key", ""),
                                       request.form.get("name", "").strip() or None)
             flash(f"Key {key.name} added ({key.fingerprint}); jobs started from now on accept it.", "ok")
             return redirect(url_for("portal.ssh_keys"))
         except DltsError as exc:
             errors[str(exc.details.get("field", "public_key"))] = exc.message
             status = exc.http_status
-    return render_template("ssh_keys.html", keys=key_service.list_keys(db.session, principal()), errors=errors,
+    return render_template("ssh_keys.html", keys=key_service.list_keys(db.session(), principal()), errors=errors,
                            form=request.form), status
 
 
@@ -38,7 +38,7 @@ def ssh_keys():
 @login_required
 def delete_ssh_key(key_id: int):
     try:
-        key_service.delete_key(db.session, principal(), key_id)
+        key_service.delete_key(db.session(), principal(), key_id)
         flash("Key deleted; jobs started from now on no longer accept it.", "ok")
     except DltsError as exc:
         flash_error(exc)
@@ -54,7 +54,7 @@ def allowed_ips():
     if request.method == "POST":
         ip = (request.remote_addr or "") if request.form.get("mine") else request.form.get("ip", "")
         try:
-            entry = ip_service.add_entry(db.session, settings, principal(), ip)
+            entry = ip_service.add_entry(db.session(), settings, principal(), ip)
             flash(f"{entry.cidr} {'renewed' if entry.renewed else 'added'}; it expires {entry.expires_at[:10]}.", "ok")
             return redirect(url_for("portal.allowed_ips"))
         except DltsError as exc:
@@ -62,7 +62,7 @@ def allowed_ips():
             status = exc.http_status
     now = utcnow()
     entries = []
-    for entry in ip_service.list_entries(db.session, principal()):
+    for entry in ip_service.list_entries(db.session(), principal()):
         expires = dt.datetime.fromisoformat(entry.expires_at.rstrip("Z")) if entry.expires_at else None
         entries.append((entry, expires, expires is not None and expires - now <= EXPIRES_SOON))
     return render_template("allowed_ips.html", entries=entries, errors=errors, your_ip=request.remote_addr,
@@ -73,7 +73,7 @@ def allowed_ips():
 @login_required
 def delete_allowed_ip(entry_id: int):
     try:
-        ip_service.delete_entry(db.session, principal(), entry_id)
+        ip_service.delete_entry(db.session(), principal(), entry_id)
         flash("Address removed from your allowed IPs.", "ok")
     except DltsError as exc:
         flash_error(exc)

@@ -34,7 +34,7 @@ def _id_field(name: str) -> int | None:
 @login_required
 def vc_members(name: str):
     who = principal()
-    view = vc_service.get_vc(db.session, who, name)  # 404 outside the VC
+    view = vc_service.get_vc(db.session(), who, name)  # 404 outside the VC
     if not who.is_vc_admin(name):
         return render_template("error.html", status=403, title="Not allowed",
                                message=f"Only an admin of VC {name} may manage its members."), 403
@@ -44,11 +44,11 @@ def vc_members(name: str):
         user = _form("user")
         try:
             if action == "put":
-                member, changed = member_service.put_member(db.session, who, name, user, request.form.get("role", ""))
+                member, changed = member_service.put_member(db.session(), who, name, user, request.form.get("role", ""))
                 flash(f"{member.user} is {'now ' if changed else 'already '}{'an admin' if member.role == 'admin' else 'a member'} "
                       f"of VC {name}.", "ok")
             elif action == "remove":
-                result = member_service.remove_member(db.session, who, name, user, request.form.get("queued", ""))
+                result = member_service.remove_member(db.session(), who, name, user, request.form.get("queued", ""))
                 said = [f"{result.user} removed from VC {name}" if result.removed else f"{result.user} had no membership of its own"]
                 if result.still_member_via:
                     said.append(f"still a member through group {', '.join(result.still_member_via)}")
@@ -66,7 +66,7 @@ def vc_members(name: str):
             flash_error(exc)
             status = exc.http_status
     return render_template("vc_members.html", vc=view, tab="members", can_edit=True,
-                           members=member_service.list_members(db.session, who, name)), status
+                           members=member_service.list_members(db.session(), who, name)), status
 
 
 # -- users (cluster admins) --------------------------------------------------------------------------------
@@ -78,7 +78,7 @@ def admin_users():
     status, shown, errors = 200, None, {}
     if request.method == "POST":
         try:
-            view, shown = user_service.create(db.session, who, _form("name"), email=_form("email") or None,
+            view, shown = user_service.create(db.session(), who, _form("name"), email=_form("email") or None,
                                               uid=_id_field("uid"), gid=_id_field("gid"),
                                               cluster_admin=request.form.get("cluster_admin") == "on",
                                               generate_password=True)
@@ -88,7 +88,7 @@ def admin_users():
             errors[str(exc.details.get("field", "name"))] = exc.message
             status = exc.http_status
     query = (request.args.get("q") or "").strip()[:64]
-    rows = user_service.list_users(db.session, who, limit=500, query=query or None)
+    rows = user_service.list_users(db.session(), who, limit=500, query=query or None)
     return render_template("admin_users.html", users=rows, q=query, shown=shown, errors=errors,
                            form=request.form if errors else None), status
 
@@ -104,18 +104,18 @@ def admin_user(name: str):
             if action == "update":
                 changes = {"email": _form("email") or None, "uid": _id_field("uid"), "gid": _id_field("gid"),
                            "cluster_admin": request.form.get("cluster_admin") == "on"}
-                user_service.update(db.session, who, name, changes)
+                user_service.update(db.session(), who, name, changes)
                 flash(f"User {name} saved.", "ok")
             elif action == "disable":
-                result = user_service.disable(db.session, who, name, _form("reason") or None)
+                result = user_service.disable(db.session(), who, name, _form("reason") or None)
                 flash(f"User {name} disabled: {result.tokens_revoked} tokens revoked, {result.sessions_ended} portal "
                       f"sessions ended, {len(result.held_jobs)} waiting jobs held; running jobs run on.", "ok")
             elif action == "enable":
-                result = user_service.enable(db.session, who, name)
+                result = user_service.enable(db.session(), who, name)
                 flash(f"User {name} enabled; {len(result.released_jobs)} held jobs back in the queue. Revoked tokens "
                       "stay revoked.", "ok")
             elif action == "password":
-                password = user_service.reset_password(db.session, who, name).password
+                password = user_service.reset_password(db.session(), who, name).password
             else:
                 raise InvalidInput("Unknown action.", details={"field": "action"})
             if password is None:
@@ -123,7 +123,7 @@ def admin_user(name: str):
         except DltsError as exc:
             flash_error(exc)
             status = exc.http_status
-    view = user_service.get(db.session, who, name)
+    view = user_service.get(db.session(), who, name)
     return render_template("admin_user.html", user=view, password=password), status
 
 
@@ -136,12 +136,12 @@ def admin_groups():
     status = 200
     if request.method == "POST":
         try:
-            group = group_service.create(db.session, who, _form("name"))
+            group = group_service.create(db.session(), who, _form("name"))
             return redirect(url_for("portal.admin_group", name=group.name))
         except DltsError as exc:
             flash_error(exc)
             status = exc.http_status
-    return render_template("admin_groups.html", groups=group_service.list_groups(db.session, who, limit=500)), status
+    return render_template("admin_groups.html", groups=group_service.list_groups(db.session(), who, limit=500)), status
 
 
 @bp.route("/admin/groups/<name>", methods=["GET", "POST"])
@@ -153,15 +153,15 @@ def admin_group(name: str):
         action = request.form.get("action", "")
         try:
             if action == "add":
-                group_service.add_user(db.session, who, name, _form("user"))
+                group_service.add_user(db.session(), who, name, _form("user"))
             elif action == "remove":
-                group_service.remove_user(db.session, who, name, _form("user"))
+                group_service.remove_user(db.session(), who, name, _form("user"))
             elif action == "bind":
-                group_service.put_vc_role(db.session, who, name, _form("vc"), request.form.get("role", ""))
+                group_service.put_vc_role(db.session(), who, name, _form("vc"), request.form.get("role", ""))
             elif action == "unbind":
-                group_service.delete_vc_role(db.session, who, name, _form("vc"))
+                group_service.delete_vc_role(db.session(), who, name, _form("vc"))
             elif action == "delete":
-                group_service.delete(db.session, who, name)
+                group_service.delete(db.session(), who, name)
                 flash(f"Group {name} deleted.", "ok")
                 return redirect(url_for("portal.admin_groups"))
             else:
@@ -171,8 +171,8 @@ def admin_group(name: str):
         except DltsError as exc:
             flash_error(exc)
             status = exc.http_status
-    group = group_service.get(db.session, who, name)
-    vcs = [v.name for v in vc_service.list_vcs(db.session, who)]
+    group = group_service.get(db.session(), who, name)
+    vcs = [v.name for v in vc_service.list_vcs(db.session(), who)]
     return render_template("admin_group.html", group=group, vcs=vcs), status
 
 
@@ -188,14 +188,14 @@ def admin_vcs():
         try:
             if action == "create":
                 quota = admin_service.parse_quota([q for q in _form("quota", 2000).replace(",", " ").split() if q])
-                view = vc_service.create_vc(db.session, who, vc_service.VcSpec(name=_form("name"), quota=quota,
+                view = vc_service.create_vc(db.session(), who, vc_service.VcSpec(name=_form("name"), quota=quota,
                                                                                 policy=request.form.get("policy", "RF")))
                 flash(f"VC {view.name} created; add its members on its Members tab.", "ok")
             elif action == "delete":
                 vc_name = _form("vc")
                 if _form("confirm") != vc_name:
                     raise InvalidInput(f"Type the VC's name ({vc_name}) to confirm the deletion.", details={"field": "confirm"})
-                vc_service.delete_vc(db.session, who, vc_name)
+                vc_service.delete_vc(db.session(), who, vc_name)
                 flash(f"VC {vc_name} deleted.", "ok")
             else:
                 raise InvalidInput("Unknown action.", details={"field": "action"})
@@ -204,5 +204,5 @@ def admin_vcs():
             field = str(exc.details.get("field", "_form")).split(".")[0]  # quota.a100: the quota box
             errors[field if field in ("name", "quota", "policy", "confirm") else "_form"] = exc.message
             status = exc.http_status
-    return render_template("admin_vcs.html", vcs=vc_service.list_vcs(db.session, who), errors=errors,
+    return render_template("admin_vcs.html", vcs=vc_service.list_vcs(db.session(), who), errors=errors,
                            form=request.form if errors else None), status

@@ -72,10 +72,10 @@ def login():
     user_name = request.form.get("username", "").strip()[:64]
     password = request.form.get("password", "")
     try:
-        who = portal_auth.login(db.session, login_limits(), user_name, password, request.remote_addr)
+        who = portal_auth.login(db.session(), login_limits(), user_name, password, request.remote_addr)
     except (TooManyAttempts, Unauthenticated) as exc:
         return _refused(exc, next_url, user_name)
-    session_id = portal_auth.start_session(db.session, who, SESSION_LIFETIME)
+    session_id = portal_auth.start_session(db.session(), who, SESSION_LIFETIME)
     session.clear()  # a fresh session on login: no fixation of a cookie set before it
     session[SESSION_ID] = session_id
     session.permanent = True
@@ -84,7 +84,7 @@ def login():
 
 @bp.route("/logout", methods=["POST"])
 def logout():
-    portal_auth.end_session(db.session, session.get(SESSION_ID))
+    portal_auth.end_session(db.session(), session.get(SESSION_ID))
     session.clear()
     flash("You are logged out.", "info")
     return redirect(url_for("portal.login"))
@@ -100,12 +100,12 @@ def tokens():
         try:
             expires_days = whole_number_or_none(days, "expires_days", min_value=1, max_value=3650,
                                                 message="Expiry must be a whole number of days (1 to 3650), or empty.")
-            new_token = tokens_service.create_token(db.session, principal(), request.form.get("name", "").strip(),
+            new_token = tokens_service.create_token(db.session(), principal(), request.form.get("name", "").strip(),
                                                     expires_days).token
         except DltsError as exc:
             flash_error(exc)
             status = exc.http_status
-    rows = portal_auth.list_tokens(db.session, principal())
+    rows = portal_auth.list_tokens(db.session(), principal())
     # shown once, on this response only; the page must not be cached by the browser
     response = current_app.make_response((render_template("tokens.html", tokens=rows, new_token=new_token), status))
     response.headers["Cache-Control"] = "no-store"
@@ -115,6 +115,6 @@ def tokens():
 @bp.route("/tokens/<int(max=4611686018427387904):token_id>/revoke", methods=["POST"])
 @login_required
 def revoke_token(token_id: int):
-    token = tokens_service.revoke_token(db.session, principal(), token_id)
+    token = tokens_service.revoke_token(db.session(), principal(), token_id)
     flash(f"Token {token.name} ({token.prefix}...) revoked; programs using it now get 401.", "info")
     return redirect(url_for("portal.tokens"))

@@ -60,8 +60,8 @@ def _idle_policy_from_form(current: dict | None) -> dict | None:
 @login_required
 def cluster():
     who = principal()
-    status = cluster_service.status(db.session, who)
-    nodes = node_service.list_nodes(db.session, who)
+    status = cluster_service.status(db.session(), who)
+    nodes = node_service.list_nodes(db.session(), who)
     return render_template("cluster.html", status=status, nodes=nodes, utilisation={n.name: assigned_utilisation(n) for n in nodes},
                            details=who.is_cluster_admin)
 
@@ -80,7 +80,7 @@ def node_action(name: str, action: str):
     if action not in actions:
         abort(404)
     try:
-        node = actions[action](db.session, principal(), name)
+        node = actions[action](db.session(), principal(), name)
         flash(f"Node {node.name} is now {'cordoned' if node.cordoned_by else 'uncordoned'}.", "ok")
     except DltsError as exc:
         flash_error(exc)
@@ -98,8 +98,8 @@ def _int_or_none(name: str, empty: str = "no limit") -> int | None:
 @login_required
 def vc(name: str):
     who = principal()
-    view = vc_service.get_vc(db.session, who, name)
-    running, waiting = vc_service.jobs_of_vc(db.session, who, name)
+    view = vc_service.get_vc(db.session(), who, name)
+    running, waiting = vc_service.jobs_of_vc(db.session(), who, name)
     return render_template("vc.html", vc=view, running=running, waiting=waiting, tab="overview",
                            can_edit=who.is_vc_admin(name))
 
@@ -108,7 +108,7 @@ def vc(name: str):
 @login_required
 def vc_settings(name: str):
     who = principal()
-    view = vc_service.get_vc(db.session, who, name)
+    view = vc_service.get_vc(db.session(), who, name)
     if not who.is_vc_admin(name):
         return render_template("error.html", status=403, title="Not allowed",
                                message=f"Only an admin of VC {name} may change its settings."), 403
@@ -130,7 +130,7 @@ def vc_settings(name: str):
                        "max_submissions_per_minute": _int_or_none("max_submissions_per_minute", "the cluster's default")}
             if "idle_action" in request.form:
                 changes["idle_policy"] = _idle_policy_from_form(view.idle_policy)
-            view = vc_service.update_vc(db.session, who, name, changes)
+            view = vc_service.update_vc(db.session(), who, name, changes)
             flash(f"Settings of VC {name} saved; the scheduler uses them from its next pass.", "ok")
             return redirect(url_for("portal.vc_settings", name=name))
         except DltsError as exc:
@@ -154,7 +154,7 @@ def quotas():
     if request.method == "POST":
         changed = 0
         on_form = set(request.form.getlist("vcs"))  # a VC created after the page was loaded is left alone
-        for view in vc_service.list_vcs(db.session, who):
+        for view in vc_service.list_vcs(db.session(), who):
             if view.name not in on_form:
                 continue
             quota: dict[str, int] = {}
@@ -172,7 +172,7 @@ def quotas():
             if bad or quota == view.quota:
                 continue
             try:
-                vc_service.update_vc(db.session, who, view.name, {"quota": quota})
+                vc_service.update_vc(db.session(), who, view.name, {"quota": quota})
                 changed += 1
             except DltsError as exc:
                 errors.append(f"VC {view.name}: {exc.message}")
@@ -180,8 +180,8 @@ def quotas():
             flash(f"Quota of {changed} VC{'s' if changed != 1 else ''} saved.", "ok")
         if not errors:
             return redirect(url_for("portal.quotas"))
-    status = cluster_service.status(db.session, who)
-    views = vc_service.list_vcs(db.session, who)
+    status = cluster_service.status(db.session(), who)
+    views = vc_service.list_vcs(db.session(), who)
     # (SKU, GPUs in the cluster); a SKU some VC still has quota for but no node has is shown with 0
     skus = [(s.sku, s.gpus) for s in status.skus if s.gpus > 0]
     known = {sku for sku, _ in skus}
@@ -195,7 +195,7 @@ def quotas():
 @bp.route("/storage")
 @login_required
 def storage():
-    report = storage_service.last_scan(db.session)
+    report = storage_service.last_scan(db.session())
     if request.args.get("format") == "csv":
         stamp = (report.scanned_at or "none").replace(":", "").replace("-", "")[:15]
         return Response(storage_service.to_csv(report), mimetype="text/csv",
@@ -206,7 +206,7 @@ def storage():
     users = [r for r in report.rows if r.user and r.directory is None]
     directories = [r for r in report.rows if r.directory is not None]
     return render_template("storage.html", report=report, totals=totals, users=users, directories=directories,
-                           scans=storage_service.latest_snapshots(db.session))
+                           scans=storage_service.latest_snapshots(db.session()))
 
 
 @bp.route("/gpu-hours")
@@ -229,12 +229,12 @@ def gpu_hours():
     user = who.name if scope == "mine" else None
     last_day = (month.replace(day=28) + dt.timedelta(days=4)).replace(day=1) - dt.timedelta(days=1)
     query = accounting.UsageQuery(group_by=("user", "vc"), start=month, end=last_day, user=user)
-    report = accounting.usage(db.session, seer, query)
+    report = accounting.usage(db.session(), seer, query)
     if request.args.get("format") == "csv":
         return Response(accounting.to_csv(report), mimetype="text/csv",
                         headers={"Content-Disposition": f'attachment; filename="gpu-hours-{month:%Y-%m}.csv"'})
     year_start = (month.replace(day=1) - dt.timedelta(days=335)).replace(day=1)
-    months = accounting.usage(db.session, seer, accounting.UsageQuery(group_by=("month",), start=year_start,
+    months = accounting.usage(db.session(), seer, accounting.UsageQuery(group_by=("month",), start=year_start,
                                                                       end=last_day, user=user))
     by_month = {r.keys["month"]: r.as_json() for r in months.rows}
     labels, cursor = [], year_start
@@ -250,7 +250,7 @@ def gpu_hours():
     total = {k: sum(r[k] for r in rows) for k in ("gpu_hours", "busy_gpu_hours", "idle_gpu_hours",
                                                     "unmeasured_gpu_hours", "preemptible_gpu_hours")}
     vcs = None if scope == "all" else who.vcs
-    idle = idle_gpus.idle_gpus_now(db.session, vc_names=vcs)
+    idle = idle_gpus.idle_gpus_now(db.session(), vc_names=vcs)
     if idle is not None and scope == "mine":
         idle = [r for r in idle if r.user == who.name]
     return render_template("gpu_hours.html", rows=rows, total=total, month=month.strftime("%Y-%m"), idle=idle,

@@ -51,7 +51,7 @@ LOG_CHUNK_BYTES = 256 * 1024  # per read of the log viewer; the viewer starts th
 
 
 def _columns() -> list[str]:
-    chosen = portal_auth.preferences(db.session, principal()).get("job_columns")
+    chosen = portal_auth.preferences(db.session(), principal()).get("job_columns")
     if not isinstance(chosen, list):
         return list(DEFAULT_COLUMNS)
     return [c for c in COLUMNS if c in chosen]
@@ -89,7 +89,7 @@ def jobs():
     except InvalidInput as exc:
         flash_error(exc)
         boundary = None
-    page = job_service.list_jobs(db.session, who, job_service.JobFilter(
+    page = job_service.list_jobs(db.session(), who, job_service.JobFilter(
         scope=scope, vc=args.get("vc") or None, user=args.get("user") or None, statuses=tuple(statuses),
         job_type=job_type, before=boundary, oldest_first=oldest_first, limit=PAGE_SIZE, tag=tag or None,
         favourite=favourite, archived=archived))
@@ -101,7 +101,7 @@ def jobs():
                                  "type": job_type or "", "order": "oldest" if oldest_first else "", "tag": tag,
                                  "favourite": "true" if favourite else "",
                                  "archived": archived if archived != "false" else ""}.items() if v}
-    vc_names = job_service.vc_names_for(db.session, who)
+    vc_names = job_service.vc_names_for(db.session(), who)
     return render_template("jobs.html", items=items, columns=_columns(), all_columns=COLUMNS, filters=filters,
                            scope=scope, next_cursor=next_cursor, first_page=cursor is None, statuses=list(JobStatus),
                            status_groups=STATUS_GROUPS, job_types=JOB_TYPES, vc_names=vc_names, oldest_first=oldest_first,
@@ -112,7 +112,7 @@ def jobs():
 @login_required
 def job_columns():
     chosen = [c for c in request.form.getlist("columns") if c in COLUMNS]
-    portal_auth.save_preference(db.session, principal(), "job_columns", chosen)
+    portal_auth.save_preference(db.session(), principal(), "job_columns", chosen)
     return back("portal.jobs")
 
 
@@ -130,10 +130,10 @@ def jobs_batch():
         return back("portal.jobs")
     who = principal()
     if not request.form.get("confirm"):
-        listed = job_service.visible_jobs(db.session, who, ids)
+        listed = job_service.visible_jobs(db.session(), who, ids)
         return render_template("batch_confirm.html", action=action, listed=listed, next=request.form.get("next", ""))
     results = [(r.id, r.ok, f"now {r.status}" if r.ok else r.message)
-               for r in job_service.batch(db.session, who, action, ids)]
+               for r in job_service.batch(db.session(), who, action, ids)]
     return render_template("batch_result.html", action=action, results=results, next=request.form.get("next", ""))
 
 
@@ -149,7 +149,7 @@ def _job_page(job_id: int, new_token: dict | None = None, status: int = 200):
     """The job page; ``new_token``: a Jupyter / VS Code password just made, shown on this response only
     (it is never stored in the clear, nor put in the session cookie)."""
     who = principal()
-    view = job_service.detail(db.session, who, job_id, events=200)
+    view = job_service.detail(db.session(), who, job_id, events=200)
     job, full, attempts, events, endpoints = view.job, view.full, view.attempts, view.events, view.endpoints
     current = view.current_attempt
     placements = current.placements if current is not None and job.status in ACTIVE else []
@@ -157,7 +157,7 @@ def _job_page(job_id: int, new_token: dict | None = None, status: int = 200):
     actions = list(view.actions)
     can_open_endpoint = full and job.status not in TERMINAL and job.status is not S.KILLING
     # the owner is told before asking for ssh that nobody could log in without a key
-    no_ssh_key = job_service.owner_lacks_ssh_key(db.session, who, job, endpoints)
+    no_ssh_key = job_service.owner_lacks_ssh_key(db.session(), who, job, endpoints)
     utilisation = _utilisation_charts(job.id, who) if full and current is not None and current.started_at else None
     insights = view.insights
     owner_of_ended = job.user_id == who.user_id and job.status in TERMINAL
@@ -178,7 +178,7 @@ def _job_page(job_id: int, new_token: dict | None = None, status: int = 200):
 
 def _utilisation_charts(job_id: int, who) -> dict | None:
     """The current attempt's minutes as four line charts; None when no agent sampled it."""
-    history = accounting.utilisation(db.session, who, job_id)
+    history = accounting.utilisation(db.session(), who, job_id)
     if not history.points:
         return None
     t0 = history.points[0]["at"]
@@ -217,7 +217,7 @@ def open_endpoint(job_id: int):
         flash(error or "Choose a kind of endpoint.", "error")
         return redirect(url_for("portal.job", job_id=job_id))
     try:
-        view, token = endpoint_service.open_endpoint(db.session, principal(), job_id, body["kind"], body.get("port"),
+        view, token = endpoint_service.open_endpoint(db.session(), principal(), job_id, body["kind"], body.get("port"),
                                                      body.get("name"))
     except DltsError as exc:
         if exc.http_status == 404:
@@ -236,7 +236,7 @@ def open_endpoint(job_id: int):
 @login_required
 def close_endpoint(job_id: int, endpoint_id: int):
     try:
-        view = endpoint_service.close_endpoint(db.session, principal(), job_id, endpoint_id)
+        view = endpoint_service.close_endpoint(db.session(), principal(), job_id, endpoint_id)
         flash(f"Endpoint {view.name} is closing; it disappears once the job manager has removed it.", "ok")
     except DltsError as exc:
         if exc.code == "job_not_found":
@@ -249,7 +249,7 @@ def close_endpoint(job_id: int, endpoint_id: int):
 @login_required
 def job_favourite(job_id: int):
     on = request.form.get("on") == "1"
-    job_keeping.set_favourite(db.session, principal(), job_id, on)  # 404 outside the job's VC
+    job_keeping.set_favourite(db.session(), principal(), job_id, on)  # 404 outside the job's VC
     flash(f"Job {job_id} {'starred' if on else 'unstarred'}.", "ok")
     return back("portal.job", job_id=job_id)
 
@@ -259,7 +259,7 @@ def job_favourite(job_id: int):
 def job_tags(job_id: int):
     text = request.form.get("tags", "")
     try:
-        tags = job_keeping.set_tags(db.session, principal(), job_id, text.replace(",", " ").split()[:100])
+        tags = job_keeping.set_tags(db.session(), principal(), job_id, text.replace(",", " ").split()[:100])
         flash(f"Job {job_id}: tags {', '.join(tags) or 'removed'}.", "ok")
     except DltsError as exc:
         if exc.http_status == 404:
@@ -274,7 +274,7 @@ def job_tags(job_id: int):
 def job_archive(job_id: int):
     archived = request.endpoint == "portal.job_archive"
     try:
-        job_keeping.set_archived(db.session, principal(), job_id, archived)
+        job_keeping.set_archived(db.session(), principal(), job_id, archived)
         flash(f"Job {job_id} archived: the job lists show it under Archived." if archived else f"Job {job_id} unarchived.", "ok")
     except DltsError as exc:
         if exc.http_status == 404:
@@ -287,7 +287,7 @@ def job_archive(job_id: int):
 @login_required
 def job_delete(job_id: int):
     try:
-        job_keeping.delete(db.session, settings_of(current_app), principal(), job_id)
+        job_keeping.delete(db.session(), settings_of(current_app), principal(), job_id)
     except DltsError as exc:
         if exc.http_status == 404:
             raise
@@ -303,7 +303,7 @@ def job_action(job_id: int, action: str):
     if action not in ACTIONS:
         abort(404)
     try:
-        job = ACTIONS[action](db.session, principal(), job_id)
+        job = ACTIONS[action](db.session(), principal(), job_id)
         flash(f"Job {job_id}: {action} requested; it is now {job.status.value}.", "ok")
     except DltsError as exc:
         if exc.http_status == 404:
@@ -325,7 +325,7 @@ def job_settings(job_id: int):
                                                message="Priority is a whole number between 1 and 1000.")
         if hours:
             changes["max_time_s"] = forms.hours_to_s(hours)
-        job_service.patch(db.session, principal(), job_id, changes)
+        job_service.patch(db.session(), principal(), job_id, changes)
         flash(f"Job {job_id} updated; the scheduler uses the new values from its next pass.", "ok")
     except ValueError:
         flash("Priority is a whole number and max time a number of hours.", "error")
@@ -342,7 +342,7 @@ def job_idle_exempt(job_id: int):
     """Exempt the job from its VC's idle-job policy, or lift the exemption (VC admins), via the jobs service."""
     exempt = request.form.get("exempt") == "1"
     try:
-        job_service.patch(db.session, principal(), job_id, {"idle_exempt": exempt})
+        job_service.patch(db.session(), principal(), job_id, {"idle_exempt": exempt})
         flash(f"Job {job_id} is {'now exempt from' if exempt else 'again under'} the VC's idle-job policy.", "ok")
     except DltsError as exc:
         if exc.http_status == 404:
@@ -370,8 +370,8 @@ def job_log(job_id: int):
     settings = settings_of(current_app)
     try:
         if tail is not None:
-            offset = max(0, job_service.read_log(db.session, settings, principal(), job_id, attempt, 0, 0).size - tail)
-        read = job_service.read_log(db.session, settings, principal(), job_id, attempt, offset, LOG_CHUNK_BYTES)
+            offset = max(0, job_service.read_log(db.session(), settings, principal(), job_id, attempt, 0, 0).size - tail)
+        read = job_service.read_log(db.session(), settings, principal(), job_id, attempt, offset, LOG_CHUNK_BYTES)
     except DltsError as exc:
         return jsonify({"error": exc.message}), exc.http_status
     return jsonify({"attempt": read.attempt, "latest_attempt": read.job.attempt, "offset": offset,
@@ -385,7 +385,7 @@ def job_log_download(job_id: int):
     """The attempt's whole log as a file, streamed."""
     attempt = request.args.get("attempt", "")
     try:
-        job, number, chunks = job_service.download_log(db.session, settings_of(current_app), principal(), job_id,
+        job, number, chunks = job_service.download_log(db.session(), settings_of(current_app), principal(), job_id,
                                                        int(attempt) if is_whole_number(attempt, max_value=10000) else None)
     except InvalidInput as exc:
         if exc.code != "no_log":
@@ -400,10 +400,10 @@ def job_log_download(job_id: int):
 
 def _submit_context(form: forms.SubmitForm) -> dict:
     who = principal()
-    vc_names = job_service.vc_names_for(db.session, who)
+    vc_names = job_service.vc_names_for(db.session(), who)
     vc_name = form.values.get("vc") or (vc_names[0] if vc_names else "")
-    shapes = cluster_service.sku_shapes(db.session)
-    status = cluster_service.status(db.session, who)
+    shapes = cluster_service.sku_shapes(db.session())
+    status = cluster_service.status(db.session(), who)
     # what each of the user's VCs has left per SKU, so they can pick a size that starts now
     remaining: dict[str, dict[str, tuple[int, int]]] = {}
     for vc_status in status.vcs:
@@ -412,7 +412,7 @@ def _submit_context(form: forms.SubmitForm) -> dict:
                                        for sku, quota in sorted(vc_status.quota.items())}
     return {"form": form, "vc_names": vc_names, "vc_name": vc_name, "shapes": shapes, "sku_status": status.skus,
             "remaining": remaining, "job_types": JOB_TYPES,
-            "templates": job_templates.visible_templates(db.session, who),
+            "templates": job_templates.visible_templates(db.session(), who),
             "defaults": settings_of(current_app)}
 
 
@@ -424,10 +424,10 @@ def submit():
         values = forms.form_values({})
         if request.args.get("from"):  # clone / resubmit: the job's own spec
             source = whole_number(request.args["from"], "from", min_value=1, message="from is not the id of a job.")
-            values = forms.job_values(job_keeping.spec(db.session, who, source))
+            values = forms.job_values(job_keeping.spec(db.session(), who, source))
             flash(f"The form holds job {source}'s spec; change what you like and submit.", "info")
         elif request.args.get("template"):
-            template = job_templates.get_template(db.session, who, whole_number(
+            template = job_templates.get_template(db.session(), who, whole_number(
                 request.args["template"], "template", min_value=1, message="template is not the id of a template."))
             values = forms.spec_values(template.spec)
             flash(f"Loaded template {template.name}.", "info")
@@ -439,7 +439,7 @@ def submit():
     form, req = forms.parse(request.form)
     if request.form.get("save_template"):
         try:
-            template = job_templates.save_template(db.session, who, request.form.get("template_name", ""),
+            template = job_templates.save_template(db.session(), who, request.form.get("template_name", ""),
                                                    forms.template_spec(form.values),
                                                    form.values["vc"] if request.form.get("share") else None)
             flash(f"Saved template {template.name}" + (f", shared with VC {form.values['vc']}." if template.vc_id else "."), "ok")
@@ -450,7 +450,7 @@ def submit():
         return render_template("submit.html", **_submit_context(form)), 400
     key = form.values["idempotency_key"] or None
     try:
-        job, replayed = job_keeping.submit(db.session, settings_of(current_app), who, req, key)
+        job, replayed = job_keeping.submit(db.session(), settings_of(current_app), who, req, key)
     except DltsError as exc:
         if exc.code in ("idempotency_key_reused", "invalid_idempotency_key"):
             # this form was sent before with other values: a fresh key makes the next press a new job
@@ -472,7 +472,7 @@ def submit():
 @login_required
 def delete_template(template_id: int):
     try:
-        job_templates.delete_template(db.session, principal(), template_id)
+        job_templates.delete_template(db.session(), principal(), template_id)
         flash("Template deleted.", "ok")
     except DltsError as exc:
         flash_error(exc)

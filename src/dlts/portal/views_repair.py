@@ -19,8 +19,8 @@ from dlts.strict import is_whole_number
 def repair():
     from flask import current_app
 
-    status = repair_service.status(db.session, principal(), settings_of(current_app))
-    nodes = [n for n in node_service.list_nodes(db.session, principal()) if n.state != "in_service" or n.unhealthy_gpus]
+    status = repair_service.status(db.session(), principal(), settings_of(current_app))
+    nodes = [n for n in node_service.list_nodes(db.session(), principal()) if n.state != "in_service" or n.unhealthy_gpus]
     return render_template("repair.html", status=status, nodes=nodes)
 
 
@@ -30,7 +30,7 @@ def repair_action(action: str):
     if action not in ("pause", "resume"):
         abort(404)
     try:
-        repair_service.set_pause(db.session, principal(), action == "pause", None, request.form.get("reason", "")[:500])
+        repair_service.set_pause(db.session(), principal(), action == "pause", None, request.form.get("reason", "")[:500])
         flash(f"Repairs {'paused' if action == 'pause' else 'resumed'} everywhere.", "ok")
     except DltsError as exc:
         flash_error(exc)
@@ -40,8 +40,8 @@ def repair_action(action: str):
 @bp.route("/repair/nodes/<name>")
 @admin_only_404
 def repair_node(name: str):
-    node = node_service.get_node(db.session, principal(), name)
-    cycles = repair_service.list_cycles(db.session, principal(), name, limit=20)
+    node = node_service.get_node(db.session(), principal(), name)
+    cycles = repair_service.list_cycles(db.session(), principal(), name, limit=20)
     return render_template("repair_node.html", node=node, cycles=cycles)
 
 
@@ -51,16 +51,16 @@ def repair_node_action(name: str, action: str):
     who, reason = principal(), request.form.get("reason", "")[:500]
     try:
         if action == "return":
-            repair_service.return_node(db.session, who, name, reason)
+            repair_service.return_node(db.session(), who, name, reason)
             flash(f"Node {name} is validating; it returns to service after a healthy report.", "ok")
         elif action == "cancel":
             cycle_id = request.form.get("cycle", "")
             if not is_whole_number(cycle_id):
                 abort(404)
-            repair_service.cancel(db.session, who, name, int(cycle_id))
+            repair_service.cancel(db.session(), who, name, int(cycle_id))
             flash(f"Repair {cycle_id} of node {name} cancelled.", "ok")
         elif action in ("pause", "resume"):
-            repair_service.set_pause(db.session, who, action == "pause", name, reason)
+            repair_service.set_pause(db.session(), who, action == "pause", name, reason)
             flash(f"Repairs {'paused' if action == 'pause' else 'resumed'} on node {name}.", "ok")
         else:
             abort(404)
