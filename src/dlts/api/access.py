@@ -28,7 +28,7 @@ from dlts.services import allowed_ips, registry_credentials, ssh_keys, tokens
 
 blp = Blueprint("access", __name__, description="Your SSH keys, allowed IPs, API tokens and registry credentials")
 blp.before_request(authenticate)
-SECURITY = [{"bearer": []}]
+SECURITY: list[dict[str, list[str]]] = [{"bearer": []}]
 
 
 @blp.route("/me/ssh-keys")

@@ -21,7 +21,7 @@ from dlts.services import storage as storage_service
 
 blp = Blueprint("cluster", __name__, description="Cluster status and storage usage")
 blp.before_request(authenticate)
-SECURITY = [{"bearer": []}]
+SECURITY: list[dict[str, list[str]]] = [{"bearer": []}]
 
 
 @blp.route("/cluster/status")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from flask import Flask, jsonify
 from sqlalchemy.exc import DBAPIError, OperationalError
@@ -39,7 +40,7 @@ def register(app: Flask) -> None:
         messages = data.get("messages")
         if status == 422 and messages is not None:
             # schema validation (webargs): name every field at fault
-            fields = {}
+            fields: dict[str, Any] = {}
             for location in messages.values():
                 fields.update(location if isinstance(location, dict) else {"_": location})
             first = next(iter(fields.items()), ("body", ["is invalid"]))

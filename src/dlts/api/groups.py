@@ -19,7 +19,7 @@ from dlts.services import groups
 
 blp = Blueprint("groups", __name__, description="Groups and their VC roles (cluster admins)")
 blp.before_request(authenticate)
-SECURITY = [{"bearer": []}]
+SECURITY: list[dict[str, list[str]]] = [{"bearer": []}]
 
 
 @blp.route("/groups")

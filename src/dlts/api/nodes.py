@@ -29,7 +29,7 @@ from dlts.services import repair as repair_service
 
 blp = Blueprint("nodes", __name__, description="Nodes")
 blp.before_request(authenticate)
-SECURITY = [{"bearer": []}]
+SECURITY: list[dict[str, list[str]]] = [{"bearer": []}]
 
 
 @blp.route("/nodes")

@@ -26,7 +26,7 @@ from dlts.services import users
 
 blp = Blueprint("users", __name__, description="Users (cluster admins)")
 blp.before_request(authenticate)
-SECURITY = [{"bearer": []}]
+SECURITY: list[dict[str, list[str]]] = [{"bearer": []}]
 
 
 @blp.route("/users")

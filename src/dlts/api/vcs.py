@@ -32,7 +32,7 @@ from dlts.services import vcs as vc_service
 
 blp = Blueprint("vcs", __name__, description="Virtual clusters")
 blp.before_request(authenticate)
-SECURITY = [{"bearer": []}]
+SECURITY: list[dict[str, list[str]]] = [{"bearer": []}]
 
 
 @blp.route("/vcs")

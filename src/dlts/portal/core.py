@@ -196,7 +196,7 @@ def flash_error(exc: DltsError) -> None:
 @bp.context_processor
 def _layout() -> dict[str, Any]:
     who = g.get("principal")
-    notices: list[tuple[str, str | None]] = []
+    notices: list[tuple[str, str]] = []
     if g.get("database_down"):
         return {"me": None, "vc_notices": notices}
     if who is not None and who.vcs:

@@ -55,7 +55,7 @@ def allowed_ips():
         ip = (request.remote_addr or "") if request.form.get("mine") else request.form.get("ip", "")
         try:
             entry = ip_service.add_entry(db.session(), settings, principal(), ip)
-            flash(f"{entry.cidr} {'renewed' if entry.renewed else 'added'}; it expires {entry.expires_at[:10]}.", "ok")
+            flash(f"{entry.cidr} {'renewed' if entry.renewed else 'added'}; it expires {(entry.expires_at or '')[:10]}.", "ok")
             return redirect(url_for("portal.allowed_ips"))
         except DltsError as exc:
             errors["ip"] = exc.message

@@ -107,12 +107,12 @@ def admin_user(name: str):
                 user_service.update(db.session(), who, name, changes)
                 flash(f"User {name} saved.", "ok")
             elif action == "disable":
-                result = user_service.disable(db.session(), who, name, _form("reason") or None)
-                flash(f"User {name} disabled: {result.tokens_revoked} tokens revoked, {result.sessions_ended} portal "
-                      f"sessions ended, {len(result.held_jobs)} waiting jobs held; running jobs run on.", "ok")
+                disabled = user_service.disable(db.session(), who, name, _form("reason") or None)
+                flash(f"User {name} disabled: {disabled.tokens_revoked} tokens revoked, {disabled.sessions_ended} portal "
+                      f"sessions ended, {len(disabled.held_jobs)} waiting jobs held; running jobs run on.", "ok")
             elif action == "enable":
-                result = user_service.enable(db.session(), who, name)
-                flash(f"User {name} enabled; {len(result.released_jobs)} held jobs back in the queue. Revoked tokens "
+                enabled = user_service.enable(db.session(), who, name)
+                flash(f"User {name} enabled; {len(enabled.released_jobs)} held jobs back in the queue. Revoked tokens "
                       "stay revoked.", "ok")
             elif action == "password":
                 password = user_service.reset_password(db.session(), who, name).password

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import replace
+from typing import Any
 
 from flask import Response, abort, current_app, flash, redirect, render_template, request, url_for
 
@@ -122,7 +123,7 @@ def vc_settings(name: str):
             except ValueError:
                 raise InvalidInput("Max job time is a number of hours (at most 8784), or empty for no limit.",
                                    details={"field": "max_job_time_s"}) from None
-            changes = {"policy": request.form.get("policy", ""), "max_job_time_s": max_time_s,
+            changes: dict[str, Any] = {"policy": request.form.get("policy", ""), "max_job_time_s": max_time_s,
                        "max_interactive_gpus": _int_or_none("max_interactive_gpus"),
                        "user_gpu_quota": _int_or_none("user_gpu_quota"),
                        "notice": request.form.get("notice", "").strip() or None,

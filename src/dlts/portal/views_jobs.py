@@ -77,7 +77,7 @@ def jobs():
             status = ""
     job_type = args.get("type") if args.get("type") in JOB_TYPES else None
     oldest_first = args.get("order") == "oldest"
-    archived = args.get("archived") if args.get("archived") in ("true", "all") else "false"
+    archived = {"true": "true", "all": "all"}.get(args.get("archived") or "", "false")
     favourite = args.get("favourite") == "true"
     tag = (args.get("tag") or "").strip().lower()
     if tag and not job_service.TAG_PATTERN.match(tag):
