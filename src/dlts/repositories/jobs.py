@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import base64
 import binascii
-from typing import Any, Sequence
+from typing import Any, Sequence, cast
 
 import sqlalchemy as sa
+from sqlalchemy.engine import CursorResult
 from sqlalchemy.orm import Session, defer
 
 from dlts.errors import InvalidInput
@@ -37,12 +38,13 @@ def set_status(
     if target not in TRANSITIONS[current]:
         raise TransitionRefused(f"job {job_id}: {current.value} -> {target.value} is not an allowed transition")
     now = utcnow()
-    result = session.execute(
+    # an UPDATE's result is a CursorResult (Session.execute is typed for any statement)
+    result = cast(CursorResult[Any], session.execute(
         sa.update(Job)
         .where(Job.id == job_id, Job.status == current)
         .values(status=target, updated_at=now, **(values or {}))
         .execution_options(synchronize_session=False)
-    )
+    ))
     if result.rowcount != 1:
         return False
     session.add(JobEvent(job_id=job_id, at=now, kind="transition", from_status=current.value,

@@ -23,15 +23,18 @@ import stat
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Mapping, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, NamedTuple
 
 from dlts.storage.settings import StorageRoot, StorageSettings
+
+if TYPE_CHECKING:
+    from multiprocessing.process import BaseProcess
 
 COMPLETE, HUNG, TIMEOUT, FAILED = "complete", "hung", "timeout", "failed"
 MAX_LISTED_ERRORS = 50  # paths kept per kind of problem (all are counted)
 
-# roots whose earlier scan left a worker stuck in the kernel: {root path: the stuck threads}
-_stuck: dict[str, list[threading.Thread]] = {}
+# roots whose earlier scan left a worker stuck in the kernel: {root path: the stuck threads or processes}
+_stuck: dict[str, list[threading.Thread | BaseProcess]] = {}
 _stuck_lock = threading.Lock()
 
 
@@ -133,7 +136,7 @@ class ScanResult:
 
     def by_vc(self) -> dict[str | None, Totals]:
         if self.vc_totals is not None:
-            return dict(self.vc_totals)
+            return dict(self.vc_totals.items())
         out: dict[str | None, Totals] = {}
         for (vc, _user), t in self.by_owner.items():
             agg = out.setdefault(vc, Totals())
