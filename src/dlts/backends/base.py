@@ -13,8 +13,9 @@ a whole, plus which replicas exist, so the job manager knows when a removed one 
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping, Protocol, Sequence
+from typing import Protocol
 
 from dlts.scheduler.model import Placement
 

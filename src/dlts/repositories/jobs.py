@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import base64
 import binascii
-from typing import Any, Sequence, cast
+from collections.abc import Sequence
+from typing import Any, cast
 
 import sqlalchemy as sa
 from sqlalchemy.engine import CursorResult

@@ -19,8 +19,9 @@ import fnmatch
 import os
 import stat
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from dlts.storage.scan import Owners
 from dlts.storage.settings import StorageRoot
@@ -309,9 +310,7 @@ def matching_paths(root: StorageRoot) -> list[str]:
                             if not fnmatch.fnmatchcase(e.name, part) or (e.name.startswith(".") and not part.startswith(".")):
                                 continue
                             child = f"{rel}/{e.name}" if rel else e.name
-                            if last:
-                                following.append(child)
-                            elif e.is_dir(follow_symlinks=False) and e.stat(follow_symlinks=False).st_dev == base_dev:
+                            if last or (e.is_dir(follow_symlinks=False) and e.stat(follow_symlinks=False).st_dev == base_dev):
                                 following.append(child)
                 except OSError:
                     continue

@@ -24,8 +24,9 @@ import threading
 import time
 import types
 from collections import deque
+from collections.abc import Callable, Iterator
 from multiprocessing.process import BaseProcess
-from typing import TYPE_CHECKING, Any, Callable, Iterator, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from dlts.storage import scan as scan_module
 from dlts.storage import walk

@@ -22,8 +22,9 @@ import queue
 import stat
 import threading
 import time
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from dlts.storage.settings import StorageRoot, StorageSettings
 
@@ -222,7 +223,7 @@ class _Workers:
             key, fn, arg = task
             try:
                 self.results.put((key, fn(arg), None))
-            except BaseException as exc:
+            except BaseException as exc:  # noqa: BLE001 - whatever the call raised is the caller's to report
                 self.results.put((key, None, exc))
 
     def submit(self, key: Any, fn: Callable[[str], Any], arg: str) -> None:
@@ -454,4 +455,4 @@ def iter_rows(result: ScanResult) -> Iterator[dict[str, Any]]:
 
 
 # the walk by worker processes, last: it uses the names above
-from dlts.storage import parallel
+from dlts.storage import parallel  # noqa: E402 - it imports this module's names

@@ -87,7 +87,7 @@ class StorageRoot(BaseModel):
         return tuple(_relative_glob(v, "path") for v in value)
 
     @model_validator(mode="after")
-    def _expiry(self) -> "StorageRoot":
+    def _expiry(self) -> StorageRoot:
         if self.expire_after_days is not None and not self.expire_paths:
             raise ValueError("expire_after_days needs expire_paths (globs under the root, e.g. scratch/*); "
                              "DLTS never expires a whole root")

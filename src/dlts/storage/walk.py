@@ -28,7 +28,8 @@ import os
 import resource
 import stat
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 PATH_SLOT = 4096  # bytes of shared memory per worker for the path being listed
 LINK_BATCH = 4096  # hard-link candidates sent at once
