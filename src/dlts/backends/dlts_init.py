@@ -42,6 +42,12 @@ import sys
 import threading
 import time
 
+# the init imports no more than it uses (it starts with every job): these are for the type checker
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import subprocess
+    from types import ModuleType
+
 PR_SET_CHILD_SUBREAPER = 36
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 STOPPING = (signal.SIGTERM, signal.SIGINT)  # these also stop the endpoint servers at once
@@ -98,7 +104,7 @@ def _code(status: int) -> int:
 
 def _parents() -> dict[int, int]:
     """pid -> parent pid of every process (Linux /proc); empty elsewhere."""
-    parents = {}
+    parents: dict[int, int] = {}
     try:
         names = os.listdir("/proc")
     except OSError:
@@ -162,8 +168,9 @@ class Server:
 
     def __init__(self, endpoint_id: str, kind: str):
         self.id, self.kind = endpoint_id, kind
-        self.status, self.host_port, self.message = "pending", None, ""
-        self.proc = None  # subprocess.Popen; reaped by the init's loop, never by Popen itself
+        self.status, self.message = "pending", ""
+        self.host_port: int | None = None
+        self.proc: subprocess.Popen[bytes] | None = None  # reaped by the init's loop, never by Popen itself
         self.log_path = ""
         self.started = 0.0
         self.stopping: set[int] = set()  # pids that got SIGTERM (the server and what it started)
@@ -222,7 +229,8 @@ class Supervisor:
                     self._start(server, endpoint)
         now = time.monotonic()
         for server in self.servers.values():
-            if server.status != "pending" or server.proc is None:
+            # a started server has its port (both are set by _start)
+            if server.status != "pending" or server.proc is None or server.host_port is None:
                 continue
             if _accepts(server.host_port):
                 server.status, server.message = "ready", ""
@@ -237,7 +245,8 @@ class Supervisor:
         server = self.by_pid.pop(pid, None)
         if server is None:
             return  # something a server or the job left behind
-        server.proc.returncode = _code(status)
+        if server.proc is not None:  # always: a server is in by_pid while its process is
+            server.proc.returncode = _code(status)
         server.proc = None
         if server.stopping or self.servers.get(server.id) is not server:
             return  # we stopped it
@@ -388,11 +397,13 @@ class Identity:
 
     def drop(self) -> None:
         """In a child, before exec: become the job's user (groups first, the uid last)."""
-        if self.uid is None:
+        uid, gid = self.uid, self.gid
+        if uid is None:
             return
-        os.setgroups(sorted({self.gid, *self.groups}))
-        os.setgid(self.gid)
-        os.setuid(self.uid)
+        gid = uid if gid is None else gid  # as from_spec: the user's own group
+        os.setgroups(sorted({gid, *self.groups}))
+        os.setgid(gid)
+        os.setuid(uid)
 
     def popen_kwargs(self) -> dict:
         if self.uid is None:
@@ -416,12 +427,14 @@ def _start_record() -> str:
         return str(time.time())
 
 
-def _load_logstore():
+def _load_logstore() -> ModuleType:
     """``dlts/logstore.py`` by its path: the init runs with -I -S and must not import the dlts package."""
     import importlib.util
 
     path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "logstore.py")
     loaded = importlib.util.spec_from_file_location("dlts_init_logstore", path)
+    if loaded is None or loaded.loader is None:  # a .py path always has a loader
+        raise ImportError(f"cannot load {path}")
     module = importlib.util.module_from_spec(loaded)
     sys.modules[loaded.name] = module  # dataclasses look their module up there
     loaded.loader.exec_module(module)

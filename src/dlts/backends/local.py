@@ -53,6 +53,7 @@ import sys
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import TypedDict
 
 import psutil
 
@@ -69,6 +70,14 @@ SERVED = ("ssh", "jupyter", "vscode")  # endpoint kinds whose server the init st
 LAUNCH_GRACE_S = 10.0  # a unit without a pid record this old was left half-made by a crash
 RENDEZVOUS_FILE = "rendezvous"  # in the attempt's directory: the distributed attempt's MASTER_PORT
 DEFAULT_LOG_MAX_BYTES = 256 * 1024**2  # Settings.log_max_bytes' default
+
+
+class _Replicas(TypedDict):
+    """What every ``Observed`` of an inference attempt carries about its replicas."""
+
+    started_at: float | None
+    replicas: frozenset[int]
+    retiring: frozenset[int]
 
 
 def detect_gpus() -> tuple[str, int] | None:
@@ -255,12 +264,13 @@ class LocalBackend:
         except FileNotFoundError:
             return False
 
-    def _why_not_started(self, unit: Path) -> dict[str, str]:
-        """A unit with no pid record whose init has exited: it failed before it could start the job
-        (reason ``init_failed``, its last words from ``init.log``); empty while it is starting."""
+    def _why_not_started(self, unit: Path) -> tuple[str, str]:
+        """(reason, message) of a unit with no pid record whose init has exited: it failed before it
+        could start the job (reason ``init_failed``, its last words from ``init.log``); both empty while
+        it is starting."""
         child = self._children.get(unit)
         if child is not None and child.poll() is None:
-            return {}
+            return "", ""
         try:
             with open(unit / "init.log", "rb") as fh:
                 fh.seek(0, os.SEEK_END)
@@ -269,10 +279,10 @@ class LocalBackend:
         except FileNotFoundError:
             lines = []
         if child is None and not lines:
-            return {}  # started by another job manager: nothing known yet
+            return "", ""  # started by another job manager: nothing known yet
         code = "" if child is None else f" with code {child.returncode}"
         said = f": {lines[-1]}" if lines else ""
-        return {"reason": "init_failed", "message": f"the DLTS init exited{code} before starting the job{said}"[:1024]}
+        return "init_failed", f"the DLTS init exited{code} before starting the job{said}"[:1024]
 
     def _launch_unit(self, unit: Path, spec: LaunchSpec, placements, extra_env: dict[str, str], identity: dict,
                      note: str | None, endpoints: bool = False, shared_log: bool = False) -> None:
@@ -405,7 +415,8 @@ class LocalBackend:
             # the process vanished without its init writing an exit code (SIGKILLed init, reboot)
             _, _, why = self._identify(unit)
             return Observed(job_id, attempt, RunPhase.GONE, None, started, now, f"the job's process vanished ({why})")
-        return Observed(job_id, attempt, RunPhase.PENDING, **self._why_not_started(unit))
+        reason, message = self._why_not_started(unit)
+        return Observed(job_id, attempt, RunPhase.PENDING, message=message, reason=reason)
 
     def _observe_replicas(self, key: tuple[int, int], replicas: list[tuple[int, Path]], now: float) -> Observed:
         """An inference attempt as a whole: RUNNING while any replica runs; removed replicas do
@@ -426,8 +437,8 @@ class LocalBackend:
                 states.append((index, state))
             present.add(index)
         starts = [o.started_at for _, o in states if o.started_at is not None]
-        common = {"started_at": min(starts) if starts else None, "replicas": frozenset(present),
-                  "retiring": frozenset(retiring)}
+        common = _Replicas(started_at=min(starts) if starts else None, replicas=frozenset(present),
+                           retiring=frozenset(retiring))
         phases = [o.phase for _, o in states]
         if RunPhase.RUNNING in phases and any((unit / "kill_at").exists() for index, unit in replicas
                                               if index not in retiring and unit.exists()):

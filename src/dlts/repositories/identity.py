@@ -82,7 +82,7 @@ def cluster_admin_ids(session: Session, user_ids: list[int]) -> set[int]:
     admins = enabled_cluster_admins(session)
     disabled_admins = set(session.scalars(sa.select(RoleBinding.user_id).where(
         RoleBinding.role == Role.CLUSTER_ADMIN, RoleBinding.user_id.in_(user_ids))))
-    return (admins | disabled_admins) & set(user_ids)
+    return set(user_ids) & (admins | disabled_admins)
 
 
 def groups_of(session: Session, user_ids: list[int]) -> dict[int, list[str]]:

@@ -5,9 +5,10 @@ transaction, so a state change and its effects land together or not at all."""
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any
+from typing import Any, cast
 
 import sqlalchemy as sa
+from sqlalchemy.engine import CursorResult
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
 
@@ -48,8 +49,10 @@ def set_state(session: Session, node: Node, target: NodeState, *, actor: str, re
         raise IllegalTransition(f"node {node.name}: {current.value} -> {target.value} is not a transition")
     now = now or utcnow()
     changes = {"state": target, "state_reason": message[:512], "state_changed_at": now, **(values or {})}
-    result = session.execute(sa.update(Node).where(Node.id == node.id, Node.state == current).values(**changes)
-                             .execution_options(synchronize_session=False))
+    # an UPDATE's result is a CursorResult (Session.execute is typed for any statement)
+    result = cast(CursorResult[Any], session.execute(
+        sa.update(Node).where(Node.id == node.id, Node.state == current).values(**changes)
+        .execution_options(synchronize_session=False)))
     if result.rowcount != 1:
         return False
     for key, value in changes.items():

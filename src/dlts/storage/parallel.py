@@ -25,7 +25,8 @@ import time
 import types
 from collections import deque
 from collections.abc import Callable, Iterator
-from typing import Any
+from multiprocessing.process import BaseProcess
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from dlts.storage import scan as scan_module
 from dlts.storage import walk
@@ -40,7 +41,14 @@ from dlts.storage.scan import (
 )
 from dlts.storage.settings import StorageRoot, StorageSettings
 
+if TYPE_CHECKING:
+    from multiprocessing.connection import Connection
+
 POLL_S = 0.05  # how often the deadlines are checked while the workers are busy
+
+# the scanning process's end of a worker's pipe: ("kind", value) each way
+# (a string: Connection is generic only in the type stubs)
+_Conn: TypeAlias = "Connection[tuple[str, Any], tuple[str, Any]]"
 
 
 def scan(root: StorageRoot, settings: StorageSettings, owners: Owners, result: ScanResult, statvfs: Callable,
@@ -55,8 +63,8 @@ def scan(root: StorageRoot, settings: StorageSettings, owners: Owners, result: S
         hungry = ctx.RawValue("i", 0)
     except (OSError, ImportError):  # this user may not read the standard library's files (dropped privileges)
         return None
-    procs: list[Any] = []
-    conns: list[Any] = []
+    procs: list[BaseProcess] = []
+    conns: list[_Conn] = []
     try:
         root_st = _root(base, settings, result, statvfs, clock, started)
         if root_st is None:
@@ -134,22 +142,22 @@ def _root(base: str, settings: StorageSettings, result: ScanResult, statvfs: Cal
     return st
 
 
-def _ready(conns: list, settings: StorageSettings) -> bool:
+def _ready(conns: list[_Conn], settings: StorageSettings) -> bool:
     """Whether every worker process came up (said "ready") within dir_timeout_s."""
     deadline = time.monotonic() + min(settings.dir_timeout_s, 60.0)
-    waiting = list(conns)
+    waiting = {id(conn): conn for conn in conns}
     while waiting:
         left = deadline - time.monotonic()
         if left <= 0:
             return False
-        for conn in multiprocessing.connection.wait(waiting, timeout=left):
+        for ready in multiprocessing.connection.wait(list(waiting.values()), timeout=left):
+            conn = waiting.pop(id(ready))
             try:
                 kind, _pid = conn.recv()
             except (EOFError, OSError):
                 return False
             if kind != "ready":
                 return False
-            waiting.remove(conn)
     return True
 
 
@@ -232,7 +240,8 @@ class _Merge:
         scan_module.finish(result, owners, settings, dir_sizes, dir_owner, self.oldest)
 
 
-def _run(base: str, settings: StorageSettings, owners: Owners, result: ScanResult, procs: list, conns: list,
+def _run(base: str, settings: StorageSettings, owners: Owners, result: ScanResult, procs: list[BaseProcess],
+         conns: list[_Conn],
          slots_started: Any, slots_paths: Any, hungry: Any, clock: Callable[[], float], started: float) -> None:
     merge = _Merge(settings)
     scan_deadline = started + settings.scan_timeout_s
@@ -269,7 +278,7 @@ def _run(base: str, settings: StorageSettings, owners: Owners, result: ScanResul
         for conn in ready:
             slot = slot_of[id(conn)]
             try:
-                kind, value = conn.recv()
+                kind, value = conns[slot].recv()
             except (EOFError, OSError):
                 result.status = FAILED
                 result.message = f"{base}: scan worker {slot} ended unexpectedly (exit code {procs[slot].exitcode})"
@@ -310,7 +319,7 @@ def _run(base: str, settings: StorageSettings, owners: Owners, result: ScanResul
     merge.into(result, owners, settings)
 
 
-def _stop(procs: list, conns: list, finished: bool) -> list:
+def _stop(procs: list[BaseProcess], conns: list[_Conn], finished: bool) -> list[BaseProcess]:
     """Ends the workers; returns those that would not end (stuck in the file system)."""
     for proc in procs:
         if not finished and proc.is_alive():

@@ -24,15 +24,18 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from dlts.storage.settings import StorageRoot, StorageSettings
+
+if TYPE_CHECKING:
+    from multiprocessing.process import BaseProcess
 
 COMPLETE, HUNG, TIMEOUT, FAILED = "complete", "hung", "timeout", "failed"
 MAX_LISTED_ERRORS = 50  # paths kept per kind of problem (all are counted)
 
-# roots whose earlier scan left a worker stuck in the kernel: {root path: the stuck threads}
-_stuck: dict[str, list[threading.Thread]] = {}
+# roots whose earlier scan left a worker stuck in the kernel: {root path: the stuck threads or processes}
+_stuck: dict[str, list[threading.Thread | BaseProcess]] = {}
 _stuck_lock = threading.Lock()
 
 
@@ -134,7 +137,7 @@ class ScanResult:
 
     def by_vc(self) -> dict[str | None, Totals]:
         if self.vc_totals is not None:
-            return dict(self.vc_totals)
+            return dict(self.vc_totals.items())
         out: dict[str | None, Totals] = {}
         for (vc, _user), t in self.by_owner.items():
             agg = out.setdefault(vc, Totals())
@@ -220,7 +223,7 @@ class _Workers:
             key, fn, arg = task
             try:
                 self.results.put((key, fn(arg), None))
-            except Exception as exc:  # noqa: BLE001 - handed to the scan, which reports it as the outcome
+            except BaseException as exc:  # noqa: BLE001 - whatever the call raised is the caller's to report
                 self.results.put((key, None, exc))
 
     def submit(self, key: Any, fn: Callable[[str], Any], arg: str) -> None:
@@ -452,4 +455,4 @@ def iter_rows(result: ScanResult) -> Iterator[dict[str, Any]]:
 
 
 # the walk by worker processes, last: it uses the names above
-from dlts.storage import parallel  # noqa: E402
+from dlts.storage import parallel  # noqa: E402 - it imports this module's names

@@ -79,8 +79,9 @@ class Walk:
             depth, root_dev, lstat, S_ISDIR = self.depth, self.root_dev, os.lstat, stat.S_ISDIR
             prefix = parts if len(parts) <= depth else parts[:depth]
             deep_enough = len(parts) >= depth  # its subdirectories are below depth: no owner kept
-            by_uid: dict[int, list] = {}  # uid -> [files, 512-byte blocks, apparent bytes, oldest mtime]
-            last_uid, acc = -1, None
+            by_uid: dict[int, list[float]] = {}  # uid -> [files, 512-byte blocks, apparent bytes, oldest mtime]
+            last_uid = -1
+            acc: list[float] = []  # the sums of last_uid: no uid is -1, so the first file replaces this list
             oldest, keep = self.oldest, self.keep_oldest
             # a file newer than this cannot get among the oldest: the heap's newest once it is full
             newest_kept = -oldest[0][0] if keep and len(oldest) >= keep else float("inf")
@@ -116,9 +117,10 @@ class Walk:
                 mtime = st.st_mtime
                 uid = st.st_uid
                 if uid != last_uid:
-                    acc = by_uid.get(uid)
-                    if acc is None:
-                        acc = by_uid[uid] = [0, 0, 0, mtime]
+                    found = by_uid.get(uid)
+                    if found is None:
+                        found = by_uid[uid] = [0, 0, 0, mtime]
+                    acc = found
                     last_uid = uid
                 acc[0] += 1
                 acc[1] += st.st_blocks
@@ -138,15 +140,15 @@ class Walk:
         sums = self.sums
         for uid, (files, blocks, apparent, mtime) in by_uid.items():
             allocated = blocks * 512
-            acc = sums.get((prefix, uid))
-            if acc is None:
+            total = sums.get((prefix, uid))
+            if total is None:
                 sums[(prefix, uid)] = [files, allocated, apparent, mtime]
             else:
-                acc[0] += files
-                acc[1] += allocated
-                acc[2] += apparent
-                if mtime < acc[3]:
-                    acc[3] = mtime
+                total[0] += files
+                total[1] += allocated
+                total[2] += apparent
+                if mtime < total[3]:
+                    total[3] = mtime
 
     def take_links(self) -> list[tuple]:
         links, self.links = self.links, []

@@ -177,7 +177,7 @@ class LogCopier:
             last = tuple(entry["ts"]) if entry else None
             try:
                 data = self.api.pod_log(name, self.namespace, container=JOB_CONTAINER,
-                                        since_time=_second(last) if last else None,  # type: ignore[arg-type]
+                                        since_time=_second(last) if last else None,
                                         limit_bytes=limit)
             except ApiException as exc:
                 if exc.status == 404:  # the pod is gone: nothing more can be read
