@@ -61,7 +61,7 @@ def vcs_named(session: Session, names: Sequence[str]) -> list[VirtualCluster]:
 
 def vc_notices(session: Session, names: Sequence[str]) -> list[tuple[str, str]]:
     """(VC name, notice) of these VCs that have a notice set."""
-    return [(name, text) for name, text in session.execute(
+    return [(name, text or "") for name, text in session.execute(
         sa.select(VirtualCluster.name, VirtualCluster.notice)
         .where(VirtualCluster.name.in_(list(names)), VirtualCluster.notice.is_not(None), VirtualCluster.notice != ""))]
 
