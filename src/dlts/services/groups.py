@@ -21,7 +21,7 @@ from dlts.models import Group, GroupMember, Role, RoleBinding, User, VirtualClus
 from dlts.repositories import vc_events
 from dlts.services import admin, policy
 from dlts.services.auth import Principal, forget_principals
-from dlts.services.transaction import transactional
+from dlts.services.transaction import rowcount, transactional
 
 VC_ROLES = {"member": Role.VC_MEMBER, "admin": Role.VC_ADMIN}
 DIRECTORY = "directory"
@@ -174,7 +174,7 @@ def bind(session: Session, group: Group, vc: VirtualCluster, role: str, actor: s
 
 
 def unbind(session: Session, group: Group, vc: VirtualCluster, actor: str) -> bool:
-    n = session.execute(sa.delete(RoleBinding).where(RoleBinding.group_id == group.id, RoleBinding.vc_id == vc.id)).rowcount
+    n = rowcount(session.execute(sa.delete(RoleBinding).where(RoleBinding.group_id == group.id, RoleBinding.vc_id == vc.id)))
     if n:
         vc_events.record(session, vc.name, actor, "group", {"group": group.name}, None)
     return bool(n)

@@ -42,7 +42,7 @@ from dlts.scheduler.model import CPU_SKU, SkuShape
 from dlts.services import endpoints as endpoint_service
 from dlts.services import policy
 from dlts.services.auth import Principal
-from dlts.services.transaction import commit_keeping_loaded, transactional
+from dlts.services.transaction import commit_keeping_loaded, rowcount, transactional
 
 log = logging.getLogger(__name__)
 LOG_DOWNLOAD_CHUNK = 256 * 1024
@@ -597,7 +597,7 @@ def _load_for_change(session: Session, principal: Principal, job_id: int, action
     return job
 
 
-def _cas(session: Session, job: Job, target: JobStatus, actor: str, reason: str, values: dict | None = None,
+def _cas(session: Session, job: Job, target: JobStatus, actor: str, reason: str, values: dict[str, Any] | None = None,
          message: str | None = None) -> None:
     if not job_repo.set_status(session, job.id, job.status, target, actor=actor, reason=reason, values=values,
                                message=message[:1024] if message else None):
@@ -803,7 +803,7 @@ def patch(session: Session, principal: Principal, job_id: int, changes: Mapping[
         raise WrongState(f"Job {job.id} is {job.status.value}; an ended job cannot be changed.",
                          code="job_already_ended", details={"status": job.status.value})
     said = []
-    values: dict = {}
+    values: dict[str, Any] = {}
     for key in ("priority", "max_time_s"):
         if key in changes and getattr(job, key) != changes[key]:
             said.append(f"{key} {getattr(job, key)} -> {changes[key]}")
@@ -818,7 +818,7 @@ def patch(session: Session, principal: Principal, job_id: int, changes: Mapping[
         # guarded on the status we read, so a job that ended meanwhile is not changed
         result = session.execute(sa.update(Job).where(Job.id == job.id, Job.status == job.status)
                                  .values(updated_at=utcnow(), **values).execution_options(synchronize_session=False))
-        if result.rowcount != 1:
+        if rowcount(result) != 1:
             session.rollback()
             raise WrongState(f"Job {job.id} changed state while you acted on it; reload and try again.", code="concurrent_change")
         job_repo.add_event(session, job.id, EventKind.CHANGE, reason="patched", message="; ".join(said), actor=principal.name)

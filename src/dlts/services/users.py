@@ -25,7 +25,7 @@ from dlts.repositories import identity as identity_repo
 from dlts.repositories import jobs as job_repo
 from dlts.services import admin, policy, portal_auth
 from dlts.services.auth import Principal, forget_principals
-from dlts.services.transaction import transactional
+from dlts.services.transaction import rowcount, transactional
 
 EMAIL_RE = re.compile(r"^[^@\s]{1,64}@[^@\s.]+(\.[^@\s.]+)+$")
 MAX_REASON = 255
@@ -194,8 +194,8 @@ def hold_user(session: Session, user: User, actor: str, reason: str) -> tuple[in
     """The writes of a disable, in the caller's transaction: (tokens revoked, sessions ended, held jobs,
     running jobs). The caller commits and calls ``forget_principals``."""
     now = utcnow()
-    revoked = session.execute(sa.update(ApiToken).where(ApiToken.user_id == user.id, ApiToken.revoked_at.is_(None))
-                              .values(revoked_at=now).execution_options(synchronize_session=False)).rowcount
+    revoked = rowcount(session.execute(sa.update(ApiToken).where(ApiToken.user_id == user.id, ApiToken.revoked_at.is_(None))
+                                       .values(revoked_at=now).execution_options(synchronize_session=False)))
     ended = portal_auth.end_sessions_of(session, user.id)
     held = []
     for job in identity_repo.waiting_jobs(session, user.id):
