@@ -125,7 +125,7 @@ def reported_gpus(metrics: Any) -> list[dict[str, Any]]:
             job_id = None
         usable = isinstance(ratio, (int, float)) and not isinstance(ratio, bool) and 0 <= ratio <= 1
         out.append({**gpu, "index": index if isinstance(index, int) and not isinstance(index, bool) else None,
-                    "job_id": job_id, "utilization_ratio": float(ratio) if usable else None})
+                    "job_id": job_id, "utilization_ratio": float(ratio) if usable and ratio is not None else None})
     return out
 
 

@@ -124,8 +124,9 @@ def create(session: Session, principal: Principal, name: str, *, email: str | No
         portal_auth.check_password_strength(password)
     user = admin.add_user(session, name, admin=cluster_admin, email=email, uid=uid, gid=gid)
     shown = portal_auth.random_password() if generate_password else None
-    if password is not None or shown is not None:
-        portal_auth.set_password(session, name, password or shown)
+    new_password = password if password is not None else shown
+    if new_password is not None:
+        portal_auth.set_password(session, name, new_password)
     return view(session, user), shown
 
 
@@ -257,8 +258,10 @@ def reset_password(session: Session, principal: Principal, name: str, password: 
     every portal session of the user ends."""
     policy.require_cluster_admin(principal, "reset passwords")
     admin.get_user(session, name)
-    shown = None if password is not None else portal_auth.random_password()
-    portal_auth.set_password(session, name, password if password is not None else shown)
+    shown: str | None = None
+    if password is None:
+        password = shown = portal_auth.random_password()
+    portal_auth.set_password(session, name, password)
     return PasswordView(name, shown)
 
 
