@@ -58,7 +58,8 @@ def _has_writes(session: Session) -> bool:
 def rowcount(result: sa.Result[*tuple[Any, ...]]) -> int:
     """The rows an UPDATE or DELETE matched (``Session.execute`` types every result as a plain ``Result``;
     a data-changing statement's is a ``CursorResult``, which counts them)."""
-    assert isinstance(result, sa.CursorResult), f"not the result of an UPDATE or DELETE: {result!r}"
+    if not isinstance(result, sa.CursorResult):
+        raise TypeError(f"not the result of an UPDATE or DELETE: {result!r}")
     return result.rowcount
 
 
