@@ -164,7 +164,11 @@ class _Conflict(Exception):
     pass
 
 
-def _book_batch(session: Session, rows: list[sa.Row], now: dt.datetime) -> BookResult:
+# who an attempt's booking counts for: (user id, VC id, SKU, preemptible)
+_Who = tuple[int, int, str, bool]
+
+
+def _book_batch(session: Session, rows: list[sa.Row[*tuple[Any, ...]]], now: dt.datetime) -> BookResult:
     result = BookResult()
     util_end = floor_minute(now - CLOSED_LAG)
     # utilisation minutes to book, per attempt: [from, to)
@@ -183,13 +187,13 @@ def _book_batch(session: Session, rows: list[sa.Row], now: dt.datetime) -> BookR
             w = windows[p.attempt_id]
             if w[0] <= p.minute < w[1]:
                 points[p.attempt_id].append(p)
-    totals: dict[tuple, _Delta] = defaultdict(_Delta)
-    job_days: dict[tuple, _Delta] = defaultdict(_Delta)
-    meta: dict[int, tuple] = {}
+    totals: dict[tuple[str, dt.date, int, int, str, bool], _Delta] = defaultdict(_Delta)  # (period, start, *who)
+    job_days: dict[tuple[int, dt.date], _Delta] = defaultdict(_Delta)
+    meta: dict[int, _Who] = {}
     bookings: list[repo.Booking] = []
     for r in rows:
         sku = r.sku or ""
-        who = (r.user_id, r.vc_id, sku, bool(r.preemptible))
+        who: _Who = (r.user_id, r.vc_id, sku, bool(r.preemptible))
         meta[r.job_id] = who
         if r.started_at is None:
             if r.ended_at is not None:  # ended before it ever ran: nothing to book
@@ -492,7 +496,8 @@ def usage(session: Session, principal: Principal, q: UsageQuery) -> UsageReport:
         ranges.append(("month", months[0], months[1]))
         if months[1] <= q.end:
             ranges.append(("day", months[1], q.end + dt.timedelta(days=1)))
-    sums: dict[tuple, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
+    # key: the grouped columns' values as the database returns them, then ("day"|"month", date) pairs
+    sums: dict[tuple[Any, ...], list[int]] = defaultdict(lambda: [0, 0, 0, 0])
     names = [g for g in q.group_by if g in dims]
     for period, lo, hi in ranges:
         cols = [dims[g] for g in names]
@@ -535,7 +540,7 @@ def _date(value: Any) -> dt.date:
         value.date() if isinstance(value, dt.datetime) else dt.date.fromisoformat(str(value)[:10]))
 
 
-def _rows(session: Session, names: list[str], group_by: tuple[str, ...], sums: Mapping[tuple, list[int]]) -> list[UsageRow]:
+def _rows(session: Session, names: list[str], group_by: tuple[str, ...], sums: Mapping[tuple[Any, ...], list[int]]) -> list[UsageRow]:
     user_ids = {k[names.index("user")] for k in sums} if "user" in names else set()
     vc_ids = {k[names.index("vc")] for k in sums} if "vc" in names else set()
     users = dict(session.execute(sa.select(User.id, User.name).where(User.id.in_(user_ids))).all()) if user_ids else {}

@@ -243,7 +243,7 @@ def add_member(session: Session, vc_name: str, user_name: str, *, admin: bool = 
     session.commit()
 
 
-def set_vc_lustre(session: Session, vc_name: str, settings: dict, actor: str = "cli") -> dict:
+def set_vc_lustre(session: Session, vc_name: str, settings: dict[str, Any], actor: str = "cli") -> dict[str, Any]:
     """Store a VC's Lustre settings (pool, OSTs, MDT, directory, project); the storage manager applies them.
     The rest of the VC's storage document is kept."""
     vc = get_vc(session, vc_name)

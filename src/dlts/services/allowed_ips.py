@@ -21,7 +21,7 @@ from dlts.errors import InvalidInput, NotFound, Refused
 from dlts.models import AllowedIp, User, iso, utcnow
 from dlts.services import policy
 from dlts.services.auth import Principal
-from dlts.services.transaction import transactional
+from dlts.services.transaction import rowcount, transactional
 
 MAX_ENTRIES_PER_USER = 64
 # wider than these would open endpoints to a large part of the internet
@@ -118,7 +118,8 @@ def add_entry(session: Session, settings: Settings, principal: Principal, ip: st
         row.expires_at = expires
         session.commit()
         return AllowedIpView(row.id, user.name, cidr, iso(row.created_at), iso(expires), renewed=True)
-    count = session.scalar(sa.select(sa.func.count(AllowedIp.id)).where(AllowedIp.user_id == user.id, AllowedIp.expires_at > now))
+    count = session.execute(sa.select(sa.func.count(AllowedIp.id))
+                            .where(AllowedIp.user_id == user.id, AllowedIp.expires_at > now)).scalar_one()
     if count >= MAX_ENTRIES_PER_USER:
         raise Refused(f"{user.name} has {count} allowed IPs, the most allowed is {MAX_ENTRIES_PER_USER}; delete one first.",
                       code="too_many_allowed_ips", details={"max": MAX_ENTRIES_PER_USER})
@@ -141,4 +142,4 @@ def delete_entry(session: Session, principal: Principal, entry_id: int) -> None:
 def purge_expired(session: Session, now: dt.datetime | None = None) -> int:
     result = session.execute(sa.delete(AllowedIp).where(AllowedIp.expires_at <= (now or utcnow())))
     session.commit()
-    return int(result.rowcount or 0)
+    return int(rowcount(result) or 0)

@@ -34,9 +34,11 @@ Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 def collapse(networks: Iterable[Network]) -> list[str]:
     """IPv4 then IPv6, each collapsed (contained and adjacent networks merged) and sorted."""
     out: list[str] = []
-    for version in (4, 6):
-        same = [n for n in networks if n.version == version]
-        out.extend(str(n) for n in ipaddress.collapse_addresses(same))  # type: ignore[arg-type]
+    networks = list(networks)
+    v4 = [n for n in networks if isinstance(n, ipaddress.IPv4Network)]
+    v6 = [n for n in networks if isinstance(n, ipaddress.IPv6Network)]
+    out.extend(str(n) for n in ipaddress.collapse_addresses(v4))
+    out.extend(str(n) for n in ipaddress.collapse_addresses(v6))
     return out
 
 
@@ -53,6 +55,7 @@ def desired_state(session: Session, settings: Settings, now: Any = None) -> dict
     cluster = [ipaddress.ip_network(c) for c in settings.endpoint_allow_cidrs]
     ports: dict[int, list[Network]] = {}
     for port, cidr in session.execute(query):
+        assert port is not None  # the range condition leaves out endpoints without a host port
         sources = ports.setdefault(int(port), list(cluster))
         if cidr is not None:
             try:

@@ -87,7 +87,8 @@ def read_status(endpoint: JobEndpoint, job: Job) -> str:
         return "closing"
     if endpoint.status is ES.PENDING or endpoint.attempt != job.attempt or not _address_is_live(job):
         return "pending"
-    return endpoint.status.value
+    value: str = endpoint.status.value
+    return value
 
 
 def _url(kind: EndpointKind, owner: str, host: str, host_port: int) -> str:
@@ -183,8 +184,8 @@ def _check_room(rows: Sequence[JobEndpoint], job: Job, kind: EndpointKind, port:
             raise WrongState(f"Job {job.id} already has an endpoint named {name!r}; choose another name.{closing}",
                              code="endpoint_exists", details={"field": "name", "endpoint_id": row.id})
     if len(rows) >= MAX_ENDPOINTS_PER_JOB:
-        closing = sum(1 for r in rows if r.status is ES.CLOSING)
-        said = f" ({closing} of them closing: they go within seconds)" if closing else ""
+        n_closing = sum(1 for r in rows if r.status is ES.CLOSING)
+        said = f" ({n_closing} of them closing: they go within seconds)" if n_closing else ""
         raise Refused(f"Job {job.id} has {len(rows)} endpoints{said}; at most {MAX_ENDPOINTS_PER_JOB} are allowed. "
                       "Close one first.", code="too_many_endpoints", details={"max": MAX_ENDPOINTS_PER_JOB})
 

@@ -21,7 +21,7 @@ from dlts.models import Group, GroupMember, Role, RoleBinding, User, VirtualClus
 from dlts.repositories import vc_events
 from dlts.services import admin, policy
 from dlts.services.auth import Principal, forget_principals
-from dlts.services.transaction import transactional
+from dlts.services.transaction import rowcount, transactional
 
 VC_ROLES = {"member": Role.VC_MEMBER, "admin": Role.VC_ADMIN}
 DIRECTORY = "directory"
@@ -32,7 +32,7 @@ class GroupView:
     name: str
     source: str | None
     members: list[str]
-    vcs: list[dict[str, str]]  # [{"vc", "role", "source"}]
+    vcs: list[dict[str, str | None]]  # [{"vc", "role", "source"}]
     cluster_admin: bool
 
 
@@ -51,10 +51,11 @@ def _views(session: Session, groups: list[Group]) -> list[GroupView]:
         for gid, name in session.execute(sa.select(GroupMember.group_id, User.name).join(User, User.id == GroupMember.user_id)
                                          .where(GroupMember.group_id.in_(ids)).order_by(User.name)):
             members.setdefault(gid, []).append(name)
-        for gid, role, vc, source in session.execute(
+        for bound_group, role, vc_name, source in session.execute(
                 sa.select(RoleBinding.group_id, RoleBinding.role, VirtualCluster.name, RoleBinding.source)
                 .outerjoin(VirtualCluster, VirtualCluster.id == RoleBinding.vc_id).where(RoleBinding.group_id.in_(ids))):
-            bindings.setdefault(gid, []).append((role, vc, source))
+            assert bound_group is not None  # bindings of these groups
+            bindings.setdefault(bound_group, []).append((role, vc_name, source))
     out = []
     for g in groups:
         rows = bindings.get(g.id, [])
@@ -174,7 +175,7 @@ def bind(session: Session, group: Group, vc: VirtualCluster, role: str, actor: s
 
 
 def unbind(session: Session, group: Group, vc: VirtualCluster, actor: str) -> bool:
-    n = session.execute(sa.delete(RoleBinding).where(RoleBinding.group_id == group.id, RoleBinding.vc_id == vc.id)).rowcount
+    n = rowcount(session.execute(sa.delete(RoleBinding).where(RoleBinding.group_id == group.id, RoleBinding.vc_id == vc.id)))
     if n:
         vc_events.record(session, vc.name, actor, "group", {"group": group.name}, None)
     return bool(n)

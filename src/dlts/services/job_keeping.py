@@ -45,7 +45,7 @@ from dlts.repositories import jobs as job_repo
 from dlts.services import jobs as job_service
 from dlts.services import policy
 from dlts.services.auth import Principal
-from dlts.services.transaction import transactional
+from dlts.services.transaction import rowcount, transactional
 
 log = logging.getLogger(__name__)
 
@@ -224,16 +224,16 @@ def delete_jobs(session: Session, ids: list[int]) -> dict[str, int]:
     """Delete ended jobs and every row that hangs on them (children first, each count known); the
     caller commits. Shared by the owner's delete and the janitor's purge."""
     counts = {
-        "events": session.execute(sa.delete(JobEvent).where(JobEvent.job_id.in_(ids))).rowcount or 0,
-        "attempts": session.execute(sa.delete(JobAttempt).where(JobAttempt.job_id.in_(ids))).rowcount or 0,
-        "endpoints": session.execute(sa.delete(JobEndpoint).where(JobEndpoint.job_id.in_(ids))).rowcount or 0,
-        "tags": session.execute(sa.delete(JobTag).where(JobTag.job_id.in_(ids))).rowcount or 0,
-        "favourites": session.execute(sa.delete(JobFavourite).where(JobFavourite.job_id.in_(ids))).rowcount or 0,
-        "idempotency_keys": session.execute(sa.delete(IdempotencyKey).where(IdempotencyKey.job_id.in_(ids))).rowcount or 0,
-        "insights": session.execute(sa.delete(JobInsight).where(JobInsight.job_id.in_(ids))).rowcount or 0,
+        "events": rowcount(session.execute(sa.delete(JobEvent).where(JobEvent.job_id.in_(ids)))) or 0,
+        "attempts": rowcount(session.execute(sa.delete(JobAttempt).where(JobAttempt.job_id.in_(ids)))) or 0,
+        "endpoints": rowcount(session.execute(sa.delete(JobEndpoint).where(JobEndpoint.job_id.in_(ids)))) or 0,
+        "tags": rowcount(session.execute(sa.delete(JobTag).where(JobTag.job_id.in_(ids)))) or 0,
+        "favourites": rowcount(session.execute(sa.delete(JobFavourite).where(JobFavourite.job_id.in_(ids)))) or 0,
+        "idempotency_keys": rowcount(session.execute(sa.delete(IdempotencyKey).where(IdempotencyKey.job_id.in_(ids)))) or 0,
+        "insights": rowcount(session.execute(sa.delete(JobInsight).where(JobInsight.job_id.in_(ids)))) or 0,
     }
-    counts["jobs"] = session.execute(sa.delete(Job).where(Job.id.in_(ids), Job.status.in_([s.value for s in TERMINAL]))
-                                     .execution_options(synchronize_session=False)).rowcount or 0
+    counts["jobs"] = rowcount(session.execute(sa.delete(Job).where(Job.id.in_(ids), Job.status.in_([s.value for s in TERMINAL]))
+                                              .execution_options(synchronize_session=False))) or 0
     return counts
 
 

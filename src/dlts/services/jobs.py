@@ -27,11 +27,15 @@ from dlts.models import (
     EventKind,
     IdempotencyKey,
     Job,
+    JobAttempt,
+    JobEvent,
+    JobInsight,
     JobStatus,
     JobTag,
     JobType,
     Node,
     User,
+    VirtualCluster,
     utcnow,
 )
 from dlts.repositories import cluster as cluster_repo
@@ -42,7 +46,7 @@ from dlts.scheduler.model import CPU_SKU, SkuShape
 from dlts.services import endpoints as endpoint_service
 from dlts.services import policy
 from dlts.services.auth import Principal
-from dlts.services.transaction import commit_keeping_loaded, transactional
+from dlts.services.transaction import commit_keeping_loaded, rowcount, transactional
 
 log = logging.getLogger(__name__)
 LOG_DOWNLOAD_CHUNK = 256 * 1024
@@ -118,7 +122,7 @@ def clean_tags(tags: object, field_name: str = "tags") -> tuple[str, ...]:
     return tuple(out)
 
 
-def _check_identity_asks(req: JobRequest, vc, settings: Settings) -> None:
+def _check_identity_asks(req: JobRequest, vc: VirtualCluster, settings: Settings) -> None:
     """Scratch space up to the VC's default, and root only where the VC's policy allows it."""
     if req.ephemeral_storage_bytes is not None:
         limit = vc.ephemeral_storage_bytes or settings.kubernetes.default_ephemeral_storage_bytes
@@ -134,7 +138,7 @@ def _check_identity_asks(req: JobRequest, vc, settings: Settings) -> None:
                       code="run_as_root_not_allowed", details={"field": "run_as_root"})
 
 
-def root_allowed(settings: Settings, vc) -> bool:
+def root_allowed(settings: Settings, vc: VirtualCluster) -> bool:
     """The VC's pod policy or the cluster's ``kubernetes.privileged_policy`` allows ``run_as_root``."""
     from dlts.backends.k8s_settings import PrivilegedFeature
 
@@ -235,7 +239,7 @@ def _submitted_endpoints(req: JobRequest) -> list[tuple[EndpointKind, int]]:
     return wanted
 
 
-def _over_quota(session: Session, vc, req: JobRequest, sku: str, gpus: int, cpu: float, memory: int, quota: int,
+def _over_quota(session: Session, vc: VirtualCluster, req: JobRequest, sku: str, gpus: int, cpu: float, memory: int, quota: int,
                 total_gpus: int) -> Refused:
     """The 422 for a non-preemptible job above the VC's whole quota. It suggests marking the job
     preemptible only when the cluster's nodes could ever hold it as asked (enough nodes of the SKU
@@ -295,7 +299,7 @@ WAITING = (S.UNAPPROVED, S.QUEUED)
 SUBMIT_WINDOW_S = 60
 
 
-def abuse_limits(settings: Settings, vc) -> tuple[int, int]:
+def abuse_limits(settings: Settings, vc: VirtualCluster) -> tuple[int, int]:
     """(queued jobs per user, submissions per user and minute) in ``vc``: the VC's own value, else the
     cluster default; 0 is no limit."""
     queued = vc.max_queued_jobs_per_user if vc.max_queued_jobs_per_user is not None else settings.max_queued_jobs_per_user
@@ -303,7 +307,7 @@ def abuse_limits(settings: Settings, vc) -> tuple[int, int]:
     return queued, rate
 
 
-def _check_abuse_limits(session: Session, settings: Settings, vc, user, now: dt.datetime) -> None:
+def _check_abuse_limits(session: Session, settings: Settings, vc: VirtualCluster, user: User, now: dt.datetime) -> None:
     """Refuse a submission over the user's submissions per minute (429) or queued-jobs cap (422) in the VC.
 
     The submission counter is one atomic upsert whose row stays locked until this transaction ends, so
@@ -505,10 +509,10 @@ class JobDetail:
 
     job: Job
     visibility: policy.Visibility
-    attempts: list
-    endpoints: list
-    insights: list
-    events: list
+    attempts: list[JobAttempt]
+    endpoints: list[endpoint_service.EndpointView]
+    insights: list[JobInsight]
+    events: list[JobEvent]
     tags: list[str]
     favourite: bool
     actions: tuple[str, ...]
@@ -518,7 +522,7 @@ class JobDetail:
         return self.visibility is policy.Visibility.FULL
 
     @property
-    def current_attempt(self):
+    def current_attempt(self) -> JobAttempt | None:
         return next((a for a in self.attempts if a.number == self.job.attempt), None)
 
 
@@ -556,7 +560,7 @@ def detail(session: Session, principal: Principal, job_id: int, *, events: int =
                      allowed_actions(principal, job))
 
 
-def owner_lacks_ssh_key(session: Session, principal: Principal, job: Job, endpoints: list) -> bool:
+def owner_lacks_ssh_key(session: Session, principal: Principal, job: Job, endpoints: list[endpoint_service.EndpointView]) -> bool:
     """Whether to tell the owner that nobody could log in by ssh: they have no key, and the job can
     still open an endpoint or has an ssh one."""
     can_open = job.status not in TERMINAL and job.status is not S.KILLING
@@ -577,7 +581,7 @@ def keeping_of(session: Session, principal: Principal, job: Job) -> tuple[list[s
             job.id in job_repo.favourites_of(session, principal.user_id, [job.id]))
 
 
-def attempts_of(session: Session, job: Job) -> list:
+def attempts_of(session: Session, job: Job) -> list[JobAttempt]:
     return job_repo.attempts_of(session, job.id)
 
 
@@ -597,7 +601,7 @@ def _load_for_change(session: Session, principal: Principal, job_id: int, action
     return job
 
 
-def _cas(session: Session, job: Job, target: JobStatus, actor: str, reason: str, values: dict | None = None,
+def _cas(session: Session, job: Job, target: JobStatus, actor: str, reason: str, values: dict[str, Any] | None = None,
          message: str | None = None) -> None:
     if not job_repo.set_status(session, job.id, job.status, target, actor=actor, reason=reason, values=values,
                                message=message[:1024] if message else None):
@@ -794,7 +798,7 @@ def patch(session: Session, principal: Principal, job_id: int, changes: Mapping[
     if unknown:
         raise InvalidInput(f"unknown job setting {unknown[0][:40]!r}; settable: priority, max_time_s, idle_exempt.",
                            details={"field": unknown[0][:40]})
-    policy.check_patch(principal, job, changes.get("priority"), changes.get("max_time_s"))  # type: ignore[arg-type]
+    policy.check_patch(principal, job, changes.get("priority"), changes.get("max_time_s"))
     if "idle_exempt" in changes:
         policy.require_idle_exempt(principal, job)
         if not isinstance(changes["idle_exempt"], bool):
@@ -803,7 +807,7 @@ def patch(session: Session, principal: Principal, job_id: int, changes: Mapping[
         raise WrongState(f"Job {job.id} is {job.status.value}; an ended job cannot be changed.",
                          code="job_already_ended", details={"status": job.status.value})
     said = []
-    values: dict = {}
+    values: dict[str, Any] = {}
     for key in ("priority", "max_time_s"):
         if key in changes and getattr(job, key) != changes[key]:
             said.append(f"{key} {getattr(job, key)} -> {changes[key]}")
@@ -818,7 +822,7 @@ def patch(session: Session, principal: Principal, job_id: int, changes: Mapping[
         # guarded on the status we read, so a job that ended meanwhile is not changed
         result = session.execute(sa.update(Job).where(Job.id == job.id, Job.status == job.status)
                                  .values(updated_at=utcnow(), **values).execution_options(synchronize_session=False))
-        if result.rowcount != 1:
+        if rowcount(result) != 1:
             session.rollback()
             raise WrongState(f"Job {job.id} changed state while you acted on it; reload and try again.", code="concurrent_change")
         job_repo.add_event(session, job.id, EventKind.CHANGE, reason="patched", message="; ".join(said), actor=principal.name)
@@ -866,10 +870,8 @@ MESSAGE_KINDS = (EventKind.INSIGHT, EventKind.REPAIR)  # events shown as message
 
 
 def events(session: Session, principal: Principal, job_id: int, *, before_id: int | None = None,
-           limit: int = 50) -> tuple[policy.Visibility, list]:
+           limit: int = 50) -> tuple[policy.Visibility, list[JobEvent]]:
     """Newest first. Other members of the VC see transitions only, without messages or actors."""
-    from dlts.models import JobEvent
-
     job = session.get(Job, job_id)
     visibility = policy.require_visible(principal, job, job_id)
     query = sa.select(JobEvent).where(JobEvent.job_id == job_id).order_by(JobEvent.id.desc()).limit(limit)
@@ -881,10 +883,8 @@ def events(session: Session, principal: Principal, job_id: int, *, before_id: in
 
 
 def attempts(session: Session, principal: Principal, job_id: int, *, after_number: int = 0,
-             limit: int = 50) -> tuple[policy.Visibility, list]:
+             limit: int = 50) -> tuple[policy.Visibility, list[JobAttempt]]:
     """Oldest first (retry history reads forward)."""
-    from dlts.models import JobAttempt
-
     job = session.get(Job, job_id)
     visibility = policy.require_visible(principal, job, job_id)
     rows = session.scalars(sa.select(JobAttempt).where(JobAttempt.job_id == job_id, JobAttempt.number > after_number)

@@ -14,6 +14,7 @@ through a group keeps their access and their jobs; the answer names the groups.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TypedDict
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
@@ -54,6 +55,13 @@ class RemovalView:
     running_jobs: list[int] = field(default_factory=list)  # they finish
 
 
+class _Holdings(TypedDict):
+    """How one user holds roles on a VC: directly, and through each group."""
+
+    direct: set[Role]
+    groups: dict[str, set[Role]]
+
+
 def _role_name(roles: set[Role]) -> str | None:
     if Role.VC_ADMIN in roles:
         return "admin"
@@ -69,7 +77,7 @@ def list_members(session: Session, principal: Principal, vc_name: str) -> list[M
     """Members see their VC's members (404 outside it); every way each holds a role."""
     policy.require_vc_visible(principal, vc_name)
     vc = admin.get_vc(session, vc_name)
-    people: dict[str, dict] = {}
+    people: dict[str, _Holdings] = {}
     for b in identity_repo.vc_bindings(session, vc.id):
         entry = people.setdefault(b.user, {"direct": set(), "groups": {}})
         if b.group is None:

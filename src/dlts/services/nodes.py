@@ -125,7 +125,7 @@ def reported_gpus(metrics: Any) -> list[dict[str, Any]]:
             job_id = None
         usable = isinstance(ratio, (int, float)) and not isinstance(ratio, bool) and 0 <= ratio <= 1
         out.append({**gpu, "index": index if isinstance(index, int) and not isinstance(index, bool) else None,
-                    "job_id": job_id, "utilization_ratio": float(ratio) if usable else None})
+                    "job_id": job_id, "utilization_ratio": float(ratio) if usable and ratio is not None else None})
     return out
 
 
@@ -138,7 +138,7 @@ def cycle_brief(cycle: RepairCycle | None) -> dict[str, Any] | None:
             "problem": cycle.problem, "step": step, "started_at": iso(cycle.started_at)}
 
 
-def _view(node: Node, use: usage_repo.NodeUse | None, details: dict | None, cycle: RepairCycle | None = None) -> NodeView:
+def _view(node: Node, use: usage_repo.NodeUse | None, details: dict[str, Any] | None, cycle: RepairCycle | None = None) -> NodeView:
     gpus_used = len(use.gpu_indices) if use else 0
     return NodeView(
         name=node.name, sku=node.sku, gpus=node.gpus, gpus_used=gpus_used, gpus_free=max(0, node.gpus - gpus_used),

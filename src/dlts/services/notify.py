@@ -138,7 +138,8 @@ def _json_context(context: Mapping[str, Any]) -> dict[str, Any]:
         if not isinstance(key, str) or not key.isidentifier():
             raise InvalidInput(f"context key {key!r} must be a name a template can use.", details={"field": "context"})
     try:
-        return json.loads(json.dumps(dict(context), allow_nan=False))
+        loaded: dict[str, Any] = json.loads(json.dumps(dict(context), allow_nan=False))
+        return loaded
     except (TypeError, ValueError) as exc:
         raise InvalidInput(f"context must be JSON (strings, numbers, lists, mappings): {exc}.",
                            details={"field": "context"}) from None
@@ -187,7 +188,7 @@ def user_emails(session: Session, names: Iterable[str]) -> list[str]:
     return _emails_of(session, sa.select(User.id).where(User.name.in_(list(names))))
 
 
-def _role_holders(roles: Role | tuple[Role, ...], vc_id: int | None) -> sa.CompoundSelect:
+def _role_holders(roles: Role | tuple[Role, ...], vc_id: int | None) -> sa.CompoundSelect[int | None]:
     """The ids of users holding one of ``roles`` on the VC (or the cluster), directly or through a group."""
     wanted = RoleBinding.role.in_([r.value for r in (roles if isinstance(roles, tuple) else (roles,))])
     scope = RoleBinding.vc_id.is_(None) if vc_id is None else RoleBinding.vc_id == vc_id

@@ -24,6 +24,7 @@ import datetime as dt
 import hashlib
 import secrets
 from dataclasses import dataclass
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
@@ -34,7 +35,7 @@ from dlts.models import ApiToken, PortalSession, User, utcnow
 from dlts.repositories import limits as limits_repo
 from dlts.services.admin import get_user
 from dlts.services.auth import Principal, principal_for
-from dlts.services.transaction import transactional
+from dlts.services.transaction import rowcount, transactional
 
 MIN_PASSWORD_CHARS = 12
 MAX_PASSWORD_CHARS = 256
@@ -175,7 +176,7 @@ def end_session(session: Session, token: object) -> None:
 
 def end_sessions_of(session: Session, user_id: int) -> int:
     """Every portal session of the user ends (a password change); the caller commits."""
-    return session.execute(sa.delete(PortalSession).where(PortalSession.user_id == user_id)).rowcount
+    return rowcount(session.execute(sa.delete(PortalSession).where(PortalSession.user_id == user_id)))
 
 
 # -- the user's own API tokens (the portal's "My API tokens" page; creating and revoking: services.tokens)
@@ -200,6 +201,6 @@ def save_preference(session: Session, principal: Principal, key: str, value: obj
     session.commit()
 
 
-def preferences(session: Session, principal: Principal) -> dict:
+def preferences(session: Session, principal: Principal) -> dict[str, Any]:
     """The portal preferences ``principal`` saved (``{}`` before the first)."""
     return dict(session.get_one(User, principal.user_id).preferences or {})

@@ -13,7 +13,9 @@ from __future__ import annotations
 import base64
 import logging
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import sqlalchemy as sa
 from cryptography.fernet import Fernet, InvalidToken
@@ -76,8 +78,9 @@ def _view(row: RegistryCredential, owner: str) -> CredentialView:
     return CredentialView(row.id, row.scope, owner, row.server, row.username, row.created_by, iso(row.created_at))
 
 
-def _add(session: Session, secret_key: str, principal: Principal, owner: str, where, values: dict,
-         server: str, username: str, password: str, on_add=None) -> CredentialView:
+def _add(session: Session, secret_key: str, principal: Principal, owner: str, where: tuple[sa.ColumnElement[bool], ...],
+         values: dict[str, Any], server: str, username: str, password: str,
+         on_add: Callable[[RegistryCredential], None] | None = None) -> CredentialView:
     server = _check(server, username, password)
     rows = list(session.scalars(sa.select(RegistryCredential).where(*where)))
     if any(r.server == server for r in rows):

@@ -8,6 +8,7 @@ a node.
 
 from __future__ import annotations
 
+import datetime as dt
 from collections import Counter
 from typing import Any
 
@@ -27,7 +28,7 @@ from dlts.models import (
     utcnow,
 )
 from dlts.repair.machine import IN_REPAIR, CycleKind, CycleOutcome, StepResult, counts_against_budget
-from dlts.repair.rules import RuleError, Scope, rule_from_mapping
+from dlts.repair.rules import RuleError, Scope, Step, rule_from_mapping
 from dlts.repositories import repair as repo
 from dlts.services import nodes as node_service
 from dlts.services import policy
@@ -73,7 +74,7 @@ def list_cycles(session: Session, principal: Principal, name: str, limit: int = 
     return _cycles_json(session, cycles, {node.id: node.name})
 
 
-def _chain(steps: list[str], target: str | None, gpus: list[int]):
+def _chain(steps: list[str], target: str | None, gpus: list[int]) -> tuple[Step, ...]:
     try:
         rule = rule_from_mapping({"code": "manual", "severity": "critical", "scope": "gpu" if gpus else "node",
                                   "steps": [{"do": s, **({"target": target} if s == "restart_service" and target else {})}
@@ -221,7 +222,7 @@ def status(session: Session, principal: Principal, settings: Settings | None) ->
 SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
 
 
-def queue_key(cycle: RepairCycle) -> tuple:
+def queue_key(cycle: RepairCycle) -> tuple[int, dt.datetime, int]:
     """Admission order of quarantined nodes: most severe first, then the longest waiting."""
     return (SEVERITY_ORDER.get(cycle.severity, 3), cycle.started_at, cycle.id)
 

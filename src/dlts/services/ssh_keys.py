@@ -132,7 +132,7 @@ def add_key(session: Session, principal: Principal, public_key: str, name: str |
         raise WrongState(f"This key ({parsed.fingerprint}) is registered to another user; a key names one person. "
                          "Create a key of your own with `ssh-keygen -t ed25519`.", code="duplicate_ssh_key",
                          details={"fingerprint": parsed.fingerprint})
-    count = session.scalar(sa.select(sa.func.count(SshKey.id)).where(SshKey.user_id == principal.user_id))
+    count = session.execute(sa.select(sa.func.count(SshKey.id)).where(SshKey.user_id == principal.user_id)).scalar_one()
     if count >= MAX_KEYS_PER_USER:
         raise Refused(f"You have {count} SSH keys, the most allowed is {MAX_KEYS_PER_USER}; delete one first.",
                       code="too_many_ssh_keys", details={"max": MAX_KEYS_PER_USER})

@@ -13,7 +13,9 @@ from __future__ import annotations
 import csv
 import datetime as dt
 import io
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
@@ -64,7 +66,7 @@ def last_scan(session: Session, *, mount: str | None = None, vc: str | None = No
     if not newest:
         return UsageReport(None, [])
 
-    def rows_at(pairs: list[tuple[str, dt.datetime]]):
+    def rows_at(pairs: list[tuple[str, dt.datetime]]) -> Sequence[StorageUsage]:
         condition = sa.or_(*[sa.and_(StorageUsage.mount == m, StorageUsage.scanned_at == at) for m, at in pairs])
         query = (sa.select(StorageUsage).where(condition)
                  .order_by(StorageUsage.mount, StorageUsage.directory.is_not(None), StorageUsage.directory,
@@ -154,7 +156,7 @@ def _prune(session: Session, root: str, keep: int) -> None:
 
 # -- listing snapshots -------------------------------------------------------------------------------
 
-def snapshot_view(s: StorageSnapshot) -> dict:
+def snapshot_view(s: StorageSnapshot) -> dict[str, Any]:
     return {"id": s.id, "root": s.root, "kind": s.kind, "started_at": iso(s.started_at), "scanned_at": iso(s.scanned_at),
             "duration_s": s.duration_s, "status": s.status, "message": s.message, "errors": s.errors,
             "other_filesystems": s.other_filesystems, "dirs": s.dirs, "files": s.files,
@@ -164,14 +166,14 @@ def snapshot_view(s: StorageSnapshot) -> dict:
             "top_dirs": (s.detail or {}).get("top_dirs", []), "oldest_files": (s.detail or {}).get("oldest_files", [])}
 
 
-def list_snapshots(session: Session, *, root: str | None = None, limit: int = 50) -> list[dict]:
+def list_snapshots(session: Session, *, root: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
     query = sa.select(StorageSnapshot).order_by(StorageSnapshot.scanned_at.desc(), StorageSnapshot.id.desc()).limit(limit)
     if root is not None:
         query = query.where(StorageSnapshot.root == root)
     return [snapshot_view(s) for s in session.scalars(query)]
 
 
-def latest_snapshots(session: Session) -> list[dict]:
+def latest_snapshots(session: Session) -> list[dict[str, Any]]:
     """The newest snapshot of each root, whatever its outcome (a hung mount shows), by root."""
     newest = (sa.select(StorageSnapshot.root, sa.func.max(StorageSnapshot.id).label("id"))
               .group_by(StorageSnapshot.root).subquery())

@@ -32,7 +32,7 @@ def _view(row: ApiToken, token: str | None = None) -> TokenView:
     return TokenView(row.id, row.name, row.prefix, iso(row.created_at), iso(row.expires_at), iso(row.last_used_at), token)
 
 
-def _live(user_id: int):
+def _live(user_id: int) -> sa.Select[ApiToken]:
     now = utcnow()
     return sa.select(ApiToken).where(ApiToken.user_id == user_id, ApiToken.revoked_at.is_(None),
                                      sa.or_(ApiToken.expires_at.is_(None), ApiToken.expires_at > now))
@@ -51,14 +51,15 @@ def create_token(session: Session, principal: Principal, name: str, expires_days
         raise InvalidInput("expires_days must be between 1 and 3650, or null for no expiry.", details={"field": "expires_days"})
     # one creation per user at a time, so parallel requests cannot all pass the count (any worker, both databases)
     limits_repo.lock(session, User.id, principal.user_id, touch=User.created_at)
-    count = session.scalar(sa.select(sa.func.count()).select_from(_live(principal.user_id).subquery()))
+    count = session.execute(sa.select(sa.func.count()).select_from(_live(principal.user_id).subquery())).scalar_one()
     if count >= MAX_TOKENS_PER_USER:
         raise Refused(f"You have {count} working tokens, the most allowed is {MAX_TOKENS_PER_USER}; revoke one first.",
                       code="too_many_tokens", details={"max": MAX_TOKENS_PER_USER})
-    user = session.get(User, principal.user_id)
+    user = session.get_one(User, principal.user_id)
     token = issue_token(session, user, name, expires_days)
     session.commit()
-    row = session.scalar(sa.select(ApiToken).where(ApiToken.user_id == principal.user_id).order_by(ApiToken.id.desc()).limit(1))
+    row = session.execute(sa.select(ApiToken).where(ApiToken.user_id == principal.user_id)
+                          .order_by(ApiToken.id.desc()).limit(1)).scalar_one()
     return _view(row, token)
 
 

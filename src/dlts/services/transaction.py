@@ -27,7 +27,7 @@ R = TypeVar("R")
 DEPTH = "dlts_transaction_depth"
 WROTE = "dlts_transaction_wrote"
 
-AnySession = Session | scoped_session
+AnySession = Session | scoped_session[Session]
 
 
 def _real(session: AnySession) -> Session:
@@ -53,6 +53,14 @@ def _ended(session: Session, *_: Any) -> None:
 
 def _has_writes(session: Session) -> bool:
     return bool(session.info.get(WROTE) or session.new or session.dirty or session.deleted)
+
+
+def rowcount(result: sa.Result[*tuple[Any, ...]]) -> int:
+    """The rows an UPDATE or DELETE matched (``Session.execute`` types every result as a plain ``Result``;
+    a data-changing statement's is a ``CursorResult``, which counts them)."""
+    if not isinstance(result, sa.CursorResult):
+        raise TypeError(f"not the result of an UPDATE or DELETE: {result!r}")
+    return result.rowcount
 
 
 def commit_keeping_loaded(session: AnySession) -> None:

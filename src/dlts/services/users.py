@@ -25,7 +25,7 @@ from dlts.repositories import identity as identity_repo
 from dlts.repositories import jobs as job_repo
 from dlts.services import admin, policy, portal_auth
 from dlts.services.auth import Principal, forget_principals
-from dlts.services.transaction import transactional
+from dlts.services.transaction import rowcount, transactional
 
 EMAIL_RE = re.compile(r"^[^@\s]{1,64}@[^@\s.]+(\.[^@\s.]+)+$")
 MAX_REASON = 255
@@ -124,8 +124,9 @@ def create(session: Session, principal: Principal, name: str, *, email: str | No
         portal_auth.check_password_strength(password)
     user = admin.add_user(session, name, admin=cluster_admin, email=email, uid=uid, gid=gid)
     shown = portal_auth.random_password() if generate_password else None
-    if password is not None or shown is not None:
-        portal_auth.set_password(session, name, password or shown)
+    new_password = password if password is not None else shown
+    if new_password is not None:
+        portal_auth.set_password(session, name, new_password)
     return view(session, user), shown
 
 
@@ -194,8 +195,8 @@ def hold_user(session: Session, user: User, actor: str, reason: str) -> tuple[in
     """The writes of a disable, in the caller's transaction: (tokens revoked, sessions ended, held jobs,
     running jobs). The caller commits and calls ``forget_principals``."""
     now = utcnow()
-    revoked = session.execute(sa.update(ApiToken).where(ApiToken.user_id == user.id, ApiToken.revoked_at.is_(None))
-                              .values(revoked_at=now).execution_options(synchronize_session=False)).rowcount
+    revoked = rowcount(session.execute(sa.update(ApiToken).where(ApiToken.user_id == user.id, ApiToken.revoked_at.is_(None))
+                                       .values(revoked_at=now).execution_options(synchronize_session=False)))
     ended = portal_auth.end_sessions_of(session, user.id)
     held = []
     for job in identity_repo.waiting_jobs(session, user.id):
@@ -257,8 +258,10 @@ def reset_password(session: Session, principal: Principal, name: str, password: 
     every portal session of the user ends."""
     policy.require_cluster_admin(principal, "reset passwords")
     admin.get_user(session, name)
-    shown = None if password is not None else portal_auth.random_password()
-    portal_auth.set_password(session, name, password if password is not None else shown)
+    shown: str | None = None
+    if password is None:
+        password = shown = portal_auth.random_password()
+    portal_auth.set_password(session, name, password)
     return PasswordView(name, shown)
 
 

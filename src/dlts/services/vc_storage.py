@@ -90,7 +90,7 @@ def _read_only(field: str, value: Any) -> bool:
     return value
 
 
-def _entries(kind: str, value: Any) -> list[dict]:
+def _entries(kind: str, value: Any) -> list[dict[str, Any]]:
     if not isinstance(value, list):
         raise _bad(kind, f"must be a list of {kind} entries.")
     if len(value) > MAX_ENTRIES:
@@ -119,7 +119,7 @@ def _entries(kind: str, value: Any) -> list[dict]:
     return out
 
 
-def _home(value: Any) -> dict:
+def _home(value: Any) -> dict[str, Any]:
     if not isinstance(value, Mapping):
         raise _bad("home", "must be an object with kind, path and mount_path (and server for nfs).")
     unknown = sorted(set(value) - HOME_KEYS)
@@ -138,7 +138,7 @@ def _home(value: Any) -> dict:
     return home
 
 
-def check_lustre(vc_name: str, value: Any) -> dict:
+def check_lustre(vc_name: str, value: Any) -> dict[str, Any]:
     from dlts_lustre.errors import PolicyError
     from dlts_lustre.policy import policy_from_vcs
 
@@ -154,7 +154,7 @@ def check_lustre(vc_name: str, value: Any) -> dict:
     return lustre
 
 
-def normalize(vc_name: str, document: Any) -> dict:
+def normalize(vc_name: str, document: Any) -> dict[str, Any]:
     """The stored form of ``document``, or ``InvalidInput`` naming the field at fault."""
     if not isinstance(document, Mapping):
         raise InvalidInput("storage must be an object with nfs, host, home and/or lustre.", code="invalid_storage",
