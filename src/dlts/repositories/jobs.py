@@ -17,7 +17,18 @@ from sqlalchemy.engine import CursorResult
 from sqlalchemy.orm import Session, defer
 
 from dlts.errors import InvalidInput
-from dlts.models import TRANSITIONS, Job, JobEvent, JobFavourite, JobStatus, JobTag, utcnow
+from dlts.models import (
+    TRANSITIONS,
+    EventKind,
+    Job,
+    JobAttempt,
+    JobEvent,
+    JobFavourite,
+    JobStatus,
+    JobTag,
+    SshKey,
+    utcnow,
+)
 from dlts.strict import whole_number
 
 
@@ -48,12 +59,12 @@ def set_status(
     ))
     if result.rowcount != 1:
         return False
-    session.add(JobEvent(job_id=job_id, at=now, kind="transition", from_status=current.value,
+    session.add(JobEvent(job_id=job_id, at=now, kind=EventKind.TRANSITION, from_status=current.value,
                          to_status=target.value, reason=reason, message=message, actor=actor))
     return True
 
 
-def add_event(session: Session, job_id: int, kind: str, *, reason: str | None = None,
+def add_event(session: Session, job_id: int, kind: EventKind, *, reason: str | None = None,
               message: str | None = None, actor: str | None = None) -> None:
     session.add(JobEvent(job_id=job_id, kind=kind, reason=reason, message=(message or "")[:1024] or None, actor=actor))
 
@@ -174,3 +185,22 @@ def lock_job(session: Session, job_id: int) -> None:
                         .execution_options(synchronize_session=False))
     else:
         session.execute(sa.select(Job.id).where(Job.id == job_id).with_for_update())
+
+
+def attempts_of(session: Session, job_id: int) -> list[JobAttempt]:
+    """Every attempt of a job, oldest first."""
+    return list(session.scalars(sa.select(JobAttempt).where(JobAttempt.job_id == job_id).order_by(JobAttempt.number)))
+
+
+def latest_events(session: Session, job_id: int, limit: int) -> list[JobEvent]:
+    """The job's newest ``limit`` events, newest first."""
+    return list(session.scalars(sa.select(JobEvent).where(JobEvent.job_id == job_id)
+                                .order_by(JobEvent.id.desc()).limit(limit)))
+
+
+def jobs_by_id(session: Session, ids: Sequence[int]) -> dict[int, Job]:
+    return {j.id: j for j in session.scalars(sa.select(Job).where(Job.id.in_(list(ids))))}
+
+
+def has_ssh_key(session: Session, user_id: int) -> bool:
+    return session.scalar(sa.select(SshKey.id).where(SshKey.user_id == user_id).limit(1)) is not None
