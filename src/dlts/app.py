@@ -31,10 +31,11 @@ def create_app(settings: Settings | None = None) -> Flask:
     db.init_app(app)
     from sqlalchemy import event
 
-    from dlts.db import engine_of, rollback_unless_reset, sqlite_pragmas
+    from dlts.db import engine_of, rollback_unless_reset, sqlite_pragmas, watch_sqlite_writes
 
     if settings.effective_database_url.startswith("sqlite"):
         event.listen(engine_of(app), "connect", sqlite_pragmas)
+        watch_sqlite_writes(engine_of(app))
     else:
         event.listen(engine_of(app), "reset", rollback_unless_reset)
     from dlts import metrics

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import logging
+import threading
+import time
+import weakref
+
 import sqlalchemy as sa
 from flask import Flask
 from sqlalchemy.orm import Session, sessionmaker
 
 from dlts.extensions import db
+
+log = logging.getLogger(__name__)
 
 
 def sqlite_pragmas(dbapi_connection, _record) -> None:
@@ -15,7 +22,51 @@ def sqlite_pragmas(dbapi_connection, _record) -> None:
     cursor.execute("PRAGMA journal_mode=WAL")
     cursor.execute("PRAGMA foreign_keys=ON")
     cursor.execute("PRAGMA busy_timeout=30000")
+    # in WAL mode NORMAL syncs at checkpoints, not at every commit: no corruption, and a commit no
+    # longer waits for the disk while other writers queue behind it (durability of the last
+    # transactions on a power cut is what it gives up; MariaDB serves production)
+    cursor.execute("PRAGMA synchronous=NORMAL")
     cursor.close()
+
+
+_WRITES = ("insert", "update", "delete", "replace")
+_WATCHED: weakref.WeakKeyDictionary[sa.engine.Engine, float] = weakref.WeakKeyDictionary()
+
+
+def watch_sqlite_writes(engine: sa.engine.Engine, warn_after_s: float = 5.0) -> None:
+    """Log write transactions that hold SQLite's single write lock longer than ``warn_after_s``.
+
+    Every other writer (an API request included) waits behind such a transaction, up to the busy
+    timeout; the warning names the thread that held the lock and the statement that took it.
+    Watching an engine again only changes its threshold."""
+    from sqlalchemy import event
+
+    watched = engine in _WATCHED
+    _WATCHED[engine] = warn_after_s
+    if watched:
+        return
+
+    @event.listens_for(engine, "before_cursor_execute")
+    def _first_write(conn, _cursor, statement, _params, _context, _many) -> None:
+        if "dlts_write_since" not in conn.info and statement.lstrip()[:7].lower().startswith(_WRITES):
+            conn.info["dlts_write_since"] = (time.monotonic(), threading.current_thread().name, statement.strip()[:120])
+
+    def _ended(conn) -> None:
+        _report(conn.info)
+
+    def _report(info: dict) -> None:
+        since = info.pop("dlts_write_since", None)
+        if since is not None and (held := time.monotonic() - since[0]) > _WATCHED.get(engine, warn_after_s):
+            log.warning("a write transaction held the database for %.1f s (thread %s, first write: %s)",
+                        held, since[1], since[2])
+
+    event.listen(engine, "commit", _ended)
+    event.listen(engine, "rollback", _ended)
+    # a connection returned to the pool mid-transaction is rolled back by the pool's reset
+    @event.listens_for(engine.pool, "checkin")
+    def _returned(_dbapi, record) -> None:
+        if record is not None:
+            _report(record.info)
 
 
 SERVER_STATUS_IN_TRANS = 0x0001  # MySQL/MariaDB protocol: the session has an open transaction

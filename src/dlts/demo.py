@@ -10,6 +10,7 @@ survives restarts.
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import os
 import secrets
@@ -299,6 +300,8 @@ def run_demo(settings: Settings, fake_nvml: str | None = None) -> None:
     agent_thread.start()
     signal.signal(signal.SIGTERM, _interrupt)
     signal.signal(signal.SIGINT, _interrupt)
+    # `kill -USR1 <pid>`: every thread's stack on stderr (what a stuck demo is waiting for)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
         server.serve_forever()
     except KeyboardInterrupt:

