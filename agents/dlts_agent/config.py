@@ -91,6 +91,9 @@ class NfsCollectorConfig:
 @dataclass(frozen=True)
 class JobsCollectorConfig:
     enabled: bool = True
+    # only the job processes of the local backend whose run directory this is (their DLTS_RUN_DIR);
+    # empty: every DLTS job process on the machine (a real node runs only its own cluster's jobs)
+    local_run_dir: str = ""
 
 
 @dataclass(frozen=True)

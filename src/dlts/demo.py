@@ -142,6 +142,8 @@ def start_agent(settings: Settings, sessions, node, url: str, scenario_name: str
         "actions": {"enabled": mode == "fake"},
         "collectors": {"host": {"mounts": [str(settings.home.resolve())]},
                        "gpu": {"enabled": mode != "host"},
+                       # this demo's jobs only (not another demo's or a test run's on this machine)
+                       "jobs": {"local_run_dir": str(settings.effective_run_dir.resolve())},
                        "xid": {"source": "kmsg", "kmsg_path": str(home / "kmsg"), "nvml_events": mode != "host"}},
         "report": {"enabled": True, "api_url": url, "node_token_file": str(home / "node-token"), "interval_s": 1},
     })

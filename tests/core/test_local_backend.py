@@ -183,6 +183,34 @@ def test_every_job_gets_cuda_device_order_pci_bus_id(backend, tmp_path):
     assert _log(tmp_path) == "PCI_BUS_ID 2,3\n"
 
 
+def test_the_demo_agent_sees_only_its_own_backends_jobs(tmp_path):
+    """Two local backends on one machine (a demo and a test run) each run a job on "GPU 3": an
+    agent scoped to one run directory links GPU 3 to that backend's job only, never the other's."""
+    from dlts_agent.collectors.jobs import JobsCollector
+    from dlts_agent.model import GpuSample
+
+    mine, theirs = (LocalBackend(tmp_path / side / "run", node_name="local", demo_gpus=4) for side in ("mine", "theirs"))
+    try:
+        mine.launch(_spec(tmp_path / "mine", command="sleep 30", job_id=7, gpus=((3,),)))
+        theirs.launch(_spec(tmp_path / "theirs", command="sleep 30", job_id=8, gpus=((3,),)))
+        for backend, key in ((mine, (7, 1)), (theirs, (8, 1))):
+            _observe(backend, key=key, until=lambda o: o is not None and o.phase is RunPhase.RUNNING)
+        gpu3 = GpuSample(index=3, uuid=None, bus_id=None)
+        deadline = time.monotonic() + 10
+        while True:  # the job's shell is exec'd by its init: wait until both carry their job's environment
+            everyone = JobsCollector().collect()[0]
+            if {"7", "8"} <= everyone.job_ids or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert {"7", "8"} <= everyone.job_ids  # unscoped (a real node): every DLTS job process counts
+        scoped = JobsCollector(local_run_dir=str((tmp_path / "mine" / "run").resolve())).collect()[0]
+        assert scoped.job_ids == {"7"}
+        assert scoped.for_gpu(gpu3).job_id == "7"
+    finally:
+        mine.collect_garbage([])
+        theirs.collect_garbage([])
+
+
 def test_a_distributed_attempt_runs_one_unit_per_placement_and_they_meet_at_the_rendezvous(backend, tmp_path):
     """Each unit starts LOCAL_WORLD_SIZE workers the way torchrun does; every worker connects to
     MASTER_ADDR:MASTER_PORT, where global rank 0 checks it heard from all WORLD_SIZE ranks."""

@@ -7,6 +7,8 @@ Backends start every job process with ``DLTS_JOB_ID``, ``DLTS_USER``, ``DLTS_VC`
 2. ``NVIDIA_VISIBLE_DEVICES`` when it lists GPU UUIDs (what the Kubernetes device plugin sets),
 3. ``CUDA_VISIBLE_DEVICES`` indices, only when NVIDIA_VISIBLE_DEVICES is absent (inside a container
    the indices are renumbered, so they mean nothing on the host).
+With ``local_run_dir`` only the processes whose ``DLTS_RUN_DIR`` names it count: a demo's agent then
+sees its own local backend's jobs, not those of another demo or test run on the same machine.
 """
 
 from __future__ import annotations
@@ -27,8 +29,9 @@ class JobsCollector:
     name = "jobs"
 
     def __init__(self, proc_root: str = "/proc", *, clock: Callable[[], float] = time.monotonic,
-                 clock_ticks: int | None = None, page_bytes: int | None = None) -> None:
+                 clock_ticks: int | None = None, page_bytes: int | None = None, local_run_dir: str = "") -> None:
         self.proc_root = proc_root
+        self.local_run_dir = local_run_dir
         self.clock = clock
         self.clock_ticks = clock_ticks or _sysconf("SC_CLK_TCK", 100)
         self.page_bytes = page_bytes or _sysconf("SC_PAGE_SIZE", 4096)
@@ -54,8 +57,11 @@ class JobsCollector:
                 continue  # exited meanwhile, or a kernel thread: not ours
             if _MARKER not in raw:
                 continue
+            env = _parse_environ(raw)
+            if self.local_run_dir and env.get("DLTS_RUN_DIR") != self.local_run_dir:
+                continue  # another local backend's job (a second demo, a test run): not this node's
             try:
-                labels, uuids, indices, junk = _labels_and_gpus(_parse_environ(raw))
+                labels, uuids, indices, junk = _labels_and_gpus(env)
             except ValueError as e:  # junk in one process's environment skips that process only
                 errors.append(f"pid {entry}: {e}; process skipped")
                 continue

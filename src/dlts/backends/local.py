@@ -310,6 +310,8 @@ class LocalBackend:
             "DLTS_JOB_ID": str(spec.job_id), "DLTS_USER": spec.user, "DLTS_VC": spec.vc,
             "DLTS_NUM_GPUS": str(len(gpu_indices)), "DLTS_ATTEMPT": str(spec.attempt),
             "DLTS_PREEMPTIBLE": "1" if spec.preemptible else "0",
+            # which local backend runs it: the demo's agent counts only its own backend's jobs
+            "DLTS_RUN_DIR": str(self.run_dir.resolve()),
             "CUDA_VISIBLE_DEVICES": ",".join(map(str, gpu_indices)),
             # CUDA's default order is fastest-first; NVML's (what the agent reports) is PCI bus order
             "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
