@@ -362,7 +362,13 @@ def _backup_destroy_restore(machine, inventory: Path, tmp_path: Path, api: str, 
 
     for job_id in [*before, after_backup]:
         got = requests.get(f"{api}/api/v1/jobs/{job_id}", headers=admin, verify=False, timeout=30)
-        assert got.status_code == 200, (job_id, got.status_code, got.text)
+        if got.status_code != 200:  # what the restore replayed, and what the binary logs hold, for the report
+            replayed = [line for line in restore.stdout.splitlines() if "dlts-db-restore:" in line]
+            events = machine.ssh("for f in /var/lib/mysql-binlog/pre-restore-*/mysql-bin.0*; do echo \"== $f\"; "
+                                 "mariadb-binlog --base64-output=decode-rows -v \"$f\" | grep -E '^#[0-9]{6}|INSERT INTO `jobs`' "
+                                 "| tail -n 40; done", timeout_s=120)
+            pytest.fail(f"job {job_id} ({got.status_code}) is not back after the restore to {until}:\n"
+                        + "\n".join(replayed) + "\n" + events.stdout[-6000:] + events.stderr[-1000:])
     gone = requests.get(f"{api}/api/v1/jobs/{after_until}", headers=admin, verify=False, timeout=30)
     assert gone.status_code == 404, gone.text
     state = machine.ssh("systemctl is-active dlts-api dlts-managers mariadb")
