@@ -5,7 +5,10 @@ tree split across the workers, a hung directory in a worker, an unreadable one."
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
 import sys
+import threading
 import time
 import types
 from pathlib import Path
@@ -16,6 +19,25 @@ import walk_hooks
 from dlts.storage import scan as scan_module
 from dlts.storage.scan import COMPLETE, HUNG, scan_root
 from dlts.storage.settings import StorageRoot, StorageSettings
+
+
+@pytest.fixture(params=["fork", "spawn"])
+def start(request):
+    """How the workers start: forked from a process of one thread (`dlts storage scan`), spawned from
+    one with other threads (`dlts managers`): here a thread that lives through the test."""
+    if request.param == "fork":
+        if len(os.listdir("/proc/self/task")) > 1:  # an earlier test's stuck thread still lives
+            pytest.skip("this process runs other threads: its workers would be spawned")
+        yield "fork"
+        return
+    stop = threading.Event()
+    thread = threading.Thread(target=stop.wait, name="test-other-thread", daemon=True)
+    thread.start()
+    try:
+        yield "spawn"
+    finally:
+        stop.set()
+        thread.join()
 
 
 def make_tree(base: Path) -> Path:
@@ -60,13 +82,15 @@ def expected_totals(root: Path) -> dict:
 
 
 @pytest.mark.parametrize("processes", [2, 3, 5])
-def test_hard_links_across_workers_count_once_with_exact_totals(tmp_path, processes):
+def test_hard_links_across_workers_count_once_with_exact_totals(tmp_path, processes, start):
     root = make_tree(tmp_path)
     want = expected_totals(root)
     assert want["hardlinks_seen_again"] == 6 and want["files"] == 8 * 3 * 5 + 3  # + loose.bin, plain.txt and the symlink
     result = scan_root(StorageRoot(path=root), StorageSettings(processes_per_root=processes))
     doc = result.to_dict()
     assert result.status == COMPLETE and result.errors == 0, result.message
+    assert doc["worker_start"] == start and len(doc["worker_peak_rss_kib"]) == processes
+    assert all(0 < kib < 200 * 1024 for kib in doc["worker_peak_rss_kib"])
     assert {k: doc[k] for k in want} == want
     assert doc["dirs"] == 1 + 8 + 8 * 3
     # every view adds up to the same totals
@@ -98,13 +122,14 @@ def test_processes_and_threads_give_the_same_aggregation(tmp_path):
     assert {d["path"] for d in by_processes["top_dirs"]} == {d["path"] for d in by_threads["top_dirs"]}
 
 
-def test_the_tree_is_split_across_the_worker_processes(tmp_path, monkeypatch):
+def test_the_tree_is_split_across_the_worker_processes(tmp_path, monkeypatch, start):
     root = make_tree(tmp_path)
     log = tmp_path / "log"
     log.mkdir()
     monkeypatch.setenv("DLTS_TEST_WALK_LOG", str(log))
     result = scan_root(StorageRoot(path=root), StorageSettings(processes_per_root=3), before_dir=walk_hooks.log_worker_slowly)
     assert result.status == COMPLETE and result.total.files == 8 * 3 * 5 + 3
+    assert result.worker_start == start
     listed = {pid.name: pid.read_text().split() for pid in log.iterdir()}
     assert len(listed) >= 2, listed  # more than one worker listed directories
     everything = sorted(p for paths in listed.values() for p in paths)
@@ -112,7 +137,7 @@ def test_the_tree_is_split_across_the_worker_processes(tmp_path, monkeypatch):
     assert os.getpid() not in map(int, listed)
 
 
-def test_a_hung_directory_in_a_worker_process_is_reported_and_the_worker_killed(tmp_path):
+def test_a_hung_directory_in_a_worker_process_is_reported_and_the_worker_killed(tmp_path, start):
     root = make_tree(tmp_path)
     (root / "t3" / "hang").mkdir()
     settings = StorageSettings(processes_per_root=2, dir_timeout_s=0.5)
@@ -129,14 +154,14 @@ def test_a_hung_directory_in_a_worker_process_is_reported_and_the_worker_killed(
     assert scan_root(StorageRoot(path=root), StorageSettings(processes_per_root=2)).status == COMPLETE
 
 
-def test_a_directory_a_worker_cannot_read_is_skipped_and_counted(tmp_path):
+def test_a_directory_a_worker_cannot_read_is_skipped_and_counted(tmp_path, start):
     root = make_tree(tmp_path)
     (root / "t1" / "closed").mkdir()
     (root / "t1" / "closed" / "secret.bin").write_bytes(b"z" * 5000)
     result = scan_root(StorageRoot(path=root), StorageSettings(processes_per_root=2),
                        before_dir=walk_hooks.refuse_closed)
     doc = result.to_dict()
-    assert result.status == COMPLETE and doc["errors"] == 1
+    assert result.status == COMPLETE and doc["errors"] == 1 and doc["worker_start"] == start
     assert doc["unreadable"] == [f"{root / 't1' / 'closed'}: Permission denied"]
     assert doc["files"] == 8 * 3 * 5 + 3  # secret.bin not counted
 
@@ -147,9 +172,10 @@ def test_processes_per_root_zero_means_one_per_cpu_between_two_and_eight():
     assert StorageSettings(processes_per_root=1).scan_processes() == 1
 
 
-def test_workers_do_not_run_the_script_that_started_the_scan_again(tmp_path, monkeypatch):
-    """`dlts storage scan` and `dlts managers` run from the `dlts` console script; a spawned worker
-    would run it again as its __main__ (all of dlts.cli) unless the scan keeps it out."""
+@pytest.mark.parametrize("start", ["spawn"], indirect=True)
+def test_workers_do_not_run_the_script_that_started_the_scan_again(tmp_path, monkeypatch, start):
+    """`dlts managers` runs from the `dlts` console script, with threads: a spawned worker would run
+    the script again as its __main__ (all of dlts.cli) unless the scan keeps it out."""
     marker = tmp_path / "script-ran"
     script = tmp_path / "console_script.py"
     script.write_text(f"open({str(marker)!r}, 'a').write('ran\\n')\n")
@@ -157,6 +183,67 @@ def test_workers_do_not_run_the_script_that_started_the_scan_again(tmp_path, mon
     main.__file__ = str(script)
     monkeypatch.setitem(sys.modules, "__main__", main)
     result = scan_root(StorageRoot(path=make_tree(tmp_path)), StorageSettings(processes_per_root=2))
-    assert result.status == COMPLETE and len(result.worker_cpu_s) == 2
+    assert result.status == COMPLETE and len(result.worker_cpu_s) == 2 and result.worker_start == "spawn"
     assert not marker.exists()
     assert sys.modules["__main__"] is main  # put back
+
+
+def test_workers_are_forked_only_from_a_process_of_one_thread(tmp_path):
+    """A fork while another thread holds a lock would leave the worker that lock, held forever: with
+    another thread alive the workers are spawned, once it has ended they are forked."""
+    root = make_tree(tmp_path)
+    settings = StorageSettings(processes_per_root=2)
+    if len(os.listdir("/proc/self/task")) > 1:
+        pytest.skip("an earlier test's stuck thread still lives in this process")
+    stop = threading.Event()
+    thread = threading.Thread(target=stop.wait, daemon=True)
+    thread.start()
+    try:
+        assert scan_root(StorageRoot(path=root), settings).worker_start == "spawn"
+    finally:
+        stop.set()
+        thread.join()
+    deadline = time.monotonic() + 5  # the ended thread may take a moment to leave /proc/self/task
+    while len(os.listdir("/proc/self/task")) > 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    forked = scan_root(StorageRoot(path=root), settings)
+    assert forked.status == COMPLETE and forked.worker_start == "fork"
+    assert forked.to_dict()["files"] == expected_totals(root)["files"]
+
+
+def test_forked_workers_end_when_the_scanning_process_dies(tmp_path):
+    """A forked worker inherits the scanning process's ends of the pipes; it closes them, so that when
+    that process is killed its next message fails and it ends, instead of waiting for ever."""
+    root = make_tree(tmp_path)
+    log = tmp_path / "log"
+    log.mkdir()
+    script = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import walk_hooks\n"
+              "from dlts.storage.scan import scan_root\n"
+              "from dlts.storage.settings import StorageRoot, StorageSettings\n"
+              f"r = scan_root(StorageRoot(path={str(root)!r}), StorageSettings(processes_per_root=2),"
+              " before_dir=walk_hooks.log_worker_very_slowly)\n"
+              "print(r.worker_start)\n")
+    scanner = subprocess.Popen([sys.executable, "-c", script], env={**os.environ, "DLTS_TEST_WALK_LOG": str(log)},
+                               stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 30
+    while len(list(log.iterdir())) < 2 and time.monotonic() < deadline:  # both workers are walking
+        time.sleep(0.05)
+    workers = [int(p.name) for p in log.iterdir()]
+    assert len(workers) == 2
+    scanner.send_signal(signal.SIGKILL)
+    scanner.wait()
+
+    def alive(pid: int) -> bool:
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        except OSError:
+            return False
+
+    deadline = time.monotonic() + 20  # what was handed to a worker takes it ~0.2 s a directory
+    while any(map(alive, workers)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = [pid for pid in workers if alive(pid)]
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left
+    assert b"Traceback" not in scanner.stderr.read()

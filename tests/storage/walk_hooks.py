@@ -35,3 +35,9 @@ def log_worker_slowly(path: str) -> None:
     at its idle workers even on a loaded machine."""
     log_worker(path)
     time.sleep(0.02)
+
+
+def log_worker_very_slowly(path: str) -> None:
+    """log_worker, each directory taking 0.2 s."""
+    log_worker(path)
+    time.sleep(0.2)

@@ -5,10 +5,20 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from dlts.backends.base import ClusterBackend
-
 if TYPE_CHECKING:  # dlts.config imports dlts.backends.k8s_settings
+    from dlts.backends.base import ClusterBackend
     from dlts.config import Settings
+
+
+def __getattr__(name: str) -> object:
+    """``ClusterBackend`` on first use: importing dlts.backends.base (the scheduler's model with it)
+    here would make every ``dlts`` command, through dlts.config's import of
+    dlts.backends.k8s_settings, pay ~0.05 s for it."""
+    if name == "ClusterBackend":
+        from dlts.backends.base import ClusterBackend
+
+        return ClusterBackend
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def make_backend(settings: Settings) -> ClusterBackend:

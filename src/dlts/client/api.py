@@ -6,15 +6,15 @@ traceback."""
 
 from __future__ import annotations
 
-import http.client
 import json
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 import uuid
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import urllib.error
 
 DEFAULT_TIMEOUT_S = 30.0
 
@@ -77,6 +77,12 @@ class Client:
         if body is not None:
             data = json.dumps(body).encode()
             headers["Content-Type"] = "application/json"
+        # http.client and urllib.request (ssl, email, hashlib with them) load with the first request:
+        # every `dlts` command imports this module, the server's included
+        import http.client
+        import urllib.error
+        import urllib.request
+
         request = urllib.request.Request(self.url(path, params), data=data, method=method, headers=headers)
         try:
             return urllib.request.urlopen(request, timeout=self.timeout_s)

@@ -1,7 +1,8 @@
 """The scan of one root by worker processes (``dlts.storage.walk``), merged into a ``ScanResult``.
 
-The scanning process starts ``settings.scan_processes()`` workers (the ``spawn`` start method: safe
-from the threaded managers process), hands the root to one of them and, while a worker is idle and
+The scanning process starts ``settings.scan_processes()`` workers (``fork`` when it runs a single
+thread, as ``dlts storage scan`` does, else ``spawn``, safe from the threaded managers process: see
+``start_method``), hands the root to one of them and, while a worker is idle and
 nothing is queued, lets the busy ones hand back part of their directories, so the tree is split by
 subdirectory as it is found. It counts every hard-linked inode once across the workers (their
 candidates, by ``(st_dev, st_ino)``: the only per-file memory, and only for ``st_nlink > 1``), adds the
@@ -43,6 +44,7 @@ from dlts.storage.settings import StorageRoot, StorageSettings
 
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection
+    from multiprocessing.context import ForkContext, SpawnContext
 
 POLL_S = 0.05  # how often the deadlines are checked while the workers are busy
 
@@ -56,7 +58,9 @@ def scan(root: StorageRoot, settings: StorageSettings, owners: Owners, result: S
     """The scan by worker processes; None when they cannot be started (the caller walks with threads)."""
     base = str(root.path)
     count = settings.scan_processes()
-    ctx = multiprocessing.get_context("spawn")
+    method = start_method()  # before _root's thread: a thread that has just ended may still be leaving
+    ctx: ForkContext | SpawnContext = (multiprocessing.get_context("fork") if method == "fork"
+                                       else multiprocessing.get_context("spawn"))
     try:
         slots_started = ctx.RawArray("d", count)
         slots_paths = ctx.RawArray("c", count * walk.PATH_SLOT)
@@ -71,11 +75,14 @@ def scan(root: StorageRoot, settings: StorageSettings, owners: Owners, result: S
             return result
         for slot in range(count):
             mine, theirs = ctx.Pipe()
+            # a forked worker closes its copies of this process's ends of the pipes: were the scanning
+            # process to die, the worker's next message then fails and it ends, instead of waiting
+            inherited = tuple(c.fileno() for c in [*conns, mine]) if method == "fork" else None
             proc = ctx.Process(target=walk.work, name=f"storage-scan{base.replace('/', '-')}-{slot}", daemon=True,
                                args=(theirs, slot, slots_started, slots_paths, hungry, root_st.st_dev,
-                                     settings.top_dirs_depth, settings.oldest_files, before_dir))
+                                     settings.top_dirs_depth, settings.oldest_files, before_dir, inherited))
             try:
-                with _no_main_module():
+                with _no_main_module() if method == "spawn" else contextlib.nullcontext():
                     proc.start()
             except (OSError, ImportError):  # this user may not run the interpreter (e.g. dropped privileges)
                 mine.close()
@@ -86,6 +93,7 @@ def scan(root: StorageRoot, settings: StorageSettings, owners: Owners, result: S
             conns.append(mine)
         if not _ready(conns, settings):
             return None  # a worker died on its way up: this user may not run the interpreter
+        result.worker_start = method
         _run(base, settings, owners, result, procs, conns, slots_started, slots_paths, hungry, clock, started)
     finally:
         stuck = _stop(procs, conns, result.status == COMPLETE)
@@ -94,6 +102,27 @@ def scan(root: StorageRoot, settings: StorageSettings, owners: Owners, result: S
                 scan_module._stuck.setdefault(base, []).extend(stuck)
         result.duration_s = clock() - started
     return result
+
+
+def start_method() -> str:
+    """``fork`` when this process runs one thread, else ``spawn``.
+
+    A forked worker starts in a few milliseconds and imports nothing (a spawned one starts a new
+    interpreter: ~0.1 s of CPU and more on a busy machine, which is most of a small scan's time). Fork
+    is unsafe only when another thread may hold a lock (of the interpreter, the allocator, logging, a
+    database pool) at the moment of the fork: the child would inherit it held, forever. With one
+    thread there is no such lock; ``dlts storage scan`` on an unconfigured path runs one. The threads
+    are counted in /proc/self/task (every thread of the process, those a C library started as well),
+    else by ``threading``. The managers process runs many threads: it spawns. The forked worker runs
+    only ``dlts.storage.walk.work`` and leaves by ``os._exit`` (no atexit handlers, no finalizers on
+    inherited database connections or files)."""
+    try:
+        threads = len(os.listdir("/proc/self/task"))
+    except OSError:
+        threads = threading.active_count()
+    if threads == 1 and "fork" in multiprocessing.get_all_start_methods():
+        return "fork"
+    return "spawn"
 
 
 @contextlib.contextmanager

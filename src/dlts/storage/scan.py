@@ -124,6 +124,7 @@ class ScanResult:
     # each worker process's peak resident size and CPU seconds (user + system); empty when threads walked
     worker_peak_rss_kib: list[int] = field(default_factory=list)
     worker_cpu_s: list[float] = field(default_factory=list)
+    worker_start: str | None = None  # how the worker processes started: "fork" or "spawn"; None: threads
 
     @property
     def errors(self) -> int:
@@ -166,6 +167,7 @@ class ScanResult:
                 self.by_directory.items(), key=lambda kv: (-kv[1].allocated_bytes, kv[0]))],
             "top_dirs": self.top_dirs, "oldest_files": self.oldest_files,
             "worker_peak_rss_kib": self.worker_peak_rss_kib, "worker_cpu_s": self.worker_cpu_s,
+            "worker_start": self.worker_start,
         }
 
 

@@ -23,6 +23,7 @@ Only the standard library is imported here: a worker process starts in a few ten
 
 from __future__ import annotations
 
+import gc
 import heapq
 import os
 import resource
@@ -38,11 +39,28 @@ MAX_LISTED = 50  # paths kept per kind of problem (all are counted)
 _OPEN_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 
 
+_S_IFMT, _S_IFDIR = stat.S_IFMT(0o177777), stat.S_IFDIR
+_INF = float("inf")
+
+
+def _add_run(by_uid: dict[int, list], uid: int, files: int, blocks: int, apparent: int, oldest: float) -> None:
+    """Adds a run of one uid's files (in one directory) to that directory's sums by uid."""
+    acc = by_uid.get(uid)
+    if acc is None:
+        by_uid[uid] = [files, blocks, apparent, oldest]
+    else:
+        acc[0] += files
+        acc[1] += blocks
+        acc[2] += apparent
+        if oldest < acc[3]:
+            acc[3] = oldest
+
+
 class Walk:
     """What one worker found, summed; ``payload()`` is what it sends back at the end."""
 
-    def __init__(self, root_dev: int, depth: int, keep_oldest: int):
-        self.root_dev, self.depth, self.keep_oldest = root_dev, depth, keep_oldest
+    def __init__(self, root_dev: int, depth: int, keep_oldest: int, forked: bool = False):
+        self.root_dev, self.depth, self.keep_oldest, self.forked = root_dev, depth, keep_oldest, forked
         self.sums: dict[tuple[tuple[str, ...], int], list] = {}  # (prefix, uid) -> [files, alloc, apparent, oldest]
         self.dir_uids: dict[tuple[str, ...], int] = {}  # directories down to depth -> their uid
         self.oldest: list[tuple[float, str]] = []  # max-heap on mtime (negated) of the oldest files
@@ -76,15 +94,17 @@ class Walk:
                 self.problem(path, exc.strerror or str(exc))
                 return
             self.dirs += 1
-            depth, root_dev, lstat, S_ISDIR = self.depth, self.root_dev, os.lstat, stat.S_ISDIR
+            depth, root_dev, lstat = self.depth, self.root_dev, os.lstat
             prefix = parts if len(parts) <= depth else parts[:depth]
             deep_enough = len(parts) >= depth  # its subdirectories are below depth: no owner kept
-            by_uid: dict[int, list[float]] = {}  # uid -> [files, 512-byte blocks, apparent bytes, oldest mtime]
-            last_uid = -1
-            acc: list[float] = []  # the sums of last_uid: no uid is -1, so the first file replaces this list
+            by_uid: dict[int, list] = {}  # uid -> [files, 512-byte blocks, apparent bytes, oldest mtime]
+            # the run of files of one uid being summed, in locals (a directory's files mostly share a uid)
+            uid_now = -1  # no uid is -1: the first file starts a run
+            files = blocks = apparent = 0
+            run_oldest = _INF
             oldest, keep = self.oldest, self.keep_oldest
             # a file newer than this cannot get among the oldest: the heap's newest once it is full
-            newest_kept = -oldest[0][0] if keep and len(oldest) >= keep else float("inf")
+            newest_kept = (-oldest[0][0] if len(oldest) >= keep else _INF) if keep else -_INF
             for name in names:
                 try:
                     st = lstat(name, dir_fd=fd)
@@ -93,7 +113,7 @@ class Walk:
                 except OSError as exc:
                     self.problem(f"{path}/{name}", exc.strerror or str(exc))
                     continue
-                if S_ISDIR(st.st_mode):
+                if st.st_mode & _S_IFMT == _S_IFDIR:
                     child = f"{path}/{name}"
                     if st.st_dev != root_dev:
                         self.other_fs_count += 1
@@ -114,20 +134,19 @@ class Walk:
                         self.links.append((key, st.st_uid, st.st_blocks * 512, st.st_size, st.st_mtime, prefix,
                                            f"{path}/{name}"))
                     continue
+                if st.st_uid != uid_now:
+                    if files:
+                        _add_run(by_uid, uid_now, files, blocks, apparent, run_oldest)
+                    uid_now = st.st_uid
+                    files = blocks = apparent = 0
+                    run_oldest = _INF
+                files += 1
+                blocks += st.st_blocks
+                apparent += st.st_size
                 mtime = st.st_mtime
-                uid = st.st_uid
-                if uid != last_uid:
-                    found = by_uid.get(uid)
-                    if found is None:
-                        found = by_uid[uid] = [0, 0, 0, mtime]
-                    acc = found
-                    last_uid = uid
-                acc[0] += 1
-                acc[1] += st.st_blocks
-                acc[2] += st.st_size
-                if mtime < acc[3]:
-                    acc[3] = mtime
-                if mtime <= newest_kept and keep:
+                if mtime < run_oldest:
+                    run_oldest = mtime
+                if mtime <= newest_kept:
                     item = (-mtime, f"{path}/{name}")
                     if len(oldest) < keep:
                         heapq.heappush(oldest, item)
@@ -135,6 +154,8 @@ class Walk:
                         heapq.heapreplace(oldest, item)
                     if len(oldest) >= keep:
                         newest_kept = -oldest[0][0]
+            if files:
+                _add_run(by_uid, uid_now, files, blocks, apparent, run_oldest)
         finally:
             os.close(fd)
         sums = self.sums
@@ -159,7 +180,7 @@ class Walk:
                 "seen_again": self.seen_again, "dirs": self.dirs, "vanished": self.vanished,
                 "unreadable": self.unreadable, "unreadable_count": self.unreadable_count,
                 "other_fs": self.other_fs, "other_fs_count": self.other_fs_count,
-                "peak_rss_kib": peak_rss_kib(), "cpu_s": sum(os.times()[:2])}
+                "peak_rss_kib": private_kib() if self.forked else peak_rss_kib(), "cpu_s": sum(os.times()[:2])}
 
 
 def peak_rss_kib() -> int:
@@ -175,12 +196,42 @@ def peak_rss_kib() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 
+def private_kib() -> int:
+    """A forked worker's own memory: the pages it does not share with the scanning process (those it
+    allocated or wrote to), at the end of its walk, when it holds the most (its sums and hard-link set
+    only grow). Its VmHWM would count again the scanning process's pages it maps, shared and
+    untouched."""
+    try:
+        with open("/proc/self/smaps_rollup", "rb") as rollup:
+            return sum(int(line.split()[1]) for line in rollup
+                       if line.startswith((b"Private_Clean:", b"Private_Dirty:", b"Swap:")))
+    except (OSError, ValueError, IndexError):
+        return peak_rss_kib()
+
+
 def work(conn: Any, slot: int, started: Any, paths: Any, hungry: Any, root_dev: int, depth: int, keep_oldest: int,
-         before_dir: Callable[[str], None] | None = None) -> None:
+         before_dir: Callable[[str], None] | None = None, inherited: tuple[int, ...] | None = None) -> None:
     """A worker process's loop: it says ("ready", pid); then ("walk", [(path, parts), ...]) walks those subtrees, then says ("idle",
     candidates); ("end",) sends ("result", payload) and returns. ``before_dir`` (tests: a directory
-    that hangs or fails) is called with each directory's path before it is listed."""
-    walk = Walk(root_dev, depth, keep_oldest)
+    that hangs or fails) is called with each directory's path before it is listed. ``inherited``: the
+    process is a fork of the scanning process; these are its copies of that process's ends of the
+    workers' pipes, closed here (its memory is then reported as what it does not share)."""
+    # the objects there are now (a forked worker's: all of the scanning process's) are never collected
+    # here: the collector would write to each one's header, copying every page of them into the worker
+    gc.freeze()
+    for fd in inherited or ():
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    try:
+        _serve(conn, slot, started, paths, hungry, Walk(root_dev, depth, keep_oldest, inherited is not None), before_dir)
+    except (EOFError, BrokenPipeError, ConnectionResetError):
+        pass  # the scanning process is gone: nobody to report to
+
+
+def _serve(conn: Any, slot: int, started: Any, paths: Any, hungry: Any, walk: Walk,
+           before_dir: Callable[[str], None] | None) -> None:
     offset = slot * PATH_SLOT
     conn.send(("ready", os.getpid()))
     clock = time.monotonic
