@@ -247,3 +247,29 @@ def test_forked_workers_end_when_the_scanning_process_dies(tmp_path):
         os.kill(pid, signal.SIGKILL)
     assert not left
     assert b"Traceback" not in scanner.stderr.read()
+
+
+def test_ctrl_c_stops_a_scan_without_a_traceback_from_any_worker(tmp_path):
+    """Ctrl-C on a terminal signals the whole process group: the scanning process stops its workers
+    and exits; the workers print nothing (each used to print its KeyboardInterrupt traceback)."""
+    root = make_tree(tmp_path)
+    log = tmp_path / "log"
+    log.mkdir()
+    script = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import walk_hooks\n"
+              "from dlts.storage.scan import scan_root\n"
+              "from dlts.storage.settings import StorageRoot, StorageSettings\n"
+              "try:\n"
+              f"    scan_root(StorageRoot(path={str(root)!r}), StorageSettings(processes_per_root=2),"
+              " before_dir=walk_hooks.log_worker_very_slowly)\n"
+              "except KeyboardInterrupt:\n"
+              "    print('interrupted')\n")
+    scanner = subprocess.Popen([sys.executable, "-c", script], env={**os.environ, "DLTS_TEST_WALK_LOG": str(log)},
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    deadline = time.monotonic() + 30
+    while len(list(log.iterdir())) < 2 and time.monotonic() < deadline:  # both workers are walking
+        time.sleep(0.05)
+    assert len(list(log.iterdir())) == 2
+    os.killpg(scanner.pid, signal.SIGINT)
+    out, err = scanner.communicate(timeout=60)
+    assert out.strip() == b"interrupted"
+    assert b"Traceback" not in err and b"KeyboardInterrupt" not in err, err.decode()

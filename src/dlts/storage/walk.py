@@ -27,6 +27,7 @@ import gc
 import heapq
 import os
 import resource
+import signal
 import stat
 import time
 from collections.abc import Callable
@@ -216,6 +217,9 @@ def work(conn: Any, slot: int, started: Any, paths: Any, hungry: Any, root_dev: 
     that hangs or fails) is called with each directory's path before it is listed. ``inherited``: the
     process is a fork of the scanning process; these are its copies of that process's ends of the
     workers' pipes, closed here (its memory is then reported as what it does not share)."""
+    # Ctrl-C on a terminal reaches the whole process group: the scanning process handles it (and
+    # stops the workers); a worker says nothing of it
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     # the objects there are now (a forked worker's: all of the scanning process's) are never collected
     # here: the collector would write to each one's header, copying every page of them into the worker
     gc.freeze()
