@@ -52,7 +52,7 @@ from dlts.repair.rules import (
 )
 from dlts.repositories import jobs as job_repo
 from dlts.repositories import repair as repo
-from dlts.services import notify
+from dlts.services import notify, transaction
 from dlts.services.nodes import reported_gpus
 from dlts.services.repair import queue_key
 
@@ -208,11 +208,9 @@ class RepairManager:
                 break
             try:
                 applied = self._apply(session, node, cycle, view, decision, now_s, on_node)
-            except LeaseLost:  # another managers process acts now: stop this pass, nothing written
-                session.rollback()
+            except LeaseLost:  # another managers process acts now: stop this pass, nothing written (rolled back)
                 raise
-            except Exception:
-                session.rollback()
+            except Exception:  # the step rolled back
                 result.failed.append(node.name)
                 log.exception("repair: node %s: applying %s failed; the next tick retries", node.name, decision.reason)
                 if self.fail_after is not None:
@@ -295,6 +293,18 @@ class RepairManager:
 
     def _apply(self, session: Session, node: Node, cycle: RepairCycle | None, view: core.NodeView, d: core.Decision,
                now_s: float, jobs: list) -> bool:
+        """One decision in the rows, in one step: committed, or rolled back (False: a row had changed
+        meanwhile; an exception: raised)."""
+        before = node.state
+        with transaction.step(session):
+            if not self._apply_rows(session, node, cycle, view, d, now_s, jobs):
+                return False
+        log.info("repair: node %s: %s%s: %s", node.name, before.value,
+                 f" -> {d.to_state.value}" if d.to_state else "", d.message or d.reason or d.waiting)
+        return True
+
+    def _apply_rows(self, session: Session, node: Node, cycle: RepairCycle | None, view: core.NodeView,
+                    d: core.Decision, now_s: float, jobs: list) -> bool:
         now = from_epoch(now_s)
         before = node.state
         if d.record_heartbeat_lost:
@@ -324,7 +334,7 @@ class RepairManager:
             except IntegrityError:
                 cycle = None
             if cycle is None:
-                session.rollback()
+                transaction.discard(session)
                 return False
         elif d.to_state is not None:
             self._check(node, "transition")
@@ -335,7 +345,7 @@ class RepairManager:
                 values = {"repair_scope": Scope.NODE.value}
             if not repo.set_state(session, node, d.to_state, actor=ACTOR, reason=d.reason, message=d.message,
                                   cycle_id=cycle.id if cycle else None, values=values, now=now):
-                session.rollback()
+                transaction.discard(session)
                 return False
         if cycle is not None and cycle.open_node_id is not None:
             if d.to_state is not None:
@@ -369,9 +379,6 @@ class RepairManager:
             self._check(node, "notice")
             self._notice(session, node, cycle, d, template)
         self._check(node, "commit")
-        session.commit()
-        log.info("repair: node %s: %s%s: %s", node.name, before.value,
-                 f" -> {d.to_state.value}" if d.to_state else "", d.message or d.reason or d.waiting)
         return True
 
     def _heartbeat_lost_finding(self, session: Session, node: Node, now: dt.datetime, now_s: float) -> None:
@@ -475,5 +482,5 @@ class RepairManager:
         last = session.scalar(sa.select(NodeEvent.message).where(NodeEvent.node_id == node.id, NodeEvent.kind == "dry_run")
                               .order_by(NodeEvent.id.desc()).limit(1))
         if last != message:
-            repo.add_event(session, node.id, "dry_run", actor=ACTOR, reason=d.reason, message=message)
-            session.commit()
+            with transaction.step(session):
+                repo.add_event(session, node.id, "dry_run", actor=ACTOR, reason=d.reason, message=message)

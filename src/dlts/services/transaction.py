@@ -6,9 +6,13 @@ rows in the session for the page that shows the refusal. ``@transactional`` wrap
 first argument is the session in one.
 
 Blocks nest: only the outermost one commits or rolls back, so a use-case may call another and the
-caller still decides (a manager that catches a refusal of one job keeps the others' writes). A use-case
-may still commit inside its block (a compare-and-set followed by a reload, a retry after a lost race);
-the block's own commit then only runs when something was written after that.
+caller still decides (a manager that catches a refusal of one job keeps the others' writes).
+
+The control loops (the job manager's tick, the managers' passes) own no transaction of their own: each
+of their steps is a ``step(session)`` block, which commits when the step ends even if it only read
+(the next step starts a new transaction, as the loop's rule wants: every step's rows are committed
+before it acts on the cluster), and ``discard(session)`` ends a step whose compare-and-set lost its
+race with a rollback instead.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ R = TypeVar("R")
 
 DEPTH = "dlts_transaction_depth"
 WROTE = "dlts_transaction_wrote"
+DISCARD = "dlts_transaction_discard"
 
 AnySession = Session | scoped_session[Session]
 
@@ -79,33 +84,54 @@ def commit_keeping_loaded(session: AnySession) -> None:
         real.expire_on_commit = saved
 
 
+def discard(session: AnySession) -> None:
+    """End the outermost open block with a rollback instead of a commit (a control loop's step whose
+    compare-and-set found the row changed: whatever the step wrote goes, and the loaded objects are
+    expired so that the next step reads them again). The block ends normally; nothing is raised."""
+    real = _real(session)
+    if not real.info.get(DEPTH):
+        raise RuntimeError("discard() outside a transaction block")
+    real.info[DISCARD] = True
+
+
 @contextlib.contextmanager
-def transaction(session: AnySession, *, keep_loaded: bool = False) -> Iterator[Session]:
+def transaction(session: AnySession, *, keep_loaded: bool = False, commit_reads: bool = False) -> Iterator[Session]:
     """Commit on success, roll back on any exception (re-raised); only the outermost block acts.
 
     ``keep_loaded``: commit without expiring the loaded objects (see ``commit_keeping_loaded``).
     A block that wrote nothing (or whose writes were already committed inside it) ends without a
-    COMMIT, so a read-only use-case costs no extra round trip.
+    COMMIT, so a read-only use-case costs no extra round trip; ``commit_reads`` commits it all the
+    same (see ``step``). A block ``discard`` was called in rolls back.
     """
     real = _real(session)
     depth = real.info.get(DEPTH, 0)
     real.info[DEPTH] = depth + 1
     try:
         yield real
+        if depth == 0 and real.info.get(DISCARD):
+            real.rollback()
+        elif depth == 0 and (commit_reads or _has_writes(real)):
+            if keep_loaded:
+                commit_keeping_loaded(real)
+            else:
+                real.commit()  # a COMMIT that fails (a duplicate key at the flush) rolls back below
     except BaseException:
         if depth == 0:
             # a lost connection cannot roll back; the pool replaces it, and the first error is the one to tell
             with contextlib.suppress(sa.exc.DBAPIError):
                 real.rollback()
         raise
-    else:
-        if depth == 0 and _has_writes(real):
-            if keep_loaded:
-                commit_keeping_loaded(real)
-            else:
-                real.commit()
     finally:
         real.info[DEPTH] = depth
+        if depth == 0:
+            real.info.pop(DISCARD, None)
+
+
+def step(session: AnySession) -> contextlib.AbstractContextManager[Session]:
+    """One step of a control loop (the job manager's tick, a manager's pass): a ``transaction`` that
+    always ends its transaction, with a COMMIT even when the step only read, so that each step's
+    writes are committed before the loop acts on the cluster and the next step reads afresh."""
+    return transaction(session, commit_reads=True)
 
 
 def transactional(fn: Callable[P, R]) -> Callable[P, R]:
