@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import Callable, Iterator
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar, overload
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session, scoped_session
@@ -134,13 +134,26 @@ def step(session: AnySession) -> contextlib.AbstractContextManager[Session]:
     return transaction(session, commit_reads=True)
 
 
-def transactional(fn: Callable[P, R]) -> Callable[P, R]:
-    """Run the use-case ``fn(session, ...)`` in ``transaction(session)``."""
+@overload
+def transactional(fn: Callable[P, R], /) -> Callable[P, R]: ...
 
-    @functools.wraps(fn)
-    def run(*args: P.args, **kwargs: P.kwargs) -> R:
-        session = args[0] if args else kwargs["session"]
-        with transaction(session):  # type: ignore[arg-type]
-            return fn(*args, **kwargs)
 
-    return run
+@overload
+def transactional(*, keep_loaded: bool) -> Callable[[Callable[P, R]], Callable[P, R]]: ...
+
+
+def transactional(fn: Callable[P, R] | None = None, /, *,
+                  keep_loaded: bool = False) -> Callable[P, R] | Callable[[Callable[P, R]], Callable[P, R]]:
+    """Run the use-case ``fn(session, ...)`` in ``transaction(session)``: ``@transactional``, or
+    ``@transactional(keep_loaded=True)`` for a use-case whose writes set every column themselves."""
+
+    def wrap(use_case: Callable[P, R]) -> Callable[P, R]:
+        @functools.wraps(use_case)
+        def run(*args: P.args, **kwargs: P.kwargs) -> R:
+            session = args[0] if args else kwargs["session"]
+            with transaction(session, keep_loaded=keep_loaded):  # type: ignore[arg-type]
+                return use_case(*args, **kwargs)
+
+        return run
+
+    return wrap if fn is None else wrap(fn)
