@@ -315,10 +315,10 @@ class JobManager:
             if job.reason in KEPT_PAUSE_REASONS:  # paused by a policy, not a person: the job says which and why
                 values |= {"reason": job.reason, "reason_detail": job.reason_detail}
             else:
-                values |= {"reason": "paused", "reason_detail": None}
+                values |= {"reason": EndReason.PAUSED, "reason_detail": None}
         elif requested == EndReason.PREEMPTED:
             target, reason = S.QUEUED, EndReason.PREEMPTED  # queue_time kept: back to the head of the queue
-            values |= {"reason": "preempted", "reason_detail": "preempted to make room for a non-preemptible job"}
+            values |= {"reason": EndReason.PREEMPTED, "reason_detail": "preempted to make room for a non-preemptible job"}
         elif requested in REPAIR_STOPS:  # the repair manager drained it: back to the head, no retry spent
             target, reason = S.QUEUED, requested
             values |= {"reason": requested, "reason_detail": "stopped for a node repair; requeued at the head of its queue"}
@@ -340,18 +340,18 @@ class JobManager:
             self.backend.terminate(job.id, job.attempt, 0)
         elif seen is not None and seen.node_lost:
             target, reason = S.QUEUED, EndReason.NODE_LOST
-            values |= {"reason": "node_lost", "reason_detail": seen.message or "the node was lost"}
+            values |= {"reason": EndReason.NODE_LOST, "reason_detail": seen.message or "the node was lost"}
         elif seen is not None and seen.phase is RunPhase.SUCCEEDED:
             target, reason = S.FINISHED, EndReason.FINISHED
             values |= {"finished_at": ended_at, "reason": None, "reason_detail": None}
         elif job.retries_used < job.max_retries:
             target, reason, spends_retry = S.QUEUED, EndReason.RETRY, True
             detail = f"attempt {job.attempt} failed (exit code {code}); retry {job.retries_used + 1} of {job.max_retries}"
-            values |= {"retries_used": job.retries_used + 1, "reason": "retry", "reason_detail": detail}
+            values |= {"retries_used": job.retries_used + 1, "reason": EndReason.RETRY, "reason_detail": detail}
         else:
             target, reason = S.FAILED, EndReason.FAILED
             why = seen.message if seen and seen.message else f"exit code {code}"
-            values |= {"finished_at": ended_at, "reason": "failed", "reason_detail": why[:512]}
+            values |= {"finished_at": ended_at, "reason": EndReason.FAILED, "reason_detail": why[:512]}
         if job.started_at is None and seen is not None and seen.started_at:
             values["started_at"] = self._started_before_seen(job, attempt, seen, ended_at)
         with step(session):
@@ -631,7 +631,7 @@ class JobManager:
         with step(session):
             attempt.placements = replicas_to_json(Replica(r.index, r.placement, True) if r.index in added else r
                                                   for r in replicas)
-            job_repo.add_event(session, job.id, EventKind.SCALED, reason="launch_error", actor=ACTOR,
+            job_repo.add_event(session, job.id, EventKind.SCALED, reason=EndReason.LAUNCH_ERROR, actor=ACTOR,
                                message=f"could not add replicas {_list(added)}: {exc}")
         self.backend.remove_replicas(job.id, attempt.number, added, 0)
 
