@@ -6,7 +6,10 @@ rows in the session for the page that shows the refusal. ``@transactional`` wrap
 first argument is the session in one.
 
 Blocks nest: only the outermost one commits or rolls back, so a use-case may call another and the
-caller still decides (a manager that catches a refusal of one job keeps the others' writes).
+caller still decides (the insight manager's step for one job holds the pause it asks of
+``services.jobs``, and a refusal rolls back that job's step only). Nothing else in the package calls
+``commit()`` or ``rollback()`` (``tests/core/test_layers.py``): what must follow the commit (a reload,
+a cache reset) comes after the use-case's ``with transaction(session):`` block.
 
 The control loops (the job manager's tick, the managers' passes) own no transaction of their own: each
 of their steps is a ``step(session)`` block, which commits when the step ends even if it only read
