@@ -12,7 +12,7 @@ import re
 from marshmallow import Schema, ValidationError, fields, post_load, validate, validates
 
 from dlts.errors import InvalidInput
-from dlts.models import JobType
+from dlts.models import EndpointKind, JobType
 from dlts.services.endpoints import NAME_PATTERN as ENDPOINT_NAME_PATTERN
 from dlts.services.jobs import MAX_TAG_CHARS, MAX_TAGS, TAG_RULE, JobRequest, clean_tags
 
@@ -116,7 +116,7 @@ class JobSubmitSchema(Schema):
 
 
 class EndpointCreateSchema(Schema):
-    kind = fields.String(required=True, validate=validate.OneOf(["ssh", "jupyter", "vscode", "port"]),
+    kind = fields.String(required=True, validate=validate.OneOf([k.value for k in EndpointKind]),
                          metadata={"description": "ssh (port 22), jupyter (8888), vscode (8080), or port: one the job listens on"})
     port = fields.Integer(strict=True, validate=validate.Range(1024, 65535, error="must be a port between {min} and {max}."),
                           metadata={"description": "kind port only: the port the job listens on"})

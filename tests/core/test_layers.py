@@ -5,8 +5,9 @@
 - nothing below the views (services, repositories, models, scheduler, jobmanager) imports Flask;
 - views (api/, portal/) run no query of their own: no ``session.execute/scalar(s)/query/get_one``,
   and import no repository (they call services);
-- no commit or rollback in views, repositories, models or the scheduler (services own the
-  transaction; the job manager's and managers' passes own theirs);
+- no commit or rollback anywhere but ``dlts.services.transaction``: use-cases, the job manager's
+  tick and the managers' passes open ``transaction()``/``step()`` blocks and never end a transaction
+  themselves; the one other call is the connection pool's reset (``TRANSACTION_PLUMBING``);
 - no package imports a higher layer, and the api and the portal do not import each other.
 
 Every rule is checked once against a synthetic module that breaks it, so a checker that sees nothing
@@ -27,7 +28,9 @@ RANK = {"dlts.models": 0, "dlts.repositories": 1, "dlts.services": 2, "dlts.sche
         "dlts.api": 4, "dlts.portal": 4, "dlts.app": 5}
 VIEWS = ("dlts.api", "dlts.portal")
 BELOW_VIEWS = ("dlts.services", "dlts.repositories", "dlts.models", "dlts.scheduler", "dlts.jobmanager")
-NO_TRANSACTIONS = VIEWS + ("dlts.repositories", "dlts.models", "dlts.scheduler", "dlts.schemas", "dlts.app")
+TRANSACTION_OWNER = "dlts.services.transaction"
+# (module, function) that may still call commit()/rollback(): plumbing below the sessions, not a unit of work
+TRANSACTION_PLUMBING = {("dlts.db", "rollback_unless_reset")}  # a pooled DBAPI connection returned mid-transaction
 # werkzeug.security (password hashes) is a library call, not the web stack: not listed
 FLASK = ("flask", "flask_sqlalchemy", "flask_smorest", "flask_wtf", "werkzeug.exceptions", "werkzeug.wrappers",
          "webargs", "wtforms")
@@ -70,6 +73,15 @@ def _is_session(node: ast.AST) -> bool:
     return isinstance(node, ast.Attribute) and node.attr == "session"
 
 
+def _calls(tree: ast.AST, function: str | None = None):
+    """(name of the innermost enclosing function or None, call) for every call in ``tree``."""
+    for child in ast.iter_child_nodes(tree):
+        inner = child.name if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)) else function
+        if isinstance(child, ast.Call):
+            yield function, child
+        yield from _calls(child, inner)
+
+
 def violations(module: str, source: str) -> list[str]:
     """Every broken rule in one module's source, as readable lines."""
     tree = ast.parse(source)
@@ -89,14 +101,15 @@ def violations(module: str, source: str) -> list[str]:
         if _in(module, BELOW_VIEWS) and target in VIEWS + ("dlts.app", "dlts.schemas"):
             if not (own and target and RANK[target] > RANK[own]):  # scheduler, jobmanager: not ranked above
                 found.append(f"{module}:{line} imports {name}: a higher layer than {module.split('.')[1]}")
-    for node in ast.walk(tree):
-        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+    for function, node in _calls(tree):
+        if not isinstance(node.func, ast.Attribute):
             continue
         method, owner = node.func.attr, node.func.value
         if _in(module, VIEWS) and module not in VIEW_WHITELIST and method in QUERY_METHODS and _is_session(owner):
             found.append(f"{module}:{node.lineno} runs session.{method}: views call a service")
-        if _in(module, NO_TRANSACTIONS) and method in ("commit", "rollback") and not node.args:
-            found.append(f"{module}:{node.lineno} calls {method}(): services own the transaction")
+        if method in ("commit", "rollback") and not node.args and module != TRANSACTION_OWNER \
+                and (module, function) not in TRANSACTION_PLUMBING:
+            found.append(f"{module}:{node.lineno} calls {method}(): only services.transaction ends a transaction")
     return list(dict.fromkeys(found))  # an import of several names from one module: said once per name
 
 
@@ -126,10 +139,14 @@ def test_the_source_keeps_the_layers():
     ("dlts.scheduler.example", "from flask_sqlalchemy import SQLAlchemy\n", "no Flask below the views"),
     ("dlts.api.example", "def v():\n    return db.session.execute(q)\n", "views call a service"),
     ("dlts.portal.example", "def v(session):\n    return session.scalars(q)\n", "views call a service"),
-    ("dlts.portal.example", "def v():\n    db.session.rollback()\n", "services own the transaction"),
-    ("dlts.api.example", "def v():\n    db.session.commit()\n", "services own the transaction"),
+    ("dlts.portal.example", "def v():\n    db.session.rollback()\n", "only services.transaction"),
+    ("dlts.api.example", "def v():\n    db.session.commit()\n", "only services.transaction"),
     ("dlts.portal.example", "from dlts.repositories.cluster import sku_shapes\n", "not repositories"),
-    ("dlts.repositories.example", "def w(session):\n    session.commit()\n", "services own the transaction"),
+    ("dlts.repositories.example", "def w(session):\n    session.commit()\n", "only services.transaction"),
+    ("dlts.jobmanager.manager", "class M:\n    def tick(self, s):\n        s.commit()\n", "only services.transaction"),
+    ("dlts.managers.repair", "def f(session):\n    session.rollback()\n", "only services.transaction"),
+    ("dlts.services.jobs", "def kill(session):\n    session.commit()\n", "only services.transaction"),
+    ("dlts.db", "def other(c):\n    c.rollback()\n", "only services.transaction"),  # the exception names its function
     ("dlts.services.example", "from dlts.api.jobs import job_dict\n", "a higher layer than dlts.services"),
     ("dlts.repositories.example", "def f():\n    from dlts.services import jobs\n", "a higher layer than dlts.repositories"),
     ("dlts.models.example", "from ..services import jobs\n", "a higher layer than dlts.models"),
@@ -145,7 +162,9 @@ def test_a_module_that_breaks_a_rule_is_named(module, source, expected):
 
 @pytest.mark.parametrize(("module", "source"), [
     ("dlts.services.example", "from dlts.repositories import jobs\nfrom dlts.models import Job\n"),
-    ("dlts.services.example", "def f(session):\n    session.commit()\n    session.rollback()\n"),
+    ("dlts.services.transaction", "def f(session):\n    session.commit()\n    session.rollback()\n"),
+    ("dlts.db", "def rollback_unless_reset(c, _r, _s):\n    c.rollback()\n"),
+    ("dlts.jobmanager.example", "def f(session, x):\n    x.commit(session)\n"),  # not a session's commit()
     ("dlts.api.example", "from dlts.services import jobs\nfrom dlts.schemas import JobSubmitSchema\nfrom flask import g\n"),
     ("dlts.portal.example", "def v():\n    return session.get('uid')\n"),  # the cookie session, not a query
     ("dlts.app", "from dlts.api import init_api\nfrom dlts.portal import init_portal\n"),

@@ -9,6 +9,7 @@ from marshmallow import INCLUDE, Schema, ValidationError, fields, post_load, val
 
 from dlts.models import JobStatus, JobType
 from dlts.repair.machine import CycleKind, CycleOutcome
+from dlts.repair.rules import Remediation
 from dlts.schemas import Memory, TagList
 from dlts.services.jobs import COMMAND_PREVIEW_CHARS, MAX_TAG_CHARS, JobFilter, decode_cursor
 from dlts.strict import MAX_ID, MAX_JSON_INT, is_whole_number
@@ -283,7 +284,7 @@ class IdlePolicySchema(Schema):
     idle_action_min = fields.Float(validate=validate.Range(min=0, max=7 * 24 * 60, min_inclusive=False), metadata={
         "description": "minutes after the warning, still idle, before the job is paused or killed"})
     idle_action = fields.String(validate=validate.OneOf(["pause", "kill", "none"]))
-    exempt_types = fields.List(fields.String(validate=validate.OneOf(["batch", "interactive", "distributed", "inference"])),
+    exempt_types = fields.List(fields.String(validate=validate.OneOf([t.value for t in JobType])),
                                validate=validate.Length(max=4))
 
 
@@ -535,7 +536,7 @@ class RepairCycleListSchema(Schema):
 
 
 class RepairStartSchema(Schema):
-    steps = fields.List(fields.String(validate=validate.OneOf(["reset_gpu", "restart_service", "reboot", "ticket", "rma"])),
+    steps = fields.List(fields.String(validate=validate.OneOf([r.value for r in Remediation])),
                         load_default=lambda: ["reboot", "ticket"], validate=validate.Length(1, 8),
                         metadata={"description": "the chain to follow; ticket or rma only last (default reboot, ticket)"})
     gpus = fields.List(fields.Integer(strict=True, validate=validate.Range(0, 63)), load_default=list,

@@ -35,10 +35,9 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, cast
+from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.engine import CursorResult
 from sqlalchemy.orm import Session
 
 from dlts import metrics
@@ -71,6 +70,7 @@ from dlts.models import (
     JobAttempt,
     JobEndpoint,
     JobStatus,
+    JobType,
     Node,
     SshKey,
     utcnow,
@@ -79,6 +79,7 @@ from dlts.repair.cordon import repair_cordon
 from dlts.repositories import jobs as job_repo
 from dlts.scheduler import decide, profile_named
 from dlts.scheduler.model import Decisions, Placement, Stop, StopReason
+from dlts.services.transaction import discard, rowcount, step
 
 log = logging.getLogger(__name__)
 S = JobStatus
@@ -145,13 +146,11 @@ class JobManager:
             if self.clock() >= self._next_gc:
                 self.collect_garbage(session)
             return decisions
-        except BackendUnavailable as exc:
-            session.rollback()
+        except BackendUnavailable as exc:  # the step it broke rolled back; close() ends the rest
             metrics.TICK_ERRORS.labels("backend_unavailable").inc()
             log.warning("cluster unavailable, tick skipped: %s", exc)
             return Decisions()
         except Exception:
-            session.rollback()
             metrics.TICK_ERRORS.labels("exception").inc()
             raise
         finally:
@@ -160,30 +159,30 @@ class JobManager:
 
     # -- nodes ------------------------------------------------------------------------------------
     def sync_nodes(self, session: Session) -> None:
-        known = {n.name: n for n in session.scalars(sa.select(Node))}
-        seen = set()
-        for info in self.backend.nodes():
-            seen.add(info.name)
-            node = known.get(info.name)
-            if node is None:
-                session.add(Node(name=info.name, sku=info.sku, gpus=info.gpus, cpu=info.cpu, memory_bytes=info.memory_bytes,
-                                 ib_domain=info.ib_domain, vc=info.vc, ready=info.ready, backend=self.backend.name,
-                                 labels={}, metrics={}))
-                continue
-            # a cordon DLTS set for a repair is the node's state, not "not ready"
-            changes = {"sku": info.sku, "gpus": info.gpus, "cpu": info.cpu, "memory_bytes": info.memory_bytes,
-                       "ib_domain": info.ib_domain, "vc": info.vc,
-                       "ready": info.ready and (not info.unschedulable or info.cordoned_by_dlts)}
-            for key, value in changes.items():
-                if getattr(node, key) != value:
-                    setattr(node, key, value)
-            cordon = repair_cordon(node, info)
-            if cordon is not None and hasattr(self.backend, "cordon") and hasattr(self.backend, "uncordon"):
-                self.backend.cordon(node.name, node.state_reason or node.state.value) if cordon else self.backend.uncordon(node.name)
-        for name, node in known.items():
-            if name not in seen and node.backend == self.backend.name and node.ready:
-                node.ready = False
-        session.commit()
+        with step(session):  # the node rows before the rest of the tick reads them
+            known = {n.name: n for n in session.scalars(sa.select(Node))}
+            seen = set()
+            for info in self.backend.nodes():
+                seen.add(info.name)
+                node = known.get(info.name)
+                if node is None:
+                    session.add(Node(name=info.name, sku=info.sku, gpus=info.gpus, cpu=info.cpu, memory_bytes=info.memory_bytes,
+                                     ib_domain=info.ib_domain, vc=info.vc, ready=info.ready, backend=self.backend.name,
+                                     labels={}, metrics={}))
+                    continue
+                # a cordon DLTS set for a repair is the node's state, not "not ready"
+                changes = {"sku": info.sku, "gpus": info.gpus, "cpu": info.cpu, "memory_bytes": info.memory_bytes,
+                           "ib_domain": info.ib_domain, "vc": info.vc,
+                           "ready": info.ready and (not info.unschedulable or info.cordoned_by_dlts)}
+                for key, value in changes.items():
+                    if getattr(node, key) != value:
+                        setattr(node, key, value)
+                cordon = repair_cordon(node, info)
+                if cordon is not None and hasattr(self.backend, "cordon") and hasattr(self.backend, "uncordon"):
+                    self.backend.cordon(node.name, node.state_reason or node.state.value) if cordon else self.backend.uncordon(node.name)
+            for name, node in known.items():
+                if name not in seen and node.backend == self.backend.name and node.ready:
+                    node.ready = False
 
     # -- reconcile ------------------------------------------------------------------------------
     def reconcile(self, session: Session, observed: dict[tuple[int, int], Observed]) -> None:
@@ -213,10 +212,10 @@ class JobManager:
                 if attempt is not None and attempt.created_at is not None:
                     started = max(started, attempt.created_at)
                 values = {"started_at": started, "reason": None, "reason_detail": None}
-                if job_repo.set_status(session, job.id, S.SCHEDULING, S.RUNNING, actor=ACTOR, values=values):
-                    if attempt is not None:
+                with step(session):
+                    if job_repo.set_status(session, job.id, S.SCHEDULING, S.RUNNING, actor=ACTOR, values=values) \
+                            and attempt is not None:
                         attempt.started_at = started
-                session.commit()
             elif seen.phase is RunPhase.PENDING and job.status is S.SCHEDULING and attempt is not None:
                 if self._start_timed_out(attempt):
                     self._ended(session, job, attempt, seen, timed_out=True)
@@ -225,7 +224,7 @@ class JobManager:
             elif seen.phase in (RunPhase.SUCCEEDED, RunPhase.FAILED, RunPhase.GONE):
                 self._ended(session, job, attempt, seen)
                 continue
-            if job.type == "inference" and attempt is not None:
+            if job.type == JobType.INFERENCE and attempt is not None:
                 self._reconcile_replicas(session, job, attempt, seen)
         # objects the backend holds that no live attempt explains: a crash left them, or the DB moved on
         for key, seen in observed.items():
@@ -249,12 +248,12 @@ class JobManager:
         detail = (seen.message or "")[:512] or None if code else None
         if (job.reason, job.reason_detail) == (code, detail):
             return
-        done = cast(CursorResult, session.execute(
-            sa.update(Job).where(Job.id == job.id, Job.status == S.SCHEDULING)
-            .values(reason=code, reason_detail=detail, updated_at=utcnow()).execution_options(synchronize_session=False)))
-        if done.rowcount and code is not None and code != job.reason:
-            job_repo.add_event(session, job.id, EventKind.REASON, reason=code, message=detail, actor=ACTOR)
-        session.commit()
+        with step(session):
+            done = session.execute(
+                sa.update(Job).where(Job.id == job.id, Job.status == S.SCHEDULING)
+                .values(reason=code, reason_detail=detail, updated_at=utcnow()).execution_options(synchronize_session=False))
+            if rowcount(done) and code is not None and code != job.reason:
+                job_repo.add_event(session, job.id, EventKind.REASON, reason=code, message=detail, actor=ACTOR)
 
     def sync_logs(self, observed: dict[tuple[int, int], Observed]) -> None:
         """Every ``kubernetes.log_sync_s``: the backend copies the running attempts' new output into
@@ -283,8 +282,8 @@ class JobManager:
         replicas = replicas_from_json(attempt.placements)
         exited = [r.index for r in replicas if r.retiring and r.index not in seen.replicas]
         if exited:
-            attempt.placements = replicas_to_json(r for r in replicas if r.index not in exited)
-            session.commit()
+            with step(session):
+                attempt.placements = replicas_to_json(r for r in replicas if r.index not in exited)
             log.info("job %s attempt %s: retired replicas %s exited", job.id, attempt.number, _list(exited))
             replicas = replicas_from_json(attempt.placements)
         unsignalled = [r.index for r in replicas if r.retiring and r.index not in seen.retiring]
@@ -316,10 +315,10 @@ class JobManager:
             if job.reason in KEPT_PAUSE_REASONS:  # paused by a policy, not a person: the job says which and why
                 values |= {"reason": job.reason, "reason_detail": job.reason_detail}
             else:
-                values |= {"reason": "paused", "reason_detail": None}
+                values |= {"reason": EndReason.PAUSED, "reason_detail": None}
         elif requested == EndReason.PREEMPTED:
             target, reason = S.QUEUED, EndReason.PREEMPTED  # queue_time kept: back to the head of the queue
-            values |= {"reason": "preempted", "reason_detail": "preempted to make room for a non-preemptible job"}
+            values |= {"reason": EndReason.PREEMPTED, "reason_detail": "preempted to make room for a non-preemptible job"}
         elif requested in REPAIR_STOPS:  # the repair manager drained it: back to the head, no retry spent
             target, reason = S.QUEUED, requested
             values |= {"reason": requested, "reason_detail": "stopped for a node repair; requeued at the head of its queue"}
@@ -341,32 +340,32 @@ class JobManager:
             self.backend.terminate(job.id, job.attempt, 0)
         elif seen is not None and seen.node_lost:
             target, reason = S.QUEUED, EndReason.NODE_LOST
-            values |= {"reason": "node_lost", "reason_detail": seen.message or "the node was lost"}
+            values |= {"reason": EndReason.NODE_LOST, "reason_detail": seen.message or "the node was lost"}
         elif seen is not None and seen.phase is RunPhase.SUCCEEDED:
             target, reason = S.FINISHED, EndReason.FINISHED
             values |= {"finished_at": ended_at, "reason": None, "reason_detail": None}
         elif job.retries_used < job.max_retries:
             target, reason, spends_retry = S.QUEUED, EndReason.RETRY, True
             detail = f"attempt {job.attempt} failed (exit code {code}); retry {job.retries_used + 1} of {job.max_retries}"
-            values |= {"retries_used": job.retries_used + 1, "reason": "retry", "reason_detail": detail}
+            values |= {"retries_used": job.retries_used + 1, "reason": EndReason.RETRY, "reason_detail": detail}
         else:
             target, reason = S.FAILED, EndReason.FAILED
             why = seen.message if seen and seen.message else f"exit code {code}"
-            values |= {"finished_at": ended_at, "reason": "failed", "reason_detail": why[:512]}
+            values |= {"finished_at": ended_at, "reason": EndReason.FAILED, "reason_detail": why[:512]}
         if job.started_at is None and seen is not None and seen.started_at:
             values["started_at"] = self._started_before_seen(job, attempt, seen, ended_at)
-        if not job_repo.set_status(session, job.id, job.status, target, actor=ACTOR, reason=reason,
-                                   message=seen.message if seen else None, values=values):
-            session.rollback()
-            return
-        if attempt is not None:
-            attempt.ended_at = ended_at
-            attempt.exit_code = code
-            attempt.end_reason = requested or reason
-            attempt.spends_retry = spends_retry
-            if attempt.started_at is None and seen is not None and seen.started_at:
-                attempt.started_at = self._started_before_seen(job, attempt, seen, ended_at)
-        session.commit()
+        with step(session):
+            if not job_repo.set_status(session, job.id, job.status, target, actor=ACTOR, reason=reason,
+                                       message=seen.message if seen else None, values=values):
+                discard(session)
+                return
+            if attempt is not None:
+                attempt.ended_at = ended_at
+                attempt.exit_code = code
+                attempt.end_reason = requested or reason
+                attempt.spends_retry = spends_retry
+                if attempt.started_at is None and seen is not None and seen.started_at:
+                    attempt.started_at = self._started_before_seen(job, attempt, seen, ended_at)
         self.backend.forget(job.id, job.attempt)
 
     @staticmethod
@@ -445,16 +444,17 @@ class JobManager:
             except Exception as exc:  # the backend refused this job's endpoints: say so on them
                 log.exception("exposing the endpoints of job %s attempt %s failed", job.id, job.attempt)
                 failed = EndpointState(0, E.FAILED.value, message=f"the cluster could not expose it: {exc}")
-                for row in wanted:
-                    if row.status is not E.READY or row.attempt != job.attempt:
-                        self._record_endpoint(session, job, row, failed)
-                session.commit()
+                with step(session):
+                    for row in wanted:
+                        if row.status is not E.READY or row.attempt != job.attempt:
+                            self._record_endpoint(session, job, row, failed)
                 continue
             by_id = {s.id: s for s in states}
-            for row in wanted:
-                state = by_id.get(row.id) or EndpointState(row.id, E.PENDING.value, message="the cluster did not report it")
-                self._record_endpoint(session, job, row, state)
-            self._delete_closing(session, closing)
+            with step(session):  # the endpoints' states and the closing rows' deletion: one commit
+                for row in wanted:
+                    state = by_id.get(row.id) or EndpointState(row.id, E.PENDING.value, message="the cluster did not report it")
+                    self._record_endpoint(session, job, row, state)
+                self._delete_closing(session, closing)
 
     def _record_endpoint(self, session: Session, job: Job, row: JobEndpoint, state: EndpointState) -> None:
         """Store what the backend reports on one endpoint, compare-and-set on its status (a user may
@@ -470,10 +470,10 @@ class JobManager:
                   "host_port": state.host_port if ready else None, "message": (state.message or "")[:512] or None}
         if all(getattr(row, key) == value for key, value in values.items()):
             return
-        done = cast(CursorResult, session.execute(
+        done = session.execute(
             sa.update(JobEndpoint).where(JobEndpoint.id == row.id, JobEndpoint.status == row.status)
-            .values(**values, updated_at=utcnow()).execution_options(synchronize_session=False)))
-        if not done.rowcount:
+            .values(**values, updated_at=utcnow()).execution_options(synchronize_session=False))
+        if not rowcount(done):
             return  # closed or deleted meanwhile: the next tick sees it
         changed = row.status is not status or row.attempt != job.attempt
         if ready and (changed or (row.host, row.host_port) != (values["host"], values["host_port"])):
@@ -485,10 +485,10 @@ class JobManager:
 
     @staticmethod
     def _delete_closing(session: Session, ids: list[int]) -> None:
-        if ids:
-            session.execute(sa.delete(JobEndpoint).where(JobEndpoint.id.in_(ids), JobEndpoint.status == E.CLOSING)
-                            .execution_options(synchronize_session=False))
-        session.commit()
+        with step(session):
+            if ids:
+                session.execute(sa.delete(JobEndpoint).where(JobEndpoint.id.in_(ids), JobEndpoint.status == E.CLOSING)
+                                .execution_options(synchronize_session=False))
 
     # -- apply decisions ----------------------------------------------------------------------------
     def apply(self, session: Session, decisions: Decisions) -> None:
@@ -498,14 +498,15 @@ class JobManager:
             else:
                 self._stop(session, stop.job_id, stop.reason)
         started = []
-        for start in decisions.starts:
+        with step(session):  # every start's attempt row, in one commit, before any launch
+            for start in decisions.starts:
+                if not start.scale_up:
+                    made = self._start(session, start.job_id, start.placements)
+                    if made is not None:
+                        started.append(made)
+        for start in decisions.starts:  # each commits its replicas, then launches them
             if start.scale_up:
                 self._scale_up(session, start.job_id, start.placements)
-            else:
-                made = self._start(session, start.job_id, start.placements)
-                if made is not None:
-                    started.append(made)
-        session.commit()  # every start's attempt row before any launch
         self._launch_many(session, [(job, attempt, None, True) for job, attempt in started])
         self._record_waits(session, decisions)
 
@@ -515,7 +516,7 @@ class JobManager:
     def _scale_up(self, session: Session, job_id: int, placements: tuple[Placement, ...]) -> None:
         """Add replicas to a running inference job: into the attempt row first, then the backend."""
         job = session.get(Job, job_id)
-        if job is None or job.status not in (S.SCHEDULING, S.RUNNING) or job.type != "inference" or not placements:
+        if job is None or job.status not in (S.SCHEDULING, S.RUNNING) or job.type != JobType.INFERENCE or not placements:
             return
         attempt = self._current_attempt(session, job)
         if attempt is None or attempt.stop_requested is not None:
@@ -523,10 +524,10 @@ class JobManager:
         replicas = replicas_from_json(attempt.placements)
         first = max((r.index for r in replicas), default=-1) + 1
         added = tuple(Replica(first + i, p) for i, p in enumerate(placements))
-        attempt.placements = replicas_to_json(replicas + added)
-        job_repo.add_event(session, job.id, EventKind.SCALED, reason="scale_up", actor="scheduler",
-                           message=f"added {_replicas_on(added)}")
-        session.commit()
+        with step(session):
+            attempt.placements = replicas_to_json(replicas + added)
+            job_repo.add_event(session, job.id, EventKind.SCALED, reason="scale_up", actor="scheduler",
+                               message=f"added {_replicas_on(added)}")
         self._launch(session, job, attempt, added=[r.index for r in added])
 
     def _scale_down(self, session: Session, stop: Stop) -> None:
@@ -550,12 +551,12 @@ class JobManager:
         if not chosen:
             return
         indexes = {r.index for r in chosen}
-        attempt.placements = replicas_to_json(
-            Replica(r.index, r.placement, True) if r.index in indexes else r for r in replicas)
         why = f" to make room for job {stop.for_job}" if stop.for_job is not None else ""
-        job_repo.add_event(session, job.id, EventKind.SCALED, reason="scale_down", actor="scheduler",
-                           message=f"removing {_replicas_on(chosen)}{why}")
-        session.commit()
+        with step(session):
+            attempt.placements = replicas_to_json(
+                Replica(r.index, r.placement, True) if r.index in indexes else r for r in replicas)
+            job_repo.add_event(session, job.id, EventKind.SCALED, reason="scale_down", actor="scheduler",
+                               message=f"removing {_replicas_on(chosen)}{why}")
         self.backend.remove_replicas(job.id, attempt.number, sorted(indexes), self.settings.preempt_grace_s)
 
     def _start(self, session: Session, job_id: int, placements) -> tuple[Job, JobAttempt] | None:
@@ -600,8 +601,8 @@ class JobManager:
         for (job, attempt, added, first, _spec), (note, error) in zip(ready, results):
             if error is None:
                 if first and isinstance(note, str) and note:
-                    job_repo.add_event(session, job.id, EventKind.REASON, reason=IDENTITY, message=note, actor=ACTOR)
-                    session.commit()
+                    with step(session):
+                        job_repo.add_event(session, job.id, EventKind.REASON, reason=IDENTITY, message=note, actor=ACTOR)
             elif isinstance(error, LeaseLost):
                 raise error  # another managers process acts now: record nothing
             elif isinstance(error, BackendUnavailable):
@@ -616,66 +617,67 @@ class JobManager:
         if added and job.status in (S.SCHEDULING, S.RUNNING):
             self._refused_replicas(session, job, attempt, added, exc)
             return
-        if job_repo.set_status(session, job.id, S.SCHEDULING, S.ERROR, actor=ACTOR, reason="launch_error",
-                               message=str(exc)[:1024], values={"finished_at": utcnow(), "reason": "launch_error",
-                                                                "reason_detail": str(exc)[:512]}):
-            attempt.end_reason, attempt.ended_at = EndReason.LAUNCH_ERROR, utcnow()
-        session.commit()
+        with step(session):
+            if job_repo.set_status(session, job.id, S.SCHEDULING, S.ERROR, actor=ACTOR, reason=EndReason.LAUNCH_ERROR,
+                                   message=str(exc)[:1024], values={"finished_at": utcnow(), "reason": EndReason.LAUNCH_ERROR,
+                                                                    "reason_detail": str(exc)[:512]}):
+                attempt.end_reason, attempt.ended_at = EndReason.LAUNCH_ERROR, utcnow()
 
     def _refused_replicas(self, session: Session, job: Job, attempt: JobAttempt, added: list[int],
                           exc: BaseException) -> None:
         """The backend refused new replicas of a running inference job: the job keeps running with
         the replicas it has; the refused ones are retired (and whatever of them got created removed)."""
         replicas = replicas_from_json(attempt.placements)
-        attempt.placements = replicas_to_json(Replica(r.index, r.placement, True) if r.index in added else r
-                                              for r in replicas)
-        job_repo.add_event(session, job.id, EventKind.SCALED, reason="launch_error", actor=ACTOR,
-                           message=f"could not add replicas {_list(added)}: {exc}")
-        session.commit()
+        with step(session):
+            attempt.placements = replicas_to_json(Replica(r.index, r.placement, True) if r.index in added else r
+                                                  for r in replicas)
+            job_repo.add_event(session, job.id, EventKind.SCALED, reason=EndReason.LAUNCH_ERROR, actor=ACTOR,
+                               message=f"could not add replicas {_list(added)}: {exc}")
         self.backend.remove_replicas(job.id, attempt.number, added, 0)
 
     def _stop(self, session: Session, job_id: int, reason: StopReason) -> None:
         job = session.get(Job, job_id)
         if job is None or job.status not in (S.SCHEDULING, S.RUNNING):
             return
-        attempt = self._current_attempt(session, job)
-        if reason is StopReason.WALL_TIME:
-            limit = job.max_time_s or job.vc.max_job_time_s
-            if not job_repo.set_status(session, job.id, job.status, S.KILLING, actor="scheduler", reason="wall_time",
-                                       message=f"ran past its time limit of {limit} s",
-                                       values={"reason": "wall_time", "reason_detail": f"ran past its time limit of {limit} s"}):
-                session.rollback()
-                return
-        elif attempt is not None and attempt.stop_requested is None:
-            job_repo.add_event(session, job.id, EventKind.REASON, reason=reason.value, actor="scheduler",
-                               message="preempted to make room for a non-preemptible job")
-        if attempt is not None and attempt.stop_requested is None:
-            attempt.stop_requested = reason.value
-        session.commit()
+        with step(session):
+            attempt = self._current_attempt(session, job)
+            if reason is StopReason.WALL_TIME:
+                limit = job.max_time_s or job.vc.max_job_time_s
+                said = f"ran past its time limit of {limit} s"
+                if not job_repo.set_status(session, job.id, job.status, S.KILLING, actor="scheduler",
+                                           reason=EndReason.WALL_TIME, message=said,
+                                           values={"reason": EndReason.WALL_TIME, "reason_detail": said}):
+                    discard(session)
+                    return
+            elif attempt is not None and attempt.stop_requested is None:
+                job_repo.add_event(session, job.id, EventKind.REASON, reason=reason.value, actor="scheduler",
+                                   message="preempted to make room for a non-preemptible job")
+            if attempt is not None and attempt.stop_requested is None:
+                attempt.stop_requested = reason.value
         self.backend.terminate(job.id, job.attempt, self.settings.preempt_grace_s)
 
     def _record_waits(self, session: Session, decisions: Decisions) -> None:
         """Store each waiting job's reason and position; an event only when the reason changes."""
         if not decisions.waits:
             return
-        waits = {w.job_id: w for w in decisions.waits}
-        current = session.execute(sa.select(Job.id, Job.reason, Job.reason_detail, Job.queue_position,
-                                            Job.estimated_start)
-                                  .where(Job.id.in_(list(waits)), Job.status == S.QUEUED)).all()
-        for job_id, reason, detail, position, estimate in current:
-            wait = waits[job_id]
-            code = wait.reason_code
-            new_detail = (wait.detail or None) and wait.detail[:512]
-            new_estimate = _dt(wait.estimated_start) if wait.estimated_start is not None else None
-            if (reason, detail, position, _whole_s(estimate)) == (code, new_detail, wait.queue_position,
-                                                                  _whole_s(new_estimate)):
-                continue
-            session.execute(sa.update(Job).where(Job.id == job_id, Job.status == S.QUEUED)
-                            .values(reason=code, reason_detail=new_detail, queue_position=wait.queue_position,
-                                    estimated_start=new_estimate))
-            if reason != code:
-                job_repo.add_event(session, job_id, EventKind.REASON, reason=code, message=new_detail, actor="scheduler")
-        session.commit()
+        with step(session):
+            waits = {w.job_id: w for w in decisions.waits}
+            current = session.execute(sa.select(Job.id, Job.reason, Job.reason_detail, Job.queue_position,
+                                                Job.estimated_start)
+                                      .where(Job.id.in_(list(waits)), Job.status == S.QUEUED)).all()
+            for job_id, reason, detail, position, estimate in current:
+                wait = waits[job_id]
+                code = wait.reason_code
+                new_detail = (wait.detail or None) and wait.detail[:512]
+                new_estimate = _dt(wait.estimated_start) if wait.estimated_start is not None else None
+                if (reason, detail, position, _whole_s(estimate)) == (code, new_detail, wait.queue_position,
+                                                                      _whole_s(new_estimate)):
+                    continue
+                session.execute(sa.update(Job).where(Job.id == job_id, Job.status == S.QUEUED)
+                                .values(reason=code, reason_detail=new_detail, queue_position=wait.queue_position,
+                                        estimated_start=new_estimate))
+                if reason != code:
+                    job_repo.add_event(session, job_id, EventKind.REASON, reason=code, message=new_detail, actor="scheduler")
 
 
 def _whole_s(moment: dt.datetime | None) -> int | None:

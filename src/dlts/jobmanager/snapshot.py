@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from dlts.config import Settings
-from dlts.models import ACTIVE, Job, JobAttempt, JobStatus, Node, User, VirtualCluster, utcnow
+from dlts.models import ACTIVE, EndReason, Job, JobAttempt, JobStatus, Node, User, VirtualCluster, utcnow
 from dlts.models.accounting import UsageTotal
 from dlts.repositories.cluster import sku_shapes
 from dlts.scheduler import model as core
@@ -146,7 +146,7 @@ def preemption_counts(session: Session) -> dict[int, int]:
         sa.select(JobAttempt.job_id, sa.func.count())
         .join(Job, Job.id == JobAttempt.job_id)
         .where(Job.preemptible.is_(True), Job.status.in_([JobStatus.QUEUED, *ACTIVE]),
-               JobAttempt.end_reason == "preempted")
+               JobAttempt.end_reason == EndReason.PREEMPTED)
         .group_by(JobAttempt.job_id)
     ).all()
     return {int(job_id): int(n) for job_id, n in rows}

@@ -41,7 +41,7 @@ from dlts.directory_settings import DirectorySettings
 from dlts.errors import DltsError, InvalidInput
 from dlts.models import Group, GroupMember, RoleBinding, User, VirtualCluster
 from dlts.repositories import identity as identity_repo
-from dlts.services import admin
+from dlts.services import admin, transaction
 from dlts.services import groups as group_service
 from dlts.services import users as user_service
 from dlts.services.auth import forget_principals
@@ -305,7 +305,7 @@ def apply(session: Session, cfg: DirectorySettings, snapshot: Snapshot, *, dry_r
                               f"directory, more than max_disable_percent ({cfg.max_disable_percent:g}%); check the "
                               "directory and the filters, or raise the limit for one run")
             return report
-    try:
+    with transaction.step(session):  # committed, or (a dry run, an error) rolled back
         for name, entry in sorted(snapshot.users.items()):
             user = users.get(name)
             ok_email, email = _email(entry, report)
@@ -340,13 +340,9 @@ def apply(session: Session, cfg: DirectorySettings, snapshot: Snapshot, *, dry_r
             report.held_jobs.extend(held)
         _sync_groups(session, cfg, snapshot, users, report)
         session.flush()
-    except BaseException:
-        session.rollback()
-        raise
-    if dry_run:
-        session.rollback()
-    else:
-        session.commit()
+        if dry_run:
+            transaction.discard(session)
+    if not dry_run:
         forget_principals()
     return report
 

@@ -36,7 +36,7 @@ from dlts.models import EndReason, EventKind, Job, JobAttempt, JobInsight, Node,
 from dlts.repositories import insight as repo
 from dlts.repositories import jobs as job_repo
 from dlts.services import jobs as job_service
-from dlts.services import notify
+from dlts.services import notify, transaction
 from dlts.services.accounting import floor_minute
 from dlts.services.auth import Principal
 from dlts.services.nodes import reported_gpus
@@ -121,14 +121,14 @@ class InsightManager:
             existing = repo.current_insights(session)
             pressure = repo.sku_pressure(session) if s.preemption_risk else {}
             current = {job.id: attempt.number for job, attempt in running}
-            for job_id, rows in existing.items():  # the job stopped running (or runs a new attempt)
-                for row in list(rows.values()):
-                    if current.get(job_id) != row.attempt:
-                        self._clear(session, row, "the job is no longer running" if job_id not in current
-                                    else "the job runs a new attempt", now)
-                        rows.pop(row.code)
-                        result.cleared += 1
-            session.commit()
+            with transaction.step(session):
+                for job_id, rows in existing.items():  # the job stopped running (or runs a new attempt)
+                    for row in list(rows.values()):
+                        if current.get(job_id) != row.attempt:
+                            self._clear(session, row, "the job is no longer running" if job_id not in current
+                                        else "the job runs a new attempt", now)
+                            rows.pop(row.code)
+                            result.cleared += 1
             for job, attempt in running:
                 result.jobs += 1
                 view = job_view(job, attempt, points.get(attempt.id, ()), nodes)
@@ -136,10 +136,10 @@ class InsightManager:
                     result.stale += 1
                     continue
                 try:
-                    self._job(session, job, attempt, view, existing.get(job.id, {}), policies.get(job.vc_id),
-                              pressure, now, lookback_start, result)
+                    with transaction.step(session):  # one job's findings and action: committed, or all rolled back
+                        self._job(session, job, attempt, view, existing.get(job.id, {}), policies.get(job.vc_id),
+                                  pressure, now, lookback_start, result)
                 except DltsError as exc:  # the job changed under us (killed by its owner): the next pass sees it
-                    session.rollback()
                     log.info("insight: job %s not acted on: %s", job.id, exc.message)
         if result.raised or result.cleared or result.warned or result.acted:
             log.info("insight: %d running GPU jobs (%d with stale data); %d findings raised, %d cleared; %d owners "
@@ -189,15 +189,13 @@ class InsightManager:
         step = rules.idle_step(policy, idle.since if idle else None, idle.warned_at if idle else None,
                                idle.acted_at if idle else None, now, fresh=True, exempt=exempt)
         if step is None:
-            session.commit()
             return
         assert idle is not None and policy is not None
         if step == "warn":
             self._warn(session, job, attempt, idle, policy, now)
-            session.commit()
             result.warned += 1
             return
-        self._act(session, job, attempt, idle, policy, now)  # commits with the job's status change
+        self._act(session, job, attempt, idle, policy, now)  # its step commits it with the job's status change
         result.acted += 1
 
     def _clear(self, session: Session, row: JobInsight, why: str | None, now: dt.datetime) -> None:
@@ -248,5 +246,5 @@ class InsightManager:
                                 "warned_at": f"{idle.warned_at:%Y-%m-%d %H:%M}" if idle.warned_at else ""},
                        dedup_key=f"idle-action:{job.id}:{attempt.number}")
         stop = job_service.pause if policy.action == "pause" else job_service.kill
-        stop(session, SYSTEM, job.id, reason=IDLE_REASON, detail=message)  # commits (or rolls back and raises)
+        stop(session, SYSTEM, job.id, reason=IDLE_REASON, detail=message)  # within the caller's step: raises on refusal
         log.info("insight: job %s %s: GPUs idle since %s", job.id, verb, idle.since)

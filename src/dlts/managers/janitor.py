@@ -27,13 +27,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import cast
 
 import sqlalchemy as sa
-from sqlalchemy.engine import CursorResult
 from sqlalchemy.orm import Session
 
 from dlts.models import TERMINAL, IdempotencyKey, Job, PortalSession, RateCounter, utcnow
+from dlts.services import transaction
 from dlts.services.job_keeping import delete_jobs
 
 log = logging.getLogger(__name__)
@@ -106,13 +105,13 @@ class Janitor:
                 if not ids:
                     break
                 t0 = self.timer()
-                # children first, explicitly: each count is known, and no cascade runs inside the jobs DELETE
-                counts = delete_jobs(session, ids)
+                with transaction.step(session):
+                    # children first, explicitly: each count is known, and no cascade runs inside the jobs DELETE
+                    counts = delete_jobs(session, ids)
                 events += counts["events"]
                 attempts += counts["attempts"]
                 endpoints += counts["endpoints"]
                 jobs += counts["jobs"]
-                session.commit()
                 durations.append(self.timer() - t0)
             batches += 1
             self._remove_logs(ids)
@@ -160,10 +159,9 @@ class Janitor:
                     self.sleep(pause)
             with self.session_factory() as session:
                 t0 = self.timer()
-                result = cast(CursorResult, session.execute(sa.delete(key.class_).where(key.in_(keys), expired)
-                                                            .execution_options(synchronize_session=False)))
-                deleted += result.rowcount or 0
-                session.commit()
+                with transaction.step(session):
+                    deleted += transaction.rowcount(session.execute(
+                        sa.delete(key.class_).where(key.in_(keys), expired).execution_options(synchronize_session=False)))
                 durations.append(self.timer() - t0)
             batches += 1
             if len(keys) < self.batch_rows:

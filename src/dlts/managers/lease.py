@@ -48,6 +48,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from dlts.models.lease import ManagersLease
+from dlts.services import transaction
 
 log = logging.getLogger(__name__)
 NAME = "managers"
@@ -150,27 +151,26 @@ class Lease:
             now = db_now(session)
             row = ManagersLease
             if token is not None:
-                renewed = _matched(session,
-                    sa.update(row).where(row.name == self.name, row.holder == self.holder, row.token == token,
-                                         row.expires_at > now)
-                    .values(expires_at=now + self.term_s, renewed_at=now)
-                    .execution_options(synchronize_session=False))
-                session.commit()
+                with transaction.step(session):
+                    renewed = _matched(session,
+                        sa.update(row).where(row.name == self.name, row.holder == self.holder, row.token == token,
+                                             row.expires_at > now)
+                        .values(expires_at=now + self.term_s, renewed_at=now)
+                        .execution_options(synchronize_session=False))
                 if renewed == 1:
                     self._held_from(started, token)
                     return self.held()
                 self._lose("it expired or another process took it")
             self._ensure_row(session)
-            taken = _matched(session,
-                sa.update(row).where(row.name == self.name, row.expires_at <= now)
-                .values(holder=self.holder, token=row.token + 1, expires_at=now + self.term_s, acquired_at=now,
-                        renewed_at=now)
-                .execution_options(synchronize_session=False))
-            if taken != 1:
-                session.commit()
-                return False
-            new_token = int(session.scalar(sa.select(row.token).where(row.name == self.name)) or 0)
-            session.commit()
+            with transaction.step(session):
+                taken = _matched(session,
+                    sa.update(row).where(row.name == self.name, row.expires_at <= now)
+                    .values(holder=self.holder, token=row.token + 1, expires_at=now + self.term_s, acquired_at=now,
+                            renewed_at=now)
+                    .execution_options(synchronize_session=False))
+                if taken != 1:
+                    return False
+                new_token = int(session.scalar(sa.select(row.token).where(row.name == self.name)) or 0)
         self._held_from(started, new_token)
         log.warning("lease %s: %s holds it now (token %s)", self.name, self.holder, new_token)
         return self.held()
@@ -183,11 +183,12 @@ class Lease:
     def _ensure_row(self, session: Session) -> None:
         if session.get(ManagersLease, self.name) is not None:
             return
-        session.add(ManagersLease(name=self.name, holder="", token=0, expires_at=0.0, acquired_at=0.0, renewed_at=0.0))
         try:
-            session.commit()
-        except IntegrityError:  # another process made it first
-            session.rollback()
+            with transaction.step(session):
+                session.add(ManagersLease(name=self.name, holder="", token=0, expires_at=0.0, acquired_at=0.0,
+                                          renewed_at=0.0))
+        except IntegrityError:  # another process made it first (the step rolled back)
+            pass
 
     def release(self) -> None:
         """On a clean stop: give the lease up at once, so that a standby takes over at its next poll."""
@@ -199,10 +200,10 @@ class Lease:
         try:
             with self.sessions() as session:
                 row = ManagersLease
-                session.execute(sa.update(row).where(row.name == self.name, row.holder == self.holder,
-                                                     row.token == token)
-                                .values(expires_at=0.0).execution_options(synchronize_session=False))
-                session.commit()
+                with transaction.step(session):
+                    session.execute(sa.update(row).where(row.name == self.name, row.holder == self.holder,
+                                                         row.token == token)
+                                    .values(expires_at=0.0).execution_options(synchronize_session=False))
         except sa.exc.SQLAlchemyError as exc:  # the database is away: the lease simply runs out
             log.warning("lease %s: could not release it: %s", self.name, exc)
 

@@ -39,6 +39,7 @@ from sqlalchemy.orm import Session
 from dlts.config import ConfigError, Settings
 from dlts.models import OutboxMessage, OutboxStatus, utcnow
 from dlts.notify_settings import NotifySettings, SmtpSecurity, is_address
+from dlts.services import transaction
 from dlts.services.notify import MailRenderer, RenderedMail, TemplateError, is_duplicate
 
 log = logging.getLogger(__name__)
@@ -239,12 +240,12 @@ class NotifyManager:
         blocked = window.blocked_until(row.recipients, now)
         if blocked is not None:
             address, free_at = blocked
-            session.execute(sa.update(OutboxMessage).where(
-                OutboxMessage.id == row.id, OutboxMessage.status == OutboxStatus.QUEUED.value).values(
-                next_attempt_at=free_at, last_error=_clip(
-                    f"rate limited: {address} had {self.settings.rate_limit_per_hour} messages in the last hour; "
-                    f"waits until {free_at:%Y-%m-%d %H:%M:%S} UTC")))
-            session.commit()
+            with transaction.step(session):
+                session.execute(sa.update(OutboxMessage).where(
+                    OutboxMessage.id == row.id, OutboxMessage.status == OutboxStatus.QUEUED.value).values(
+                    next_attempt_at=free_at, last_error=_clip(
+                        f"rate limited: {address} had {self.settings.rate_limit_per_hour} messages in the last hour; "
+                        f"waits until {free_at:%Y-%m-%d %H:%M:%S} UTC")))
             return "rate_limited"
         try:
             return build_message(row, self.renderer.render(row.template, row.context or {}), self.settings, now)
@@ -288,10 +289,10 @@ class NotifyManager:
             self._finish(session, row, OutboxStatus.FAILED, now, f"gave up after {attempts} tries: {error}")
             return "failed"
         wait = dt.timedelta(seconds=backoff_s(self.settings, attempts))
-        session.execute(sa.update(OutboxMessage).where(
-            OutboxMessage.id == row.id, OutboxMessage.status == OutboxStatus.QUEUED.value).values(
-            attempts=attempts, next_attempt_at=now + wait, last_error=_clip(error)))
-        session.commit()
+        with transaction.step(session):
+            session.execute(sa.update(OutboxMessage).where(
+                OutboxMessage.id == row.id, OutboxMessage.status == OutboxStatus.QUEUED.value).values(
+                attempts=attempts, next_attempt_at=now + wait, last_error=_clip(error)))
         log.warning("notifier: notice #%d (%s) not sent, try %d of %d again in %.0f s: %s", row.id, row.template,
                     attempts, self.settings.max_attempts, wait.total_seconds(), error)
         return "retried"
@@ -303,20 +304,21 @@ class NotifyManager:
             values["attempts"] = row.attempts + 1
         if status is OutboxStatus.SENT:
             values["sent_at"] = now
-        session.execute(sa.update(OutboxMessage).where(
-            OutboxMessage.id == row.id, OutboxMessage.status == OutboxStatus.QUEUED.value).values(**values))
-        session.commit()
+        with transaction.step(session):
+            session.execute(sa.update(OutboxMessage).where(
+                OutboxMessage.id == row.id, OutboxMessage.status == OutboxStatus.QUEUED.value).values(**values))
         if status is OutboxStatus.FAILED:
             log.error("notifier: notice #%d (%s) failed and will not be sent: %s", row.id, row.template, error)
 
     def _keep_waiting(self, session: Session, rows: Sequence[OutboxMessage], error: str) -> None:
-        """The server is unreachable: the rows stay queued, saying why (no attempt is spent)."""
-        ids = [r.id for r in rows]  # before the rollback expires them
-        session.rollback()
-        session.execute(sa.update(OutboxMessage).where(
-            OutboxMessage.id.in_(ids), OutboxMessage.status == OutboxStatus.QUEUED.value)
-            .values(last_error=_clip(error)))
-        session.commit()
+        """The server is unreachable: the rows stay queued, saying why (no attempt is spent). Every
+        earlier row's outcome was committed in its own step, and a send writes nothing before the
+        server answers: nothing of this run is pending here."""
+        ids = [r.id for r in rows]
+        with transaction.step(session):
+            session.execute(sa.update(OutboxMessage).where(
+                OutboxMessage.id.in_(ids), OutboxMessage.status == OutboxStatus.QUEUED.value)
+                .values(last_error=_clip(error)))
 
     def _describe_unreachable(self, exc: BaseException) -> str:
         where = f"{self.settings.smtp_host}:{self.settings.port}"
@@ -354,9 +356,9 @@ class NotifyManager:
                 .order_by(OutboxMessage.created_at).limit(PURGE_BATCH_ROWS)))
             if not ids:
                 return 0
-            session.execute(sa.delete(OutboxMessage).where(OutboxMessage.id.in_(ids))
-                            .execution_options(synchronize_session=False))
-            session.commit()
+            with transaction.step(session):
+                session.execute(sa.delete(OutboxMessage).where(OutboxMessage.id.in_(ids))
+                                .execution_options(synchronize_session=False))
         if len(ids) == PURGE_BATCH_ROWS:
             self._next_purge = now  # more to do: the next run continues
         return len(ids)

@@ -31,11 +31,14 @@ from sqlalchemy.orm import Session
 from dlts.config import Settings
 from dlts.managers.lease import LeaseLost
 from dlts.models import (
+    EndReason,
     EventKind,
     Job,
     JobStatus,
+    JobType,
     Node,
     NodeEvent,
+    NodeEventKind,
     NodeFinding,
     NodeOrder,
     NodeState,
@@ -52,7 +55,7 @@ from dlts.repair.rules import (
 )
 from dlts.repositories import jobs as job_repo
 from dlts.repositories import repair as repo
-from dlts.services import notify
+from dlts.services import notify, transaction
 from dlts.services.nodes import reported_gpus
 from dlts.services.repair import queue_key
 
@@ -208,11 +211,9 @@ class RepairManager:
                 break
             try:
                 applied = self._apply(session, node, cycle, view, decision, now_s, on_node)
-            except LeaseLost:  # another managers process acts now: stop this pass, nothing written
-                session.rollback()
+            except LeaseLost:  # another managers process acts now: stop this pass, nothing written (rolled back)
                 raise
-            except Exception:
-                session.rollback()
+            except Exception:  # the step rolled back
                 result.failed.append(node.name)
                 log.exception("repair: node %s: applying %s failed; the next tick retries", node.name, decision.reason)
                 if self.fail_after is not None:
@@ -241,7 +242,7 @@ class RepairManager:
         out: dict[int, core.LastReturn] = {}
         for c in session.scalars(sa.select(RepairCycle).where(RepairCycle.outcome == core.CycleOutcome.RETURNED,
                                                               RepairCycle.ended_at >= since,
-                                                              RepairCycle.kind != "return").order_by(RepairCycle.id)):
+                                                              RepairCycle.kind != core.CycleKind.RETURN).order_by(RepairCycle.id)):
             out[c.node_id] = core.LastReturn(epoch(c.ended_at) or 0.0, c.step_index, repo.steps_of(c), Scope(c.scope),
                                              tuple(c.gpus or []))
         return out
@@ -252,7 +253,7 @@ class RepairManager:
         found = tuple(finding_of(r) for r in rows
                       if r.cleared_at is None or (since is not None and (epoch(r.cleared_at) or 0.0) >= since))
         on_node = tuple(core.JobOnNode(job.id, tuple(p.get("gpu_indices") or ()), job.preemptible,
-                                       job.type == "distributed" or job.nodes > 0,
+                                       job.type == JobType.DISTRIBUTED or job.nodes > 0,
                                        attempt.stop_requested is not None or job.status in (JobStatus.KILLING, JobStatus.PAUSING))
                         for job, attempt, p in jobs)
         return core.NodeView(node.name, node.sku, node.gpus, node.state, epoch(node.state_changed_at or node.created_at) or 0.0,
@@ -295,6 +296,18 @@ class RepairManager:
 
     def _apply(self, session: Session, node: Node, cycle: RepairCycle | None, view: core.NodeView, d: core.Decision,
                now_s: float, jobs: list) -> bool:
+        """One decision in the rows, in one step: committed, or rolled back (False: a row had changed
+        meanwhile; an exception: raised)."""
+        before = node.state
+        with transaction.step(session):
+            if not self._apply_rows(session, node, cycle, view, d, now_s, jobs):
+                return False
+        log.info("repair: node %s: %s%s: %s", node.name, before.value,
+                 f" -> {d.to_state.value}" if d.to_state else "", d.message or d.reason or d.waiting)
+        return True
+
+    def _apply_rows(self, session: Session, node: Node, cycle: RepairCycle | None, view: core.NodeView,
+                    d: core.Decision, now_s: float, jobs: list) -> bool:
         now = from_epoch(now_s)
         before = node.state
         if d.record_heartbeat_lost:
@@ -324,7 +337,7 @@ class RepairManager:
             except IntegrityError:
                 cycle = None
             if cycle is None:
-                session.rollback()
+                transaction.discard(session)
                 return False
         elif d.to_state is not None:
             self._check(node, "transition")
@@ -335,7 +348,7 @@ class RepairManager:
                 values = {"repair_scope": Scope.NODE.value}
             if not repo.set_state(session, node, d.to_state, actor=ACTOR, reason=d.reason, message=d.message,
                                   cycle_id=cycle.id if cycle else None, values=values, now=now):
-                session.rollback()
+                transaction.discard(session)
                 return False
         if cycle is not None and cycle.open_node_id is not None:
             if d.to_state is not None:
@@ -347,7 +360,8 @@ class RepairManager:
             if d.advance_to is not None:
                 cycle.step_index = d.advance_to
                 if d.to_state is None:
-                    repo.add_event(session, node.id, "step", actor=ACTOR, reason=d.reason, message=d.message, cycle_id=cycle.id, at=now)
+                    repo.add_event(session, node.id, NodeEventKind.STEP, actor=ACTOR, reason=d.reason, message=d.message,
+                                   cycle_id=cycle.id, at=now)
             if d.begin_validation and d.open_cycle is None:
                 cycle.validation_since = now
             if d.end_cycle is not None and d.open_cycle is None:  # (with a new cycle: the old one ended above)
@@ -369,9 +383,6 @@ class RepairManager:
             self._check(node, "notice")
             self._notice(session, node, cycle, d, template)
         self._check(node, "commit")
-        session.commit()
-        log.info("repair: node %s: %s%s: %s", node.name, before.value,
-                 f" -> {d.to_state.value}" if d.to_state else "", d.message or d.reason or d.waiting)
         return True
 
     def _heartbeat_lost_finding(self, session: Session, node: Node, now: dt.datetime, now_s: float) -> None:
@@ -388,7 +399,7 @@ class RepairManager:
     def _stop_jobs(self, session: Session, node: Node, cycle: RepairCycle | None, d: core.Decision, jobs: list,
                    now: dt.datetime) -> None:
         wanted = set(d.stop_jobs)
-        problem = cycle.problem if cycle is not None and d.stop_reason == "node_repair" else "stopped reporting"
+        problem = cycle.problem if cycle is not None and d.stop_reason == EndReason.NODE_REPAIR else "stopped reporting"
         message = (f"node {node.name} {problem}; your job was stopped and requeued at the head of its queue "
                    "(no retry spent)")
         stopped = []
@@ -402,7 +413,7 @@ class RepairManager:
                                 dedup_key=f"repair:job:{job.id}:{job.attempt}")
             stopped.append(job.id)
         if stopped:
-            repo.add_event(session, node.id, "step", actor=ACTOR, reason=d.stop_reason,
+            repo.add_event(session, node.id, NodeEventKind.STEP, actor=ACTOR, reason=d.stop_reason,
                            message=f"stopping job(s) {', '.join(map(str, stopped))} (requeued at the head of their queues)",
                            cycle_id=cycle.id if cycle else None, at=now)
 
@@ -426,7 +437,7 @@ class RepairManager:
         session.flush()  # the unique (cycle, number) refuses a second start of the same step
         what = step.remediation.value + (f" of GPU {', '.join(targets)}" if step.remediation is Remediation.RESET_GPU else
                                          f" {step.target}" if step.target else "")
-        repo.add_event(session, node.id, "step", actor=ACTOR, reason="ordered",
+        repo.add_event(session, node.id, NodeEventKind.STEP, actor=ACTOR, reason="ordered",
                        message=f"ordered {what} (order {', '.join(str(o.id) for o in orders)}; "
                                f"timeout {step.timeout_s:g} s)", cycle_id=cycle.id, at=now)
 
@@ -446,7 +457,7 @@ class RepairManager:
         session.add(order)
         session.flush()
         where = f"GPU {', '.join(gpus)}" if gpus else "every GPU"
-        repo.add_event(session, node.id, "step", actor=ACTOR, reason="diag_ordered",
+        repo.add_event(session, node.id, NodeEventKind.STEP, actor=ACTOR, reason="diag_ordered",
                        message=f"ordered the GPU diagnostic (dcgmi diag -r {self.repair.validation_diag_level}) on {where} "
                                f"(order {order.id}; timeout {self.repair.validation_diag_timeout_s:g} s)",
                        cycle_id=cycle.id, at=now)
@@ -472,8 +483,8 @@ class RepairManager:
         if d.open_cycle is not None:
             what.append("chain " + " -> ".join(s.describe() for s in d.open_cycle.steps[d.open_cycle.step_index:]))
         message = f"dry run: would {'; '.join(what)} ({d.reason}: {d.message})"[:1024]
-        last = session.scalar(sa.select(NodeEvent.message).where(NodeEvent.node_id == node.id, NodeEvent.kind == "dry_run")
+        last = session.scalar(sa.select(NodeEvent.message).where(NodeEvent.node_id == node.id, NodeEvent.kind == NodeEventKind.DRY_RUN)
                               .order_by(NodeEvent.id.desc()).limit(1))
         if last != message:
-            repo.add_event(session, node.id, "dry_run", actor=ACTOR, reason=d.reason, message=message)
-            session.commit()
+            with transaction.step(session):
+                repo.add_event(session, node.id, NodeEventKind.DRY_RUN, actor=ACTOR, reason=d.reason, message=message)

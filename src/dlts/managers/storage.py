@@ -28,6 +28,7 @@ import yaml
 from sqlalchemy.orm import Session
 
 from dlts.models import StorageExpiryLog, User, VirtualCluster
+from dlts.services import transaction
 from dlts.storage.expire import ExpireReport, expire_root
 from dlts.storage.scan import COMPLETE, ScanResult, scan_root
 from dlts.storage.settings import StorageRoot, StorageSettings
@@ -86,11 +87,10 @@ class StorageManager:
                      result.duration_s, result.total.files, human_bytes(result.total.allocated_bytes), result.errors)
         else:
             log.error("storage: scan of %s %s: %s", result.root, result.status, result.message)
-        with self.session_factory() as session:
+        with self.session_factory() as session, transaction.step(session):
             recorded = storage_service.record_scan(session, result, root, self.storage)
             if recorded.crossed_alert:
                 self.alert(session, root, result, recorded.snapshot.id)
-            session.commit()
         return result
 
     def alert(self, session: Session, root: StorageRoot, result: ScanResult, snapshot_id: int) -> int | None:
@@ -141,7 +141,7 @@ class StorageManager:
                              now=now, sleep=self.sleep, on_item=on_item, max_warn_paths=self.storage.mail_paths)
         if dry_run:
             return report
-        with self.session_factory() as session:
+        with self.session_factory() as session, transaction.step(session):
             for owner, totals in report.deleted.items():
                 session.add(StorageExpiryLog(root=str(root.path), owner=owner[:64], action="deleted", at=at,
                                              files=totals.files, dirs=totals.dirs, bytes=totals.bytes, paths=[]))
@@ -157,7 +157,6 @@ class StorageManager:
                 session.add(StorageExpiryLog(root=str(root.path), owner=owner[:64], action="warned", at=at,
                                              files=warning.files, dirs=0, bytes=warning.bytes, paths=warning.paths))
                 self.warn(session, root, days, owner, warning, now + warn_s)
-            session.commit()
         return report
 
     def warn(self, session: Session, root: StorageRoot, days: float, owner: str, warning, delete_after: float) -> None:
@@ -279,7 +278,6 @@ class LustreStorageManager:
         else:
             log.error("lustre: usage of %s %s: %s", mount, result.status, result.message)
         root = StorageRoot.model_validate({"path": mount, "kind": "local"})
-        with self.session_factory() as session:
+        with self.session_factory() as session, transaction.step(session):
             storage_service.record_scan(session, result, root, self.storage)
-            session.commit()
         return result

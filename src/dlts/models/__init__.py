@@ -34,7 +34,7 @@ from dlts.models.job import (
     JobType,
 )
 from dlts.models.lease import ManagersLease
-from dlts.models.node import Node, NodeEvent, NodeFinding, NodeOrder, NodeState
+from dlts.models.node import Node, NodeEvent, NodeEventKind, NodeFinding, NodeOrder, NodeState
 from dlts.models.notify import OutboxMessage, OutboxStatus
 from dlts.models.repair import RepairControl, RepairCycle, RepairStep
 from dlts.models.storage import StorageExpiryLog, StorageSnapshot
@@ -67,6 +67,7 @@ __all__ = [
     "ManagersLease",
     "Node",
     "NodeEvent",
+    "NodeEventKind",
     "NodeFinding",
     "NodeOrder",
     "NodeState",

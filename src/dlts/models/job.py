@@ -77,6 +77,7 @@ class EndReason(enum.StrEnum):
     KILLED_BY_USER = "killed_by_user"
     IDLE_GPUS = "idle_gpus"  # the VC's idle-job policy stopped it
     PAUSED = "paused"
+    PAUSED_BY_USER = "paused_by_user"  # the reason of a pause its owner or an admin asked for (the paused job says "paused")
     PREEMPTED = "preempted"  # requeued at the head of its queue
     WALL_TIME = "wall_time"
     SCALE_DOWN = "scale_down"

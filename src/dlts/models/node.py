@@ -8,6 +8,7 @@ cluster admin is separate (``cordoned_by``): repair never lifts it.
 from __future__ import annotations
 
 import datetime as dt
+import enum
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Mapped, mapped_column
@@ -15,7 +16,17 @@ from sqlalchemy.orm import Mapped, mapped_column
 from dlts.models.base import Base, BigId, Timestamp, str_enum, utcnow
 from dlts.repair.machine import NodeState, schedulable
 
-__all__ = ["Node", "NodeEvent", "NodeFinding", "NodeOrder", "NodeState"]
+__all__ = ["Node", "NodeEvent", "NodeEventKind", "NodeFinding", "NodeOrder", "NodeState"]
+
+
+class NodeEventKind(enum.StrEnum):
+    """What a ``node_events`` row records (stored as the value in a string column)."""
+
+    TRANSITION = "transition"  # a state change of the repair machine (from_state -> to_state)
+    STEP = "step"  # a repair step: ordered, advanced, jobs stopped
+    PAUSE = "pause"  # repair paused or resumed (the node's or the cluster's switch)
+    DRY_RUN = "dry_run"  # what the repair loop would have done (repair.dry_run)
+    CORDON = "cordon"  # a cluster admin's cordon or uncordon
 
 
 class Node(Base):
@@ -67,7 +78,7 @@ class NodeEvent(Base):
     id: Mapped[int] = mapped_column(BigId, primary_key=True)
     node_id: Mapped[int] = mapped_column(sa.ForeignKey("nodes.id", ondelete="CASCADE"))
     at: Mapped[dt.datetime] = mapped_column(Timestamp, default=utcnow)
-    kind: Mapped[str] = mapped_column(sa.String(16))  # transition | step | pause | dry_run | cordon
+    kind: Mapped[str] = mapped_column(sa.String(16))  # a NodeEventKind
     from_state: Mapped[str | None] = mapped_column(sa.String(32))
     to_state: Mapped[str | None] = mapped_column(sa.String(32))
     reason: Mapped[str | None] = mapped_column(sa.String(64))

@@ -18,13 +18,14 @@ from dlts.models import (
     JobAttempt,
     Node,
     NodeEvent,
+    NodeEventKind,
     NodeState,
     RepairControl,
     RepairCycle,
     RepairStep,
     utcnow,
 )
-from dlts.repair.machine import OPEN_ORDER, CycleOutcome, allowed
+from dlts.repair.machine import OPEN_ORDER, CycleOutcome, OrderStatus, allowed
 from dlts.repair.rules import Remediation, Step
 
 
@@ -57,7 +58,7 @@ def set_state(session: Session, node: Node, target: NodeState, *, actor: str, re
         return False
     for key, value in changes.items():
         set_committed_value(node, key, value)
-    add_event(session, node.id, "transition", actor=actor, reason=reason, message=message, from_state=current.value,
+    add_event(session, node.id, NodeEventKind.TRANSITION, actor=actor, reason=reason, message=message, from_state=current.value,
               to_state=target.value, cycle_id=cycle_id, at=now)
     return True
 
@@ -134,4 +135,4 @@ def cancel_orders(session: Session, order_ids: list, now: dt.datetime | None = N
         from dlts.models import NodeOrder
 
         session.execute(sa.update(NodeOrder).where(NodeOrder.id.in_(ids), NodeOrder.status.in_(OPEN_ORDER))
-                        .values(status="cancelled", completed_at=now or utcnow()).execution_options(synchronize_session=False))
+                        .values(status=OrderStatus.CANCELLED, completed_at=now or utcnow()).execution_options(synchronize_session=False))

@@ -43,6 +43,7 @@ from dlts.models import (
 from dlts.repositories import accounting as repo
 from dlts.services import policy
 from dlts.services.auth import Principal
+from dlts.services.transaction import step
 
 log = logging.getLogger(__name__)
 
@@ -147,12 +148,11 @@ def book(session: Session, now: dt.datetime, *, batch: int = DEFAULT_BATCH, max_
             break
         after = rows[-1].id
         try:
-            done = _book_batch(session, rows, now)
+            with step(session):  # committed, or on a conflict rolled back
+                done = _book_batch(session, rows, now)
         except _Conflict:
-            session.rollback()
             result.conflicts += 1
             continue
-        session.commit()
         for key in ("attempts", "closed", "gpu_ms", "busy_gpu_ms"):
             setattr(result, key, getattr(result, key) + getattr(done, key))
         if len(rows) < batch:
@@ -330,8 +330,8 @@ def purge_utilisation(session: Session, now: dt.datetime, retention_days: int, *
     cutoff = now - dt.timedelta(days=retention_days)
     deleted = 0
     for _ in range(max_batches):
-        n = repo.delete_points_before(session, cutoff, batch)
-        session.commit()
+        with step(session):
+            n = repo.delete_points_before(session, cutoff, batch)
         deleted += n
         if n < batch:
             break

@@ -105,7 +105,6 @@ def add_user(session: Session, name: str, *, admin: bool = False, email: str | N
     session.flush()
     if admin:
         _bind(session, Role.CLUSTER_ADMIN, user, None)
-    session.commit()
     return user
 
 
@@ -137,7 +136,6 @@ def set_user(session: Session, name: str, changes: Mapping[str, Any]) -> tuple[U
     said = tuple(f"{key} {getattr(user, key)} -> {value}" for key, value in (("uid", uid), ("gid", gid))
                  if getattr(user, key) != value)
     user.uid, user.gid = uid, gid
-    session.commit()
     return UserView(user.name, user.email, user.uid, user.gid), said
 
 
@@ -145,7 +143,6 @@ def set_user(session: Session, name: str, changes: Mapping[str, Any]) -> tuple[U
 def new_token(session: Session, name: str, token_name: str = "cli", expires_days: int | None = None) -> str:
     user = get_user(session, name)
     token = issue_token(session, user, token_name, expires_days)
-    session.commit()
     return token
 
 
@@ -170,7 +167,6 @@ def add_vc(session: Session, name: str, quota: dict[str, int], *, policy: str = 
     vc = VirtualCluster(name=name, quota=quota, policy=policy, cpu_quota=cpu_quota,
                         memory_quota_bytes=memory_quota_bytes, pod_policy={}, storage={})
     session.add(vc)
-    session.commit()
     return vc
 
 
@@ -212,7 +208,6 @@ def set_vc(session: Session, name: str, quota: dict[str, int], *, policy: str | 
     if vc is None:
         session.add(VirtualCluster(name=name, quota=wanted, policy=policy or "RF", pod_policy={}, storage={}, **extra))
         vc_events.record(session, name, actor, "created", None, {"quota": wanted, "policy": policy or "RF", **extra})
-        session.commit()
         return VcSetResult(created=True, changes=(", ".join([f"quota {wanted}", f"policy {policy or 'RF'}"]
                                                             + [f"{k} {v}" for k, v in extra.items()]),))
     changes = []
@@ -230,7 +225,6 @@ def set_vc(session: Session, name: str, quota: dict[str, int], *, policy: str | 
             vc_events.record(session, name, actor, key, getattr(vc, key), value)
             changes.append(f"{key} {getattr(vc, key)} -> {value}")
             setattr(vc, key, value)
-    session.commit()
     return VcSetResult(created=False, changes=tuple(changes))
 
 
@@ -240,7 +234,6 @@ def add_member(session: Session, vc_name: str, user_name: str, *, admin: bool = 
     _bind(session, Role.VC_MEMBER, user, vc)
     if admin:
         _bind(session, Role.VC_ADMIN, user, vc)
-    session.commit()
 
 
 def set_vc_lustre(session: Session, vc_name: str, settings: dict[str, Any], actor: str = "cli") -> dict[str, Any]:
@@ -266,5 +259,4 @@ def replace_vc_storage(session: Session, vc: VirtualCluster, document: Any, acto
         return False
     vc_events.record(session, vc.name, actor, "storage", current, stored)
     vc.storage = stored
-    session.commit()
     return True

@@ -21,7 +21,7 @@ from dlts.errors import InvalidInput, NotFound, Refused
 from dlts.models import AllowedIp, User, iso, utcnow
 from dlts.services import policy
 from dlts.services.auth import Principal
-from dlts.services.transaction import rowcount, transactional
+from dlts.services.transaction import rowcount, step, transactional
 
 MAX_ENTRIES_PER_USER = 64
 # wider than these would open endpoints to a large part of the internet
@@ -116,7 +116,6 @@ def add_entry(session: Session, settings: Settings, principal: Principal, ip: st
     row = session.scalar(sa.select(AllowedIp).where(AllowedIp.user_id == user.id, AllowedIp.cidr == cidr))
     if row is not None:
         row.expires_at = expires
-        session.commit()
         return AllowedIpView(row.id, user.name, cidr, iso(row.created_at), iso(expires), renewed=True)
     count = session.execute(sa.select(sa.func.count(AllowedIp.id))
                             .where(AllowedIp.user_id == user.id, AllowedIp.expires_at > now)).scalar_one()
@@ -125,7 +124,7 @@ def add_entry(session: Session, settings: Settings, principal: Principal, ip: st
                       code="too_many_allowed_ips", details={"max": MAX_ENTRIES_PER_USER})
     row = AllowedIp(user_id=user.id, cidr=cidr, created_at=now, expires_at=expires)
     session.add(row)
-    session.commit()
+    session.flush()  # its id
     return AllowedIpView(row.id, user.name, cidr, iso(row.created_at), iso(row.expires_at))
 
 
@@ -135,11 +134,10 @@ def delete_entry(session: Session, principal: Principal, entry_id: int) -> None:
     if row is None or (row.user_id != principal.user_id and not principal.is_cluster_admin):
         raise NotFound(f"No allowed IP with id {entry_id} that you may delete.", code="allowed_ip_not_found")
     session.delete(row)
-    session.commit()
 
 
 
 def purge_expired(session: Session, now: dt.datetime | None = None) -> int:
-    result = session.execute(sa.delete(AllowedIp).where(AllowedIp.expires_at <= (now or utcnow())))
-    session.commit()
+    with step(session):  # the managers' pass: its own transaction, committed
+        result = session.execute(sa.delete(AllowedIp).where(AllowedIp.expires_at <= (now or utcnow())))
     return int(rowcount(result) or 0)

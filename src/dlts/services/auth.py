@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 
 from dlts.errors import Unauthenticated
 from dlts.models import ApiToken, GroupMember, Role, RoleBinding, User, VirtualCluster, utcnow
-from dlts.services.transaction import transactional
+from dlts.services.transaction import transaction
 
 TOKEN_PREFIX = "dlts_"
 
@@ -123,29 +123,28 @@ def forget_principals() -> None:
         cache.clear()
 
 
-@transactional
 def authenticate_bearer(session: Session, header: str | None, cache: PrincipalCache | None = None) -> Principal:
-    if not header or not header.startswith("Bearer "):
-        raise Unauthenticated("Send 'Authorization: Bearer <token>'. Create a token with `dlts user token NAME` or on "
-                              "the portal's My API tokens page.")
-    token_hash = hash_token(header[len("Bearer ") :].strip())
-    now = utcnow()
-    if cache is not None and (who := cache.get(token_hash, now)) is not None:
-        return who
-    row = session.execute(
-        sa.select(ApiToken, User).join(User, User.id == ApiToken.user_id).where(ApiToken.token_hash == token_hash)
-    ).first()
-    if row is None:
-        raise Unauthenticated("This token is not valid. Create a new one with `dlts user token NAME`.")
-    token_row, user = row
-    if token_row.revoked_at is not None or user.disabled_at is not None:
-        raise Unauthenticated("This token was revoked. Create a new one.")
-    if token_row.expires_at is not None and token_row.expires_at <= now:
-        raise Unauthenticated("This token has expired. Create a new one.")
-    # last-use stamps at most once a minute: no write per request
-    if token_row.last_used_at is None or now - token_row.last_used_at > dt.timedelta(minutes=1):
-        session.execute(sa.update(ApiToken).where(ApiToken.id == token_row.id).values(last_used_at=now))
-        session.commit()
+    with transaction(session):
+        if not header or not header.startswith("Bearer "):
+            raise Unauthenticated("Send 'Authorization: Bearer <token>'. Create a token with `dlts user token NAME` or on "
+                                  "the portal's My API tokens page.")
+        token_hash = hash_token(header[len("Bearer ") :].strip())
+        now = utcnow()
+        if cache is not None and (who := cache.get(token_hash, now)) is not None:
+            return who
+        row = session.execute(
+            sa.select(ApiToken, User).join(User, User.id == ApiToken.user_id).where(ApiToken.token_hash == token_hash)
+        ).first()
+        if row is None:
+            raise Unauthenticated("This token is not valid. Create a new one with `dlts user token NAME`.")
+        token_row, user = row
+        if token_row.revoked_at is not None or user.disabled_at is not None:
+            raise Unauthenticated("This token was revoked. Create a new one.")
+        if token_row.expires_at is not None and token_row.expires_at <= now:
+            raise Unauthenticated("This token has expired. Create a new one.")
+        # last-use stamps at most once a minute: no write per request
+        if token_row.last_used_at is None or now - token_row.last_used_at > dt.timedelta(minutes=1):
+            session.execute(sa.update(ApiToken).where(ApiToken.id == token_row.id).values(last_used_at=now))
     who = principal_for(session, user)
     if cache is not None:
         cache.put(token_hash, who, token_row.expires_at)

@@ -8,7 +8,6 @@ with 40 free GPUs spread one per node cannot start an 8-GPU job, and this is whe
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 
 import sqlalchemy as sa
@@ -19,6 +18,7 @@ from dlts.repositories import cluster as cluster_repo
 from dlts.repositories import usage as usage_repo
 from dlts.scheduler.model import CPU_SKU, SkuShape
 from dlts.services.auth import Principal
+from dlts.services.transaction import transaction
 
 
 @dataclass(frozen=True)
@@ -111,10 +111,9 @@ def status(session: Session, principal: Principal | None = None) -> ClusterStatu
 def database_answers(session: Session) -> bool:
     """Whether the database answers a trivial query now (``/readyz``); the session is left unused."""
     try:
-        session.execute(sa.text("SELECT 1"))
+        with transaction(session):  # an error rolls back
+            session.execute(sa.text("SELECT 1"))
     except sa.exc.SQLAlchemyError:
-        with contextlib.suppress(sa.exc.SQLAlchemyError):
-            session.rollback()
         return False
     finally:
         session.close()

@@ -39,7 +39,7 @@ from dlts.repositories import jobs as job_repo
 from dlts.repositories import limits as limits_repo
 from dlts.services import policy
 from dlts.services.auth import Principal
-from dlts.services.transaction import commit_keeping_loaded, transactional
+from dlts.services.transaction import transactional
 
 K = EndpointKind
 ES = EndpointStatus
@@ -102,11 +102,11 @@ def endpoint_view(endpoint: JobEndpoint, job: Job) -> EndpointView:
     """The endpoint as a reader sees it (API and portal): status, and an address only while it is current."""
     status = read_status(endpoint, job)
     # what the job manager recorded (address, message) holds for the attempt that runs now, never an older one
-    current = status in ("ready", "failed", "pending") and endpoint.attempt == job.attempt and _address_is_live(job)
-    addressed = current and status in ("ready", "failed")
+    current = status in (ES.READY, ES.FAILED, ES.PENDING) and endpoint.attempt == job.attempt and _address_is_live(job)
+    addressed = current and status in (ES.READY, ES.FAILED)
     host = endpoint.host if addressed else None
     host_port = endpoint.host_port if addressed else None
-    url = _url(endpoint.kind, job.user.name, host, host_port) if status == "ready" and host and host_port else None
+    url = _url(endpoint.kind, job.user.name, host, host_port) if status == ES.READY and host and host_port else None
     return EndpointView(
         id=endpoint.id, job_id=endpoint.job_id, kind=endpoint.kind.value, name=endpoint.name, port=endpoint.port,
         status=status, host=host, host_port=host_port, url=url, message=endpoint.message if current else None,
@@ -199,7 +199,7 @@ def _require_ssh_key(session: Session, principal: Principal, job: Job) -> None:
                   code="no_ssh_key", details={"field": "kind", "user": job.user.name})
 
 
-@transactional
+@transactional(keep_loaded=True)  # every column of the row is set here; the job is only read
 def open_endpoint(session: Session, principal: Principal, job_id: int, kind: str, port: int | None = None,
                   name: str | None = None) -> tuple[EndpointView, str | None]:
     """Ask for an endpoint; the job manager exposes it while the job runs. Returns the view and, for
@@ -222,9 +222,8 @@ def open_endpoint(session: Session, principal: Principal, job_id: int, kind: str
     job_repo.add_event(session, job.id, EventKind.ENDPOINT, reason="opened", actor=principal.name,
                        message=f"{endpoint_kind.value} endpoint {name!r} (port {port}) asked for")
     try:
-        commit_keeping_loaded(session)  # every column of the row was set here; the job was only read
-    except IntegrityError:  # another request took the port or name between our read and write
-        session.rollback()
+        session.flush()
+    except IntegrityError:  # another request took the port or name between our read and write (rolled back)
         raise WrongState(f"Job {job_id} already has an endpoint on port {port} or named {name!r}.",
                          code="endpoint_exists", details={"field": "name"}) from None
     return endpoint_view(row, job), token
@@ -242,7 +241,7 @@ def add_for_submit(session: Session, job_id: int, kinds_ports: Sequence[tuple[En
 
 # -- close -----------------------------------------------------------------------------------------
 
-@transactional
+@transactional(keep_loaded=True)  # only two columns written, both set here
 def close_endpoint(session: Session, principal: Principal, job_id: int, endpoint_id: int) -> EndpointView:
     """Mark an endpoint closing; the job manager removes it from the cluster and then the row."""
     job = _load(session, principal, job_id, "close endpoints of")
@@ -258,5 +257,4 @@ def close_endpoint(session: Session, principal: Principal, job_id: int, endpoint
         row.status, row.updated_at = ES.CLOSING, utcnow()
         job_repo.add_event(session, job.id, EventKind.ENDPOINT, reason="closed", actor=principal.name,
                            message=f"{row.kind.value} endpoint {row.name!r} (port {row.port}) closed")
-        commit_keeping_loaded(session)
     return endpoint_view(row, job)

@@ -21,7 +21,7 @@ from dlts.models import Group, GroupMember, Role, RoleBinding, User, VirtualClus
 from dlts.repositories import vc_events
 from dlts.services import admin, policy
 from dlts.services.auth import Principal, forget_principals
-from dlts.services.transaction import rowcount, transactional
+from dlts.services.transaction import rowcount, transaction
 
 VC_ROLES = {"member": Role.VC_MEMBER, "admin": Role.VC_ADMIN}
 DIRECTORY = "directory"
@@ -85,15 +85,14 @@ def get(session: Session, principal: Principal, name: str) -> GroupView:
     return _views(session, [get_group(session, name)])[0]
 
 
-@transactional
 def create(session: Session, principal: Principal, name: str) -> GroupView:
-    policy.require_cluster_admin(principal, "create groups")
-    check_name(name)
-    if session.scalar(sa.select(Group.id).where(Group.name == name)) is not None:
-        raise WrongState(f"Group {name!r} already exists.", code="group_exists")
-    group = Group(name=name)
-    session.add(group)
-    session.commit()
+    with transaction(session):
+        policy.require_cluster_admin(principal, "create groups")
+        check_name(name)
+        if session.scalar(sa.select(Group.id).where(Group.name == name)) is not None:
+            raise WrongState(f"Group {name!r} already exists.", code="group_exists")
+        group = Group(name=name)
+        session.add(group)
     return _views(session, [group])[0]
 
 
@@ -103,18 +102,17 @@ def check_name(name: str) -> None:
                            "or '-' (at most 64).", details={"field": "name"})
 
 
-@transactional
 def delete(session: Session, principal: Principal, name: str) -> None:
     """The group and its bindings go; its users lose what they held only through it."""
-    policy.require_cluster_admin(principal, "delete groups")
-    group = get_group(session, name)
-    for vc in session.scalars(sa.select(VirtualCluster.name).join(RoleBinding, RoleBinding.vc_id == VirtualCluster.id)
-                              .where(RoleBinding.group_id == group.id).distinct()):
-        vc_events.record(session, vc, principal.name, "group", {"group": group.name}, None)
-    session.execute(sa.delete(RoleBinding).where(RoleBinding.group_id == group.id))
-    session.execute(sa.delete(GroupMember).where(GroupMember.group_id == group.id))
-    session.delete(group)
-    session.commit()
+    with transaction(session):
+        policy.require_cluster_admin(principal, "delete groups")
+        group = get_group(session, name)
+        for vc in session.scalars(sa.select(VirtualCluster.name).join(RoleBinding, RoleBinding.vc_id == VirtualCluster.id)
+                                  .where(RoleBinding.group_id == group.id).distinct()):
+            vc_events.record(session, vc, principal.name, "group", {"group": group.name}, None)
+        session.execute(sa.delete(RoleBinding).where(RoleBinding.group_id == group.id))
+        session.execute(sa.delete(GroupMember).where(GroupMember.group_id == group.id))
+        session.delete(group)
     forget_principals()
 
 
@@ -124,31 +122,30 @@ def _require_hand_managed(group: Group) -> None:
                          "`dlts directory sync` would undo a change made here).", code="group_from_directory")
 
 
-@transactional
 def add_user(session: Session, principal: Principal, name: str, user_name: str) -> tuple[GroupView, bool]:
-    policy.require_cluster_admin(principal, "change groups")
-    group = get_group(session, name)
-    user = admin.get_user(session, user_name)
-    _require_hand_managed(group)
-    exists = session.get(GroupMember, (group.id, user.id)) is not None
+    with transaction(session):
+        policy.require_cluster_admin(principal, "change groups")
+        group = get_group(session, name)
+        user = admin.get_user(session, user_name)
+        _require_hand_managed(group)
+        exists = session.get(GroupMember, (group.id, user.id)) is not None
+        if not exists:
+            session.add(GroupMember(group_id=group.id, user_id=user.id))
     if not exists:
-        session.add(GroupMember(group_id=group.id, user_id=user.id))
-        session.commit()
         forget_principals()
     return _views(session, [group])[0], not exists
 
 
-@transactional
 def remove_user(session: Session, principal: Principal, name: str, user_name: str) -> GroupView:
-    policy.require_cluster_admin(principal, "change groups")
-    group = get_group(session, name)
-    user = admin.get_user(session, user_name)
-    _require_hand_managed(group)
-    row = session.get(GroupMember, (group.id, user.id))
-    if row is None:
-        raise NotFound(f"{user.name} is not in group {group.name}.", code="not_in_group")
-    session.delete(row)
-    session.commit()
+    with transaction(session):
+        policy.require_cluster_admin(principal, "change groups")
+        group = get_group(session, name)
+        user = admin.get_user(session, user_name)
+        _require_hand_managed(group)
+        row = session.get(GroupMember, (group.id, user.id))
+        if row is None:
+            raise NotFound(f"{user.name} is not in group {group.name}.", code="not_in_group")
+        session.delete(row)
     forget_principals()
     return _views(session, [group])[0]
 
@@ -181,27 +178,25 @@ def unbind(session: Session, group: Group, vc: VirtualCluster, actor: str) -> bo
     return bool(n)
 
 
-@transactional
 def put_vc_role(session: Session, principal: Principal, name: str, vc_name: str, role: str) -> tuple[GroupView, bool]:
-    policy.require_cluster_admin(principal, "bind groups to VC roles")
-    if role not in VC_ROLES:
-        raise InvalidInput("role must be member or admin.", details={"field": "role"})
-    group = get_group(session, name)
-    vc = admin.get_vc(session, vc_name)
-    changed = bind(session, group, vc, role, principal.name)
-    session.commit()
+    with transaction(session):
+        policy.require_cluster_admin(principal, "bind groups to VC roles")
+        if role not in VC_ROLES:
+            raise InvalidInput("role must be member or admin.", details={"field": "role"})
+        group = get_group(session, name)
+        vc = admin.get_vc(session, vc_name)
+        changed = bind(session, group, vc, role, principal.name)
     if changed:
         forget_principals()
     return _views(session, [group])[0], changed
 
 
-@transactional
 def delete_vc_role(session: Session, principal: Principal, name: str, vc_name: str) -> GroupView:
-    policy.require_cluster_admin(principal, "bind groups to VC roles")
-    group = get_group(session, name)
-    vc = admin.get_vc(session, vc_name)
-    if not unbind(session, group, vc, principal.name):
-        raise NotFound(f"Group {group.name} holds no role on VC {vc.name}.", code="binding_not_found")
-    session.commit()
+    with transaction(session):
+        policy.require_cluster_admin(principal, "bind groups to VC roles")
+        group = get_group(session, name)
+        vc = admin.get_vc(session, vc_name)
+        if not unbind(session, group, vc, principal.name):
+            raise NotFound(f"Group {group.name} holds no role on VC {vc.name}.", code="binding_not_found")
     forget_principals()
     return _views(session, [group])[0]

@@ -39,13 +39,14 @@ from dlts.models import (
     JobFavourite,
     JobInsight,
     JobTag,
+    JobType,
     utcnow,
 )
 from dlts.repositories import jobs as job_repo
 from dlts.services import jobs as job_service
 from dlts.services import policy
 from dlts.services.auth import Principal
-from dlts.services.transaction import rowcount, transactional
+from dlts.services.transaction import discard, rowcount, transaction, transactional
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +75,7 @@ def request_hash(req: job_service.JobRequest) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+@transactional
 def _replay(session: Session, settings: Settings, principal: Principal, key: str, body_hash: str) -> Job | None:
     """The job an earlier request with ``key`` made; None when there was none (or it has expired)."""
     row = session.scalar(sa.select(IdempotencyKey).where(IdempotencyKey.user_id == principal.user_id,
@@ -83,22 +85,23 @@ def _replay(session: Session, settings: Settings, principal: Principal, key: str
     if row.created_at < utcnow() - dt.timedelta(hours=settings.idempotency_key_ttl_h):
         # expired but not purged yet: it no longer stands for its job
         session.execute(sa.delete(IdempotencyKey).where(IdempotencyKey.id == row.id))
-        session.commit()
         return None
     if row.body_hash != body_hash:
         job_id = row.job_id
-        session.rollback()
         raise Refused(f"This {HEADER} was already used for another request (job {job_id}); a retry must send the "
                       "same body. Use a new key for a new job.", code="idempotency_key_reused",
                       details={"field": HEADER, "header": HEADER, "job_id": job_id})
     return session.get(Job, row.job_id)
 
 
-@transactional
 def submit(session: Session, settings: Settings, principal: Principal, req: job_service.JobRequest,
            key: str | None) -> tuple[Job, bool]:
     """(job, replayed): without a key a plain ``jobs.submit``; with one, the job an earlier request
-    with this key and body made (replayed), or a new job stored with the key."""
+    with this key and body made (replayed), or a new job stored with the key.
+
+    Three transactions, one after the other (not one around them): the look-up of the key (which
+    deletes an expired one), the submission, and after a submission that lost the key to a parallel
+    request (its transaction rolled back) the look-up again."""
     if key is None:
         return job_service.submit(session, settings, principal, req), False
     check_key(key)
@@ -109,7 +112,6 @@ def submit(session: Session, settings: Settings, principal: Principal, req: job_
     try:
         return job_service.submit(session, settings, principal, req, idempotency=(key, body_hash)), False
     except IntegrityError:
-        session.rollback()
         found = _replay(session, settings, principal, key, body_hash)  # a parallel request with the key won
         if found is None:
             raise
@@ -157,7 +159,6 @@ def set_tags(session: Session, principal: Principal, job_id: int, tags: object) 
         said = "; ".join(part for part in (f"added {', '.join(added)}" if added else "",
                                            f"removed {', '.join(removed)}" if removed else "") if part)
         job_repo.add_event(session, job.id, EventKind.CHANGE, reason="tags", message=f"tags: {said}", actor=principal.name)
-    session.commit()
     return sorted(wanted)
 
 
@@ -171,13 +172,12 @@ def set_favourite(session: Session, principal: Principal, job_id: int, on: bool)
         if exists is None:
             session.add(JobFavourite(user_id=principal.user_id, job_id=job.id, created_at=utcnow()))
             try:
-                session.commit()
-            except IntegrityError:  # a parallel star of the same job by the same user
-                session.rollback()
+                session.flush()
+            except IntegrityError:  # a parallel star of the same job by the same user: theirs stands
+                discard(session)
     else:
         session.execute(sa.delete(JobFavourite).where(JobFavourite.user_id == principal.user_id,
                                                       JobFavourite.job_id == job.id))
-        session.commit()
     return on
 
 
@@ -193,30 +193,30 @@ def _require_owner_of_ended(principal: Principal, job: Job, action: str) -> None
                          "first, or wait for it to end.", code="job_not_ended", details={"status": job.status.value})
 
 
-@transactional
 def set_archived(session: Session, principal: Principal, job_id: int, archived: bool) -> Job:
     """Archive (hide from the default lists) or unarchive an ended job of yours; usage still counts it."""
-    job, _ = _load(session, principal, job_id)
-    _require_owner_of_ended(principal, job, "archive" if archived else "unarchive")
-    if (job.archived_at is not None) != archived:
-        job.archived_at = utcnow() if archived else None
-        job_repo.add_event(session, job.id, EventKind.CHANGE, reason="archived" if archived else "unarchived",
-                           message="archived: hidden from the default job lists" if archived else "unarchived",
-                           actor=principal.name)
-        session.commit()
+    with transaction(session):
+        job, _ = _load(session, principal, job_id)
+        _require_owner_of_ended(principal, job, "archive" if archived else "unarchive")
+        changed = (job.archived_at is not None) != archived
+        if changed:
+            job.archived_at = utcnow() if archived else None
+            job_repo.add_event(session, job.id, EventKind.CHANGE, reason="archived" if archived else "unarchived",
+                               message="archived: hidden from the default job lists" if archived else "unarchived",
+                               actor=principal.name)
+    if changed:
         session.refresh(job)
     return job
 
 
-@transactional
 def delete(session: Session, settings: Settings, principal: Principal, job_id: int) -> None:
     """Delete an ended job of yours: its row, events, attempts, endpoints, tags, favourites, idempotency
     keys and log files. The accounting rollup (usage_totals, usage_job_days) keeps its GPU time: usage
     reports still count it (without the job's name)."""
-    job, _ = _load(session, principal, job_id)
-    _require_owner_of_ended(principal, job, "delete")
-    delete_jobs(session, [job.id])
-    session.commit()
+    with transaction(session):
+        job, _ = _load(session, principal, job_id)
+        _require_owner_of_ended(principal, job, "delete")
+        delete_jobs(session, [job.id])
     remove_logs(settings.effective_log_dir, [job_id])
 
 
@@ -266,7 +266,7 @@ def submit_spec(job: Job, tags: list[str]) -> dict[str, Any]:
     for key in ("ib_domain", "ephemeral_storage_bytes"):
         if spec.get(key) is not None:
             body[key] = spec[key]
-    if job.type == "inference":
+    if job.type == JobType.INFERENCE:
         body["min_replicas"], body["max_replicas"] = spec.get("min_replicas", 0), spec.get("max_replicas", 0)
     return body
 

@@ -76,7 +76,6 @@ def save_template(session: Session, principal: Principal, name: str, spec: Mappi
     else:
         template = JobTemplate(user_id=principal.user_id, vc_id=vc_id, name=name, spec=clean)
         session.add(template)
-    session.commit()
     return template
 
 
@@ -88,5 +87,4 @@ def delete_template(session: Session, principal: Principal, template_id: int) ->
         if vc_name is None or not principal.is_vc_admin(vc_name):
             raise Forbidden(f"Only the template's author or an admin of VC {vc_name} may delete it.")
     session.delete(template)
-    session.commit()
 

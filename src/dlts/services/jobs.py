@@ -46,7 +46,7 @@ from dlts.scheduler.model import CPU_SKU, SkuShape
 from dlts.services import endpoints as endpoint_service
 from dlts.services import policy
 from dlts.services.auth import Principal
-from dlts.services.transaction import commit_keeping_loaded, rowcount, transactional
+from dlts.services.transaction import rowcount, transaction, transactional
 
 log = logging.getLogger(__name__)
 LOG_DOWNLOAD_CHUNK = 256 * 1024
@@ -154,7 +154,7 @@ def _choose_sku(req: JobRequest, quota: Mapping[str, int], shapes: Mapping[str, 
             raise InvalidInput(f"SKU {req.sku!r} does not exist in this cluster; known SKUs: {known}.",
                                code="unknown_sku", details={"field": "sku"})
         return req.sku
-    if req.gpus == 0 and req.type != "distributed":
+    if req.gpus == 0 and req.type != JobType.DISTRIBUTED:
         return CPU_SKU
     in_quota = [s for s in gpu_skus if quota.get(s, 0) > 0]
     candidates = in_quota or gpu_skus
@@ -170,7 +170,7 @@ def _choose_sku(req: JobRequest, quota: Mapping[str, int], shapes: Mapping[str, 
 def _resources(req: JobRequest, sku: str, shape: SkuShape | None, settings: Settings) -> tuple[int, float, int]:
     """GPUs (per node for distributed jobs), cores and bytes, with SCHEDULING.md's defaults."""
     gpus = req.gpus
-    if req.type == "distributed":
+    if req.type == JobType.DISTRIBUTED:
         if req.nodes < 1:
             raise InvalidInput("A distributed job needs nodes >= 1 (whole nodes).", code="nodes_required", details={"field": "nodes"})
         if shape is None or shape.gpus == 0:
@@ -250,7 +250,7 @@ def _over_quota(session: Session, vc: VirtualCluster, req: JobRequest, sku: str,
     fit = [r for r in rows if r.gpus >= gpus and r.cpu >= cpu and r.memory_bytes >= memory]
     message = f"VC {vc.name} has {quota} {sku} GPUs; this job asks {total_gpus}. Ask for at most {quota}"
     details: dict[str, Any] = {"field": "gpus", "quota": quota, "asked": total_gpus, "sku": sku}
-    if req.type == "distributed":
+    if req.type == JobType.DISTRIBUTED:
         per_domain: dict[str, int] = {}
         for r in fit:
             per_domain[r.ib_domain] = per_domain.get(r.ib_domain, 0) + 1
@@ -335,7 +335,7 @@ def _check_abuse_limits(session: Session, settings: Settings, vc: VirtualCluster
                       details={"queued": int(waiting), "max": max_queued, "vc": vc.name})
 
 
-@transactional
+@transactional(keep_loaded=True)  # every column is set here: the job is not read again, unless set_status changed it
 def submit(session: Session, settings: Settings, principal: Principal, req: JobRequest,
            idempotency: tuple[str, str] | None = None) -> Job:
     """Validate, check the rules and write the job (queued, or unapproved over the user quota).
@@ -354,7 +354,7 @@ def submit(session: Session, settings: Settings, principal: Principal, req: JobR
     _check_identity_asks(req, vc, settings)
     # A CPU-only job that names no SKU takes the configured defaults: the node shapes (a query
     # over the nodes) are read only when a SKU must be chosen, checked or sized.
-    needs_shapes = bool(req.sku) or req.gpus > 0 or req.type == "distributed"
+    needs_shapes = bool(req.sku) or req.gpus > 0 or req.type == JobType.DISTRIBUTED
     shapes = sku_shapes(session) if needs_shapes else {}
     sku = _choose_sku(req, vc.quota or {}, shapes)
     gpus, cpu, memory = _resources(req, sku, shapes.get(sku), settings)
@@ -362,7 +362,7 @@ def submit(session: Session, settings: Settings, principal: Principal, req: JobR
     quota = int((vc.quota or {}).get(sku, 0))
     if sku != CPU_SKU and not req.preemptible and total_gpus > quota:
         raise _over_quota(session, vc, req, sku, gpus, cpu, memory, quota, total_gpus)
-    if req.type == "interactive" and vc.max_interactive_gpus is not None and total_gpus > vc.max_interactive_gpus:
+    if req.type == JobType.INTERACTIVE and vc.max_interactive_gpus is not None and total_gpus > vc.max_interactive_gpus:
         raise Refused(f"VC {vc.name} allows at most {vc.max_interactive_gpus} GPUs for interactive jobs; this job asks {total_gpus}.",
                       code="interactive_cap_exceeded", details={"field": "gpus", "max": vc.max_interactive_gpus})
     spec = {"env": dict(req.env), "ports": list(req.ports), "ssh": req.ssh}
@@ -372,7 +372,7 @@ def submit(session: Session, settings: Settings, principal: Principal, req: JobR
         spec["ephemeral_storage_bytes"] = req.ephemeral_storage_bytes
     if req.run_as_root:
         spec["run_as_root"] = True
-    if req.type == "inference":
+    if req.type == JobType.INFERENCE:
         spec["min_replicas"], spec["max_replicas"] = req.min_replicas, max(req.max_replicas, req.min_replicas)
     now = utcnow()
     _check_abuse_limits(session, settings, vc, user, now)
@@ -400,9 +400,8 @@ def submit(session: Session, settings: Settings, principal: Principal, req: JobR
     if why:
         job_repo.set_status(session, job.id, S.QUEUED, S.UNAPPROVED, actor="policy", reason="user_quota", message=why,
                             values={"reason": "user_quota", "reason_detail": why[:512]})
-        session.commit()  # the status changed in SQL: the job is read again
-    else:
-        commit_keeping_loaded(session)  # every column was set here: no re-read
+        session.flush()
+        session.expire(job)  # the status changed in SQL: the job is read again (after the commit)
     return job
 
 
@@ -564,7 +563,7 @@ def owner_lacks_ssh_key(session: Session, principal: Principal, job: Job, endpoi
     """Whether to tell the owner that nobody could log in by ssh: they have no key, and the job can
     still open an endpoint or has an ssh one."""
     can_open = job.status not in TERMINAL and job.status is not S.KILLING
-    return (job.user_id == principal.user_id and (can_open or any(e.kind == "ssh" for e in endpoints))
+    return (job.user_id == principal.user_id and (can_open or any(e.kind == EndpointKind.SSH for e in endpoints))
             and not job_repo.has_ssh_key(session, principal.user_id))
 
 
@@ -605,84 +604,79 @@ def _cas(session: Session, job: Job, target: JobStatus, actor: str, reason: str,
          message: str | None = None) -> None:
     if not job_repo.set_status(session, job.id, job.status, target, actor=actor, reason=reason, values=values,
                                message=message[:1024] if message else None):
-        session.rollback()
         raise WrongState(f"Job {job.id} changed state while you acted on it; reload and try again.", code="concurrent_change")
 
 
-@transactional
 def kill(session: Session, principal: Principal, job_id: int, *, reason: str = EndReason.KILLED_BY_USER,
          detail: str | None = None) -> Job:
     """``reason``/``detail``: why, for a kill that is not a person's (the idle-job policy: ``idle_gpus``)."""
-    job = _load_for_change(session, principal, job_id, "kill")
-    if job.status is S.KILLING:
-        return job  # already on its way out: asking twice is not an error
-    detail = (detail or f"killed by {principal.name}")[:512]
-    message = detail if reason != EndReason.KILLED_BY_USER else None
-    if job.status in (S.UNAPPROVED, S.QUEUED, S.PAUSED):
-        _cas(session, job, S.KILLED, principal.name, reason,
-             {"finished_at": utcnow(), "reason": reason, "reason_detail": detail, "queue_position": None,
-              "estimated_start": None}, message)
-    elif job.status in (S.SCHEDULING, S.RUNNING, S.PAUSING):
-        _cas(session, job, S.KILLING, principal.name, reason, {"reason": reason, "reason_detail": detail}, message)
-    else:
-        raise WrongState(f"Job {job.id} is {job.status.value}; only jobs that have not ended can be killed.",
-                         code="job_already_ended", details={"status": job.status.value})
-    session.commit()
+    with transaction(session):
+        job = _load_for_change(session, principal, job_id, "kill")
+        if job.status is S.KILLING:
+            return job  # already on its way out: asking twice is not an error
+        detail = (detail or f"killed by {principal.name}")[:512]
+        message = detail if reason != EndReason.KILLED_BY_USER else None
+        if job.status in (S.UNAPPROVED, S.QUEUED, S.PAUSED):
+            _cas(session, job, S.KILLED, principal.name, reason,
+                 {"finished_at": utcnow(), "reason": reason, "reason_detail": detail, "queue_position": None,
+                  "estimated_start": None}, message)
+        elif job.status in (S.SCHEDULING, S.RUNNING, S.PAUSING):
+            _cas(session, job, S.KILLING, principal.name, reason, {"reason": reason, "reason_detail": detail}, message)
+        else:
+            raise WrongState(f"Job {job.id} is {job.status.value}; only jobs that have not ended can be killed.",
+                             code="job_already_ended", details={"status": job.status.value})
     session.refresh(job)
     return job
 
 
-@transactional
-def pause(session: Session, principal: Principal, job_id: int, *, reason: str = "paused_by_user",
+def pause(session: Session, principal: Principal, job_id: int, *, reason: str = EndReason.PAUSED_BY_USER,
           detail: str | None = None) -> Job:
     """``reason``/``detail``: why, for a pause that is not a person's (the idle-job policy: ``idle_gpus``,
     which the paused job keeps as its reason)."""
-    job = _load_for_change(session, principal, job_id, "pause")
-    by_user = reason == "paused_by_user"
-    if job.status in (S.UNAPPROVED, S.QUEUED):
-        _cas(session, job, S.PAUSED, principal.name, reason,
-             {"reason": "paused" if by_user else reason, "reason_detail": None if by_user else (detail or "")[:512] or None,
-              "queue_position": None, "estimated_start": None}, None if by_user else detail)
-    elif job.status in (S.SCHEDULING, S.RUNNING):
-        _cas(session, job, S.PAUSING, principal.name, reason,
-             None if by_user else {"reason": reason, "reason_detail": (detail or "")[:512] or None}, None if by_user else detail)
-    elif job.status in (S.PAUSING, S.PAUSED):
-        return job
-    else:
-        raise WrongState(f"Job {job.id} is {job.status.value}; only waiting or running jobs can be paused.",
-                         code="wrong_state", details={"status": job.status.value})
-    session.commit()
+    with transaction(session):
+        job = _load_for_change(session, principal, job_id, "pause")
+        by_user = reason == EndReason.PAUSED_BY_USER
+        if job.status in (S.UNAPPROVED, S.QUEUED):
+            _cas(session, job, S.PAUSED, principal.name, reason,
+                 {"reason": "paused" if by_user else reason, "reason_detail": None if by_user else (detail or "")[:512] or None,
+                  "queue_position": None, "estimated_start": None}, None if by_user else detail)
+        elif job.status in (S.SCHEDULING, S.RUNNING):
+            _cas(session, job, S.PAUSING, principal.name, reason,
+                 None if by_user else {"reason": reason, "reason_detail": (detail or "")[:512] or None}, None if by_user else detail)
+        elif job.status in (S.PAUSING, S.PAUSED):
+            return job
+        else:
+            raise WrongState(f"Job {job.id} is {job.status.value}; only waiting or running jobs can be paused.",
+                             code="wrong_state", details={"status": job.status.value})
     session.refresh(job)
     return job
 
 
-@transactional
 def resume(session: Session, principal: Principal, job_id: int) -> Job:
     """A resumed job re-enters approval: over the user quota it waits for a VC admin again."""
-    job = _load_for_change(session, principal, job_id, "resume")
-    if job.status is not S.PAUSED:
-        raise WrongState(f"Job {job.id} is {job.status.value}; only paused jobs can be resumed.",
-                         code="wrong_state", details={"status": job.status.value})
-    why = _needs_approval(session, job, job.vc.user_gpu_quota)
-    if why:
-        _cas(session, job, S.UNAPPROVED, principal.name, "user_quota", {"reason": "user_quota", "reason_detail": why[:512]})
-    else:
-        _cas(session, job, S.QUEUED, principal.name, "resumed", {"reason": None, "reason_detail": None})
-    session.commit()
+    with transaction(session):
+        job = _load_for_change(session, principal, job_id, "resume")
+        if job.status is not S.PAUSED:
+            raise WrongState(f"Job {job.id} is {job.status.value}; only paused jobs can be resumed.",
+                             code="wrong_state", details={"status": job.status.value})
+        why = _needs_approval(session, job, job.vc.user_gpu_quota)
+        if why:
+            _cas(session, job, S.UNAPPROVED, principal.name, "user_quota", {"reason": "user_quota", "reason_detail": why[:512]})
+        else:
+            _cas(session, job, S.QUEUED, principal.name, "resumed", {"reason": None, "reason_detail": None})
     session.refresh(job)
     return job
 
 
-@transactional
 def approve(session: Session, principal: Principal, job_id: int) -> Job:
-    job = _load_for_change(session, principal, job_id, "approve")
-    if job.status is not S.UNAPPROVED:
-        raise WrongState(f"Job {job.id} is {job.status.value}; only unapproved jobs can be approved.",
-                         code="wrong_state", details={"status": job.status.value})
-    # the scheduler no longer holds this job to the user quota (it reads jobs.approved_by)
-    _cas(session, job, S.QUEUED, principal.name, "approved",
-         {"reason": None, "reason_detail": f"approved by {principal.name}", "approved_by": principal.name[:64]})
-    session.commit()
+    with transaction(session):
+        job = _load_for_change(session, principal, job_id, "approve")
+        if job.status is not S.UNAPPROVED:
+            raise WrongState(f"Job {job.id} is {job.status.value}; only unapproved jobs can be approved.",
+                             code="wrong_state", details={"status": job.status.value})
+        # the scheduler no longer holds this job to the user quota (it reads jobs.approved_by)
+        _cas(session, job, S.QUEUED, principal.name, "approved",
+             {"reason": None, "reason_detail": f"approved by {principal.name}", "approved_by": principal.name[:64]})
     session.refresh(job)
     return job
 
@@ -785,48 +779,47 @@ def time_left_s(job: Job, vc_limit_s: int | None, now: dt.datetime | None = None
 
 # -- change, batch, history ---------------------------------------------------------------------
 
-@transactional
 def patch(session: Session, principal: Principal, job_id: int, changes: Mapping[str, int | bool | None]) -> Job:
     """Change ``priority`` and/or ``max_time_s`` (the scheduler reads them at its next tick), and
     ``idle_exempt`` (VC admins and cluster admins: the VC's idle-job policy leaves the job alone)."""
-    job = session.get(Job, job_id)
-    policy.require_visible(principal, job, job_id)
-    assert job is not None
-    if not changes:
-        raise InvalidInput("Send priority, max_time_s and/or idle_exempt.", details={"field": "body"})
-    unknown = sorted(set(changes) - {"priority", "max_time_s", "idle_exempt"})
-    if unknown:
-        raise InvalidInput(f"unknown job setting {unknown[0][:40]!r}; settable: priority, max_time_s, idle_exempt.",
-                           details={"field": unknown[0][:40]})
-    policy.check_patch(principal, job, changes.get("priority"), changes.get("max_time_s"))
-    if "idle_exempt" in changes:
-        policy.require_idle_exempt(principal, job)
-        if not isinstance(changes["idle_exempt"], bool):
-            raise InvalidInput("idle_exempt must be true or false.", details={"field": "idle_exempt"})
-    if job.status in TERMINAL:
-        raise WrongState(f"Job {job.id} is {job.status.value}; an ended job cannot be changed.",
-                         code="job_already_ended", details={"status": job.status.value})
-    said = []
-    values: dict[str, Any] = {}
-    for key in ("priority", "max_time_s"):
-        if key in changes and getattr(job, key) != changes[key]:
-            said.append(f"{key} {getattr(job, key)} -> {changes[key]}")
-            values[key] = changes[key]
-    if "idle_exempt" in changes and bool((job.spec or {}).get("idle_exempt")) != changes["idle_exempt"]:
-        spec = {k: v for k, v in (job.spec or {}).items() if k not in ("idle_exempt", "idle_exempt_by")}
-        if changes["idle_exempt"]:
-            spec |= {"idle_exempt": True, "idle_exempt_by": principal.name}
-        said.append(f"idle_exempt {not changes['idle_exempt']} -> {changes['idle_exempt']}")
-        values["spec"] = spec
+    with transaction(session):
+        job = session.get(Job, job_id)
+        policy.require_visible(principal, job, job_id)
+        assert job is not None
+        if not changes:
+            raise InvalidInput("Send priority, max_time_s and/or idle_exempt.", details={"field": "body"})
+        unknown = sorted(set(changes) - {"priority", "max_time_s", "idle_exempt"})
+        if unknown:
+            raise InvalidInput(f"unknown job setting {unknown[0][:40]!r}; settable: priority, max_time_s, idle_exempt.",
+                               details={"field": unknown[0][:40]})
+        policy.check_patch(principal, job, changes.get("priority"), changes.get("max_time_s"))
+        if "idle_exempt" in changes:
+            policy.require_idle_exempt(principal, job)
+            if not isinstance(changes["idle_exempt"], bool):
+                raise InvalidInput("idle_exempt must be true or false.", details={"field": "idle_exempt"})
+        if job.status in TERMINAL:
+            raise WrongState(f"Job {job.id} is {job.status.value}; an ended job cannot be changed.",
+                             code="job_already_ended", details={"status": job.status.value})
+        said = []
+        values: dict[str, Any] = {}
+        for key in ("priority", "max_time_s"):
+            if key in changes and getattr(job, key) != changes[key]:
+                said.append(f"{key} {getattr(job, key)} -> {changes[key]}")
+                values[key] = changes[key]
+        if "idle_exempt" in changes and bool((job.spec or {}).get("idle_exempt")) != changes["idle_exempt"]:
+            spec = {k: v for k, v in (job.spec or {}).items() if k not in ("idle_exempt", "idle_exempt_by")}
+            if changes["idle_exempt"]:
+                spec |= {"idle_exempt": True, "idle_exempt_by": principal.name}
+            said.append(f"idle_exempt {not changes['idle_exempt']} -> {changes['idle_exempt']}")
+            values["spec"] = spec
+        if values:
+            # guarded on the status we read, so a job that ended meanwhile is not changed
+            result = session.execute(sa.update(Job).where(Job.id == job.id, Job.status == job.status)
+                                     .values(updated_at=utcnow(), **values).execution_options(synchronize_session=False))
+            if rowcount(result) != 1:
+                raise WrongState(f"Job {job.id} changed state while you acted on it; reload and try again.", code="concurrent_change")
+            job_repo.add_event(session, job.id, EventKind.CHANGE, reason="patched", message="; ".join(said), actor=principal.name)
     if values:
-        # guarded on the status we read, so a job that ended meanwhile is not changed
-        result = session.execute(sa.update(Job).where(Job.id == job.id, Job.status == job.status)
-                                 .values(updated_at=utcnow(), **values).execution_options(synchronize_session=False))
-        if rowcount(result) != 1:
-            session.rollback()
-            raise WrongState(f"Job {job.id} changed state while you acted on it; reload and try again.", code="concurrent_change")
-        job_repo.add_event(session, job.id, EventKind.CHANGE, reason="patched", message="; ".join(said), actor=principal.name)
-        session.commit()
         session.refresh(job)
     return job
 
@@ -859,8 +852,7 @@ def batch(session: Session, principal: Principal, action: str, ids: list[int]) -
         try:
             job = BATCH_ACTIONS[action](session, principal, job_id)
             results.append(BatchResult(job_id, True, 202, job.status.value))
-        except DltsError as exc:
-            session.rollback()
+        except DltsError as exc:  # its transaction rolled back
             results.append(BatchResult(job_id, False, exc.http_status, None, exc.code, exc.message))
     return results
 

@@ -26,7 +26,7 @@ from dlts.repositories import jobs as job_repo
 from dlts.repositories import vc_events
 from dlts.services import admin, policy
 from dlts.services.auth import Principal, forget_principals
-from dlts.services.transaction import transactional
+from dlts.services.transaction import transaction
 
 ROLES = {"member": (Role.VC_MEMBER,), "admin": (Role.VC_MEMBER, Role.VC_ADMIN)}
 QUEUED_CHOICES = ("keep", "kill")
@@ -104,28 +104,27 @@ def member_view(session: Session, principal: Principal, vc_name: str, user_name:
     return next((m for m in list_members(session, principal, vc_name) if m.user == user_name), None)
 
 
-@transactional
 def put_member(session: Session, principal: Principal, vc_name: str, user_name: str, role: str) -> tuple[MemberView, bool]:
     """Make ``user_name`` a ``member`` or an ``admin`` of the VC (their direct binding); idempotent.
     Returns the member and whether anything changed."""
-    policy.require_vc_visible(principal, vc_name)
-    _require_vc_admin(principal, vc_name, "add or change its members")
-    if role not in ROLES:
-        raise InvalidInput("role must be member or admin.", details={"field": "role"})
-    vc = admin.get_vc(session, vc_name)
-    user = admin.get_user(session, user_name)
-    current = identity_repo.direct_vc_roles(session, user.id, vc.id)
-    wanted = set(ROLES[role])
-    for extra in current - wanted:
-        session.execute(sa.delete(RoleBinding).where(RoleBinding.user_id == user.id, RoleBinding.vc_id == vc.id,
-                                                     RoleBinding.role == extra))
-    for missing in wanted - current:
-        session.add(RoleBinding(role=missing, user_id=user.id, vc_id=vc.id))
-    changed = current != wanted
-    if changed:
-        vc_events.record(session, vc.name, principal.name, "member", {"user": user.name, "role": _role_name(current)},
-                         {"user": user.name, "role": role})
-    session.commit()
+    with transaction(session):
+        policy.require_vc_visible(principal, vc_name)
+        _require_vc_admin(principal, vc_name, "add or change its members")
+        if role not in ROLES:
+            raise InvalidInput("role must be member or admin.", details={"field": "role"})
+        vc = admin.get_vc(session, vc_name)
+        user = admin.get_user(session, user_name)
+        current = identity_repo.direct_vc_roles(session, user.id, vc.id)
+        wanted = set(ROLES[role])
+        for extra in current - wanted:
+            session.execute(sa.delete(RoleBinding).where(RoleBinding.user_id == user.id, RoleBinding.vc_id == vc.id,
+                                                         RoleBinding.role == extra))
+        for missing in wanted - current:
+            session.add(RoleBinding(role=missing, user_id=user.id, vc_id=vc.id))
+        changed = current != wanted
+        if changed:
+            vc_events.record(session, vc.name, principal.name, "member", {"user": user.name, "role": _role_name(current)},
+                             {"user": user.name, "role": role})
     if changed:
         forget_principals()
     view = member_view(session, principal, vc_name, user_name)
@@ -133,33 +132,32 @@ def put_member(session: Session, principal: Principal, vc_name: str, user_name: 
     return view, changed
 
 
-@transactional
 def remove_member(session: Session, principal: Principal, vc_name: str, user_name: str, queued: str) -> RemovalView:
     """Remove the user's direct membership (and VC admin role) of the VC; see the module's docstring."""
-    policy.require_vc_visible(principal, vc_name)
-    _require_vc_admin(principal, vc_name, "remove its members")
-    if queued not in QUEUED_CHOICES:
-        raise InvalidInput("queued must be keep or kill: what happens to the user's waiting jobs in the VC.",
-                           details={"field": "queued"})
-    vc = admin.get_vc(session, vc_name)
-    user = admin.get_user(session, user_name)
-    current = identity_repo.direct_vc_roles(session, user.id, vc.id)
-    if current:
-        session.execute(sa.delete(RoleBinding).where(RoleBinding.user_id == user.id, RoleBinding.vc_id == vc.id,
-                                                     RoleBinding.role.in_(list(identity_repo.VC_ROLES))))
-        vc_events.record(session, vc.name, principal.name, "member", {"user": user.name, "role": _role_name(current)},
-                         {"user": user.name, "role": None, "queued": queued})
-    via = sorted({g for g, _ in identity_repo.group_vc_roles(session, user.id, vc.id)})
-    waiting = identity_repo.live_job_ids(session, user.id, vc.id, REMOVABLE_WAITING)
-    running = identity_repo.live_job_ids(session, user.id, vc.id, ACTIVE)
-    killed: list[int] = []
-    if queued == "kill" and not via:
-        for job in identity_repo.waiting_jobs(session, user.id, vc.id, REMOVABLE_WAITING):
-            detail = f"killed by {principal.name}: {user.name} was removed from VC {vc.name}"
-            if job_repo.set_status(session, job.id, job.status, JobStatus.KILLED, actor=principal.name,
-                                   reason="member_removed", values={"finished_at": utcnow(), "reason": "member_removed",
-                                                                   "reason_detail": detail[:512], "queue_position": None}):
-                killed.append(job.id)
-    session.commit()
+    with transaction(session):
+        policy.require_vc_visible(principal, vc_name)
+        _require_vc_admin(principal, vc_name, "remove its members")
+        if queued not in QUEUED_CHOICES:
+            raise InvalidInput("queued must be keep or kill: what happens to the user's waiting jobs in the VC.",
+                               details={"field": "queued"})
+        vc = admin.get_vc(session, vc_name)
+        user = admin.get_user(session, user_name)
+        current = identity_repo.direct_vc_roles(session, user.id, vc.id)
+        if current:
+            session.execute(sa.delete(RoleBinding).where(RoleBinding.user_id == user.id, RoleBinding.vc_id == vc.id,
+                                                         RoleBinding.role.in_(list(identity_repo.VC_ROLES))))
+            vc_events.record(session, vc.name, principal.name, "member", {"user": user.name, "role": _role_name(current)},
+                             {"user": user.name, "role": None, "queued": queued})
+        via = sorted({g for g, _ in identity_repo.group_vc_roles(session, user.id, vc.id)})
+        waiting = identity_repo.live_job_ids(session, user.id, vc.id, REMOVABLE_WAITING)
+        running = identity_repo.live_job_ids(session, user.id, vc.id, ACTIVE)
+        killed: list[int] = []
+        if queued == "kill" and not via:
+            for job in identity_repo.waiting_jobs(session, user.id, vc.id, REMOVABLE_WAITING):
+                detail = f"killed by {principal.name}: {user.name} was removed from VC {vc.name}"
+                if job_repo.set_status(session, job.id, job.status, JobStatus.KILLED, actor=principal.name,
+                                       reason="member_removed", values={"finished_at": utcnow(), "reason": "member_removed",
+                                                                       "reason_detail": detail[:512], "queue_position": None}):
+                    killed.append(job.id)
     forget_principals()
     return RemovalView(vc.name, user.name, bool(current), via, queued, waiting, killed, running)

@@ -28,13 +28,13 @@ from sqlalchemy.orm import Session
 
 from dlts.config import Settings
 from dlts.errors import Forbidden, InvalidInput, NotFound, Unauthenticated, WrongState
-from dlts.models import Node, NodeEvent, NodeFinding, NodeOrder, RepairCycle, iso, utcnow
+from dlts.models import Node, NodeEvent, NodeEventKind, NodeFinding, NodeOrder, RepairCycle, iso, utcnow
 from dlts.repair.machine import OPEN_ORDER, OrderStatus
 from dlts.repositories import repair as repair_repo
 from dlts.repositories import usage as usage_repo
 from dlts.services import accounting, allowlist, policy
 from dlts.services.auth import Principal, hash_token
-from dlts.services.transaction import transactional
+from dlts.services.transaction import transaction, transactional
 from dlts.strict import is_whole_number
 
 NODE_TOKEN_PREFIX = "dltsn_"
@@ -211,55 +211,52 @@ def get_node(session: Session, principal: Principal, name: str) -> NodeView:
                  repair_repo.open_cycle(session, node.id))
 
 
-@transactional
 def cordon(session: Session, principal: Principal, name: str) -> NodeView:
     """No new work on the node; running jobs stay. Idempotent. Independent of repairs: the repair
     loop never lifts a cordon a person set."""
-    policy.require_cluster_admin(principal, "cordon a node")
-    node = _node(session, name)
-    if node.cordoned_by is None:
-        node.cordoned_by = principal.name
-        repair_repo.add_event(session, node.id, "cordon", actor=principal.name, reason="cordoned",
-                              message=f"cordoned by {principal.name}")
-        session.commit()
+    with transaction(session):
+        policy.require_cluster_admin(principal, "cordon a node")
+        node = _node(session, name)
+        if node.cordoned_by is None:
+            node.cordoned_by = principal.name
+            repair_repo.add_event(session, node.id, NodeEventKind.CORDON, actor=principal.name, reason="cordoned",
+                                  message=f"cordoned by {principal.name}")
     return get_node(session, principal, name)
 
 
-@transactional
 def uncordon(session: Session, principal: Principal, name: str) -> NodeView:
     """Lift a cluster admin's cordon. A node in repair stays in repair (``dlts node return`` for a
     node that needs a human)."""
-    policy.require_cluster_admin(principal, "uncordon a node")
-    node = _node(session, name)
-    if node.cordoned_by is not None:
-        repair_repo.add_event(session, node.id, "cordon", actor=principal.name, reason="uncordoned",
-                              message=f"uncordoned by {principal.name} (cordoned by {node.cordoned_by})")
-        node.cordoned_by = None
-        session.commit()
+    with transaction(session):
+        policy.require_cluster_admin(principal, "uncordon a node")
+        node = _node(session, name)
+        if node.cordoned_by is not None:
+            repair_repo.add_event(session, node.id, NodeEventKind.CORDON, actor=principal.name, reason="uncordoned",
+                                  message=f"uncordoned by {principal.name} (cordoned by {node.cordoned_by})")
+            node.cordoned_by = None
     return get_node(session, principal, name)
 
 
-@transactional
 def repair(session: Session, principal: Principal, name: str, action: str, target: str | None = None,
            dry_run: bool = False, reason: str = "") -> dict[str, Any]:
     """Order one action by hand; the agent receives it with its next report. It changes no state:
     to take a node through a whole repair (drain, remediate, validate), start a repair cycle
     (services/repair.py)."""
-    policy.require_cluster_admin(principal, "order a node repair")
-    if action not in REPAIR_ACTIONS:
-        raise InvalidInput(f"action must be one of {', '.join(REPAIR_ACTIONS)}.", details={"field": "action"})
-    if action in NEEDS_TARGET and not target:
-        raise InvalidInput(f"{action} needs target: {NEEDS_TARGET[action]}.", details={"field": "target"})
-    node = _node(session, name)
-    busy = session.scalar(sa.select(sa.func.count(NodeOrder.id)).where(
-        NodeOrder.node_id == node.id, NodeOrder.status.in_(OPEN_ORDER), NodeOrder.dry_run.is_(False)))
-    if busy and not dry_run:
-        raise WrongState(f"Node {name} already has {busy} repair order(s) in flight; wait for the agent's result.",
-                         code="repair_in_progress")
-    order = NodeOrder(node_id=node.id, action=action, target=target or None, dry_run=dry_run, status=OrderStatus.PENDING,
-                      result={"reason": reason[:500]} if reason else {}, created_by=principal.name)
-    session.add(order)
-    session.commit()
+    with transaction(session):
+        policy.require_cluster_admin(principal, "order a node repair")
+        if action not in REPAIR_ACTIONS:
+            raise InvalidInput(f"action must be one of {', '.join(REPAIR_ACTIONS)}.", details={"field": "action"})
+        if action in NEEDS_TARGET and not target:
+            raise InvalidInput(f"{action} needs target: {NEEDS_TARGET[action]}.", details={"field": "target"})
+        node = _node(session, name)
+        busy = session.scalar(sa.select(sa.func.count(NodeOrder.id)).where(
+            NodeOrder.node_id == node.id, NodeOrder.status.in_(OPEN_ORDER), NodeOrder.dry_run.is_(False)))
+        if busy and not dry_run:
+            raise WrongState(f"Node {name} already has {busy} repair order(s) in flight; wait for the agent's result.",
+                             code="repair_in_progress")
+        order = NodeOrder(node_id=node.id, action=action, target=target or None, dry_run=dry_run, status=OrderStatus.PENDING,
+                          result={"reason": reason[:500]} if reason else {}, created_by=principal.name)
+        session.add(order)
     return _order_json(order) | {"status": order.status, "node": node.name}
 
 
@@ -274,7 +271,6 @@ def issue_node_token(session: Session, name: str) -> str:
     node = _node(session, name)
     token = NODE_TOKEN_PREFIX + secrets.token_urlsafe(32)
     node.agent_token_hash = hash_token(token)
-    session.commit()
     return token
 
 
@@ -290,7 +286,6 @@ def register_node_token(session: Session, name: str, token: str) -> bool:
     if node.agent_token_hash is not None and hmac.compare_digest(node.agent_token_hash, digest):
         return False
     node.agent_token_hash = digest
-    session.commit()
     return True
 
 
@@ -310,55 +305,54 @@ def _health(findings: list[FindingIn]) -> str:
     return {0: "ok", 1: "warning", 2: "critical"}[worst]
 
 
-@transactional
 def record_report(session: Session, node: Node, report: Report, accept_fake: bool = False) -> list[dict[str, Any]]:
     """Store heartbeat, health, findings history and order results; return the orders to carry out.
     Findings read from a fake NVML are dropped unless the API runs as the demo (``accept_fake``),
     so a test agent pointed at a real cluster can never take a node out of service."""
-    if report.node != node.name:
-        raise InvalidInput(f"The report names node {report.node[:253]!r} but was posted for {node.name}.", details={"field": "node"})
-    if report.fake and not accept_fake:
-        report = replace(report, findings=[])
-    now = utcnow()
-    node.last_heartbeat_at = now
-    node.health = _health(report.findings)
-    node.metrics = {"agent_version": report.agent_version, "boot_id": report.boot_id, "heartbeat_at": report.heartbeat_at,
-                    "collectors": dict(report.collectors), **dict(report.metrics), **({"fake": True} if report.fake else {})}
-    # a lost node returns through validation: the repair manager sees this heartbeat
-    open_rows = {(f.code, f.device or ""): f for f in session.scalars(
-        sa.select(NodeFinding).where(NodeFinding.node_id == node.id, NodeFinding.cleared_at.is_(None)))}
-    seen = set()
-    for f in report.findings:
-        key = (f.code, f.device or "")
-        if key in seen:
-            continue
-        seen.add(key)
-        row = open_rows.get(key)
-        if row is None:
-            session.add(NodeFinding(node_id=node.id, code=f.code, severity=f.severity, device=f.device, evidence=dict(f.evidence),
-                                    action=f.action, first_seen_at=now, last_seen_at=now))
-        else:
-            row.last_seen_at, row.severity, row.evidence, row.action = now, f.severity, dict(f.evidence), f.action
-    for key, row in open_rows.items():
-        if key not in seen:
-            row.cleared_at = now  # gone from this report: the condition cleared
-    for result in report.order_results:
-        # ids are ours (decimal row ids); anything else ("²", a 20-digit number) is not an order of this API
-        order = session.get(NodeOrder, int(result.id)) if is_whole_number(result.id) else None
-        if order is None or order.node_id != node.id or order.status not in OPEN_ORDER:
-            continue  # unknown, another node's, or already recorded (results are re-sent until a 2xx)
-        order.status = RESULT_STATUS.get(result.status, OrderStatus.FAILED)
-        order.result = {**(order.result or {}), "agent": dict(result.raw)}
-        if order.status in (OrderStatus.DONE, OrderStatus.FAILED):
-            order.completed_at = now
-    orders = list(session.scalars(sa.select(NodeOrder).where(NodeOrder.node_id == node.id, NodeOrder.status.in_(OPEN_ORDER),
-                                                             NodeOrder.completed_at.is_(None)).order_by(NodeOrder.id).limit(20)))
-    for order in orders:
-        if order.status == OrderStatus.PENDING:
-            order.status = OrderStatus.SENT
-    if not report.fake or accept_fake:  # per-job samples into the utilisation history (docs/accounting.md)
-        accounting.record_utilisation(session, node.name, report.metrics, now)
-    session.commit()
+    with transaction(session):
+        if report.node != node.name:
+            raise InvalidInput(f"The report names node {report.node[:253]!r} but was posted for {node.name}.", details={"field": "node"})
+        if report.fake and not accept_fake:
+            report = replace(report, findings=[])
+        now = utcnow()
+        node.last_heartbeat_at = now
+        node.health = _health(report.findings)
+        node.metrics = {"agent_version": report.agent_version, "boot_id": report.boot_id, "heartbeat_at": report.heartbeat_at,
+                        "collectors": dict(report.collectors), **dict(report.metrics), **({"fake": True} if report.fake else {})}
+        # a lost node returns through validation: the repair manager sees this heartbeat
+        open_rows = {(f.code, f.device or ""): f for f in session.scalars(
+            sa.select(NodeFinding).where(NodeFinding.node_id == node.id, NodeFinding.cleared_at.is_(None)))}
+        seen = set()
+        for f in report.findings:
+            key = (f.code, f.device or "")
+            if key in seen:
+                continue
+            seen.add(key)
+            row = open_rows.get(key)
+            if row is None:
+                session.add(NodeFinding(node_id=node.id, code=f.code, severity=f.severity, device=f.device, evidence=dict(f.evidence),
+                                        action=f.action, first_seen_at=now, last_seen_at=now))
+            else:
+                row.last_seen_at, row.severity, row.evidence, row.action = now, f.severity, dict(f.evidence), f.action
+        for key, row in open_rows.items():
+            if key not in seen:
+                row.cleared_at = now  # gone from this report: the condition cleared
+        for result in report.order_results:
+            # ids are ours (decimal row ids); anything else ("²", a 20-digit number) is not an order of this API
+            order = session.get(NodeOrder, int(result.id)) if is_whole_number(result.id) else None
+            if order is None or order.node_id != node.id or order.status not in OPEN_ORDER:
+                continue  # unknown, another node's, or already recorded (results are re-sent until a 2xx)
+            order.status = RESULT_STATUS.get(result.status, OrderStatus.FAILED)
+            order.result = {**(order.result or {}), "agent": dict(result.raw)}
+            if order.status in (OrderStatus.DONE, OrderStatus.FAILED):
+                order.completed_at = now
+        orders = list(session.scalars(sa.select(NodeOrder).where(NodeOrder.node_id == node.id, NodeOrder.status.in_(OPEN_ORDER),
+                                                                 NodeOrder.completed_at.is_(None)).order_by(NodeOrder.id).limit(20)))
+        for order in orders:
+            if order.status == OrderStatus.PENDING:
+                order.status = OrderStatus.SENT
+        if not report.fake or accept_fake:  # per-job samples into the utilisation history (docs/accounting.md)
+            accounting.record_utilisation(session, node.name, report.metrics, now)
     return [_order_json(o) for o in orders]
 
 

@@ -35,7 +35,7 @@ from dlts.models import ApiToken, PortalSession, User, utcnow
 from dlts.repositories import limits as limits_repo
 from dlts.services.admin import get_user
 from dlts.services.auth import Principal, principal_for
-from dlts.services.transaction import rowcount, transactional
+from dlts.services.transaction import rowcount, step, transaction, transactional
 
 MIN_PASSWORD_CHARS = 12
 MAX_PASSWORD_CHARS = 256
@@ -70,7 +70,6 @@ def set_password(session: Session, user_name: str, password: str) -> User:
     user = get_user(session, user_name)
     user.password_hash = generate_password_hash(password, method=PASSWORD_METHOD)
     end_sessions_of(session, user.id)  # whoever had the old password (or a cookie made with it) is out
-    session.commit()
     return user
 
 
@@ -99,28 +98,28 @@ def login_keys(user_name: str, client_ip: str | None) -> tuple[str, str]:
     return f"login-user:{user_name.strip().lower()[:64]}", f"login-ip:{(client_ip or '-')[:100]}"
 
 
-@transactional
 def login(session: Session, limits: LoginLimits, user_name: str, password: str, client_ip: str | None,
           now: dt.datetime | None = None) -> Principal:
     """Count the attempt, refuse it over a limit (TooManyAttempts, before any hash is computed), then
-    check the password (Unauthenticated). The count is committed before the slow hash runs."""
+    check the password (Unauthenticated). Two transactions: the count is committed before the slow
+    hash runs (and stays when the password is wrong); the reset of the counts after a good one."""
     now = now or utcnow()
     user_key, ip_key = login_keys(user_name, client_ip)
-    counts = [(limits_repo.hit(session, user_key, limits.window_s, now), limits.per_user),
-              (limits_repo.hit(session, ip_key, limits.window_s, now), limits.per_ip)]
-    if counts[1][0].n == 1:  # a new window for this address: old counters go (bounded, indexed)
-        limits_repo.purge(session, "login-", now - dt.timedelta(seconds=limits.window_s))
-    session.commit()
+    with step(session):
+        counts = [(limits_repo.hit(session, user_key, limits.window_s, now), limits.per_user),
+                  (limits_repo.hit(session, ip_key, limits.window_s, now), limits.per_ip)]
+        if counts[1][0].n == 1:  # a new window for this address: old counters go (bounded, indexed)
+            limits_repo.purge(session, "login-", now - dt.timedelta(seconds=limits.window_s))
     over = [count.retry_after_s(limits.window_s, now) for count, limit in counts if count.n > limit]
     if over:
         retry_s = max(over)
         raise TooManyAttempts(f"Too many failed logins; wait {retry_s} s and try again.", retry_after_s=retry_s,
                               details={"limit_per_user": limits.per_user, "limit_per_ip": limits.per_ip,
                                        "window_s": limits.window_s})
-    who = authenticate_password(session, user_name, password)
-    limits_repo.forget(session, user_key)
-    limits_repo.give_back(session, ip_key)
-    session.commit()
+    with step(session):
+        who = authenticate_password(session, user_name, password)
+        limits_repo.forget(session, user_key)
+        limits_repo.give_back(session, ip_key)
     return who
 
 
@@ -142,27 +141,25 @@ def start_session(session: Session, principal: Principal, lifetime: dt.timedelta
                                                    PortalSession.expires_at <= now))
     session.add(PortalSession(token_hash=_session_hash(token), user_id=principal.user_id, created_at=now,
                               expires_at=now + lifetime, last_seen_at=now))
-    session.commit()
     return token
 
 
-@transactional
 def principal_for_session(session: Session, token: object) -> Principal | None:
     """The principal behind a session cookie's id; None when the session ended or expired, or the user
     is gone or disabled."""
-    if not isinstance(token, str) or not token or len(token) > 128:
-        return None
-    now = utcnow()
-    row = session.execute(sa.select(PortalSession, User).join(User, User.id == PortalSession.user_id)
-                          .where(PortalSession.token_hash == _session_hash(token))).first()
-    if row is None:
-        return None
-    record, user = row
-    if record.expires_at <= now or user.disabled_at is not None:
-        return None
-    if (now - record.last_seen_at).total_seconds() >= SESSION_TOUCH_S:
-        session.execute(sa.update(PortalSession).where(PortalSession.id == record.id).values(last_seen_at=now))
-        session.commit()
+    with transaction(session):
+        if not isinstance(token, str) or not token or len(token) > 128:
+            return None
+        now = utcnow()
+        row = session.execute(sa.select(PortalSession, User).join(User, User.id == PortalSession.user_id)
+                              .where(PortalSession.token_hash == _session_hash(token))).first()
+        if row is None:
+            return None
+        record, user = row
+        if record.expires_at <= now or user.disabled_at is not None:
+            return None
+        if (now - record.last_seen_at).total_seconds() >= SESSION_TOUCH_S:
+            session.execute(sa.update(PortalSession).where(PortalSession.id == record.id).values(last_seen_at=now))
     return principal_for(session, user)
 
 
@@ -171,7 +168,6 @@ def end_session(session: Session, token: object) -> None:
     """Logout: this session's row goes; its cookie, wherever a copy is, no longer logs anybody in."""
     if isinstance(token, str) and token:
         session.execute(sa.delete(PortalSession).where(PortalSession.token_hash == _session_hash(token)))
-        session.commit()
 
 
 def end_sessions_of(session: Session, user_id: int) -> int:
@@ -198,7 +194,6 @@ def save_preference(session: Session, principal: Principal, key: str, value: obj
     user = session.get_one(User, principal.user_id)
     # a new dict, so SQLAlchemy sees the JSON column change
     user.preferences = {**(user.preferences or {}), key: value}
-    session.commit()
 
 
 def preferences(session: Session, principal: Principal) -> dict[str, Any]:

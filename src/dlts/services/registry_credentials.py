@@ -94,7 +94,7 @@ def _add(session: Session, secret_key: str, principal: Principal, owner: str, wh
     session.add(row)
     if on_add is not None:
         on_add(row)
-    session.commit()
+    session.flush()  # its id and created_at; the use-case's transaction commits
     return _view(row, owner)
 
 
@@ -120,7 +120,6 @@ def delete_mine(session: Session, principal: Principal, credential_id: int) -> N
     if row is None or row.scope != "user" or row.user_id != principal.user_id:
         raise NotFound(f"You have no registry credential with id {credential_id}.", code="registry_credential_not_found")
     session.delete(row)
-    session.commit()
 
 
 # -- a VC's ---------------------------------------------------------------------------------------------
@@ -167,7 +166,6 @@ def delete_vc(session: Session, principal: Principal, vc_name: str, credential_i
     vc_events.record(session, vc.name, principal.name, "registry_credential",
                      {"server": row.server, "username": row.username}, None)
     session.delete(row)
-    session.commit()
 
 
 # -- the job manager's ------------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from dlts.config import Settings
 from dlts.errors import InvalidInput, NotFound, WrongState
 from dlts.models import (
     Node,
+    NodeEventKind,
     NodeState,
     RepairControl,
     RepairCycle,
@@ -33,7 +34,7 @@ from dlts.repositories import repair as repo
 from dlts.services import nodes as node_service
 from dlts.services import policy
 from dlts.services.auth import Principal
-from dlts.services.transaction import transactional
+from dlts.services.transaction import transaction
 
 N = NodeState
 RECENT_CYCLES = 20
@@ -84,108 +85,102 @@ def _chain(steps: list[str], target: str | None, gpus: list[int]) -> tuple[Step,
     return rule.steps
 
 
-@transactional
 def start(session: Session, principal: Principal, name: str, *, steps: list[str], gpus: list[int],
           target: str | None = None, reason: str = "") -> dict[str, Any]:
     """Start a cycle by hand: the node is quarantined now and follows ``steps`` (the budget and
     the pause apply as to any cycle)."""
-    policy.require_cluster_admin(principal, "start a node repair")
-    node = node_service.node_by_name(session, name)
-    if node.state is not N.IN_SERVICE:
-        raise WrongState(f"Node {name} is {node.state.value}; a repair starts from in_service "
-                         f"(`dlts node return {name}` for a node that needs a human).", code="node_not_in_service")
-    if gpus and (max(gpus) >= node.gpus or len(set(gpus)) != len(gpus)):
-        raise InvalidInput(f"gpus: node {name} has GPUs 0-{max(node.gpus - 1, 0)}, each listed once.", details={"field": "gpus"})
-    chain = _chain(steps, target, gpus)
-    where = f"GPU {', '.join(map(str, sorted(gpus)))} " if gpus else ""
-    problem = f"{where}repair started by {principal.name}" + (f": {reason}" if reason else "")
-    try:
-        cycle = repo.start_cycle(session, node, kind=CycleKind.MANUAL, scope=(Scope.GPU if gpus else Scope.NODE).value,
-                                 gpus=sorted(gpus), steps=chain, step_index=0, severity="critical", problem=problem,
-                                 rule_key=None, triggers=[], actor=principal.name, to_state=N.QUARANTINED,
-                                 reason="manual", message=problem)
-    except IntegrityError:
-        cycle = None
-    if cycle is None:
-        session.rollback()
-        raise WrongState(f"Node {name} changed state meanwhile; look at it and try again.", code="node_state_changed")
-    session.commit()
+    with transaction(session):
+        policy.require_cluster_admin(principal, "start a node repair")
+        node = node_service.node_by_name(session, name)
+        if node.state is not N.IN_SERVICE:
+            raise WrongState(f"Node {name} is {node.state.value}; a repair starts from in_service "
+                             f"(`dlts node return {name}` for a node that needs a human).", code="node_not_in_service")
+        if gpus and (max(gpus) >= node.gpus or len(set(gpus)) != len(gpus)):
+            raise InvalidInput(f"gpus: node {name} has GPUs 0-{max(node.gpus - 1, 0)}, each listed once.", details={"field": "gpus"})
+        chain = _chain(steps, target, gpus)
+        where = f"GPU {', '.join(map(str, sorted(gpus)))} " if gpus else ""
+        problem = f"{where}repair started by {principal.name}" + (f": {reason}" if reason else "")
+        try:
+            cycle = repo.start_cycle(session, node, kind=CycleKind.MANUAL, scope=(Scope.GPU if gpus else Scope.NODE).value,
+                                     gpus=sorted(gpus), steps=chain, step_index=0, severity="critical", problem=problem,
+                                     rule_key=None, triggers=[], actor=principal.name, to_state=N.QUARANTINED,
+                                     reason="manual", message=problem)
+        except IntegrityError:
+            cycle = None
+        if cycle is None:
+            raise WrongState(f"Node {name} changed state meanwhile; look at it and try again.", code="node_state_changed")
     return cycle_json(cycle, node.name, [])
 
 
-@transactional
 def cancel(session: Session, principal: Principal, name: str, cycle_id: int) -> dict[str, Any]:
     """End an open cycle: orders not yet carried out are withdrawn, the node returns to service
     (jobs already stopped stay requeued)."""
-    policy.require_cluster_admin(principal, "cancel a node repair")
-    node = node_service.node_by_name(session, name)
-    cycle = session.get(RepairCycle, cycle_id)
-    if cycle is None or cycle.node_id != node.id:
-        raise NotFound(f"Node {name} has no repair cycle {cycle_id}.", code="repair_not_found")
-    if cycle.open_node_id is None:
-        raise WrongState(f"Repair {cycle_id} of node {name} already ended ({cycle.outcome}).", code="repair_ended")
-    if node.state not in IN_REPAIR:
-        raise WrongState(f"Node {name} is {node.state.value}; only a repair in progress can be cancelled.", code="repair_not_cancellable")
-    now = utcnow()
-    step = repo.current_step(session, cycle)
-    if step is not None:
-        step.ended_at, step.result, step.message = now, StepResult.CANCELLED, f"cancelled by {principal.name}"
-        repo.cancel_orders(session, step.order_ids, now)
-    message = f"repair {cycle.id} cancelled by {principal.name}"
-    if not repo.set_state(session, node, N.IN_SERVICE, actor=principal.name, reason="cancelled", message=message,
-                          cycle_id=cycle.id, values={"repair_scope": None, "unhealthy_gpus": []}, now=now):
-        session.rollback()
-        raise WrongState(f"Node {name} changed state meanwhile; look at it and try again.", code="node_state_changed")
-    repo.end_cycle(session, cycle, CycleOutcome.CANCELLED, message, now)
-    session.commit()
+    with transaction(session):
+        policy.require_cluster_admin(principal, "cancel a node repair")
+        node = node_service.node_by_name(session, name)
+        cycle = session.get(RepairCycle, cycle_id)
+        if cycle is None or cycle.node_id != node.id:
+            raise NotFound(f"Node {name} has no repair cycle {cycle_id}.", code="repair_not_found")
+        if cycle.open_node_id is None:
+            raise WrongState(f"Repair {cycle_id} of node {name} already ended ({cycle.outcome}).", code="repair_ended")
+        if node.state not in IN_REPAIR:
+            raise WrongState(f"Node {name} is {node.state.value}; only a repair in progress can be cancelled.",
+                             code="repair_not_cancellable")
+        now = utcnow()
+        step = repo.current_step(session, cycle)
+        if step is not None:
+            step.ended_at, step.result, step.message = now, StepResult.CANCELLED, f"cancelled by {principal.name}"
+            repo.cancel_orders(session, step.order_ids, now)
+        message = f"repair {cycle.id} cancelled by {principal.name}"
+        if not repo.set_state(session, node, N.IN_SERVICE, actor=principal.name, reason="cancelled", message=message,
+                              cycle_id=cycle.id, values={"repair_scope": None, "unhealthy_gpus": []}, now=now):
+            raise WrongState(f"Node {name} changed state meanwhile; look at it and try again.", code="node_state_changed")
+        repo.end_cycle(session, cycle, CycleOutcome.CANCELLED, message, now)
     return cycle_json(cycle, node.name, [step] if step else [])
 
 
-@transactional
 def return_node(session: Session, principal: Principal, name: str, reason: str = "") -> dict[str, Any]:
     """A human says an out_of_service or rma node is fixed: it validates (quiet period, healthy
     report), then returns to service; a failed validation puts it back out of service."""
-    policy.require_cluster_admin(principal, "return a node to service")
-    node = node_service.node_by_name(session, name)
-    if node.state not in (N.OUT_OF_SERVICE, N.RMA):
-        raise WrongState(f"Node {name} is {node.state.value}; only out_of_service or rma nodes are returned by hand.",
-                         code="node_not_held")
-    now = utcnow()
-    message = f"returned by {principal.name}" + (f": {reason}" if reason else "") + "; validating"
-    try:
-        cycle = repo.start_cycle(session, node, kind=CycleKind.RETURN, scope=Scope.NODE.value, gpus=[], steps=(), step_index=0,
-                                 severity="info", problem=f"returned by {principal.name}", rule_key=None, triggers=[],
-                                 actor=principal.name, to_state=N.VALIDATING, reason="returned", message=message,
-                                 now=now, validation_since=now)
-    except IntegrityError:
-        cycle = None
-    if cycle is None:
-        session.rollback()
-        raise WrongState(f"Node {name} changed state meanwhile; look at it and try again.", code="node_state_changed")
-    session.commit()
+    with transaction(session):
+        policy.require_cluster_admin(principal, "return a node to service")
+        node = node_service.node_by_name(session, name)
+        if node.state not in (N.OUT_OF_SERVICE, N.RMA):
+            raise WrongState(f"Node {name} is {node.state.value}; only out_of_service or rma nodes are returned by hand.",
+                             code="node_not_held")
+        now = utcnow()
+        message = f"returned by {principal.name}" + (f": {reason}" if reason else "") + "; validating"
+        try:
+            cycle = repo.start_cycle(session, node, kind=CycleKind.RETURN, scope=Scope.NODE.value, gpus=[], steps=(), step_index=0,
+                                     severity="info", problem=f"returned by {principal.name}", rule_key=None, triggers=[],
+                                     actor=principal.name, to_state=N.VALIDATING, reason="returned", message=message,
+                                     now=now, validation_since=now)
+        except IntegrityError:
+            cycle = None
+        if cycle is None:
+            raise WrongState(f"Node {name} changed state meanwhile; look at it and try again.", code="node_state_changed")
     return cycle_json(cycle, node.name, [])
 
 
-@transactional
 def set_pause(session: Session, principal: Principal, paused: bool, node_name: str | None = None,
               reason: str = "") -> dict[str, Any]:
     """Pause (or resume) new repair actions everywhere, or on one node; actions in flight finish."""
-    policy.require_cluster_admin(principal, "pause or resume repairs")
-    verb = "paused" if paused else "resumed"
-    if node_name:
-        node = node_service.node_by_name(session, node_name)
-        if node.repair_paused != paused:
-            node.repair_paused = paused
-            repo.add_event(session, node.id, "pause", actor=principal.name, reason=verb,
-                           message=f"repairs {verb} by {principal.name}" + (f": {reason}" if reason else ""))
-    else:
-        row = session.get(RepairControl, 1)
-        if row is None:
-            row = RepairControl(id=1, paused=False)
-            session.add(row)
-        row.paused, row.paused_by, row.paused_at = paused, principal.name, utcnow()
-        row.reason = reason[:512] or None
-    session.commit()
+    with transaction(session):
+        policy.require_cluster_admin(principal, "pause or resume repairs")
+        verb = "paused" if paused else "resumed"
+        if node_name:
+            node = node_service.node_by_name(session, node_name)
+            if node.repair_paused != paused:
+                node.repair_paused = paused
+                repo.add_event(session, node.id, NodeEventKind.PAUSE, actor=principal.name, reason=verb,
+                               message=f"repairs {verb} by {principal.name}" + (f": {reason}" if reason else ""))
+        else:
+            row = session.get(RepairControl, 1)
+            if row is None:
+                row = RepairControl(id=1, paused=False)
+                session.add(row)
+            row.paused, row.paused_by, row.paused_at = paused, principal.name, utcnow()
+            row.reason = reason[:512] or None
     return status(session, principal, None)
 
 

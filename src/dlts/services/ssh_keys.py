@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 from dlts.errors import InvalidInput, NotFound, Refused, WrongState
 from dlts.models import SshKey, iso
 from dlts.services.auth import Principal
-from dlts.services.transaction import transactional
+from dlts.services.transaction import transaction, transactional
 
 MAX_KEYS_PER_USER = 50
 MAX_KEY_CHARS = 16 * 1024
@@ -118,28 +118,27 @@ def list_keys(session: Session, principal: Principal) -> list[SshKeyView]:
     return [_view(r) for r in rows]
 
 
-@transactional
 def add_key(session: Session, principal: Principal, public_key: str, name: str | None = None) -> SshKeyView:
-    parsed = parse_public_key(public_key)
-    label = (name or parsed.comment or parsed.key_type)[:128]
-    if name is not None and (not name.strip() or len(name) > 128 or not name.isprintable()):
-        raise InvalidInput("name must be printable text of 1-128 characters.", details={"field": "name"})
-    owner = session.scalar(sa.select(SshKey.user_id).where(SshKey.fingerprint == parsed.fingerprint).limit(1))
-    if owner == principal.user_id:
-        raise WrongState(f"You already have this key ({parsed.fingerprint}).", code="duplicate_ssh_key",
-                         details={"fingerprint": parsed.fingerprint})
-    if owner is not None:
-        raise WrongState(f"This key ({parsed.fingerprint}) is registered to another user; a key names one person. "
-                         "Create a key of your own with `ssh-keygen -t ed25519`.", code="duplicate_ssh_key",
-                         details={"fingerprint": parsed.fingerprint})
-    count = session.execute(sa.select(sa.func.count(SshKey.id)).where(SshKey.user_id == principal.user_id)).scalar_one()
-    if count >= MAX_KEYS_PER_USER:
-        raise Refused(f"You have {count} SSH keys, the most allowed is {MAX_KEYS_PER_USER}; delete one first.",
-                      code="too_many_ssh_keys", details={"max": MAX_KEYS_PER_USER})
-    row = SshKey(user_id=principal.user_id, name=label, key_type=parsed.key_type, bits=parsed.bits,
-                 public_key=parsed.normalized, fingerprint=parsed.fingerprint)
-    session.add(row)
-    session.commit()
+    with transaction(session):
+        parsed = parse_public_key(public_key)
+        label = (name or parsed.comment or parsed.key_type)[:128]
+        if name is not None and (not name.strip() or len(name) > 128 or not name.isprintable()):
+            raise InvalidInput("name must be printable text of 1-128 characters.", details={"field": "name"})
+        owner = session.scalar(sa.select(SshKey.user_id).where(SshKey.fingerprint == parsed.fingerprint).limit(1))
+        if owner == principal.user_id:
+            raise WrongState(f"You already have this key ({parsed.fingerprint}).", code="duplicate_ssh_key",
+                             details={"fingerprint": parsed.fingerprint})
+        if owner is not None:
+            raise WrongState(f"This key ({parsed.fingerprint}) is registered to another user; a key names one person. "
+                             "Create a key of your own with `ssh-keygen -t ed25519`.", code="duplicate_ssh_key",
+                             details={"fingerprint": parsed.fingerprint})
+        count = session.execute(sa.select(sa.func.count(SshKey.id)).where(SshKey.user_id == principal.user_id)).scalar_one()
+        if count >= MAX_KEYS_PER_USER:
+            raise Refused(f"You have {count} SSH keys, the most allowed is {MAX_KEYS_PER_USER}; delete one first.",
+                          code="too_many_ssh_keys", details={"max": MAX_KEYS_PER_USER})
+        row = SshKey(user_id=principal.user_id, name=label, key_type=parsed.key_type, bits=parsed.bits,
+                     public_key=parsed.normalized, fingerprint=parsed.fingerprint)
+        session.add(row)
     return _view(row)
 
 
@@ -149,7 +148,6 @@ def delete_key(session: Session, principal: Principal, key_id: int) -> None:
     if row is None or row.user_id != principal.user_id:
         raise NotFound(f"You have no SSH key with id {key_id}.", code="ssh_key_not_found")
     session.delete(row)
-    session.commit()
 
 
 def keys_of_user(session: Session, user_id: int) -> list[str]:

@@ -12,7 +12,7 @@ from dlts.errors import InvalidInput, NotFound, Refused
 from dlts.models import ApiToken, User, iso, utcnow
 from dlts.repositories import limits as limits_repo
 from dlts.services.auth import Principal, forget_principals, issue_token
-from dlts.services.transaction import transactional
+from dlts.services.transaction import transaction
 
 MAX_TOKENS_PER_USER = 20
 
@@ -43,32 +43,30 @@ def list_tokens(session: Session, principal: Principal) -> list[TokenView]:
     return [_view(r) for r in session.scalars(_live(principal.user_id).order_by(ApiToken.id))]
 
 
-@transactional
 def create_token(session: Session, principal: Principal, name: str, expires_days: int | None = None) -> TokenView:
-    if not name or len(name) > 64 or not name.isprintable():
-        raise InvalidInput("name must be printable text of 1-64 characters.", details={"field": "name"})
-    if expires_days is not None and not 1 <= expires_days <= 3650:
-        raise InvalidInput("expires_days must be between 1 and 3650, or null for no expiry.", details={"field": "expires_days"})
-    # one creation per user at a time, so parallel requests cannot all pass the count (any worker, both databases)
-    limits_repo.lock(session, User.id, principal.user_id, touch=User.created_at)
-    count = session.execute(sa.select(sa.func.count()).select_from(_live(principal.user_id).subquery())).scalar_one()
-    if count >= MAX_TOKENS_PER_USER:
-        raise Refused(f"You have {count} working tokens, the most allowed is {MAX_TOKENS_PER_USER}; revoke one first.",
-                      code="too_many_tokens", details={"max": MAX_TOKENS_PER_USER})
-    user = session.get_one(User, principal.user_id)
-    token = issue_token(session, user, name, expires_days)
-    session.commit()
+    with transaction(session):
+        if not name or len(name) > 64 or not name.isprintable():
+            raise InvalidInput("name must be printable text of 1-64 characters.", details={"field": "name"})
+        if expires_days is not None and not 1 <= expires_days <= 3650:
+            raise InvalidInput("expires_days must be between 1 and 3650, or null for no expiry.", details={"field": "expires_days"})
+        # one creation per user at a time, so parallel requests cannot all pass the count (any worker, both databases)
+        limits_repo.lock(session, User.id, principal.user_id, touch=User.created_at)
+        count = session.execute(sa.select(sa.func.count()).select_from(_live(principal.user_id).subquery())).scalar_one()
+        if count >= MAX_TOKENS_PER_USER:
+            raise Refused(f"You have {count} working tokens, the most allowed is {MAX_TOKENS_PER_USER}; revoke one first.",
+                          code="too_many_tokens", details={"max": MAX_TOKENS_PER_USER})
+        user = session.get_one(User, principal.user_id)
+        token = issue_token(session, user, name, expires_days)
     row = session.execute(sa.select(ApiToken).where(ApiToken.user_id == principal.user_id)
                           .order_by(ApiToken.id.desc()).limit(1)).scalar_one()
     return _view(row, token)
 
 
-@transactional
 def revoke_token(session: Session, principal: Principal, token_id: int) -> TokenView:
-    row = session.get(ApiToken, token_id)
-    if row is None or row.user_id != principal.user_id or row.revoked_at is not None:
-        raise NotFound(f"You have no working token with id {token_id}.", code="token_not_found")
-    row.revoked_at = utcnow()
-    session.commit()
+    with transaction(session):
+        row = session.get(ApiToken, token_id)
+        if row is None or row.user_id != principal.user_id or row.revoked_at is not None:
+            raise NotFound(f"You have no working token with id {token_id}.", code="token_not_found")
+        row.revoked_at = utcnow()
     forget_principals()
     return _view(row)

@@ -25,7 +25,7 @@ from dlts.repositories import identity as identity_repo
 from dlts.repositories import jobs as job_repo
 from dlts.services import admin, policy, portal_auth
 from dlts.services.auth import Principal, forget_principals
-from dlts.services.transaction import rowcount, transactional
+from dlts.services.transaction import rowcount, transaction, transactional
 
 EMAIL_RE = re.compile(r"^[^@\s]{1,64}@[^@\s.]+(\.[^@\s.]+)+$")
 MAX_REASON = 255
@@ -152,41 +152,39 @@ def set_cluster_admin(session: Session, user: User, wanted: bool, actor: str) ->
     return False
 
 
-@transactional
 def update(session: Session, principal: Principal, name: str, changes: Mapping[str, Any]) -> UserAdminView:
     """``PATCH /users/{name}``: ``uid``/``gid`` (both set or both null), ``email``, ``cluster_admin``."""
-    policy.require_cluster_admin(principal, "change a user")
-    unknown = sorted(set(changes) - set(PATCH_FIELDS))
-    if unknown:
-        raise InvalidInput(f"unknown user setting {unknown[0][:40]!r}; settable: {', '.join(PATCH_FIELDS)}.",
-                           details={"field": unknown[0][:40]})
-    if not changes:
-        raise InvalidInput(f"Send at least one of {', '.join(PATCH_FIELDS)}.", details={"field": "body"})
-    if "email" in changes:
-        check_email(changes["email"])
-    if "cluster_admin" in changes and not isinstance(changes["cluster_admin"], bool):
-        raise InvalidInput("cluster_admin must be true or false.", details={"field": "cluster_admin"})
-    user = admin.get_user(session, name)
-    if "cluster_admin" in changes and not changes["cluster_admin"] and user.id in identity_repo.enabled_cluster_admins(session):
-        _require_not_last_admin(session, user, "take the role from this one")
-    ids = {k: changes[k] for k in ("uid", "gid") if k in changes}
-    if ids:
-        admin.set_user(session, name, ids)  # commits
+    with transaction(session):
+        policy.require_cluster_admin(principal, "change a user")
+        unknown = sorted(set(changes) - set(PATCH_FIELDS))
+        if unknown:
+            raise InvalidInput(f"unknown user setting {unknown[0][:40]!r}; settable: {', '.join(PATCH_FIELDS)}.",
+                               details={"field": unknown[0][:40]})
+        if not changes:
+            raise InvalidInput(f"Send at least one of {', '.join(PATCH_FIELDS)}.", details={"field": "body"})
+        if "email" in changes:
+            check_email(changes["email"])
+        if "cluster_admin" in changes and not isinstance(changes["cluster_admin"], bool):
+            raise InvalidInput("cluster_admin must be true or false.", details={"field": "cluster_admin"})
         user = admin.get_user(session, name)
-    if "email" in changes:
-        user.email = check_email(changes["email"])
-    if "cluster_admin" in changes:
-        set_cluster_admin(session, user, changes["cluster_admin"], principal.name)
-    session.commit()
+        if "cluster_admin" in changes and not changes["cluster_admin"] and user.id in identity_repo.enabled_cluster_admins(session):
+            _require_not_last_admin(session, user, "take the role from this one")
+        ids = {k: changes[k] for k in ("uid", "gid") if k in changes}
+        if ids:
+            admin.set_user(session, name, ids)  # in this transaction
+            user = admin.get_user(session, name)
+        if "email" in changes:
+            user.email = check_email(changes["email"])
+        if "cluster_admin" in changes:
+            set_cluster_admin(session, user, changes["cluster_admin"], principal.name)
     forget_principals()
     return view(session, user)
 
 
-@transactional
 def disable_user(session: Session, user: User, actor: str, reason: str) -> DisableView:
     """Disable ``user`` (see the module's docstring); idempotent. The caller has checked who may."""
-    result = hold_user(session, user, actor, reason)
-    session.commit()
+    with transaction(session):
+        result = hold_user(session, user, actor, reason)
     forget_principals()
     return DisableView(view(session, user), *result)
 
@@ -211,10 +209,9 @@ def hold_user(session: Session, user: User, actor: str, reason: str) -> tuple[in
     return int(revoked or 0), int(ended or 0), held, running
 
 
-@transactional
 def enable_user(session: Session, user: User, actor: str) -> EnableView:
-    released = release_user(session, user, actor)
-    session.commit()
+    with transaction(session):
+        released = release_user(session, user, actor)
     forget_principals()
     return EnableView(view(session, user), released)
 

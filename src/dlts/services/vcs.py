@@ -32,7 +32,7 @@ from dlts.scheduler.quota import derived_cpu_memory, effective_cpu_memory_quota
 from dlts.services import admin, policy
 from dlts.services.admin import NAME_RE
 from dlts.services.auth import Principal
-from dlts.services.transaction import transactional
+from dlts.services.transaction import transaction, transactional
 
 POLICIES = ("RF", "FIFO", "backfill")
 VC_ADMIN_FIELDS = ("policy", "max_job_time_s", "max_interactive_gpus", "user_gpu_quota", "notice",
@@ -317,23 +317,22 @@ def check_pod_policy(value: Any) -> dict[str, bool]:
     return dict(value)
 
 
-@transactional
 def create_vc(session: Session, principal: Principal, spec: VcSpec) -> VcView:
-    policy.require_cluster_admin(principal, "create a VC")
-    if not NAME_RE.match(spec.name):
-        raise InvalidInput(f"VC name {spec.name[:70]!r} must start with a lowercase letter and use a-z, 0-9, '.', '_' or '-' (at most 64).",
-                           details={"field": "name"})
-    settings = {k: getattr(spec, k) for k in VC_ADMIN_FIELDS + CLUSTER_ADMIN_FIELDS if k != "quota"}
-    _check_settings(settings)
-    settings["pod_policy"] = dict(settings["pod_policy"])
-    settings["idle_policy"] = check_idle_policy(settings["idle_policy"], None)
-    quota = _check_quota(session, spec.name, spec.quota)
-    if session.scalar(sa.select(VirtualCluster.id).where(VirtualCluster.name == spec.name)) is not None:
-        raise WrongState(f"VC {spec.name!r} already exists; change it with PATCH /vcs/{spec.name}.", code="vc_exists")
-    vc = VirtualCluster(name=spec.name, quota=quota, storage={}, **settings)
-    session.add(vc)
-    vc_events.record(session, spec.name, principal.name, "created", None, {"quota": quota, **settings})
-    session.commit()
+    with transaction(session):
+        policy.require_cluster_admin(principal, "create a VC")
+        if not NAME_RE.match(spec.name):
+            raise InvalidInput(f"VC name {spec.name[:70]!r} must start with a lowercase letter and use a-z, 0-9, '.', '_' "
+                               "or '-' (at most 64).", details={"field": "name"})
+        settings = {k: getattr(spec, k) for k in VC_ADMIN_FIELDS + CLUSTER_ADMIN_FIELDS if k != "quota"}
+        _check_settings(settings)
+        settings["pod_policy"] = dict(settings["pod_policy"])
+        settings["idle_policy"] = check_idle_policy(settings["idle_policy"], None)
+        quota = _check_quota(session, spec.name, spec.quota)
+        if session.scalar(sa.select(VirtualCluster.id).where(VirtualCluster.name == spec.name)) is not None:
+            raise WrongState(f"VC {spec.name!r} already exists; change it with PATCH /vcs/{spec.name}.", code="vc_exists")
+        vc = VirtualCluster(name=spec.name, quota=quota, storage={}, **settings)
+        session.add(vc)
+        vc_events.record(session, spec.name, principal.name, "created", None, {"quota": quota, **settings})
     return get_vc(session, principal, spec.name)
 
 
@@ -350,38 +349,37 @@ def delete_vc(session: Session, principal: Principal, name: str) -> None:
     session.execute(sa.delete(Job).where(Job.vc_id == vc.id).execution_options(synchronize_session=False))
     vc_events.record(session, name, principal.name, "deleted", {"quota": vc.quota}, None)
     session.delete(vc)
-    session.commit()
 
 
-@transactional
 def update_vc(session: Session, principal: Principal, name: str, changes: Mapping[str, Any]) -> VcView:
     """Apply ``changes`` (only the keys present); each changed value is recorded as a VC event."""
-    vc = _load(session, principal, name)
-    unknown = set(changes) - set(VC_ADMIN_FIELDS) - set(CLUSTER_ADMIN_FIELDS)
-    if unknown:
-        raise InvalidInput(f"unknown VC setting {sorted(unknown)[0]!r}; settable: {', '.join(VC_ADMIN_FIELDS + CLUSTER_ADMIN_FIELDS)}.",
-                           details={"field": sorted(unknown)[0]})
-    policy.require_vc_settings_change(principal, name, set(changes) & set(CLUSTER_ADMIN_FIELDS), bool(set(changes) & set(VC_ADMIN_FIELDS)))
-    if not changes:
-        policy.require_vc_settings_change(principal, name, set(), True)  # an empty PATCH still needs the right to make one
-        raise InvalidInput(f"Send at least one setting to change: {', '.join(VC_ADMIN_FIELDS + CLUSTER_ADMIN_FIELDS)}.",
-                           details={"field": "body"})
-    _check_settings(changes)
-    values = dict(changes)
-    if "quota" in values:
-        if not isinstance(values["quota"], Mapping):
-            raise InvalidInput("quota must be an object of SKU: GPUs, e.g. {\"a100\": 64}.", details={"field": "quota"})
-        values["quota"] = _check_quota(session, name, values["quota"])
-    if "idle_policy" in values:
-        values["idle_policy"] = check_idle_policy(values["idle_policy"], vc.idle_policy)
-    for key, new in values.items():
-        old = getattr(vc, key)
-        if old != new:
-            vc_events.record(session, name, principal.name, key, old, new)
-            setattr(vc, key, new)
-            if key == "notice" and new and new.strip():
-                mail_notice(session, vc, new, principal.name)
-    session.commit()
+    with transaction(session):
+        vc = _load(session, principal, name)
+        unknown = set(changes) - set(VC_ADMIN_FIELDS) - set(CLUSTER_ADMIN_FIELDS)
+        if unknown:
+            raise InvalidInput(f"unknown VC setting {sorted(unknown)[0]!r}; settable: {', '.join(VC_ADMIN_FIELDS + CLUSTER_ADMIN_FIELDS)}.",
+                               details={"field": sorted(unknown)[0]})
+        policy.require_vc_settings_change(principal, name, set(changes) & set(CLUSTER_ADMIN_FIELDS),
+                                          bool(set(changes) & set(VC_ADMIN_FIELDS)))
+        if not changes:
+            policy.require_vc_settings_change(principal, name, set(), True)  # an empty PATCH still needs the right to make one
+            raise InvalidInput(f"Send at least one setting to change: {', '.join(VC_ADMIN_FIELDS + CLUSTER_ADMIN_FIELDS)}.",
+                               details={"field": "body"})
+        _check_settings(changes)
+        values = dict(changes)
+        if "quota" in values:
+            if not isinstance(values["quota"], Mapping):
+                raise InvalidInput("quota must be an object of SKU: GPUs, e.g. {\"a100\": 64}.", details={"field": "quota"})
+            values["quota"] = _check_quota(session, name, values["quota"])
+        if "idle_policy" in values:
+            values["idle_policy"] = check_idle_policy(values["idle_policy"], vc.idle_policy)
+        for key, new in values.items():
+            old = getattr(vc, key)
+            if old != new:
+                vc_events.record(session, name, principal.name, key, old, new)
+                setattr(vc, key, new)
+                if key == "notice" and new and new.strip():
+                    mail_notice(session, vc, new, principal.name)
     return get_vc(session, principal, name)
 
 
