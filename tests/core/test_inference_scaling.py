@@ -154,11 +154,12 @@ def _spec(tmp_path, replicas, command='echo "up $DLTS_REPLICA"; exec sleep 600',
                       replicas=tuple(replicas), log_path=str(tmp_path / "log" / "9" / f"attempt-{attempt}.log"))
 
 
-def _up(tmp_path, *replicas, word="up", timeout_s=10.0) -> None:
-    """Wait until those replicas' commands run (their init has its signal handlers by then)."""
-    logs = tmp_path / "log" / "9"  # every attempt's log (the helpers launch attempts 1 and 2)
+def _up(tmp_path, *replicas, word="up", timeout_s=10.0, attempt="*") -> None:
+    """Wait until those replicas' commands run (their init has its signal handlers by then); by
+    default in any attempt's log (the helpers launch attempts 1 and 2)."""
+    logs = tmp_path / "log" / "9"
     deadline = time.monotonic() + timeout_s
-    while not all(f"{word} {i}\n" in "".join(p.read_text() for p in logs.glob("attempt-*.log")) for i in replicas):
+    while not all(f"{word} {i}\n" in "".join(p.read_text() for p in logs.glob(f"attempt-{attempt}.log")) for i in replicas):
         assert time.monotonic() < deadline, f"replicas {replicas} never started"
         time.sleep(0.02)
 
@@ -199,7 +200,7 @@ def test_the_local_backend_adds_removes_terminates_and_collects_replicas(tmp_pat
     assert gone(pids[0]) and gone(pids[5])
 
     backend.launch(_spec(tmp_path, [0, 1], attempt=2))
-    _up(tmp_path, 0, 1)
+    _up(tmp_path, 0, 1, attempt=2)  # attempt 1's log says "up 0" too
     orphan = _observe(backend, key=(9, 2), until=lambda o: o.phase is RunPhase.RUNNING)
     assert orphan.replicas == {0, 1}
     orphan_pids = [int((tmp_path / "run" / "9-2" / "replicas" / str(i) / "pid").read_text().split()[0]) for i in (0, 1)]
