@@ -131,6 +131,29 @@ def test_repair_orders_are_sent_once_and_results_recorded_without_changing_the_n
         assert node.state is NodeState.IN_SERVICE  # a "done" order never returns a node unvalidated
 
 
+def test_a_cluster_admin_orders_a_gpu_diagnostic_by_hand(client, world, sessions, node_token):
+    """docs/repair.md: `POST /nodes/{name}/repair` with action gpu_diag and target LEVEL[:GPUS]; the
+    agent gets it with its next report, and its "skipped" (no dcgmi) is recorded as a failed order."""
+    for target in (None, "", "5", "1:", "1:3,", "x:3", "1:3:4"):
+        body = {"action": "gpu_diag"} | ({} if target is None else {"target": target})
+        refused = client.post("/api/v1/nodes/testnode/repair", json=body, headers=world.auth("admin"))
+        assert_envelope(refused, 400)
+        assert "target" in str(refused.get_json()["error"]), (target, refused.get_json())
+    order = client.post("/api/v1/nodes/testnode/repair", json={"action": "gpu_diag", "target": "1:3,GPU-7"},
+                        headers=world.auth("admin"))
+    assert order.status_code == 202, order.get_json()
+    auth = {"Authorization": f"Bearer {node_token}"}
+    orders = client.post("/api/v1/nodes/testnode/report", json=report(), headers=auth).get_json()["orders"]
+    assert [(o["action"], o["target"]) for o in orders] == [("gpu_diag", "1:3,GPU-7")]
+    result = {"id": orders[0]["id"], "action": "gpu_diag", "target": "1:3,GPU-7", "status": "skipped",
+              "message": "dcgmi is not installed"}
+    assert client.post("/api/v1/nodes/testnode/report", json=report(order_results=[result]), headers=auth).status_code == 200
+    with sessions() as s:
+        assert s.get(NodeOrder, int(orders[0]["id"])).status == "failed"
+    unknown = client.post("/api/v1/nodes/testnode/repair", json={"action": "format_disk"}, headers=world.auth("admin"))
+    assert_envelope(unknown, 400)
+
+
 def test_cordon_and_uncordon_change_what_the_scheduler_may_use(client, world, sessions, settings):
     from dlts.jobmanager.snapshot import load_snapshot
 

@@ -12,6 +12,7 @@ from dlts.repair.machine import CycleKind, CycleOutcome
 from dlts.repair.rules import Remediation
 from dlts.schemas import Memory, TagList
 from dlts.services.jobs import COMMAND_PREVIEW_CHARS, MAX_TAG_CHARS, JobFilter, decode_cursor
+from dlts.services.nodes import REPAIR_ACTIONS, RESULT_STATUS
 from dlts.strict import MAX_ID, MAX_JSON_INT, is_whole_number
 
 JOB_STATUSES = tuple(s.value for s in JobStatus)
@@ -487,8 +488,7 @@ class NodePageSchema(Schema):
 
 
 class NodeRepairSchema(Schema):
-    action = fields.String(required=True, validate=validate.OneOf(["reset_gpu", "restart_service", "reboot", "drop_caches",
-                                                                   "gpu_diag"]))
+    action = fields.String(required=True, validate=validate.OneOf(REPAIR_ACTIONS))
     target = fields.String(validate=validate.Length(1, 128),
                            metadata={"description": "GPU index/UUID, service name, or LEVEL[:GPU,...] for gpu_diag"})
     dry_run = fields.Boolean(load_default=False)
@@ -682,7 +682,7 @@ class ReportOrderResultSchema(Schema):
     id = fields.String(required=True, validate=validate.Length(1, 128))
     action = fields.String(validate=validate.Length(max=64))
     target = fields.String(allow_none=True, validate=validate.Length(max=128))
-    status = fields.String(required=True, validate=validate.OneOf(["succeeded", "failed", "rejected", "dry_run", "in_progress", "skipped"]))
+    status = fields.String(required=True, validate=validate.OneOf(list(RESULT_STATUS)))
     message = fields.String(allow_none=True, validate=validate.Length(max=4000))
     dry_run = fields.Boolean()
     started_at = fields.String(allow_none=True, validate=validate.Length(max=64))

@@ -18,6 +18,7 @@ its own node only (another node's token, or a wrong one: 403).
 from __future__ import annotations
 
 import hmac
+import re
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -38,11 +39,14 @@ from dlts.services.transaction import transaction, transactional
 from dlts.strict import is_whole_number
 
 NODE_TOKEN_PREFIX = "dltsn_"
-REPAIR_ACTIONS = ("reset_gpu", "restart_service", "reboot", "drop_caches")
-NEEDS_TARGET = {"reset_gpu": "the GPU index or UUID", "restart_service": "the service name"}
+REPAIR_ACTIONS = ("reset_gpu", "restart_service", "reboot", "drop_caches", "gpu_diag")
+NEEDS_TARGET = {"reset_gpu": "the GPU index or UUID", "restart_service": "the service name",
+                "gpu_diag": "LEVEL[:GPU,...], e.g. 1:3 (dcgmi diag level 1-4, on GPU 3; all GPUs without one)"}
+DIAG_TARGET = re.compile(r"[1-4](:[^,:]+(,[^,:]+)*)?")
 # agent result status -> order status
+# what the agent reports for an order (docs/agent.md) -> the order's status here
 RESULT_STATUS = {"succeeded": OrderStatus.DONE, "dry_run": OrderStatus.DONE, "failed": OrderStatus.FAILED,
-                 "rejected": OrderStatus.FAILED, "in_progress": OrderStatus.SENT}
+                 "rejected": OrderStatus.FAILED, "skipped": OrderStatus.FAILED, "in_progress": OrderStatus.SENT}
 SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
 HISTORY_ROWS = 50
 
@@ -248,6 +252,8 @@ def repair(session: Session, principal: Principal, name: str, action: str, targe
             raise InvalidInput(f"action must be one of {', '.join(REPAIR_ACTIONS)}.", details={"field": "action"})
         if action in NEEDS_TARGET and not target:
             raise InvalidInput(f"{action} needs target: {NEEDS_TARGET[action]}.", details={"field": "target"})
+        if action == "gpu_diag" and not DIAG_TARGET.fullmatch(target or ""):
+            raise InvalidInput(f"gpu_diag target {target!r}: expected {NEEDS_TARGET['gpu_diag']}.", details={"field": "target"})
         node = _node(session, name)
         busy = session.scalar(sa.select(sa.func.count(NodeOrder.id)).where(
             NodeOrder.node_id == node.id, NodeOrder.status.in_(OPEN_ORDER), NodeOrder.dry_run.is_(False)))
