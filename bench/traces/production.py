@@ -2,6 +2,8 @@
 
     python bench/traces/production.py                       # rewrites production.csv + production_cluster.yaml
     python bench/traces/production.py --jobs 20000 --days 60 --out-dir /tmp/prod --seed 7
+    # production_28d.csv: 28 days below capacity, every job with a limit (docs/benchmarks.md)
+    python bench/traces/production.py --load 0.8 --days 28 --max-share 0.5 --no-limit 0 --name production_28d
 
 The shape follows what published GPU-cluster traces report (Philly 2017, PAI 2020, Helios 2020):
 
@@ -13,6 +15,14 @@ The shape follows what published GPU-cluster traces report (Philly 2017, PAI 202
   user submits 10-60 similar jobs within minutes.
 * Several VCs of different sizes; a tenth of jobs preemptible; most users set a ``max_time_s``
   (a rounded-up guess 1.2-3x the real run), the rest run under the VC's limit.
+
+``--load L`` solves the job count for an offered load of L (GPU time submitted / capacity over the
+horizon; the closest of a few draws, since one multi-day gang moves it by a few percent) and
+gives each VC jobs in proportion to its quota, so no VC is overloaded in the long run (bursts
+and heavy-tailed jobs still push single VCs over it for days). ``--max-share S`` caps a job at S
+of its VC's quota (whole 8-GPU nodes; a team with 64 GPUs does not submit 64-GPU gangs that
+need its whole quota empty). ``--no-limit`` is the share of jobs without a ``max_time_s``;
+``--limit-over LO HI`` and ``--limit-round`` shape the users' guesses.
 
 The cluster (production_cluster.yaml): 64 a100 nodes (512 GPUs) in 4 IB domains of 16 nodes, 4
 VCs whose quotas add up to the cluster (vision 192, nlp 160, speech 96, research 64), every VC on
@@ -155,13 +165,17 @@ def generate_at_load(load: float, days: float, seed: int, no_limit: float, max_s
     ``load`` times the cluster's capacity over ``days`` (the job count is solved for; the
     shape of each job is the same as ``generate``'s)."""
     n = 1000
-    for _ in range(6):
+    best: tuple[float, list[list]] | None = None
+    for _ in range(12):  # one heavy-tailed job moves the total: keep the closest draw
         rows = generate(n, days, seed, QUOTA_SHARES, no_limit, max_share)
         got = offered(rows, days)["cluster"]
+        if best is None or abs(got - load) < best[0]:
+            best = (abs(got - load), rows)
         if abs(got - load) < 0.01:
             break
         n = max(100, round(n * load / got))
-    return rows
+    assert best is not None
+    return best[1]
 
 
 def main() -> None:

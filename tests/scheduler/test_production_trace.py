@@ -38,6 +38,26 @@ def test_the_trace_is_heavy_tailed_bursty_and_seeded() -> None:
     assert len({r[2] for r in rows}) == 4
 
 
+def test_the_load_mode_hits_the_offered_load_with_quota_shaped_vcs_and_limits() -> None:
+    mod = _module()
+    mod.LIMIT["over"], mod.LIMIT["round_s"] = (1.2, 3.0), 3600.0
+    rows = mod.generate_at_load(0.8, 7, seed=3, no_limit=0.0, max_share=0.5)
+    load = mod.offered(rows, 7)
+    assert abs(load["cluster"] - 0.8) < 0.1
+    # every job sets a limit that covers its run, rounded up to the hour, at most 3x + an hour
+    for r in rows:
+        limit, run = int(r[9]), float(r[8])
+        assert run <= limit <= min(7 * 86400, run * 3 + 3600) and limit % 3600 == 0
+    # no job asks more than half its VC's quota (whole nodes, at least 8 GPUs)
+    for r in rows:
+        assert int(r[6]) * max(1, int(r[7])) <= max(8, mod.QUOTA[r[2]] // 2)
+    # jobs by VC roughly in proportion to the quotas (research has the smallest share)
+    counts = {vc: sum(1 for r in rows if r[2] == vc) for vc in mod.QUOTA}
+    assert counts["vision"] > counts["nlp"] > counts["speech"] > counts["research"] > 0
+    # the default trace (no --load) is what it was: the old VC shares and limits
+    assert mod.generate(200, 2, seed=19) == mod.generate(200, 2, seed=19, vcs=mod.VCS, no_limit=0.3)
+
+
 def test_a_replay_under_backfill_obeys_the_rules(tmp_path) -> None:
     subprocess.run([sys.executable, str(SCRIPT), "--jobs", "300", "--days", "1", "--out-dir", str(tmp_path)],
                    check=True, capture_output=True)
