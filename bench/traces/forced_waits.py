@@ -11,7 +11,10 @@ SCHEDULING.md's rules (the VC guarantee caps a VC's non-preemptible GPUs at its 
 preemptible work is ever preempted) no decision taken after the job was submitted could have
 started it earlier than that, whatever the policy (only leaving quota idle *before* it arrived,
 which needs knowing it will come, could).
-The jobs are listed by wait, worst first, with the forced part next to it.
+The jobs are listed by wait, worst first, with the forced part next to it, and the *older work*
+part: until when the VC's non-preemptible work submitted before the job (running or started later
+in the replay) kept the quota too full for it. A policy that keeps the VC's order serves that work
+first; the wait beyond it is younger work passing the job.
 """
 
 from __future__ import annotations
@@ -51,9 +54,34 @@ def forced_waits(cluster_path: Path, trace_path: Path, result: dict, min_gpus: i
             used -= g
             free_at = end
         rows.append({"id": j["id"], "vc": t.vc, "gpus": size, "wait_s": j["start_s"] - t.submit_s,
-                     "forced_s": free_at - t.submit_s})
+                     "forced_s": free_at - t.submit_s,
+                     "older_s": _older_free(jobs, trace, t, j, quota, size) - t.submit_s})
     rows.sort(key=lambda r: -r["wait_s"])
     return rows
+
+
+def _older_free(jobs: list[dict], trace: dict, t, j: dict, quota: int, size: int) -> float:
+    """The first time from the job's submission at which it, running its real duration, fits in
+    its VC's quota next to the VC's non-preemptible work *submitted before it*, as that work really
+    ran (running then, or started later in this replay). Up to it the job waited for older work of
+    its VC, which a policy that keeps the VC's order serves first (backfill lets a job start next
+    to it only if it delays none of it); the wait beyond it is younger work passing the job (RF's
+    starvation) or room lost to nodes rather than quota."""
+    spans: list[tuple[float, float, int]] = []
+    for x in jobs:
+        tx = trace[str(x["id"])]
+        if x is j or tx.vc != t.vc or tx.preemptible or tx.sku != t.sku or tx.submit_s >= t.submit_s:
+            continue
+        for a in x["attempts"]:
+            end = a["end_s"] if a["end_s"] is not None else float("inf")
+            if end > t.submit_s:
+                spans.append((a["start_s"], end, sum(len(v) for v in a["gpus"].values())))
+    run = float(t.duration_s)
+    for at in sorted({t.submit_s} | {e for _s, e, _g in spans if e > t.submit_s}):
+        points = [at] + [s0 for s0, _e, _g in spans if at < s0 < at + run]
+        if all(quota - sum(g for s0, e, g in spans if s0 <= p < e) >= size for p in points):
+            return at
+    return float("inf")
 
 
 def main() -> None:
@@ -69,7 +97,7 @@ def main() -> None:
         print(f"{path}: {len(rows)} non-preemptible jobs of >= {args.min_gpus} GPUs")
         for r in rows[: args.top]:
             print(f"  {r['id']:>16} {r['vc']:>9} {r['gpus']:>3} GPUs  wait {r['wait_s'] / 3600:7.1f} h"
-                  f"  forced {r['forced_s'] / 3600:7.1f} h")
+                  f"  forced {r['forced_s'] / 3600:7.1f} h  older work {r['older_s'] / 3600:7.1f} h")
 
 
 if __name__ == "__main__":

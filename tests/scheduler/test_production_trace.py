@@ -38,6 +38,26 @@ def test_the_trace_is_heavy_tailed_bursty_and_seeded() -> None:
     assert len({r[2] for r in rows}) == 4
 
 
+def test_the_load_mode_hits_the_offered_load_with_quota_shaped_vcs_and_limits() -> None:
+    mod = _module()
+    mod.LIMIT["over"], mod.LIMIT["round_s"] = (1.2, 3.0), 3600.0
+    rows = mod.generate_at_load(0.8, 7, seed=3, no_limit=0.0, max_share=0.5)
+    load = mod.offered(rows, 7)
+    assert abs(load["cluster"] - 0.8) < 0.1
+    # every job sets a limit that covers its run, rounded up to the hour, at most 3x + an hour
+    for r in rows:
+        limit, run = int(r[9]), float(r[8])
+        assert run <= limit <= min(7 * 86400, run * 3 + 3600) and limit % 3600 == 0
+    # no job asks more than half its VC's quota (whole nodes, at least 8 GPUs)
+    for r in rows:
+        assert int(r[6]) * max(1, int(r[7])) <= max(8, mod.QUOTA[r[2]] // 2)
+    # jobs by VC roughly in proportion to the quotas (research has the smallest share)
+    counts = {vc: sum(1 for r in rows if r[2] == vc) for vc in mod.QUOTA}
+    assert counts["vision"] > counts["nlp"] > counts["speech"] > counts["research"] > 0
+    # the default trace (no --load) is what it was: the old VC shares and limits
+    assert mod.generate(200, 2, seed=19) == mod.generate(200, 2, seed=19, vcs=mod.VCS, no_limit=0.3)
+
+
 def test_a_replay_under_backfill_obeys_the_rules(tmp_path) -> None:
     subprocess.run([sys.executable, str(SCRIPT), "--jobs", "300", "--days", "1", "--out-dir", str(tmp_path)],
                    check=True, capture_output=True)
@@ -71,4 +91,55 @@ def test_forced_waits_count_only_the_vcs_own_work_running_at_submit(tmp_path) ->
         {"id": "big", "start_s": 150.0, "attempts": [attempt(150.0, 200.0, "g000")]},
     ]}
     rows = mod.forced_waits(tmp_path / "c.yaml", tmp_path / "t.csv", result)
-    assert rows == [{"id": "big", "vc": "v", "gpus": 16, "wait_s": 140.0, "forced_s": 90.0}]
+    assert rows == [{"id": "big", "vc": "v", "gpus": 16, "wait_s": 140.0, "forced_s": 90.0, "older_s": 90.0}]
+
+
+def test_older_work_counts_the_vcs_work_submitted_before_the_job_even_if_it_starts_later(tmp_path) -> None:
+    spec = importlib.util.spec_from_file_location("forced_waits", ROOT / "bench" / "traces" / "forced_waits.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)  # type: ignore[union-attr]
+    (tmp_path / "c.yaml").write_text(
+        "skus:\n  a100: {gpus: 8, cpu: 96, memory_gb: 900}\nnodes:\n  - {prefix: g, count: 4, sku: a100}\n"
+        "vcs:\n  - {name: v, quota: {a100: 16}}\n")
+    head = "id,submit_s,vc,user,type,sku,gpus,nodes,duration_s,max_time_s,priority,preemptible\n"
+    (tmp_path / "t.csv").write_text(head + "a,0,v,ann,batch,a100,8,0,100,,100,false\n"
+                                    "older,5,v,ann,batch,a100,8,0,300,,100,false\n"
+                                    "big,10,v,bob,distributed,a100,8,2,50,,100,false\n"
+                                    "young,20,v,cy,batch,a100,8,0,400,,100,false\n")
+
+    def attempt(start, end, node):
+        return {"start_s": start, "end_s": end, "gpus": {node: list(range(8))}}
+
+    result = {"jobs": [
+        {"id": "a", "start_s": 0.0, "attempts": [attempt(0.0, 100.0, "g000")]},
+        {"id": "older", "start_s": 100.0, "attempts": [attempt(100.0, 400.0, "g000")]},  # queued, then ran
+        {"id": "young", "start_s": 400.0, "attempts": [attempt(400.0, 800.0, "g001")]},  # passed it: not counted
+        {"id": "big", "start_s": 800.0, "attempts": [attempt(800.0, 850.0, "g002")]},
+    ]}
+    rows = mod.forced_waits(tmp_path / "c.yaml", tmp_path / "t.csv", result)
+    # running at submit: a (until 100); submitted before it: a and older (from 100 to 400)
+    assert rows == [{"id": "big", "vc": "v", "gpus": 16, "wait_s": 790.0, "forced_s": 90.0, "older_s": 390.0}]
+
+
+def test_older_work_that_starts_during_the_jobs_run_counts_too(tmp_path) -> None:
+    spec = importlib.util.spec_from_file_location("forced_waits", ROOT / "bench" / "traces" / "forced_waits.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)  # type: ignore[union-attr]
+    (tmp_path / "c.yaml").write_text(
+        "skus:\n  a100: {gpus: 8, cpu: 96, memory_gb: 900}\nnodes:\n  - {prefix: g, count: 4, sku: a100}\n"
+        "vcs:\n  - {name: v, quota: {a100: 16}}\n")
+    head = "id,submit_s,vc,user,type,sku,gpus,nodes,duration_s,max_time_s,priority,preemptible\n"
+    # the quota is free at submission, but older work queued for it starts 30 s later and runs 200 s:
+    # the 50-second big job fits next to it only once it has ended
+    (tmp_path / "t.csv").write_text(head + "older,5,v,ann,batch,a100,8,0,200,,100,false\n"
+                                    "big,10,v,bob,distributed,a100,8,2,50,,100,false\n")
+
+    def attempt(start, end, node):
+        return {"start_s": start, "end_s": end, "gpus": {node: list(range(8))}}
+
+    result = {"jobs": [
+        {"id": "older", "start_s": 40.0, "attempts": [attempt(40.0, 240.0, "g000")]},
+        {"id": "big", "start_s": 240.0, "attempts": [attempt(240.0, 290.0, "g001")]},
+    ]}
+    rows = mod.forced_waits(tmp_path / "c.yaml", tmp_path / "t.csv", result)
+    assert rows == [{"id": "big", "vc": "v", "gpus": 16, "wait_s": 230.0, "forced_s": 0.0, "older_s": 230.0}]
