@@ -14,12 +14,16 @@ import logging
 import sys
 from collections.abc import Callable
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from dlts.config import ConfigError, Settings, load_settings
+from dlts.config_layers import ConfigError
 from dlts.errors import DltsError
+
+if TYPE_CHECKING:
+    from dlts.config import Settings
+    from dlts.storage.settings import StorageSettings
 
 
 class Context:
@@ -30,11 +34,27 @@ class Context:
     @property
     def settings(self) -> Settings:
         if self._settings is None:
+            from dlts.config import load_settings  # every section's model: ~0.07 s of CPU, so not at import
+
             try:
                 self._settings = load_settings(self.config_file)
             except ConfigError as exc:
                 raise click.ClickException(str(exc)) from None
         return self._settings
+
+    @property
+    def storage_settings(self) -> StorageSettings:
+        """The ``storage:`` section alone (the same file and ``DLTS_STORAGE__*`` variables), for a
+        command that needs nothing else: the other sections are neither built nor checked."""
+        if self._settings is not None:
+            return self._settings.storage
+        from dlts.config_layers import load_section
+        from dlts.storage.settings import StorageSettings
+
+        try:
+            return load_section("storage", StorageSettings, self.config_file)
+        except ConfigError as exc:
+            raise click.ClickException(str(exc)) from None
 
     @contextmanager
     def sessions(self):
@@ -74,7 +94,29 @@ class Context:
 pass_ctx = click.make_pass_decorator(Context)
 
 
-class SectionedGroup(click.Group):
+class OnDemandGroup(click.Group):
+    """A group some of whose commands are added when first needed: before it lists its commands, or
+    looks up a name it does not have yet, it runs its ``on_demand`` registrations (once each)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.on_demand: list[Callable[[], None]] = []
+
+    def load_on_demand(self) -> None:
+        while self.on_demand:
+            self.on_demand.pop(0)()
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        self.load_on_demand()
+        return super().list_commands(ctx)
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name not in self.commands:
+            self.load_on_demand()
+        return super().get_command(ctx, name)
+
+
+class SectionedGroup(OnDemandGroup):
     """``dlts --help`` lists the user commands (they talk to the REST API, from anywhere) apart from
     the server commands (they run on the control host with the database's credentials). A command
     is a user command when it carries ``dlts_section = "user"``; a server group's user subcommands
@@ -89,6 +131,8 @@ class SectionedGroup(click.Group):
         return sorted(set(super().list_commands(ctx)) | set(self.lazy))
 
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name not in self.commands:
+            self.load_on_demand()
         if name not in self.commands and name in self.lazy:
             self.add_command(self.lazy[name](), name)
         return super().get_command(ctx, name)
@@ -398,7 +442,7 @@ def user_password(ctx: Context, name: str, generate: bool) -> None:
     click.echo(f"password of {name} set" + (f": {password}" if generate else ""))
 
 
-@main.group()
+@main.group(cls=OnDemandGroup)
 def vc() -> None:
     """Virtual clusters (`vc show` asks the REST API; the others use the database)."""
 
@@ -784,13 +828,17 @@ def storage_scan(ctx: Context, paths: tuple[str, ...], as_json: bool, record: bo
 
     from dlts.storage.scan import COMPLETE, scan_path
 
-    storage_settings = ctx.settings.storage
+    # the storage: section alone; the whole configuration (the database's) only for a configured root
+    storage_settings = ctx.storage_settings
     if record:
         unknown = [p for p in paths if storage_settings.root(os.path.abspath(p)) is None]
         if unknown:
             raise click.UsageError(f"--record: {', '.join(unknown)} is not in storage.roots")
     results = []
     configured = [storage_settings.root(os.path.abspath(p)) for p in paths]
+    if any(configured):
+        storage_settings = ctx.settings.storage  # every section checked, as every other server command does
+        configured = [storage_settings.root(os.path.abspath(p)) for p in paths]
     with ctx.sessions() if any(configured) else contextlib.nullcontext() as sessions:
         manager = None
         if sessions is not None:  # the database's users name the uids (the manager and its models load only then)
@@ -918,14 +966,24 @@ def _sim_command() -> click.Command:
 main.lazy = {"render": _render_command, "sim": _sim_command}
 
 
+_user_commands_registered = False
+
+
 def _register_user_commands() -> None:
-    """The user CLI (src/dlts/client): submit, jobs, logs, ... over the REST API."""
+    """The user CLI (src/dlts/client): submit, jobs, logs, ... over the REST API. Registered when
+    ``dlts`` or ``dlts vc`` first lists its commands or meets a name it lacks, so a server command
+    (``dlts storage scan``) does not import the client, yaml among it (~0.03 s of CPU)."""
+    global _user_commands_registered
+    if _user_commands_registered:
+        return
+    _user_commands_registered = True
     from dlts.client.commands import register
 
     register(main, vc)
 
 
-_register_user_commands()
+main.on_demand.append(_register_user_commands)
+vc.on_demand.append(_register_user_commands)  # type: ignore[attr-defined]
 
 
 if __name__ == "__main__":

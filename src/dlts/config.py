@@ -17,10 +17,20 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from dlts.backends.k8s_settings import KubernetesSettings, cidr_list
+from dlts.config_layers import (
+    ENV_PREFIX,
+    MOVED_KEYS,
+    SYSTEM_CONFIG,
+    ConfigError,
+    config_path,
+    invalid,
+    merge_section,
+    read_file,
+    section_from_env,
+)
 from dlts.directory_settings import DirectorySettings
 from dlts.insight.settings import InsightSettings
 from dlts.notify_settings import NotifySettings
@@ -28,13 +38,9 @@ from dlts.repair.settings import RepairSettings
 from dlts.storage.settings import StorageSettings
 from dlts.strict import is_whole_number
 
-ENV_PREFIX = "DLTS_"
-SYSTEM_CONFIG = Path("/etc/dlts/dlts.yaml")
 DEFAULT_HOME = Path(".dlts")
-
-
-class ConfigError(Exception):
-    """Start-up refused: the message names the key and says what is wrong."""
+__all__ = ["ENV_PREFIX", "MOVED_KEYS", "SYSTEM_CONFIG", "ConfigError", "Settings", "config_path", "describe",
+           "load_settings", "require_production_secrets", "require_trusted_local_backend"]
 
 
 class SkuReserve(BaseModel):
@@ -312,28 +318,6 @@ class Settings(BaseModel):
         return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def _read_file(path: Path) -> dict[str, Any]:
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
-    try:
-        data = yaml.safe_load(text) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"config file {path} must be a mapping of key: value")
-    return data
-
-
-# Keys that moved into the kubernetes: section (an old file is refused with the new name).
-MOVED_KEYS = {
-    "kubeconfig": "kubernetes.kubeconfig",
-    "namespace": "kubernetes.namespace",
-    "node_label_sku": "kubernetes.sku_label",
-    "node_label_ib_domain": "kubernetes.ib_domain_label",
-    "node_label_vc": "kubernetes.vc_label",
-}
 # Sections whose keys the environment sets one by one: DLTS_KUBERNETES__NAMESPACE=jobs,
 # DLTS_STORAGE__SCAN_INTERVAL_S=600, DLTS_INSIGHT__IDLE_MIN=45, DLTS_DIRECTORY__URL=ldaps://... (lists
 # such as storage.roots and directory.vc_roles are the file's).
@@ -344,37 +328,21 @@ SECTIONS: dict[str, type[BaseModel]] = {"kubernetes": KubernetesSettings, "stora
 def _from_env(environ: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, str]]:
     """The settings the environment gives, and for each (dotted) key the variable it came from."""
     known = {name.upper(): name for name in Settings.model_fields}
-    sections = {name.upper(): (name, {key.upper(): key for key in model.model_fields})
-                for name, model in SECTIONS.items()}
     values: dict[str, Any] = {}
     origins: dict[str, str] = {}
+    for name, model in SECTIONS.items():
+        section_from_env(name, {key.upper(): key for key in model.model_fields}, environ, values, origins)
     for key, raw in environ.items():
         if not key.startswith(ENV_PREFIX) or key in ("DLTS_CONFIG", "DLTS_TEST_DATABASE_URL"):
             continue
         rest = key[len(ENV_PREFIX):]
         if "__" in rest:
-            section, _, sub = rest.partition("__")
-            if section in sections and sub in sections[section][1]:
-                name, subkey = sections[section][0], sections[section][1][sub]
-                values.setdefault(name, {})[subkey] = raw
-                origins[f"{name}.{subkey}"] = key
             continue
         field = known.get(rest)
         if field is not None and field not in SECTIONS:
             values[field] = raw
             origins[field] = key
     return values, origins
-
-
-def config_path(explicit: str | os.PathLike[str] | None, environ: Mapping[str, str]) -> Path | None:
-    if explicit:
-        return Path(explicit)
-    if environ.get("DLTS_CONFIG"):
-        return Path(environ["DLTS_CONFIG"])
-    if environ.get("DLTS_HOME"):
-        candidate = Path(environ["DLTS_HOME"]) / "dlts.yaml"
-        return candidate if candidate.exists() else None
-    return SYSTEM_CONFIG if SYSTEM_CONFIG.exists() else None
 
 
 def load_settings(
@@ -388,32 +356,19 @@ def load_settings(
     if environ.get("DLTS_HOME"):
         values["home"] = environ["DLTS_HOME"]
     path = config_path(config_file, environ)
-    source = {"file": str(path)} if path else {}
     if path is not None:
-        values.update(_read_file(path))
+        values.update(read_file(path))
     from_env, origins = _from_env(environ)
     for name, value in from_env.items():
         if name in SECTIONS:  # the environment sets single keys of the file's section
-            section = values.get(name)
-            values[name] = {**(section if isinstance(section, dict) else {}), **value}
+            values[name] = merge_section(values.get(name), value)
         else:
             values[name] = value
     values.update(overrides)
     try:
         return Settings(**values)
     except ValidationError as exc:
-        problems = []
-        for err in exc.errors():
-            key = ".".join(str(p) for p in err["loc"]) or "?"
-            origin = origins.get(key, key)
-            if err["type"] == "extra_forbidden" and key in MOVED_KEYS:
-                problems.append(f"{origin}: moved into the kubernetes: section, write it as {MOVED_KEYS[key]}")
-            elif err["type"] == "extra_forbidden":
-                problems.append(f"{origin}: unknown key (known keys: see docs/configuration.md)")
-            else:
-                problems.append(f"{origin}: {err['msg']} (got {err.get('input')!r})")
-        where = f" in {source['file']}" if source else ""
-        raise ConfigError(f"invalid configuration{where}: " + "; ".join(problems)) from None
+        raise invalid(exc, origins, path) from None
 
 
 def describe(settings: Settings) -> list[str]:
