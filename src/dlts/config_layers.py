@@ -4,7 +4,7 @@ of a section, and the one-line error that names each bad key and where it came f
 ``dlts.config`` builds the whole ``Settings`` from these; a command that needs one section only
 (``dlts storage scan`` of a path outside ``storage.roots``) builds that section with ``load_section``
 and so does not import, or build the pydantic models of, every other section (~0.07 s of CPU at
-every start, docs/benchmarks.md#storage-scan). This module imports neither pydantic nor yaml (yaml
+every start, docs/benchmarks.md, *Storage scan*). This module imports neither pydantic nor yaml (yaml
 loads when there is a file to read).
 """
 
