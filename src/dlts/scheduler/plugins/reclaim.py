@@ -11,6 +11,8 @@ two jobs never count on the same room.
 
 from __future__ import annotations
 
+from heapq import heapify, heappop
+
 from dlts.scheduler.framework import ReclaimPlan
 from dlts.scheduler.model import CPU_SKU, Job, Placement, Vc
 from dlts.scheduler.plugins.placement import cpu_pools
@@ -158,18 +160,32 @@ class Reclaim:
                 # Visit nodes by a lower bound on their cost (the first victim they would give
                 # up) and stop once no remaining node can beat the best option found: the same
                 # answer as scanning every node, for a fraction of the work.
-                scored = []
+                # Without victims taken for earlier units, a node's bound is cached on it until
+                # one of its holdings changes. Node names are unique, so the heap orders by
+                # (bound, name) as a sort would and never compares the rest.
+                scored: list[tuple[Cost, str, NodeState, Free]] = []
+                gpus = req.gpus
                 for ns in with_holdings:
                     f = overlay.get(ns.name)
                     if f is None:
-                        if ns.free_gpus + ns.reclaim_gpus < req.gpus:
+                        if ns.free_gpus + ns.reclaim_gpus < gpus:
                             continue  # even freeing everything reclaimable here leaves too few GPUs
                         f = (ns.free_mask, ns.free_cpu, ns.free_memory_bytes)
-                    bound = _lower_bound(ns, chosen_ids, allowed)
+                    if chosen_ids:
+                        bound = _lower_bound(ns, chosen_ids, allowed)
+                    else:
+                        cache = ns.bounds
+                        if cache is None:
+                            cache = ns.bounds = {}
+                        if allowed in cache:
+                            bound = cache[allowed]
+                        else:
+                            bound = cache[allowed] = _lower_bound(ns, chosen_ids, allowed)
                     if bound is not None:
                         scored.append((bound, ns.name, ns, f))
-                scored.sort(key=lambda x: (x[0], x[1]))
-                for bound, _, ns, f in scored:
+                heapify(scored)
+                while scored:
+                    bound, _, ns, f = heappop(scored)
                     if best is not None and best[0][:3] < bound:
                         break
                     option = self._node_option(ns, f, req, chosen_ids, allowed)
