@@ -91,6 +91,8 @@ class BackfillPass:
         self.reservations: list[Reservation] = []
         self.tried = 0
         self._pointers: dict[tuple[object, ...], int] = {}
+        # per shape of ``_one_now``: (reserved log read, reserved nodes in order, nodes too full for it)
+        self._dead_now: dict[tuple[object, ...], tuple[int, list[tuple[int, str]], set[str]]] = {}
         self._refused_plans: dict[tuple[object, ...], list[tuple[int, float, int, float]]] = {}
         self._details: dict[tuple[int, str, float], Rejection] = {}
         self._durations: dict[tuple[float | None, str], float] = {}
@@ -256,11 +258,20 @@ class BackfillPass:
                 self._pointers[key] = ptr
             if reserved and tl is not None:
                 best = None
-                for k, _name in self._reserved_in(pool, tl):
+                # Reserved nodes whose free cores, memory or GPUs are too few for this shape stay
+                # so for the rest of the pass (the pass state only shrinks outside a multi-unit
+                # placement's tentative units, when ``advance`` is False): skipped from then on.
+                live, dead = self._live_reserved(key, pool, tl)
+                died: list[tuple[int, str]] = []
+                for k, name in live:
                     if (found >= 0 and k > found) or best is not None:
                         break
                     ns = nodes[k]
-                    if not _fits_cpu_mem(ns, req) or (g and ns.free_gpus < g) or (not g and not _keeps_gpu_reserve(ns, req)):
+                    if not _fits_cpu_mem(ns, req) or (g and ns.free_gpus < g):
+                        if advance and dead is not None:
+                            died.append((k, name))
+                        continue
+                    if not g and not _keeps_gpu_reserve(ns, req):
                         continue
                     idx = tl.fits(ns, req, self.now, end, free_now=ns.free_mask)
                     if idx is None:
@@ -269,6 +280,11 @@ class BackfillPass:
                             conflict.append(c)
                         continue
                     best = (k, idx)
+                for item in died:
+                    assert dead is not None
+                    dead.add(item[1])
+                    while item in live:
+                        live.remove(item)
                 if best is not None:
                     return Placement(nodes[best[0]].name, best[1], req.cpu, req.memory_bytes)
             if found >= 0:
@@ -347,6 +363,25 @@ class BackfillPass:
                     bisect.insort(items, (k, name))
             self._reserved_lists[key] = (len(tl.reserved_log), items)
         return items
+
+    def _live_reserved(self, key: tuple[object, ...], pool: NodeOrder,
+                       tl: Timeline) -> tuple[list[tuple[int, str]], set[str] | None]:
+        """``_reserved_in`` for one shape of ``_one_now``, less the nodes found too full for it
+        (``dead``; None with the memos off, when the plain list is returned)."""
+        if not tl.memoise:
+            return self._reserved_in(pool, tl), None
+        got = self._dead_now.get(key)
+        if got is None:
+            got = self._dead_now[key] = (0, [], set())
+        cursor, items, dead = got
+        if cursor < len(tl.reserved_log):
+            index = self._index(pool)
+            for name in tl.reserved_log[cursor:]:
+                k = index.get(name)
+                if k is not None and name not in dead:
+                    bisect.insort(items, (k, name))
+            self._dead_now[key] = (len(tl.reserved_log), items, dead)
+        return items, dead
 
     def _rewind(self, names: set[str]) -> None:
         """Room that comes free in the model (reclaimed work): first-fit pointers of the time model
