@@ -89,6 +89,8 @@ class BackfillPass:
         self.depth = max(0, int(state.snapshot.reservation_depth))
         self.timeline: Timeline | None = None
         self.reservations: list[Reservation] = []
+        self._gang_now_index: dict[tuple[int, ...], dict[str, int]] = {}  # per pool list: node -> position
+        self._first_reservation: dict[int, Reservation] = {}  # job id -> its first in ``reservations``
         self.tried = 0
         self._pointers: dict[tuple[object, ...], int] = {}
         # per shape of ``_one_now``: (reserved log read, reserved nodes in order, nodes too full for it)
@@ -173,6 +175,10 @@ class BackfillPass:
             return self._reserved(job, conflict[0], "resources")
         return None
 
+    def _reserve(self, r: Reservation) -> None:
+        self.reservations.append(r)
+        self._first_reservation.setdefault(r.job_id, r)
+
     def _reserved(self, job: Job, rid: int, what: str) -> Rejection:
         key = (rid, what, self.duration(job))
         got = self._details.get(key)
@@ -181,7 +187,7 @@ class BackfillPass:
         return got
 
     def _reserved_detail(self, job: Job, rid: int, what: str) -> Rejection:
-        res = next((r for r in self.reservations if r.job_id == rid), None)
+        res = self._first_reservation.get(rid)
         when = f" from {res.start - self.now:.0f} s from now" if res is not None else ""
         nodes = f" on {', '.join(sorted({p.node for p in res.placements}))}" if res is not None and res.placements else ""
         limit = self.duration(job)
@@ -296,12 +302,15 @@ class BackfillPass:
     def _gang_now(self, pools: Sequence[NodeOrder], req: Request, end: float, tl: Timeline | None,
                   conflict: list[int]) -> list[Placement] | None:
         reserved = tl.reserved_nodes if tl is not None else None
-        index = {}
-        k = 0
-        for pool in pools:
-            for ns in pool.nodes:
-                index[ns.name] = k
-                k += 1
+        index = self._gang_now_index.get(tuple(id(p) for p in pools))  # pools keep their order in a pass
+        if index is None:
+            index = {}
+            k = 0
+            for pool in pools:
+                for ns in pool.nodes:
+                    index[ns.name] = k
+                    k += 1
+            self._gang_now_index[tuple(id(p) for p in pools)] = index
         cands: list[NodeState] = []
         for pool in pools:
             for domain_nodes in pool.whole_by_domain.values():
@@ -451,7 +460,7 @@ class BackfillPass:
         start, placements = got
         end = start + duration if duration < INF else INF
         tl.add_reservation(job, start, end, placements)
-        self.reservations.append(Reservation(job.id, start, end, tuple(placements)))
+        self._reserve(Reservation(job.id, start, end, tuple(placements)))
         detail = f"{rej.detail}; reserved {', '.join(sorted({p.node for p in placements}))} from {start - self.now:.0f} s from now"
         return Rejection(rej.reason, detail, rej.permanent, rej.blocked_by), start
 
@@ -489,7 +498,7 @@ class BackfillPass:
         # The room is this job's from now on (in the model too), so later jobs neither count on it
         # nor reclaim it again; the job starts there once what is in the way has exited.
         tl.add_reservation(job, self.now, end, got)
-        self.reservations.append(Reservation(job.id, self.now, end, tuple(got)))
+        self._reserve(Reservation(job.id, self.now, end, tuple(got)))
         self._held_now.add(job.id)
         return ReclaimPlan(victims, got)
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from heapq import heapify, heappop
 
+from dlts.scheduler import reservations
 from dlts.scheduler.framework import ReclaimPlan
 from dlts.scheduler.model import CPU_SKU, Job, Placement, Vc
 from dlts.scheduler.plugins.placement import cpu_pools
@@ -164,14 +165,14 @@ class Reclaim:
                 # one of its holdings changes. Node names are unique, so the heap orders by
                 # (bound, name) as a sort would and never compares the rest.
                 scored: list[tuple[Cost, str, NodeState, Free]] = []
-                gpus = req.gpus
+                gpus, memo = req.gpus, reservations.MEMOISE
                 for ns in with_holdings:
                     f = overlay.get(ns.name)
                     if f is None:
                         if ns.free_gpus + ns.reclaim_gpus < gpus:
                             continue  # even freeing everything reclaimable here leaves too few GPUs
                         f = (ns.free_mask, ns.free_cpu, ns.free_memory_bytes)
-                    if chosen_ids:
+                    if chosen_ids or not memo:
                         bound = _lower_bound(ns, chosen_ids, allowed)
                     else:
                         cache = ns.bounds
