@@ -105,6 +105,9 @@ class NodeState:
     # reclaim's lower bound on this node's cost per protection level allowed (``reclaim.py``),
     # dropped whenever one of its holdings is added, claimed or told to stop
     bounds: dict[int, tuple[float, ...] | None] | None = None
+    # reclaim's whole-node option per protection level allowed, with the free capacity it was
+    # computed for (``reclaim.py``); dropped with ``bounds``
+    gang: dict[int, tuple[tuple[int, float, int], tuple[tuple[float, ...], list[Holding], float, int] | None]] | None = None
     name: str = ""  # the node's name, copied for the hot loops
     # the GPUs that may ever be free here: all but ``Node.unhealthy_gpus`` (-1: all)
     usable_mask: int = -1
@@ -321,7 +324,7 @@ class PassState:
             if ns is not None:
                 ns.holdings.append(h)
                 ns.reclaim_gpus += len(p.gpu_indices)
-                ns.bounds = None
+                ns.bounds = ns.gang = None
 
     def _budget(self, h: Holding) -> None:
         """Set ``h.protect`` from the preemption budget of the job's VC (``Vc.min_runtime_s``)."""
@@ -345,14 +348,14 @@ class PassState:
             ns = self.nodes.get(p.node)
             if ns is not None:
                 ns.reclaim_gpus -= len(p.gpu_indices)
-                ns.bounds = None
+                ns.bounds = ns.gang = None
 
     def _touch(self, h: Holding) -> None:
         """A holding changed: the reclaim bounds cached on its nodes are stale."""
         for p in h.placements:
             ns = self.nodes.get(p.node)
             if ns is not None:
-                ns.bounds = None
+                ns.bounds = ns.gang = None
 
     # -- usage ---------------------------------------------------------------------------------
 

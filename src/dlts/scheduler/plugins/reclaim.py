@@ -73,6 +73,33 @@ def _lower_bound(ns: NodeState, taken: set[int], allowed: int = 0) -> Cost | Non
     return None
 
 
+WholeOption = tuple[Cost, list[Holding], float, int]  # cost, unclaimed holdings, cores and bytes once freed
+
+
+def _whole_option(ns: NodeState, allowed: int, memo: bool) -> WholeOption | None:
+    """What freeing the whole node would take: None when work that cannot be reclaimed stays.
+    Cached on the node for its free capacity until one of its holdings changes."""
+    free = (ns.free_mask, ns.free_cpu, ns.free_memory_bytes)
+    if memo and ns.gang is not None:
+        got = ns.gang.get(allowed)
+        if got is not None and got[0] == free:
+            return got[1]
+    out: WholeOption | None = None
+    mask, cpu, mem = free
+    hs = [h for h in ns.holdings if not h.claimed]
+    if not any(h.protect > allowed for h in hs):  # work inside its preemption budget stays
+        for h in hs:
+            m, c, b = _share(h, ns)
+            mask, cpu, mem = mask | m, cpu + c, mem + b
+        if mask == ns.full_mask:
+            out = (_set_cost([h for h in hs if not h.stopping]), hs, cpu, mem)
+    if memo:
+        if ns.gang is None:
+            ns.gang = {}
+        ns.gang[allowed] = (free, out)
+    return out
+
+
 class Reclaim:
     name = "reclaim"
 
@@ -261,20 +288,17 @@ class Reclaim:
 
     def _gang(self, state: PassState, pools: list[Pool], req: Request, allowed: int = 0) -> ReclaimPlan | None:
         groups: dict[str, list[tuple[Cost, NodeState, list[Holding]]]] = {}
+        memo = reservations.MEMOISE
         for pool in pools:
             for ns in pool.nodes:
-                mask, cpu, mem = ns.free_mask, ns.free_cpu, ns.free_memory_bytes
-                hs = [h for h in ns.holdings if not h.claimed]
-                if any(h.protect > allowed for h in hs):
-                    continue  # work inside its preemption budget stays on this node
-                for h in hs:
-                    m, c, b = _share(h, ns)
-                    mask, cpu, mem = mask | m, cpu + c, mem + b
-                if mask != ns.full_mask or cpu + 1e-9 < req.cpu or mem < req.memory_bytes:
+                opt = _whole_option(ns, allowed, memo)
+                if opt is None:
+                    continue
+                cost, hs, cpu, mem = opt
+                if cpu + 1e-9 < req.cpu or mem < req.memory_bytes:
                     continue  # something non-preemptible stays on this node
-                new = [h for h in hs if not h.stopping]
                 group = ns.node.ib_domain if req.same_domain else "*"
-                groups.setdefault(group, []).append((_set_cost(new), ns, hs))
+                groups.setdefault(group, []).append((cost, ns, hs))
         best: tuple[Cost, str, ReclaimPlan] | None = None
         for group in sorted(groups):
             options = sorted(groups[group], key=lambda o: (o[0], o[1].name))
