@@ -102,6 +102,12 @@ class NodeState:
     # reclaim could free here, so most nodes are ruled out without looking at their jobs.
     reclaim_gpus: int = 0
     victim_order: list[Holding] | None = None  # holdings sorted for reclaim, built on first use
+    # reclaim's lower bound on this node's cost per protection level allowed (``reclaim.py``),
+    # dropped whenever one of its holdings is added, claimed or told to stop
+    bounds: dict[int, tuple[float, ...] | None] | None = None
+    # reclaim's whole-node option per protection level allowed, with the free capacity it was
+    # computed for (``reclaim.py``); dropped with ``bounds``
+    gang: dict[int, tuple[tuple[int, float, int], tuple[tuple[float, ...], list[Holding], float, int] | None]] | None = None
     name: str = ""  # the node's name, copied for the hot loops
     # the GPUs that may ever be free here: all but ``Node.unhealthy_gpus`` (-1: all)
     usable_mask: int = -1
@@ -299,6 +305,7 @@ class PassState:
         rest = list(job.placements)
         for h in found:
             h.stopping = True
+            self._touch(h)
             if h.retiring:
                 continue
             for p in h.placements:
@@ -317,6 +324,7 @@ class PassState:
             if ns is not None:
                 ns.holdings.append(h)
                 ns.reclaim_gpus += len(p.gpu_indices)
+                ns.bounds = ns.gang = None
 
     def _budget(self, h: Holding) -> None:
         """Set ``h.protect`` from the preemption budget of the job's VC (``Vc.min_runtime_s``)."""
@@ -340,6 +348,14 @@ class PassState:
             ns = self.nodes.get(p.node)
             if ns is not None:
                 ns.reclaim_gpus -= len(p.gpu_indices)
+                ns.bounds = ns.gang = None
+
+    def _touch(self, h: Holding) -> None:
+        """A holding changed: the reclaim bounds cached on its nodes are stale."""
+        for p in h.placements:
+            ns = self.nodes.get(p.node)
+            if ns is not None:
+                ns.bounds = ns.gang = None
 
     # -- usage ---------------------------------------------------------------------------------
 

@@ -89,8 +89,12 @@ class BackfillPass:
         self.depth = max(0, int(state.snapshot.reservation_depth))
         self.timeline: Timeline | None = None
         self.reservations: list[Reservation] = []
+        self._gang_now_index: dict[tuple[int, ...], dict[str, int]] = {}  # per pool list: node -> position
+        self._first_reservation: dict[int, Reservation] = {}  # job id -> its first in ``reservations``
         self.tried = 0
         self._pointers: dict[tuple[object, ...], int] = {}
+        # per shape of ``_one_now``: (reserved log read, reserved nodes in order, nodes too full for it)
+        self._dead_now: dict[tuple[object, ...], tuple[int, list[tuple[int, str]], set[str]]] = {}
         self._refused_plans: dict[tuple[object, ...], list[tuple[int, float, int, float]]] = {}
         self._details: dict[tuple[int, str, float], Rejection] = {}
         self._durations: dict[tuple[float | None, str], float] = {}
@@ -171,6 +175,10 @@ class BackfillPass:
             return self._reserved(job, conflict[0], "resources")
         return None
 
+    def _reserve(self, r: Reservation) -> None:
+        self.reservations.append(r)
+        self._first_reservation.setdefault(r.job_id, r)
+
     def _reserved(self, job: Job, rid: int, what: str) -> Rejection:
         key = (rid, what, self.duration(job))
         got = self._details.get(key)
@@ -179,7 +187,7 @@ class BackfillPass:
         return got
 
     def _reserved_detail(self, job: Job, rid: int, what: str) -> Rejection:
-        res = next((r for r in self.reservations if r.job_id == rid), None)
+        res = self._first_reservation.get(rid)
         when = f" from {res.start - self.now:.0f} s from now" if res is not None else ""
         nodes = f" on {', '.join(sorted({p.node for p in res.placements}))}" if res is not None and res.placements else ""
         limit = self.duration(job)
@@ -256,11 +264,20 @@ class BackfillPass:
                 self._pointers[key] = ptr
             if reserved and tl is not None:
                 best = None
-                for k, _name in self._reserved_in(pool, tl):
+                # Reserved nodes whose free cores, memory or GPUs are too few for this shape stay
+                # so for the rest of the pass (the pass state only shrinks outside a multi-unit
+                # placement's tentative units, when ``advance`` is False): skipped from then on.
+                live, dead = self._live_reserved(key, pool, tl)
+                died: list[tuple[int, str]] = []
+                for k, name in live:
                     if (found >= 0 and k > found) or best is not None:
                         break
                     ns = nodes[k]
-                    if not _fits_cpu_mem(ns, req) or (g and ns.free_gpus < g) or (not g and not _keeps_gpu_reserve(ns, req)):
+                    if not _fits_cpu_mem(ns, req) or (g and ns.free_gpus < g):
+                        if advance and dead is not None:
+                            died.append((k, name))
+                        continue
+                    if not g and not _keeps_gpu_reserve(ns, req):
                         continue
                     idx = tl.fits(ns, req, self.now, end, free_now=ns.free_mask)
                     if idx is None:
@@ -269,6 +286,11 @@ class BackfillPass:
                             conflict.append(c)
                         continue
                     best = (k, idx)
+                for item in died:
+                    assert dead is not None
+                    dead.add(item[1])
+                    while item in live:
+                        live.remove(item)
                 if best is not None:
                     return Placement(nodes[best[0]].name, best[1], req.cpu, req.memory_bytes)
             if found >= 0:
@@ -280,12 +302,15 @@ class BackfillPass:
     def _gang_now(self, pools: Sequence[NodeOrder], req: Request, end: float, tl: Timeline | None,
                   conflict: list[int]) -> list[Placement] | None:
         reserved = tl.reserved_nodes if tl is not None else None
-        index = {}
-        k = 0
-        for pool in pools:
-            for ns in pool.nodes:
-                index[ns.name] = k
-                k += 1
+        index = self._gang_now_index.get(tuple(id(p) for p in pools))  # pools keep their order in a pass
+        if index is None:
+            index = {}
+            k = 0
+            for pool in pools:
+                for ns in pool.nodes:
+                    index[ns.name] = k
+                    k += 1
+            self._gang_now_index[tuple(id(p) for p in pools)] = index
         cands: list[NodeState] = []
         for pool in pools:
             for domain_nodes in pool.whole_by_domain.values():
@@ -347,6 +372,25 @@ class BackfillPass:
                     bisect.insort(items, (k, name))
             self._reserved_lists[key] = (len(tl.reserved_log), items)
         return items
+
+    def _live_reserved(self, key: tuple[object, ...], pool: NodeOrder,
+                       tl: Timeline) -> tuple[list[tuple[int, str]], set[str] | None]:
+        """``_reserved_in`` for one shape of ``_one_now``, less the nodes found too full for it
+        (``dead``; None with the memos off, when the plain list is returned)."""
+        if not tl.memoise:
+            return self._reserved_in(pool, tl), None
+        got = self._dead_now.get(key)
+        if got is None:
+            got = self._dead_now[key] = (0, [], set())
+        cursor, items, dead = got
+        if cursor < len(tl.reserved_log):
+            index = self._index(pool)
+            for name in tl.reserved_log[cursor:]:
+                k = index.get(name)
+                if k is not None and name not in dead:
+                    bisect.insort(items, (k, name))
+            self._dead_now[key] = (len(tl.reserved_log), items, dead)
+        return items, dead
 
     def _rewind(self, names: set[str]) -> None:
         """Room that comes free in the model (reclaimed work): first-fit pointers of the time model
@@ -416,7 +460,7 @@ class BackfillPass:
         start, placements = got
         end = start + duration if duration < INF else INF
         tl.add_reservation(job, start, end, placements)
-        self.reservations.append(Reservation(job.id, start, end, tuple(placements)))
+        self._reserve(Reservation(job.id, start, end, tuple(placements)))
         detail = f"{rej.detail}; reserved {', '.join(sorted({p.node for p in placements}))} from {start - self.now:.0f} s from now"
         return Rejection(rej.reason, detail, rej.permanent, rej.blocked_by), start
 
@@ -454,7 +498,7 @@ class BackfillPass:
         # The room is this job's from now on (in the model too), so later jobs neither count on it
         # nor reclaim it again; the job starts there once what is in the way has exited.
         tl.add_reservation(job, self.now, end, got)
-        self.reservations.append(Reservation(job.id, self.now, end, tuple(got)))
+        self._reserve(Reservation(job.id, self.now, end, tuple(got)))
         self._held_now.add(job.id)
         return ReclaimPlan(victims, got)
 

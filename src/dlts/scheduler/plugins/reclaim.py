@@ -11,6 +11,9 @@ two jobs never count on the same room.
 
 from __future__ import annotations
 
+from heapq import heapify, heappop
+
+from dlts.scheduler import reservations
 from dlts.scheduler.framework import ReclaimPlan
 from dlts.scheduler.model import CPU_SKU, Job, Placement, Vc
 from dlts.scheduler.plugins.placement import cpu_pools
@@ -68,6 +71,33 @@ def _lower_bound(ns: NodeState, taken: set[int], allowed: int = 0) -> Cost | Non
             return (0,)
         return (1, h.job.priority, -(h.job.started_at or 0.0))
     return None
+
+
+WholeOption = tuple[Cost, list[Holding], float, int]  # cost, unclaimed holdings, cores and bytes once freed
+
+
+def _whole_option(ns: NodeState, allowed: int, memo: bool) -> WholeOption | None:
+    """What freeing the whole node would take: None when work that cannot be reclaimed stays.
+    Cached on the node for its free capacity until one of its holdings changes."""
+    free = (ns.free_mask, ns.free_cpu, ns.free_memory_bytes)
+    if memo and ns.gang is not None:
+        got = ns.gang.get(allowed)
+        if got is not None and got[0] == free:
+            return got[1]
+    out: WholeOption | None = None
+    mask, cpu, mem = free
+    hs = [h for h in ns.holdings if not h.claimed]
+    if not any(h.protect > allowed for h in hs):  # work inside its preemption budget stays
+        for h in hs:
+            m, c, b = _share(h, ns)
+            mask, cpu, mem = mask | m, cpu + c, mem + b
+        if mask == ns.full_mask:
+            out = (_set_cost([h for h in hs if not h.stopping]), hs, cpu, mem)
+    if memo:
+        if ns.gang is None:
+            ns.gang = {}
+        ns.gang[allowed] = (free, out)
+    return out
 
 
 class Reclaim:
@@ -158,18 +188,32 @@ class Reclaim:
                 # Visit nodes by a lower bound on their cost (the first victim they would give
                 # up) and stop once no remaining node can beat the best option found: the same
                 # answer as scanning every node, for a fraction of the work.
-                scored = []
+                # Without victims taken for earlier units, a node's bound is cached on it until
+                # one of its holdings changes. Node names are unique, so the heap orders by
+                # (bound, name) as a sort would and never compares the rest.
+                scored: list[tuple[Cost, str, NodeState, Free]] = []
+                gpus, memo = req.gpus, reservations.MEMOISE
                 for ns in with_holdings:
                     f = overlay.get(ns.name)
                     if f is None:
-                        if ns.free_gpus + ns.reclaim_gpus < req.gpus:
+                        if ns.free_gpus + ns.reclaim_gpus < gpus:
                             continue  # even freeing everything reclaimable here leaves too few GPUs
                         f = (ns.free_mask, ns.free_cpu, ns.free_memory_bytes)
-                    bound = _lower_bound(ns, chosen_ids, allowed)
+                    if chosen_ids or not memo:
+                        bound = _lower_bound(ns, chosen_ids, allowed)
+                    else:
+                        cache = ns.bounds
+                        if cache is None:
+                            cache = ns.bounds = {}
+                        if allowed in cache:
+                            bound = cache[allowed]
+                        else:
+                            bound = cache[allowed] = _lower_bound(ns, chosen_ids, allowed)
                     if bound is not None:
                         scored.append((bound, ns.name, ns, f))
-                scored.sort(key=lambda x: (x[0], x[1]))
-                for bound, _, ns, f in scored:
+                heapify(scored)
+                while scored:
+                    bound, _, ns, f = heappop(scored)
                     if best is not None and best[0][:3] < bound:
                         break
                     option = self._node_option(ns, f, req, chosen_ids, allowed)
@@ -244,20 +288,17 @@ class Reclaim:
 
     def _gang(self, state: PassState, pools: list[Pool], req: Request, allowed: int = 0) -> ReclaimPlan | None:
         groups: dict[str, list[tuple[Cost, NodeState, list[Holding]]]] = {}
+        memo = reservations.MEMOISE
         for pool in pools:
             for ns in pool.nodes:
-                mask, cpu, mem = ns.free_mask, ns.free_cpu, ns.free_memory_bytes
-                hs = [h for h in ns.holdings if not h.claimed]
-                if any(h.protect > allowed for h in hs):
-                    continue  # work inside its preemption budget stays on this node
-                for h in hs:
-                    m, c, b = _share(h, ns)
-                    mask, cpu, mem = mask | m, cpu + c, mem + b
-                if mask != ns.full_mask or cpu + 1e-9 < req.cpu or mem < req.memory_bytes:
+                opt = _whole_option(ns, allowed, memo)
+                if opt is None:
+                    continue
+                cost, hs, cpu, mem = opt
+                if cpu + 1e-9 < req.cpu or mem < req.memory_bytes:
                     continue  # something non-preemptible stays on this node
-                new = [h for h in hs if not h.stopping]
                 group = ns.node.ib_domain if req.same_domain else "*"
-                groups.setdefault(group, []).append((_set_cost(new), ns, hs))
+                groups.setdefault(group, []).append((cost, ns, hs))
         best: tuple[Cost, str, ReclaimPlan] | None = None
         for group in sorted(groups):
             options = sorted(groups[group], key=lambda o: (o[0], o[1].name))
