@@ -51,6 +51,24 @@ CASES = [
         details={2: "48 more cores on GPU nodes are kept for their free GPUs"},
     ),
     Case(
+        "no preemption for a CPU-only job that freeing the victim's GPUs would not make room for",
+        # An inference job's two core replicas on one node were listed twice there: reclaim counted
+        # their cores twice, stopped the job for a CPU-only job, and the cores kept for the freed
+        # GPUs left it no room; the job came back and was stopped again, for ever (a property
+        # test's example hung `dlts sim`).
+        snap(
+            [node("n1")],
+            [vc("v", quota={"a100": 8}), vc("w", quota={"a100": 8}, allow_cpu_jobs_on_gpu_nodes=True)],
+            [
+                running(job(1, 1, type=JobType.INFERENCE, preemptible=True, min_replicas=2, max_replicas=3),
+                        ("n1", (0,)), ("n1", (1,)), ("n1", (2,))),
+                _cpu(2, 1.0, vc="w", priority=200, memory_bytes=2 * GIB),
+            ],
+        ),
+        stops={},
+        waits={2: "capacity"},
+    ),
+    Case(
         "cpu_per_gpu leaves the rest of a GPU node's cores to CPU-only jobs",
         snap(
             [node("n1")],

@@ -319,10 +319,15 @@ class PassState:
             self._budget(h)
         self.holdings.append(h)
         self.holdings_by_job[h.job.id].append(h)
+        listed: set[str] = set()
         for p in h.placements:
             ns = self.nodes.get(p.node)
             if ns is not None:
-                ns.holdings.append(h)
+                if p.node not in listed:  # once per node, however many of its placements are there
+                    # (an inference job's core replicas often share a node: listed twice, reclaim
+                    # counted its share twice and preempted it for room that never came)
+                    ns.holdings.append(h)
+                    listed.add(p.node)
                 ns.reclaim_gpus += len(p.gpu_indices)
                 ns.bounds = ns.gang = None
 
