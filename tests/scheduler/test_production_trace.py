@@ -68,10 +68,20 @@ def test_a_replay_under_backfill_obeys_the_rules(tmp_path) -> None:
     assert result["summary"]["finished"] == 300
 
 
-def test_forced_waits_count_only_the_vcs_own_work_running_at_submit(tmp_path) -> None:
+def _forced_waits():
+    """bench/traces/forced_waits.py, which is a script, not a module of the package."""
     spec = importlib.util.spec_from_file_location("forced_waits", ROOT / "bench" / "traces" / "forced_waits.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)  # type: ignore[union-attr]
+    return mod
+
+
+def _attempt(start, end, node):
+    return {"start_s": start, "end_s": end, "gpus": {node: list(range(8))}}
+
+
+def test_forced_waits_count_only_the_vcs_own_work_running_at_submit(tmp_path) -> None:
+    mod = _forced_waits()
     (tmp_path / "c.yaml").write_text(
         "skus:\n  a100: {gpus: 8, cpu: 96, memory_gb: 900}\nnodes:\n  - {prefix: g, count: 4, sku: a100}\n"
         "vcs:\n  - {name: v, quota: {a100: 16}}\n  - {name: w, quota: {a100: 16}}\n")
@@ -81,23 +91,18 @@ def test_forced_waits_count_only_the_vcs_own_work_running_at_submit(tmp_path) ->
                                     "o,0,w,bob,batch,a100,8,0,900,,100,false\n"
                                     "big,10,v,bob,distributed,a100,8,2,50,,100,false\n")
 
-    def attempt(start, end, node):
-        return {"start_s": start, "end_s": end, "gpus": {node: list(range(8))}}
-
     result = {"jobs": [
-        {"id": "a", "start_s": 0.0, "attempts": [attempt(0.0, 100.0, "g000")]},
-        {"id": "p", "start_s": 0.0, "attempts": [attempt(0.0, 500.0, "g001")]},  # preemptible: not counted
-        {"id": "o", "start_s": 0.0, "attempts": [attempt(0.0, 900.0, "g002")]},  # another VC: not counted
-        {"id": "big", "start_s": 150.0, "attempts": [attempt(150.0, 200.0, "g000")]},
+        {"id": "a", "start_s": 0.0, "attempts": [_attempt(0.0, 100.0, "g000")]},
+        {"id": "p", "start_s": 0.0, "attempts": [_attempt(0.0, 500.0, "g001")]},  # preemptible: not counted
+        {"id": "o", "start_s": 0.0, "attempts": [_attempt(0.0, 900.0, "g002")]},  # another VC: not counted
+        {"id": "big", "start_s": 150.0, "attempts": [_attempt(150.0, 200.0, "g000")]},
     ]}
     rows = mod.forced_waits(tmp_path / "c.yaml", tmp_path / "t.csv", result)
     assert rows == [{"id": "big", "vc": "v", "gpus": 16, "wait_s": 140.0, "forced_s": 90.0, "older_s": 90.0}]
 
 
 def test_older_work_counts_the_vcs_work_submitted_before_the_job_even_if_it_starts_later(tmp_path) -> None:
-    spec = importlib.util.spec_from_file_location("forced_waits", ROOT / "bench" / "traces" / "forced_waits.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)  # type: ignore[union-attr]
+    mod = _forced_waits()
     (tmp_path / "c.yaml").write_text(
         "skus:\n  a100: {gpus: 8, cpu: 96, memory_gb: 900}\nnodes:\n  - {prefix: g, count: 4, sku: a100}\n"
         "vcs:\n  - {name: v, quota: {a100: 16}}\n")
@@ -107,14 +112,11 @@ def test_older_work_counts_the_vcs_work_submitted_before_the_job_even_if_it_star
                                     "big,10,v,bob,distributed,a100,8,2,50,,100,false\n"
                                     "young,20,v,cy,batch,a100,8,0,400,,100,false\n")
 
-    def attempt(start, end, node):
-        return {"start_s": start, "end_s": end, "gpus": {node: list(range(8))}}
-
     result = {"jobs": [
-        {"id": "a", "start_s": 0.0, "attempts": [attempt(0.0, 100.0, "g000")]},
-        {"id": "older", "start_s": 100.0, "attempts": [attempt(100.0, 400.0, "g000")]},  # queued, then ran
-        {"id": "young", "start_s": 400.0, "attempts": [attempt(400.0, 800.0, "g001")]},  # passed it: not counted
-        {"id": "big", "start_s": 800.0, "attempts": [attempt(800.0, 850.0, "g002")]},
+        {"id": "a", "start_s": 0.0, "attempts": [_attempt(0.0, 100.0, "g000")]},
+        {"id": "older", "start_s": 100.0, "attempts": [_attempt(100.0, 400.0, "g000")]},  # queued, then ran
+        {"id": "young", "start_s": 400.0, "attempts": [_attempt(400.0, 800.0, "g001")]},  # passed it: not counted
+        {"id": "big", "start_s": 800.0, "attempts": [_attempt(800.0, 850.0, "g002")]},
     ]}
     rows = mod.forced_waits(tmp_path / "c.yaml", tmp_path / "t.csv", result)
     # running at submit: a (until 100); submitted before it: a and older (from 100 to 400)
@@ -122,9 +124,7 @@ def test_older_work_counts_the_vcs_work_submitted_before_the_job_even_if_it_star
 
 
 def test_older_work_that_starts_during_the_jobs_run_counts_too(tmp_path) -> None:
-    spec = importlib.util.spec_from_file_location("forced_waits", ROOT / "bench" / "traces" / "forced_waits.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)  # type: ignore[union-attr]
+    mod = _forced_waits()
     (tmp_path / "c.yaml").write_text(
         "skus:\n  a100: {gpus: 8, cpu: 96, memory_gb: 900}\nnodes:\n  - {prefix: g, count: 4, sku: a100}\n"
         "vcs:\n  - {name: v, quota: {a100: 16}}\n")
@@ -134,12 +134,9 @@ def test_older_work_that_starts_during_the_jobs_run_counts_too(tmp_path) -> None
     (tmp_path / "t.csv").write_text(head + "older,5,v,ann,batch,a100,8,0,200,,100,false\n"
                                     "big,10,v,bob,distributed,a100,8,2,50,,100,false\n")
 
-    def attempt(start, end, node):
-        return {"start_s": start, "end_s": end, "gpus": {node: list(range(8))}}
-
     result = {"jobs": [
-        {"id": "older", "start_s": 40.0, "attempts": [attempt(40.0, 240.0, "g000")]},
-        {"id": "big", "start_s": 240.0, "attempts": [attempt(240.0, 290.0, "g001")]},
+        {"id": "older", "start_s": 40.0, "attempts": [_attempt(40.0, 240.0, "g000")]},
+        {"id": "big", "start_s": 240.0, "attempts": [_attempt(240.0, 290.0, "g001")]},
     ]}
     rows = mod.forced_waits(tmp_path / "c.yaml", tmp_path / "t.csv", result)
     assert rows == [{"id": "big", "vc": "v", "gpus": 16, "wait_s": 230.0, "forced_s": 0.0, "older_s": 230.0}]
