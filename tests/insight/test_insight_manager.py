@@ -136,11 +136,11 @@ def test_a_report_older_than_two_intervals_stops_the_policy(client, world, sessi
     idle = gpu_metrics({0: (job_id, 0.0), 1: (job_id, 0.0)})
     token = node_token(sessions)
     history(sessions, 45, idle)
-    report(client, token, idle)
     set_policy(client, world, idle_warn_min=30, idle_action_min=0.01, idle_action="pause")
-    insight = manager(sessions, settings, report_interval_s=0.5)
+    insight = manager(sessions, settings, report_interval_s=1.0)
+    report(client, token, idle)  # fresh for two intervals (2 s): a loaded CI machine took > 1 s here
     assert insight.run_once().warned == 1
-    time.sleep(1.5)  # the node is silent for three report intervals: its data is stale
+    time.sleep(3)  # the node is silent for three report intervals: its data is stale
     run = insight.run_once()
     assert (run.stale, run.acted) == (1, 0) and job(client, world, job_id)["status"] == "running"
     report(client, token, idle)
