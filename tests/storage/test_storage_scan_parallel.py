@@ -211,23 +211,34 @@ def test_workers_are_forked_only_from_a_process_of_one_thread(tmp_path):
     assert forked.to_dict()["files"] == expected_totals(root)["files"]
 
 
-def test_forked_workers_end_when_the_scanning_process_dies(tmp_path):
-    """A forked worker inherits the scanning process's ends of the pipes; it closes them, so that when
-    that process is killed its next message fails and it ends, instead of waiting for ever."""
+def _slow_scan_in_a_subprocess(tmp_path, **popen):
+    """A scan by two workers, each taking 0.2 s a directory, in a process of its own; returned once
+    both workers are walking, with the folder where each records its directories. The process
+    prints how its workers started, or "interrupted" on Ctrl-C."""
     root = make_tree(tmp_path)
     log = tmp_path / "log"
     log.mkdir()
     script = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import walk_hooks\n"
               "from dlts.storage.scan import scan_root\n"
               "from dlts.storage.settings import StorageRoot, StorageSettings\n"
-              f"r = scan_root(StorageRoot(path={str(root)!r}), StorageSettings(processes_per_root=2),"
+              "try:\n"
+              f"    r = scan_root(StorageRoot(path={str(root)!r}), StorageSettings(processes_per_root=2),"
               " before_dir=walk_hooks.log_worker_very_slowly)\n"
-              "print(r.worker_start)\n")
+              "    print(r.worker_start)\n"
+              "except KeyboardInterrupt:\n"
+              "    print('interrupted')\n")
     scanner = subprocess.Popen([sys.executable, "-c", script], env={**os.environ, "DLTS_TEST_WALK_LOG": str(log)},
-                               stderr=subprocess.PIPE)
+                               **popen)
     deadline = time.monotonic() + 30
     while len(list(log.iterdir())) < 2 and time.monotonic() < deadline:  # both workers are walking
         time.sleep(0.05)
+    return scanner, log
+
+
+def test_forked_workers_end_when_the_scanning_process_dies(tmp_path):
+    """A forked worker inherits the scanning process's ends of the pipes; it closes them, so that when
+    that process is killed its next message fails and it ends, instead of waiting for ever."""
+    scanner, log = _slow_scan_in_a_subprocess(tmp_path, stderr=subprocess.PIPE)
     workers = [int(p.name) for p in log.iterdir()]
     assert len(workers) == 2
     scanner.send_signal(signal.SIGKILL)
@@ -252,22 +263,8 @@ def test_forked_workers_end_when_the_scanning_process_dies(tmp_path):
 def test_ctrl_c_stops_a_scan_without_a_traceback_from_any_worker(tmp_path):
     """Ctrl-C on a terminal signals the whole process group: the scanning process stops its workers
     and exits; the workers print nothing (each used to print its KeyboardInterrupt traceback)."""
-    root = make_tree(tmp_path)
-    log = tmp_path / "log"
-    log.mkdir()
-    script = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import walk_hooks\n"
-              "from dlts.storage.scan import scan_root\n"
-              "from dlts.storage.settings import StorageRoot, StorageSettings\n"
-              "try:\n"
-              f"    scan_root(StorageRoot(path={str(root)!r}), StorageSettings(processes_per_root=2),"
-              " before_dir=walk_hooks.log_worker_very_slowly)\n"
-              "except KeyboardInterrupt:\n"
-              "    print('interrupted')\n")
-    scanner = subprocess.Popen([sys.executable, "-c", script], env={**os.environ, "DLTS_TEST_WALK_LOG": str(log)},
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
-    deadline = time.monotonic() + 30
-    while len(list(log.iterdir())) < 2 and time.monotonic() < deadline:  # both workers are walking
-        time.sleep(0.05)
+    scanner, log = _slow_scan_in_a_subprocess(tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                              start_new_session=True)
     assert len(list(log.iterdir())) == 2
     os.killpg(scanner.pid, signal.SIGINT)
     out, err = scanner.communicate(timeout=60)
