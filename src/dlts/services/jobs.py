@@ -610,21 +610,31 @@ def _cas(session: Session, job: Job, target: JobStatus, actor: str, reason: str,
 def kill(session: Session, principal: Principal, job_id: int, *, reason: str = EndReason.KILLED_BY_USER,
          detail: str | None = None) -> Job:
     """``reason``/``detail``: why, for a kill that is not a person's (the idle-job policy: ``idle_gpus``)."""
+    detail = (detail or f"killed by {principal.name}")[:512]
+    message = detail if reason != EndReason.KILLED_BY_USER else None
     with transaction(session):
         job = _load_for_change(session, principal, job_id, "kill")
-        if job.status is S.KILLING:
-            return job  # already on its way out: asking twice is not an error
-        detail = (detail or f"killed by {principal.name}")[:512]
-        message = detail if reason != EndReason.KILLED_BY_USER else None
-        if job.status in (S.UNAPPROVED, S.QUEUED, S.PAUSED):
-            _cas(session, job, S.KILLED, principal.name, reason,
-                 {"finished_at": utcnow(), "reason": reason, "reason_detail": detail, "queue_position": None,
-                  "estimated_start": None}, message)
-        elif job.status in (S.SCHEDULING, S.RUNNING, S.PAUSING):
-            _cas(session, job, S.KILLING, principal.name, reason, {"reason": reason, "reason_detail": detail}, message)
+        for attempt in range(3):
+            if attempt:
+                # the job manager moved it meanwhile (queued -> scheduling as it started): the
+                # kill applies to its new state, not a 409 for the user to retry by hand
+                session.refresh(job)
+            if job.status is S.KILLING:
+                return job  # already on its way out: asking twice is not an error
+            if job.status in (S.UNAPPROVED, S.QUEUED, S.PAUSED):
+                target, values = S.KILLED, {"finished_at": utcnow(), "reason": reason, "reason_detail": detail,
+                                            "queue_position": None, "estimated_start": None}
+            elif job.status in (S.SCHEDULING, S.RUNNING, S.PAUSING):
+                target, values = S.KILLING, {"reason": reason, "reason_detail": detail}
+            else:
+                raise WrongState(f"Job {job.id} is {job.status.value}; only jobs that have not ended can be killed.",
+                                 code="job_already_ended", details={"status": job.status.value})
+            if job_repo.set_status(session, job.id, job.status, target, actor=principal.name, reason=reason,
+                                   values=values, message=message[:1024] if message else None):
+                break
         else:
-            raise WrongState(f"Job {job.id} is {job.status.value}; only jobs that have not ended can be killed.",
-                             code="job_already_ended", details={"status": job.status.value})
+            raise WrongState(f"Job {job.id} changed state while you acted on it; reload and try again.",
+                             code="concurrent_change")
     session.refresh(job)
     return job
 
