@@ -14,7 +14,7 @@ from insight_kit import gpu_metrics, history, node_token, report, running_job
 from dlts.insight.settings import InsightSettings
 from dlts.managers.insight import InsightManager
 from dlts.managers.notify import NotifyManager
-from dlts.models import Job, JobInsight, JobStatus, OutboxMessage
+from dlts.models import Job, JobInsight, JobStatus, OutboxMessage, utcnow
 from tests.smtp_server import with_notify
 
 pytestmark = pytest.mark.db
@@ -65,6 +65,8 @@ def test_an_idle_job_is_warned_then_paused_and_the_mails_go_out(client, world, s
     policy = set_policy(client, world, idle_warn_min=30, idle_action_min=0.03, idle_action="pause")
     assert policy == {"idle_warn_min": 30, "idle_action_min": 0.03, "idle_action": "pause", "exempt_types": []}
     insight = manager(sessions, settings)
+    frozen = utcnow()
+    insight.clock = lambda: frozen  # the first two passes at one instant: the action is 1.8 s away, however loaded
     first = insight.run_once()
     assert (first.raised, first.warned, first.acted) == (1, 1, 0)
     [found] = job(client, world, job_id)["insights"]
@@ -77,6 +79,7 @@ def test_an_idle_job_is_warned_then_paused_and_the_mails_go_out(client, world, s
     again = insight.run_once()
     assert (again.raised, again.warned, again.acted) == (0, 0, 0)
     assert len(events(client, world, job_id)) == 2 and len(outbox(sessions)) == 1
+    insight.clock = utcnow
     # idle_action_min after the warning, still idle (the node keeps reporting): paused
     until(lambda: (report(client, token, idle), insight.run_once()),
           lambda: job(client, world, job_id)["status"] == "pausing")
