@@ -912,6 +912,7 @@ def storage_expire(ctx: Context, root: str, older_than_days: float | None, dry_r
     import os
 
     from dlts.managers.storage import StorageManager, human_bytes
+    from dlts.storage.scan import shown
 
     configured = ctx.settings.storage.root(os.path.abspath(root))
     if configured is None:
@@ -925,9 +926,9 @@ def storage_expire(ctx: Context, root: str, older_than_days: float | None, dry_r
 
     def on_item(path: str, kind: str, size: int, owner: str) -> None:
         if as_json:
-            items.append({"path": path, "kind": kind, "bytes": size, "owner": owner})
+            items.append({"path": shown(path), "kind": kind, "bytes": size, "owner": shown(owner)})
         else:
-            click.echo(f"{'would delete' if dry_run else 'deleted'} {kind} {path} {size} {owner}")
+            click.echo(f"{'would delete' if dry_run else 'deleted'} {kind} {shown(path)} {size} {shown(owner)}")
 
     with ctx.sessions() as sessions:
         report = StorageManager(sessions, ctx.settings).expire_and_record(

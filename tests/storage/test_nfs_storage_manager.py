@@ -254,3 +254,39 @@ def test_dlts_storage_scan_record_writes_a_snapshot_of_a_configured_root(people,
     refused = CliRunner().invoke(main, ["--config", str(config), "storage", "scan", "--record", str(tmp_path)],
                                  env={"DLTS_CONFIG": None, "DLTS_HOME": None})
     assert refused.exit_code == 2 and "not in storage.roots" in refused.output
+
+
+def test_names_that_are_not_utf8_reach_the_snapshot_the_api_and_the_csv(people, sessions, settings, nfs, client, as_user):
+    odd = os.path.join(os.fsencode(nfs), b"r\xe9sultats")  # Latin-1 bytes, as an old client wrote them
+    os.mkdir(odd)
+    with open(os.path.join(odd, b"\xff.bin"), "wb") as f:
+        f.write(os.urandom(40_000_000))  # the biggest directory: its path is in top_dirs too
+    os.lchown(odd, BOB_UID, -1)
+    manager = StorageManager(sessions, with_storage(settings, roots=[StorageRoot(path=nfs)]))
+    [result] = manager.scan_once()
+    assert result.status == "complete"
+    body = client.get("/api/v1/storage/usage", headers=people.auth("bob")).get_json()
+    shown = {r["directory"]: r for r in body["rows"] if r["directory"] is not None}
+    assert shown["r\\xe9sultats"]["files"] == 1 and shown["r\\xe9sultats"]["apparent_bytes"] == 40_000_000
+    snaps = client.get("/api/v1/storage/snapshots", headers=people.auth("bob")).get_json()
+    assert snaps["items"][0]["top_dirs"][0]["path"] == str(nfs / "r\\xe9sultats")
+    exported = as_user("bob").get("/storage?format=csv")
+    assert exported.status_code == 200 and "r\\xe9sultats" in exported.get_data(as_text=True)
+
+
+def test_expiry_of_a_name_that_is_not_utf8_warns_by_mail_and_deletes_it(people, sessions, settings, nfs, smtp_server):
+    odd = os.path.join(os.fsencode(nfs / "scratch" / "bob"), b"\xe9t\xe9.log")
+    with open(odd, "wb") as f:
+        f.write(b"z" * 5000)
+    os.lchown(odd, BOB_UID, -1)
+    root = StorageRoot(path=nfs, expire_after_days=30, warn_days=5, expire_paths=("scratch/*",))
+    at = [time.time() + 31 * DAY]
+    manager = StorageManager(sessions, with_storage(settings, roots=[root]), now=lambda: at[0])
+    report, = manager.expire_once()
+    assert report.held["bob"].files == 2
+    NotifyManager(sessions, with_notify(settings, smtp_port=smtp_server.port)).run_once()
+    [mail] = smtp_server.received
+    assert str(nfs / "scratch" / "bob" / "\\xe9t\\xe9.log") in mail.body  # as `ls -b` writes it
+    at[0] += 5 * DAY + 60
+    report, = manager.expire_once()
+    assert report.deleted["bob"].files == 2 and not os.path.lexists(odd)

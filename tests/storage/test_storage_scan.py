@@ -242,3 +242,25 @@ def test_dlts_storage_scan_json_prints_the_same_aggregation(tree, tmp_path, monk
     assert human.exit_code == 0 and f"{tree}: complete, 4 files in 4 dirs" in human.output
     missing = CliRunner().invoke(main, ["storage", "scan", str(tmp_path / "nope")])
     assert missing.exit_code == 1 and "failed" in missing.output
+
+
+def test_sparse_files_count_their_blocks_and_names_that_are_not_utf8_are_scanned(tree):
+    sparse = tree / "bob" / "sparse.img"
+    with open(sparse, "wb") as f:  # 64 MiB apparent, one 4 KiB block written at the end
+        f.truncate(64 << 20)
+        f.seek((64 << 20) - 4096)
+        f.write(b"x" * 4096)
+    assert allocated(sparse) < 1 << 20  # the file system really keeps it sparse
+    odd = os.path.join(os.fsencode(tree), b"caf\xe9")  # Latin-1, not UTF-8: a name no UTF-8 decoder reads
+    os.mkdir(odd)
+    with open(os.path.join(odd, b"r\xe9sum\xe9.bin"), "wb") as f:
+        f.write(b"y" * 7000)
+    doc = scan_root(StorageRoot(path=tree), StorageSettings()).to_dict()
+    assert doc["status"] == COMPLETE and doc["errors"] == 0
+    assert doc["files"] == 6 and doc["dirs"] == 5
+    assert doc["apparent_bytes"] == 260_003 + (64 << 20) + 7000
+    files = [p for p in tree.rglob("*") if p.is_file()]
+    assert doc["allocated_bytes"] == sum(allocated(p) for p in files) < 260_003 + (2 << 20)
+    dirs = {d["directory"]: d for d in doc["by_directory"]}
+    assert dirs["caf\\xe9"]["apparent_bytes"] == 7000  # the bytes as `ls -b` writes them
+    json.dumps(doc)  # the document (names included) is printable as --json prints it

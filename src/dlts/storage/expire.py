@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from dlts.storage.scan import Owners
+from dlts.storage.scan import Owners, shown
 from dlts.storage.settings import StorageRoot
 
 KEEP_FILE = ".dlts-keep"
@@ -120,14 +120,14 @@ class _Walk:
 
     def owner(self, rel: str, st: os.stat_result) -> str:
         top = rel.split("/", 1)[0] if "/" in rel or stat.S_ISDIR(st.st_mode) else None
-        return self.owners.user(top, st.st_uid)
+        return shown(self.owners.user(top, st.st_uid))  # a directory's name when owners are by directory
 
     def warn(self, owner: str, rel: str, st: os.stat_result) -> None:
         w = self.report.warnings.setdefault(owner, Warning())
         w.files += 1
         w.bytes += st.st_blocks * 512
         if len(w.paths) < self.max_warn_paths:
-            w.paths.append(os.path.join(self.base, rel))
+            w.paths.append(shown(os.path.join(self.base, rel)))
         due = max(newest_time(st, self.root.use_atime) + self.limit_s, self.now)
         w.first_due = due if w.first_due is None else min(w.first_due, due)
 
@@ -141,7 +141,7 @@ class _Walk:
             self.report.kept += 1
             return
         except OSError as exc:
-            self.report.errors.append(f"{os.path.join(self.base, rel)}: {exc.strerror or exc}")
+            self.report.errors.append(f"{shown(os.path.join(self.base, rel))}: {exc.strerror or exc}")
             return
         try:
             self.entry(parent_fd, parent_rel, name, 0)
@@ -182,7 +182,7 @@ class _Walk:
         except FileNotFoundError:
             return True, True
         except OSError as exc:
-            self.report.errors.append(f"{os.path.join(self.base, rel)}: {exc.strerror or exc}")
+            self.report.errors.append(f"{shown(os.path.join(self.base, rel))}: {exc.strerror or exc}")
             return False, False
         if self.kept(rel) or name == KEEP_FILE:
             self.report.kept += 1
@@ -217,7 +217,7 @@ class _Walk:
         except FileNotFoundError:
             return True, True
         except OSError as exc:
-            self.report.errors.append(f"{os.path.join(self.base, rel)}: {exc.strerror or exc}")
+            self.report.errors.append(f"{shown(os.path.join(self.base, rel))}: {exc.strerror or exc}")
             return True, False
         self.record(owner, rel, "file", again.st_blocks * 512)
         return True, True
@@ -227,12 +227,12 @@ class _Walk:
             self.report.other_fs += 1  # a mount point: the other file system is none of ours
             return False, False
         if depth >= MAX_DEPTH:
-            self.report.errors.append(f"{os.path.join(self.base, rel)}: deeper than {MAX_DEPTH} levels, left")
+            self.report.errors.append(f"{shown(os.path.join(self.base, rel))}: deeper than {MAX_DEPTH} levels, left")
             return False, False
         try:
             fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=parent_fd)
         except OSError as exc:
-            self.report.errors.append(f"{os.path.join(self.base, rel)}: {exc.strerror or exc}")
+            self.report.errors.append(f"{shown(os.path.join(self.base, rel))}: {exc.strerror or exc}")
             return False, False
         try:
             opened = os.fstat(fd)
@@ -252,7 +252,7 @@ class _Walk:
                 all_expired &= expired
                 all_gone &= gone
         except OSError as exc:
-            self.report.errors.append(f"{os.path.join(self.base, rel)}: {exc.strerror or exc}")
+            self.report.errors.append(f"{shown(os.path.join(self.base, rel))}: {exc.strerror or exc}")
             return False, False
         finally:
             os.close(fd)
@@ -275,7 +275,7 @@ class _Walk:
             return True, True
         except OSError as exc:  # not empty any more (a file arrived): it stays
             self.report.changed += 1
-            self.report.errors.append(f"{os.path.join(self.base, rel)}: {exc.strerror or exc}")
+            self.report.errors.append(f"{shown(os.path.join(self.base, rel))}: {exc.strerror or exc}")
             return False, False
         self.record(owner, rel, "dir", 0)
         return True, True

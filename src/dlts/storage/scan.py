@@ -24,7 +24,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from dlts.storage.settings import StorageRoot, StorageSettings
 
@@ -86,6 +86,15 @@ class Owners:
         return self.root.vc
 
 
+def shown(name: str) -> str:
+    """A file name as text that a database, a JSON reader and a mail all accept: the bytes of a name
+    that is not UTF-8 (which ``os.fsdecode`` keeps as lone surrogates, refused by every encoder) are
+    written ``\\xNN``, as ``ls -b`` shows them, so an operator can still find the file."""
+    if name.isascii():
+        return name
+    return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
 @dataclass
 class Problems:
     count: int = 0
@@ -94,7 +103,7 @@ class Problems:
     def add(self, path: str, why: str = "") -> None:
         self.count += 1
         if len(self.paths) < MAX_LISTED_ERRORS:
-            self.paths.append(f"{path}: {why}" if why else path)
+            self.paths.append(shown(f"{path}: {why}" if why else path))
 
 
 @dataclass
@@ -430,9 +439,34 @@ def finish(result: ScanResult, owners: Owners, settings: StorageSettings, dir_si
         result.directory_owner["."] = ""
     result.directory_vc = {d: owners.vc(None if d == "." else d) for d in result.by_directory}
     biggest = heapq.nlargest(settings.top_dirs, dir_sizes.items(), key=lambda kv: (kv[1][0], kv[1][1]))
-    result.top_dirs = [{"path": os.path.join(base, *parts), "owner": dir_owner.get(parts), "vc": owners.vc(parts[0]),
-                        "allocated_bytes": s[0], "apparent_bytes": s[1], "files": s[2]} for parts, s in biggest]
-    result.oldest_files = [{"path": p, "mtime": -m} for m, p in sorted(oldest, reverse=True)]
+    result.top_dirs = [{"path": shown(os.path.join(base, *parts)), "owner": _shown_or_none(dir_owner.get(parts)),
+                        "vc": owners.vc(parts[0]), "allocated_bytes": s[0], "apparent_bytes": s[1], "files": s[2]}
+                       for parts, s in biggest]
+    result.oldest_files = [{"path": shown(p), "mtime": -m} for m, p in sorted(oldest, reverse=True)]
+    # the names the sums are kept under, as they are shown (owners by directory are directory names)
+    if not all(d.isascii() for d in result.by_directory) or not all(u.isascii() for _, u in result.by_owner):
+        result.by_directory = _rekeyed(result.by_directory, shown)
+        result.by_owner = _rekeyed(result.by_owner, lambda key: (key[0], shown(key[1])))
+        result.directory_owner = {shown(d): shown(o) for d, o in result.directory_owner.items()}
+        result.directory_vc = {shown(d): vc for d, vc in result.directory_vc.items()}
+
+
+def _shown_or_none(name: str | None) -> str | None:
+    return None if name is None else shown(name)
+
+
+_K = TypeVar("_K")
+
+
+def _rekeyed(sums: dict[_K, Totals], key: Callable[[_K], _K]) -> dict[_K, Totals]:
+    """``sums`` under the keys ``key`` gives; two names shown alike (a name that is the text of
+    another's escapes) add up."""
+    out: dict[_K, Totals] = {}
+    for k, t in sums.items():
+        into = out.setdefault(key(k), Totals())
+        if t.files:
+            into.merge(t.files, t.allocated_bytes, t.apparent_bytes, t.oldest_mtime or 0.0)
+    return out
 
 
 def scan_path(path: str, settings: StorageSettings | None = None, **kwargs: Any) -> ScanResult:
