@@ -444,7 +444,7 @@ def user_password(ctx: Context, name: str, generate: bool) -> None:
 
 @main.group(cls=OnDemandGroup)
 def vc() -> None:
-    """Virtual clusters (`vc show` asks the REST API; the others use the database)."""
+    """Virtual clusters (`vc show` and `vc tune` ask the REST API; the others use the database)."""
 
 
 @vc.command("add")

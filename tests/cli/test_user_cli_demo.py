@@ -455,3 +455,30 @@ def test_tags_stars_archive_and_delete_from_the_cli(user, demo):
     assert user.run("kill", str(other)).returncode == 0
     assert user.run("delete", str(job_id)).stdout.strip() == f"job {job_id}: deleted"
     assert user.run("show", str(job_id)).returncode == 1
+
+
+def test_a_vc_admin_tunes_the_vc_limits_and_idle_policy_from_the_cli(user, demo):
+    user.login("alice-token")
+    refused = user.run("vc", "tune", "default", "--idle-warn-min", "30")
+    assert refused.returncode == 1 and "HTTP 403" in refused.stderr, refused.stderr  # alice is a member, not its admin
+    user.login("demo-token")
+    tuned = user.run("vc", "tune", "default", "--max-job-time", "2d", "--idle-warn-min", "30", "--idle-action", "pause",
+                     "--idle-action-min", "10", "--idle-exempt", "interactive", "--notice", "maintenance friday")
+    assert tuned.returncode == 0, tuned.stderr
+    assert "max job time:" in tuned.stdout and "2d" in tuned.stdout and "maintenance friday" in tuned.stdout
+    assert "warn after 30 idle min, pause 10 min later (not interactive jobs)" in tuned.stdout, tuned.stdout
+    vc = json.loads(user.run("vc", "show", "default", "--json").stdout)
+    assert vc["max_job_time_s"] == 2 * 86400 and vc["notice"] == "maintenance friday"
+    assert vc["idle_policy"] == {"idle_warn_min": 30, "idle_action_min": 10, "idle_action": "pause",
+                                 "exempt_types": ["interactive"]}
+    merged = json.loads(user.run("vc", "tune", "default", "--idle-action", "kill", "--json").stdout)
+    assert merged["idle_policy"]["idle_action"] == "kill" and merged["idle_policy"]["idle_warn_min"] == 30
+    negative = user.run("vc", "tune", "default", "--idle-warn-min", "-5")
+    assert negative.returncode == 1 and negative.stderr.startswith("Error: --idle-warn-min:"), negative.stderr
+    bad_time = user.run("vc", "tune", "default", "--max-job-time", "5 fortnights")
+    assert bad_time.returncode == 2 and "--max-job-time" in bad_time.stderr
+    assert user.run("vc", "tune", "default").returncode == 2  # nothing to change
+    reset = user.run("vc", "tune", "default", "--max-job-time", "none", "--no-idle-policy", "--notice", "none", "--json")
+    assert reset.returncode == 0, reset.stderr
+    back = json.loads(reset.stdout)
+    assert back["max_job_time_s"] is None and back["idle_policy"] is None and back["notice"] is None

@@ -17,7 +17,7 @@ from dlts.client.commands import exit_code_of
 
 USER_COMMANDS = {"login", "logout", "whoami", "submit", "jobs", "show", "logs", "kill", "pause", "resume", "approve",
                  "tag", "star", "unstar", "archive", "unarchive", "delete", "endpoints", "ssh", "keys", "ips", "usage",
-                 "vc show"}
+                 "vc show", "vc tune"}
 SERVER_COMMANDS = {"api", "managers", "demo", "db", "user", "vc", "node", "repair", "storage", "config", "sim", "render",
                    "directory"}
 

@@ -121,6 +121,9 @@ class Client:
     def put(self, path: str, body: Any = None) -> Any:
         return self.request("PUT", path, None, body if body is not None else {})
 
+    def patch(self, path: str, body: Any = None) -> Any:
+        return self.request("PATCH", path, None, body if body is not None else {})
+
     def delete(self, path: str) -> Any:
         return self.request("DELETE", path)
 

@@ -10,7 +10,9 @@ import os
 import shlex
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import click
 import yaml
@@ -38,6 +40,9 @@ FLAG_OF = {"vc": "--vc", "gpus": "--gpus", "sku": "--sku", "nodes": "--nodes", "
            "env": "--env", "max_time_s": "--max-time", "preemptible": "--preemptible", "priority": "--priority",
            "ssh": "--ssh", "ports": "--port", "name": "--name", "command": "the command after --", "cpu": "--cpu",
            "memory": "--memory", "max_retries": "--max-retries"}
+
+IDLE_FLAG_OF = {"idle_warn_min": "--idle-warn-min", "idle_action_min": "--idle-action-min",
+                "idle_action": "--idle-action", "exempt_types": "--idle-exempt"}
 
 
 class CliError(click.ClickException):
@@ -561,6 +566,76 @@ def register(main: click.Group, vc_group: click.Group) -> None:
             return
         click.echo(_vc_details(vc))
 
+    @user_command(vc_group, "tune")
+    @click.argument("name")
+    @click.option("--policy", type=click.Choice(["RF", "FIFO", "backfill"]), help="The VC's scheduling policy.")
+    @click.option("--max-job-time", metavar="DURATION|none", help="Longest a job may run (e.g. 3d, 12h); none: no limit.")
+    @click.option("--runtime-estimate", metavar="DURATION|none",
+                  help="backfill: how long a job without a limit is assumed to run; none: the cluster default.")
+    @click.option("--user-gpu-quota", metavar="N|none", help="GPUs one user may hold in the VC; none: no per-user limit.")
+    @click.option("--max-interactive-gpus", metavar="N|none", help="GPUs one interactive job may ask; none: no limit.")
+    @click.option("--max-queued-jobs-per-user", metavar="N|none",
+                  help="Jobs one user may have waiting; 0: no limit; none: the cluster default.")
+    @click.option("--max-submissions-per-minute", metavar="N|none",
+                  help="Submissions one user may make per minute; 0: no limit; none: the cluster default.")
+    @click.option("--notice", metavar="TEXT|none", help="A notice shown to (and mailed to) the VC's members; none: clear it.")
+    @click.option("--idle-warn-min", type=float, metavar="MIN",
+                  help="Idle-job policy: minutes of idle GPUs before the owner is warned.")
+    @click.option("--idle-action-min", type=float, metavar="MIN",
+                  help="Idle-job policy: minutes after the warning, still idle, before the action.")
+    @click.option("--idle-action", type=click.Choice(["pause", "kill", "none"]), help="Idle-job policy: what is done then.")
+    @click.option("--idle-exempt", "idle_exempt", multiple=True, type=click.Choice(JOB_TYPES), metavar="TYPE",
+                  help="Idle-job policy: a job type it leaves alone; repeat for more.")
+    @click.option("--no-idle-policy", is_flag=True, help="Turn the idle-job policy off.")
+    @click.option("--json", "as_json", is_flag=True, help="Print the VC as the API answers it (GET /api/v1/vcs/NAME).")
+    def vc_tune(client: Client, name: str, policy: str | None, max_job_time: str | None, runtime_estimate: str | None,
+                user_gpu_quota: str | None, max_interactive_gpus: str | None, max_queued_jobs_per_user: str | None,
+                max_submissions_per_minute: str | None, notice: str | None, idle_warn_min: float | None,
+                idle_action_min: float | None, idle_action: str | None, idle_exempt: tuple[str, ...],
+                no_idle_policy: bool, as_json: bool) -> None:
+        """Tune a VC you administer (via the API): policy, limits, notice, idle-job policy."""
+        body: dict[str, Any] = {}
+        flags: dict[str, str] = {}
+
+        def put(field: str, flag: str, value: Any) -> None:
+            body[field], flags[field] = value, flag
+
+        if policy is not None:
+            put("policy", "--policy", policy)
+        for field, flag, text in (("max_job_time_s", "--max-job-time", max_job_time),
+                                  ("default_runtime_estimate_s", "--runtime-estimate", runtime_estimate)):
+            if text is not None:
+                put(field, flag, _none_or(text, flag, output.parse_duration))
+        for field, flag, text in (("user_gpu_quota", "--user-gpu-quota", user_gpu_quota),
+                                  ("max_interactive_gpus", "--max-interactive-gpus", max_interactive_gpus),
+                                  ("max_queued_jobs_per_user", "--max-queued-jobs-per-user", max_queued_jobs_per_user),
+                                  ("max_submissions_per_minute", "--max-submissions-per-minute",
+                                   max_submissions_per_minute)):
+            if text is not None:
+                put(field, flag, _none_or(text, flag, _whole_number))
+        if notice is not None:
+            put("notice", "--notice", None if notice.lower() == "none" else notice)
+        idle: dict[str, Any] = {k: v for k, v in (("idle_warn_min", idle_warn_min), ("idle_action_min", idle_action_min),
+                                                  ("idle_action", idle_action)) if v is not None}
+        if idle_exempt:
+            idle["exempt_types"] = list(idle_exempt)
+        if no_idle_policy and idle:
+            raise click.UsageError("--no-idle-policy turns the policy off: give it without the other --idle-* options")
+        if no_idle_policy or idle:
+            put("idle_policy", "--no-idle-policy" if no_idle_policy else "--idle-warn-min", None if no_idle_policy else idle)
+        if not body:
+            raise click.UsageError("nothing to change: give at least one option (dlts vc tune --help)")
+        try:
+            vc = client.patch(f"/vcs/{name}", body)
+        except ApiError as exc:
+            parts = (exc.field or "").split(".")
+            label = IDLE_FLAG_OF.get(parts[1]) if parts[0] == "idle_policy" and len(parts) > 1 else flags.get(parts[0])
+            raise _from_api(exc, label) from None
+        if as_json:
+            output.echo_json(vc)
+        else:
+            click.echo(_vc_details(vc))
+
     @user_command(main)
     @click.option("--group-by", default="user", show_default=True,
                   help="Comma list of user, vc, sku, preemptible, month, day, job.")
@@ -894,6 +969,7 @@ def _vc_details(vc: dict) -> str:
               ("max interactive GPUs", vc.get("max_interactive_gpus")), ("GPUs per user", vc.get("user_gpu_quota")),
               ("queued jobs per user", vc.get("max_queued_jobs_per_user")),
               ("submissions/min", vc.get("max_submissions_per_minute")), ("gid", vc.get("gid")),
+              ("idle-job policy", _idle_policy_text(vc.get("idle_policy"))),
               ("admins", ", ".join(vc.get("admins") or []) or None),
               ("members", ", ".join(vc.get("members") or []) or None)]
     lines += [f"  {k + ':':<22} {v}" for k, v in limits if v is not None]
@@ -903,6 +979,30 @@ def _vc_details(vc: dict) -> str:
                                           [[u["user"], str(u["jobs"]), str(u["gpus"]), str(u["preemptible_gpus"])]
                                            for u in vc["users"]], right={1, 2, 3})))
     return "\n".join(lines)
+
+
+def _idle_policy_text(policy: dict | None) -> str | None:
+    if not policy:
+        return None
+    text = f"warn after {policy.get('idle_warn_min', 0):g} idle min"
+    if policy.get("idle_action") in ("pause", "kill"):
+        text += f", {policy['idle_action']} {policy.get('idle_action_min', 0):g} min later"
+    return text + (f" (not {', '.join(policy['exempt_types'])} jobs)" if policy.get("exempt_types") else "")
+
+
+def _none_or(text: str, flag: str, parse: Callable[[str], int]) -> int | None:
+    if text.lower() == "none":
+        return None
+    try:
+        return parse(text)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint=flag) from None
+
+
+def _whole_number(text: str) -> int:
+    if not text.isdigit():
+        raise ValueError(f"{text!r} is not a whole number or 'none'")
+    return int(text)
 
 
 def _indent(text: str) -> str:
