@@ -16,9 +16,17 @@ from marshmallow import INCLUDE, Schema, ValidationError, fields, missing, post_
 from dlts.models import Job, JobAttempt, JobInsight, JobStatus, JobType, iso
 from dlts.repair.machine import CycleKind, CycleOutcome
 from dlts.repair.rules import Remediation
+from dlts.scheduler.model import Policy
 from dlts.schemas import Memory, TagList
 from dlts.services.endpoints import EndpointView
-from dlts.services.jobs import COMMAND_PREVIEW_CHARS, MAX_TAG_CHARS, JobFilter, decode_cursor, time_left_s
+from dlts.services.jobs import (
+    BATCH_ACTIONS,
+    COMMAND_PREVIEW_CHARS,
+    MAX_TAG_CHARS,
+    JobFilter,
+    decode_cursor,
+    time_left_s,
+)
 from dlts.services.nodes import REPAIR_ACTIONS, RESULT_STATUS
 from dlts.services.policy import Visibility
 from dlts.strict import MAX_ID, MAX_JSON_INT, is_whole_number
@@ -334,7 +342,7 @@ class JobPatchSchema(Schema):
 
 
 class JobBatchSchema(Schema):
-    action = fields.String(required=True, validate=validate.OneOf(["kill", "pause", "resume", "approve"]))
+    action = fields.String(required=True, validate=validate.OneOf(list(BATCH_ACTIONS)))
     ids = fields.List(fields.Integer(strict=True, validate=validate.Range(1, 2**62)), required=True,
                       validate=validate.Length(1, 500))
 
@@ -415,7 +423,7 @@ class IdlePolicySchema(Schema):
 
 
 class VcSettingsFields(Schema):
-    policy = fields.String(validate=validate.OneOf(["RF", "FIFO", "backfill"]))
+    policy = fields.String(validate=validate.OneOf([p.value for p in Policy]))
     max_job_time_s = fields.Integer(strict=True, allow_none=True, validate=validate.Range(60, 366 * 86400))
     default_runtime_estimate_s = fields.Integer(strict=True, allow_none=True, validate=validate.Range(60, 366 * 86400),
                                                 metadata={"description": "backfill: the runtime assumed for jobs with "
