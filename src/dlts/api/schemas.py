@@ -24,6 +24,7 @@ from dlts.services.jobs import (
     COMMAND_PREVIEW_CHARS,
     MAX_TAG_CHARS,
     JobFilter,
+    current_placements,
     decode_cursor,
     time_left_s,
 )
@@ -163,7 +164,6 @@ class JobOut:
 PUBLIC_JOB_FIELDS = ("id", "name", "user", "vc", "type", "status", "reason", "queue_position", "estimated_start", "sku",
                      "gpus", "nodes", "cpu", "memory_bytes", "preemptible", "submitted_at", "started_at", "finished_at",
                      "tags", "favourite", "archived_at", "visibility")
-ATTEMPT_LIVE = ("scheduling", "running", "pausing", "killing")  # statuses whose current attempt holds its placements
 
 
 def _estimated_start(item: Any) -> str | None:
@@ -184,10 +184,7 @@ def _part(name: str, convert: Callable[[Any], Any] = lambda v: v) -> Callable[[A
 
 
 def _current_placements(item: JobOut) -> Any:
-    if item.attempts is None:
-        return missing
-    current = next((a for a in item.attempts if a.number == item.job.attempt), None)
-    return current.placements if current and item.job.status.value in ATTEMPT_LIVE else []
+    return missing if item.attempts is None else current_placements(item.job, item.attempts)
 
 
 class _JobFields(Schema):
