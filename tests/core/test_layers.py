@@ -9,7 +9,9 @@
 - no commit or rollback anywhere but ``dlts.services.transaction``: use-cases, the job manager's
   tick and the managers' passes open ``transaction()``/``step()`` blocks and never end a transaction
   themselves; the one other call is the connection pool's reset (``TRANSACTION_PLUMBING``);
-- no package imports a higher layer, and the api and the portal do not import each other.
+- no package imports a higher layer, and the api and the portal do not import each other; only the
+  entry points (app, cli, demo, gunicorn_conf) import the web layer or the app;
+- no import cycle between two packages (below).
 
 Every rule is checked once against a synthetic module that breaks it, so a checker that sees nothing
 fails here rather than passing quietly.
@@ -29,6 +31,7 @@ RANK = {"dlts.models": 0, "dlts.repositories": 1, "dlts.services": 2, "dlts.sche
         "dlts.api": 4, "dlts.portal": 4, "dlts.app": 5}
 VIEWS = ("dlts.api", "dlts.portal")
 BELOW_VIEWS = ("dlts.services", "dlts.repositories", "dlts.models", "dlts.scheduler", "dlts.jobmanager")
+ENTRY_POINTS = ("dlts.app", "dlts.cli", "dlts.demo", "dlts.gunicorn_conf")  # the processes' mains
 TRANSACTION_OWNER = "dlts.services.transaction"
 # (module, function) that may still call commit()/rollback(): plumbing below the sessions, not a unit of work
 TRANSACTION_PLUMBING = {("dlts.db", "rollback_unless_reset")}  # a pooled DBAPI connection returned mid-transaction
@@ -102,6 +105,8 @@ def violations(module: str, source: str) -> list[str]:
                 found.append(f"{module}:{line} imports {name}: a higher layer than {own}")
             elif RANK[target] == RANK[own]:
                 found.append(f"{module}:{line} imports {name}: {own} and {target} do not import each other")
+        if target in VIEWS + ("dlts.app",) and not _in(module, VIEWS + ENTRY_POINTS):
+            found.append(f"{module}:{line} imports {name}: only the entry points import the web layer and the app")
         if _in(module, VIEWS) and _in(name, "sqlalchemy") and not _in(name, "sqlalchemy.exc"):
             found.append(f"{module}:{line} imports {name}: views build no query (only sqlalchemy.exc's errors)")
         if _in(module, VIEWS) and target == "dlts.repositories":
@@ -169,6 +174,9 @@ def test_the_source_keeps_the_layers():
     ("dlts.portal.example", "from dlts.api.schemas import JobSchema\n", "do not import each other"),
     ("dlts.services.example", "from dlts.schemas import JobSubmitSchema\n", "a higher layer than dlts.services"),
     ("dlts.jobmanager.example", "from dlts.portal import core\n", "a higher layer than jobmanager"),
+    ("dlts.managers.example", "from dlts.api.schemas import NodeSchema\n", "only the entry points import the web layer"),
+    ("dlts.backends.example", "def f():\n    from dlts.app import create_app\n", "only the entry points import"),
+    ("dlts.storage.example", "from dlts import portal\n", "only the entry points import the web layer"),
 ], ids=lambda v: v if isinstance(v, str) and v.startswith("dlts.") else "")
 def test_a_module_that_breaks_a_rule_is_named(module, source, expected):
     found = violations(module, source)
@@ -185,6 +193,8 @@ def test_a_module_that_breaks_a_rule_is_named(module, source, expected):
     ("dlts.api.example", "def v(g):\n    groups.delete(db.session(), g)\n"),  # a service named delete
     ("dlts.api.example", "from sqlalchemy.exc import OperationalError\n"),  # an error to render, not a query
     ("dlts.app", "from dlts.api import init_api\nfrom dlts.portal import init_portal\n"),
+    ("dlts.cli", "def api():\n    from dlts.app import create_app\n"),
+    ("dlts.demo", "from dlts.app import create_app\n"),
 ])
 def test_a_module_within_the_rules_passes(module, source):
     assert violations(module, source) == []
