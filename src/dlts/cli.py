@@ -329,7 +329,7 @@ def _serve_managers_metrics(settings, sessions):
     (jobs, GPU allocation, the repair loop); docs/monitoring.md."""
     from prometheus_client import start_http_server
 
-    from dlts.metrics import managers_registry
+    from dlts.managers.metrics import managers_registry
 
     registry = managers_registry(sessions)
     host, _, port = settings.managers_metrics_listen.rpartition(":")
@@ -968,7 +968,7 @@ def _render_command() -> click.Command:
     import importlib.util
 
     if importlib.util.find_spec("kubernetes") is not None:
-        from dlts.backends.render_cli import render_command
+        from dlts.render_cli import render_command
 
         return render_command
 

@@ -246,7 +246,8 @@ def run_demo(settings: Settings, fake_nvml: str | None = None) -> None:
         created = bootstrap(session, backend, home)
     manager = JobManager(sessions, backend, settings)
     manager.sync_nodes(sessions())
-    from dlts.metrics import instrumented, managers_registry
+    from dlts.managers.metrics import managers_registry
+    from dlts.metrics import instrumented
 
     # no managers process here: the demo's /metrics also serves what `dlts managers` would
     app.extensions["dlts_metrics_registry"] = managers_registry(sessions)

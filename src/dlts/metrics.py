@@ -304,7 +304,6 @@ class ClusterMetrics:
         return []  # no query when registered
 
     def collect(self) -> Iterator[Metric]:
-        from dlts.jobmanager.snapshot import replicas_from_json
         from dlts.models import (
             ACTIVE,
             Job,
@@ -315,6 +314,7 @@ class ClusterMetrics:
             User,
             VirtualCluster,
         )
+        from dlts.models.placements import replicas_from_json
 
         now = dt.datetime.fromtimestamp(self.clock(), dt.UTC).replace(tzinfo=None)
         with self.session_factory() as s:
@@ -398,17 +398,3 @@ class Include:
 
     def collect(self) -> Iterator[Metric]:
         yield from self.registry.collect()
-
-
-def managers_registry(session_factory: Callable[[], Any]) -> Any:
-    """What ``dlts managers`` (and the demo) serve: this process's instruments plus the collectors
-    that read the database (cluster state, the repair loop)."""
-    from prometheus_client import REGISTRY, CollectorRegistry
-
-    from dlts.managers.repair_metrics import RepairMetrics
-
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(Include(REGISTRY))
-    registry.register(ClusterMetrics(session_factory))
-    registry.register(RepairMetrics(session_factory))
-    return registry

@@ -166,7 +166,7 @@ class NotifySettings(BaseModel):
         """The SMTP password from ``password_file`` (first line), or None without authentication."""
         if self.password_file is None:
             return None
-        from dlts.config import ConfigError
+        from dlts.config_layers import ConfigError
 
         try:
             text = self.password_file.read_text()

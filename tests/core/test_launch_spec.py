@@ -9,8 +9,8 @@ import sqlalchemy as sa
 from dlts.backends.base import RegistryCredential as LaunchCredential
 from dlts.backends.base import StorageMount
 from dlts.jobmanager.launch_spec import build_launch_spec
-from dlts.jobmanager.snapshot import placements_to_json
 from dlts.models import Job, JobAttempt, User, VirtualCluster
+from dlts.models.placements import placements_to_json
 from dlts.scheduler.model import Placement
 from dlts.services import admin, registry_credentials
 from dlts.services import jobs as job_service

@@ -19,6 +19,7 @@ from dlts.api.schemas import (
     FavouriteSchema,
     JobBatchSchema,
     JobListArgs,
+    JobOut,
     JobPageSchema,
     JobPatchSchema,
     JobSchema,
@@ -29,7 +30,7 @@ from dlts.api.schemas import (
     PageArgs,
 )
 from dlts.extensions import db, settings_of
-from dlts.models import Job, JobAttempt, iso
+from dlts.models import Job
 from dlts.schemas import EndpointCreateSchema, JobSubmitSchema
 from dlts.services import endpoints as endpoint_service
 from dlts.services import job_keeping
@@ -39,83 +40,10 @@ from dlts.services.policy import Visibility
 blp = Blueprint("jobs", __name__, description="Training jobs")
 blp.before_request(authenticate)
 
-PUBLIC_FIELDS = ("id", "name", "user", "vc", "type", "status", "reason", "queue_position", "estimated_start", "sku",
-                 "gpus", "nodes", "cpu", "memory_bytes", "preemptible", "submitted_at", "started_at", "finished_at",
-                 "tags", "favourite", "archived_at")
-
-
-def job_dict(job: Job, visibility: Visibility, attempts: list[JobAttempt] | None = None,
-             endpoints: list[endpoint_service.EndpointView] | None = None, insights: list | None = None,
-             tags: list[str] | None = None, favourite: bool = False, actions: tuple[str, ...] | None = None) -> dict:
-    data = {
-        "id": job.id, "name": job.name, "user": job.user.name, "vc": job.vc.name, "type": job.type,
-        "status": job.status.value, "reason": job.reason, "reason_detail": job.reason_detail,
-        "queue_position": job.queue_position, "estimated_start": _estimate(job), "image": job.image,
-        "command": job.command, "sku": job.sku,
-        "gpus": job.gpus, "nodes": job.nodes, "cpu": job.cpu, "memory_bytes": job.memory_bytes,
-        "priority": job.priority, "preemptible": job.preemptible, "max_retries": job.max_retries,
-        "retries_used": job.retries_used, "max_time_s": job.max_time_s,
-        "time_left_s": job_service.time_left_s(job, job.vc.max_job_time_s),
-        "submitted_at": iso(job.submitted_at), "queue_time": iso(job.queue_time),
-        "started_at": iso(job.started_at), "finished_at": iso(job.finished_at), "exit_code": job.exit_code,
-        "attempt": job.attempt, "env": job.spec.get("env", {}), "ports": job.spec.get("ports", []),
-        "ssh": job.spec.get("ssh", False), "ephemeral_storage_bytes": job.spec.get("ephemeral_storage_bytes"),
-        "run_as_root": bool(job.spec.get("run_as_root")), "idle_exempt": bool(job.spec.get("idle_exempt")),
-        "visibility": visibility.value,
-        "ib_domain": job.spec.get("ib_domain"), "min_replicas": job.spec.get("min_replicas", 0),
-        "max_replicas": job.spec.get("max_replicas", 0), "archived_at": iso(job.archived_at),
-        "tags": tags or [], "favourite": favourite,
-    }
-    if insights is not None:
-        data["insights"] = [{"code": i.code, "message": i.message, "since": iso(i.since)} for i in insights]
-    if attempts is not None:
-        data["attempts"] = [{
-            "number": a.number, "placements": a.placements, "started_at": iso(a.started_at),
-            "ended_at": iso(a.ended_at), "exit_code": a.exit_code, "end_reason": a.end_reason,
-            "spends_retry": a.spends_retry} for a in attempts]
-        current = next((a for a in attempts if a.number == job.attempt), None)
-        data["placements"] = current.placements if current and job.status.value in ("scheduling", "running", "pausing", "killing") else []
-    if endpoints is not None:
-        data["endpoints"] = endpoints
-    if actions is not None:
-        data["actions"] = list(actions)
-    if visibility is Visibility.PUBLIC:
-        data = {k: v for k, v in data.items() if k in PUBLIC_FIELDS} | {"visibility": visibility.value}
-    return data
-
-
-def changed_job(job: Job) -> dict:
+def changed_job(job: Job) -> JobOut:
     """A job the caller just changed (and so may manage): the whole job, with its tags and star."""
-    kept = job_service.keeping_of(db.session(), principal(), job)
-    return job_dict(job, Visibility.FULL, tags=kept[0], favourite=kept[1])
-
-
-def _estimate(job: Job) -> str | None:
-    """Backfill's estimated start of a queued job (its reservation); null when unknown."""
-    return iso(job.estimated_start) if job.status.value == "queued" else None
-
-
-def job_summary(item: job_service.JobListItem) -> dict:
-    """A list item (JobSummarySchema): no env, ports or spec, and only the start of the command
-    (``item.command_start``); GET /jobs/{id} has the whole job."""
-    job, visibility, command_start = item.job, item.visibility, item.command_start
-    data = {
-        "id": job.id, "name": job.name, "user": job.user.name, "vc": job.vc.name, "type": job.type,
-        "status": job.status.value, "reason": job.reason, "reason_detail": job.reason_detail,
-        "queue_position": job.queue_position, "estimated_start": _estimate(job), "image": job.image,
-        "sku": job.sku, "gpus": job.gpus,
-        "nodes": job.nodes, "cpu": job.cpu, "memory_bytes": job.memory_bytes, "priority": job.priority,
-        "preemptible": job.preemptible, "max_retries": job.max_retries, "retries_used": job.retries_used,
-        "max_time_s": job.max_time_s, "time_left_s": item.time_left_s,
-        "submitted_at": iso(job.submitted_at), "queue_time": iso(job.queue_time), "started_at": iso(job.started_at),
-        "finished_at": iso(job.finished_at), "exit_code": job.exit_code, "attempt": job.attempt,
-        "command_preview": command_start[:job_service.COMMAND_PREVIEW_CHARS],
-        "command_truncated": len(command_start) > job_service.COMMAND_PREVIEW_CHARS, "visibility": visibility.value,
-        "tags": item.tags, "favourite": item.favourite, "archived_at": iso(job.archived_at),
-    }
-    if visibility is Visibility.PUBLIC:
-        data = {k: v for k, v in data.items() if k in PUBLIC_FIELDS} | {"visibility": visibility.value}
-    return data
+    tags, favourite = job_service.keeping_of(db.session(), principal(), job)
+    return JobOut(job, Visibility.FULL, tags, favourite)
 
 
 @blp.route("/jobs")
@@ -127,7 +55,7 @@ class Jobs(MethodView):
         """List jobs you can see, newest first (keyset pagination). Items are summaries: no env or
         ports, the command's first 200 characters; GET /jobs/{id} has the whole job."""
         page = job_service.list_jobs(db.session(), principal(), wanted)
-        return {"items": [job_summary(item) for item in page.items], "next_cursor": page.next_cursor}
+        return {"items": page.items, "next_cursor": page.next_cursor}
 
     @blp.arguments(JobSubmitSchema)
     @blp.response(201, JobSchema)
@@ -139,17 +67,17 @@ class Jobs(MethodView):
         job, replayed = job_keeping.submit(db.session(), settings_of(current_app), principal(), body, key)
         tags, favourite = job_service.keeping_of(db.session(), principal(), job)
         if replayed:
-            return (job_dict(job, Visibility.FULL, job_service.attempts_of(db.session(), job), tags=tags, favourite=favourite),
+            return (JobOut(job, Visibility.FULL, tags, favourite, job_service.attempts_of(db.session(), job)),
                     201, {"Idempotent-Replayed": "true"})
-        return job_dict(job, Visibility.FULL, [], tags=tags, favourite=favourite)
+        return JobOut(job, Visibility.FULL, tags, favourite, [])
 
 
-def _whole_by_id(job_id: int) -> dict:
+def _whole_by_id(job_id: int) -> JobOut:
     view = job_service.detail(db.session(), principal(), job_id)
     if not view.full:
-        return job_dict(view.job, view.visibility, tags=view.tags, favourite=view.favourite)
-    return job_dict(view.job, view.visibility, view.attempts, view.endpoints, view.insights, view.tags, view.favourite,
-                    view.actions)
+        return JobOut(view.job, view.visibility, view.tags, view.favourite)
+    return JobOut(view.job, view.visibility, view.tags, view.favourite, view.attempts, view.endpoints, view.insights,
+                  view.actions)
 
 
 @blp.route("/jobs/<int(max=4611686018427387904):job_id>")
@@ -222,11 +150,8 @@ def job_events(args, job_id: int):
     before = pagination.decode_int("e", args.get("cursor"))
     visibility, rows = job_service.events(db.session(), principal(), job_id, before_id=before, limit=args["limit"] + 1)
     page = rows[: args["limit"]]
-    items = [{"id": e.id, "at": iso(e.at), "kind": e.kind, "from_status": e.from_status, "to_status": e.to_status,
-              "reason": e.reason, "message": e.message, "actor": e.actor} for e in page]
-    if visibility is Visibility.PUBLIC:
-        items = [{k: v for k, v in item.items() if k not in ("message", "actor")} for item in items]
-    return {"items": items, "next_cursor": pagination.encode("e", page[-1].id) if len(rows) > args["limit"] else None}
+    return {"items": page, "visibility": visibility,
+            "next_cursor": pagination.encode("e", page[-1].id) if len(rows) > args["limit"] else None}
 
 
 @blp.route("/jobs/<int(max=4611686018427387904):job_id>/attempts")
@@ -238,10 +163,8 @@ def job_attempts(args, job_id: int):
     after = pagination.decode_int("a", args.get("cursor")) or 0
     visibility, rows = job_service.attempts(db.session(), principal(), job_id, after_number=after, limit=args["limit"] + 1)
     page = rows[: args["limit"]]
-    items = [{"number": a.number, "placements": a.placements if visibility is Visibility.FULL else [],
-              "started_at": iso(a.started_at), "ended_at": iso(a.ended_at), "exit_code": a.exit_code,
-              "end_reason": a.end_reason, "spends_retry": a.spends_retry} for a in page]
-    return {"items": items, "next_cursor": pagination.encode("a", page[-1].number) if len(rows) > args["limit"] else None}
+    return {"items": page, "visibility": visibility,
+            "next_cursor": pagination.encode("a", page[-1].number) if len(rows) > args["limit"] else None}
 
 
 def _action(name: str, service):

@@ -42,7 +42,7 @@ def init_app(app: Flask) -> None:
         multiprocess.MultiProcessCollector(registry)
     else:
         registry = REGISTRY
-    # the demo replaces it with one that also reads the database (dlts.metrics.managers_registry)
+    # the demo replaces it with one that also reads the database (dlts.managers.metrics.managers_registry)
     app.extensions.setdefault("dlts_metrics_registry", registry)
     app.register_blueprint(bp)
 

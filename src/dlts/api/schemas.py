@@ -5,14 +5,31 @@ Unknown fields are refused (marshmallow's RAISE), every string is bounded, every
 
 from __future__ import annotations
 
-from marshmallow import INCLUDE, Schema, ValidationError, fields, post_load, validate, validates
+import datetime as dt
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
-from dlts.models import JobStatus, JobType
+from marshmallow import INCLUDE, Schema, ValidationError, fields, missing, post_dump, post_load, validate, validates
+
+from dlts.models import Job, JobAttempt, JobInsight, JobStatus, JobType, iso
 from dlts.repair.machine import CycleKind, CycleOutcome
 from dlts.repair.rules import Remediation
+from dlts.scheduler.model import Policy
 from dlts.schemas import Memory, TagList
-from dlts.services.jobs import COMMAND_PREVIEW_CHARS, MAX_TAG_CHARS, JobFilter, decode_cursor
+from dlts.services.endpoints import EndpointView
+from dlts.services.jobs import (
+    BATCH_ACTIONS,
+    COMMAND_PREVIEW_CHARS,
+    MAX_TAG_CHARS,
+    JobFilter,
+    current_placements,
+    decode_cursor,
+    time_left_s,
+)
 from dlts.services.nodes import REPAIR_ACTIONS, RESULT_STATUS
+from dlts.services.policy import Visibility
 from dlts.strict import MAX_ID, MAX_JSON_INT, is_whole_number
 
 JOB_STATUSES = tuple(s.value for s in JobStatus)
@@ -64,11 +81,39 @@ class PlacementSchema(Schema):
                                                        "GPUs once it has exited"})
 
 
+class IsoDateTime(fields.String):
+    """A timestamp as the API writes it (``models.iso``: ISO 8601 with a Z; null stays null)."""
+
+    def _serialize(self, value: Any, attr: str | None, obj: Any, **kwargs: Any) -> str | None:
+        return iso(value) if isinstance(value, dt.datetime) else super()._serialize(value, attr, obj, **kwargs)
+
+
+class EnumValue(fields.String):
+    """An enum member as its value (``JobStatus.QUEUED`` -> ``"queued"``)."""
+
+    def _serialize(self, value: Any, attr: str | None, obj: Any, **kwargs: Any) -> str | None:
+        return super()._serialize(value.value if isinstance(value, enum.Enum) else value, attr, obj, **kwargs)
+
+
+def _derived(base: type[fields.Field], get: Callable[[Any], Any], **kwargs: Any) -> fields.Field:
+    """A field of type ``base`` (so the OpenAPI document says its type) whose value is ``get(obj)``
+    instead of an attribute; ``get`` answers ``missing`` to leave the key out."""
+
+    class Derived(base):  # type: ignore[valid-type, misc]
+        def get_value(self, obj: Any, attr: str, accessor: Any = None, default: Any = missing) -> Any:
+            return get(obj)
+
+    Derived.__name__ = Derived.__qualname__ = f"Derived{base.__name__}"
+    return Derived(**kwargs)
+
+
 class AttemptSchema(Schema):
+    """One ``JobAttempt``."""
+
     number = fields.Integer()
     placements = fields.List(fields.Nested(PlacementSchema))
-    started_at = fields.String(allow_none=True)
-    ended_at = fields.String(allow_none=True)
+    started_at = IsoDateTime(allow_none=True)
+    ended_at = IsoDateTime(allow_none=True)
     exit_code = fields.Integer(allow_none=True)
     end_reason = fields.String(allow_none=True)
     spends_retry = fields.Boolean(allow_none=True)
@@ -96,70 +141,132 @@ class EndpointListSchema(Schema):
     next_cursor = fields.String(allow_none=True, metadata={"description": "always null: at most 8 endpoints per job"})
 
 
-class _JobFields(Schema):
-    """What a job's list item and its detail both carry."""
+@dataclass(frozen=True)
+class JobOut:
+    """What ``JobSchema`` renders: a job and what its reader sees of it. A part left None is left out
+    of the answer (a submit answers no endpoints, insights or actions; a change no attempts either)."""
 
-    id = fields.Integer()
-    name = fields.String()
-    user = fields.String()
-    vc = fields.String()
-    type = fields.String()
-    status = fields.String()
-    reason = fields.String(allow_none=True)
-    reason_detail = fields.String(allow_none=True)
-    queue_position = fields.Integer(allow_none=True)
-    estimated_start = fields.String(allow_none=True, metadata={
+    job: Job
+    visibility: Visibility
+    tags: list[str]
+    favourite: bool
+    attempts: list[JobAttempt] | None = None
+    endpoints: list[EndpointView] | None = None
+    insights: list[JobInsight] | None = None
+    actions: tuple[str, ...] | None = None
+
+    @property
+    def time_left_s(self) -> float | None:
+        return time_left_s(self.job, self.job.vc.max_job_time_s)
+
+
+# what the other members of a job's VC see of it (``Visibility.PUBLIC``), and "visibility"
+PUBLIC_JOB_FIELDS = ("id", "name", "user", "vc", "type", "status", "reason", "queue_position", "estimated_start", "sku",
+                     "gpus", "nodes", "cpu", "memory_bytes", "preemptible", "submitted_at", "started_at", "finished_at",
+                     "tags", "favourite", "archived_at", "visibility")
+
+
+def _estimated_start(item: Any) -> str | None:
+    """Backfill's estimated start of a queued job (its reservation); null when unknown."""
+    return iso(item.job.estimated_start) if item.job.status.value == "queued" else None
+
+
+def _spec(key: str, default: Any = None, convert: Callable[[Any], Any] = lambda v: v) -> Callable[[Any], Any]:
+    return lambda item: convert(item.job.spec.get(key, default))
+
+
+def _part(name: str, convert: Callable[[Any], Any] = lambda v: v) -> Callable[[Any], Any]:
+    """The view model's ``name`` as ``convert`` renders it, or the key left out when it is None."""
+    def get(item: Any) -> Any:
+        value = getattr(item, name)
+        return missing if value is None else convert(value)
+    return get
+
+
+def _current_placements(item: JobOut) -> Any:
+    return missing if item.attempts is None else current_placements(item.job, item.attempts)
+
+
+class _JobFields(Schema):
+    """What a job's list item and its detail both carry: each dumps a view model with ``job``,
+    ``visibility``, ``tags``, ``favourite`` and ``time_left_s`` (``JobOut``, ``services.jobs.JobListItem``)."""
+
+    id = fields.Integer(attribute="job.id")
+    name = fields.String(attribute="job.name")
+    user = fields.String(attribute="job.user.name")
+    vc = fields.String(attribute="job.vc.name")
+    type = EnumValue(attribute="job.type")
+    status = EnumValue(attribute="job.status")
+    reason = fields.String(attribute="job.reason", allow_none=True)
+    reason_detail = fields.String(attribute="job.reason_detail", allow_none=True)
+    queue_position = fields.Integer(attribute="job.queue_position", allow_none=True)
+    estimated_start = _derived(fields.String, _estimated_start, allow_none=True, metadata={
         "description": "queued jobs of backfill VCs: when the scheduler expects it to start (its reservation, "
                        "assuming running jobs end by their limits); null when unknown"})
-    image = fields.String()
-    sku = fields.String(allow_none=True)
-    gpus = fields.Integer()
-    nodes = fields.Integer()
-    cpu = fields.Float()
-    memory_bytes = fields.Integer()
-    priority = fields.Integer()
-    preemptible = fields.Boolean()
-    max_retries = fields.Integer()
-    retries_used = fields.Integer()
-    max_time_s = fields.Integer(allow_none=True)
+    image = fields.String(attribute="job.image")
+    sku = fields.String(attribute="job.sku", allow_none=True)
+    gpus = fields.Integer(attribute="job.gpus")
+    nodes = fields.Integer(attribute="job.nodes")
+    cpu = fields.Float(attribute="job.cpu")
+    memory_bytes = fields.Integer(attribute="job.memory_bytes")
+    priority = fields.Integer(attribute="job.priority")
+    preemptible = fields.Boolean(attribute="job.preemptible")
+    max_retries = fields.Integer(attribute="job.max_retries")
+    retries_used = fields.Integer(attribute="job.retries_used")
+    max_time_s = fields.Integer(attribute="job.max_time_s", allow_none=True)
     time_left_s = fields.Float(allow_none=True)
-    submitted_at = fields.String()
-    queue_time = fields.String()
-    started_at = fields.String(allow_none=True)
-    finished_at = fields.String(allow_none=True)
-    exit_code = fields.Integer(allow_none=True)
-    attempt = fields.Integer()
-    visibility = fields.String(metadata={"description": "full, or public for other members of the VC"})
+    submitted_at = IsoDateTime(attribute="job.submitted_at")
+    queue_time = IsoDateTime(attribute="job.queue_time")
+    started_at = IsoDateTime(attribute="job.started_at", allow_none=True)
+    finished_at = IsoDateTime(attribute="job.finished_at", allow_none=True)
+    exit_code = fields.Integer(attribute="job.exit_code", allow_none=True)
+    attempt = fields.Integer(attribute="job.attempt")
+    visibility = EnumValue(metadata={"description": "full, or public for other members of the VC"})
     tags = fields.List(fields.String(), metadata={"description": "the job's tags, sorted"})
     favourite = fields.Boolean(metadata={"description": "you starred this job"})
-    archived_at = fields.String(allow_none=True, metadata={"description": "when its owner archived it (null: not archived)"})
+    archived_at = IsoDateTime(attribute="job.archived_at", allow_none=True, metadata={
+        "description": "when its owner archived it (null: not archived)"})
+
+    @post_dump(pass_original=True)
+    def _as_visible(self, data: dict, original: Any, **kwargs: Any) -> dict:
+        """Another member of the VC sees the public fields only."""
+        if original.visibility is Visibility.PUBLIC:
+            return {k: v for k, v in data.items() if k in PUBLIC_JOB_FIELDS}
+        return data
 
 
 class InsightSchema(Schema):
+    """One ``JobInsight``."""
+
     code = fields.String(metadata={"description": "gpus_idle, gpus_partly_busy, low_utilisation, gpu_memory_full, "
                                                   "cpu_bound or preemption_risk"})
     message = fields.String(metadata={"description": "what was found and what to do"})
-    since = fields.String(metadata={"description": "when the condition began, as far as the history shows"})
+    since = IsoDateTime(metadata={"description": "when the condition began, as far as the history shows"})
 
 
 class JobSchema(_JobFields):
-    insights = fields.List(fields.Nested(InsightSchema), metadata={
+    """A job (``JobOut``)."""
+
+    insights = _derived(fields.List, _part("insights"), cls_or_instance=fields.Nested(InsightSchema), metadata={
         "description": "the current insight findings of a running job (full visibility, GET only)"})
-    idle_exempt = fields.Boolean(metadata={"description": "exempt from the VC's idle-job policy (set by a VC admin)"})
-    command = fields.String()
-    env = fields.Dict(keys=fields.String(), values=fields.String())
-    ports = fields.List(fields.Integer())
-    ssh = fields.Boolean()
-    placements = fields.List(fields.Nested(PlacementSchema))
-    attempts = fields.List(fields.Nested(AttemptSchema))
-    endpoints = fields.List(fields.Nested(EndpointSchema), metadata={"description": "full visibility, GET only"})
-    actions = fields.List(fields.String(), metadata={
+    idle_exempt = _derived(fields.Boolean, _spec("idle_exempt", convert=bool), metadata={
+        "description": "exempt from the VC's idle-job policy (set by a VC admin)"})
+    command = fields.String(attribute="job.command")
+    env = _derived(fields.Dict, _spec("env", {}), keys=fields.String(), values=fields.String())
+    ports = _derived(fields.List, _spec("ports", []), cls_or_instance=fields.Integer())
+    ssh = _derived(fields.Boolean, _spec("ssh", False))
+    placements = _derived(fields.List, _current_placements, cls_or_instance=fields.Nested(PlacementSchema))
+    attempts = _derived(fields.List, _part("attempts"), cls_or_instance=fields.Nested(AttemptSchema))
+    endpoints = _derived(fields.List, _part("endpoints"), cls_or_instance=fields.Nested(EndpointSchema), metadata={
+        "description": "full visibility, GET only"})
+    actions = _derived(fields.List, _part("actions", list), cls_or_instance=fields.String(), metadata={
         "description": "what you may do to the job now (kill, pause, resume, approve); full visibility, GET only"})
-    ephemeral_storage_bytes = fields.Integer(allow_none=True, metadata={"description": "null: the VC's default"})
-    run_as_root = fields.Boolean()
-    ib_domain = fields.String(allow_none=True)
-    min_replicas = fields.Integer(metadata={"description": "inference jobs"})
-    max_replicas = fields.Integer(metadata={"description": "inference jobs"})
+    ephemeral_storage_bytes = _derived(fields.Integer, _spec("ephemeral_storage_bytes"), allow_none=True,
+                                       metadata={"description": "null: the VC's default"})
+    run_as_root = _derived(fields.Boolean, _spec("run_as_root", convert=bool))
+    ib_domain = _derived(fields.String, _spec("ib_domain"), allow_none=True)
+    min_replicas = _derived(fields.Integer, _spec("min_replicas", 0), metadata={"description": "inference jobs"})
+    max_replicas = _derived(fields.Integer, _spec("max_replicas", 0), metadata={"description": "inference jobs"})
 
 
 class JobTagsSchema(Schema):
@@ -177,10 +284,13 @@ class FavouriteSchema(Schema):
 
 
 class JobSummarySchema(_JobFields):
-    """A job in a list: what a table shows. No env, ports or spec, and only the start of the command."""
+    """A job in a list (``services.jobs.JobListItem``): what a table shows. No env, ports or spec, and
+    only the start of the command (``command_start``); GET /jobs/{id} has the whole job."""
 
-    command_preview = fields.String(metadata={"description": "the command's first 200 characters (full visibility)"})
-    command_truncated = fields.Boolean(metadata={"description": "the command is longer: GET /jobs/{id} has it all"})
+    command_preview = _derived(fields.String, lambda item: item.command_start[:COMMAND_PREVIEW_CHARS], metadata={
+        "description": "the command's first 200 characters (full visibility)"})
+    command_truncated = _derived(fields.Boolean, lambda item: len(item.command_start) > COMMAND_PREVIEW_CHARS, metadata={
+        "description": "the command is longer: GET /jobs/{id} has it all"})
 
 
 class JobPageSchema(Schema):
@@ -229,7 +339,7 @@ class JobPatchSchema(Schema):
 
 
 class JobBatchSchema(Schema):
-    action = fields.String(required=True, validate=validate.OneOf(["kill", "pause", "resume", "approve"]))
+    action = fields.String(required=True, validate=validate.OneOf(list(BATCH_ACTIONS)))
     ids = fields.List(fields.Integer(strict=True, validate=validate.Range(1, 2**62)), required=True,
                       validate=validate.Length(1, 500))
 
@@ -251,8 +361,10 @@ class BatchResponseSchema(Schema):
 
 
 class EventSchema(Schema):
+    """One ``JobEvent``."""
+
     id = fields.Integer()
-    at = fields.String(allow_none=True)
+    at = IsoDateTime(allow_none=True)
     kind = fields.String()
     from_status = fields.String(allow_none=True)
     to_status = fields.String(allow_none=True)
@@ -262,13 +374,31 @@ class EventSchema(Schema):
 
 
 class EventPageSchema(Schema):
+    """A page of a job's events: ``{"items", "next_cursor", "visibility"}`` (the reader's, not written)."""
+
     items = fields.List(fields.Nested(EventSchema))
     next_cursor = fields.String(allow_none=True)
 
+    @post_dump(pass_original=True)
+    def _as_visible(self, data: dict, original: Any, **kwargs: Any) -> dict:
+        """Another member of the VC sees no message and no actor."""
+        if original.get("visibility") is Visibility.PUBLIC:
+            data["items"] = [{k: v for k, v in item.items() if k not in ("message", "actor")} for item in data["items"]]
+        return data
+
 
 class AttemptPageSchema(Schema):
+    """A page of a job's attempts: ``{"items", "next_cursor", "visibility"}`` (the reader's, not written)."""
+
     items = fields.List(fields.Nested(AttemptSchema))
     next_cursor = fields.String(allow_none=True)
+
+    @post_dump(pass_original=True)
+    def _as_visible(self, data: dict, original: Any, **kwargs: Any) -> dict:
+        """Another member of the VC sees no placements."""
+        if original.get("visibility") is Visibility.PUBLIC:
+            data["items"] = [item | {"placements": []} for item in data["items"]]
+        return data
 
 
 # -- VCs -----------------------------------------------------------------------------------------------
@@ -290,7 +420,7 @@ class IdlePolicySchema(Schema):
 
 
 class VcSettingsFields(Schema):
-    policy = fields.String(validate=validate.OneOf(["RF", "FIFO", "backfill"]))
+    policy = fields.String(validate=validate.OneOf([p.value for p in Policy]))
     max_job_time_s = fields.Integer(strict=True, allow_none=True, validate=validate.Range(60, 366 * 86400))
     default_runtime_estimate_s = fields.Integer(strict=True, allow_none=True, validate=validate.Range(60, 366 * 86400),
                                                 metadata={"description": "backfill: the runtime assumed for jobs with "

@@ -5,9 +5,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # dlts.config imports dlts.backends.k8s_settings
+from dlts.config_layers import ConfigError
+
+if TYPE_CHECKING:  # dlts.config imports dlts.backends (k8s_settings and the rule below)
     from dlts.backends.base import ClusterBackend
     from dlts.config import Settings
+
+LOCAL_BACKEND_REFUSED = (
+    "backend: local runs every user's job command on this machine as the DLTS service user, which can read "
+    "the database, secret_key and the admin's API tokens, so it is refused outside `dlts demo`. Use "
+    "backend: kubernetes for a shared cluster, or, only if every user of this service may act as that "
+    "account, set local_backend_trusted_users: true in dlts.yaml (docs/security-host.md)")
 
 
 def __getattr__(name: str) -> object:
@@ -21,12 +29,17 @@ def __getattr__(name: str) -> object:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+def require_trusted_local_backend(settings: Settings) -> None:
+    """Refuse ``backend: local`` outside the demo unless ``local_backend_trusted_users`` is set: the
+    local backend isolates no job from the service (``dlts managers``, ``dlts api``)."""
+    if settings.backend == "local" and not settings.local_backend_trusted_users:
+        raise ConfigError(LOCAL_BACKEND_REFUSED)
+
+
 def make_backend(settings: Settings) -> ClusterBackend:
     """The configured backend; ``backend: local`` only with ``local_backend_trusted_users: true``
     (``ConfigError`` otherwise: the demo, the one place it is safe by default, makes its own)."""
     if settings.backend == "local":
-        from dlts.config import require_trusted_local_backend
-
         require_trusted_local_backend(settings)
         from dlts.backends.local import LocalBackend
 

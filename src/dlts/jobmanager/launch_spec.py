@@ -16,9 +16,9 @@ from sqlalchemy.orm import Session
 
 from dlts.backends.base import LaunchSpec
 from dlts.config import Settings
-from dlts.jobmanager.snapshot import replicas_from_json
 from dlts.logs import attempt_log_path
 from dlts.models import Job, JobAttempt, SshKey
+from dlts.models.placements import replicas_from_json
 from dlts.services import registry_credentials, vc_storage
 from dlts.services.jobs import root_allowed
 

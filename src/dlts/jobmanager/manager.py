@@ -52,13 +52,7 @@ from dlts.backends.base import (
 )
 from dlts.config import Settings
 from dlts.jobmanager.launch_spec import build_launch_spec
-from dlts.jobmanager.snapshot import (
-    Replica,
-    load_snapshot,
-    placements_to_json,
-    replicas_from_json,
-    replicas_to_json,
-)
+from dlts.jobmanager.snapshot import load_snapshot
 from dlts.managers.lease import LeaseLost
 from dlts.models import (
     ACTIVE,
@@ -75,6 +69,7 @@ from dlts.models import (
     SshKey,
     utcnow,
 )
+from dlts.models.placements import Replica, placements_to_json, replicas_from_json, replicas_to_json
 from dlts.repair.cordon import repair_cordon
 from dlts.repositories import jobs as job_repo
 from dlts.scheduler import decide, profile_named

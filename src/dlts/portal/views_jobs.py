@@ -21,7 +21,6 @@ from flask import (
 from dlts.errors import DltsError, InvalidInput
 from dlts.extensions import db, settings_of
 from dlts.models import (
-    ACTIVE,
     TERMINAL,
     JobStatus,
 )
@@ -152,24 +151,22 @@ def _job_page(job_id: int, new_token: dict | None = None, status: int = 200):
     view = job_service.detail(db.session(), who, job_id, events=200)
     job, full, attempts, events, endpoints = view.job, view.full, view.attempts, view.events, view.endpoints
     current = view.current_attempt
-    placements = current.placements if current is not None and job.status in ACTIVE else []
     vc_admin = who.is_vc_admin(job.vc.name)
     actions = list(view.actions)
-    can_open_endpoint = full and job.status not in TERMINAL and job.status is not S.KILLING
     # the owner is told before asking for ssh that nobody could log in without a key
     no_ssh_key = job_service.owner_lacks_ssh_key(db.session(), who, job, endpoints)
     utilisation = _utilisation_charts(job.id, who) if full and current is not None and current.started_at else None
     insights = view.insights
-    owner_of_ended = job.user_id == who.user_id and job.status in TERMINAL
+    rights = view.rights
     keeping = {"tags": view.tags, "favourite": view.favourite,
-               "can_archive": owner_of_ended, "can_delete": owner_of_ended, "can_tag": full, "can_clone": full}
+               "can_archive": rights.archive, "can_delete": rights.delete, "can_tag": rights.tag, "can_clone": rights.clone}
     response = current_app.make_response((render_template(
-        "job.html", job=job, full=full, attempts=attempts, events=events, placements=placements, actions=actions,
+        "job.html", job=job, full=full, attempts=attempts, events=events, placements=view.placements, actions=actions,
         utilisation=utilisation, insights=insights, idle_exempt=bool((job.spec or {}).get("idle_exempt")),
         messages=[e for e in events if e.kind in job_service.MESSAGE_KINDS], vc_admin=vc_admin,
-        can_patch=full and job.status not in TERMINAL,
+        can_patch=rights.patch,
         time_left_s=job_service.time_left_s(job, job.vc.max_job_time_s), ended=job.status in TERMINAL,
-        endpoints=endpoints, can_open_endpoint=can_open_endpoint, endpoint_kinds=endpoint_service.KINDS,
+        endpoints=endpoints, can_open_endpoint=rights.open_endpoint, endpoint_kinds=endpoint_service.KINDS,
         no_ssh_key=no_ssh_key, new_token=new_token, keeping=keeping), status))
     if new_token:
         response.headers["Cache-Control"] = "no-store"  # the password must not linger in a cache

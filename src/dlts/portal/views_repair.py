@@ -8,6 +8,7 @@ from flask import abort, flash, redirect, render_template, request, url_for
 
 from dlts.errors import DltsError
 from dlts.extensions import db, settings_of
+from dlts.models import NodeState
 from dlts.portal.core import admin_only_404, bp, flash_error, principal
 from dlts.services import nodes as node_service
 from dlts.services import repair as repair_service
@@ -20,7 +21,7 @@ def repair():
     from flask import current_app
 
     status = repair_service.status(db.session(), principal(), settings_of(current_app))
-    nodes = [n for n in node_service.list_nodes(db.session(), principal()) if n.state != "in_service" or n.unhealthy_gpus]
+    nodes = [n for n in node_service.list_nodes(db.session(), principal()) if n.state != NodeState.IN_SERVICE or n.unhealthy_gpus]
     return render_template("repair.html", status=status, nodes=nodes)
 
 

@@ -79,9 +79,14 @@ def _address_is_live(job: Job) -> bool:
     return job.status is JobStatus.RUNNING
 
 
+def can_open(job: Job) -> bool:
+    """A job may have endpoints opened until it ends or is being killed (it will not run again)."""
+    return job.status not in TERMINAL and job.status is not JobStatus.KILLING
+
+
 def read_status(endpoint: JobEndpoint, job: Job) -> str:
     # KILLING: the job will not run again, so nothing of it will be reachable again
-    if job.status in TERMINAL or job.status is JobStatus.KILLING:
+    if not can_open(job):
         return "closed"
     if endpoint.status is ES.CLOSING:
         return "closing"
@@ -207,7 +212,7 @@ def open_endpoint(session: Session, principal: Principal, job_id: int, kind: str
     endpoint_kind = _kind(kind)
     port, name = _port_and_name(endpoint_kind, port, name)
     job = _load(session, principal, job_id, "open endpoints of", lock=True)
-    if job.status in TERMINAL or job.status is JobStatus.KILLING:
+    if not can_open(job):
         raise WrongState(f"Job {job.id} is {job.status.value}; endpoints can only be opened on jobs that have not ended.",
                          code="job_ended", details={"status": job.status.value})
     _check_room(_rows(session, job.id), job, endpoint_kind, port, name)

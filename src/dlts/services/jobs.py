@@ -21,6 +21,7 @@ from dlts import logstore
 from dlts.config import Settings
 from dlts.errors import InvalidInput, NotFound, RateLimited, Refused, WrongState
 from dlts.models import (
+    ACTIVE,
     TERMINAL,
     EndpointKind,
     EndReason,
@@ -503,6 +504,26 @@ def list_jobs(session: Session, principal: Principal, wanted: JobFilter) -> JobP
 
 
 @dataclass(frozen=True)
+class JobRights:
+    """What the reader may do to a job besides ``allowed_actions``: where the use-case would accept
+    it (the portal shows a control only then; the use-case still checks)."""
+
+    patch: bool = False  # jobs.patch: priority, max time, idle exemption of a job that has not ended
+    tag: bool = False  # job_keeping.set_tags
+    clone: bool = False  # job_keeping.spec: the body that submits it again
+    archive: bool = False  # job_keeping.set_archived: the owner's ended job
+    delete: bool = False  # job_keeping.delete: the owner's ended job
+    open_endpoint: bool = False  # endpoints.open_endpoint: a job that has not ended and is not being killed
+
+
+def rights(principal: Principal, job: Job) -> JobRights:
+    full = policy.job_visibility(principal, job) is policy.Visibility.FULL
+    owner_of_ended = job.user_id == principal.user_id and job.status in TERMINAL
+    return JobRights(patch=full and job.status not in TERMINAL, tag=full, clone=full, archive=owner_of_ended,
+                     delete=owner_of_ended, open_endpoint=full and endpoint_service.can_open(job))
+
+
+@dataclass(frozen=True)
 class JobDetail:
     """One job as its reader may see it. With ``Visibility.PUBLIC`` the lists are empty."""
 
@@ -515,6 +536,7 @@ class JobDetail:
     tags: list[str]
     favourite: bool
     actions: tuple[str, ...]
+    rights: JobRights = JobRights()
 
     @property
     def full(self) -> bool:
@@ -523,6 +545,17 @@ class JobDetail:
     @property
     def current_attempt(self) -> JobAttempt | None:
         return next((a for a in self.attempts if a.number == self.job.attempt), None)
+
+    @property
+    def placements(self) -> list[dict[str, Any]]:
+        """Where the job runs now (``current_placements``)."""
+        return current_placements(self.job, self.attempts)
+
+
+def current_placements(job: Job, attempts: list[JobAttempt]) -> list[dict[str, Any]]:
+    """The current attempt's placements while the job is active (it holds them), else none."""
+    current = next((a for a in attempts if a.number == job.attempt), None)
+    return current.placements if current is not None and job.status in ACTIVE else []
 
 
 def allowed_actions(principal: Principal, job: Job) -> tuple[str, ...]:
@@ -552,18 +585,17 @@ def detail(session: Session, principal: Principal, job_id: int, *, events: int =
     tags = job_repo.tags_of(session, [job.id]).get(job.id, [])
     starred = job.id in job_repo.favourites_of(session, principal.user_id, [job.id])
     if not full:
-        return JobDetail(job, visibility, [], [], [], [], tags, starred, ())
+        return JobDetail(job, visibility, [], [], [], [], tags, starred, (), rights(principal, job))
     return JobDetail(job, visibility, job_repo.attempts_of(session, job.id), endpoint_service.views_of(session, job),
                      insight_repo.insights_of(session, job.id),
                      job_repo.latest_events(session, job.id, events) if events else [], tags, starred,
-                     allowed_actions(principal, job))
+                     allowed_actions(principal, job), rights(principal, job))
 
 
 def owner_lacks_ssh_key(session: Session, principal: Principal, job: Job, endpoints: list[endpoint_service.EndpointView]) -> bool:
     """Whether to tell the owner that nobody could log in by ssh: they have no key, and the job can
     still open an endpoint or has an ssh one."""
-    can_open = job.status not in TERMINAL and job.status is not S.KILLING
-    return (job.user_id == principal.user_id and (can_open or any(e.kind == EndpointKind.SSH for e in endpoints))
+    return (job.user_id == principal.user_id and (endpoint_service.can_open(job) or any(e.kind == EndpointKind.SSH for e in endpoints))
             and not job_repo.has_ssh_key(session, principal.user_id))
 
 
