@@ -53,9 +53,13 @@ def event_version(line: bytes) -> str | None:
     match whose value is a string of digits. Every object the server sends carries
     ``metadata.resourceVersion``, so a single match is that one; anything else (a second member
     of that name, say an annotation's key) is left to the full decode."""
-    if _CHANGE_HEAD.match(line) is None:
-        return None
-    found = _VERSION_MEMBER.findall(line)
+    return object_version(line) if _CHANGE_HEAD.match(line) is not None else None
+
+
+def object_version(text: bytes) -> str | None:
+    """The resourceVersion of one object (or of the one object an event carries) as raw JSON:
+    the single ``resourceVersion`` member's digits, else None."""
+    found = _VERSION_MEMBER.findall(text)
     return found[0].decode() if len(found) == 1 and found[0] else None
 
 
@@ -94,7 +98,9 @@ class PodWatch:
         # Not applied yet, in arrival order: ("event", a watch event: its raw line, or decoded when
         # it had to be) or ("pod", a pod from remember: raw JSON or a dict). _flush decodes and
         # applies them; a list drops them (and bumps the generation).
-        self._pending: list[tuple[str, bytes | dict]] = []
+        # A version comes along where read without decoding: one version is one write of one
+        # object, so a remembered response and the event of the same version decode once.
+        self._pending: list[tuple[str, bytes | dict, str | None]] = []
         self._generation = 0
         self._flush_lock = threading.Lock()  # one flusher at a time: queued changes apply in order
         self._undecodable = False  # a queued line did not decode: the watch thread must relist
@@ -116,12 +122,12 @@ class PodWatch:
     def remember(self, pod: dict) -> None:
         """Read-your-writes: a pod we just created is known before its watch event arrives."""
         with self._lock:
-            self._pending.append(("pod", pod))
+            self._pending.append(("pod", pod, None))
 
     def remember_raw(self, pod_json: bytes) -> None:
         """``remember`` for a pod as the API server answered it (raw JSON), decoded when read."""
         with self._lock:
-            self._pending.append(("pod", pod_json))
+            self._pending.append(("pod", pod_json, object_version(pod_json)))
 
     def forget(self, names: set[str]) -> None:
         self._flush()  # changes that arrived before must not bring the pods back later
@@ -146,7 +152,10 @@ class PodWatch:
             if not pending:
                 return
             changes: list[tuple[str, dict]] = []
-            for what, payload in pending:
+            in_events = {version for what, _, version in pending if what == "event" and version}
+            for what, payload, version in pending:
+                if what == "pod" and version in in_events:
+                    continue  # its watch event (the same write) is queued too: decode that one
                 try:
                     change = _decode(what, payload)
                 except (ValueError, TypeError, KeyError, AttributeError) as exc:
@@ -276,7 +285,7 @@ class PodWatch:
         version = event_version(line)
         if version is not None:
             with self._lock:
-                self._pending.append(("event", line))
+                self._pending.append(("event", line, version))
                 self.resource_version = version
         elif line.strip():
             self._apply(json.loads(line))
@@ -290,6 +299,6 @@ class PodWatch:
         version = (obj.get("metadata") or {}).get("resourceVersion")
         with self._lock:
             if kind in ("ADDED", "MODIFIED", "DELETED"):
-                self._pending.append(("event", event))  # behind the changes queued before it
+                self._pending.append(("event", event, None))  # behind the changes queued before it
             if version:  # a BOOKMARK carries only this
                 self.resource_version = version
