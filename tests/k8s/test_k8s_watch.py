@@ -13,7 +13,7 @@ from conftest import caught_up, make_spec
 from dlts.backends import k8s_watch
 from dlts.backends.base import RunPhase
 from dlts.backends.k8s_render import MANAGED_SELECTOR
-from dlts.backends.k8s_watch import PodWatch, WatchExpired, event_version
+from dlts.backends.k8s_watch import PodWatch, WatchExpired, event_name, event_version
 from tests.fakes.kube_apiserver import FakeClock, FakeKubeApiServer
 
 
@@ -141,12 +141,13 @@ def test_queued_changes_apply_in_order_when_read_and_never_go_back_in_version():
     watch._receive(event_line("MODIFIED", "a", 11, "Running"))
     watch._receive(event_line("ADDED", "b", 12))
     assert watch.resource_version == "12"  # read from the lines; nothing decoded yet
-    assert [what for what, _payload, _v in watch._pending] == ["event"] * 3
-    assert all(isinstance(payload, bytes) for _, payload, _v in watch._pending)
+    assert [(what, name, version) for what, _payload, name, version in watch._pending] == [
+        ("event", "a", 10), ("event", "a", 11), ("event", "b", 12)]
+    assert all(isinstance(payload, bytes) for _, payload, *_ in watch._pending)
     assert phases(watch) == {"a": "Running", "b": "Pending"} and watch._pending == []
     # a response remembered after newer events (or an event older than a remembered response)
     # changes nothing; a deletion older than what we know does not remove the pod
-    watch.remember_raw(json.dumps(json.loads(event_line("ADDED", "a", 10))["object"]).encode())
+    watch.remember_raw("a", json.dumps(json.loads(event_line("ADDED", "a", 10))["object"]).encode())
     watch.remember({"metadata": {"name": "b", "resourceVersion": "20"}, "status": {"phase": "Running"}})
     watch._receive(event_line("MODIFIED", "b", 13, "Pending"))
     watch._receive(event_line("DELETED", "b", 14))
@@ -155,6 +156,42 @@ def test_queued_changes_apply_in_order_when_read_and_never_go_back_in_version():
     watch._receive(event_line("DELETED", "a", 22, "Succeeded"))
     assert phases(watch) == {}
     assert watch.resource_version == "22"
+
+
+def test_event_name_reads_the_pods_name_only_from_the_head_of_the_event():
+    assert event_name(event_line("MODIFIED", "dlts-7-1-0", 3)) == "dlts-7-1-0"
+    fake_style = json.dumps({"type": "ADDED", "object": {"apiVersion": "v1", "kind": "Pod", "metadata": {
+        "name": "p", "resourceVersion": "4"}}}).encode()
+    assert event_name(fake_style) == "p"
+    # metadata not right after kind/apiVersion, or name not its first member: decoded instead
+    late = json.dumps({"type": "ADDED", "object": {"spec": {"metadata": {"name": "x"}}, "metadata": {
+        "name": "p"}}}).encode()
+    assert event_name(late) is None
+    assert event_name(json.dumps({"type": "ADDED", "object": {"metadata": {"uid": "u", "name": "p"}}}).encode()) is None
+    assert event_name(b'{"type":"BOOKMARK","object":{"metadata":{"name":"p"}}}') is None
+
+
+def test_only_the_newest_change_of_each_pod_is_decoded(monkeypatch):
+    watch = offline_watch()
+    decoded: list[bytes] = []
+
+    def loads(text, *args, **kwargs):
+        decoded.append(text)
+        return json.loads(text, *args, **kwargs)
+
+    monkeypatch.setattr(k8s_watch, "json", types.SimpleNamespace(loads=loads))
+    created = json.dumps(json.loads(event_line("ADDED", "a", 10))["object"]).encode()
+    watch.remember_raw("a", created)
+    for kind, rv, phase in (("ADDED", 10, "Pending"), ("MODIFIED", 11, "Pending"), ("MODIFIED", 12, "Running")):
+        watch._receive(event_line(kind, "a", rv, phase))
+    watch._receive(event_line("ADDED", "b", 13))
+    watch._receive(event_line("DELETED", "b", 14, "Succeeded"))
+    # a name that cannot be read raw (metadata's first member is not the name): decoded to learn it
+    odd = {"type": "ADDED", "object": {"metadata": {"uid": "u", "name": "c", "resourceVersion": "15"},
+                                        "status": {"phase": "Pending"}}}
+    watch._receive(json.dumps(odd).encode())
+    assert phases(watch) == {"a": "Running", "c": "Pending"}
+    assert sorted(json.loads(t)["object"]["metadata"]["resourceVersion"] for t in decoded) == ["12", "14", "15"]
 
 
 def test_forget_is_not_undone_by_changes_queued_before_it():
@@ -172,7 +209,7 @@ def test_changes_that_need_decoding_keep_their_place_in_the_queue():
     watch._receive(event_line("MODIFIED", "a", 11, "Running", annotations={"resourceVersion": "x"}))
     watch._receive(b'{"type":"BOOKMARK","object":{"kind":"Pod","apiVersion":"v1","metadata":{"resourceVersion":"30"}}}')
     assert watch.resource_version == "30"
-    assert [isinstance(payload, bytes) for _, payload, _v in watch._pending] == [True, False]
+    assert [isinstance(payload, bytes) for _, payload, *_ in watch._pending] == [True, False]
     assert phases(watch) == {"a": "Running"}
     with pytest.raises(WatchExpired):  # an ERROR is handled when it arrives, not when read
         watch._receive(b'{"type":"ERROR","object":{"kind":"Status","code":410,"message":"too old"}}')
@@ -246,6 +283,6 @@ def test_a_burst_of_launches_decodes_no_pod_until_the_copy_is_read(api, wbackend
     assert int(wbackend._watch.resource_version) >= target
     assert decoded == []  # 10 ADDED events and 10 create responses, all still raw
     assert len(wbackend.observe()) == 10
-    # decoded by the read, once each: a create's response and the ADDED event of the same
-    # version are one write, so only the event is decoded
+    # decoded by the read, once each: of a create's response and the ADDED event of the same
+    # version only the newer in the queue
     assert len(decoded) == 10

@@ -41,6 +41,11 @@ class WatchExpired(Exception):
 
 # The head of a pod change as the API server writes it (``metav1.WatchEvent``: type, then object).
 _CHANGE_HEAD = re.compile(rb'\{\s*"type"\s*:\s*"(ADDED|MODIFIED|DELETED)"\s*,\s*"object"\s*:')
+# The same head up to the object's metadata.name, when only its kind and apiVersion come before
+# (the API server's order): a match is the start of the JSON parsed, so this is the pod's name.
+_CHANGE_NAME = re.compile(rb'\{\s*"type"\s*:\s*"(?:ADDED|MODIFIED|DELETED)"\s*,\s*"object"\s*:\s*\{\s*'
+                          rb'(?:"(?:kind|apiVersion)"\s*:\s*"[^"\\]*"\s*,\s*)*'
+                          rb'"metadata"\s*:\s*\{\s*"name"\s*:\s*"([^"\\]+)"')
 # Every member named resourceVersion and its value when that is a string of digits. Inside a JSON
 # string every quote is escaped, so `resourceVersion"` followed by a colon only occurs where a
 # member's key ends: JSON held in an annotation's value never matches (its quotes are escaped).
@@ -54,6 +59,14 @@ def event_version(line: bytes) -> str | None:
     ``metadata.resourceVersion``, so a single match is that one; anything else (a second member
     of that name, say an annotation's key) is left to the full decode."""
     return object_version(line) if _CHANGE_HEAD.match(line) is not None else None
+
+
+def event_name(line: bytes) -> str | None:
+    """The pod's name in a pod change, read without decoding it when the event starts as the
+    API server writes it (type, object; the object's kind and apiVersion, then metadata with
+    its name first); else None."""
+    match = _CHANGE_NAME.match(line)
+    return match.group(1).decode() if match else None
 
 
 def object_version(text: bytes) -> str | None:
@@ -96,11 +109,10 @@ class PodWatch:
         self._lock = threading.Lock()
         self._pods: dict[str, dict] = {}
         # Not applied yet, in arrival order: ("event", a watch event: its raw line, or decoded when
-        # it had to be) or ("pod", a pod from remember: raw JSON or a dict). _flush decodes and
-        # applies them; a list drops them (and bumps the generation).
-        # A version comes along where read without decoding: one version is one write of one
-        # object, so a remembered response and the event of the same version decode once.
-        self._pending: list[tuple[str, bytes | dict, str | None]] = []
+        # it had to be) or ("pod", a pod from remember: raw JSON or a dict), each with the pod's
+        # name and resourceVersion where they could be read without decoding (else None). _flush
+        # decodes the newest of each pod and applies it; a list drops them (and bumps the generation).
+        self._pending: list[tuple[str, bytes | dict, str | None, int | None]] = []
         self._generation = 0
         self._flush_lock = threading.Lock()  # one flusher at a time: queued changes apply in order
         self._undecodable = False  # a queued line did not decode: the watch thread must relist
@@ -122,12 +134,13 @@ class PodWatch:
     def remember(self, pod: dict) -> None:
         """Read-your-writes: a pod we just created is known before its watch event arrives."""
         with self._lock:
-            self._pending.append(("pod", pod, None))
+            self._pending.append(("pod", pod, pod["metadata"]["name"], _rv(pod)))
 
-    def remember_raw(self, pod_json: bytes) -> None:
+    def remember_raw(self, name: str, pod_json: bytes) -> None:
         """``remember`` for a pod as the API server answered it (raw JSON), decoded when read."""
+        version = object_version(pod_json)
         with self._lock:
-            self._pending.append(("pod", pod_json, object_version(pod_json)))
+            self._pending.append(("pod", pod_json, name, None if version is None else int(version)))
 
     def forget(self, names: set[str]) -> None:
         self._flush()  # changes that arrived before must not bring the pods back later
@@ -141,32 +154,36 @@ class PodWatch:
             return set(self._pods)
 
     def _flush(self) -> None:
-        """Decode what is queued (outside the lock the watch thread appends under) and apply it
-        in arrival order. A pod is replaced only by the same or a newer resourceVersion, and
-        removed only by a deletion at least as new, so a response remembered after its watch
-        event (or a watch event queued before a newer remembered response) changes nothing."""
+        """Apply what is queued. Only each pod's newest change (highest resourceVersion; of two
+        alike, the later) is decoded, outside the lock the watch thread appends under: a pod
+        created, scheduled and started between two reads is decoded once, not four times (its
+        create's response, ADDED, two MODIFIED). An entry whose name or version could not be read
+        raw is decoded to learn them. A change that does not decode distrusts the copy: the watch
+        thread lists again (``snapshot()`` says None until then)."""
         with self._flush_lock:
             with self._lock:
                 pending, self._pending = self._pending, []
                 generation = self._generation
             if not pending:
                 return
-            changes: list[tuple[str, dict]] = []
-            in_events = {version for what, _, version in pending if what == "event" and version}
-            for what, payload, version in pending:
-                if what == "pod" and version in in_events:
-                    continue  # its watch event (the same write) is queued too: decode that one
-                try:
-                    change = _decode(what, payload)
-                except (ValueError, TypeError, KeyError, AttributeError) as exc:
-                    if what == "pod":  # a remembered response is only a head start on its event
-                        continue
-                    log.warning("pod watch: undecodable event (%s); listing again", exc)
-                    with self._lock:  # the stream cannot be trusted: list again
-                        self._healthy = False
-                        self._undecodable = True
-                    return
-                changes.append(change)
+            try:
+                decoded: dict[int, tuple[str, dict]] = {}
+                newest: dict[str, tuple[int, int]] = {}  # name -> (version, index into pending)
+                for index, (what, payload, name, version) in enumerate(pending):
+                    if name is None or version is None:
+                        decoded[index] = kind_obj = _decode(what, payload)
+                        name, version = kind_obj[1]["metadata"]["name"], _rv(kind_obj[1])
+                    best = newest.get(name)
+                    if best is None or version >= best[0]:
+                        newest[name] = (version, index)
+                changes = [decoded[index] if index in decoded else _decode(*pending[index][:2])
+                           for _version, index in newest.values()]
+            except (ValueError, TypeError, KeyError, AttributeError) as exc:
+                log.warning("pod watch: an undecodable change (%s); listing again", exc)
+                with self._lock:
+                    self._healthy = False
+                    self._undecodable = True
+                return
             with self._lock:
                 if generation != self._generation:  # listed again since: the list saw all of this
                     return
@@ -284,8 +301,9 @@ class PodWatch:
         anything else is decoded and handled now."""
         version = event_version(line)
         if version is not None:
+            name = event_name(line)
             with self._lock:
-                self._pending.append(("event", line, version))
+                self._pending.append(("event", line, name, int(version)))
                 self.resource_version = version
         elif line.strip():
             self._apply(json.loads(line))
@@ -299,6 +317,6 @@ class PodWatch:
         version = (obj.get("metadata") or {}).get("resourceVersion")
         with self._lock:
             if kind in ("ADDED", "MODIFIED", "DELETED"):
-                self._pending.append(("event", event, None))  # behind the changes queued before it
+                self._pending.append(("event", event, obj["metadata"]["name"], _rv(obj)))  # behind the changes queued before it
             if version:  # a BOOKMARK carries only this
                 self.resource_version = version
