@@ -194,6 +194,15 @@ def test_only_the_newest_change_of_each_pod_is_decoded(monkeypatch):
     assert sorted(json.loads(t)["object"]["metadata"]["resourceVersion"] for t in decoded) == ["12", "14", "15"]
 
 
+def test_the_queue_does_not_grow_without_bound_when_nobody_reads():
+    watch = offline_watch()
+    watch.flush_after = 10
+    for rv in range(1, 101):
+        watch._receive(event_line("MODIFIED", f"p{rv % 3}", rv))
+    assert len(watch._pending) <= 10
+    assert len(watch._pods) == 3
+
+
 def test_forget_is_not_undone_by_changes_queued_before_it():
     watch = offline_watch()
     watch._receive(event_line("ADDED", "a", 10))

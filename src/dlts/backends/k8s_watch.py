@@ -114,6 +114,10 @@ class PodWatch:
         # decodes the newest of each pod and applies it; a list drops them (and bumps the generation).
         self._pending: list[tuple[str, bytes | dict, str | None, int | None]] = []
         self._generation = 0
+        # Nobody reading (ticks failing before observe, say) must not let the queue grow without
+        # bound: past this many entries the watch thread applies it itself (~6 KB each; a burst of
+        # 1,000 launches queues ~2,000: each create's response and its ADDED event).
+        self.flush_after = 5000
         self._flush_lock = threading.Lock()  # one flusher at a time: queued changes apply in order
         self._undecodable = False  # a queued line did not decode: the watch thread must relist
         self.resource_version: str | None = None
@@ -305,6 +309,9 @@ class PodWatch:
             with self._lock:
                 self._pending.append(("event", line, name, int(version)))
                 self.resource_version = version
+                queued = len(self._pending)
+            if queued > self.flush_after:
+                self._flush()
         elif line.strip():
             self._apply(json.loads(line))
 
