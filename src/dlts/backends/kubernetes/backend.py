@@ -130,7 +130,7 @@ class KubernetesBackend:
                 raise LaunchRefused(f"Kubernetes refused {doc['kind']} {doc['metadata']['name']}: "
                                     f"{status_message(exc)}") from None
             if created is not None and doc["kind"] == "Pod" and self._watch is not None:
-                self._watch.remember(self.api.json(created))
+                self._watch.remember_raw(doc["metadata"]["name"], created.data)  # decoded when read
 
     def remove_replicas(self, job_id: int, attempt: int, replicas: Iterable[int], grace_s: float) -> None:
         """Scale-down: mark each replica's pod retiring (so observe knows its end is on purpose),
@@ -144,7 +144,7 @@ class KubernetesBackend:
             if resp is None:
                 continue
             if self._watch is not None:
-                self._watch.remember(self.api.json(resp))
+                self._watch.remember_raw(name, resp.data)
             self.api.call(self.core.delete_namespaced_pod, name, ns, grace_period_seconds=max(0, round(grace_s)),
                           ok=(404,), _preload_content=False)
 
