@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
 
 from flask import Response
 from flask_smorest import Blueprint
@@ -12,7 +11,7 @@ from marshmallow import Schema, fields, validate
 
 from dlts.api.auth import authenticate, principal
 from dlts.extensions import db
-from dlts.models import iso, utcnow
+from dlts.models import utcnow
 from dlts.services import accounting
 
 blp = Blueprint("usage", __name__, description="GPU accounting and utilisation history")
@@ -109,10 +108,7 @@ def usage(args):
     if args["format"] == "csv":
         return Response(accounting.to_csv(report), mimetype="text/csv",
                         headers={"Content-Disposition": f'attachment; filename="gpu-usage-{start}-{end}.csv"'})
-    # serialised here, not by the response schema (which documents it): marshmallow took ~1 ms a row
-    body = {"group_by": list(query.group_by), "from": start.isoformat(), "to": end.isoformat(), "vc": query.vc,
-            "user": query.user, "truncated": report.truncated, "items": [r.as_json() for r in report.rows]}
-    return Response(json.dumps(body, separators=(",", ":")), mimetype="application/json")
+    return Response(json.dumps(report.as_json(), separators=(",", ":")), mimetype="application/json")
 
 
 @blp.route("/jobs/<int(max=4611686018427387904):job_id>/utilisation")
@@ -122,9 +118,4 @@ def usage(args):
 def job_utilisation(args, job_id: int):
     """One attempt's utilisation, a point a minute (the current attempt unless ?attempt=N): each GPU's
     utilisation and memory, the job's CPU cores and host memory. Owner, VC admins, cluster admins."""
-    history = accounting.utilisation(db.session(), principal(), job_id, args.get("attempt"))
-    data = asdict(history)
-    data["started_at"], data["ended_at"] = iso(history.started_at), iso(history.ended_at)
-    for point in data["points"]:
-        point["at"] = iso(point["at"])
-    return data
+    return accounting.utilisation(db.session(), principal(), job_id, args.get("attempt")).as_json()

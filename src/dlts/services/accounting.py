@@ -39,6 +39,7 @@ from dlts.models import (
     User,
     UtilisationPoint,
     VirtualCluster,
+    iso,
 )
 from dlts.repositories import accounting as repo
 from dlts.services import policy
@@ -350,6 +351,12 @@ class UtilisationHistory:
     # [{"at", "gpus": [{"node", "index", "utilization_ratio", "memory_used_bytes"}], "cpu_cores", "memory_bytes"}]
     points: list[dict[str, Any]] = field(default_factory=list)
 
+    def as_json(self) -> dict[str, Any]:
+        """The body of ``GET /jobs/{id}/utilisation``: times as ISO 8601 text."""
+        return {"job_id": self.job_id, "attempt": self.attempt, "interval_s": self.interval_s,
+                "started_at": iso(self.started_at), "ended_at": iso(self.ended_at),
+                "points": [{**p, "at": iso(p["at"])} for p in self.points]}
+
 
 MAX_POINTS = 20_000
 
@@ -425,6 +432,13 @@ class UsageReport:
     query: UsageQuery
     rows: list[UsageRow]
     truncated: bool = False
+
+    def as_json(self) -> dict[str, Any]:
+        """The body of ``GET /usage`` (documented by the API's UsageSchema; built here, not by
+        marshmallow, which took ~1 ms a row)."""
+        q = self.query
+        return {"group_by": list(q.group_by), "from": q.start.isoformat(), "to": q.end.isoformat(), "vc": q.vc,
+                "user": q.user, "truncated": self.truncated, "items": [r.as_json() for r in self.rows]}
 
 
 def parse_group_by(text: str | None) -> tuple[str, ...]:
