@@ -112,6 +112,8 @@ class JobSubmitSchema(Schema):
         data["memory_bytes"] = data.pop("memory", None)
         data["ports"] = tuple(data.get("ports", ()))
         data["tags"] = tuple(data.get("tags", ()))
+        if "type" in data:
+            data["type"] = JobType(data["type"])  # validated against JobType's values above
         return JobRequest(**data)
 
 

@@ -72,7 +72,7 @@ class JobRequest:
     image: str
     command: str
     name: str = ""
-    type: str = "batch"
+    type: JobType = JobType.BATCH
     gpus: int = 0
     sku: str | None = None
     cpu: float | None = None
