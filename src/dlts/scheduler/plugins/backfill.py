@@ -23,7 +23,7 @@ an estimate that depends on it is unknown).
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import Protocol, TypeVar
 
@@ -79,6 +79,25 @@ def duration_s(job: Job, vc: Vc | None) -> float:
     return INF
 
 
+class Durations:
+    """``duration_s`` of a job, computed once per (limit, VC) in a pass. A value of its own (not a
+    method of ``BackfillPass``) so that the time model holding it does not make the pass a
+    reference cycle."""
+
+    __slots__ = ("_seen", "_vcs")
+
+    def __init__(self, vcs: Mapping[str, Vc]) -> None:
+        self._vcs = vcs
+        self._seen: dict[tuple[float | None, str], float] = {}
+
+    def __call__(self, job: Job) -> float:
+        key = (job.max_time_s, job.vc)
+        got = self._seen.get(key)
+        if got is None:
+            got = self._seen[key] = duration_s(job, self._vcs.get(job.vc))
+        return got
+
+
 class BackfillPass:
     """Per-pass backfill bookkeeping; created by the core only when some VC is on backfill."""
 
@@ -97,7 +116,7 @@ class BackfillPass:
         self._dead_now: dict[tuple[object, ...], tuple[int, list[tuple[int, str]], set[str]]] = {}
         self._refused_plans: dict[tuple[object, ...], list[tuple[int, float, int, float]]] = {}
         self._details: dict[tuple[int, str, float], Rejection] = {}
-        self._durations: dict[tuple[float | None, str], float] = {}
+        self.duration = Durations(state.vcs)
         self._orders: dict[tuple[int, ...], list[NodeState]] = {}
         self._held: dict[str, int] = {}
         self._rev: dict[int, _Reversed] = {}
@@ -112,13 +131,6 @@ class BackfillPass:
         self._jobs: dict[int, Job] | None = None
 
     # -- helpers ---------------------------------------------------------------------------------
-
-    def duration(self, job: Job) -> float:
-        key = (job.max_time_s, job.vc)
-        got = self._durations.get(key)
-        if got is None:
-            got = self._durations[key] = duration_s(job, self.state.vcs.get(job.vc))
-        return got
 
     def handles(self, job: Job, vc: Vc | None) -> bool:
         return bool(self.reservations) or (vc is not None and vc.policy is Policy.BACKFILL)
