@@ -664,17 +664,24 @@ class BackfillPass:
         """The first IB domain (by name) with ``req.units`` whole nodes that fit, the first of them
         in the fixed order (``ib_domain: any``: the first such nodes of ``order``). Each domain's
         nodes are checked in order only until enough fit; the domains after the one found are not
-        looked at. A node that is not wholly free, holds nothing reclaimable and no reservation
-        cannot be whole in the model either: skipped at once."""
+        looked at.
+
+        A node with nothing reclaimable that is not wholly free cannot be whole in the model either
+        (reservations only add to it), and stays so for the rest of the pass: the pass state only
+        shrinks, and holdings are all made when it is built. Such nodes leave the domain lists."""
         conflicts: list[tuple[int, int]] = []  # (position in ``order``, reservation in the way)
         reserved = tl.reserved_nodes
         for members in self._gang_domains(order, req.same_domain):
             ok: list[NodeState] = []
+            busy = 0
             for k, ns in members:
+                if not ns.holdings and not ns.whole_free:
+                    busy += 1
+                    continue
                 if ns.node.cpu + 1e-9 < req.cpu or ns.node.memory_bytes < req.memory_bytes:
                     continue
                 if not ns.holdings and not reserved.get(ns.name):
-                    fit = ns.whole_free and _fits_cpu_mem(ns, req)
+                    fit = _fits_cpu_mem(ns, req)
                 elif not self._maybe(ns, ns.node.gpus):
                     fit = False
                 else:
@@ -686,14 +693,19 @@ class BackfillPass:
                 if fit:
                     ok.append(ns)
                     if len(ok) == req.units:
-                        return [Placement(n.name, tuple(range(n.node.gpus)), req.cpu, req.memory_bytes) for n in ok]
+                        break
+            if busy and tl.memoise:
+                members[:] = [(k, ns) for k, ns in members if ns.holdings or ns.whole_free]
+            if len(ok) == req.units:
+                return [Placement(n.name, tuple(range(n.node.gpus)), req.cpu, req.memory_bytes) for n in ok]
         # nothing fits: the reservations in the way, in the fixed order (the first explains the wait)
         self._conflicts.extend(c for _k, c in sorted(conflicts))
         return None
 
     def _gang_domains(self, order: list[NodeState], same_domain: bool) -> list[list[tuple[int, NodeState]]]:
         """The nodes of ``order`` with their positions, per IB domain in name order (one group
-        for ``ib_domain: any``); kept per order for the pass (inventory only)."""
+        for ``ib_domain: any``); kept per order for the pass, less the nodes ``_native_gang`` finds
+        can never be whole."""
         key = (id(order), same_domain)
         got = self._gang_groups.get(key)
         if got is None:
