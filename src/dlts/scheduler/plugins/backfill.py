@@ -459,6 +459,8 @@ class BackfillPass:
 
     def on_wait(self, job: Job, req: Request | None, vc: Vc | None, rej: Rejection) -> tuple[Rejection, float | None]:
         """Give one of the first ``reservation_depth`` waiting jobs of backfill VCs its reservation."""
+        if self.tried >= self.depth:  # every reservation of the pass is given: most waits stop here
+            return rej, None
         if job.id in self._held_now:
             # reclaimed room, held from now on: it starts when the victims have exited, which the
             # model cannot time (the grace period), so no estimate is given
