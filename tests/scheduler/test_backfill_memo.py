@@ -1,9 +1,12 @@
 """The backfill pass memoises node fits and quota-counter checks for speed; a memo may only save
 time, never change a decision. Seeded benchmark-shaped snapshots (bench/scheduler_pass.py) are
-decided with the memos on and off and must give the same starts, stops, waits and reservations."""
+decided with the memos on and off and must give the same starts, stops, waits and reservations.
+The same snapshots check that a pass leaves no reference cycles behind (what it built is freed
+as it ends, not walked later by the cyclic collector)."""
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 from pathlib import Path
 
@@ -108,3 +111,19 @@ def test_caches_decide_as_without_on_small_crowded_clusters(monkeypatch, policy:
         assert _decisions(snap, monkeypatch, True) == plain, seed
         stopped += len(plain[1])
     assert stopped > 50  # reclaim ran
+
+
+@pytest.mark.parametrize("policy", ["RF", None, "FIFO", "backfill"])
+def test_a_pass_leaves_no_reference_cycles(policy: str | None) -> None:
+    """A node and its pool, or the time model and the backfill pass, referring to each other made
+    every pass's state cyclic garbage: ~340,000 objects at 100k jobs x 10k nodes that the collector
+    walked after each pass (0.8 s)."""
+    snap = _build_snapshot()(4000, 400, seed=8, policy=policy)
+    gc.collect()
+    gc.disable()
+    try:
+        decisions = decide(snap, 200_000.0)
+        assert decisions.starts and decisions.waits
+        assert gc.collect() == 0
+    finally:
+        gc.enable()

@@ -198,7 +198,8 @@ class Timeline:
         """(counter, amount, enforced) for ``units`` placements of ``job``; mirrors the filters."""
         st = self.state
         req = st.request(job)
-        memo_key = (id(req), job.vc, job.user, job.type, job.preemptible, job.user_quota_approved, job.min_replicas, units)
+        # the request stands for the job's type and replicas too (one Request per such shape)
+        memo_key = (id(req), job.vc, job.user, job.preemptible, job.user_quota_approved, units)
         got = self._demand.get(memo_key)
         if got is not None:
             return got
@@ -253,22 +254,21 @@ class Timeline:
         of a job whose item is part of the overload (the latest-starting one), or -1."""
         if only_reserved and job.vc not in self.reserved_vcs:
             return None
+        reserved, memo = self.reserved_keys, self._counter_memo
         for key, amount, enforced in self.demand(job, units):
-            if not enforced:
+            if not enforced or (only_reserved and not reserved.get(key)):
                 continue
-            if only_reserved and not self.reserved_keys.get(key):
-                continue
-            cap = self.cap(key)
+            cap = self.caps[key] if key in self.caps else self.cap(key)
             if cap is None:
                 continue
             if self.memoise:
                 memo_key = (key, amount, start, end, self.counter_version[key])
-                if memo_key in self._counter_memo:
-                    got = self._counter_memo[memo_key]
+                if memo_key in memo:
+                    got = memo[memo_key]
                 else:
-                    if len(self._counter_memo) > 100_000:
-                        self._counter_memo.clear()
-                    got = self._counter_memo[memo_key] = self._overload(key, amount, cap, start, end)
+                    if len(memo) > 100_000:
+                        memo.clear()
+                    got = memo[memo_key] = self._overload(key, amount, cap, start, end)
             else:
                 got = self._overload(key, amount, cap, start, end)
             if got is not None:

@@ -96,7 +96,6 @@ class NodeState:
     free_gpus: int
     free_cpu: float
     free_memory_bytes: int
-    pool: Pool | None = None  # None for nodes that take no new work
     holdings: list[Holding] = field(default_factory=list)
     # GPUs on this node held by unclaimed holdings: with ``free_gpus`` an upper bound on what
     # reclaim could free here, so most nodes are ruled out without looking at their jobs.
@@ -148,7 +147,6 @@ class Pool:
 
     def add(self, ns: NodeState) -> None:
         self.nodes.append(ns)
-        ns.pool = self
         self.max_gpus = max(self.max_gpus, ns.node.gpus)
         while len(self.buckets) <= self.max_gpus:
             self.buckets.append({})
@@ -230,6 +228,10 @@ class PassState:
         self.vcs: dict[str, Vc] = dict(snapshot.vcs)
         self.nodes: dict[str, NodeState] = {}
         self.pools: dict[tuple[str, str | None], Pool] = {}
+        # node name -> its pool (none for nodes that take no new work). Kept here, not on the
+        # node: a node and its pool referring to each other would make every pass's state a
+        # reference cycle, left for the cyclic collector to walk after the pass.
+        self.pool_of: dict[str, Pool] = {}
         # VC -> SKU -> non-preemptible GPUs (cores for CPU_SKU) held
         self.vc_used: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
         self.vc_used_memory: dict[str, int] = defaultdict(int)  # CPU-only non-preemptible bytes
@@ -282,6 +284,7 @@ class PassState:
             if pool is None:
                 pool = self.pools[key] = Pool(ns.node.sku, ns.node.vc)
             pool.add(ns)
+            self.pool_of[ns.name] = pool
 
     def _add_holdings(self, job: Job) -> None:
         for p in job.retiring:  # replicas on their way out: room that comes free by itself
@@ -454,7 +457,7 @@ class PassState:
         self._move(ns, ns.free_mask | (mask & ns.usable_mask), ns.free_cpu + cpu, ns.free_memory_bytes + memory_bytes)
 
     def _move(self, ns: NodeState, new_mask: int, new_cpu: float, new_mem: int) -> None:
-        pool = ns.pool
+        pool = self.pool_of.get(ns.name)
         old_free = ns.free_gpus
         was_whole = ns.whole_free
         new_free = bin(new_mask).count("1")

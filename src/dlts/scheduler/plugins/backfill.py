@@ -23,7 +23,7 @@ an estimate that depends on it is unknown).
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import Protocol, TypeVar
 
@@ -79,6 +79,25 @@ def duration_s(job: Job, vc: Vc | None) -> float:
     return INF
 
 
+class Durations:
+    """``duration_s`` of a job, computed once per (limit, VC) in a pass. A value of its own (not a
+    method of ``BackfillPass``) so that the time model holding it does not make the pass a
+    reference cycle."""
+
+    __slots__ = ("_seen", "_vcs")
+
+    def __init__(self, vcs: Mapping[str, Vc]) -> None:
+        self._vcs = vcs
+        self._seen: dict[tuple[float | None, str], float] = {}
+
+    def __call__(self, job: Job) -> float:
+        key = (job.max_time_s, job.vc)
+        got = self._seen.get(key)
+        if got is None:
+            got = self._seen[key] = duration_s(job, self._vcs.get(job.vc))
+        return got
+
+
 class BackfillPass:
     """Per-pass backfill bookkeeping; created by the core only when some VC is on backfill."""
 
@@ -97,26 +116,21 @@ class BackfillPass:
         self._dead_now: dict[tuple[object, ...], tuple[int, list[tuple[int, str]], set[str]]] = {}
         self._refused_plans: dict[tuple[object, ...], list[tuple[int, float, int, float]]] = {}
         self._details: dict[tuple[int, str, float], Rejection] = {}
-        self._durations: dict[tuple[float | None, str], float] = {}
+        self.duration = Durations(state.vcs)
         self._orders: dict[tuple[int, ...], list[NodeState]] = {}
         self._held: dict[str, int] = {}
         self._rev: dict[int, _Reversed] = {}
         self._conflicts: list[int] = []
         self._pointer_pools: dict[tuple[object, ...], NodeOrder] = {}
-        self._dead: dict[tuple[object, ...], set[str]] = {}  # per shape: reserved nodes it cannot use
+        # per shape of ``_native_one``: (reserved log read, reserved nodes in order it may use, the
+        # ones it cannot use); a reclaim's nodes come back
+        self._dead: dict[tuple[object, ...], tuple[int, list[tuple[int, str]], set[str]]] = {}
         self._held_now: set[int] = set()
         self._reserved_lists: dict[int, tuple[int, list[tuple[int, str]]]] = {}
-        self._gang_index: dict[int, dict[str, int]] = {}  # id(order) -> node name -> position
+        self._gang_groups: dict[tuple[int, bool], list[list[tuple[int, NodeState]]]] = {}  # per order: nodes by domain
         self._jobs: dict[int, Job] | None = None
 
     # -- helpers ---------------------------------------------------------------------------------
-
-    def duration(self, job: Job) -> float:
-        key = (job.max_time_s, job.vc)
-        got = self._durations.get(key)
-        if got is None:
-            got = self._durations[key] = duration_s(job, self.state.vcs.get(job.vc))
-        return got
 
     def handles(self, job: Job, vc: Vc | None) -> bool:
         return bool(self.reservations) or (vc is not None and vc.policy is Policy.BACKFILL)
@@ -267,7 +281,7 @@ class BackfillPass:
                 # Reserved nodes whose free cores, memory or GPUs are too few for this shape stay
                 # so for the rest of the pass (the pass state only shrinks outside a multi-unit
                 # placement's tentative units, when ``advance`` is False): skipped from then on.
-                live, dead = self._live_reserved(key, pool, tl)
+                live, dead = self._live_reserved(self._dead_now, key, pool, tl)
                 died: list[tuple[int, str]] = []
                 for k, name in live:
                     if (found >= 0 and k > found) or best is not None:
@@ -286,11 +300,9 @@ class BackfillPass:
                             conflict.append(c)
                         continue
                     best = (k, idx)
-                for item in died:
+                if died:
                     assert dead is not None
-                    dead.add(item[1])
-                    while item in live:
-                        live.remove(item)
+                    self._bury(died, live, dead)
                 if best is not None:
                     return Placement(nodes[best[0]].name, best[1], req.cpu, req.memory_bytes)
             if found >= 0:
@@ -352,8 +364,11 @@ class BackfillPass:
                 tl.end_now(h.job.id, {(p.node, mask_of(p.gpu_indices)) for p in h.placements})
             else:
                 tl.end_now(h.job.id)
-        for dead in self._dead.values():
-            dead.difference_update(names)
+        for key, (_cursor, live, dead) in self._dead.items():
+            for name in names:
+                if name in dead:
+                    dead.remove(name)
+                    bisect.insort(live, (self._index(self._pointer_pools[key])[name], name))
         # nodes with reservations are checked one by one anyway (the pointers skip them)
         self._rewind({n for n in names if not tl.reserved_nodes.get(n)})
 
@@ -373,15 +388,16 @@ class BackfillPass:
             self._reserved_lists[key] = (len(tl.reserved_log), items)
         return items
 
-    def _live_reserved(self, key: tuple[object, ...], pool: NodeOrder,
+    def _live_reserved(self, store: dict[tuple[object, ...], tuple[int, list[tuple[int, str]], set[str]]],
+                       key: tuple[object, ...], pool: NodeOrder,
                        tl: Timeline) -> tuple[list[tuple[int, str]], set[str] | None]:
-        """``_reserved_in`` for one shape of ``_one_now``, less the nodes found too full for it
-        (``dead``; None with the memos off, when the plain list is returned)."""
+        """``_reserved_in`` for one shape (``key`` in ``store``), less the nodes found unusable for
+        it (``dead``, see ``_bury``; None with the memos off, when the plain list is returned)."""
         if not tl.memoise:
             return self._reserved_in(pool, tl), None
-        got = self._dead_now.get(key)
+        got = store.get(key)
         if got is None:
-            got = self._dead_now[key] = (0, [], set())
+            got = store[key] = (0, [], set())
         cursor, items, dead = got
         if cursor < len(tl.reserved_log):
             index = self._index(pool)
@@ -389,8 +405,15 @@ class BackfillPass:
                 k = index.get(name)
                 if k is not None and name not in dead:
                     bisect.insort(items, (k, name))
-            self._dead_now[key] = (len(tl.reserved_log), items, dead)
+            store[key] = (len(tl.reserved_log), items, dead)
         return items, dead
+
+    @staticmethod
+    def _bury(died: list[tuple[int, str]], live: list[tuple[int, str]], dead: set[str]) -> None:
+        """Move ``died`` (entries of the sorted list ``live``) to ``dead``."""
+        for item in died:
+            dead.add(item[1])
+            del live[bisect.bisect_left(live, item)]
 
     def _rewind(self, names: set[str]) -> None:
         """Room that comes free in the model (reclaimed work): first-fit pointers of the time model
@@ -436,6 +459,8 @@ class BackfillPass:
 
     def on_wait(self, job: Job, req: Request | None, vc: Vc | None, rej: Rejection) -> tuple[Rejection, float | None]:
         """Give one of the first ``reservation_depth`` waiting jobs of backfill VCs its reservation."""
+        if self.tried >= self.depth:  # every reservation of the pass is given: most waits stop here
+            return rej, None
         if job.id in self._held_now:
             # reclaimed room, held from now on: it starts when the victims have exited, which the
             # model cannot time (the grace period), so no estimate is given
@@ -608,16 +633,15 @@ class BackfillPass:
             # Reserved nodes where this shape fits neither the pass state nor the model: the pass
             # state only shrinks, and the model grows only where a reclaim ends work
             # (``on_reclaimed`` takes those nodes out again), so they are skipped from then on.
-            dead = self._dead.setdefault(key, set()) if tl.memoise else set()
-            for k, name in self._reserved_in(pool, tl):
+            live, dead = self._live_reserved(self._dead, key, pool, tl)
+            died: list[tuple[int, str]] = []
+            for k, name in live:
                 if k > limit:
                     break
-                if name in dead:
-                    continue
                 ns = nodes[k]
                 if g and not maybe(ns, g):
-                    if advance:
-                        dead.add(name)
+                    if advance and dead is not None:
+                        died.append((k, name))
                     continue
                 idx = fits(ns, req, now, end, None, None, skip)
                 if idx is not None:
@@ -628,56 +652,70 @@ class BackfillPass:
                     c = tl.conflict(name, now, end)
                     if c is not None:
                         conflicts.append(c)
-                elif advance:
-                    dead.add(name)
+                elif advance and dead is not None:
+                    died.append((k, name))
+            if died:
+                assert dead is not None
+                self._bury(died, live, dead)
             if found is not None:
                 return Placement(nodes[found[0]].name, found[1], req.cpu, req.memory_bytes)
         return None
 
     def _native_gang(self, order: list[NodeState], req: Request, end: float, tl: Timeline,
                      skip: bool) -> list[Placement] | None:
-        groups: dict[str, list[NodeState]] = {}
-        index = self._gang_index.get(id(order))
-        if index is None:
-            index = self._gang_index[id(order)] = {ns.name: i for i, ns in enumerate(order)}
-        cands = {}
-        for ns in order if len(order) <= 64 else ():
-            cands[ns.name] = ns
-        if len(order) > 64:  # only nodes that can be whole now: wholly free, or holding only reclaimable work
-            pools = {id(ns.pool): ns.pool for ns in order if ns.pool is not None}
-            for pool in pools.values():
-                for domain_nodes in pool.whole_by_domain.values():
-                    cands.update(domain_nodes)
-                for ns in pool.memo(("with_holdings",), partial(_with_holdings, pool)):
-                    if ns.holdings:
-                        cands[ns.name] = ns
-            for name in tl.reserved_nodes:
-                got = self.state.nodes.get(name)
-                if got is not None and got.name in index:
-                    cands[name] = got
-        for ns in sorted(cands.values(), key=lambda n: index.get(n.name, 1 << 30)):
-            if ns.name not in index:
-                continue
-            if ns.node.cpu + 1e-9 < req.cpu or ns.node.memory_bytes < req.memory_bytes:
-                continue
-            if not ns.holdings and not tl.reserved_nodes.get(ns.name):
-                ok = ns.whole_free and _fits_cpu_mem(ns, req)
-            elif not self._maybe(ns, ns.node.gpus):
-                ok = False
-            else:
-                ok = tl.fits(ns, req, self.now, end, skip_reclaimable=skip) is not None
-                if not ok and ns.whole_free and tl.reserved_nodes.get(ns.name):
-                    c = tl.conflict(ns.name, self.now, end)
-                    if c is not None:
-                        self._conflicts.append(c)
-            if ok:
-                dom = ns.node.ib_domain if req.same_domain else "*"
-                groups.setdefault(dom, []).append(ns)
-        for dom in sorted(groups):
-            if len(groups[dom]) >= req.units:
-                return [Placement(ns.name, tuple(range(ns.node.gpus)), req.cpu, req.memory_bytes)
-                        for ns in groups[dom][: req.units]]
+        """The first IB domain (by name) with ``req.units`` whole nodes that fit, the first of them
+        in the fixed order (``ib_domain: any``: the first such nodes of ``order``). Each domain's
+        nodes are checked in order only until enough fit; the domains after the one found are not
+        looked at.
+
+        A node with nothing reclaimable that is not wholly free cannot be whole in the model either
+        (reservations only add to it), and stays so for the rest of the pass: the pass state only
+        shrinks, and holdings are all made when it is built. Such nodes leave the domain lists."""
+        conflicts: list[tuple[int, int]] = []  # (position in ``order``, reservation in the way)
+        reserved = tl.reserved_nodes
+        for members in self._gang_domains(order, req.same_domain):
+            ok: list[NodeState] = []
+            busy = 0
+            for k, ns in members:
+                if not ns.holdings and not ns.whole_free:
+                    busy += 1
+                    continue
+                if ns.node.cpu + 1e-9 < req.cpu or ns.node.memory_bytes < req.memory_bytes:
+                    continue
+                if not ns.holdings and not reserved.get(ns.name):
+                    fit = _fits_cpu_mem(ns, req)
+                elif not self._maybe(ns, ns.node.gpus):
+                    fit = False
+                else:
+                    fit = tl.fits(ns, req, self.now, end, skip_reclaimable=skip) is not None
+                    if not fit and ns.whole_free and reserved.get(ns.name):
+                        c = tl.conflict(ns.name, self.now, end)
+                        if c is not None:
+                            conflicts.append((k, c))
+                if fit:
+                    ok.append(ns)
+                    if len(ok) == req.units:
+                        break
+            if busy and tl.memoise:
+                members[:] = [(k, ns) for k, ns in members if ns.holdings or ns.whole_free]
+            if len(ok) == req.units:
+                return [Placement(n.name, tuple(range(n.node.gpus)), req.cpu, req.memory_bytes) for n in ok]
+        # nothing fits: the reservations in the way, in the fixed order (the first explains the wait)
+        self._conflicts.extend(c for _k, c in sorted(conflicts))
         return None
+
+    def _gang_domains(self, order: list[NodeState], same_domain: bool) -> list[list[tuple[int, NodeState]]]:
+        """The nodes of ``order`` with their positions, per IB domain in name order (one group
+        for ``ib_domain: any``); kept per order for the pass, less the nodes ``_native_gang`` finds
+        can never be whole."""
+        key = (id(order), same_domain)
+        got = self._gang_groups.get(key)
+        if got is None:
+            groups: dict[str, list[tuple[int, NodeState]]] = {}
+            for k, ns in enumerate(order):
+                groups.setdefault(ns.node.ib_domain if same_domain else "*", []).append((k, ns))
+            got = self._gang_groups[key] = [groups[dom] for dom in sorted(groups)]
+        return got
 
     def _victims(self, placements: list[Placement]) -> list[Holding] | None:
         """Holdings on the chosen nodes that stand in the way: those on the chosen GPU indices, then
@@ -737,10 +775,6 @@ def _room(ns: NodeState, want: int, cpu: float, mem: int, free_mask: int, free_c
 
 def _positions(nodes: list[NodeState]) -> dict[str, int]:
     return {ns.name: i for i, ns in enumerate(nodes)}
-
-
-def _with_holdings(pool: Pool) -> list[NodeState]:
-    return [n for n in pool.nodes if n.holdings]
 
 
 class NodeOrder(Protocol):
