@@ -55,7 +55,7 @@ class FairShare(PriorityQueueTime):
         return out
 
     def order(self, state: PassState, jobs: list[Job], phase: int = 0) -> list[Job]:
-        base = sorted(jobs, key=self.sort_key)
+        base = self.sorted_jobs(jobs)
         usage = state.snapshot.fair_share_usage
         if not usage:
             return base
