@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import subprocess
 import sys
 
@@ -17,6 +18,7 @@ from dlts.scheduler import (
     decide,
     profile_named,
 )
+from dlts.scheduler.plugins.ordering import PriorityQueueTime
 
 from .builders import job, nodes, running, snap, vc
 
@@ -151,3 +153,11 @@ def test_a_pass_leaves_the_garbage_collector_as_it_found_it() -> None:
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_the_priority_queue_time_sorts_give_the_sort_key_order() -> None:
+    rng = random.Random(5)
+    ids = rng.sample(range(1, 10_000), 2_000)  # not in id order; few priorities and queue times, so many ties
+    jobs = [job(i, queue_time=float(rng.randrange(20)), priority=rng.choice([50, 100, 200])) for i in ids]
+    sorter = PriorityQueueTime()
+    assert sorter.sorted_jobs(jobs) == sorted(jobs, key=sorter.sort_key)
