@@ -18,6 +18,8 @@ from dlts.scheduler import (
     decide,
     profile_named,
 )
+from dlts.scheduler.framework import SortKey
+from dlts.scheduler.model import Job
 from dlts.scheduler.plugins.ordering import PriorityQueueTime
 
 from .builders import job, nodes, running, snap, vc
@@ -161,3 +163,12 @@ def test_the_priority_queue_time_sorts_give_the_sort_key_order() -> None:
     jobs = [job(i, queue_time=float(rng.randrange(20)), priority=rng.choice([50, 100, 200])) for i in ids]
     sorter = PriorityQueueTime()
     assert sorter.sorted_jobs(jobs) == sorted(jobs, key=sorter.sort_key)
+
+
+def test_a_subclass_with_its_own_sort_key_is_sorted_by_it() -> None:
+    class NewestFirst(PriorityQueueTime):
+        def sort_key(self, job: Job) -> SortKey:
+            return (-job.queue_time, job.id)
+
+    jobs = [job(i, queue_time=float(i % 7), priority=100) for i in range(1, 50)]
+    assert NewestFirst().sorted_jobs(jobs) == sorted(jobs, key=lambda j: (-j.queue_time, j.id))

@@ -20,7 +20,9 @@ class PriorityQueueTime:
     def sorted_jobs(self, jobs: list[Job]) -> list[Job]:
         """``sorted(jobs, key=self.sort_key)`` as three stable sorts on one field each, least
         significant first: one-field keys compare much faster than tuples (100,000 pending jobs:
-        0.04 s against 0.12 s)."""
+        0.04 s against 0.12 s). A subclass with a key of its own is sorted by that key."""
+        if type(self).sort_key is not PriorityQueueTime.sort_key:
+            return sorted(jobs, key=self.sort_key)
         out = sorted(jobs, key=_ID)
         out.sort(key=_QUEUE_TIME)
         out.sort(key=_PRIORITY, reverse=True)  # reverse keeps equal keys in order
