@@ -29,6 +29,7 @@ def create_app(settings: Settings | None = None) -> Flask:
         hops = settings.trusted_proxies
         app.wsgi_app = ProxyFix(app.wsgi_app, x_for=hops, x_proto=hops, x_host=hops)  # type: ignore[method-assign]
     db.init_app(app)
+    app.teardown_appcontext(_end_session)  # runs before Flask-SQLAlchemy's own (teardowns run last-first)
     from sqlalchemy import event
 
     from dlts.db import engine_of, rollback_unless_reset, sqlite_pragmas, watch_sqlite_writes
@@ -53,6 +54,24 @@ def create_app(settings: Settings | None = None) -> Flask:
 
     metrics_view.init_app(app)
     return app
+
+
+def _end_session(_exc: BaseException | None) -> None:
+    """End the request's session. When the database went away after the request's last statement
+    (a restart, a failover), the rollback of its still-open transaction fails on the dead
+    connection; the request's answer is already made and must stand (a bare 500 would tell a user
+    whose job was stored that it failed), so the session is dropped and the pool, which has
+    invalidated the connection, opens a new one for the next request."""
+    import logging
+
+    import sqlalchemy as sa
+
+    try:
+        db.session.remove()
+    except sa.exc.DBAPIError as error:
+        logging.getLogger(__name__).warning("database connection lost at the end of a request (%s); dropped",
+                                            error.__class__.__name__)
+        db.session.registry.clear()
 
 
 def engine_options(url: str) -> dict:

@@ -67,3 +67,41 @@ def test_sessions_run_read_committed_whatever_the_server_default(engine):
     writers deadlock, so the engine asks for READ COMMITTED itself (CI's server defaults to RR)."""
     with engine.connect() as conn:
         assert conn.scalar(sa.text("SELECT @@SESSION.tx_isolation")) == "READ-COMMITTED"
+
+
+
+def test_a_connection_that_dies_after_the_requests_work_does_not_turn_its_answer_into_a_500(app, engine, client,
+                                                                                           world):
+    """The database goes away (a restart, a failover, KILL) after a request's last statement but
+    before its session ends: the work is done and its answer stands. Flask-SQLAlchemy's teardown
+    rolls the session back on the dead connection, which raises; that must not replace the answer
+    with a bare 500 (the chaos test saw one for a stored job), and the next request gets a fresh
+    connection."""
+    from flask import Blueprint
+
+    from dlts.extensions import db
+
+    probe = Blueprint("dead_connection_probe", __name__)
+
+    @probe.route("/_probe/dies-after-the-work")
+    def dies_after_the_work():
+        thread_id = db.session.execute(sa.text("SELECT CONNECTION_ID()")).scalar_one()  # a transaction is open
+        with engine.connect() as other:
+            other.execute(sa.text(f"KILL {int(thread_id)}"))
+        return {"done": True}
+
+    @probe.route("/_probe/dies-during-the-work")
+    def dies_during_the_work():
+        thread_id = db.session.execute(sa.text("SELECT CONNECTION_ID()")).scalar_one()
+        with engine.connect() as other:
+            other.execute(sa.text(f"KILL {int(thread_id)}"))
+        db.session.execute(sa.text("SELECT 1"))  # the lost connection: the 503 handler answers
+        return {"done": True}
+
+    app.register_blueprint(probe)
+    after = client.get("/_probe/dies-after-the-work")
+    assert after.status_code == 200 and after.get_json() == {"done": True}, after.data
+    during = client.get("/_probe/dies-during-the-work")
+    assert during.status_code == 503 and during.get_json()["error"]["code"] == "database_unavailable", during.data
+    again = client.get("/api/v1/me", headers=world.auth("alice"))
+    assert again.status_code == 200, again.get_json()
