@@ -112,6 +112,10 @@ def test_the_init_records_its_own_pid_and_start_time_before_the_job_runs(backend
     assert "dlts_init.py" in " ".join(init.cmdline())
     assert abs(init.create_time() - float(started_text)) < 0.05  # the same clock as psutil's
     assert int(ticks_text) == local_backend._start_ticks(init.pid)  # what identifies the process exactly
+    # the child is the job's shell until its `exec sleep` runs: wait for the exec, not a fixed time
+    deadline = time.monotonic() + 30
+    while [c.name() for c in init.children()] != ["sleep"] and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert [c.name() for c in init.children()] == ["sleep"]
     assert seen.started_at is not None
     backend.terminate(5, 1, 0)
