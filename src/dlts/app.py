@@ -6,10 +6,15 @@ from ``/etc/dlts/dlts.yaml`` and ``DLTS_*``); the demo and the tests pass their 
 
 from __future__ import annotations
 
+import logging
+
+import sqlalchemy as sa
 from flask import Flask
 
 from dlts.config import Settings, load_settings
 from dlts.extensions import db
+
+log = logging.getLogger(__name__)
 
 
 def create_app(settings: Settings | None = None) -> Flask:
@@ -62,14 +67,10 @@ def _end_session(_exc: BaseException | None) -> None:
     connection; the request's answer is already made and must stand (a bare 500 would tell a user
     whose job was stored that it failed), so the session is dropped and the pool, which has
     invalidated the connection, opens a new one for the next request."""
-    import logging
-
-    import sqlalchemy as sa
-
     try:
         db.session.remove()
     except sa.exc.DBAPIError as error:
-        logging.getLogger(__name__).warning("database connection lost at the end of a request (%s); dropped",
+        log.warning("database connection lost at the end of a request (%s); dropped",
                                             error.__class__.__name__)
         db.session.registry.clear()
 

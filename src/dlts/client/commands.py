@@ -1000,7 +1000,9 @@ def _none_or(text: str, flag: str, parse: Callable[[str], int]) -> int | None:
 
 
 def _whole_number(text: str) -> int:
-    if not text.isdigit():
+    from dlts.strict import is_whole_number  # ASCII digits only ("²" and "7_0" are refused)
+
+    if not is_whole_number(text):
         raise ValueError(f"{text!r} is not a whole number or 'none'")
     return int(text)
 
