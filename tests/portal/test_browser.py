@@ -138,11 +138,15 @@ def test_researcher_submits_watches_and_downloads_the_log(new_page, server, pass
     login(page, base, "alice", passwords["alice"])
     page.goto(f"{base}/submit")
     shot(page, "submit")
-    job_id = submit_from_form(page, base, "echo first line; sleep 4; echo training done", "hello-train")
+    # the job holds until the test has seen it running (a fixed sleep raced the list's refresh under load)
+    release = tmp_path / "release"
+    job_id = submit_from_form(page, base, f"echo first line; while [ ! -e {release} ]; do sleep 0.1; done; echo training done",
+                              "hello-train")
     page.goto(f"{base}/jobs")
     row = page.locator(f'tr[data-job="{job_id}"]')
     # the list refreshes itself while a job has not ended: no reload here
     expect(row).to_have_attribute("data-status", "running", timeout=30000)
+    release.touch()
     expect(row).to_have_attribute("data-status", "finished", timeout=30000)
     expect(row).to_contain_text("hello-train")
     assert "1970" not in row.inner_text()
