@@ -65,6 +65,8 @@ def backfill_clusters(draw) -> Cluster:
             cpu_quota=draw(st.sampled_from([None, None, 8.0])),
             allow_cpu_jobs_on_gpu_nodes=draw(st.booleans()),
             default_runtime_estimate_s=draw(st.sampled_from([None, 900, 5000])),
+            # the preemption budget: protected work is reclaimable in the model from its end only
+            min_runtime_s=draw(st.sampled_from([0.0, 0.0, 600.0])),
         )
     return Cluster(dict(SKUS), tuple(nodes), vcs, tick_s=10.0, preempt_grace_s=0.0,
                    reservation_depth=draw(st.sampled_from([1, 2, 8])))
@@ -207,6 +209,28 @@ def _an_older_job_freed_by_the_reclaim() -> tuple[Cluster, list[TraceJob]]:
                      job(4, 2500.0, "vc1", JobType.DISTRIBUTED, 8, nodes=2)]
 
 
+def _a_shorter_job_behind_a_longer_one_of_its_shape() -> tuple[Cluster, list[TraceJob]]:
+    """Found at ~1,500 examples (the memo was wrong, not the model): one full node, a 1-node gang
+    reserved from t=1200, and an inference job's extra replica on GPU 7. Job 11 (1 GPU, 1200 s)
+    cannot reclaim the replica (it would run past 1200) and the reserved node was then dropped
+    from the list of its *shape* for the pass; job 9 (1 GPU, 900 s by its VC's estimate), behind it,
+    would fit there by reclaiming, was promised t=20 and never placed there."""
+    a100 = SKUS["a100"]
+    node = Node("a100-0", "a100", a100.gpus, a100.cpu, a100.memory_bytes, "pod0", None, True, ())
+    vcs = {"vc0": Vc("vc0", {"a100": 9}, Policy.BACKFILL, default_runtime_estimate_s=900)}
+    cluster = Cluster(dict(SKUS), (node,), vcs, tick_s=10.0, preempt_grace_s=0.0, reservation_depth=8)
+
+    def job(i: int, at: float, jtype: JobType = JobType.BATCH, gpus: int = 1, nodes: int = 0, limit: int | None = None,
+            replicas: tuple[int, int] = (0, 0)) -> TraceJob:
+        return TraceJob(id=i, submit_s=at, vc="vc0", user="ann", type=jtype, sku="a100", gpus=gpus, nodes=nodes,
+                        duration_s=float(limit or 900), max_time_s=limit, priority=100, preemptible=False,
+                        min_replicas=replicas[0], max_replicas=replicas[1])
+
+    return cluster, [*(job(i, 0.0) for i in (1, 2, 6, 7, 8)), job(4, 0.0, limit=1200),
+                     job(5, 0.0, JobType.DISTRIBUTED, 8, nodes=1), job(10, 0.0, JobType.INFERENCE, replicas=(1, 2)),
+                     job(11, 10.0, limit=1200), job(9, 20.0)]
+
+
 def clusters_and_traces() -> st.SearchStrategy[tuple[Cluster, list[TraceJob]]]:
     return backfill_clusters().flatmap(lambda c: st.tuples(st.just(c), exact_traces(c)))
 
@@ -215,6 +239,7 @@ def clusters_and_traces() -> st.SearchStrategy[tuple[Cluster, list[TraceJob]]]:
 @given(clusters_and_traces())
 @example(_cpu_replicas_on_a_gpu_node())
 @example(_an_older_job_freed_by_the_reclaim())
+@example(_a_shorter_job_behind_a_longer_one_of_its_shape())
 def test_reservations_start_by_their_estimate_when_jobs_end_by_their_limit(case: tuple[Cluster, list[TraceJob]]) -> None:
     _check(*case)
 

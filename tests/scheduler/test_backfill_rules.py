@@ -147,6 +147,17 @@ def test_other_vcs_and_preemptible_jobs_respect_a_reservation() -> None:
     assert summary(d)["starts"] == {4: [("n1", (6, 7))]}
 
 
+def test_protected_preemptible_work_counts_as_reclaimable_from_the_end_of_its_budget() -> None:
+    # n1 is held by preemptible job 1 of a VC with min_runtime_s 3000, started at 500: it may be
+    # preempted from 3500 on, so job 2's estimate is 3500 (the model used to hold it forever)
+    world = [busy(job(1, 8, vc="other", preemptible=True), "n1", tuple(range(8)), started_at=500.0), job(2, 8, vc="bf")]
+    d = decide(snap([node("n1")], [vc("bf", **BF), vc("other", min_runtime_s=3000.0)], world), NOW)
+    assert summary(d)["stops"] == {}
+    assert waits(d)[2].estimated_start == 3500.0
+    d = decide(snap([node("n1")], [vc("bf", **BF), vc("other", min_runtime_s=3000.0)], world), 3500.0)
+    assert summary(d)["stops"] == {1: "preempted"}
+
+
 def test_jobs_of_backfill_vcs_are_placed_first_fit_in_node_order() -> None:
     s = snap([node("n1"), node("n2")], vc(**BF), [busy(job(1, 6), "n2", tuple(range(6))), job(2, 2)])
     assert summary(decide(s, NOW))["starts"] == {2: [("n1", (0, 1))]}

@@ -69,6 +69,14 @@ class Item:
     future: bool  # a reservation (held against later jobs, even one that starts now)
     reclaimable: bool = False  # preemptible work or an extra replica: a reserved job may reclaim it
     node: str = ""
+    # reclaimable work inside its preemption budget (``Vc.min_runtime_s``) may be reclaimed only
+    # from this time on; until then it holds what it holds like any other work
+    reclaim_from: float = 0.0
+
+    def end_for(self, reclaiming: bool) -> float:
+        """When this item stops holding its resources for a job that may reclaim (``reclaiming``):
+        reclaimable work as soon as its budget allows, everything else at its end."""
+        return min(self.end, self.reclaim_from) if reclaiming and self.reclaimable else self.end
 
 
 # a quota counter: ("q", vc, sku) VC GPUs, ("u", vc, user) a user's GPUs, ("i", vc) interactive GPUs,
@@ -119,19 +127,19 @@ class Timeline:
             if h.claimed and h.replica and not h.retiring:
                 for p in h.placements:
                     gone.add((p.node, p.gpu_indices))
-        # sched2's preemption budget: work inside its min_runtime_s is not reclaimable in the model
-        # (conservative: the model does not reclaim it once the budget has run out either)
-        protected = {h.job.id for h in state.holdings if h.protect} if state.any_protected else set()
+        # sched2's preemption budget: work inside its min_runtime_s is reclaimable in the model only
+        # from the end of its budget (``Holding.protected_until``), as ``_victims`` takes it then
+        protected = {h.job.id: h.protected_until for h in state.holdings if h.protect} if state.any_protected else {}
         for job in state.snapshot.jobs:
             if not job.running or job.stopping or job.id in state.stopped:
                 continue
             end = self.end_of(job, job.started_at if job.started_at is not None else now)
             core = max(1, job.min_replicas) if job.type is JobType.INFERENCE else len(job.placements)
-            kept = [(p, (job.preemptible or i >= core) and job.id not in protected) for i, p in enumerate(job.placements)
+            kept = [(p, job.preemptible or i >= core) for i, p in enumerate(job.placements)
                     if (p.node, p.gpu_indices) not in gone]
             self._add_job(job, now if job.started_at is None else job.started_at, end, [p for p, _ in kept],
                           future=False, units=sum(1 for _, r in kept if not r) if not job.preemptible else len(kept),
-                          reclaimable=[r for _, r in kept])
+                          reclaimable=[r for _, r in kept], reclaim_from=protected.get(job.id, 0.0))
         for job_id, placements in starts.items():
             job = jobs[job_id]
             self.add_start(job, placements)
@@ -143,12 +151,12 @@ class Timeline:
         return start + d if d < INF else INF
 
     def _add_job(self, job: Job, start: float, end: float, placements: Iterable[Placement], future: bool,
-                 units: int, reclaimable: list[bool] | None = None) -> None:
+                 units: int, reclaimable: list[bool] | None = None, reclaim_from: float = 0.0) -> None:
         mine = self.by_job[job.id]
         self.version += 1
         for k, p in enumerate(placements):
             it = Item(start, end, mask_of(p.gpu_indices), p.cpu, p.memory_bytes, job.id, future,
-                      bool(reclaimable and reclaimable[k]), p.node)
+                      bool(reclaimable and reclaimable[k]), p.node, reclaim_from)
             self.node_version[p.node] += 1
             self.items[p.node].append(it)
             mine.append(it)
@@ -181,13 +189,22 @@ class Timeline:
 
     def add_start(self, job: Job, placements: Iterable[Placement]) -> None:
         placements = list(placements)
+        started = job.started_at if job.running and job.started_at is not None else self.now
+        reclaim_from = self.reclaimable_from(job, started)
         if job.running:  # extra inference replicas: counted only where they hold resources
             self._add_job(job, self.now, self.end_of(job, self.now), placements, future=False, units=0,
-                          reclaimable=[True] * len(placements))
+                          reclaimable=[True] * len(placements), reclaim_from=reclaim_from)
             return
         core = max(1, job.min_replicas) if job.type is JobType.INFERENCE else len(placements)
         self._add_job(job, self.now, self.end_of(job, self.now), placements, future=False, units=len(placements),
-                      reclaimable=[job.preemptible or i >= core for i in range(len(placements))])
+                      reclaimable=[job.preemptible or i >= core for i in range(len(placements))],
+                      reclaim_from=reclaim_from)
+
+    def reclaimable_from(self, job: Job, started: float) -> float:
+        """When work of ``job`` that started at ``started`` may first be reclaimed: the end of its
+        preemption budget (``min_runtime_s`` of its VC; ``state.PassState._budget``)."""
+        vc = self.state.vcs.get(job.vc)
+        return started + vc.min_runtime_s if vc is not None and vc.min_runtime_s > 0 else 0.0
 
     def add_reservation(self, job: Job, start: float, end: float, placements: list[Placement]) -> None:
         self._add_job(job, start, end, placements, future=True, units=len(placements))
@@ -310,18 +327,21 @@ class Timeline:
     def window_free(self, ns: NodeState, start: float, end: float, ignore: set[int] | None = None,
                     skip_reclaimable: bool = False) -> tuple[int, list[tuple[float, float, float]]]:
         """(GPU mask free throughout [start, end), [(checkpoint, cores used, bytes used)]);
-        ``skip_reclaimable``: as if preemptible work and extra replicas were gone (reclaimed)."""
+        ``skip_reclaimable``: as if preemptible work and extra replicas were gone (reclaimed) from
+        the end of their preemption budget (``Item.reclaim_from``)."""
         busy = 0
-        items = [it for it in self.items.get(ns.name, ()) if it.end > start and it.start < end
-                 and not (ignore and it.job in ignore) and not (skip_reclaimable and it.reclaimable)]
-        for it in items:
+        # (item, when it stops holding for this window's job: ``Item.end_for``, inlined: hot)
+        items = [(it, e) for it in self.items.get(ns.name, ())
+                 if (e := min(it.end, it.reclaim_from) if skip_reclaimable and it.reclaimable else it.end) > start
+                 and it.start < end and not (ignore and it.job in ignore)]
+        for it, _e in items:
             busy |= it.mask
-        points = [start] + sorted({it.start for it in items if it.start > start})
+        points = [start] + sorted({it.start for it, _e in items if it.start > start})
         use = []
         for t in points:
             c = m = 0.0
-            for it in items:
-                if it.start <= t < it.end:
+            for it, e in items:
+                if it.start <= t < e:
                     c += it.cpu
                     m += it.mem
             use.append((t, c, m))
@@ -381,7 +401,7 @@ class Timeline:
             return True
         busy = 0
         for it in self.items.get(ns.name, ()):
-            if it.start <= start < it.end and not (ignore and it.job in ignore) and not (skip_reclaimable and it.reclaimable):
+            if it.start <= start < it.end_for(skip_reclaimable) and not (ignore and it.job in ignore):
                 busy |= it.mask
         free = ns.usable_mask & ns.full_mask & ~busy
         if free_now is not None:
@@ -406,6 +426,8 @@ class Timeline:
             for it in self.items.get(ns.name, ()):
                 if start < it.end < INF:
                     out.add(it.end)
+                if it.reclaimable and start < it.reclaim_from < it.end:
+                    out.add(it.reclaim_from)  # its preemption budget ends: a reserved job may reclaim it
         return sorted(out)
 
     # -- finding a reservation -------------------------------------------------------------------

@@ -652,7 +652,10 @@ class BackfillPass:
                     c = tl.conflict(name, now, end)
                     if c is not None:
                         conflicts.append(c)
-                elif advance and dead is not None:
+                elif advance and dead is not None and not skip:
+                    # With ``skip`` (room a reclaim would make) the fit also depends on how long
+                    # the job holds the room (its end against the reservations here), which the
+                    # list's key does not know: a shorter job of this shape may still fit.
                     died.append((k, name))
             if died:
                 assert dead is not None
