@@ -118,9 +118,8 @@ class Timeline:
         self.by_job: dict[int, list[Item | Counted]] = defaultdict(list)  # to end a job's items early
         self.reserved_vcs: set[str] = set()  # VCs with a reserved counter
         self.version = 0  # bumped on every change
+        self._demand: dict[tuple[object, ...], list[tuple[Counter | None, float, bool]]] = {}
         self.node_version: dict[str, int] = defaultdict(int)  # per node: memoised fits are valid for one
-        self._demand: dict[tuple[object, ...], list[tuple[Counter, float, bool]]] = {}
-        self._demand_shapes: dict[tuple[object, ...], list[tuple[CounterKey, float, bool]]] = {}
         self._fits_memo: dict[tuple[object, ...], tuple[int, ...] | None] = {}
         self.memoise = MEMOISE  # tests compare decisions with and without the memos
         gone: set[tuple[str, tuple[int, ...]]] = set()
@@ -205,21 +204,23 @@ class Timeline:
 
     def demand(self, job: Job, units: int) -> list[tuple[Counter, float, bool]]:
         """(counter, amount, enforced) for ``units`` placements of ``job``; mirrors the filters."""
-        st = self.state
-        req = st.request(job)
-        # the request stands for the job's type and replicas too (one Request per such shape)
-        memo_key = (id(req), job.vc, job.user, job.preemptible, job.user_quota_approved, units)
-        got = self._demand.get(memo_key)
-        if got is not None:
-            return got
-        # the same shape for another user: only the per-user counter's key differs
-        base_key = memo_key[:2] + memo_key[3:]
-        base = self._demand_shapes.get(base_key)
-        if base is None:
-            base = self._demand_shapes[base_key] = self._compute_demand(job, req, units)
-        got = self._demand[memo_key] = [(self.counter(("u", job.vc, job.user) if k[0] == "u" else k), a, e)
-                                        for k, a, e in base]
+        return [(c if c is not None else self._user_counter(job), a, e) for c, a, e in self._shape_demand(job, units)]
+
+    def _shape_demand(self, job: Job, units: int) -> list[tuple[Counter | None, float, bool]]:
+        """``demand`` with the job's per-user counter left as None: memoised per shape and VC (the
+        request stands for the job's type and replicas too). Not per user as well: at 100k pending
+        jobs three in four (shape, VC, user) are asked once, and a list kept per user cost more
+        than it saved."""
+        req = self.state.request(job)
+        key = (id(req), job.vc, job.preemptible, job.user_quota_approved, units)
+        got = self._demand.get(key)
+        if got is None:
+            got = self._demand[key] = [(None if k[0] == "u" else self.counter(k), a, e)
+                                       for k, a, e in self._compute_demand(job, req, units)]
         return got
+
+    def _user_counter(self, job: Job) -> Counter:
+        return self.counter(("u", job.vc, job.user))
 
     def _compute_demand(self, job: Job, req: Request | None, units: int) -> list[tuple[CounterKey, float, bool]]:
         st = self.state
@@ -268,8 +269,12 @@ class Timeline:
         if only_reserved and job.vc not in self.reserved_vcs:
             return None
         memoise = self.memoise
-        for counter, amount, enforced in self.demand(job, units):
-            if not enforced or counter.cap is None or (only_reserved and not counter.reserved):
+        for maybe_counter, amount, enforced in self._shape_demand(job, units):
+            if not enforced:
+                continue
+            # the per-user counter is looked up only when it is checked (most checks stop before it)
+            counter = maybe_counter if maybe_counter is not None else self._user_counter(job)
+            if counter.cap is None or (only_reserved and not counter.reserved):
                 continue
             if memoise:
                 checked, asked = counter.checked, (amount, start, end)
