@@ -455,15 +455,20 @@ class Timeline:
                  skip_reclaimable: bool = False) -> list[Placement] | None:
         """First-fit placement of all of ``req`` for [start, end) in the fixed order, or None."""
         if req.whole_node:
-            fitting: dict[str, list[NodeState]] = {}
+            # the first IB domain by name with enough fitting nodes, the first of them in order:
+            # each domain's nodes are checked in order only until enough fit, and the domains after
+            # the one found are not checked (``BackfillPass._native_gang`` does the same now)
+            domains: dict[str, list[NodeState]] = {}
             for ns in order:
-                if self.fits(ns, req, start, end, skip_reclaimable=skip_reclaimable) is not None:
-                    dom = ns.node.ib_domain if req.same_domain else "*"
-                    fitting.setdefault(dom, []).append(ns)
-            for dom in sorted(fitting):
-                if len(fitting[dom]) >= req.units:
-                    return [Placement(ns.name, tuple(range(ns.node.gpus)), req.cpu, req.memory_bytes)
-                            for ns in fitting[dom][: req.units]]
+                domains.setdefault(ns.node.ib_domain if req.same_domain else "*", []).append(ns)
+            for dom in sorted(domains):
+                fitting = []
+                for ns in domains[dom]:
+                    if self.fits(ns, req, start, end, skip_reclaimable=skip_reclaimable) is not None:
+                        fitting.append(ns)
+                        if len(fitting) == req.units:
+                            return [Placement(n.name, tuple(range(n.node.gpus)), req.cpu, req.memory_bytes)
+                                    for n in fitting]
             return None
         taken: list[tuple[str, Item]] = []
         out: list[Placement] = []
