@@ -33,6 +33,9 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
+# the last job's request kept (``PassState.request``); decisions are the same without (tests compare)
+MEMOISE = True
+
 
 def cpu_job_fits(ns: NodeState, mask: int, cpu: float, memory_bytes: int, req: Request) -> bool:
     """Whether a CPU-only unit fits free (mask, cores, bytes) of ``ns`` without the cores and bytes
@@ -245,6 +248,7 @@ class PassState:
         self.fail_cache = FailureCache()
         self.reclaim_fail_cache = FailureCache()
         self._request_cache: dict[tuple[object, ...], Request | None] = {}
+        self._keep_last = MEMOISE
         self._last_job: Job | None = None
         self._last_request: Request | None = None
         self._cpu_quota: dict[str, tuple[float, int, str, str]] = {}
@@ -417,7 +421,8 @@ class PassState:
             req = self._request_cache[key]
         else:
             req = self._request_cache[key] = self._resolve(job)
-        self._last_job, self._last_request = job, req
+        if self._keep_last:
+            self._last_job, self._last_request = job, req
         return req
 
     def _resolve(self, job: Job) -> Request | None:
