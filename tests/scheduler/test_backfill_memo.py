@@ -1,8 +1,9 @@
-"""The backfill pass memoises node fits and quota-counter checks for speed; a memo may only save
-time, never change a decision. Seeded benchmark-shaped snapshots (bench/scheduler_pass.py) are
-decided with the memos on and off and must give the same starts, stops, waits and reservations.
-The same snapshots check that a pass leaves no reference cycles behind (what it built is freed
-as it ends, not walked later by the cyclic collector)."""
+"""The backfill pass memoises node fits and quota-counter checks for speed (and the pass state
+keeps the last job's request); a memo may only save time, never change a decision. Seeded
+benchmark-shaped snapshots (bench/scheduler_pass.py) are decided with the memos on and off and
+must give the same starts, stops, waits and reservations. The same snapshots check that a pass
+leaves no reference cycles behind (what it built is freed as it ends, not walked later by the
+cyclic collector)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from dlts.scheduler import decide, reservations
+from dlts.scheduler import decide, reservations, state
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "scheduler_pass.py"
 
@@ -26,6 +27,7 @@ def _build_snapshot():
 
 def _decisions(snap, monkeypatch, memoise: bool):
     monkeypatch.setattr(reservations, "MEMOISE", memoise)
+    monkeypatch.setattr(state, "MEMOISE", memoise)
     d = decide(snap, 200_000.0)
     return (
         sorted((s.job_id, s.placements, s.scale_up) for s in d.starts),

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 
-from dlts.scheduler.framework import OrderingSortPlugin, PolicyPlugin, ReclaimPlan, Rejection, VcQueue
+from dlts.scheduler.framework import OrderingSortPlugin, PlacePlugin, PolicyPlugin, ReclaimPlan, Rejection, VcQueue
 from dlts.scheduler.model import (
     CPU_SKU,
     Decisions,
@@ -161,8 +161,7 @@ class _Pass:
                 self._wait(job, rej, req, vc)
                 return
         assert req is not None and vc is not None  # node_match rejected both cases
-        placer = fw.placer_for(req)
-        assert placer is not None
+        placer: PlacePlugin | None = None  # backfill places by itself: its placer only explains a failure
         held: Rejection | None = None
         plan: ReclaimPlan | None = None
         native = False  # a backfill VC's own job: its room (and reclaim) come from the time model
@@ -173,6 +172,7 @@ class _Pass:
             held = got if isinstance(got, Rejection) else None
             plan = got if isinstance(got, ReclaimPlan) else None
         else:
+            placer = self._placer(req)
             placements = placer.place(st, job, req, vc, req.units)
         if placements is not None:
             st.count_start(job, len(placements))
@@ -180,7 +180,10 @@ class _Pass:
             if self.bf is not None:
                 self.bf.on_start(job, placements)
             return
-        rej = held if held is not None else placer.explain(st, job, req, vc)
+        if held is not None:
+            rej = held
+        else:
+            rej = (placer if placer is not None else self._placer(req)).explain(st, job, req, vc)
         if plan is not None:
             rej = self._apply_plan(job, plan, rej)
         elif not job.preemptible and not native:
@@ -188,6 +191,11 @@ class _Pass:
         if policy is not None:
             policy.on_wait(queue, job, rej)
         self._wait(job, rej, req, vc)
+
+    def _placer(self, req: Request) -> PlacePlugin:
+        placer = self.fw.placer_for(req)
+        assert placer is not None  # node_match rejected requests no placer handles
+        return placer
 
     def _reclaim(self, job: Job, req: Request, vc: Vc, rej: Rejection) -> Rejection:
         if self.bf is not None and self.bf.skip_reclaim(job, req):

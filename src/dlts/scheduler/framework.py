@@ -32,7 +32,7 @@ from dlts.scheduler.state import Holding, PassState, Request
 SortKey = tuple[float, ...]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Rejection:
     """Why a job cannot start now. ``permanent`` rejections (nothing in the cluster could ever
     hold the job as asked) never block a FIFO queue, or the VC would stall forever."""

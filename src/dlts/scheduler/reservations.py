@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 
 from dlts.scheduler.model import CPU_SKU, Job, JobType, Placement, Vc
@@ -94,6 +94,19 @@ class Counted:
     key: CounterKey = ()  # the counter it is part of (to invalidate what is memoised for that counter)
 
 
+@dataclass(slots=True, eq=False)
+class Counter:
+    """One quota counter of the model: its cap, its items, how many of them are reservations, and
+    the overload checks answered for its current items (``checked``: (amount, start, end) -> the
+    answer of ``Timeline._overload``), dropped whenever an item is added or ended early. One
+    object per counter, so a check is a few attribute reads rather than a lookup per dict keyed
+    by the counter's tuple."""
+
+    key: CounterKey
+    cap: float | None
+    items: list[Counted] = field(default_factory=list)
+    reserved: int = 0
+    checked: dict[tuple[float, float, float], int | None] = field(default_factory=dict)
 
 
 def window_overlaps(a_start: float, a_end: float, b_start: float, b_end: float) -> bool:
@@ -109,18 +122,13 @@ class Timeline:
         self.items: dict[str, list[Item]] = defaultdict(list)
         self.reserved_nodes: dict[str, int] = defaultdict(int)  # node -> future items on it
         self.reserved_log: list[str] = []  # nodes in the order they first got a reservation
-        self.counters: dict[CounterKey, list[Counted]] = defaultdict(list)
-        self.reserved_keys: dict[CounterKey, int] = defaultdict(int)
-        self.caps: dict[CounterKey, float | None] = {}
+        self.counters: dict[CounterKey, Counter] = {}
         self.by_job: dict[int, list[Item | Counted]] = defaultdict(list)  # to end a job's items early
         self.reserved_vcs: set[str] = set()  # VCs with a reserved counter
         self.version = 0  # bumped on every change
+        self._demand: dict[tuple[object, ...], list[tuple[Counter | None, float, bool]]] = {}
         self.node_version: dict[str, int] = defaultdict(int)  # per node: memoised fits are valid for one
-        self._demand: dict[tuple[object, ...], list[tuple[CounterKey, float, bool]]] = {}
-        self._demand_shapes: dict[tuple[object, ...], list[tuple[CounterKey, float, bool]]] = {}
         self._fits_memo: dict[tuple[object, ...], tuple[int, ...] | None] = {}
-        self.counter_version: dict[CounterKey, int] = defaultdict(int)  # per counter: memoised checks valid for one
-        self._counter_memo: dict[tuple[object, ...], int | None] = {}
         self.memoise = MEMOISE  # tests compare decisions with and without the memos
         gone: set[tuple[str, tuple[int, ...]]] = set()
         for h in state.holdings:
@@ -164,14 +172,14 @@ class Timeline:
                 if not self.reserved_nodes.get(p.node):
                     self.reserved_log.append(p.node)
                 self.reserved_nodes[p.node] += 1
-        for key, amount, _check in self.demand(job, units):
-            c = Counted(start, end, amount, job.id, future, key)
-            self.counter_version[key] += 1
-            self.counters[key].append(c)
+        for counter, amount, _check in self.demand(job, units):
+            c = Counted(start, end, amount, job.id, future, counter.key)
+            counter.items.append(c)
+            counter.checked.clear()
             mine.append(c)
             if future:
-                self.reserved_keys[key] += 1
-                self.reserved_vcs.add(key[1])
+                counter.reserved += 1
+                self.reserved_vcs.add(counter.key[1])
 
     def end_now(self, job_id: int, masks: set[tuple[str, int]] | None = None) -> None:
         """A job (or, with ``masks``, some of its replicas) told to stop: gone from now on."""
@@ -185,7 +193,7 @@ class Timeline:
             if isinstance(it, Item):
                 self.node_version[it.node] += 1
             else:
-                self.counter_version[it.key] += 1
+                self.counters[it.key].checked.clear()
 
     def add_start(self, job: Job, placements: Iterable[Placement]) -> None:
         placements = list(placements)
@@ -211,23 +219,25 @@ class Timeline:
 
     # -- quota counters ------------------------------------------------------------------------
 
-    def demand(self, job: Job, units: int) -> list[tuple[CounterKey, float, bool]]:
+    def demand(self, job: Job, units: int) -> list[tuple[Counter, float, bool]]:
         """(counter, amount, enforced) for ``units`` placements of ``job``; mirrors the filters."""
-        st = self.state
-        req = st.request(job)
-        # the request stands for the job's type and replicas too (one Request per such shape)
-        memo_key = (id(req), job.vc, job.user, job.preemptible, job.user_quota_approved, units)
-        got = self._demand.get(memo_key)
-        if got is not None:
-            return got
-        # the same shape for another user: only the per-user counter's key differs
-        base_key = memo_key[:2] + memo_key[3:]
-        base = self._demand_shapes.get(base_key)
-        if base is None:
-            base = self._demand_shapes[base_key] = self._compute_demand(job, req, units)
-        got = self._demand[memo_key] = [(("u", job.vc, job.user), a, e) if k[0] == "u" else (k, a, e)
-                                        for k, a, e in base]
+        return [(c if c is not None else self._user_counter(job), a, e) for c, a, e in self._shape_demand(job, units)]
+
+    def _shape_demand(self, job: Job, units: int) -> list[tuple[Counter | None, float, bool]]:
+        """``demand`` with the job's per-user counter left as None: memoised per shape and VC (the
+        request stands for the job's type and replicas too). Not per user as well: at 100k pending
+        jobs three in four (shape, VC, user) are asked once, and a list kept per user cost more
+        than it saved."""
+        req = self.state.request(job)
+        key = (id(req), job.vc, job.preemptible, job.user_quota_approved, units)
+        got = self._demand.get(key)
+        if got is None:
+            got = self._demand[key] = [(None if k[0] == "u" else self.counter(k), a, e)
+                                       for k, a, e in self._compute_demand(job, req, units)]
         return got
+
+    def _user_counter(self, job: Job) -> Counter:
+        return self.counter(("u", job.vc, job.user))
 
     def _compute_demand(self, job: Job, req: Request | None, units: int) -> list[tuple[CounterKey, float, bool]]:
         st = self.state
@@ -247,9 +257,14 @@ class Timeline:
             out.append((("i", job.vc), float(req.gpus * units), True))
         return out
 
+    def counter(self, key: CounterKey) -> Counter:
+        """The counter ``key``, made (with its cap) on first use."""
+        got = self.counters.get(key)
+        if got is None:
+            got = self.counters[key] = Counter(key, self.cap(key))
+        return got
+
     def cap(self, key: CounterKey) -> float | None:
-        if key in self.caps:
-            return self.caps[key]
         vc: Vc | None = self.state.vcs.get(key[1])
         cap: float | None = None
         if vc is not None:
@@ -263,7 +278,6 @@ class Timeline:
                 cap = float(self.state.cpu_quota(vc)[0])
             elif key[0] == "mem":
                 cap = float(self.state.cpu_quota(vc)[1])
-        self.caps[key] = cap
         return cap
 
     def counters_fit(self, job: Job, units: int, start: float, end: float, only_reserved: bool = False) -> int | None:
@@ -271,31 +285,34 @@ class Timeline:
         of a job whose item is part of the overload (the latest-starting one), or -1."""
         if only_reserved and job.vc not in self.reserved_vcs:
             return None
-        reserved, memo = self.reserved_keys, self._counter_memo
-        for key, amount, enforced in self.demand(job, units):
-            if not enforced or (only_reserved and not reserved.get(key)):
+        memoise = self.memoise
+        for maybe_counter, amount, enforced in self._shape_demand(job, units):
+            if not enforced:
                 continue
-            cap = self.caps[key] if key in self.caps else self.cap(key)
-            if cap is None:
+            # the per-user counter is looked up only when it is checked (most checks stop before it)
+            counter = maybe_counter if maybe_counter is not None else self._user_counter(job)
+            if counter.cap is None or (only_reserved and not counter.reserved):
                 continue
-            if self.memoise:
-                memo_key = (key, amount, start, end, self.counter_version[key])
-                if memo_key in memo:
-                    got = memo[memo_key]
+            if memoise:
+                checked, asked = counter.checked, (amount, start, end)
+                if asked in checked:
+                    got = checked[asked]
                 else:
-                    if len(memo) > 100_000:
-                        memo.clear()
-                    got = memo[memo_key] = self._overload(key, amount, cap, start, end)
+                    if len(checked) > 4096:
+                        checked.clear()
+                    got = checked[asked] = self._overload(counter, amount, start, end)
             else:
-                got = self._overload(key, amount, cap, start, end)
+                got = self._overload(counter, amount, start, end)
             if got is not None:
                 return got
         return None
 
-    def _overload(self, key: CounterKey, amount: float, cap: float, start: float, end: float) -> int | None:
-        """None when ``amount`` more stays within ``cap`` on counter ``key`` over [start, end); else
-        the id of the latest-starting reservation in the overload, or -1."""
-        items = [c for c in self.counters.get(key, ()) if c.end > start and c.start < end]
+    def _overload(self, counter: Counter, amount: float, start: float, end: float) -> int | None:
+        """None when ``amount`` more stays within the counter's cap over [start, end); else the id
+        of the latest-starting reservation in the overload, or -1."""
+        cap = counter.cap
+        assert cap is not None
+        items = [c for c in counter.items if c.end > start and c.start < end]
         points = [start] + [c.start for c in items if c.start > start]
         for t in points:
             used = 0.0
@@ -312,9 +329,9 @@ class Timeline:
     def counters_free_from(self, job: Job, units: int, start: float, duration: float) -> float:
         """The earliest time >= ``start`` at which ``job``'s counters fit for ``duration``."""
         times = {start}
-        for key, _a, enforced in self.demand(job, units):
+        for counter, _a, enforced in self.demand(job, units):
             if enforced:
-                for c in self.counters.get(key, ()):
+                for c in counter.items:
                     if c.end > start and c.end < INF:
                         times.add(c.end)
         for t in sorted(times):
@@ -440,9 +457,9 @@ class Timeline:
         t0 = self.now
         times = self.breakpoints(order, t0)
         counter_times: list[float] = []
-        for key, _a, enforced in self.demand(job, req.units):
+        for counter, _a, enforced in self.demand(job, req.units):
             if enforced:
-                counter_times.extend(c.end for c in self.counters.get(key, ()) if t0 < c.end < INF)
+                counter_times.extend(c.end for c in counter.items if t0 < c.end < INF)
         times = sorted(set(times) | set(counter_times))
         for t in times[:limit_points]:
             end = t + duration if duration < INF else INF
@@ -460,15 +477,20 @@ class Timeline:
                  skip_reclaimable: bool = False) -> list[Placement] | None:
         """First-fit placement of all of ``req`` for [start, end) in the fixed order, or None."""
         if req.whole_node:
-            fitting: dict[str, list[NodeState]] = {}
+            # the first IB domain by name with enough fitting nodes, the first of them in order:
+            # each domain's nodes are checked in order only until enough fit, and the domains after
+            # the one found are not checked (``BackfillPass._native_gang`` does the same now)
+            domains: dict[str, list[NodeState]] = {}
             for ns in order:
-                if self.fits(ns, req, start, end, skip_reclaimable=skip_reclaimable) is not None:
-                    dom = ns.node.ib_domain if req.same_domain else "*"
-                    fitting.setdefault(dom, []).append(ns)
-            for dom in sorted(fitting):
-                if len(fitting[dom]) >= req.units:
-                    return [Placement(ns.name, tuple(range(ns.node.gpus)), req.cpu, req.memory_bytes)
-                            for ns in fitting[dom][: req.units]]
+                domains.setdefault(ns.node.ib_domain if req.same_domain else "*", []).append(ns)
+            for dom in sorted(domains):
+                fitting = []
+                for ns in domains[dom]:
+                    if self.fits(ns, req, start, end, skip_reclaimable=skip_reclaimable) is not None:
+                        fitting.append(ns)
+                        if len(fitting) == req.units:
+                            return [Placement(n.name, tuple(range(n.node.gpus)), req.cpu, req.memory_bytes)
+                                    for n in fitting]
             return None
         taken: list[tuple[str, Item]] = []
         out: list[Placement] = []

@@ -33,6 +33,9 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
+# the last job's request kept (``PassState.request``); decisions are the same without (tests compare)
+MEMOISE = True
+
 
 def cpu_job_fits(ns: NodeState, mask: int, cpu: float, memory_bytes: int, req: Request) -> bool:
     """Whether a CPU-only unit fits free (mask, cores, bytes) of ``ns`` without the cores and bytes
@@ -245,6 +248,9 @@ class PassState:
         self.fail_cache = FailureCache()
         self.reclaim_fail_cache = FailureCache()
         self._request_cache: dict[tuple[object, ...], Request | None] = {}
+        self._keep_last = MEMOISE
+        self._last_job: Job | None = None
+        self._last_request: Request | None = None
         self._cpu_quota: dict[str, tuple[float, int, str, str]] = {}
         self.any_protected = False  # some holding is inside its preemption budget (min_runtime_s)
         self._build_nodes()
@@ -405,12 +411,18 @@ class PassState:
     def request(self, job: Job) -> Request | None:
         """Resolve a job's shape (defaults for unset cpu/memory); None when its SKU is unknown.
 
-        Cached by shape, not by job: 20,000 pending jobs come in a few dozen shapes."""
+        Cached by shape, not by job: 20,000 pending jobs come in a few dozen shapes. The last job's
+        answer is kept too: the pass asks for one job's request several times in a row (its
+        filters, the time model's quota counters, its start)."""
+        if job is self._last_job:
+            return self._last_request
         key = (job.type, job.sku, job.gpus, job.cpu, job.memory_bytes, job.nodes, job.ib_domain_any, job.min_replicas)
         if key in self._request_cache:
-            return self._request_cache[key]
-        req = self._resolve(job)
-        self._request_cache[key] = req
+            req = self._request_cache[key]
+        else:
+            req = self._request_cache[key] = self._resolve(job)
+        if self._keep_last:
+            self._last_job, self._last_request = job, req
         return req
 
     def _resolve(self, job: Job) -> Request | None:

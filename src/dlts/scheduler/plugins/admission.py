@@ -47,8 +47,10 @@ class NodeMatch:
             )
         cache = state.node_match_cache
         key = (job.vc, id(req))  # requests are interned per shape for the pass
-        if key in cache:
+        try:  # one lookup: every job asks, a few dozen shapes per VC miss
             return cache[key]
+        except KeyError:
+            pass
         placer = self.plugins.placer_for(req)
         result = placer.feasible(state, job, req, vc) if placer is not None else Rejection(
             WaitReason.NO_MATCHING_NODES, "no placement rule handles this request", permanent=True

@@ -258,11 +258,16 @@ class Gang:
         return state.pools_for(req.sku, job.vc)
 
     def feasible(self, state: PassState, job: Job, req: Request, vc: Vc) -> Rejection | None:
-        per_domain: dict[str, int] = {}
-        for pool in self._eligible(state, job, req):
-            counts = pool.memo(("domains", req.cpu, req.memory_bytes), partial(_domain_counts, pool, req))
-            for dom, k in counts.items():
-                per_domain[dom] = per_domain.get(dom, 0) + k
+        pools = self._eligible(state, job, req)
+        counts = [pool.memo(("domains", req.cpu, req.memory_bytes), partial(_domain_counts, pool, req)) for pool in pools]
+        per_domain: dict[str, int]
+        if len(counts) == 1:  # one pool (no hard-assigned nodes): its counts as they are, not summed per VC
+            per_domain = counts[0]
+        else:
+            per_domain = {}
+            for pool_counts in counts:
+                for dom, k in pool_counts.items():
+                    per_domain[dom] = per_domain.get(dom, 0) + k
         total = sum(per_domain.values())
         if total < req.units:
             return Rejection(
