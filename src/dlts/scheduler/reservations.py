@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cache
 
 from dlts.scheduler.model import CPU_SKU, Job, JobType, Placement, Vc
@@ -130,6 +130,7 @@ class Timeline:
         self.node_version: dict[str, int] = defaultdict(int)  # per node: memoised fits are valid for one
         self._fits_memo: dict[tuple[object, ...], tuple[int, ...] | None] = {}
         self.memoise = MEMOISE  # tests compare decisions with and without the memos
+        self.budgets = False  # some reclaimable work is inside its preemption budget (``Item.reclaim_from``)
         gone: set[tuple[str, tuple[int, ...]]] = set()
         for h in state.holdings:
             if h.claimed and h.replica and not h.retiring:
@@ -165,6 +166,8 @@ class Timeline:
         for k, p in enumerate(placements):
             it = Item(start, end, mask_of(p.gpu_indices), p.cpu, p.memory_bytes, job.id, future,
                       bool(reclaimable and reclaimable[k]), p.node, reclaim_from)
+            if it.reclaimable and reclaim_from > self.now:
+                self.budgets = True
             self.node_version[p.node] += 1
             self.items[p.node].append(it)
             mine.append(it)
@@ -347,18 +350,21 @@ class Timeline:
         ``skip_reclaimable``: as if preemptible work and extra replicas were gone (reclaimed) from
         the end of their preemption budget (``Item.reclaim_from``)."""
         busy = 0
-        # (item, when it stops holding for this window's job: ``Item.end_for``, inlined: hot)
-        items = [(it, e) for it in self.items.get(ns.name, ())
-                 if (e := min(it.end, it.reclaim_from) if skip_reclaimable and it.reclaimable else it.end) > start
-                 and it.start < end and not (ignore and it.job in ignore)]
-        for it, _e in items:
+        items = [it for it in self.items.get(ns.name, ()) if it.end > start and it.start < end
+                 and not (ignore and it.job in ignore)
+                 and not (skip_reclaimable and it.reclaimable and it.reclaim_from <= start)]
+        if skip_reclaimable and self.budgets:
+            # rare: reclaimable work inside its preemption budget holds until the budget ends
+            items = [replace(it, end=it.reclaim_from) if it.reclaimable and it.reclaim_from < it.end else it
+                     for it in items]
+        for it in items:
             busy |= it.mask
-        points = [start] + sorted({it.start for it, _e in items if it.start > start})
+        points = [start] + sorted({it.start for it in items if it.start > start})
         use = []
         for t in points:
             c = m = 0.0
-            for it, e in items:
-                if it.start <= t < e:
+            for it in items:
+                if it.start <= t < it.end:
                     c += it.cpu
                     m += it.mem
             use.append((t, c, m))

@@ -23,6 +23,7 @@ an estimate that depends on it is unknown).
 from __future__ import annotations
 
 import bisect
+import math
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import Protocol, TypeVar
@@ -630,6 +631,7 @@ class BackfillPass:
                 self._pointers[key] = ptr
             limit = found[0] if found is not None else n
             maybe, fits, now, conflicts = self._maybe, tl.fits, self.now, self._conflicts
+            instant = math.nextafter(now, INF)  # the shortest window that starts now
             # Reserved nodes where this shape fits neither the pass state nor the model: the pass
             # state only shrinks, and the model grows only where a reclaim ends work
             # (``on_reclaimed`` takes those nodes out again), so they are skipped from then on.
@@ -652,10 +654,11 @@ class BackfillPass:
                     c = tl.conflict(name, now, end)
                     if c is not None:
                         conflicts.append(c)
-                elif advance and dead is not None and not skip:
+                elif advance and dead is not None and (not skip or fits(ns, req, now, instant, None, None, True) is None):
                     # With ``skip`` (room a reclaim would make) the fit also depends on how long
                     # the job holds the room (its end against the reservations here), which the
-                    # list's key does not know: a shorter job of this shape may still fit.
+                    # list's key does not know: the node leaves it only if even a job that held
+                    # it for an instant would not fit.
                     died.append((k, name))
             if died:
                 assert dead is not None
