@@ -137,8 +137,7 @@ class Timeline:
                 for p in h.placements:
                     gone.add((p.node, p.gpu_indices))
         # sched2's preemption budget: work inside its min_runtime_s is reclaimable in the model only
-        # from the end of its budget (``Holding.protected_until``), as ``_victims`` takes it then
-        protected = {h.job.id: h.protected_until for h in state.holdings if h.protect} if state.any_protected else {}
+        # from the end of its budget (``reclaimable_from``), as ``_victims`` takes it then
         for job in state.snapshot.jobs:
             if not job.running or job.stopping or job.id in state.stopped:
                 continue
@@ -148,7 +147,8 @@ class Timeline:
                     if (p.node, p.gpu_indices) not in gone]
             self._add_job(job, now if job.started_at is None else job.started_at, end, [p for p, _ in kept],
                           future=False, units=sum(1 for _, r in kept if not r) if not job.preemptible else len(kept),
-                          reclaimable=[r for _, r in kept], reclaim_from=protected.get(job.id, 0.0))
+                          reclaimable=[r for _, r in kept],
+                          reclaim_from=self.reclaimable_from(job, job.started_at) if job.started_at is not None else 0.0)
         for job_id, placements in starts.items():
             job = jobs[job_id]
             self.add_start(job, placements)
@@ -213,7 +213,8 @@ class Timeline:
 
     def reclaimable_from(self, job: Job, started: float) -> float:
         """When work of ``job`` that started at ``started`` may first be reclaimed: the end of its
-        preemption budget (``min_runtime_s`` of its VC; ``state.PassState._budget``)."""
+        preemption budget (``min_runtime_s`` of its VC), the rule of ``state.PassState._budget``;
+        a time already past means now."""
         vc = self.state.vcs.get(job.vc)
         return started + vc.min_runtime_s if vc is not None and vc.min_runtime_s > 0 else 0.0
 
@@ -355,8 +356,7 @@ class Timeline:
                  and not (skip_reclaimable and it.reclaimable and it.reclaim_from <= start)]
         if skip_reclaimable and self.budgets:
             # rare: reclaimable work inside its preemption budget holds until the budget ends
-            items = [replace(it, end=it.reclaim_from) if it.reclaimable and it.reclaim_from < it.end else it
-                     for it in items]
+            items = [replace(it, end=e) if (e := it.end_for(True)) < it.end else it for it in items]
         for it in items:
             busy |= it.mask
         points = [start] + sorted({it.start for it in items if it.start > start})
