@@ -228,6 +228,18 @@ CASES = [
         check=lambda d: _assert({w.job_id: w.queue_position for w in d.waits} == {1: 2, 2: 3}),
     ),
     Case(
+        "fair share: the colleague's job that went first took the VC's quota, and the reason says fair share",
+        snap(
+            [node("n1"), node("n2")],
+            vc(quota={"a100": 8}),
+            [job(1, 8, user="ann"), job(2, 8, user="bob")],
+            fair_share_usage={("v", "ann"): 36_000.0},
+        ),
+        starts={2: None},
+        waits={1: "fair_share"},
+        details={1: "user ann used 2.00x an equal share of VC v's recent GPU time; job 2 of bob (0.00x)"},
+    ),
+    Case(
         "fair share: one user's 500 queued jobs do not starve a colleague",
         snap(
             [node("n1"), node("n2")],

@@ -27,6 +27,7 @@ from typing import Any
 from dlts.scheduler import Decisions, Job, JobType, Placement, Snapshot, StopReason, decide
 from dlts.scheduler.plugins.walltime import effective_limit_s
 from dlts.scheduler.quota import effective_cpu_memory_quota
+from dlts.sim.fairshare import DecayedUse
 from dlts.sim.inputs import Cluster, TraceJob
 
 PassHook = Callable[[Snapshot, Decisions, float], None]
@@ -72,6 +73,10 @@ class Simulation:
         self.scale_downs = 0
         self.last_event_s = 0.0
         self.completed = 0  # jobs finished or killed
+        # fair share: every user's decayed GPU-seconds per VC, handed to the core as the live job
+        # manager hands it (None: fair_share_half_life_h 0, or no VC orders by fair share)
+        h = cluster.fair_share_half_life_h
+        self.use = DecayedUse(h * 3600) if h > 0 and any(v.fair_share for v in cluster.vcs.values()) else None
 
     # -- events ----------------------------------------------------------------------------------
 
@@ -134,10 +139,17 @@ class Simulation:
 
     # -- one pass --------------------------------------------------------------------------------
 
-    def _snapshot(self) -> Snapshot:
+    def _snapshot(self, now: float) -> Snapshot:
         jobs = [sj.job for sj in self.pending.values()] + [sj.job for sj in self.running.values()]
         c = self.cluster
-        return Snapshot(c.skus, c.nodes, c.vcs, tuple(jobs), reservation_depth=c.reservation_depth)
+        usage = self.use.at_time(now) if self.use is not None else {}
+        return Snapshot(c.skus, c.nodes, c.vcs, tuple(jobs), reservation_depth=c.reservation_depth,
+                        fair_share_usage=usage)
+
+    def _hold(self, sj: SimJob, placements: list[Placement] | tuple[Placement, ...], sign: int, t: float) -> None:
+        """Tell the fair-share use that ``sj`` holds (``sign`` 1) or gave back (-1) ``placements``' GPUs."""
+        if self.use is not None:
+            self.use.hold((sj.spec.vc, sj.spec.user), sign * sum(len(p.gpu_indices) for p in placements), t)
 
     def _pass(self, now: float) -> bool:
         """One pass; True when it stopped something at once (so another pass at ``now`` may start
@@ -145,7 +157,7 @@ class Simulation:
         if not self.pending and not any(self._may_grow(sj) for sj in self.running.values()):
             if not self._deadline_due(now):
                 return False
-        snap = self._snapshot()
+        snap = self._snapshot(now)
         d = decide(snap, now)
         self.passes += 1
         if self.on_pass is not None:
@@ -214,6 +226,7 @@ class Simulation:
         if sj.start_s is None:
             sj.start_s = now
         sj.placements = list(placements)
+        self._hold(sj, placements, 1, now)
         sj.job = replace(sj.job, running=True, started_at=now, placements=tuple(placements), stopping=False)
         vc = self.cluster.vcs.get(sj.spec.vc)
         if sj.spec.preemptible and vc is not None and vc.min_runtime_s > 0:
@@ -240,11 +253,13 @@ class Simulation:
 
     def _scale_up(self, sj: SimJob, now: float, placements: tuple[Placement, ...]) -> None:
         sj.placements.extend(placements)
+        self._hold(sj, placements, 1, now)
         sj.job = replace(sj.job, placements=tuple(sj.placements))
         for p in placements:
             sj.replicas.append(_replica(p, now, core=False))
 
     def _scale_down(self, sj: SimJob, now: float, placements: tuple[Placement, ...]) -> None:
+        self._hold(sj, placements, -1, now)
         for p in placements:
             sj.placements.remove(p)
             for r in sj.replicas:
@@ -260,6 +275,7 @@ class Simulation:
             if r["end_s"] is None:
                 r["end_s"], r["reason"] = t, reason
         del self.running[sj.id]
+        self._hold(sj, sj.placements, -1, t)
         sj.placements = []
         sj.started_at = None
         sj.stopping_until = None
@@ -447,6 +463,7 @@ def build_result(sim: Simulation) -> dict[str, Any]:
     cluster = {
         "tick_s": c.tick_s,
         "preempt_grace_s": c.preempt_grace_s,
+        "fair_share_half_life_h": c.fair_share_half_life_h,
         "skus": {k: {"gpus": v.gpus, "cpu": v.cpu, "memory_bytes": v.memory_bytes} for k, v in c.skus.items()},
         "nodes": [
             {"name": n.name, "sku": n.sku, "gpus": n.gpus, "ib_domain": n.ib_domain, "vc": n.vc, "schedulable": n.schedulable}
@@ -459,6 +476,7 @@ def build_result(sim: Simulation) -> dict[str, Any]:
                 "max_job_time_s": v.max_job_time_s,
                 "max_interactive_gpus": v.max_interactive_gpus,
                 "user_gpu_quota": v.user_gpu_quota,
+                "fair_share": v.fair_share,
                 # the CPU-only quota the core enforces (override, quota.cpu, else derived)
                 "cpu_quota": effective_cpu_memory_quota(v, c.skus)[0],
                 "memory_quota_bytes": effective_cpu_memory_quota(v, c.skus)[1],

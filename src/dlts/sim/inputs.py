@@ -56,6 +56,9 @@ class Cluster:
     tick_s: float
     preempt_grace_s: float = 0.0
     reservation_depth: int = 8  # backfill: reservations per pass
+    # fair share: the half-life of a user's GPU time in hours (dlts.yaml's setting, same default);
+    # 0 orders by priority and queue time alone
+    fair_share_half_life_h: float = 168.0
 
 
 @dataclass(frozen=True)
@@ -141,6 +144,9 @@ class _Fields:
             raise self._err(extra[0], f"unknown key; allowed: {', '.join(sorted(allowed))}")
 
 
+MAX_HALF_LIFE_H = 24 * 365  # as dlts.yaml's fair_share_half_life_h
+
+
 def load_cluster(path: str | Path) -> Cluster:
     path = Path(path)
     try:
@@ -153,7 +159,7 @@ def load_cluster(path: str | Path) -> Cluster:
         mark = getattr(exc, "problem_mark", None)
         raise SimInputError(path, mark.line + 1 if mark else None, None, f"not valid YAML: {exc}") from None
     top = _Fields(path, data, "cluster")
-    top.unknown({"skus", "nodes", "vcs", "tick_s", "preempt_grace_s", "reservation_depth"})
+    top.unknown({"skus", "nodes", "vcs", "tick_s", "preempt_grace_s", "reservation_depth", "fair_share_half_life_h"})
 
     skus: dict[str, SkuShape] = {}
     raw_skus = top.get("skus", dict)
@@ -259,6 +265,9 @@ def load_cluster(path: str | Path) -> Cluster:
     for n in nodes:
         if n.vc is not None and n.vc not in vcs:
             raise SimInputError(path, top.line, "nodes", f"node {n.name} is assigned to unknown VC {n.vc!r}")
+    half_life_h = top.get("fair_share_half_life_h", float, 168.0, minimum=0)
+    if not half_life_h <= MAX_HALF_LIFE_H:  # NaN too
+        raise top._err("fair_share_half_life_h", f"must be <= {MAX_HALF_LIFE_H} (hours), got {half_life_h!r}")
     return Cluster(
         skus,
         tuple(nodes),
@@ -266,6 +275,7 @@ def load_cluster(path: str | Path) -> Cluster:
         top.get("tick_s", float, 10.0, minimum=0.001),
         top.get("preempt_grace_s", float, 0.0, minimum=0),
         top.get("reservation_depth", int, 8, minimum=0),
+        half_life_h,
     )
 
 

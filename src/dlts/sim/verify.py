@@ -9,9 +9,10 @@ inference) replicas. Checked:
 * no VC's non-preemptible GPUs above its quota per SKU at any instant;
 * a VC's running interactive GPUs never above ``max_interactive_gpus``;
 * gangs are whole nodes, the asked number, in one IB domain;
-* FIFO: a non-preemptible job never starts while an earlier one of its FIFO VC waits (unless the
-  earlier one could never run: reasons ``no_matching_nodes``, ``topology`` or a request above the
-  VC's whole quota);
+* FIFO: a non-preemptible job never starts while one ahead of it in its FIFO VC's order waits
+  (unless that one could never run: reasons ``no_matching_nodes``, ``topology`` or a request above
+  the VC's whole quota). The order is priority, then, where the VC orders by fair share, its
+  owner's decayed GPU use at that instant (recomputed from the attempts), then queue time;
 * only preemptible work is preempted, and a preempted job is requeued (a later attempt, or still
   queued at the end);
 * wall time: killed jobs ran at least their limit and at most a tick (plus grace) longer;
@@ -20,10 +21,16 @@ inference) replicas. Checked:
 
 from __future__ import annotations
 
+import bisect
 from collections import defaultdict
 from typing import Any
 
+from dlts.sim.fairshare import DecayedUse
+
 EPS = 1e-6
+# fair-share use computed here and in the replay may differ in the last bits; closer than this
+# (relative) the order between two users is not checked
+FAIR_SHARE_TOLERANCE = 1e-9
 
 
 def _holdings(job: dict) -> list[tuple[float, float, str, list[int], bool]]:
@@ -122,7 +129,7 @@ def check_result(result: dict[str, Any]) -> list[str]:
         if peak > cap:
             out.append(f"VC {vc} held {peak} interactive GPUs at {at}, above its cap {cap}")
 
-    _check_fifo(jobs, vcs, out)
+    _check_fifo(jobs, vcs, float(cluster.get("fair_share_half_life_h", 0.0)), out)
     return out
 
 
@@ -192,25 +199,74 @@ def _never_fits(job: dict, vcs: dict) -> bool:
     return True
 
 
-def _check_fifo(jobs: list[dict], vcs: dict, out: list[str]) -> None:
+def _check_fifo(jobs: list[dict], vcs: dict, half_life_h: float, out: list[str]) -> None:
+    """No non-preemptible job of a FIFO VC starts while one ahead of it in the VC's order waits.
+
+    The order is priority, then (where the VC orders by fair share) the owner's decayed GPU use at
+    that instant, recomputed from the RESULT's attempts, then queue time."""
     # FIFO blocks per resource pool: the job's GPU SKU, or "cpu" for CPU-only jobs
     by_vc: dict[tuple[str, str], list[dict]] = defaultdict(list)
     for j in jobs:
         if vcs[j["vc"]]["policy"] == "FIFO" and not j["preemptible"]:
             pool = j["sku"] if j["sku"] and (j["gpus"] > 0 or j["type"] == "distributed") else "cpu"
             by_vc[(j["vc"], pool)].append(j)
+    fair_vcs = {vc for vc, _ in by_vc if half_life_h > 0 and vcs[vc].get("fair_share", False)}
+    starts = {j["start_s"] for (vc, _), js in by_vc.items() if vc in fair_vcs for j in js if j["start_s"] is not None}
+    use = _use_at_times(jobs, half_life_h, starts) if starts else {}
     never = {"no_matching_nodes", "topology", "vc_quota"}
     for (vc, _pool), js in by_vc.items():
-        js.sort(key=lambda j: (-j["priority"], j["submit_s"], j["id"]))
-        earlier: list[tuple[float, float, int]] = []  # (submit, first start or inf, id)
+        fair = vc in fair_vcs
+        js.sort(key=lambda j: (j["submit_s"], j["id"]))
+        # the jobs that block when they wait: every one but those that could never run
+        blocking = [
+            e for e in js
+            if not (e["start_s"] is None and (own := set(e["wait_reasons"]) - {"blocked_by"})
+                    and own <= never and _never_fits(e, vcs))
+        ]
+        submits = [e["submit_s"] for e in blocking]
         for j in js:
-            for a in j["attempts"][:1]:
-                t = a["start_s"]
-                for sub, start, eid in earlier:
-                    if sub <= t + EPS and start > t + EPS:
-                        out.append(f"FIFO VC {vc}: job {j['id']} started at {t} while earlier job {eid} waited")
-                        break
-            own = set(j["wait_reasons"]) - {"blocked_by"}
-            if j["start_s"] is None and own and own <= never and _never_fits(j, vcs):
-                continue  # could never run: does not block
-            earlier.append((j["submit_s"], j["start_s"] if j["start_s"] is not None else float("inf"), j["id"]))
+            t = j["start_s"]
+            if t is None:
+                continue
+            at = use.get(t, {})
+            for e in blocking[: bisect.bisect_right(submits, t + EPS)]:
+                if e is j or (e["start_s"] is not None and e["start_s"] <= t + EPS):
+                    continue
+                if _ahead(e, j, vc, at if fair else None):
+                    out.append(f"FIFO VC {vc}: job {j['id']} started at {t} while earlier job {e['id']} waited")
+                    break
+
+
+def _ahead(e: dict, j: dict, vc: str, use: dict[tuple[str, str], float] | None) -> bool:
+    """Whether ``e`` comes before ``j`` in its VC's order (``use``: the fair-share use then, or None)."""
+    if e["priority"] != j["priority"]:
+        return bool(e["priority"] > j["priority"])
+    if use is not None and e["user"] != j["user"]:
+        ue, uj = use.get((vc, e["user"]), 0.0), use.get((vc, j["user"]), 0.0)
+        if abs(ue - uj) > FAIR_SHARE_TOLERANCE * max(1.0, ue, uj):
+            return ue < uj
+        if ue != uj:
+            return False  # too close to tell which the scheduler saw as lower: not a violation
+    return bool((e["submit_s"], e["id"]) < (j["submit_s"], j["id"]))  # a trace's ids are all numbers or all strings
+
+
+def _use_at_times(jobs: list[dict], half_life_h: float, times: set[float]) -> dict[float, dict[tuple[str, str], float]]:
+    """Every (vc, user)'s decayed GPU-seconds at each of ``times``, from what the jobs held."""
+    changes: list[tuple[float, str, str, int]] = []
+    for job in jobs:
+        for s, e, _node, idx, _core in _holdings(job):
+            if idx:
+                changes.append((s, job["vc"], job["user"], len(idx)))
+                if e is not None:
+                    changes.append((e, job["vc"], job["user"], -len(idx)))
+    changes.sort(key=lambda c: c[0])
+    use = DecayedUse(half_life_h * 3600)
+    out: dict[float, dict[tuple[str, str], float]] = {}
+    i = 0
+    for t in sorted(times):
+        while i < len(changes) and changes[i][0] <= t:
+            at, vc, user, gpus = changes[i]
+            use.hold((vc, user), gpus, at)
+            i += 1
+        out[t] = use.at_time(t)
+    return out

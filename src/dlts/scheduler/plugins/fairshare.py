@@ -34,6 +34,7 @@ class FairShare(PriorityQueueTime):
 
     def __init__(self) -> None:
         self._ratio: dict[tuple[str, str], float] = {}
+        self._ratio_of: object = None  # the snapshot ``_ratio`` was computed for
         # job id -> (group key, rank by queue time, rank by fair share), for reordered groups only
         self._ranks: dict[int, tuple[tuple[str, int, int], int, int]] = {}
 
@@ -59,8 +60,12 @@ class FairShare(PriorityQueueTime):
         usage = state.snapshot.fair_share_usage
         if not usage:
             return base
-        ratio = self.ratios(state, jobs)
-        self._ratio.update(ratio)
+        # one table per pass, over every waiting job (the core orders non-preemptible and
+        # preemptible work in two calls; each alone would count a different set of users)
+        if self._ratio_of is not state.snapshot:
+            self._ratio = self.ratios(state, [j for j in state.snapshot.jobs if not j.running])
+            self._ratio_of = state.snapshot
+        ratio = self._ratio
         groups: dict[tuple[str, int], list[int]] = defaultdict(list)
         for i, j in enumerate(base):
             groups[(j.vc, j.priority)].append(i)
@@ -96,8 +101,10 @@ class FairShare(PriorityQueueTime):
                 started_by_group[got[0]].append((got[1], got[2], jid))
         if not started_by_group:
             return waits
+        # what the jobs moved ahead took: nodes, or the VC's quota (a colleague's job that fair share
+        # put first used it)
         revisable = {WaitReason.CAPACITY, WaitReason.FRAGMENTATION, WaitReason.CPU, WaitReason.MEMORY,
-                     WaitReason.TOPOLOGY}
+                     WaitReason.TOPOLOGY, WaitReason.VC_QUOTA}
         out = []
         for w in waits:
             got = self._ranks.get(w.job_id)
