@@ -85,10 +85,13 @@ def test_compare_prints_table_writes_each_result_and_an_svg(tmp_path: Path) -> N
         result = json.loads((tmp_path / f"r.{p}.json").read_text())
         assert {v["policy"] for v in result["cluster"]["vcs"].values()} == {p}
         assert check_result(result) == []
+        guaranteed = [j["start_s"] - j["submit_s"] for j in result["jobs"]
+                      if j["start_s"] is not None and not j["preemptible"] and j["gpus"] * max(1, j["nodes"]) >= 16]
+        assert guaranteed and result["summary"]["big_job_max_wait_guaranteed_s"] == max(guaranteed)
     header = next(line for line in res.output.splitlines() if line.startswith("| metric"))
     assert [c.strip() for c in header.strip("|").split("|")] == ["metric", "RF", "FIFO"]
     for label in ("avg wait", "p50 wait", "p95 wait", "max wait", "avg JCT", "GPU utilisation", "preemptions",
-                  "big-job (>=16 GPUs) max wait"):
+                  "big-job (>=16 GPUs) max wait", "... non-preemptible only"):
         assert f"| {label}" in res.output
     svg = ET.fromstring(chart.read_text())
     lines = svg.findall("{http://www.w3.org/2000/svg}polyline")

@@ -46,6 +46,7 @@ ROWS = (
     ("preemptions", "preemptions", "n"),
     ("big-job (>=16 GPUs) avg wait", "big_job_avg_wait_s", "h"),
     ("big-job (>=16 GPUs) max wait", "big_job_max_wait_s", "h"),
+    ("... non-preemptible only", "big_job_max_wait_guaranteed_s", "h"),
     ("never finished", "never_finished", "n"),
     ("jobs given an estimated start", "estimated_jobs", "n"),
     ("... started by their first estimate", "started_by_estimate", "n"),

@@ -382,6 +382,7 @@ def build_result(sim: Simulation) -> dict[str, Any]:
     }
     makespan = 0.0
     big_flags: list[bool] = []
+    guaranteed_flags: list[bool] = []  # non-preemptible: the VC guarantee covers it
     for sj in sorted(sim.jobs.values(), key=lambda j: j.id):
         s = sj.spec
         limit = effective_limit_s(sj.job, c.vcs.get(s.vc))
@@ -420,6 +421,7 @@ def build_result(sim: Simulation) -> dict[str, Any]:
             v["started"] += 1
             waits.append(sj.start_s - s.submit_s)
             big_flags.append(_total_gpus(row) >= BIG_JOB_GPUS)
+            guaranteed_flags.append(not s.preemptible)
             v["waits"].append(sj.start_s - s.submit_s)
         if sj.end_s is not None:
             jcts.append(sj.end_s - s.submit_s)
@@ -433,6 +435,7 @@ def build_result(sim: Simulation) -> dict[str, Any]:
         v["p95_wait_s"] = _percentile(w, 0.95)
         v["gpu_hours"] = round(v.pop("gpu_seconds") / 3600, 3)
     big = [w for w, g in zip(waits, big_flags) if g]
+    big_guaranteed = [w for w, g, np in zip(waits, big_flags, guaranteed_flags) if g and np]
     summary = {
         "makespan_s": makespan,
         "avg_wait_s": sum(waits) / len(waits) if waits else 0.0,
@@ -443,6 +446,8 @@ def build_result(sim: Simulation) -> dict[str, Any]:
         "big_jobs": sum(1 for j in jobs_out if _total_gpus(j) >= BIG_JOB_GPUS),
         "big_job_avg_wait_s": sum(big) / len(big) if big else 0.0,
         "big_job_max_wait_s": max(big) if big else 0.0,
+        # the same for non-preemptible big jobs only (preemptible ones live on idle capacity)
+        "big_job_max_wait_guaranteed_s": max(big_guaranteed) if big_guaranteed else 0.0,
         "avg_jct_s": sum(jcts) / len(jcts) if jcts else 0.0,
         "gpu_utilization": gpu_seconds / (total_gpus * makespan) if total_gpus and makespan else 0.0,
         "preemptions": sim.preemptions,
