@@ -5,7 +5,9 @@ type, each running exactly its effective duration (its limit, else its VC's
 ``default_runtime_estimate_s``; jobs with neither are unbounded and run "forever", and estimates
 that depend on them are unknown). Jobs that end before their limit may reshuffle later reservations
 (an estimate can then move either way); that is outside this property (docs/scheduling.md). All jobs
-share one priority. Every time a pass gives a waiting job an ``estimated_start``, that job must
+share one priority. Without fair share (half the examples: with it, a later pass may rank a
+colleague's job ahead of a reserved one, so only the invariants are checked there), every time a
+pass gives a waiting job an ``estimated_start``, that job must
 start by then, unless a job *ahead* of it in the pass order started on its reserved nodes first: a
 reservation binds the jobs after it (the backfilled ones), and a job ahead that could not start when
 the estimate was made (held by its VC's interactive cap, say) may start once what held it is gone,
@@ -68,8 +70,12 @@ def backfill_clusters(draw) -> Cluster:
             # the preemption budget: protected work is reclaimable in the model from its end only
             min_runtime_s=draw(st.sampled_from([0.0, 0.0, 600.0])),
         )
+    # fair share in half the examples: the invariants hold with it, but estimates are checked only
+    # without it (it re-ranks a VC's jobs as use accrues, so a later pass may put a colleague's job
+    # ahead of a reserved one: docs/scheduling.md, what estimates do not foresee)
     return Cluster(dict(SKUS), tuple(nodes), vcs, tick_s=10.0, preempt_grace_s=0.0,
-                   reservation_depth=draw(st.sampled_from([1, 2, 8])))
+                   reservation_depth=draw(st.sampled_from([1, 2, 8])),
+                   fair_share_half_life_h=draw(st.sampled_from([0.0, 0.0, 1.0, 168.0])))
 
 
 @st.composite
@@ -153,6 +159,8 @@ def _replay(cluster: Cluster, trace: list[TraceJob]) -> Replay:
 def _check(cluster: Cluster, trace: list[TraceJob]) -> None:
     result, promised, overtaken = _replay(cluster, trace)
     assert check_result(result) == []
+    if cluster.fair_share_half_life_h > 0:
+        return
     by_id = {j["id"]: j for j in result["jobs"]}
     for job_id, estimates in promised.items():
         started = by_id[job_id]["start_s"]
@@ -172,7 +180,8 @@ def _cpu_replicas_on_a_gpu_node() -> tuple[Cluster, list[TraceJob]]:
     node = Node("a100-0", "a100", a100.gpus, a100.cpu, a100.memory_bytes, "pod0", None, True, (3,))
     vcs = {"vc0": Vc("vc0", {"a100": 0, "v100": 1}, Policy.BACKFILL, allow_cpu_jobs_on_gpu_nodes=True),
            "vc1": Vc("vc1", {"a100": 0, "v100": 0}, Policy.BACKFILL)}
-    cluster = Cluster(dict(SKUS), (node,), vcs, tick_s=10.0, preempt_grace_s=0.0, reservation_depth=1)
+    cluster = Cluster(dict(SKUS), (node,), vcs, tick_s=10.0, preempt_grace_s=0.0, reservation_depth=1,
+                      fair_share_half_life_h=0.0)
     # (id, type, min_replicas, max_replicas): CPU-only work, all at t=0; the order is by id
     shapes = [(3, JobType.BATCH, 0, 0), (4, JobType.BATCH, 0, 0), (5, JobType.BATCH, 0, 0),
               (24, JobType.INFERENCE, 1, 1), (25, JobType.BATCH, 0, 0), (27, JobType.INFERENCE, 2, 4),
@@ -196,7 +205,8 @@ def _an_older_job_freed_by_the_reclaim() -> tuple[Cluster, list[TraceJob]]:
                   for k in (1, 2))
     vcs = {"vc1": Vc("vc1", {"a100": 16}, Policy.BACKFILL),
            "vc2": Vc("vc2", {"a100": 8}, Policy.BACKFILL, max_interactive_gpus=8)}
-    cluster = Cluster(dict(SKUS), nodes, vcs, tick_s=10.0, preempt_grace_s=0.0, reservation_depth=8)
+    cluster = Cluster(dict(SKUS), nodes, vcs, tick_s=10.0, preempt_grace_s=0.0, reservation_depth=8,
+                      fair_share_half_life_h=0.0)
 
     def job(i: int, at: float, vc: str, jtype: JobType, gpus: int, nodes: int = 0, limit: int | None = None,
             preemptible: bool = False) -> TraceJob:
@@ -218,7 +228,8 @@ def _a_shorter_job_behind_a_longer_one_of_its_shape() -> tuple[Cluster, list[Tra
     a100 = SKUS["a100"]
     node = Node("a100-0", "a100", a100.gpus, a100.cpu, a100.memory_bytes, "pod0", None, True, ())
     vcs = {"vc0": Vc("vc0", {"a100": 9}, Policy.BACKFILL, default_runtime_estimate_s=900)}
-    cluster = Cluster(dict(SKUS), (node,), vcs, tick_s=10.0, preempt_grace_s=0.0, reservation_depth=8)
+    cluster = Cluster(dict(SKUS), (node,), vcs, tick_s=10.0, preempt_grace_s=0.0, reservation_depth=8,
+                      fair_share_half_life_h=0.0)
 
     def job(i: int, at: float, jtype: JobType = JobType.BATCH, gpus: int = 1, nodes: int = 0, limit: int | None = None,
             replicas: tuple[int, int] = (0, 0)) -> TraceJob:

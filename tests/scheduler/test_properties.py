@@ -55,10 +55,13 @@ def clusters(draw) -> Cluster:
             min_runtime_s=draw(st.sampled_from([0.0, 0.0, 500.0])),
             max_reclaim_delay_s=draw(st.sampled_from([None, 1000.0])),
             max_preemptions=draw(st.sampled_from([0, 1])),
+            fair_share=draw(st.sampled_from([True, True, False])),
         )
     # LEAN_SKUS opens 16 cores of each a100 node to CPU-only jobs (cpu_per_gpu 10)
     skus = dict(draw(st.sampled_from([SKUS, LEAN_SKUS])))
-    return Cluster(skus, tuple(nodes), vcs, tick_s=10.0, preempt_grace_s=draw(st.sampled_from([0.0, 0.0, 30.0])))
+    # fair share: a one-hour half-life decays within the traces' ~2 h; 0 is queue-time order
+    return Cluster(skus, tuple(nodes), vcs, tick_s=10.0, preempt_grace_s=draw(st.sampled_from([0.0, 0.0, 30.0])),
+                   fair_share_half_life_h=draw(st.sampled_from([0.0, 1.0, 168.0])))
 
 
 @st.composite

@@ -285,6 +285,20 @@ CASES = [
         waits={2: "capacity", 3: "capacity"},
         check=lambda d: _assert({w.job_id: w.queue_position for w in d.waits} == {3: 1, 2: 2}),
     ),
+    Case(
+        "fair share: a job the pass preempts for waits for its room (capacity), though a colleague "
+        "moved ahead of it started (found by the property test once replays had fair share)",
+        snap(
+            [node("n1"), node("n2")],
+            [vc(quota={"a100": 16}), vc("w", quota={"a100": 0})],
+            [running(job(9, 8, vc="w", preemptible=True), ("n2", tuple(range(8)))),
+             job(1, 8, user="ann"), job(2, 8, user="bob", queue_time=5.0)],
+            fair_share_usage={("v", "ann"): 36_000.0},
+        ),
+        starts={2: [("n1", tuple(range(8)))]},
+        stops={9: "preempted"},
+        waits={1: "capacity"},
+    ),
     # -- 7. preemption budget ----------------------------------------------------------------------
     Case(
         "a preemptible job runs at least min_runtime_s before it may be preempted",

@@ -113,7 +113,8 @@ class _Pass:
                     self._assign(job)
         t0 = time.perf_counter()
         if isinstance(fw.sort, OrderingSortPlugin):
-            self.waits = fw.sort.revise_waits(st, self.waits, set(self.starts))
+            making_room = {s.for_job for s in self.stops if s.for_job is not None}
+            self.waits = fw.sort.revise_waits(st, self.waits, set(self.starts), making_room)
         out = self._finalize()
         return replace(out, timings_s={**out.timings_s, "finalize": time.perf_counter() - t0})
 

@@ -77,7 +77,11 @@ class OrderingSortPlugin(SortPlugin, Protocol):
 
     def order(self, state: PassState, jobs: list[Job], phase: int = 0) -> list[Job]: ...
 
-    def revise_waits(self, state: PassState, waits: list[Wait], started: set[int]) -> list[Wait]: ...
+    def revise_waits(self, state: PassState, waits: list[Wait], started: set[int],
+                     making_room: set[int]) -> list[Wait]:
+        """The pass's waits, re-labelled by what the order decided (``started``: jobs started this
+        pass; ``making_room``: jobs this pass preempts or scales down for, whose waits stand)."""
+        ...
 
 
 @runtime_checkable

@@ -89,7 +89,8 @@ class FairShare(PriorityQueueTime):
                 self._ranks[j.id] = (key, by_queue[j.id], k)
         return out
 
-    def revise_waits(self, state: PassState, waits: list[Wait], started: set[int]) -> list[Wait]:
+    def revise_waits(self, state: PassState, waits: list[Wait], started: set[int],
+                     making_room: set[int]) -> list[Wait]:
         if not self._ranks:
             return waits
         jobs = {j.id: j for j in state.snapshot.jobs if j.id in self._ranks}
@@ -108,7 +109,9 @@ class FairShare(PriorityQueueTime):
         out = []
         for w in waits:
             got = self._ranks.get(w.job_id)
-            if got is None or w.reason not in revisable or w.permanent:
+            # a job this pass made room for (preempting or scaling down) waits for the room, not
+            # for the colleagues fair share put ahead
+            if got is None or w.reason not in revisable or w.permanent or w.job_id in making_room:
                 out.append(w)
                 continue
             key, q, f = got
