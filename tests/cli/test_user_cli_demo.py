@@ -6,6 +6,7 @@ from __future__ import annotations
 import getpass
 import json
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -137,6 +138,17 @@ def test_the_demo_says_where_the_portal_is_and_how_alice_and_admin_sign_in_on_ev
     passwords = dict(line.split(":", 1) for line in credentials.read_text().split())
     assert passwords["alice"] in first and passwords["alice"] not in second
     assert "demo created" in first and "demo resumed" in second
+
+
+def test_the_banners_cli_example_runs_as_printed(user, demo):
+    """A newcomer copies the banner's two commands; both work (the submit once lacked --image,
+    which the CLI requires)."""
+    line = next(x for x in demo.banners[0].splitlines() if x.strip().startswith("CLI:"))
+    login, submit = (shlex.split(part.strip()) for part in line.split("CLI:", 1)[1].split("then:"))
+    assert login[0] == submit[0] == "dlts"
+    assert user.run(*login[1:]).returncode == 0
+    done = user.run(*submit[1:])
+    assert done.returncode == 0, done.stderr
 
 
 def test_login_stores_a_private_profile_and_whoami_reads_it(user, demo):
