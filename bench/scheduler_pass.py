@@ -37,7 +37,11 @@ CURVE = [(2_000, 200), (5_000, 500), (10_000, 1_000), (20_000, 2_000)]
 HERE = Path(__file__).resolve().parent
 
 
-def build_snapshot(n_jobs: int, n_nodes: int, seed: int = 42, policy: str | None = None) -> Snapshot:
+NOW = 200_000.0  # the pass's time
+
+
+def build_snapshot(n_jobs: int, n_nodes: int, seed: int = 42, policy: str | None = None,
+                   fair_share: bool = False) -> Snapshot:
     rng = random.Random(seed)
     n_domains = max(2, n_nodes // 100)
     n_vcs = max(5, n_nodes // 40)
@@ -110,17 +114,33 @@ def build_snapshot(n_jobs: int, n_nodes: int, seed: int = 42, policy: str | None
             jobs.append(Job(type=JobType.INFERENCE, gpus=1, min_replicas=1, max_replicas=3, **common))
         else:
             jobs.append(Job(type=JobType.BATCH, gpus=rng.choice([1, 1, 2, 4, 8]), **common))
-    return Snapshot(SKUS, tuple(nodes), vcs, tuple(jobs))
+    usage = fair_share_usage(jobs, seed) if fair_share else {}
+    return Snapshot(SKUS, tuple(nodes), vcs, tuple(jobs), fair_share_usage=usage)
 
 
-def one_point(n_jobs: int, n_nodes: int, repeat: int, policy: str | None = None) -> dict:
+def fair_share_usage(jobs: list[Job], seed: int) -> dict[tuple[str, str], float]:
+    """Decayed GPU-seconds per (VC, user) as the job manager would hand them: the running jobs'
+    GPU time so far, plus, for half of the (VC, user) pairs with jobs, up to a week of 8 GPUs'
+    earlier use (its own random stream, so the jobs are the same with and without)."""
+    rng = random.Random(seed + 1)
+    usage: dict[tuple[str, str], float] = {}
+    for j in jobs:
+        if j.running and j.started_at is not None:
+            usage[(j.vc, j.user)] = usage.get((j.vc, j.user), 0.0) + j.gpus * (NOW - j.started_at)
+    for key in sorted({(j.vc, j.user) for j in jobs}):
+        if rng.random() < 0.5:
+            usage[key] = usage.get(key, 0.0) + rng.uniform(0, 8 * 7 * 86400)
+    return usage
+
+
+def one_point(n_jobs: int, n_nodes: int, repeat: int, policy: str | None = None, fair_share: bool = False) -> dict:
     t0 = time.perf_counter()
-    snap = build_snapshot(n_jobs, n_nodes, policy=policy)
+    snap = build_snapshot(n_jobs, n_nodes, policy=policy, fair_share=fair_share)
     build_s = time.perf_counter() - t0
     times, cpu_times, last = [], [], None
     for _ in range(repeat):
         t, c = time.perf_counter(), time.process_time()
-        last = decide(snap, 200_000.0)
+        last = decide(snap, NOW)
         times.append(time.perf_counter() - t)
         cpu_times.append(time.process_time() - c)
     assert last is not None
@@ -145,6 +165,7 @@ def one_point(n_jobs: int, n_nodes: int, repeat: int, policy: str | None = None)
         "stops": len(last.stops),
         "reservations": len(last.reservations),
         "policy": policy or "RF/FIFO mix",
+        "fair_share": fair_share,
         "waits": len(last.waits),
         "reasons": reasons,
         "phases_s": {k: round(v, 4) for k, v in last.timings_s.items()},
@@ -152,10 +173,10 @@ def one_point(n_jobs: int, n_nodes: int, repeat: int, policy: str | None = None)
     }
 
 
-def run_point(n_jobs: int, n_nodes: int, repeat: int, policy: str | None = None) -> dict:
+def run_point(n_jobs: int, n_nodes: int, repeat: int, policy: str | None = None, fair_share: bool = False) -> dict:
     out = subprocess.run(
         [sys.executable, __file__, "--only", str(n_jobs), str(n_nodes), "--repeat", str(repeat), "--json"]
-        + (["--policy", policy] if policy else []),
+        + (["--policy", policy] if policy else []) + (["--fair-share"] if fair_share else []),
         capture_output=True,
         text=True,
         check=True,
@@ -198,11 +219,14 @@ def main() -> None:
     ap.add_argument("--no-sim", action="store_true", help="skip the 10,000-job dlts sim run")
     ap.add_argument("--policy", choices=[p.value for p in Policy], default=None,
                     help="every VC on this policy (default: a third FIFO, the rest RF)")
+    ap.add_argument("--fair-share", action="store_true",
+                    help="hand the pass each user's recent GPU use, as the job manager does (fair share re-ranks "
+                         "each VC's queue); without it the order is priority and queue time")
     ap.add_argument("--curve", nargs="*", type=int, default=None, metavar="PENDING NODES",
                     help="pairs of points instead of the default curve, e.g. --curve 20000 2000 100000 10000")
     args = ap.parse_args()
     if args.only:
-        point = one_point(args.only[0], args.only[1], args.repeat, args.policy)
+        point = one_point(args.only[0], args.only[1], args.repeat, args.policy, args.fair_share)
         print(json.dumps(point) if args.json else json.dumps(point, indent=1))
         return
     print(
@@ -211,7 +235,7 @@ def main() -> None:
     )
     curve = CURVE if not args.curve else list(zip(args.curve[::2], args.curve[1::2]))
     for n_jobs, n_nodes in curve:
-        p = run_point(n_jobs, n_nodes, args.repeat, args.policy)
+        p = run_point(n_jobs, n_nodes, args.repeat, args.policy, args.fair_share)
         print(
             f"{p['pending']:>8} {p['nodes']:>6} {p['running']:>8} {p['pass_median_s']:>8.3f} {p['pass_cpu_median_s']:>7.3f} "
             f"{p['placements']:>7} {p['placements_per_s']:>13.0f} {p['stops']:>6} {p['peak_rss_mib']:>13.1f} "

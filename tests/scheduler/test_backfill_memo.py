@@ -37,9 +37,11 @@ def _decisions(snap, monkeypatch, memoise: bool):
     )
 
 
-@pytest.mark.parametrize("seed,jobs,nodes", [(1, 1500, 150), (2, 2500, 120), (3, 3000, 300)])
-def test_memoised_backfill_decides_as_the_plain_model(monkeypatch, seed: int, jobs: int, nodes: int) -> None:
-    snap = _build_snapshot()(jobs, nodes, seed=seed, policy="backfill")
+@pytest.mark.parametrize("seed,jobs,nodes,fair_share", [(1, 1500, 150, False), (2, 2500, 120, False),
+                                                       (3, 3000, 300, False), (9, 3000, 300, True)])
+def test_memoised_backfill_decides_as_the_plain_model(monkeypatch, seed: int, jobs: int, nodes: int,
+                                                      fair_share: bool) -> None:
+    snap = _build_snapshot()(jobs, nodes, seed=seed, policy="backfill", fair_share=fair_share)
     plain = _decisions(snap, monkeypatch, False)
     memo = _decisions(snap, monkeypatch, True)
     assert plain[3], "the snapshot must exercise reservations"
