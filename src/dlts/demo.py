@@ -281,7 +281,8 @@ def run_demo(settings: Settings, fake_nvml: str | None = None) -> None:
     if created:
         for line in (home / "demo-credentials").read_text().split():
             click.echo(f"    {line}")
-    click.echo(f"  CLI:   dlts login {url} --token-file {home / 'alice-token'}   then: dlts submit --image pytorch/pytorch --wait -- echo hello")
+    click.echo(f"  CLI:   dlts login {url} --token-file {home / 'alice-token'}"
+               "   then: dlts submit --image pytorch/pytorch --wait -- echo hello")
     click.echo(f"  try:   curl -H \"Authorization: Bearer $(cat {home / 'alice-token'})\" {url}/api/v1/me")
     if agent_reads == "fake":
         click.echo(f"  node agent: fake NVML scenario {fake_nvml!r} (a faulty GPU fails once a job runs on it: submit one); "

@@ -109,9 +109,12 @@ def check_pass(snap: Snapshot, d: Decisions, now: float) -> None:
     for vc in snap.vcs.values():
         if vc.policy is not Policy.FIFO:
             continue
+        # the VC's order: priority, then (fair share) the owner's recent use (a ratio to the VC's
+        # equal share, so the use orders alike), then queue time
+        use = snap.fair_share_usage if vc.fair_share else {}
         order = sorted(
             (j for j in pending if j.vc == vc.name and not j.preemptible and j.approved),
-            key=lambda j: (-j.priority, j.queue_time, j.id),
+            key=lambda j: (-j.priority, max(use.get((j.vc, j.user), 0.0), 0.0), j.queue_time, j.id),
         )
         blockers: dict[str, int] = {}
         for j in order:
@@ -140,7 +143,8 @@ def check_pass(snap: Snapshot, d: Decisions, now: float) -> None:
             if own.min_runtime_s > 0 and j.started_at is not None and now - j.started_at < own.min_runtime_s:
                 target_vc = snap.vcs[jobs[s.for_job].vc]
                 delay = target_vc.max_reclaim_delay_s
-                assert delay is not None and now - jobs[s.for_job].queue_time >= delay, (
+                since = jobs[s.for_job].room_wait_since
+                assert delay is not None and since is not None and now - since >= delay, (
                     f"job {j.id} preempted after {now - j.started_at}s, inside min_runtime_s {own.min_runtime_s}")
                 assert not (own.max_preemptions and j.preemptions >= own.max_preemptions), (
                     f"job {j.id} preempted {j.preemptions} times already, inside min_runtime_s")

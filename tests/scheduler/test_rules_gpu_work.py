@@ -324,11 +324,12 @@ CASES = [
         waits={2: "capacity"},
     ),
     Case(
-        "the guarantee wins once the job waited longer than its VC's max_reclaim_delay_s",
+        "the guarantee wins once the job waited for room longer than its VC's max_reclaim_delay_s",
         snap(
             [node("n1")],
             [vc("v", quota={"a100": 8}, max_reclaim_delay_s=300.0), vc("w", quota={"a100": 8}, min_runtime_s=600.0)],
-            [running(job(1, 8, vc="w", preemptible=True), ("n1", tuple(range(8))), started_at=900.0), job(2, 8, queue_time=600.0)],
+            [running(job(1, 8, vc="w", preemptible=True), ("n1", tuple(range(8))), started_at=900.0),
+             job(2, 8, queue_time=0.0, room_wait_since=600.0)],
         ),
         now=1000.0,
         stops={1: "preempted"},
@@ -338,11 +339,25 @@ CASES = [
         snap(
             [node("n1")],
             [vc("v", quota={"a100": 8}, max_reclaim_delay_s=300.0), vc("w", quota={"a100": 8}, min_runtime_s=600.0)],
-            [running(job(1, 8, vc="w", preemptible=True), ("n1", tuple(range(8))), started_at=900.0), job(2, 8, queue_time=800.0)],
+            [running(job(1, 8, vc="w", preemptible=True), ("n1", tuple(range(8))), started_at=900.0),
+             job(2, 8, queue_time=0.0, room_wait_since=800.0)],
         ),
         now=1000.0,
         stops={},
-        details={2: "or until this job has waited max_reclaim_delay_s (100 s more)"},
+        details={2: "or until this job has waited for room max_reclaim_delay_s (100 s more)"},
+    ),
+    Case(
+        "the delay counts the wait for room, not the queue time: a job that waited for its own VC's "
+        "quota starts the count when it first waits for room",
+        snap(
+            [node("n1")],
+            [vc("v", quota={"a100": 8}, max_reclaim_delay_s=300.0), vc("w", quota={"a100": 8}, min_runtime_s=600.0)],
+            [running(job(1, 8, vc="w", preemptible=True), ("n1", tuple(range(8))), started_at=900.0),
+             job(2, 8, queue_time=0.0)],
+        ),
+        now=1000.0,
+        stops={},
+        details={2: "or until this job has waited for room max_reclaim_delay_s (300 s more)"},
     ),
     Case(
         "a job preempted max_preemptions times is protected for min_runtime_s without exception",

@@ -13,7 +13,19 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from dlts.config import Settings
-from dlts.models import ACTIVE, EndReason, Job, JobAttempt, JobStatus, Node, User, VirtualCluster, utcnow
+from dlts.models import (
+    ACTIVE,
+    EndReason,
+    EventKind,
+    Job,
+    JobAttempt,
+    JobEvent,
+    JobStatus,
+    Node,
+    User,
+    VirtualCluster,
+    utcnow,
+)
 from dlts.models.accounting import UsageTotal
 from dlts.models.placements import replicas_from_json
 from dlts.repositories.cluster import sku_shapes
@@ -63,6 +75,11 @@ def load_snapshot(session: Session, settings: Settings) -> core.Snapshot:
         .where(Job.status.in_([JobStatus.QUEUED, *ACTIVE]))
     ).all()
     preempted = preemption_counts(session) if any(v.max_preemptions for v in vcs.values()) else {}
+    room_since = room_wait_since(session, [
+        job.id for job, _ in rows
+        if job.status is JobStatus.QUEUED and not job.preemptible and job.reason in ROOM_CODES
+        and vcs[vc_names[job.vc_id]].max_reclaim_delay_s is not None
+    ])
     jobs = []
     for job, attempt in rows:
         running = job.status in ACTIVE
@@ -80,7 +97,7 @@ def load_snapshot(session: Session, settings: Settings) -> core.Snapshot:
             placements=tuple(r.placement for r in replicas if not r.retiring),
             retiring=tuple(r.placement for r in replicas if r.retiring),
             min_replicas=(job.spec or {}).get("min_replicas", 0), max_replicas=(job.spec or {}).get("max_replicas", 0),
-            preemptions=preempted.get(job.id, 0),
+            preemptions=preempted.get(job.id, 0), room_wait_since=room_since.get(job.id),
         ))
     return core.Snapshot(skus=reserved_shapes(sku_shapes(session), settings), nodes=nodes, vcs=vcs, jobs=tuple(jobs),
                          cpu_job_default_cpu=settings.cpu_job_default_cpu,
@@ -98,6 +115,38 @@ def _vc_scheduling(settings: Settings, own) -> dict:
     return {"fair_share": bool(pick("fair_share")) and settings.fair_share_half_life_h > 0,
             "min_runtime_s": float(pick("min_runtime_s")), "max_reclaim_delay_s": pick("max_reclaim_delay_s"),
             "max_preemptions": int(pick("max_preemptions"))}
+
+
+ROOM_CODES = frozenset(r.value for r in core.ROOM_REASONS)
+
+
+def room_wait_since(session: Session, job_ids: list[int]) -> dict[int, float]:
+    """Job id -> since when it has waited for room (``core.Job.room_wait_since``), for queued jobs
+    whose stored reason is one of ``ROOM_REASONS``.
+
+    A reason event is written only when a job's reason changes, so the wait began at the oldest
+    event of the unbroken run of room-reason events at the end of its history; where that run is
+    empty (the job kept its stored reason across a requeue, so no new event was written), at its
+    latest event."""
+    if not job_ids:
+        return {}
+    rows = session.execute(
+        sa.select(JobEvent.job_id, JobEvent.kind, JobEvent.reason, JobEvent.at)
+        .where(JobEvent.job_id.in_(job_ids))
+        .order_by(JobEvent.job_id, JobEvent.id.desc())
+    ).all()
+    out: dict[int, float] = {}
+    ended: set[int] = set()  # jobs whose run was read to its start
+    for job_id, kind, reason, at in rows:
+        if job_id in ended:
+            continue
+        if kind == EventKind.REASON and reason in ROOM_CODES:
+            out[job_id] = epoch(at) or 0.0
+            continue
+        if job_id not in out:
+            out[job_id] = epoch(at) or 0.0
+        ended.add(job_id)
+    return out
 
 
 def preemption_counts(session: Session) -> dict[int, int]:

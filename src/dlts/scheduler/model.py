@@ -51,6 +51,13 @@ class WaitReason(str, enum.Enum):
     RESERVATION = "reservation"  # rendered as "reservation:<id>"; set by policy backfill (would delay job <id>)
 
 
+# The reasons of a job that fits its VC's quota and caps but finds no room: while a non-preemptible
+# job waits with one of these its VC's guarantee is not met, which the preemption budget's
+# ``max_reclaim_delay_s`` counts (``Job.room_wait_since``).
+ROOM_REASONS = frozenset({WaitReason.CAPACITY, WaitReason.FRAGMENTATION, WaitReason.TOPOLOGY, WaitReason.CPU,
+                          WaitReason.MEMORY})
+
+
 class StopReason(str, enum.Enum):
     """Why the core asks for a running job to be stopped."""
 
@@ -108,7 +115,8 @@ class Vc:
     fair_share: bool = True
     # Preemption budget (plugins/reclaim.py): a preemptible job of this VC runs at least
     # ``min_runtime_s`` before it may be preempted, unless the job reclaim is for (of any VC) has
-    # waited longer than *its* VC's ``max_reclaim_delay_s`` (None: never overridden); a job
+    # waited for room (``Job.room_wait_since``) longer than *its* VC's ``max_reclaim_delay_s``
+    # (None: never overridden); a job
     # preempted ``max_preemptions`` times (0: no limit) is protected for ``min_runtime_s`` of every
     # later run without that override.
     min_runtime_s: float = 0.0
@@ -169,6 +177,10 @@ class Job:
     user_quota_approved: bool = False
     # How many times the job has been preempted so far (the preemption budget reads it).
     preemptions: int = 0
+    # Since when the job has waited for room (a reason in ``ROOM_REASONS`` at every pass since; the
+    # job manager reads it from the job's reason events, ``dlts sim`` keeps it as it replays); None:
+    # it did not wait for room at the previous pass. ``Vc.max_reclaim_delay_s`` counts from here.
+    room_wait_since: float | None = None
 
 
 @dataclass(frozen=True)

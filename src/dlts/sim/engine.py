@@ -25,6 +25,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from dlts.scheduler import Decisions, Job, JobType, Placement, Snapshot, StopReason, decide
+from dlts.scheduler.model import ROOM_REASONS
 from dlts.scheduler.plugins.walltime import effective_limit_s
 from dlts.scheduler.quota import effective_cpu_memory_quota
 from dlts.sim.fairshare import DecayedUse
@@ -119,8 +120,10 @@ class Simulation:
         return self.result()
 
     def _stale(self, ev: tuple) -> bool:
-        _, _, _kind, job_id, attempt = ev
+        _, _, kind, job_id, attempt = ev
         sj = self.jobs[job_id]
+        if kind == "room":  # a waiting job's max_reclaim_delay_s runs out: due while it still waits
+            return sj.attempt_no != attempt or sj.state != "queued"
         return sj.attempt_no != attempt or sj.state != "running"
 
     def _event(self, t: float, kind: str, job_id: int) -> None:
@@ -128,7 +131,7 @@ class Simulation:
         self.last_event_s = max(self.last_event_s, t)
         if kind == "end":
             self._end(sj, t, "finished", "finished")
-        elif kind == "wake":  # a preemption budget ran out: only a pass is due
+        elif kind in ("wake", "room"):  # a preemption budget or a reclaim delay ran out: only a pass is due
             return
         elif kind == "stopped":  # a grace period ran out
             reason = sj.stop_reason or "preempted"
@@ -194,11 +197,25 @@ class Simulation:
             if w.job_id not in started:
                 sj = self.jobs[w.job_id]
                 sj.wait_reasons[w.reason.value] += 1
+                self._room_wait(sj, w.reason in ROOM_REASONS, now)
                 if w.estimated_start is not None:
                     if sj.first_estimate_s is None and sj.start_s is None:
                         sj.first_estimate_s = w.estimated_start
                     sj.last_estimate_s = w.estimated_start
         return immediate and bool(self.pending)
+
+    def _room_wait(self, sj: SimJob, for_room: bool, now: float) -> None:
+        """Keep ``Job.room_wait_since`` as the job manager reads it from reason events: set at the
+        first pass of an unbroken run of waits for room, cleared by any other wait. Where the job's
+        VC has a ``max_reclaim_delay_s``, a pass is due when that runs out."""
+        since = sj.job.room_wait_since
+        if for_room and since is None:
+            sj.job = replace(sj.job, room_wait_since=now)
+            vc = self.cluster.vcs.get(sj.spec.vc)
+            if vc is not None and vc.max_reclaim_delay_s is not None and not sj.spec.preemptible:
+                self._push(now + vc.max_reclaim_delay_s, "room", sj.id, sj.attempt_no)
+        elif not for_room and since is not None:
+            sj.job = replace(sj.job, room_wait_since=None)
 
     def _may_grow(self, sj: SimJob) -> bool:
         s = sj.spec

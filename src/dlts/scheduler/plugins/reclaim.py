@@ -120,10 +120,11 @@ class Reclaim:
 
     @staticmethod
     def allowed(state: PassState, job: Job, vc: Vc) -> int:
-        """The protection level reclaim may override for ``job``: 1 once it has waited longer than
-        its VC's ``max_reclaim_delay_s`` (its guarantee was violated for that long), else 0."""
-        delay = vc.max_reclaim_delay_s
-        if delay is not None and state.now - job.queue_time >= delay:
+        """The protection level reclaim may override for ``job``: 1 once it has waited for room
+        (``Job.room_wait_since``: its VC's guarantee not met) longer than its VC's
+        ``max_reclaim_delay_s``, else 0."""
+        delay, since = vc.max_reclaim_delay_s, job.room_wait_since
+        if delay is not None and since is not None and state.now - since >= delay:
             return 1
         return 0
 
@@ -148,8 +149,9 @@ class Reclaim:
         if any(h.protect == 2 for h in held):
             note += " (preempted max_preemptions times already: no exception)"
         elif vc.max_reclaim_delay_s is not None:
-            wait_more = job.queue_time + vc.max_reclaim_delay_s - state.now
-            note += f", or until this job has waited max_reclaim_delay_s ({max(0.0, wait_more):.0f} s more)"
+            since = job.room_wait_since if job.room_wait_since is not None else state.now
+            wait_more = since + vc.max_reclaim_delay_s - state.now
+            note += f", or until this job has waited for room max_reclaim_delay_s ({max(0.0, wait_more):.0f} s more)"
         return note
 
     # -- helpers ---------------------------------------------------------------------------------
