@@ -99,7 +99,7 @@ def _int_or_none(name: str, empty: str = "no limit") -> int | None:
 @login_required
 def vc(name: str):
     who = principal()
-    view = vc_service.get_vc(db.session(), who, name)
+    view = vc_service.get_vc(db.session(), settings_of(current_app), who, name)
     running, waiting = vc_service.jobs_of_vc(db.session(), who, name)
     return render_template("vc.html", vc=view, running=running, waiting=waiting, tab="overview",
                            can_edit=who.is_vc_admin(name))
@@ -109,7 +109,7 @@ def vc(name: str):
 @login_required
 def vc_settings(name: str):
     who = principal()
-    view = vc_service.get_vc(db.session(), who, name)
+    view = vc_service.get_vc(db.session(), settings_of(current_app), who, name)
     if not who.is_vc_admin(name):
         return render_template("error.html", status=403, title="Not allowed",
                                message=f"Only an admin of VC {name} may change its settings."), 403
@@ -131,7 +131,7 @@ def vc_settings(name: str):
                        "max_submissions_per_minute": _int_or_none("max_submissions_per_minute", "the cluster's default")}
             if "idle_action" in request.form:
                 changes["idle_policy"] = _idle_policy_from_form(view.idle_policy)
-            view = vc_service.update_vc(db.session(), who, name, changes)
+            view = vc_service.update_vc(db.session(), settings_of(current_app), who, name, changes)
             flash(f"Settings of VC {name} saved; the scheduler uses them from its next pass.", "ok")
             return redirect(url_for("portal.vc_settings", name=name))
         except DltsError as exc:
@@ -155,7 +155,7 @@ def quotas():
     if request.method == "POST":
         changed = 0
         on_form = set(request.form.getlist("vcs"))  # a VC created after the page was loaded is left alone
-        for view in vc_service.list_vcs(db.session(), who):
+        for view in vc_service.list_vcs(db.session(), settings_of(current_app), who):
             if view.name not in on_form:
                 continue
             quota: dict[str, int] = {}
@@ -173,7 +173,7 @@ def quotas():
             if bad or quota == view.quota:
                 continue
             try:
-                vc_service.update_vc(db.session(), who, view.name, {"quota": quota})
+                vc_service.update_vc(db.session(), settings_of(current_app), who, view.name, {"quota": quota})
                 changed += 1
             except DltsError as exc:
                 errors.append(f"VC {view.name}: {exc.message}")
@@ -182,7 +182,7 @@ def quotas():
         if not errors:
             return redirect(url_for("portal.quotas"))
     status = cluster_service.status(db.session(), who)
-    views = vc_service.list_vcs(db.session(), who)
+    views = vc_service.list_vcs(db.session(), settings_of(current_app), who)
     # (SKU, GPUs in the cluster); a SKU some VC still has quota for but no node has is shown with 0
     skus = [(s.sku, s.gpus) for s in status.skus if s.gpus > 0]
     known = {sku for sku, _ in skus}
