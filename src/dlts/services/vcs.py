@@ -138,6 +138,7 @@ class VcView:
     max_reclaim_delay_s_source: str
     max_preemptions: int  # 0: no limit
     max_preemptions_source: str
+    scheduling_set: dict[str, Any]  # the scheduling settings set on the VC itself (None: not set): the portal's form
     pod_policy: dict[str, bool]
     storage: dict[str, Any]
     users: list[UserUse]
@@ -226,6 +227,7 @@ def _view(session: Session, settings: Settings, vc: VirtualCluster, shapes: Mapp
         max_reclaim_delay_s=scheduling["max_reclaim_delay_s"].value,
         max_reclaim_delay_s_source=scheduling["max_reclaim_delay_s"].source,
         max_preemptions=scheduling["max_preemptions"].value, max_preemptions_source=scheduling["max_preemptions"].source,
+        scheduling_set=scheduling_row(vc),
         storage=dict(vc.storage or {}),
         users=[UserUse(u, sum(r.jobs for r in rows), sum(r.gpus for r in rows if not r.preemptible),
                        sum(r.gpus for r in rows if r.preemptible), round(sum(r.cpu for r in rows), 3),
