@@ -551,8 +551,8 @@ def test_vc_admin_changes_settings_and_members_see_the_notice(as_user, sessions)
 def test_vc_admin_sets_fair_share_and_the_preemption_budget_on_the_settings_tab(as_user, sessions):
     vcadmin = as_user("vcadmin")
     page = text(vcadmin.get("/vcs/vision/settings"))
-    assert 'id="vc-scheduling"' in page and "Empty: the default (on: the cluster default)" in page
-    assert "Empty: the default (never: the cluster default)" in page
+    assert 'id="vc-scheduling"' in page and "Default: on (the cluster default)." in page
+    assert "Empty: the default, never (the cluster default)." in page
     overview = text(as_user("alice").get("/vcs/vision"))
     assert 'id="vc-fair-share">on (cluster default)' in overview
     assert 'id="vc-max-reclaim-delay">never (cluster default)' in overview

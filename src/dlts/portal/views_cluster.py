@@ -34,14 +34,14 @@ SETTING_HELP = {
     "max_submissions_per_minute": "Jobs one member may submit to the VC per minute; 0: no limit; empty: the cluster's "
                                   "default ({default}).",
     "fair_share": "On: the VC's waiting jobs are ordered by their users' GPU use of the last days (it decays with a "
-                  "half-life), so the lightest user goes first; off: by priority and submission time. Empty: the "
-                  "default ({default}).",
-    "min_runtime_s": "Seconds a preemptible job of the VC runs before reclaim may preempt it. Empty: the default "
-                     "({default}).",
+                  "half-life), so the lightest user goes first; off: by priority and submission time. Default: "
+                  "{default}.",
+    "min_runtime_s": "Seconds a preemptible job of the VC runs before reclaim may preempt it. Empty: the default, "
+                     "{default}.",
     "max_reclaim_delay_s": "Seconds a job may wait for reclaim before the minimum runtime stops protecting the jobs it "
-                           "would preempt. Empty: the default ({default}).",
+                           "would preempt. Empty: the default, {default}.",
     "max_preemptions": "Preemptions after which a job is protected for the minimum runtime of every later run, even "
-                       "from a reclaim that waited too long; 0: no limit. Empty: the default ({default}).",
+                       "from a reclaim that waited too long; 0: no limit. Empty: the default, {default}.",
     "idle_policy": "When every GPU of a running job has been idle (at most 5% busy) for the warning time, its owner "
                    "gets a message and an e-mail; still idle the action time later, the job is paused or killed. "
                    "Off: no warnings; warn only: never paused or killed.",
@@ -127,7 +127,7 @@ def _default_text(value: Any, source: str, key: str) -> str:
         shown = str(value) if value else "no limit"
     else:
         shown = "never" if value is None else f"{value:g} s"
-    return f"{shown}: {'set in dlts.yaml' if source == 'config' else 'the cluster default'}"
+    return f"{shown} ({'set in dlts.yaml' if source == 'config' else 'the cluster default'})"
 
 
 @bp.route("/vcs/<name>", methods=["GET"])
