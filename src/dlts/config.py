@@ -55,7 +55,9 @@ class SkuReserve(BaseModel):
 
 
 class VcScheduling(BaseModel):
-    """Per-VC scheduling settings (``vc_scheduling: {VC: {...}}``); unset keys take the cluster's."""
+    """Per-VC scheduling settings (``vc_scheduling: {VC: {...}}``), the VC's defaults: unset keys take the
+    cluster's, and a value set on the VC itself at runtime (``PATCH /vcs/NAME``) wins
+    (``services.vcs.scheduling_of``)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -146,7 +148,7 @@ class Settings(BaseModel):
     # fair share inside a VC: a user's GPU-seconds count half after this many hours (0: fair share
     # off everywhere); among equal priority, users with less decayed use than an equal share go first
     fair_share_half_life_h: float = Field(168.0, ge=0, le=24 * 365)
-    fair_share: bool = True  # the cluster's default per VC (vc_scheduling.VC.fair_share wins)
+    fair_share: bool = True  # the cluster's default per VC (vc_scheduling.VC.fair_share, then the VC's own, win)
     # preemption budget (the cluster's default per VC): a preemptible job runs at least
     # min_runtime_s before it may be preempted, unless the job reclaim is for has waited longer than
     # max_reclaim_delay_s (None: never); a job preempted max_preemptions times (0: no limit) is
@@ -154,7 +156,8 @@ class Settings(BaseModel):
     min_runtime_s: float = Field(0.0, ge=0, le=30 * 86400)
     max_reclaim_delay_s: float | None = Field(None, ge=0, le=30 * 86400)
     max_preemptions: int = Field(0, ge=0, le=1000)
-    # per VC: {fair_share, min_runtime_s, max_reclaim_delay_s, max_preemptions}; environment: JSON
+    # per VC: {fair_share, min_runtime_s, max_reclaim_delay_s, max_preemptions}, which a VC admin overrides
+    # at runtime (the VC table's columns, NULL: this entry applies); environment: JSON
     vc_scheduling: dict[str, VcScheduling] = Field(default_factory=dict)
     # demo on a GPU-less machine: pretend the local node has this many GPUs of demo_sku
     demo_gpus: int = Field(0, ge=0, le=64)

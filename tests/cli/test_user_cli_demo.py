@@ -494,3 +494,42 @@ def test_a_vc_admin_tunes_the_vc_limits_and_idle_policy_from_the_cli(user, demo)
     assert reset.returncode == 0, reset.stderr
     back = json.loads(reset.stdout)
     assert back["max_job_time_s"] is None and back["idle_policy"] is None and back["notice"] is None
+
+
+def test_a_vc_admin_tunes_fair_share_and_the_preemption_budget_from_the_cli(user, demo):
+    user.login("alice-token")
+    refused = user.run("vc", "tune", "default", "--no-fair-share")
+    assert refused.returncode == 1 and "HTTP 403" in refused.stderr, refused.stderr  # a member, not its admin
+    user.login("demo-token")
+    tuned = user.run("vc", "tune", "default", "--no-fair-share", "--min-runtime-s", "600", "--max-reclaim-delay-s", "0",
+                     "--max-preemptions", "3")
+    assert tuned.returncode == 0, tuned.stderr
+    for line in ("fair share:", "off (vc)"), ("min runtime:", "600 s (10m00s) (vc)"), \
+                ("max reclaim delay:", "0 s (vc)"), ("max preemptions:", "3 (vc)"):
+        assert any(line[0] in row and row.rstrip().endswith(line[1]) for row in tuned.stdout.splitlines()), tuned.stdout
+    vc = json.loads(user.run("vc", "show", "default", "--json").stdout)
+    assert (vc["fair_share"], vc["min_runtime_s"], vc["max_reclaim_delay_s"], vc["max_preemptions"]) == (False, 600, 0, 3)
+    shown = user.run("vc", "show", "default").stdout
+    assert "max preemptions:" in shown and "3 (vc)" in shown, shown
+
+    too_many = user.run("vc", "tune", "default", "--max-preemptions", "1001")
+    assert too_many.returncode == 1 and too_many.stderr.startswith("Error: --max-preemptions:"), too_many.stderr
+    too_long = user.run("vc", "tune", "default", "--max-reclaim-delay-s", str(30 * 86400 + 1))
+    assert too_long.returncode == 1 and too_long.stderr.startswith("Error: --max-reclaim-delay-s:"), too_long.stderr
+    not_a_number = user.run("vc", "tune", "default", "--min-runtime-s", "10m")
+    assert not_a_number.returncode == 2 and "--min-runtime-s" in not_a_number.stderr, not_a_number.stderr
+    both = user.run("vc", "tune", "default", "--fair-share", "--fair-share-default")
+    assert both.returncode == 2 and "--fair-share-default" in both.stderr, both.stderr
+
+    reset = user.run("vc", "tune", "default", "--fair-share-default", "--min-runtime-s", "none", "--max-reclaim-delay-s",
+                     "none", "--max-preemptions", "none", "--json")
+    assert reset.returncode == 0, reset.stderr
+    back = json.loads(reset.stdout)
+    assert {k: back[f"{k}_source"] for k in ("fair_share", "min_runtime_s", "max_reclaim_delay_s", "max_preemptions")} \
+        == dict.fromkeys(("fair_share", "min_runtime_s", "max_reclaim_delay_s", "max_preemptions"), "default")
+    assert (back["fair_share"], back["min_runtime_s"], back["max_reclaim_delay_s"], back["max_preemptions"]) == \
+        (True, 0, None, 0)  # the demo's dlts.yaml sets none of them
+    rows = {row.split(":")[0].strip(): row.split(":", 1)[1].strip()
+            for row in user.run("vc", "show", "default").stdout.splitlines() if row.startswith("  ") and ":" in row}
+    assert (rows["fair share"], rows["min runtime"], rows["max reclaim delay"], rows["max preemptions"]) == \
+        ("on (default)", "0 s (default)", "never (default)", "no limit (default)")

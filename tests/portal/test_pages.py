@@ -548,6 +548,44 @@ def test_vc_admin_changes_settings_and_members_see_the_notice(as_user, sessions)
     assert bad.status_code == 400 and 'id="err-max_job_time_s"' in text(bad)
 
 
+def test_vc_admin_sets_fair_share_and_the_preemption_budget_on_the_settings_tab(as_user, sessions):
+    vcadmin = as_user("vcadmin")
+    page = text(vcadmin.get("/vcs/vision/settings"))
+    assert 'id="vc-scheduling"' in page and "Default: on (the cluster default)." in page
+    assert "Empty: the default, never (the cluster default)." in page
+    overview = text(as_user("alice").get("/vcs/vision"))
+    assert 'id="vc-fair-share">on (cluster default)' in overview
+    assert 'id="vc-max-reclaim-delay">never (cluster default)' in overview
+    response = vcadmin.post("/vcs/vision/settings", {"policy": "RF", "fair_share": "off", "min_runtime_s": "600",
+                                                     "max_reclaim_delay_s": "", "max_preemptions": "3"})
+    assert response.status_code == 302
+    with sessions() as s:
+        vc = s.scalar(sa.select(VirtualCluster).where(VirtualCluster.name == "vision"))
+        assert (vc.fair_share, vc.min_runtime_s, vc.max_reclaim_delay_s, vc.max_preemptions) == (False, 600, None, 3)
+    overview = text(as_user("alice").get("/vcs/vision"))
+    assert 'id="vc-fair-share">off (set on the VC)' in overview
+    assert 'id="vc-min-runtime">10m 00s (set on the VC)' in overview
+    assert 'id="vc-max-preemptions">3 (set on the VC)' in overview
+    page = text(vcadmin.get("/vcs/vision/settings"))
+    assert '<option value="off" selected>' in page and 'name="max_preemptions" inputmode="numeric"' in page
+    # a post without these boxes (an older form) leaves them as they are
+    assert vcadmin.post("/vcs/vision/settings", {"policy": "FIFO"}).status_code == 302
+    with sessions() as s:
+        vc = s.scalar(sa.select(VirtualCluster).where(VirtualCluster.name == "vision"))
+        assert (vc.policy, vc.fair_share, vc.min_runtime_s, vc.max_preemptions) == ("FIFO", False, 600, 3)
+    for field, value in (("min_runtime_s", "soon"), ("min_runtime_s", str(30 * 86400 + 1)), ("max_preemptions", "-1"),
+                         ("max_reclaim_delay_s", "1.5"), ("fair_share", "maybe")):
+        bad = vcadmin.post("/vcs/vision/settings", {"policy": "RF", field: value})
+        assert bad.status_code == 400 and f'id="err-{field}"' in text(bad), (field, value)
+    cleared = vcadmin.post("/vcs/vision/settings", {"policy": "RF", "fair_share": "", "min_runtime_s": "",
+                                                    "max_reclaim_delay_s": "", "max_preemptions": ""})
+    assert cleared.status_code == 302
+    with sessions() as s:
+        vc = s.scalar(sa.select(VirtualCluster).where(VirtualCluster.name == "vision"))
+        assert (vc.policy, vc.fair_share, vc.min_runtime_s, vc.max_reclaim_delay_s, vc.max_preemptions) == \
+            ("RF", None, None, None, None)
+
+
 def test_vc_page_lists_running_and_waiting_jobs_and_per_user_use(as_user):
     alice = as_user("alice")
     job_id = submit(alice, name="waiting-one")

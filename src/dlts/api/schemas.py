@@ -409,6 +409,16 @@ QUOTA = fields.Dict(keys=SKU_NAME, values=fields.Integer(strict=True, validate=_
                     validate=validate.Length(max=64), metadata={"description": "GPUs per SKU, e.g. {\"a100\": 64}"})
 
 
+class JsonBoolean(fields.Boolean):
+    """Only JSON's true and false: 1, "yes" and "true" are refused (a set of truthy values cannot tell 1
+    from True)."""
+
+    def _deserialize(self, value: Any, attr: str | None, data: Any, **kwargs: Any) -> bool:
+        if not isinstance(value, bool):
+            raise self.make_error("invalid", input=value)
+        return value
+
+
 class IdlePolicySchema(Schema):
     idle_warn_min = fields.Float(validate=validate.Range(min=0, max=7 * 24 * 60, min_inclusive=False), metadata={
         "description": "minutes of idle GPUs before the job's owner is told (fractions allowed)"})
@@ -448,6 +458,17 @@ class VcSettingsFields(Schema):
     idle_policy = fields.Nested(IdlePolicySchema, allow_none=True, metadata={
         "description": "VC admin: the idle-job policy (docs/monitoring.md#idle-job-policy); the keys sent merge into "
                        "the current policy; null turns it off"})
+    fair_share = JsonBoolean(allow_none=True, metadata={
+        "description": "VC admin: order the VC's waiting jobs by their users' decayed GPU use (docs/scheduling.md); "
+                       "null: the default (dlts.yaml's vc_scheduling entry, else the cluster's fair_share)"})
+    min_runtime_s = fields.Integer(strict=True, allow_none=True, validate=validate.Range(0, 30 * 86400), metadata={
+        "description": "VC admin: seconds a preemptible job runs before reclaim may preempt it; null: the default"})
+    max_reclaim_delay_s = fields.Integer(strict=True, allow_none=True, validate=validate.Range(0, 30 * 86400), metadata={
+        "description": "VC admin: seconds a job may wait for reclaim before min_runtime_s no longer protects the "
+                       "jobs it would preempt; null: the default"})
+    max_preemptions = fields.Integer(strict=True, allow_none=True, validate=validate.Range(0, 1000), metadata={
+        "description": "VC admin: preemptions after which a job is protected for min_runtime_s of every later run "
+                       "(0: no limit); null: the default"})
 
 
 class VcCreateSchema(VcSettingsFields):
@@ -477,6 +498,13 @@ class UserUseSchema(Schema):
     memory_bytes = fields.Integer()
 
 
+def _scheduling_source() -> fields.String:
+    return fields.String(validate=validate.OneOf(["vc", "config", "default"]), metadata={
+        "description": "where the value in effect comes from: vc (set on the VC: PATCH /vcs/{name}), config (dlts.yaml's "
+                       "vc_scheduling entry for the VC, or fair_share_half_life_h: 0 for fair_share), default (the "
+                       "cluster's value)"})
+
+
 class VcSchema(Schema):
     name = fields.String()
     policy = fields.String()
@@ -496,6 +524,14 @@ class VcSchema(Schema):
     gid = fields.Integer(allow_none=True)
     ephemeral_storage_bytes = fields.Integer(allow_none=True, metadata={"description": "null: the cluster default"})
     pod_policy = fields.Dict(keys=fields.String(), values=fields.Boolean())
+    fair_share = fields.Boolean(metadata={"description": "in effect; false whenever fair_share_half_life_h is 0"})
+    fair_share_source = _scheduling_source()
+    min_runtime_s = fields.Float(metadata={"description": "in effect"})
+    min_runtime_s_source = _scheduling_source()
+    max_reclaim_delay_s = fields.Float(allow_none=True, metadata={"description": "in effect; null: never"})
+    max_reclaim_delay_s_source = _scheduling_source()
+    max_preemptions = fields.Integer(metadata={"description": "in effect; 0: no limit"})
+    max_preemptions_source = _scheduling_source()
     idle_policy = fields.Dict(allow_none=True, metadata={
         "description": "{idle_warn_min, idle_action_min, idle_action, exempt_types}; null: off"})
     storage = fields.Dict(metadata={"description": "nfs, host, home and lustre (PUT /vcs/{name}/storage)"})

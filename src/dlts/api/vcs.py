@@ -43,7 +43,7 @@ class Vcs(MethodView):
     def get(self, args):
         """The VCs you belong to (all of them for a cluster admin), by name."""
         after = pagination.decode("v", args.get("cursor"))
-        items = vc_service.list_vcs(db.session(), principal(), after_name=after, limit=args["limit"] + 1)
+        items = vc_service.list_vcs(db.session(), settings_of(current_app), principal(), after_name=after, limit=args["limit"] + 1)
         page = items[: args["limit"]]
         return {"items": page, "next_cursor": pagination.encode("v", page[-1].name) if len(items) > args["limit"] else None}
 
@@ -52,7 +52,7 @@ class Vcs(MethodView):
     @blp.doc(security=SECURITY)
     def post(self, body):
         """Create a VC (cluster admin)."""
-        return vc_service.create_vc(db.session(), principal(), vc_service.VcSpec(**body))
+        return vc_service.create_vc(db.session(), settings_of(current_app), principal(), vc_service.VcSpec(**body))
 
 
 @blp.route("/vcs/<string:name>")
@@ -61,14 +61,15 @@ class Vc(MethodView):
     @blp.doc(security=SECURITY)
     def get(self, name: str):
         """One VC: quota and use per SKU, per-user use, policy and limits (members)."""
-        return vc_service.get_vc(db.session(), principal(), name)
+        return vc_service.get_vc(db.session(), settings_of(current_app), principal(), name)
 
     @blp.arguments(VcPatchSchema)
     @blp.response(200, VcSchema)
     @blp.doc(security=SECURITY)
     def patch(self, body, name: str):
-        """Change settings (VC admin: policy and limits; cluster admin: quota). Applies at the next tick."""
-        return vc_service.update_vc(db.session(), principal(), name, body)
+        """Change settings (VC admin: policy, limits, fair share and preemption budget; cluster admin: quota); null
+        clears a setting back to its default. Applies at the next tick."""
+        return vc_service.update_vc(db.session(), settings_of(current_app), principal(), name, body)
 
     @blp.response(204)
     @blp.doc(security=SECURITY)
@@ -122,7 +123,7 @@ class VcMember(MethodView):
 def put_vc_storage(body, name: str):
     """Replace the VC's whole storage document: NFS exports, host directories, users' homes, Lustre (cluster
     admin). Attempts launched from now on mount it."""
-    return vc_service.set_storage(db.session(), principal(), name, body)
+    return vc_service.set_storage(db.session(), settings_of(current_app), principal(), name, body)
 
 
 @blp.route("/vcs/<string:name>/registry-credentials")

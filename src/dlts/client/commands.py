@@ -587,13 +587,27 @@ def register(main: click.Group, vc_group: click.Group) -> None:
     @click.option("--idle-exempt", "idle_exempt", multiple=True, type=click.Choice(JOB_TYPES), metavar="TYPE",
                   help="Idle-job policy: a job type it leaves alone; repeat for more.")
     @click.option("--no-idle-policy", is_flag=True, help="Turn the idle-job policy off.")
+    @click.option("--fair-share/--no-fair-share", "fair_share", default=None,
+                  help="Order the VC's waiting jobs by their users' recent GPU use (or not).")
+    @click.option("--fair-share-default", is_flag=True,
+                  help="Clear --fair-share/--no-fair-share: the default (dlts.yaml) applies again.")
+    @click.option("--min-runtime-s", metavar="N|none",
+                  help="Seconds a preemptible job runs before reclaim may preempt it; none: the default (dlts.yaml).")
+    @click.option("--max-reclaim-delay-s", metavar="N|none",
+                  help="Seconds a job may wait for reclaim before --min-runtime-s stops protecting the jobs it would "
+                       "preempt; none: the default (dlts.yaml).")
+    @click.option("--max-preemptions", metavar="N|none",
+                  help="Preemptions after which a job is protected for --min-runtime-s of every later run; 0: no limit; "
+                       "none: the default (dlts.yaml).")
     @click.option("--json", "as_json", is_flag=True, help="Print the VC as the API answers it (GET /api/v1/vcs/NAME).")
     def vc_tune(client: Client, name: str, policy: str | None, max_job_time: str | None, runtime_estimate: str | None,
                 user_gpu_quota: str | None, max_interactive_gpus: str | None, max_queued_jobs_per_user: str | None,
                 max_submissions_per_minute: str | None, notice: str | None, idle_warn_min: float | None,
                 idle_action_min: float | None, idle_action: str | None, idle_exempt: tuple[str, ...],
-                no_idle_policy: bool, as_json: bool) -> None:
-        """Tune a VC you administer (via the API): policy, limits, notice, idle-job policy."""
+                no_idle_policy: bool, fair_share: bool | None, fair_share_default: bool, min_runtime_s: str | None,
+                max_reclaim_delay_s: str | None, max_preemptions: str | None, as_json: bool) -> None:
+        """Tune a VC you administer (via the API): policy, limits, notice, idle-job policy, fair share and the
+        preemption budget."""
         body: dict[str, Any] = {}
         flags: dict[str, str] = {}
 
@@ -610,11 +624,20 @@ def register(main: click.Group, vc_group: click.Group) -> None:
                                   ("max_interactive_gpus", "--max-interactive-gpus", max_interactive_gpus),
                                   ("max_queued_jobs_per_user", "--max-queued-jobs-per-user", max_queued_jobs_per_user),
                                   ("max_submissions_per_minute", "--max-submissions-per-minute",
-                                   max_submissions_per_minute)):
+                                   max_submissions_per_minute),
+                                  ("min_runtime_s", "--min-runtime-s", min_runtime_s),
+                                  ("max_reclaim_delay_s", "--max-reclaim-delay-s", max_reclaim_delay_s),
+                                  ("max_preemptions", "--max-preemptions", max_preemptions)):
             if text is not None:
                 put(field, flag, _none_or(text, flag, _whole_number))
         if notice is not None:
             put("notice", "--notice", None if notice.lower() == "none" else notice)
+        if fair_share_default and fair_share is not None:
+            raise click.UsageError("--fair-share-default clears the VC's fair-share setting: give it without "
+                                   "--fair-share/--no-fair-share")
+        if fair_share_default or fair_share is not None:
+            put("fair_share", "--fair-share-default" if fair_share_default else
+                "--fair-share" if fair_share else "--no-fair-share", fair_share)
         idle: dict[str, Any] = {k: v for k, v in (("idle_warn_min", idle_warn_min), ("idle_action_min", idle_action_min),
                                                   ("idle_action", idle_action)) if v is not None}
         if idle_exempt:
@@ -970,6 +993,7 @@ def _vc_details(vc: dict) -> str:
               ("queued jobs per user", vc.get("max_queued_jobs_per_user")),
               ("submissions/min", vc.get("max_submissions_per_minute")), ("gid", vc.get("gid")),
               ("idle-job policy", _idle_policy_text(vc.get("idle_policy"))),
+              *_scheduling_lines(vc),
               ("admins", ", ".join(vc.get("admins") or []) or None),
               ("members", ", ".join(vc.get("members") or []) or None)]
     lines += [f"  {k + ':':<22} {v}" for k, v in limits if v is not None]
@@ -979,6 +1003,21 @@ def _vc_details(vc: dict) -> str:
                                           [[u["user"], str(u["jobs"]), str(u["gpus"]), str(u["preemptible_gpus"])]
                                            for u in vc["users"]], right={1, 2, 3})))
     return "\n".join(lines)
+
+
+def _scheduling_lines(vc: dict) -> list[tuple[str, str]]:
+    """Fair share and the preemption budget in effect, each with where it comes from (vc, config, default)."""
+    if "fair_share" not in vc:
+        return []  # an API from before these settings
+
+    def seconds(value: float | None, none: str) -> str:
+        return none if value is None else f"{value:g} s" + (f" ({output.duration(value)})" if value >= 60 else "")
+
+    return [("fair share", f"{'on' if vc['fair_share'] else 'off'} ({vc.get('fair_share_source')})"),
+            ("min runtime", f"{seconds(vc.get('min_runtime_s'), '0 s')} ({vc.get('min_runtime_s_source')})"),
+            ("max reclaim delay", f"{seconds(vc.get('max_reclaim_delay_s'), 'never')} "
+                                  f"({vc.get('max_reclaim_delay_s_source')})"),
+            ("max preemptions", f"{vc.get('max_preemptions') or 'no limit'} ({vc.get('max_preemptions_source')})")]
 
 
 def _idle_policy_text(policy: dict | None) -> str | None:

@@ -30,6 +30,7 @@ from dlts.models.accounting import UsageTotal
 from dlts.models.placements import replicas_from_json
 from dlts.repositories.cluster import sku_shapes
 from dlts.scheduler import model as core
+from dlts.services.vcs import scheduling_of, scheduling_row
 
 
 def epoch(value: dt.datetime | None) -> float | None:
@@ -54,7 +55,6 @@ def load_snapshot(session: Session, settings: Settings) -> core.Snapshot:
     vc_names = {}
     for vc in session.scalars(sa.select(VirtualCluster)):
         vc_names[vc.id] = vc.name
-        own = settings.vc_scheduling.get(vc.name)
         vcs[vc.name] = core.Vc(
             name=vc.name, quota={k: int(v) for k, v in (vc.quota or {}).items()},
             policy=core.Policy(vc.policy), max_job_time_s=vc.max_job_time_s,
@@ -62,7 +62,8 @@ def load_snapshot(session: Session, settings: Settings) -> core.Snapshot:
             cpu_quota=vc.cpu_quota, memory_quota_bytes=vc.memory_quota_bytes,
             allow_cpu_jobs_on_gpu_nodes=vc.allow_cpu_jobs_on_gpu_nodes,
             default_runtime_estimate_s=vc.default_runtime_estimate_s or settings.default_runtime_estimate_s,
-            **_vc_scheduling(settings, own),
+            # fair share and the preemption budget: the VC row's, else vc_scheduling's, else the cluster's
+            **{key: e.value for key, e in scheduling_of(settings, vc.name, scheduling_row(vc)).items()},
         )
     nodes = tuple(
         core.Node(n.name, n.sku, n.gpus, n.cpu, n.memory_bytes, n.ib_domain, n.vc, n.schedulable,
@@ -105,16 +106,6 @@ def load_snapshot(session: Session, settings: Settings) -> core.Snapshot:
                          reservation_depth=settings.reservation_depth,
                          fair_share_usage=fair_share_usage(session, settings, vc_names, utcnow())
                          if any(v.fair_share for v in vcs.values()) else {})
-
-
-def _vc_scheduling(settings: Settings, own) -> dict:
-    """A VC's fair-share switch and preemption budget: its ``vc_scheduling`` entry, else the cluster's."""
-    def pick(name: str):
-        value = getattr(own, name) if own is not None else None
-        return getattr(settings, name) if value is None else value
-    return {"fair_share": bool(pick("fair_share")) and settings.fair_share_half_life_h > 0,
-            "min_runtime_s": float(pick("min_runtime_s")), "max_reclaim_delay_s": pick("max_reclaim_delay_s"),
-            "max_preemptions": int(pick("max_preemptions"))}
 
 
 ROOM_CODES = frozenset(r.value for r in core.ROOM_REASONS)

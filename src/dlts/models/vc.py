@@ -45,6 +45,12 @@ class VirtualCluster(Base):
     # the idle-job policy (revision 0012): {"idle_warn_min", "idle_action_min", "idle_action", "exempt_types"};
     # NULL: off (services/vcs.py check_idle_policy, managers/insight.py)
     idle_policy: Mapped[dict | None] = mapped_column(sa.JSON)
+    # scheduling settings a VC admin may change at runtime (revision 0017); NULL: not set on the VC, so
+    # dlts.yaml's vc_scheduling entry for it, else the cluster's (services/vcs.py scheduling_of)
+    fair_share: Mapped[bool | None] = mapped_column(sa.Boolean)
+    min_runtime_s: Mapped[int | None] = mapped_column(sa.Integer)
+    max_reclaim_delay_s: Mapped[int | None] = mapped_column(sa.Integer)
+    max_preemptions: Mapped[int | None] = mapped_column(sa.Integer)
     created_at: Mapped[dt.datetime] = mapped_column(Timestamp, default=utcnow)
     updated_at: Mapped[dt.datetime] = mapped_column(Timestamp, default=utcnow, onupdate=utcnow)
 

@@ -5,10 +5,10 @@ members page 403 to plain members of the VC (404 outside it)."""
 
 from __future__ import annotations
 
-from flask import flash, redirect, render_template, request, url_for
+from flask import current_app, flash, redirect, render_template, request, url_for
 
 from dlts.errors import DltsError, InvalidInput
-from dlts.extensions import db
+from dlts.extensions import db, settings_of
 from dlts.portal.core import admin_only_404, bp, flash_error, login_required, principal
 from dlts.services import admin as admin_service
 from dlts.services import groups as group_service
@@ -34,7 +34,7 @@ def _id_field(name: str) -> int | None:
 @login_required
 def vc_members(name: str):
     who = principal()
-    view = vc_service.get_vc(db.session(), who, name)  # 404 outside the VC
+    view = vc_service.get_vc(db.session(), settings_of(current_app), who, name)  # 404 outside the VC
     if not who.is_vc_admin(name):
         return render_template("error.html", status=403, title="Not allowed",
                                message=f"Only an admin of VC {name} may manage its members."), 403
@@ -172,7 +172,7 @@ def admin_group(name: str):
             flash_error(exc)
             status = exc.http_status
     group = group_service.get(db.session(), who, name)
-    vcs = [v.name for v in vc_service.list_vcs(db.session(), who)]
+    vcs = [v.name for v in vc_service.list_vcs(db.session(), settings_of(current_app), who)]
     return render_template("admin_group.html", group=group, vcs=vcs), status
 
 
@@ -188,7 +188,7 @@ def admin_vcs():
         try:
             if action == "create":
                 quota = admin_service.parse_quota([q for q in _form("quota", 2000).replace(",", " ").split() if q])
-                view = vc_service.create_vc(db.session(), who, vc_service.VcSpec(name=_form("name"), quota=quota,
+                view = vc_service.create_vc(db.session(), settings_of(current_app), who, vc_service.VcSpec(name=_form("name"), quota=quota,
                                                                                 policy=request.form.get("policy", "RF")))
                 flash(f"VC {view.name} created; add its members on its Members tab.", "ok")
             elif action == "delete":
@@ -204,5 +204,5 @@ def admin_vcs():
             field = str(exc.details.get("field", "_form")).split(".")[0]  # quota.a100: the quota box
             errors[field if field in ("name", "quota", "policy", "confirm") else "_form"] = exc.message
             status = exc.http_status
-    return render_template("admin_vcs.html", vcs=vc_service.list_vcs(db.session(), who), errors=errors,
+    return render_template("admin_vcs.html", vcs=vc_service.list_vcs(db.session(), settings_of(current_app), who), errors=errors,
                            form=request.form if errors else None), status

@@ -33,6 +33,15 @@ SETTING_HELP = {
                                 "empty: the cluster's default ({default}).",
     "max_submissions_per_minute": "Jobs one member may submit to the VC per minute; 0: no limit; empty: the cluster's "
                                   "default ({default}).",
+    "fair_share": "On: the VC's waiting jobs are ordered by their users' GPU use of the last days (it decays with a "
+                  "half-life), so the lightest user goes first; off: by priority and submission time. Default: "
+                  "{default}.",
+    "min_runtime_s": "Seconds a preemptible job of the VC runs before reclaim may preempt it. Empty: the default, "
+                     "{default}.",
+    "max_reclaim_delay_s": "Seconds a job may wait for reclaim before the minimum runtime stops protecting the jobs it "
+                           "would preempt. Empty: the default, {default}.",
+    "max_preemptions": "Preemptions after which a job is protected for the minimum runtime of every later run, even "
+                       "from a reclaim that waited too long; 0: no limit. Empty: the default, {default}.",
     "idle_policy": "When every GPU of a running job has been idle (at most 5% busy) for the warning time, its owner "
                    "gets a message and an e-mail; still idle the action time later, the job is paused or killed. "
                    "Off: no warnings; warn only: never paused or killed.",
@@ -90,16 +99,42 @@ def node_action(name: str, action: str):
 
 # -- virtual clusters ---------------------------------------------------------------------------------
 
-def _int_or_none(name: str, empty: str = "no limit") -> int | None:
-    return whole_number_or_none(request.form.get(name), name, max_value=1_000_000,
-                                message=f"{name} must be a whole number (at most 1000000), or empty for {empty}.")
+def _int_or_none(name: str, empty: str = "no limit", max_value: int = 1_000_000) -> int | None:
+    return whole_number_or_none(request.form.get(name), name, max_value=max_value,
+                                message=f"{name} must be a whole number (at most {max_value}), or empty for {empty}.")
+
+
+def _scheduling_from_form() -> dict[str, Any]:
+    """The form's scheduling settings (those it sent): empty is None, the default (dlts.yaml)."""
+    changes: dict[str, Any] = {}
+    if "fair_share" in request.form:
+        choice = request.form["fair_share"]
+        if choice not in ("", "on", "off"):
+            raise InvalidInput("fair_share is on, off, or empty for the default.", details={"field": "fair_share"})
+        changes["fair_share"] = None if choice == "" else choice == "on"
+    for key, high in (("min_runtime_s", vc_service.MAX_SCHEDULING_DELAY_S),
+                      ("max_reclaim_delay_s", vc_service.MAX_SCHEDULING_DELAY_S),
+                      ("max_preemptions", vc_service.MAX_PREEMPTIONS)):
+        if key in request.form:
+            changes[key] = _int_or_none(key, "the default", high)
+    return changes
+
+
+def _default_text(value: Any, source: str, key: str) -> str:
+    if key == "fair_share":
+        shown = "on" if value else "off"
+    elif key == "max_preemptions":
+        shown = str(value) if value else "no limit"
+    else:
+        shown = "never" if value is None else f"{value:g} s"
+    return f"{shown} ({'set in dlts.yaml' if source == 'config' else 'the cluster default'})"
 
 
 @bp.route("/vcs/<name>", methods=["GET"])
 @login_required
 def vc(name: str):
     who = principal()
-    view = vc_service.get_vc(db.session(), who, name)
+    view = vc_service.get_vc(db.session(), settings_of(current_app), who, name)
     running, waiting = vc_service.jobs_of_vc(db.session(), who, name)
     return render_template("vc.html", vc=view, running=running, waiting=waiting, tab="overview",
                            can_edit=who.is_vc_admin(name))
@@ -109,7 +144,7 @@ def vc(name: str):
 @login_required
 def vc_settings(name: str):
     who = principal()
-    view = vc_service.get_vc(db.session(), who, name)
+    view = vc_service.get_vc(db.session(), settings_of(current_app), who, name)
     if not who.is_vc_admin(name):
         return render_template("error.html", status=403, title="Not allowed",
                                message=f"Only an admin of VC {name} may change its settings."), 403
@@ -131,15 +166,19 @@ def vc_settings(name: str):
                        "max_submissions_per_minute": _int_or_none("max_submissions_per_minute", "the cluster's default")}
             if "idle_action" in request.form:
                 changes["idle_policy"] = _idle_policy_from_form(view.idle_policy)
-            view = vc_service.update_vc(db.session(), who, name, changes)
+            changes.update(_scheduling_from_form())
+            view = vc_service.update_vc(db.session(), settings_of(current_app), who, name, changes)
             flash(f"Settings of VC {name} saved; the scheduler uses them from its next pass.", "ok")
             return redirect(url_for("portal.vc_settings", name=name))
         except DltsError as exc:
             errors[str(exc.details.get("field", "_form"))] = exc.message
             status = exc.http_status
     settings = settings_of(current_app)
-    defaults = {"max_queued_jobs_per_user": settings.max_queued_jobs_per_user,
-                "max_submissions_per_minute": settings.max_submissions_per_minute}
+    defaults: dict[str, Any] = {"max_queued_jobs_per_user": settings.max_queued_jobs_per_user,
+                                "max_submissions_per_minute": settings.max_submissions_per_minute}
+    # what an empty box means: the value the VC gets with the setting cleared
+    for key, fallback in vc_service.scheduling_of(settings, name, {}).items():
+        defaults[key] = _default_text(fallback.value, fallback.source, key)
     help_text = {k: v.format(default=defaults.get(k, "")) for k, v in SETTING_HELP.items()}
     return render_template("vc_settings.html", vc=view, tab="settings", can_edit=True, errors=errors,
                            help=help_text, form=request.form if request.method == "POST" else None), status
@@ -155,7 +194,7 @@ def quotas():
     if request.method == "POST":
         changed = 0
         on_form = set(request.form.getlist("vcs"))  # a VC created after the page was loaded is left alone
-        for view in vc_service.list_vcs(db.session(), who):
+        for view in vc_service.list_vcs(db.session(), settings_of(current_app), who):
             if view.name not in on_form:
                 continue
             quota: dict[str, int] = {}
@@ -173,7 +212,7 @@ def quotas():
             if bad or quota == view.quota:
                 continue
             try:
-                vc_service.update_vc(db.session(), who, view.name, {"quota": quota})
+                vc_service.update_vc(db.session(), settings_of(current_app), who, view.name, {"quota": quota})
                 changed += 1
             except DltsError as exc:
                 errors.append(f"VC {view.name}: {exc.message}")
@@ -182,7 +221,7 @@ def quotas():
         if not errors:
             return redirect(url_for("portal.quotas"))
     status = cluster_service.status(db.session(), who)
-    views = vc_service.list_vcs(db.session(), who)
+    views = vc_service.list_vcs(db.session(), settings_of(current_app), who)
     # (SKU, GPUs in the cluster); a SKU some VC still has quota for but no node has is shown with 0
     skus = [(s.sku, s.gpus) for s in status.skus if s.gpus > 0]
     known = {sku for sku, _ in skus}

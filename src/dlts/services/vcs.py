@@ -5,7 +5,9 @@ No Flask: the API and the portal call these. Rules (who may change what) are in 
 Quota: a cluster admin sets GPUs per SKU. CPU and memory follow in proportion to the SKU's node
 shape (GPUs / GPUs per node x cores and bytes per node), as the 2020 system did; ``cpu_quota`` and
 ``memory_quota_bytes`` override the derived totals (``None`` goes back to derived). VC admins change
-policy, wall time, interactive cap, per-user quota and the notice; cluster admins also the VC's
+policy, wall time, interactive cap, per-user quota, the notice and the scheduling settings (fair share and
+the preemption budget: ``SCHEDULING_FIELDS``, each unset on the VC by default so that dlts.yaml's
+``vc_scheduling`` entry or the cluster's value applies, ``scheduling_of``); cluster admins also the VC's
 group (``gid``), its jobs' scratch space (``ephemeral_storage_bytes``), its pod policy and its storage
 document (``set_storage``, checked by ``services.vc_storage``). Every change writes a ``vc_events``
 row; the job manager reads the VC table on each tick, so changes apply on the next one.
@@ -20,6 +22,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
+from dlts.config import Settings
 from dlts.errors import InvalidInput, NotFound, Refused, WrongState
 from dlts.models import TERMINAL, Job, JobStatus, Node, Role, VirtualCluster, iso
 from dlts.repositories import identity as identity_repo
@@ -35,12 +38,54 @@ from dlts.services.auth import Principal
 from dlts.services.transaction import transaction, transactional
 
 POLICIES = ("RF", "FIFO", "backfill")
+# the per-VC scheduling settings (docs/scheduling.md) and the type the scheduler takes each as; null on
+# the VC row means "not set here" (scheduling_of)
+SCHEDULING_KINDS: dict[str, Any] = {"fair_share": bool, "min_runtime_s": float, "max_reclaim_delay_s": float,
+                                    "max_preemptions": int}
+SCHEDULING_FIELDS = tuple(SCHEDULING_KINDS)
+MAX_SCHEDULING_DELAY_S = 30 * 86400  # min_runtime_s and max_reclaim_delay_s, as config.py bounds them
+MAX_PREEMPTIONS = 1000
 VC_ADMIN_FIELDS = ("policy", "max_job_time_s", "max_interactive_gpus", "user_gpu_quota", "notice",
                    "max_queued_jobs_per_user", "max_submissions_per_minute", "default_runtime_estimate_s",
-                   "idle_policy")
+                   "idle_policy", *SCHEDULING_FIELDS)
 MAX_ABUSE_LIMIT = 10_000_000
 CLUSTER_ADMIN_FIELDS = ("quota", "cpu_quota", "memory_quota_bytes", "gid", "ephemeral_storage_bytes", "pod_policy")
 MAX_QUOTA_GPUS = 1_000_000
+
+
+@dataclass(frozen=True)
+class Effective:
+    """A per-VC scheduling setting as the scheduler uses it, and where it comes from: ``vc`` (set on the
+    VC), ``config`` (dlts.yaml's ``vc_scheduling`` entry for the VC; for ``fair_share`` also
+    ``fair_share_half_life_h: 0``, which turns it off everywhere) or ``default`` (the cluster's value)."""
+
+    value: Any
+    source: str
+
+
+def scheduling_of(settings: Settings, vc_name: str, own: Mapping[str, Any]) -> dict[str, Effective]:
+    """The VC's fair-share switch and preemption budget: ``own`` (the VC row's values, None where unset),
+    else its ``vc_scheduling`` entry, else the cluster's. The job manager builds each tick's snapshot
+    from this, so a change applies at the next tick."""
+    entry = settings.vc_scheduling.get(vc_name)
+    out: dict[str, Effective] = {}
+    for name, kind in SCHEDULING_KINDS.items():
+        configured = getattr(entry, name) if entry is not None else None
+        if own.get(name) is not None:
+            value, source = own[name], "vc"
+        elif configured is not None:
+            value, source = configured, "config"
+        else:
+            value, source = getattr(settings, name), "default"
+        out[name] = Effective(None if value is None else kind(value), source)
+    if settings.fair_share_half_life_h <= 0:  # no decayed use is kept: nothing to order by
+        out["fair_share"] = Effective(False, "config")
+    return out
+
+
+def scheduling_row(vc: VirtualCluster) -> dict[str, Any]:
+    """The scheduling settings set on the VC row (None: not set there)."""
+    return {name: getattr(vc, name) for name in SCHEDULING_FIELDS}
 
 
 @dataclass(frozen=True)
@@ -84,6 +129,16 @@ class VcView:
     gid: int | None
     ephemeral_storage_bytes: int | None  # None: the cluster default
     idle_policy: dict[str, Any] | None  # None: off
+    # the scheduling settings in effect (``scheduling_of``), each with its source: vc | config | default
+    fair_share: bool
+    fair_share_source: str
+    min_runtime_s: float
+    min_runtime_s_source: str
+    max_reclaim_delay_s: float | None  # None: never (a reclaim waits as long as it must)
+    max_reclaim_delay_s_source: str
+    max_preemptions: int  # 0: no limit
+    max_preemptions_source: str
+    scheduling_set: dict[str, Any]  # the scheduling settings set on the VC itself (None: not set): the portal's form
     pod_policy: dict[str, bool]
     storage: dict[str, Any]
     users: list[UserUse]
@@ -124,6 +179,10 @@ class VcSpec:
     ephemeral_storage_bytes: int | None = None
     pod_policy: Mapping[str, bool] = field(default_factory=dict)
     idle_policy: Mapping[str, Any] | None = None
+    fair_share: bool | None = None  # the scheduling settings: None takes dlts.yaml's (scheduling_of)
+    min_runtime_s: int | None = None
+    max_reclaim_delay_s: int | None = None
+    max_preemptions: int | None = None
 
 
 def _members(session: Session, vc_id: int) -> tuple[list[str], list[str]]:
@@ -134,7 +193,7 @@ def _members(session: Session, vc_id: int) -> tuple[list[str], list[str]]:
     return admins, members
 
 
-def _view(session: Session, vc: VirtualCluster, shapes: Mapping[str, SkuShape],
+def _view(session: Session, settings: Settings, vc: VirtualCluster, shapes: Mapping[str, SkuShape],
           use: list[usage_repo.UseRow], queued: Mapping[tuple[str, str | None], int]) -> VcView:
     quota = {k: int(v) for k, v in (vc.quota or {}).items()}
     skus = []
@@ -152,6 +211,7 @@ def _view(session: Session, vc: VirtualCluster, shapes: Mapping[str, SkuShape],
     cores, memory_quota, cores_src, memory_src = effective_cpu_memory_quota(
         CoreVc(vc.name, quota, cpu_quota=vc.cpu_quota, memory_quota_bytes=vc.memory_quota_bytes), shapes)
     admins, members = _members(session, vc.id)
+    scheduling = scheduling_of(settings, vc.name, scheduling_row(vc))
     return VcView(
         name=vc.name, policy=vc.policy, quota=quota, skus=skus,
         cpu_quota=cores, cpu_quota_source="override" if cores_src == "override" else "derived",
@@ -162,6 +222,12 @@ def _view(session: Session, vc: VirtualCluster, shapes: Mapping[str, SkuShape],
         max_submissions_per_minute=vc.max_submissions_per_minute, gid=vc.gid,
         ephemeral_storage_bytes=vc.ephemeral_storage_bytes, pod_policy=dict(vc.pod_policy or {}),
         idle_policy=dict(vc.idle_policy) if vc.idle_policy else None,
+        fair_share=scheduling["fair_share"].value, fair_share_source=scheduling["fair_share"].source,
+        min_runtime_s=scheduling["min_runtime_s"].value, min_runtime_s_source=scheduling["min_runtime_s"].source,
+        max_reclaim_delay_s=scheduling["max_reclaim_delay_s"].value,
+        max_reclaim_delay_s_source=scheduling["max_reclaim_delay_s"].source,
+        max_preemptions=scheduling["max_preemptions"].value, max_preemptions_source=scheduling["max_preemptions"].source,
+        scheduling_set=scheduling_row(vc),
         storage=dict(vc.storage or {}),
         users=[UserUse(u, sum(r.jobs for r in rows), sum(r.gpus for r in rows if not r.preemptible),
                        sum(r.gpus for r in rows if r.preemptible), round(sum(r.cpu for r in rows), 3),
@@ -179,7 +245,8 @@ def _load(session: Session, principal: Principal, name: str) -> VirtualCluster:
     return vc
 
 
-def list_vcs(session: Session, principal: Principal, *, after_name: str | None = None, limit: int | None = None) -> list[VcView]:
+def list_vcs(session: Session, settings: Settings, principal: Principal, *, after_name: str | None = None,
+             limit: int | None = None) -> list[VcView]:
     """The VCs the principal belongs to (every VC for a cluster admin), by name; keyset by name."""
     query = sa.select(VirtualCluster).order_by(VirtualCluster.name)
     if after_name is not None:
@@ -195,12 +262,12 @@ def list_vcs(session: Session, principal: Principal, *, after_name: str | None =
     names = [vc.name for vc in vcs]
     use = usage_repo.active_use(session, names)
     queued = usage_repo.queued_gpus(session, names)
-    return [_view(session, vc, shapes, use, queued) for vc in vcs]
+    return [_view(session, settings, vc, shapes, use, queued) for vc in vcs]
 
 
-def get_vc(session: Session, principal: Principal, name: str) -> VcView:
+def get_vc(session: Session, settings: Settings, principal: Principal, name: str) -> VcView:
     vc = _load(session, principal, name)
-    return _view(session, vc, sku_shapes(session), usage_repo.active_use(session, [vc.name]),
+    return _view(session, settings, vc, sku_shapes(session), usage_repo.active_use(session, [vc.name]),
                  usage_repo.queued_gpus(session, [vc.name]))
 
 
@@ -242,6 +309,15 @@ def _check_settings(changes: Mapping[str, Any]) -> None:
         value = changes.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high):
             raise InvalidInput(f"{key} must be a number between {low} and {high}, or null for no limit.", details={"field": key})
+    if changes.get("fair_share") is not None and not isinstance(changes["fair_share"], bool):
+        raise InvalidInput("fair_share must be true or false, or null for the default (dlts.yaml).",
+                           details={"field": "fair_share"})
+    for key, high in (("min_runtime_s", MAX_SCHEDULING_DELAY_S), ("max_reclaim_delay_s", MAX_SCHEDULING_DELAY_S),
+                      ("max_preemptions", MAX_PREEMPTIONS)):
+        value = changes.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= high):
+            raise InvalidInput(f"{key} must be a whole number between 0 and {high}, or null for the default (dlts.yaml).",
+                               details={"field": key})
     for key in ("max_queued_jobs_per_user", "max_submissions_per_minute"):
         check_abuse_limit(key, changes.get(key))
     if changes.get("notice") is not None and (not isinstance(changes["notice"], str) or len(changes["notice"]) > 2000):
@@ -317,23 +393,23 @@ def check_pod_policy(value: Any) -> dict[str, bool]:
     return dict(value)
 
 
-def create_vc(session: Session, principal: Principal, spec: VcSpec) -> VcView:
+def create_vc(session: Session, settings: Settings, principal: Principal, spec: VcSpec) -> VcView:
     with transaction(session):
         policy.require_cluster_admin(principal, "create a VC")
         if not NAME_RE.match(spec.name):
             raise InvalidInput(f"VC name {spec.name[:70]!r} must start with a lowercase letter and use a-z, 0-9, '.', '_' "
                                "or '-' (at most 64).", details={"field": "name"})
-        settings = {k: getattr(spec, k) for k in VC_ADMIN_FIELDS + CLUSTER_ADMIN_FIELDS if k != "quota"}
-        _check_settings(settings)
-        settings["pod_policy"] = dict(settings["pod_policy"])
-        settings["idle_policy"] = check_idle_policy(settings["idle_policy"], None)
+        values = {k: getattr(spec, k) for k in VC_ADMIN_FIELDS + CLUSTER_ADMIN_FIELDS if k != "quota"}
+        _check_settings(values)
+        values["pod_policy"] = dict(values["pod_policy"])
+        values["idle_policy"] = check_idle_policy(values["idle_policy"], None)
         quota = _check_quota(session, spec.name, spec.quota)
         if session.scalar(sa.select(VirtualCluster.id).where(VirtualCluster.name == spec.name)) is not None:
             raise WrongState(f"VC {spec.name!r} already exists; change it with PATCH /vcs/{spec.name}.", code="vc_exists")
-        vc = VirtualCluster(name=spec.name, quota=quota, storage={}, **settings)
+        vc = VirtualCluster(name=spec.name, quota=quota, storage={}, **values)
         session.add(vc)
-        vc_events.record(session, spec.name, principal.name, "created", None, {"quota": quota, **settings})
-    return get_vc(session, principal, spec.name)
+        vc_events.record(session, spec.name, principal.name, "created", None, {"quota": quota, **values})
+    return get_vc(session, settings, principal, spec.name)
 
 
 @transactional
@@ -351,7 +427,8 @@ def delete_vc(session: Session, principal: Principal, name: str) -> None:
     session.delete(vc)
 
 
-def update_vc(session: Session, principal: Principal, name: str, changes: Mapping[str, Any]) -> VcView:
+def update_vc(session: Session, settings: Settings, principal: Principal, name: str,
+              changes: Mapping[str, Any]) -> VcView:
     """Apply ``changes`` (only the keys present); each changed value is recorded as a VC event."""
     with transaction(session):
         vc = _load(session, principal, name)
@@ -380,7 +457,7 @@ def update_vc(session: Session, principal: Principal, name: str, changes: Mappin
                 setattr(vc, key, new)
                 if key == "notice" and new and new.strip():
                     mail_notice(session, vc, new, principal.name)
-    return get_vc(session, principal, name)
+    return get_vc(session, settings, principal, name)
 
 
 def mail_notice(session: Session, vc: VirtualCluster, notice: str, author: str) -> int:
@@ -400,12 +477,12 @@ def mail_notice(session: Session, vc: VirtualCluster, notice: str, author: str) 
     return queued
 
 
-def set_storage(session: Session, principal: Principal, name: str, document: Any) -> VcView:
+def set_storage(session: Session, settings: Settings, principal: Principal, name: str, document: Any) -> VcView:
     """Replace the VC's whole storage document (cluster admins); applies to attempts launched from now on."""
     vc = _load(session, principal, name)
     policy.require_cluster_admin(principal, f"change the storage of VC {name}")
     admin.replace_vc_storage(session, vc, document, principal.name)
-    return get_vc(session, principal, name)
+    return get_vc(session, settings, principal, name)
 
 
 def events(session: Session, principal: Principal, name: str, *, before_id: int | None = None, limit: int = 50) -> list[VcEventView]:
