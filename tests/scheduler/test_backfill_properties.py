@@ -242,6 +242,37 @@ def _a_shorter_job_behind_a_longer_one_of_its_shape() -> tuple[Cluster, list[Tra
                      job(11, 10.0, limit=1200), job(9, 20.0)]
 
 
+def _an_extra_replica_inside_its_jobs_budget() -> tuple[Cluster, list[TraceJob]]:
+    """Found at ~6,000 examples: the VC protects its work for 600 s (``min_runtime_s``); an
+    inference job started at t=10 holds GPU 5 with an extra replica, and every other GPU of the
+    one node is held without a limit. Job 18 (1 GPU) arrives at t=80 within quota. The core never
+    protects extra replicas, but the time model held this one to its job's budget: job 18 was
+    promised t=610, when no pass came to reclaim, and waited forever; now it reclaims the replica
+    at once."""
+    a100 = SKUS["a100"]
+    node = Node("a100-0", "a100", a100.gpus, a100.cpu, a100.memory_bytes, "pod0", None, True, ())
+    vcs = {"vc0": Vc("vc0", {"a100": 8}, Policy.BACKFILL, min_runtime_s=600.0)}
+    cluster = Cluster(dict(SKUS), (node,), vcs, tick_s=10.0, preempt_grace_s=0.0, reservation_depth=1,
+                      fair_share_half_life_h=0.0)
+
+    def job(i: int, at: float, replicas: tuple[int, int] = (0, 0)) -> TraceJob:
+        return TraceJob(id=i, submit_s=at, vc="vc0", user="ann", type=JobType.INFERENCE if replicas[0] else JobType.BATCH,
+                        sku="a100", gpus=1, nodes=0, duration_s=FOREVER, max_time_s=None, priority=100,
+                        preemptible=False, min_replicas=replicas[0], max_replicas=replicas[1])
+
+    return cluster, [*(job(i, 0.0) for i in (15, 19, 20, 24)), job(12, 10.0, (1, 2)), job(16, 20.0), job(17, 30.0),
+                     job(18, 80.0)]
+
+
+def test_an_extra_replica_is_reclaimed_at_once_whatever_its_jobs_budget() -> None:
+    cluster, trace = _an_extra_replica_inside_its_jobs_budget()
+    result, promised, _ = _replay(cluster, trace)
+    start = {j["id"]: j["start_s"] for j in result["jobs"]}
+    assert start[18] == 80.0 and 18 not in promised
+    replicas = next(j for j in result["jobs"] if j["id"] == 12)["replicas"]
+    assert [(r["core"], r["start_s"], r["end_s"], r["reason"]) for r in replicas][1] == (False, 10.0, 80.0, "scale_down")
+
+
 def clusters_and_traces() -> st.SearchStrategy[tuple[Cluster, list[TraceJob]]]:
     return backfill_clusters().flatmap(lambda c: st.tuples(st.just(c), exact_traces(c)))
 
@@ -251,6 +282,7 @@ def clusters_and_traces() -> st.SearchStrategy[tuple[Cluster, list[TraceJob]]]:
 @example(_cpu_replicas_on_a_gpu_node())
 @example(_an_older_job_freed_by_the_reclaim())
 @example(_a_shorter_job_behind_a_longer_one_of_its_shape())
+@example(_an_extra_replica_inside_its_jobs_budget())
 def test_reservations_start_by_their_estimate_when_jobs_end_by_their_limit(case: tuple[Cluster, list[TraceJob]]) -> None:
     _check(*case)
 

@@ -143,12 +143,13 @@ class Timeline:
                 continue
             end = self.end_of(job, job.started_at if job.started_at is not None else now)
             core = max(1, job.min_replicas) if job.type is JobType.INFERENCE else len(job.placements)
-            kept = [(p, job.preemptible or i >= core) for i, p in enumerate(job.placements)
-                    if (p.node, p.gpu_indices) not in gone]
-            self._add_job(job, now if job.started_at is None else job.started_at, end, [p for p, _ in kept],
-                          future=False, units=sum(1 for _, r in kept if not r) if not job.preemptible else len(kept),
-                          reclaimable=[r for _, r in kept],
-                          reclaim_from=self.reclaimable_from(job, job.started_at) if job.started_at is not None else 0.0)
+            budget_end = self.reclaimable_from(job, job.started_at) if job.started_at is not None else 0.0
+            # (placement, reclaimable, its budget's end): extra replicas (i >= core) have no budget
+            kept = [(p, job.preemptible or i >= core, budget_end if i < core else 0.0)
+                    for i, p in enumerate(job.placements) if (p.node, p.gpu_indices) not in gone]
+            self._add_job(job, now if job.started_at is None else job.started_at, end, [p for p, _, _ in kept],
+                          future=False, units=sum(1 for _, r, _ in kept if not r) if not job.preemptible else len(kept),
+                          reclaimable=[r for _, r, _ in kept], reclaim_from=[b for _, _, b in kept])
         for job_id, placements in starts.items():
             job = jobs[job_id]
             self.add_start(job, placements)
@@ -160,13 +161,15 @@ class Timeline:
         return start + d if d < INF else INF
 
     def _add_job(self, job: Job, start: float, end: float, placements: Iterable[Placement], future: bool,
-                 units: int, reclaimable: list[bool] | None = None, reclaim_from: float = 0.0) -> None:
+                 units: int, reclaimable: list[bool] | None = None, reclaim_from: list[float] | None = None) -> None:
+        """``reclaimable`` and ``reclaim_from`` (the end of its preemption budget) per placement."""
         mine = self.by_job[job.id]
         self.version += 1
         for k, p in enumerate(placements):
+            budget_end = reclaim_from[k] if reclaim_from else 0.0
             it = Item(start, end, mask_of(p.gpu_indices), p.cpu, p.memory_bytes, job.id, future,
-                      bool(reclaimable and reclaimable[k]), p.node, reclaim_from)
-            if it.reclaimable and reclaim_from > self.now:
+                      bool(reclaimable and reclaimable[k]), p.node, budget_end)
+            if it.reclaimable and budget_end > self.now:
                 self.budgets = True
             self.node_version[p.node] += 1
             self.items[p.node].append(it)
@@ -200,16 +203,16 @@ class Timeline:
 
     def add_start(self, job: Job, placements: Iterable[Placement]) -> None:
         placements = list(placements)
-        started = job.started_at if job.running and job.started_at is not None else self.now
-        reclaim_from = self.reclaimable_from(job, started)
-        if job.running:  # extra inference replicas: counted only where they hold resources
+        if job.running:  # extra inference replicas: counted only where they hold resources, no budget
             self._add_job(job, self.now, self.end_of(job, self.now), placements, future=False, units=0,
-                          reclaimable=[True] * len(placements), reclaim_from=reclaim_from)
+                          reclaimable=[True] * len(placements))
             return
+        budget_end = self.reclaimable_from(job, self.now)
         core = max(1, job.min_replicas) if job.type is JobType.INFERENCE else len(placements)
         self._add_job(job, self.now, self.end_of(job, self.now), placements, future=False, units=len(placements),
                       reclaimable=[job.preemptible or i >= core for i in range(len(placements))],
-                      reclaim_from=reclaim_from)
+                      # extra replicas (i >= core) have no preemption budget (``PassState._add_holding``)
+                      reclaim_from=[budget_end if i < core else 0.0 for i in range(len(placements))])
 
     def reclaimable_from(self, job: Job, started: float) -> float:
         """When work of ``job`` that started at ``started`` may first be reclaimed: the end of its
