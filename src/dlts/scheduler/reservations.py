@@ -35,6 +35,7 @@ from dlts.scheduler.state import NodeState, PassState, Pool, Request
 INF = math.inf
 MEMOISE = True  # memoised fits and counter checks (decisions are the same without; tests compare)
 EPS = 1e-9
+_INFERENCE, _INTERACTIVE = JobType.INFERENCE, JobType.INTERACTIVE  # read once (state.py)
 
 
 @cache
@@ -142,7 +143,7 @@ class Timeline:
             if not job.running or job.stopping or job.id in state.stopped:
                 continue
             end = self.end_of(job, job.started_at if job.started_at is not None else now)
-            core = max(1, job.min_replicas) if job.type is JobType.INFERENCE else len(job.placements)
+            core = max(1, job.min_replicas) if job.type is _INFERENCE else len(job.placements)
             kept = [(p, job.preemptible or i >= core) for i, p in enumerate(job.placements)
                     if (p.node, p.gpu_indices) not in gone]
             self._add_job(job, now if job.started_at is None else job.started_at, end, [p for p, _ in kept],
@@ -206,7 +207,7 @@ class Timeline:
             self._add_job(job, self.now, self.end_of(job, self.now), placements, future=False, units=0,
                           reclaimable=[True] * len(placements), reclaim_from=reclaim_from)
             return
-        core = max(1, job.min_replicas) if job.type is JobType.INFERENCE else len(placements)
+        core = max(1, job.min_replicas) if job.type is _INFERENCE else len(placements)
         self._add_job(job, self.now, self.end_of(job, self.now), placements, future=False, units=len(placements),
                       reclaimable=[job.preemptible or i >= core for i in range(len(placements))],
                       reclaim_from=reclaim_from)
@@ -257,7 +258,7 @@ class Timeline:
             else:
                 out.append((("q", job.vc, req.sku), float(req.gpus * core), True))
                 out.append((("u", job.vc, job.user), float(req.gpus * core), not job.user_quota_approved))
-        if job.type is JobType.INTERACTIVE and req.gpus:
+        if job.type is _INTERACTIVE and req.gpus:
             out.append((("i", job.vc), float(req.gpus * units), True))
         return out
 

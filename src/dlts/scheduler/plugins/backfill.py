@@ -36,6 +36,7 @@ from dlts.scheduler.reservations import INF, Item, Timeline, first_run, mask_of
 from dlts.scheduler.state import Holding, NodeState, PassState, Pool, Request, cpu_job_fits
 
 T = TypeVar("T")
+_BACKFILL = Policy.BACKFILL  # read once: a member read off its enum class is slow on 3.11 (state.py)
 
 RESERVABLE = frozenset(
     {
@@ -134,12 +135,12 @@ class BackfillPass:
     # -- helpers ---------------------------------------------------------------------------------
 
     def handles(self, job: Job, vc: Vc | None) -> bool:
-        return bool(self.reservations) or (vc is not None and vc.policy is Policy.BACKFILL)
+        return bool(self.reservations) or (vc is not None and vc.policy is _BACKFILL)
 
     @staticmethod
     def native(job: Job, vc: Vc | None) -> bool:
         """A non-preemptible job of a backfill VC: placed (and reclaims) by the time model."""
-        return vc is not None and vc.policy is Policy.BACKFILL and not job.preemptible
+        return vc is not None and vc.policy is _BACKFILL and not job.preemptible
 
     def _pools(self, job: Job, req: Request, vc: Vc) -> list[Pool]:
         if req.gpus == 0 and not req.whole_node:
@@ -469,7 +470,7 @@ class BackfillPass:
         if (
             vc is None
             or req is None
-            or vc.policy is not Policy.BACKFILL
+            or vc.policy is not _BACKFILL
             or job.preemptible
             or not job.approved
             or rej.permanent
