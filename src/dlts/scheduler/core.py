@@ -56,6 +56,7 @@ class _Pass:
         self.positions: dict[int, int] = {}
         self._queue_cache: dict[str, tuple[Vc | None, VcQueue, PolicyPlugin | None]] = {}
         self._blocked: dict[int, Rejection] = {}
+        self._checks = [f.check for f in self.fw.filter]  # every job runs them: bound once
         # -- backfill (plugins/backfill.py): only when some VC is on backfill --
         self.bf = None
         if any(v.policy is Policy.BACKFILL for v in snapshot.vcs.values()):
@@ -122,7 +123,7 @@ class _Pass:
 
     def _wait(self, job: Job, rej: Rejection, req: Request | None = None, vc: Vc | None = None) -> None:
         estimate = None
-        if self.bf is not None:  # backfill: maybe a reservation (and an estimated start)
+        if self.bf is not None and self.bf.reserving:  # backfill: maybe a reservation (and an estimated start)
             rej, estimate = self.bf.on_wait(job, req, vc, rej)
         self.waits.append(
             Wait(job.id, rej.reason, rej.detail, rej.blocked_by, self.positions.get(job.id), rej.permanent, estimate)
@@ -138,7 +139,7 @@ class _Pass:
         return got
 
     def _assign(self, job: Job) -> None:
-        st, fw = self.state, self.fw
+        st = self.state
         vc, queue, policy = self._queue(job.vc)
         if policy is not None and job.approved:
             blocker = policy.blocked_by(queue, job)
@@ -154,8 +155,8 @@ class _Pass:
                 self._wait(job, rej)
                 return
         req = st.request(job)
-        for f in fw.filter:
-            rej = f.check(st, job, req, vc)
+        for check in self._checks:
+            rej = check(st, job, req, vc)
             if rej is not None:
                 if policy is not None and job.approved:
                     policy.on_wait(queue, job, rej)
@@ -166,12 +167,16 @@ class _Pass:
         held: Rejection | None = None
         plan: ReclaimPlan | None = None
         native = False  # a backfill VC's own job: its room (and reclaim) come from the time model
+        placements: list[Placement] | None = None
         if self.bf is not None and self.bf.handles(job, vc):
             native = self.bf.native(job, vc)
             got = self.bf.place_now(job, req, vc, req.units)
-            placements = got if isinstance(got, list) else None
-            held = got if isinstance(got, Rejection) else None
-            plan = got if isinstance(got, ReclaimPlan) else None
+            if isinstance(got, list):
+                placements = got
+            elif isinstance(got, Rejection):
+                held = got
+            elif got is not None:
+                plan = got
         else:
             placer = self._placer(req)
             placements = placer.place(st, job, req, vc, req.units)

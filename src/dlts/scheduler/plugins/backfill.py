@@ -113,6 +113,7 @@ class BackfillPass:
         self._gang_now_index: dict[tuple[int, ...], dict[str, int]] = {}  # per pool list: node -> position
         self._first_reservation: dict[int, Reservation] = {}  # job id -> its first in ``reservations``
         self.tried = 0
+        self.reserving = self.depth > 0  # some reservation may still be given (``on_wait``)
         self._pointers: dict[tuple[object, ...], int] = {}
         # per shape of ``_one_now``: (reserved log read, reserved nodes in order, nodes too full for it)
         self._dead_now: dict[tuple[object, ...], tuple[int, list[tuple[int, str]], set[str]]] = {}
@@ -479,6 +480,7 @@ class BackfillPass:
         ):
             return rej, None
         self.tried += 1
+        self.reserving = self.tried < self.depth
         tl = self._tl()
         duration = self.duration(job)
         got = tl.earliest(job, req, self._pools(job, req, vc), duration)
