@@ -140,7 +140,8 @@ class _Pass:
 
     def _assign(self, job: Job) -> None:
         st = self.state
-        vc, queue, policy = self._queue(job.vc)
+        cached = self._queue_cache.get(job.vc)  # every job asks: the cached answer without a call
+        vc, queue, policy = cached if cached is not None else self._queue(job.vc)
         if policy is not None and job.approved:
             blocker = policy.blocked_by(queue, job)
             if blocker is not None:

@@ -176,7 +176,8 @@ class Timeline:
                 if not self.reserved_nodes.get(p.node):
                     self.reserved_log.append(p.node)
                 self.reserved_nodes[p.node] += 1
-        for counter, amount, _check in self.demand(job, units):
+        for maybe_counter, amount, _check in self._shape_demand(job, units):
+            counter = maybe_counter if maybe_counter is not None else self._user_counter(job)
             c = Counted(start, end, amount, job.id, future, counter.key)
             counter.items.append(c)
             counter.checked.clear()

@@ -165,12 +165,13 @@ class BackfillPass:
 
         None: no room by the pass state (the caller explains why); a ``Rejection`` with reason
         ``reservation``: there is room, but only on resources (or quota) reserved for a job ahead."""
-        end = self.now + self.duration(job)
+        duration = self.duration(job)
+        end = self.now + duration
         tl = self.timeline if self.reservations else None
         if tl is not None:
             rid = tl.counters_fit(job, units, self.now, end, only_reserved=True)
             if rid is not None:
-                return self._reserved(job, rid, "its VC's quota")
+                return self._reserved(rid, "its VC's quota", duration)
         pools = self._pools(job, req, vc)
         if self.native(job, vc) and not extra:
             return self._native_now(job, req, pools, units, end)
@@ -189,25 +190,26 @@ class BackfillPass:
             if got is not None:
                 return got
         if conflict:
-            return self._reserved(job, conflict[0], "resources")
+            return self._reserved(conflict[0], "resources", duration)
         return None
 
     def _reserve(self, r: Reservation) -> None:
         self.reservations.append(r)
         self._first_reservation.setdefault(r.job_id, r)
 
-    def _reserved(self, job: Job, rid: int, what: str) -> Rejection:
-        key = (rid, what, self.duration(job))
+    def _reserved(self, rid: int, what: str, limit: float) -> Rejection:
+        """The wait of a job that holds resources (or quota) reserved for job ``rid`` for ``limit``
+        seconds (its ``duration_s``)."""
+        key = (rid, what, limit)
         got = self._details.get(key)
         if got is None:
-            got = self._details[key] = self._reserved_detail(job, rid, what)
+            got = self._details[key] = self._reserved_detail(rid, what, limit)
         return got
 
-    def _reserved_detail(self, job: Job, rid: int, what: str) -> Rejection:
+    def _reserved_detail(self, rid: int, what: str, limit: float) -> Rejection:
         res = self._first_reservation.get(rid)
         when = f" from {res.start - self.now:.0f} s from now" if res is not None else ""
         nodes = f" on {', '.join(sorted({p.node for p in res.placements}))}" if res is not None and res.placements else ""
-        limit = self.duration(job)
         runs = f"its limit of {limit:.0f} s" if limit < INF else "it has no time limit"
         return Rejection(
             WaitReason.RESERVATION,
@@ -516,7 +518,7 @@ class BackfillPass:
                 break
         if got is None:
             if self._conflicts and self.reservations:
-                return self._reserved(job, self._conflicts[0], "resources")
+                return self._reserved(self._conflicts[0], "resources", self.duration(job))
             return None
         if self._all_free_now(got):
             st.reserve(got)
