@@ -89,10 +89,10 @@ class _Pass:
             core = order(st, [j for j in pending if not j.preemptible], 0)
             opportunistic = order(st, [j for j in pending if j.preemptible], 1)
             counters: dict[str, int] = {}
+            positions = self.positions
             for j in core + opportunistic:
                 if j.approved:
-                    counters[j.vc] = counters.get(j.vc, 0) + 1
-                    self.positions[j.id] = counters[j.vc]
+                    positions[j.id] = counters[j.vc] = counters.get(j.vc, 0) + 1
         with self._phase("assign"):
             for job in core:
                 self._assign(job)

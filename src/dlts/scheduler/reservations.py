@@ -318,9 +318,26 @@ class Timeline:
         of the latest-starting reservation in the overload, or -1."""
         cap = counter.cap
         assert cap is not None
+        # ``start`` first, in one walk over the items: most checks start now and no item starts
+        # later inside the window, so this is the whole answer
+        used = 0.0
+        last = None
+        later = False
+        for c in counter.items:
+            if c.end > start and c.start < end:
+                if c.start <= start:
+                    used += c.amount
+                    if c.future and (last is None or c.start >= last.start):
+                        last = c
+                else:
+                    later = True
+        if used + amount > cap + EPS:
+            return last.job if last is not None else -1
+        if not later:
+            return None
+        # then every later item start inside the window
         items = [c for c in counter.items if c.end > start and c.start < end]
-        points = [start] + [c.start for c in items if c.start > start]
-        for t in points:
+        for t in [c.start for c in items if c.start > start]:
             used = 0.0
             last = None
             for c in items:
