@@ -422,9 +422,9 @@ class PassState:
         if job is self._last_job:
             return self._last_request
         key = (job.type, job.sku, job.gpus, job.cpu, job.memory_bytes, job.nodes, job.ib_domain_any, job.min_replicas)
-        if key in self._request_cache:
+        try:  # one lookup (the key hashes eight fields): a few dozen shapes miss, every job asks
             req = self._request_cache[key]
-        else:
+        except KeyError:
             req = self._request_cache[key] = self._resolve(job)
         if self._keep_last:
             self._last_job, self._last_request = job, req
