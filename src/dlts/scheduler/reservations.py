@@ -142,14 +142,18 @@ class Timeline:
         for job in state.snapshot.jobs:
             if not job.running or job.stopping or job.id in state.stopped:
                 continue
-            end = self.end_of(job, job.started_at if job.started_at is not None else now)
-            core = max(1, job.min_replicas) if job.type is _INFERENCE else len(job.placements)
-            kept = [(p, job.preemptible or i >= core) for i, p in enumerate(job.placements)
-                    if (p.node, p.gpu_indices) not in gone]
-            self._add_job(job, now if job.started_at is None else job.started_at, end, [p for p, _ in kept],
-                          future=False, units=sum(1 for _, r in kept if not r) if not job.preemptible else len(kept),
-                          reclaimable=[r for _, r in kept],
-                          reclaim_from=self.reclaimable_from(job, job.started_at) if job.started_at is not None else 0.0)
+            started = job.started_at
+            end = self.end_of(job, started if started is not None else now)
+            held = job.placements
+            core = max(1, job.min_replicas) if job.type is _INFERENCE else len(held)
+            reclaimable = [job.preemptible or i >= core for i in range(len(held))]
+            if gone:  # replicas a reclaim took are gone from the model
+                kept = [i for i, p in enumerate(held) if (p.node, p.gpu_indices) not in gone]
+                held = tuple(held[i] for i in kept)
+                reclaimable = [reclaimable[i] for i in kept]
+            self._add_job(job, now if started is None else started, end, held, False,
+                          len(reclaimable) if job.preemptible else reclaimable.count(False), reclaimable,
+                          self.reclaimable_from(job, started) if started is not None else 0.0)
         for job_id, placements in starts.items():
             job = jobs[job_id]
             self.add_start(job, placements)
