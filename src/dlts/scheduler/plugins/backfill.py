@@ -25,7 +25,6 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Callable, Mapping, Sequence
-from functools import partial
 from typing import Protocol, TypeVar
 
 from dlts.scheduler.framework import ReclaimPlan, Rejection, VcQueue
@@ -115,6 +114,7 @@ class BackfillPass:
         self.tried = 0
         self.reserving = self.depth > 0  # some reservation may still be given (``on_wait``)
         self._pointers: dict[tuple[object, ...], int] = {}
+        self._indexes: dict[int, dict[str, int]] = {}  # per node order (pool): node -> position
         # per shape of ``_one_now``: (reserved log read, reserved nodes in order, nodes too full for it)
         self._dead_now: dict[tuple[object, ...], tuple[int, list[tuple[int, str]], set[str]]] = {}
         self._refused_plans: dict[tuple[object, ...], list[tuple[int, float, int, float]]] = {}
@@ -244,7 +244,12 @@ class BackfillPass:
                     tl.node_version[name] += 1
 
     def _index(self, pool: NodeOrder) -> dict[str, int]:
-        return pool.memo(("bf_index",), partial(_positions, pool.nodes))
+        """Node name -> position in ``pool``'s order (asked for every reservation a shape's list
+        catches up with: kept here by the pool's id, which lives for the pass)."""
+        got = self._indexes.get(id(pool))
+        if got is None:
+            got = self._indexes[id(pool)] = _positions(pool.nodes)
+        return got
 
     def _one_now(self, pools: Sequence[NodeOrder], req: Request, end: float, tl: Timeline | None, conflict: list[int],
                  advance: bool) -> Placement | None:
@@ -624,7 +629,7 @@ class BackfillPass:
                 elif g and not self._maybe(ns, g):
                     idx = None
                 else:
-                    idx = tl.fits(ns, req, self.now, end, skip_reclaimable=skip)
+                    idx = tl.fits(ns, req, self.now, end, None, None, skip)
                 if idx is None:
                     if advance and i == ptr:
                         ptr += 1
