@@ -300,7 +300,15 @@ class Timeline:
             if not enforced:
                 continue
             # the per-user counter is looked up only when it is checked (most checks stop before it)
-            counter = maybe_counter if maybe_counter is not None else self._user_counter(job)
+            if maybe_counter is not None:
+                counter = maybe_counter
+            elif only_reserved:  # one never made holds no reservation
+                user_counter = self.counters.get(("u", job.vc, job.user))
+                if user_counter is None:
+                    continue
+                counter = user_counter
+            else:
+                counter = self._user_counter(job)
             if counter.cap is None or (only_reserved and not counter.reserved):
                 continue
             if memoise:

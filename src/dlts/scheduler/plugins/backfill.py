@@ -115,6 +115,7 @@ class BackfillPass:
         self.reserving = self.depth > 0  # some reservation may still be given (``on_wait``)
         self._pointers: dict[tuple[object, ...], int] = {}
         self._indexes: dict[int, dict[str, int]] = {}  # per node order (pool): node -> position
+        self._pool_lists: dict[tuple[bool, str, str], list[Pool]] = {}
         # per shape of ``_one_now``: (reserved log read, reserved nodes in order, nodes too full for it)
         self._dead_now: dict[tuple[object, ...], tuple[int, list[tuple[int, str]], set[str]]] = {}
         self._refused_plans: dict[tuple[object, ...], list[tuple[int, float, int, float]]] = {}
@@ -144,9 +145,14 @@ class BackfillPass:
         return vc is not None and vc.policy is _BACKFILL and not job.preemptible
 
     def _pools(self, job: Job, req: Request, vc: Vc) -> list[Pool]:
-        if req.gpus == 0 and not req.whole_node:
-            return cpu_pools(self.state, job, vc)
-        return self.state.pools_for(req.sku, job.vc)
+        """The pools a job may use, in the fixed order; kept per (kind, SKU, VC) for the pass (the
+        lists are only read)."""
+        cpu = req.gpus == 0 and not req.whole_node
+        key = (cpu, req.sku, job.vc)
+        got = self._pool_lists.get(key)
+        if got is None:
+            got = self._pool_lists[key] = cpu_pools(self.state, job, vc) if cpu else self.state.pools_for(req.sku, job.vc)
+        return got
 
     def _tl(self) -> Timeline:
         if self.timeline is None:
