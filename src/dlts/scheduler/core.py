@@ -85,9 +85,13 @@ class _Pass:
                 if isinstance(sorter, OrderingSortPlugin):
                     return sorter.order(st_, jobs, phase)
                 return sorted(jobs, key=sorter.sort_key)
-            pending = [j for j in snap.jobs if not j.running]
-            core = order(st, [j for j in pending if not j.preemptible], 0)
-            opportunistic = order(st, [j for j in pending if j.preemptible], 1)
+            firm: list[Job] = []
+            preemptible: list[Job] = []
+            for j in snap.jobs:
+                if not j.running:
+                    (preemptible if j.preemptible else firm).append(j)
+            core = order(st, firm, 0)
+            opportunistic = order(st, preemptible, 1)
             counters: dict[str, int] = {}
             positions = self.positions
             for j in core + opportunistic:

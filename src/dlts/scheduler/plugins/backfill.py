@@ -85,13 +85,19 @@ class Durations:
     method of ``BackfillPass``) so that the time model holding it does not make the pass a
     reference cycle."""
 
-    __slots__ = ("_seen", "_vcs")
+    __slots__ = ("_per_vc", "_seen", "_vcs")
 
     def __init__(self, vcs: Mapping[str, Vc]) -> None:
         self._vcs = vcs
         self._seen: dict[tuple[float | None, str], float] = {}
+        self._per_vc: dict[str, float] = {}  # jobs without a limit of their own (most): the VC's
 
     def __call__(self, job: Job) -> float:
+        if job.max_time_s is None:
+            got = self._per_vc.get(job.vc)
+            if got is None:
+                got = self._per_vc[job.vc] = duration_s(job, self._vcs.get(job.vc))
+            return got
         key = (job.max_time_s, job.vc)
         got = self._seen.get(key)
         if got is None:
