@@ -56,6 +56,7 @@ class _Pass:
         self.positions: dict[int, int] = {}
         self._queue_cache: dict[str, tuple[Vc | None, VcQueue, PolicyPlugin | None]] = {}
         self._blocked: dict[int, Rejection] = {}
+        self._checks = [f.check for f in self.fw.filter]  # every job runs them: bound once
         # -- backfill (plugins/backfill.py): only when some VC is on backfill --
         self.bf = None
         if any(v.policy is Policy.BACKFILL for v in snapshot.vcs.values()):
@@ -84,14 +85,18 @@ class _Pass:
                 if isinstance(sorter, OrderingSortPlugin):
                     return sorter.order(st_, jobs, phase)
                 return sorted(jobs, key=sorter.sort_key)
-            pending = [j for j in snap.jobs if not j.running]
-            core = order(st, [j for j in pending if not j.preemptible], 0)
-            opportunistic = order(st, [j for j in pending if j.preemptible], 1)
+            firm: list[Job] = []
+            preemptible: list[Job] = []
+            for j in snap.jobs:
+                if not j.running:
+                    (preemptible if j.preemptible else firm).append(j)
+            core = order(st, firm, 0)
+            opportunistic = order(st, preemptible, 1)
             counters: dict[str, int] = {}
+            positions = self.positions
             for j in core + opportunistic:
                 if j.approved:
-                    counters[j.vc] = counters.get(j.vc, 0) + 1
-                    self.positions[j.id] = counters[j.vc]
+                    positions[j.id] = counters[j.vc] = counters.get(j.vc, 0) + 1
         with self._phase("assign"):
             for job in core:
                 self._assign(job)
@@ -99,10 +104,11 @@ class _Pass:
             # Extra inference replicas are opportunistic like preemptible jobs and compete with
             # them in the same order; a pending preemptible job and a running service that wants
             # more replicas are both just "more preemptible work".
+            inference = JobType.INFERENCE  # read once: a member read off its enum class is slow (state.py)
             extras = [
                 j
                 for j in snap.jobs
-                if j.type is JobType.INFERENCE
+                if j.type is inference
                 and j.max_replicas > max(1, j.min_replicas)
                 and ((j.running and not j.stopping and j.id not in st.stopped) or j.id in self.starts)
             ]
@@ -122,7 +128,7 @@ class _Pass:
 
     def _wait(self, job: Job, rej: Rejection, req: Request | None = None, vc: Vc | None = None) -> None:
         estimate = None
-        if self.bf is not None:  # backfill: maybe a reservation (and an estimated start)
+        if self.bf is not None and self.bf.reserving:  # backfill: maybe a reservation (and an estimated start)
             rej, estimate = self.bf.on_wait(job, req, vc, rej)
         self.waits.append(
             Wait(job.id, rej.reason, rej.detail, rej.blocked_by, self.positions.get(job.id), rej.permanent, estimate)
@@ -138,8 +144,9 @@ class _Pass:
         return got
 
     def _assign(self, job: Job) -> None:
-        st, fw = self.state, self.fw
-        vc, queue, policy = self._queue(job.vc)
+        st = self.state
+        cached = self._queue_cache.get(job.vc)  # every job asks: the cached answer without a call
+        vc, queue, policy = cached if cached is not None else self._queue(job.vc)
         if policy is not None and job.approved:
             blocker = policy.blocked_by(queue, job)
             if blocker is not None:
@@ -154,8 +161,8 @@ class _Pass:
                 self._wait(job, rej)
                 return
         req = st.request(job)
-        for f in fw.filter:
-            rej = f.check(st, job, req, vc)
+        for check in self._checks:
+            rej = check(st, job, req, vc)
             if rej is not None:
                 if policy is not None and job.approved:
                     policy.on_wait(queue, job, rej)
@@ -166,12 +173,16 @@ class _Pass:
         held: Rejection | None = None
         plan: ReclaimPlan | None = None
         native = False  # a backfill VC's own job: its room (and reclaim) come from the time model
+        placements: list[Placement] | None = None
         if self.bf is not None and self.bf.handles(job, vc):
             native = self.bf.native(job, vc)
             got = self.bf.place_now(job, req, vc, req.units)
-            placements = got if isinstance(got, list) else None
-            held = got if isinstance(got, Rejection) else None
-            plan = got if isinstance(got, ReclaimPlan) else None
+            if isinstance(got, list):
+                placements = got
+            elif isinstance(got, Rejection):
+                held = got
+            elif got is not None:
+                plan = got
         else:
             placer = self._placer(req)
             placements = placer.place(st, job, req, vc, req.units)

@@ -35,6 +35,7 @@ from dlts.scheduler.state import NodeState, PassState, Pool, Request
 INF = math.inf
 MEMOISE = True  # memoised fits and counter checks (decisions are the same without; tests compare)
 EPS = 1e-9
+_INFERENCE, _INTERACTIVE = JobType.INFERENCE, JobType.INTERACTIVE  # read once (state.py)
 
 
 @cache
@@ -141,15 +142,19 @@ class Timeline:
         for job in state.snapshot.jobs:
             if not job.running or job.stopping or job.id in state.stopped:
                 continue
-            end = self.end_of(job, job.started_at if job.started_at is not None else now)
-            core = max(1, job.min_replicas) if job.type is JobType.INFERENCE else len(job.placements)
-            budget_end = self.reclaimable_from(job, job.started_at) if job.started_at is not None else 0.0
-            # (placement, reclaimable, its budget's end): extra replicas (i >= core) have no budget
-            kept = [(p, job.preemptible or i >= core, budget_end if i < core else 0.0)
-                    for i, p in enumerate(job.placements) if (p.node, p.gpu_indices) not in gone]
-            self._add_job(job, now if job.started_at is None else job.started_at, end, [p for p, _, _ in kept],
-                          future=False, units=sum(1 for _, r, _ in kept if not r) if not job.preemptible else len(kept),
-                          reclaimable=[r for _, r, _ in kept], reclaim_from=[b for _, _, b in kept])
+            started = job.started_at
+            end = self.end_of(job, started if started is not None else now)
+            held = job.placements
+            core = max(1, job.min_replicas) if job.type is _INFERENCE else len(held)
+            reclaimable = [job.preemptible or i >= core for i in range(len(held))]
+            if gone:  # replicas a reclaim took are gone from the model
+                kept = [i for i, p in enumerate(held) if (p.node, p.gpu_indices) not in gone]
+                held = tuple(held[i] for i in kept)
+                reclaimable = [reclaimable[i] for i in kept]
+            # the first ``core`` placements (never gone) carry the budget; extra replicas have none
+            self._add_job(job, now if started is None else started, end, held, False,
+                          len(reclaimable) if job.preemptible else reclaimable.count(False), reclaimable,
+                          self.reclaimable_from(job, started) if started is not None else 0.0, core)
         for job_id, placements in starts.items():
             job = jobs[job_id]
             self.add_start(job, placements)
@@ -161,12 +166,15 @@ class Timeline:
         return start + d if d < INF else INF
 
     def _add_job(self, job: Job, start: float, end: float, placements: Iterable[Placement], future: bool,
-                 units: int, reclaimable: list[bool] | None = None, reclaim_from: list[float] | None = None) -> None:
-        """``reclaimable`` and ``reclaim_from`` (the end of its preemption budget) per placement."""
+                 units: int, reclaimable: list[bool] | None = None, reclaim_from: float = 0.0,
+                 budgeted: int | None = None) -> None:
+        """``reclaimable`` per placement; ``reclaim_from``: the end of the preemption budget of the
+        first ``budgeted`` placements (all when None). An inference job's extra replicas, after its
+        ``max(1, min_replicas)`` core, have no budget, as ``PassState._add_holding`` gives them none."""
         mine = self.by_job[job.id]
         self.version += 1
         for k, p in enumerate(placements):
-            budget_end = reclaim_from[k] if reclaim_from else 0.0
+            budget_end = reclaim_from if budgeted is None or k < budgeted else 0.0
             it = Item(start, end, mask_of(p.gpu_indices), p.cpu, p.memory_bytes, job.id, future,
                       bool(reclaimable and reclaimable[k]), p.node, budget_end)
             if it.reclaimable and budget_end > self.now:
@@ -178,7 +186,8 @@ class Timeline:
                 if not self.reserved_nodes.get(p.node):
                     self.reserved_log.append(p.node)
                 self.reserved_nodes[p.node] += 1
-        for counter, amount, _check in self.demand(job, units):
+        for maybe_counter, amount, _check in self._shape_demand(job, units):
+            counter = maybe_counter if maybe_counter is not None else self._user_counter(job)
             c = Counted(start, end, amount, job.id, future, counter.key)
             counter.items.append(c)
             counter.checked.clear()
@@ -207,12 +216,10 @@ class Timeline:
             self._add_job(job, self.now, self.end_of(job, self.now), placements, future=False, units=0,
                           reclaimable=[True] * len(placements))
             return
-        budget_end = self.reclaimable_from(job, self.now)
-        core = max(1, job.min_replicas) if job.type is JobType.INFERENCE else len(placements)
+        core = max(1, job.min_replicas) if job.type is _INFERENCE else len(placements)
         self._add_job(job, self.now, self.end_of(job, self.now), placements, future=False, units=len(placements),
                       reclaimable=[job.preemptible or i >= core for i in range(len(placements))],
-                      # extra replicas (i >= core) have no preemption budget (``PassState._add_holding``)
-                      reclaim_from=[budget_end if i < core else 0.0 for i in range(len(placements))])
+                      reclaim_from=self.reclaimable_from(job, self.now), budgeted=core)
 
     def reclaimable_from(self, job: Job, started: float) -> float:
         """When work of ``job`` that started at ``started`` may first be reclaimed: the end of its
@@ -260,7 +267,7 @@ class Timeline:
             else:
                 out.append((("q", job.vc, req.sku), float(req.gpus * core), True))
                 out.append((("u", job.vc, job.user), float(req.gpus * core), not job.user_quota_approved))
-        if job.type is JobType.INTERACTIVE and req.gpus:
+        if job.type is _INTERACTIVE and req.gpus:
             out.append((("i", job.vc), float(req.gpus * units), True))
         return out
 
@@ -297,7 +304,15 @@ class Timeline:
             if not enforced:
                 continue
             # the per-user counter is looked up only when it is checked (most checks stop before it)
-            counter = maybe_counter if maybe_counter is not None else self._user_counter(job)
+            if maybe_counter is not None:
+                counter = maybe_counter
+            elif only_reserved:  # one never made holds no reservation
+                user_counter = self.counters.get(("u", job.vc, job.user))
+                if user_counter is None:
+                    continue
+                counter = user_counter
+            else:
+                counter = self._user_counter(job)
             if counter.cap is None or (only_reserved and not counter.reserved):
                 continue
             if memoise:
@@ -319,9 +334,26 @@ class Timeline:
         of the latest-starting reservation in the overload, or -1."""
         cap = counter.cap
         assert cap is not None
+        # ``start`` first, in one walk over the items: most checks start now and no item starts
+        # later inside the window, so this is the whole answer
+        used = 0.0
+        last = None
+        later = False
+        for c in counter.items:
+            if c.end > start and c.start < end:
+                if c.start <= start:
+                    used += c.amount
+                    if c.future and (last is None or c.start >= last.start):
+                        last = c
+                else:
+                    later = True
+        if used + amount > cap + EPS:
+            return last.job if last is not None else -1
+        if not later:
+            return None
+        # then every later item start inside the window
         items = [c for c in counter.items if c.end > start and c.start < end]
-        points = [start] + [c.start for c in items if c.start > start]
-        for t in points:
+        for t in [c.start for c in items if c.start > start]:
             used = 0.0
             last = None
             for c in items:

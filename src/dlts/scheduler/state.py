@@ -33,6 +33,11 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
+# Enum members the per-job code compares against, read once: on Python 3.11 reading a member off
+# its class (``JobType.INFERENCE``) takes ~0.1-0.2 us (``EnumType`` defines ``__getattr__``, which
+# sends every class attribute read through the slow path), and a pass does it ~500,000 times.
+_INFERENCE, _INTERACTIVE = JobType.INFERENCE, JobType.INTERACTIVE
+
 # the last job's request kept (``PassState.request``); decisions are the same without (tests compare)
 MEMOISE = True
 
@@ -384,7 +389,7 @@ class PassState:
         """How many of ``units`` placements count as non-preemptible for quota."""
         if job.preemptible:
             return 0
-        if job.type is JobType.INFERENCE:
+        if job.type is _INFERENCE:
             return min(units, max(1, job.min_replicas))
         return units
 
@@ -400,7 +405,7 @@ class PassState:
             else:
                 self.vc_used[job.vc][req.sku] += sign * req.gpus * core
                 self.user_used[(job.vc, job.user)] += sign * req.gpus * core
-        if job.type is JobType.INTERACTIVE:
+        if job.type is _INTERACTIVE:
             self.interactive_used[job.vc] += sign * req.gpus * units
 
     def count_start(self, job: Job, units: int) -> None:
@@ -417,9 +422,9 @@ class PassState:
         if job is self._last_job:
             return self._last_request
         key = (job.type, job.sku, job.gpus, job.cpu, job.memory_bytes, job.nodes, job.ib_domain_any, job.min_replicas)
-        if key in self._request_cache:
+        try:  # one lookup (the key hashes eight fields): a few dozen shapes miss, every job asks
             req = self._request_cache[key]
-        else:
+        except KeyError:
             req = self._request_cache[key] = self._resolve(job)
         if self._keep_last:
             self._last_job, self._last_request = job, req

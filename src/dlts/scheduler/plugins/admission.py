@@ -12,6 +12,7 @@ from dlts.scheduler.model import CPU_SKU, Job, JobType, Vc, WaitReason
 from dlts.scheduler.state import PassState, Request
 
 GIB = 1024**3
+_INTERACTIVE = JobType.INTERACTIVE  # read once: a member read off its enum class is slow on 3.11 (state.py)
 
 
 _SOURCE = {"derived": "derived from its GPU quota", "cpu_sku": "its cpu quota"}
@@ -158,7 +159,7 @@ class InteractiveCap:
 
     def check(self, state: PassState, job: Job, req: Request | None, vc: Vc | None) -> Rejection | None:
         assert req is not None and vc is not None
-        if job.type is not JobType.INTERACTIVE or vc.max_interactive_gpus is None:
+        if job.type is not _INTERACTIVE or vc.max_interactive_gpus is None:
             return None
         used = state.interactive_used[job.vc]
         ask = req.total_gpus

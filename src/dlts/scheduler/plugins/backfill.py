@@ -25,7 +25,6 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Callable, Mapping, Sequence
-from functools import partial
 from typing import Protocol, TypeVar
 
 from dlts.scheduler.framework import ReclaimPlan, Rejection, VcQueue
@@ -36,6 +35,7 @@ from dlts.scheduler.reservations import INF, Item, Timeline, first_run, mask_of
 from dlts.scheduler.state import Holding, NodeState, PassState, Pool, Request, cpu_job_fits
 
 T = TypeVar("T")
+_BACKFILL = Policy.BACKFILL  # read once: a member read off its enum class is slow on 3.11 (state.py)
 
 RESERVABLE = frozenset(
     {
@@ -85,13 +85,19 @@ class Durations:
     method of ``BackfillPass``) so that the time model holding it does not make the pass a
     reference cycle."""
 
-    __slots__ = ("_seen", "_vcs")
+    __slots__ = ("_per_vc", "_seen", "_vcs")
 
     def __init__(self, vcs: Mapping[str, Vc]) -> None:
         self._vcs = vcs
         self._seen: dict[tuple[float | None, str], float] = {}
+        self._per_vc: dict[str, float] = {}  # jobs without a limit of their own (most): the VC's
 
     def __call__(self, job: Job) -> float:
+        if job.max_time_s is None:
+            got = self._per_vc.get(job.vc)
+            if got is None:
+                got = self._per_vc[job.vc] = duration_s(job, self._vcs.get(job.vc))
+            return got
         key = (job.max_time_s, job.vc)
         got = self._seen.get(key)
         if got is None:
@@ -112,7 +118,10 @@ class BackfillPass:
         self._gang_now_index: dict[tuple[int, ...], dict[str, int]] = {}  # per pool list: node -> position
         self._first_reservation: dict[int, Reservation] = {}  # job id -> its first in ``reservations``
         self.tried = 0
+        self.reserving = self.depth > 0  # some reservation may still be given (``on_wait``)
         self._pointers: dict[tuple[object, ...], int] = {}
+        self._indexes: dict[int, dict[str, int]] = {}  # per node order (pool): node -> position
+        self._pool_lists: dict[tuple[bool, str, str], list[Pool]] = {}
         # per shape of ``_one_now``: (reserved log read, reserved nodes in order, nodes too full for it)
         self._dead_now: dict[tuple[object, ...], tuple[int, list[tuple[int, str]], set[str]]] = {}
         self._refused_plans: dict[tuple[object, ...], list[tuple[int, float, int, float]]] = {}
@@ -134,17 +143,22 @@ class BackfillPass:
     # -- helpers ---------------------------------------------------------------------------------
 
     def handles(self, job: Job, vc: Vc | None) -> bool:
-        return bool(self.reservations) or (vc is not None and vc.policy is Policy.BACKFILL)
+        return bool(self.reservations) or (vc is not None and vc.policy is _BACKFILL)
 
     @staticmethod
     def native(job: Job, vc: Vc | None) -> bool:
         """A non-preemptible job of a backfill VC: placed (and reclaims) by the time model."""
-        return vc is not None and vc.policy is Policy.BACKFILL and not job.preemptible
+        return vc is not None and vc.policy is _BACKFILL and not job.preemptible
 
     def _pools(self, job: Job, req: Request, vc: Vc) -> list[Pool]:
-        if req.gpus == 0 and not req.whole_node:
-            return cpu_pools(self.state, job, vc)
-        return self.state.pools_for(req.sku, job.vc)
+        """The pools a job may use, in the fixed order; kept per (kind, SKU, VC) for the pass (the
+        lists are only read)."""
+        cpu = req.gpus == 0 and not req.whole_node
+        key = (cpu, req.sku, job.vc)
+        got = self._pool_lists.get(key)
+        if got is None:
+            got = self._pool_lists[key] = cpu_pools(self.state, job, vc) if cpu else self.state.pools_for(req.sku, job.vc)
+        return got
 
     def _tl(self) -> Timeline:
         if self.timeline is None:
@@ -163,12 +177,13 @@ class BackfillPass:
 
         None: no room by the pass state (the caller explains why); a ``Rejection`` with reason
         ``reservation``: there is room, but only on resources (or quota) reserved for a job ahead."""
-        end = self.now + self.duration(job)
+        duration = self.duration(job)
+        end = self.now + duration
         tl = self.timeline if self.reservations else None
         if tl is not None:
             rid = tl.counters_fit(job, units, self.now, end, only_reserved=True)
             if rid is not None:
-                return self._reserved(job, rid, "its VC's quota")
+                return self._reserved(rid, "its VC's quota", duration)
         pools = self._pools(job, req, vc)
         if self.native(job, vc) and not extra:
             return self._native_now(job, req, pools, units, end)
@@ -187,25 +202,26 @@ class BackfillPass:
             if got is not None:
                 return got
         if conflict:
-            return self._reserved(job, conflict[0], "resources")
+            return self._reserved(conflict[0], "resources", duration)
         return None
 
     def _reserve(self, r: Reservation) -> None:
         self.reservations.append(r)
         self._first_reservation.setdefault(r.job_id, r)
 
-    def _reserved(self, job: Job, rid: int, what: str) -> Rejection:
-        key = (rid, what, self.duration(job))
+    def _reserved(self, rid: int, what: str, limit: float) -> Rejection:
+        """The wait of a job that holds resources (or quota) reserved for job ``rid`` for ``limit``
+        seconds (its ``duration_s``)."""
+        key = (rid, what, limit)
         got = self._details.get(key)
         if got is None:
-            got = self._details[key] = self._reserved_detail(job, rid, what)
+            got = self._details[key] = self._reserved_detail(rid, what, limit)
         return got
 
-    def _reserved_detail(self, job: Job, rid: int, what: str) -> Rejection:
+    def _reserved_detail(self, rid: int, what: str, limit: float) -> Rejection:
         res = self._first_reservation.get(rid)
         when = f" from {res.start - self.now:.0f} s from now" if res is not None else ""
         nodes = f" on {', '.join(sorted({p.node for p in res.placements}))}" if res is not None and res.placements else ""
-        limit = self.duration(job)
         runs = f"its limit of {limit:.0f} s" if limit < INF else "it has no time limit"
         return Rejection(
             WaitReason.RESERVATION,
@@ -240,7 +256,12 @@ class BackfillPass:
                     tl.node_version[name] += 1
 
     def _index(self, pool: NodeOrder) -> dict[str, int]:
-        return pool.memo(("bf_index",), partial(_positions, pool.nodes))
+        """Node name -> position in ``pool``'s order (asked for every reservation a shape's list
+        catches up with: kept here by the pool's id, which lives for the pass)."""
+        got = self._indexes.get(id(pool))
+        if got is None:
+            got = self._indexes[id(pool)] = _positions(pool.nodes)
+        return got
 
     def _one_now(self, pools: Sequence[NodeOrder], req: Request, end: float, tl: Timeline | None, conflict: list[int],
                  advance: bool) -> Placement | None:
@@ -469,7 +490,7 @@ class BackfillPass:
         if (
             vc is None
             or req is None
-            or vc.policy is not Policy.BACKFILL
+            or vc.policy is not _BACKFILL
             or job.preemptible
             or not job.approved
             or rej.permanent
@@ -478,6 +499,7 @@ class BackfillPass:
         ):
             return rej, None
         self.tried += 1
+        self.reserving = self.tried < self.depth
         tl = self._tl()
         duration = self.duration(job)
         got = tl.earliest(job, req, self._pools(job, req, vc), duration)
@@ -513,7 +535,7 @@ class BackfillPass:
                 break
         if got is None:
             if self._conflicts and self.reservations:
-                return self._reserved(job, self._conflicts[0], "resources")
+                return self._reserved(self._conflicts[0], "resources", self.duration(job))
             return None
         if self._all_free_now(got):
             st.reserve(got)
@@ -619,7 +641,7 @@ class BackfillPass:
                 elif g and not self._maybe(ns, g):
                     idx = None
                 else:
-                    idx = tl.fits(ns, req, self.now, end, skip_reclaimable=skip)
+                    idx = tl.fits(ns, req, self.now, end, None, None, skip)
                 if idx is None:
                     if advance and i == ptr:
                         ptr += 1
