@@ -23,10 +23,13 @@ room. Other waiting jobs keep the reason placement gave them.
 from __future__ import annotations
 
 from collections import defaultdict
+from operator import attrgetter
 
 from dlts.scheduler.model import Job, Wait, WaitReason
 from dlts.scheduler.plugins.ordering import PriorityQueueTime
 from dlts.scheduler.state import PassState
+
+_USER = attrgetter("user")
 
 
 class FairShare(PriorityQueueTime):
@@ -35,6 +38,7 @@ class FairShare(PriorityQueueTime):
     def __init__(self) -> None:
         self._ratio: dict[tuple[str, str], float] = {}
         self._ratio_of: object = None  # the snapshot ``_ratio`` was computed for
+        self._by_vc: dict[str, dict[str, float]] = {}  # ``_ratio`` as vc -> user -> ratio
         # job id -> (group key, rank by queue time, rank by fair share), for reordered groups only
         self._ranks: dict[int, tuple[tuple[str, int, int], int, int]] = {}
 
@@ -65,7 +69,9 @@ class FairShare(PriorityQueueTime):
         if self._ratio_of is not state.snapshot:
             self._ratio = self.ratios(state, [j for j in state.snapshot.jobs if not j.running])
             self._ratio_of = state.snapshot
-        ratio = self._ratio
+            self._by_vc = defaultdict(dict)
+            for (v, u), r in self._ratio.items():
+                self._by_vc[v][u] = r
         groups: dict[tuple[str, int], list[int]] = defaultdict(list)
         for i, j in enumerate(base):
             groups[(j.vc, j.priority)].append(i)
@@ -77,11 +83,16 @@ class FairShare(PriorityQueueTime):
             if vc is not None and not vc.fair_share:
                 continue
             members = [base[i] for i in idx]
-            if len({j.user for j in members}) < 2:
+            # the group is in queue-time order (``sorted_jobs``), so a stable sort by the owners'
+            # ratios alone gives (ratio, queue time, id)
+            of_user = self._by_vc.get(vc_name, {})
+            keys = [of_user.get(u, 0.0) for u in map(_USER, members)]
+            if min(keys) == max(keys):
                 continue
-            ranked = sorted(members, key=lambda j: (ratio.get((j.vc, j.user), 0.0), j.queue_time, j.id))
-            if ranked == members:
+            perm = sorted(range(len(members)), key=keys.__getitem__)
+            if all(k == p for k, p in enumerate(perm)):
                 continue
+            ranked = [members[p] for p in perm]
             key = (vc_name, prio, phase)
             by_queue = {j.id: k for k, j in enumerate(members)}
             for k, (i, j) in enumerate(zip(idx, ranked)):
