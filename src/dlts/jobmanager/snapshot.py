@@ -76,11 +76,13 @@ def load_snapshot(session: Session, settings: Settings) -> core.Snapshot:
         .where(Job.status.in_([JobStatus.QUEUED, *ACTIVE]))
     ).all()
     preempted = preemption_counts(session) if any(v.max_preemptions for v in vcs.values()) else {}
+    # only where it can decide something: some VC protects its work (min_runtime_s) and the job's
+    # VC lets a long wait for room override that (max_reclaim_delay_s)
     room_since = room_wait_since(session, [
         job.id for job, _ in rows
         if job.status is JobStatus.QUEUED and not job.preemptible and job.reason in ROOM_CODES
         and vcs[vc_names[job.vc_id]].max_reclaim_delay_s is not None
-    ])
+    ]) if any(v.min_runtime_s > 0 for v in vcs.values()) else {}
     jobs = []
     for job, attempt in rows:
         running = job.status in ACTIVE

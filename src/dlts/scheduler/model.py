@@ -178,8 +178,9 @@ class Job:
     # How many times the job has been preempted so far (the preemption budget reads it).
     preemptions: int = 0
     # Since when the job has waited for room (a reason in ``ROOM_REASONS`` at every pass since; the
-    # job manager reads it from the job's reason events, ``dlts sim`` keeps it as it replays); None:
-    # it did not wait for room at the previous pass. ``Vc.max_reclaim_delay_s`` counts from here.
+    # job manager reads it from the job's reason events where some VC has a ``min_runtime_s`` and the
+    # job's VC a ``max_reclaim_delay_s``, ``dlts sim`` keeps it as it replays); None: it did not wait
+    # for room at the previous pass (or it decides nothing). ``Vc.max_reclaim_delay_s`` counts from here.
     room_wait_since: float | None = None
 
 
