@@ -95,11 +95,11 @@ def test_the_checker_holds_fifo_to_the_fair_share_order(tmp_path: Path) -> None:
     # the same starts read without fair share: bob's job 3 passed ann's older job 2
     told_off = copy.deepcopy(fair)
     told_off["cluster"]["fair_share_half_life_h"] = 0.0
-    assert check_result(told_off) == ["FIFO VC lab: job 3 started at 3600.0 while earlier job 2 waited"]
+    assert check_result(told_off) == ["FIFO VC lab: job 3 started at 3600.0 while job 2, ahead of it in the VC's order, waited"]
     # a queue-time replay read with fair share: ann's job 2 started while bob (no use) waited
     queue_order = _replay(tmp_path, "FIFO", extra="fair_share_half_life_h: 0\n")
     queue_order["cluster"]["fair_share_half_life_h"] = 168.0
-    assert check_result(queue_order) == ["FIFO VC lab: job 2 started at 3600.0 while earlier job 3 waited"]
+    assert check_result(queue_order) == ["FIFO VC lab: job 2 started at 3600.0 while job 3, ahead of it in the VC's order, waited"]
 
 
 def test_incremental_use_equals_the_closed_form() -> None:

@@ -233,7 +233,7 @@ def _check_fifo(jobs: list[dict], vcs: dict, half_life_h: float, out: list[str])
                 if e is j or (e["start_s"] is not None and e["start_s"] <= t + EPS):
                     continue
                 if _ahead(e, j, vc, at if fair else None):
-                    out.append(f"FIFO VC {vc}: job {j['id']} started at {t} while earlier job {e['id']} waited")
+                    out.append(f"FIFO VC {vc}: job {j['id']} started at {t} while job {e['id']}, ahead of it in the VC's order, waited")
                     break
 
 
