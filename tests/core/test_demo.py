@@ -39,7 +39,7 @@ class Demo:
             try:
                 if requests.get(f"{self.url}/readyz", timeout=1).status_code == 200:
                     break
-            except requests.ConnectionError:
+            except (requests.ConnectionError, requests.Timeout):  # not listening yet, or slow to answer on a busy machine
                 pass
             assert self.proc.poll() is None, self.proc.stdout.read()
             assert time.monotonic() < deadline, "demo did not come up"
