@@ -165,7 +165,7 @@ def test_jobs_of_backfill_vcs_are_placed_first_fit_in_node_order() -> None:
     assert summary(decide(s, NOW))["starts"] == {2: [("n2", (6, 7))]}  # RF keeps best fit
 
 
-def test_room_made_by_preemption_is_held_from_now_without_an_estimate() -> None:
+def test_room_made_by_preemption_is_held_from_now() -> None:
     s = snap(nodes("n", 2), vc(**BF), [
         busy(job(1, 8, preemptible=True, vc="v"), "n0", tuple(range(8))),
         busy(job(4, 8, max_time_s=5000), "n1", tuple(range(8))),
@@ -175,7 +175,8 @@ def test_room_made_by_preemption_is_held_from_now_without_an_estimate() -> None:
     assert summary(d)["stops"] == {1: "preempted"}
     # the room is job 2's from now on (it starts once job 1 has exited, after the grace period)
     assert [(r.job_id, r.start, r.placements[0].node) for r in d.reservations][0] == (2, NOW, "n0")
-    assert waits(d)[2].estimated_start is None
+    # estimated from now, so the job keeps its reservation (and its place) while job 1 exits
+    assert waits(d)[2].estimated_start == NOW
     assert summary(d)["waits"][3] == "capacity"  # no GPU is free now; the room is held for job 2
 
 
@@ -183,3 +184,69 @@ def test_free_room_is_taken_before_anything_is_preempted() -> None:
     s = snap(nodes("n", 2), vc(**BF), [busy(job(1, 8, preemptible=True, vc="v"), "n0", tuple(range(8))), job(2, 8)])
     d = decide(s, NOW)
     assert summary(d) == {"starts": {2: [("n1", tuple(range(8)))]}, "stops": {}, "waits": {}}
+
+
+def _bound(reserved: bool, policy: Policy = Policy.BACKFILL, limit: int = 7200):
+    """ann's 16-GPU job 1 (queue time 1) against bob's later 8-GPU job 2: bob has no recent use, so
+    fair share ranks job 2 first; ann's running job 9 holds n1 until t=4600 (its limit)."""
+    return snap([node("n1"), node("n2")], [vc(quota={"a100": 16}, policy=policy)], [
+        busy(job(9, 8, user="ann", max_time_s=3600), "n1", tuple(range(8)), started_at=NOW),
+        replace(job(1, 16, user="ann", type=JobType.DISTRIBUTED, nodes=2, queue_time=1.0, max_time_s=3600),
+                reserved_rank=1 if reserved else None),
+        job(2, 8, user="bob", queue_time=5.0, max_time_s=limit),
+    ], fair_share_usage={("v", "ann"): 36_000.0})
+
+
+def test_a_reservation_binds_a_lighter_colleagues_later_job() -> None:
+    # job 1 held a reservation at the previous pass: bob's job 2, submitted after it, is not put
+    # ahead of it by fair share, so it may start only if it ends before job 1's start (4600)
+    d = decide(_bound(reserved=True), NOW)
+    w = waits(d)
+    assert summary(d)["starts"] == {}
+    assert w[1].estimated_start == NOW + 3600 and w[1].queue_position == 1
+    assert w[2].reason_code == "reservation:1" and w[2].queue_position == 2
+    d = decide(_bound(reserved=True, limit=3600), NOW)  # ends by 4600: it backfills next to job 1
+    assert set(summary(d)["starts"]) == {2} and waits(d)[1].estimated_start == NOW + 3600
+
+
+def test_before_its_first_reservation_fair_share_orders_the_job() -> None:
+    # no reservation yet: bob's job goes first, and job 1 then gets one behind it
+    d = decide(_bound(reserved=False), NOW)
+    w = waits(d)
+    assert set(summary(d)["starts"]) == {2}
+    assert w[1].reason_code == "fair_share" and w[1].estimated_start == NOW + 7200
+
+
+def test_a_reservation_flag_changes_nothing_outside_backfill() -> None:
+    for reserved in (False, True):
+        d = decide(_bound(reserved=reserved, policy=Policy.RF), NOW)
+        assert set(summary(d)["starts"]) == {2} and waits(d)[1].reason_code == "fair_share"
+
+
+def test_a_held_reservation_comes_first_in_its_vc_and_priority() -> None:
+    # ann's older job 3 was ranked behind bob's job 2 by fair share; job 1 holds its reservation and
+    # goes first (it keeps the place it was given), the others keep the fair-share order behind it,
+    # and job 3 (600 s) backfills in front of the reservation
+    s = _bound(reserved=True)
+    s = replace(s, jobs=s.jobs + (job(3, 8, user="ann", queue_time=0.0, max_time_s=600),))
+    d = decide(s, NOW)
+    assert summary(d)["starts"] == {3: [("n2", tuple(range(8)))]}
+    w = waits(d)
+    assert (w[1].queue_position, w[2].queue_position) == (1, 2)
+    assert w[1].estimated_start == NOW + 3600 and w[2].reason_code == "reservation:1"
+
+
+def test_a_kept_reservation_is_not_lost_to_the_depth() -> None:
+    # depth 1: job 5 of VC w, older than job 1, now waits too and would take the only slot; job 1
+    # keeps its reservation (and estimate) and job 5 gets none until a slot is free
+    s = _bound(reserved=True)
+    s = replace(s, reservation_depth=1, nodes=s.nodes + (node("n3"),),
+                vcs={**s.vcs, "w": vc("w", quota={"a100": 8}, **BF)},
+                jobs=s.jobs + (busy(job(6, 8, vc="w", max_time_s=3600), "n3", tuple(range(8)), started_at=NOW),
+                               job(5, 8, vc="w", queue_time=0.5)))
+    d = decide(s, NOW)
+    w = waits(d)
+    assert w[1].estimated_start == NOW + 3600 and w[5].estimated_start is None
+    assert [r.job_id for r in d.reservations] == [1]
+    d = decide(replace(s, jobs=tuple(replace(j, reserved_rank=None) for j in s.jobs)), NOW)
+    assert [r.job_id for r in d.reservations] == [5]  # without a kept one, the first in the order

@@ -128,7 +128,8 @@ class _Pass:
 
     def _wait(self, job: Job, rej: Rejection, req: Request | None = None, vc: Vc | None = None) -> None:
         estimate = None
-        if self.bf is not None and self.bf.reserving:  # backfill: maybe a reservation (and an estimated start)
+        # backfill: maybe a reservation (and an estimated start)
+        if self.bf is not None and (self.bf.reserving or job.id in self.bf.held_now):
             rej, estimate = self.bf.on_wait(job, req, vc, rej)
         self.waits.append(
             Wait(job.id, rej.reason, rej.detail, rej.blocked_by, self.positions.get(job.id), rej.permanent, estimate)

@@ -112,13 +112,19 @@ class BackfillPass:
         self.state = state
         self.now = now
         self.starts = starts
-        self.depth = max(0, int(state.snapshot.reservation_depth))
+        # Reservations are kept: a waiting job that held one at the previous pass (``Job.reserved_rank``)
+        # gets it again wherever it stands in the order, and the rest of ``reservation_depth`` goes to
+        # the first other waiting jobs, so a job's estimate does not come and go as jobs ahead of it
+        # in other VCs start and stop fitting.
+        depth = max(0, int(state.snapshot.reservation_depth))
+        self._held_waiting = {j.id for j in state.snapshot.jobs if j.reserved_rank is not None and not j.running} if depth else set()
+        self.depth = max(0, depth - len(self._held_waiting))  # how many new ones
         self.timeline: Timeline | None = None
         self.reservations: list[Reservation] = []
         self._gang_now_index: dict[tuple[int, ...], dict[str, int]] = {}  # per pool list: node -> position
         self._first_reservation: dict[int, Reservation] = {}  # job id -> its first in ``reservations``
         self.tried = 0
-        self.reserving = self.depth > 0  # some reservation may still be given (``on_wait``)
+        self.reserving = self.depth > 0 or bool(self._held_waiting)  # some reservation may still be given (``on_wait``)
         self._pointers: dict[tuple[object, ...], int] = {}
         self._indexes: dict[int, dict[str, int]] = {}  # per node order (pool): node -> position
         self._pool_lists: dict[tuple[bool, str, str], list[Pool]] = {}
@@ -135,7 +141,7 @@ class BackfillPass:
         # per shape of ``_native_one``: (reserved log read, reserved nodes in order it may use, the
         # ones it cannot use); a reclaim's nodes come back
         self._dead: dict[tuple[object, ...], tuple[int, list[tuple[int, str]], set[str]]] = {}
-        self._held_now: set[int] = set()
+        self.held_now: set[int] = set()  # jobs holding reclaimed room from now (``_native_now``)
         self._reserved_lists: dict[int, tuple[int, list[tuple[int, str]]]] = {}
         self._gang_groups: dict[tuple[int, bool], list[list[tuple[int, NodeState]]]] = {}  # per order: nodes by domain
         self._jobs: dict[int, Job] | None = None
@@ -480,13 +486,19 @@ class BackfillPass:
         return True
 
     def on_wait(self, job: Job, req: Request | None, vc: Vc | None, rej: Rejection) -> tuple[Rejection, float | None]:
-        """Give one of the first ``reservation_depth`` waiting jobs of backfill VCs its reservation."""
-        if self.tried >= self.depth:  # every reservation of the pass is given: most waits stop here
+        """Give a waiting job of a backfill VC its reservation: a job that held one at the previous
+        pass (``Job.reserved_rank``) keeps it, and the first waiting jobs in the pass's order get the
+        ``reservation_depth`` slots the held ones leave."""
+        held = job.id in self._held_waiting
+        if held:
+            self._held_waiting.discard(job.id)
+        elif self.tried >= self.depth:  # every new reservation of the pass is given: most waits stop here
             return rej, None
-        if job.id in self._held_now:
-            # reclaimed room, held from now on: it starts when the victims have exited, which the
-            # model cannot time (the grace period), so no estimate is given
-            return rej, None
+        self.reserving = self.tried < self.depth or bool(self._held_waiting)
+        if job.id in self.held_now:
+            # reclaimed room, held from now on (its reservation starts now): it starts as soon as
+            # the preempted work has exited (within the grace period), and keeps its place meanwhile
+            return rej, self.now
         if (
             vc is None
             or req is None
@@ -495,11 +507,11 @@ class BackfillPass:
             or not job.approved
             or rej.permanent
             or rej.reason not in RESERVABLE
-            or self.tried >= self.depth
         ):
             return rej, None
-        self.tried += 1
-        self.reserving = self.tried < self.depth
+        if not held:
+            self.tried += 1
+            self.reserving = self.tried < self.depth or bool(self._held_waiting)
         tl = self._tl()
         duration = self.duration(job)
         got = tl.earliest(job, req, self._pools(job, req, vc), duration)
@@ -547,7 +559,7 @@ class BackfillPass:
         # nor reclaim it again; the job starts there once what is in the way has exited.
         tl.add_reservation(job, self.now, end, got)
         self._reserve(Reservation(job.id, self.now, end, tuple(got)))
-        self._held_now.add(job.id)
+        self.held_now.add(job.id)
         return ReclaimPlan(victims, got)
 
     def _reversed(self, pool: Pool) -> _Reversed:

@@ -13,6 +13,10 @@ group held. So queue positions (numbered per VC) show the fair-share order, and 
 the competition for shared capacity stays what queue time gives it. With no use recorded, or with
 ``Vc.fair_share`` off, or a single user, the order is exactly ``priority_queue_time``.
 
+In a backfill VC the jobs that hold a reservation (``Job.reserved_rank``) come first in their
+group, in the order they held them (``reservations_first``): a reservation is kept until its job
+starts, whatever fair share would say of its owner by then.
+
 ``revise_waits`` runs after the pass: a job that waits while a later-submitted job of another user
 of its VC and priority, moved ahead of it by fair share, started in this pass gets reason
 ``fair_share`` with both users' ratios in the detail, if by queue time it would have been among
@@ -25,11 +29,32 @@ from __future__ import annotations
 from collections import defaultdict
 from operator import attrgetter
 
-from dlts.scheduler.model import Job, Wait, WaitReason
+from dlts.scheduler.model import Job, Policy, Wait, WaitReason
 from dlts.scheduler.plugins.ordering import PriorityQueueTime
 from dlts.scheduler.state import PassState
 
 _USER = attrgetter("user")
+
+
+def reservations_first(ranked: list[Job]) -> list[Job]:
+    """``ranked`` (one VC and priority) with the jobs that hold a reservation (``Job.reserved_rank``)
+    first, in the order they held them; the rest keeps its order. A reservation, once given, is kept until the job
+    starts (Maui's ``RESERVATIONPOLICY HIGHEST``): without this, every job of a colleague whose use
+    fell below the holder's would pass it and push its estimate out, and a heavy user's gang would
+    wait for its owner's use to decay rather than for the room it was promised."""
+    held = [j for j in ranked if j.reserved_rank is not None]
+    if not held:
+        return ranked
+    held.sort(key=_held_key)
+    return held + [j for j in ranked if j.reserved_rank is None]
+
+
+def _held_key(j: Job) -> tuple[int, float, int]:
+    return (j.reserved_rank or 0, j.queue_time, j.id)
+
+
+def _holds_reservation(j: Job) -> bool:
+    return j.reserved_rank is not None
 
 
 class FairShare(PriorityQueueTime):
@@ -62,11 +87,12 @@ class FairShare(PriorityQueueTime):
     def order(self, state: PassState, jobs: list[Job], phase: int = 0) -> list[Job]:
         base = self.sorted_jobs(jobs)
         usage = state.snapshot.fair_share_usage
-        if not usage:
+        held = phase == 0 and any(map(_holds_reservation, base))  # preemptible work never holds a reservation
+        if not usage and not held:
             return base
         # one table per pass, over every waiting job (the core orders non-preemptible and
         # preemptible work in two calls; each alone would count a different set of users)
-        if self._ratio_of is not state.snapshot:
+        if usage and self._ratio_of is not state.snapshot:
             self._ratio = self.ratios(state, [j for j in state.snapshot.jobs if not j.running])
             self._ratio_of = state.snapshot
             self._by_vc = defaultdict(dict)
@@ -80,19 +106,19 @@ class FairShare(PriorityQueueTime):
             if len(idx) < 2:
                 continue
             vc = state.vcs.get(vc_name)
-            if vc is not None and not vc.fair_share:
-                continue
             members = [base[i] for i in idx]
-            # the group is in queue-time order (``sorted_jobs``), so a stable sort by the owners'
-            # ratios alone gives (ratio, queue time, id)
-            of_user = self._by_vc.get(vc_name, {})
-            keys = [of_user.get(u, 0.0) for u in map(_USER, members)]
-            if min(keys) == max(keys):
+            ranked = members
+            if usage and (vc is None or vc.fair_share):
+                # the group is in queue-time order (``sorted_jobs``), so a stable sort by the owners'
+                # ratios alone gives (ratio, queue time, id)
+                of_user = self._by_vc.get(vc_name, {})
+                keys = [of_user.get(u, 0.0) for u in map(_USER, members)]
+                if min(keys) != max(keys):
+                    ranked = [members[p] for p in sorted(range(len(members)), key=keys.__getitem__)]
+            if held and vc is not None and vc.policy is Policy.BACKFILL:
+                ranked = reservations_first(ranked)
+            if all(a is b for a, b in zip(ranked, members)):
                 continue
-            perm = sorted(range(len(members)), key=keys.__getitem__)
-            if all(k == p for k, p in enumerate(perm)):
-                continue
-            ranked = [members[p] for p in perm]
             key = (vc_name, prio, phase)
             by_queue = {j.id: k for k, j in enumerate(members)}
             for k, (i, j) in enumerate(zip(idx, ranked)):
@@ -133,7 +159,9 @@ class FairShare(PriorityQueueTime):
             if q >= len(group_starts):
                 out.append(w)
                 continue
-            ahead = [jid for sq, sf, jid in group_starts if sq > q and sf < f and jobs[jid].user != me.user]
+            # (a job that went first holding its reservation passed by that, not by fair share)
+            ahead = [jid for sq, sf, jid in group_starts
+                     if sq > q and sf < f and jobs[jid].user != me.user and jobs[jid].reserved_rank is None]
             if not ahead:
                 out.append(w)
                 continue
