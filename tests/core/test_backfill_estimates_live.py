@@ -35,11 +35,11 @@ def test_a_waiting_job_of_a_backfill_vc_carries_its_estimated_start(live, world,
     listed = requests.get(f"{live.url}/api/v1/jobs?vc=vision", headers=world.auth("bob"), timeout=10).json()
     row = next(j for j in listed["items"] if j["id"] == second["id"])
     assert row["estimated_start"] == waiting["estimated_start"]
-    # the next pass reads it back as a reservation held, at its place in the VC's order, which the
-    # core keeps until the job starts (docs/scheduling.md, "Kept reservations")
+    # the next pass reads it back as a reservation held, which the core keeps until the job starts
+    # (docs/scheduling.md, "Kept reservations")
     with sessions() as s:
-        held = {j.id: j.reserved_rank for j in load_snapshot(s, settings).jobs}
-    assert held[second["id"]] == waiting["queue_position"] == 1 and held[first["id"]] is None
+        held = {j.id: j.reserved for j in load_snapshot(s, settings).jobs}
+    assert held[second["id"]] is True and held[first["id"]] is False
     requests.post(f"{live.url}/api/v1/jobs/{first['id']}/kill", headers=world.auth("alice"), timeout=10)
     done = wait_for(live, world, second["id"], {"finished"}, user="bob", timeout_s=30)
     assert done["estimated_start"] is None
@@ -52,7 +52,7 @@ def test_an_rf_vc_gives_no_estimate(live, world, sessions, settings):
     live.tick()
     assert get(live, world, second["id"], "bob")["estimated_start"] is None
     with sessions() as s:
-        assert {j.id: j.reserved_rank for j in load_snapshot(s, settings).jobs}[second["id"]] is None
+        assert {j.id: j.reserved for j in load_snapshot(s, settings).jobs}[second["id"]] is False
     requests.post(f"{live.url}/api/v1/jobs/{first['id']}/kill", headers=world.auth("alice"), timeout=10)
 
 

@@ -192,7 +192,7 @@ def _bound(reserved: bool, policy: Policy = Policy.BACKFILL, limit: int = 7200):
     return snap([node("n1"), node("n2")], [vc(quota={"a100": 16}, policy=policy)], [
         busy(job(9, 8, user="ann", max_time_s=3600), "n1", tuple(range(8)), started_at=NOW),
         replace(job(1, 16, user="ann", type=JobType.DISTRIBUTED, nodes=2, queue_time=1.0, max_time_s=3600),
-                reserved_rank=1 if reserved else None),
+                reserved=reserved),
         job(2, 8, user="bob", queue_time=5.0, max_time_s=limit),
     ], fair_share_usage={("v", "ann"): 36_000.0})
 
@@ -223,17 +223,16 @@ def test_a_reservation_flag_changes_nothing_outside_backfill() -> None:
         assert set(summary(d)["starts"]) == {2} and waits(d)[1].reason_code == "fair_share"
 
 
-def test_a_held_reservation_comes_first_in_its_vc_and_priority() -> None:
-    # ann's older job 3 was ranked behind bob's job 2 by fair share; job 1 holds its reservation and
-    # goes first (it keeps the place it was given), the others keep the fair-share order behind it,
-    # and job 3 (600 s) backfills in front of the reservation
+def test_a_held_reservation_does_not_pass_older_work() -> None:
+    # ann's job 3 is older than the held job 1: binding moves job 1 only ahead of later jobs, so
+    # the order is 3, 1, 2 (fair share alone gives 2, 3, 1), and job 3 (600 s) backfills
     s = _bound(reserved=True)
     s = replace(s, jobs=s.jobs + (job(3, 8, user="ann", queue_time=0.0, max_time_s=600),))
     d = decide(s, NOW)
     assert summary(d)["starts"] == {3: [("n2", tuple(range(8)))]}
     w = waits(d)
-    assert (w[1].queue_position, w[2].queue_position) == (1, 2)
-    assert w[1].estimated_start == NOW + 3600 and w[2].reason_code == "reservation:1"
+    assert (w[1].queue_position, w[2].queue_position) == (2, 3)
+    assert w[1].estimated_start == NOW + 3600 and w[2].reason_code == "vc_quota"  # job 3 took the rest
 
 
 def test_a_kept_reservation_is_not_lost_to_the_depth() -> None:
@@ -248,5 +247,5 @@ def test_a_kept_reservation_is_not_lost_to_the_depth() -> None:
     w = waits(d)
     assert w[1].estimated_start == NOW + 3600 and w[5].estimated_start is None
     assert [r.job_id for r in d.reservations] == [1]
-    d = decide(replace(s, jobs=tuple(replace(j, reserved_rank=None) for j in s.jobs)), NOW)
+    d = decide(replace(s, jobs=tuple(replace(j, reserved=False) for j in s.jobs)), NOW)
     assert [r.job_id for r in d.reservations] == [5]  # without a kept one, the first in the order

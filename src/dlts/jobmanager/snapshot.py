@@ -102,8 +102,8 @@ def load_snapshot(session: Session, settings: Settings) -> core.Snapshot:
             min_replicas=(job.spec or {}).get("min_replicas", 0), max_replicas=(job.spec or {}).get("max_replicas", 0),
             preemptions=preempted.get(job.id, 0), room_wait_since=room_since.get(job.id),
             # backfill: it held a reservation at the previous pass (only reservations carry an
-            # estimate), at that place in its VC's order; the core keeps it until the job starts
-            reserved_rank=(job.queue_position or 0) if job.status is JobStatus.QUEUED and job.estimated_start else None,
+            # estimate); the core keeps it until the job starts
+            reserved=job.status is JobStatus.QUEUED and job.estimated_start is not None,
         ))
     return core.Snapshot(skus=reserved_shapes(sku_shapes(session), settings), nodes=nodes, vcs=vcs, jobs=tuple(jobs),
                          cpu_job_default_cpu=settings.cpu_job_default_cpu,

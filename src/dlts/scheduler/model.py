@@ -182,12 +182,12 @@ class Job:
     # job's VC a ``max_reclaim_delay_s``, ``dlts sim`` keeps it as it replays); None: it did not wait
     # for room at the previous pass (or it decides nothing). ``Vc.max_reclaim_delay_s`` counts from here.
     room_wait_since: float | None = None
-    # backfill: the job held a reservation at the previous pass, at this queue position in its VC
-    # (the job manager reads ``jobs.estimated_start`` and ``jobs.queue_position``, ``dlts sim`` keeps
-    # it as it replays); None: it held none. A reservation is kept until the job starts: in a
-    # backfill VC the jobs holding one come first among jobs of their priority, in the order they
-    # held them (plugins/fairshare.py), and get theirs before new ones are given (plugins/backfill.py).
-    reserved_rank: int | None = None
+    # backfill: the job held a reservation at the previous pass (only reservations carry an
+    # estimate: the job manager reads ``jobs.estimated_start``, ``dlts sim`` keeps it as it replays).
+    # A reservation is kept until the job starts: in a backfill VC no job of its priority submitted
+    # after it is ranked ahead of it (plugins/fairshare.py), and it gets its reservation before new
+    # ones are given (plugins/backfill.py).
+    reserved: bool = False
 
 
 @dataclass(frozen=True)

@@ -198,11 +198,10 @@ class Simulation:
                 sj = self.jobs[w.job_id]
                 sj.wait_reasons[w.reason.value] += 1
                 self._room_wait(sj, w.reason in ROOM_REASONS, now)
-                # as the job manager reads jobs.estimated_start and jobs.queue_position
-                rank = w.queue_position if w.estimated_start is not None else None
-                if sj.job.reserved_rank != rank:
-                    sj.job = replace(sj.job, reserved_rank=rank)
-                if rank is not None:
+                reserved = w.estimated_start is not None  # as the job manager reads jobs.estimated_start
+                if sj.job.reserved is not reserved:
+                    sj.job = replace(sj.job, reserved=reserved)
+                if reserved:
                     if sj.first_estimate_s is None and sj.start_s is None:
                         sj.first_estimate_s = w.estimated_start
                     sj.last_estimate_s = w.estimated_start
@@ -249,7 +248,7 @@ class Simulation:
         sj.placements = list(placements)
         self._hold(sj, placements, 1, now)
         sj.job = replace(sj.job, running=True, started_at=now, placements=tuple(placements), stopping=False,
-                         reserved_rank=None)
+                         reserved=False)
         vc = self.cluster.vcs.get(sj.spec.vc)
         if sj.spec.preemptible and vc is not None and vc.min_runtime_s > 0:
             self._push(now + vc.min_runtime_s, "wake", sj.id, sj.attempt_no)  # reclaim may take it from then

@@ -112,12 +112,12 @@ class BackfillPass:
         self.state = state
         self.now = now
         self.starts = starts
-        # Reservations are kept: a waiting job that held one at the previous pass (``Job.reserved_rank``)
+        # Reservations are kept: a waiting job that held one at the previous pass (``Job.reserved``)
         # gets it again wherever it stands in the order, and the rest of ``reservation_depth`` goes to
         # the first other waiting jobs, so a job's estimate does not come and go as jobs ahead of it
         # in other VCs start and stop fitting.
         depth = max(0, int(state.snapshot.reservation_depth))
-        self._held_waiting = {j.id for j in state.snapshot.jobs if j.reserved_rank is not None and not j.running} if depth else set()
+        self._held_waiting = {j.id for j in state.snapshot.jobs if j.reserved and not j.running} if depth else set()
         self.depth = max(0, depth - len(self._held_waiting))  # how many new ones
         self.timeline: Timeline | None = None
         self.reservations: list[Reservation] = []
@@ -487,7 +487,7 @@ class BackfillPass:
 
     def on_wait(self, job: Job, req: Request | None, vc: Vc | None, rej: Rejection) -> tuple[Rejection, float | None]:
         """Give a waiting job of a backfill VC its reservation: a job that held one at the previous
-        pass (``Job.reserved_rank``) keeps it, and the first waiting jobs in the pass's order get the
+        pass (``Job.reserved``) keeps it, and the first waiting jobs in the pass's order get the
         ``reservation_depth`` slots the held ones leave."""
         held = job.id in self._held_waiting
         if held:

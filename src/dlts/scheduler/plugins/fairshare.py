@@ -13,9 +13,9 @@ group held. So queue positions (numbered per VC) show the fair-share order, and 
 the competition for shared capacity stays what queue time gives it. With no use recorded, or with
 ``Vc.fair_share`` off, or a single user, the order is exactly ``priority_queue_time``.
 
-In a backfill VC the jobs that hold a reservation (``Job.reserved_rank``) come first in their
-group, in the order they held them (``reservations_first``): a reservation is kept until its job
-starts, whatever fair share would say of its owner by then.
+In a backfill VC no job submitted after a job that holds a reservation (``Job.reserved``) is
+ranked ahead of it (``bind_reservations``): a reservation is kept until its job starts, whatever
+fair share says of its owner by then.
 
 ``revise_waits`` runs after the pass: a job that waits while a later-submitted job of another user
 of its VC and priority, moved ahead of it by fair share, started in this pass gets reason
@@ -26,6 +26,8 @@ room. Other waiting jobs keep the reason placement gave them.
 
 from __future__ import annotations
 
+import bisect
+import heapq
 from collections import defaultdict
 from operator import attrgetter
 
@@ -33,28 +35,49 @@ from dlts.scheduler.model import Job, Policy, Wait, WaitReason
 from dlts.scheduler.plugins.ordering import PriorityQueueTime
 from dlts.scheduler.state import PassState
 
-_USER = attrgetter("user")
-
-
-def reservations_first(ranked: list[Job]) -> list[Job]:
-    """``ranked`` (one VC and priority) with the jobs that hold a reservation (``Job.reserved_rank``)
-    first, in the order they held them; the rest keeps its order. A reservation, once given, is kept until the job
-    starts (Maui's ``RESERVATIONPOLICY HIGHEST``): without this, every job of a colleague whose use
-    fell below the holder's would pass it and push its estimate out, and a heavy user's gang would
-    wait for its owner's use to decay rather than for the room it was promised."""
-    held = [j for j in ranked if j.reserved_rank is not None]
+def bind_reservations(ranked: list[Job]) -> list[Job]:
+    """``ranked`` (one VC and priority, in fair-share order) with every job submitted after a job
+    that holds a reservation (``Job.reserved``) moved behind that job: a reservation, once given,
+    binds all later work whatever its owner's use. Without it every new job of a colleague who
+    used less was ranked ahead of a heavy user's reserved gang, started on the quota the
+    reservation counted on, and moved its estimate out, pass after pass. Older jobs keep the
+    fair-share order (a requeued job goes back to the head); a job held back follows the last
+    reserved job it waited for, and the held-back jobs keep their fair-share order among themselves."""
+    held = sorted((j for j in ranked if j.reserved), key=_queue_key)
     if not held:
         return ranked
-    held.sort(key=_held_key)
-    return held + [j for j in ranked if j.reserved_rank is None]
+    held_keys = [_queue_key(j) for j in held]
+    # A job may be placed once every held job older than it is (its gate). Held jobs are placed
+    # oldest first, so that is when ``placed_held`` reaches the number of them older than it.
+    waiting: dict[int, list[tuple[int, Job]]] = defaultdict(list)  # gate -> (rank, job) held back
+    ready: list[tuple[int, Job]] = []  # held back and now free, by fair-share rank
+    out: list[Job] = []
+    placed_held = 0
+
+    def place(j: Job) -> None:
+        nonlocal placed_held
+        out.append(j)
+        if j.reserved:
+            placed_held += 1
+            for item in waiting.pop(placed_held, ()):
+                heapq.heappush(ready, item)
+
+    for rank, j in enumerate(ranked):
+        gate = bisect.bisect_left(held_keys, _queue_key(j))
+        if gate > placed_held:
+            waiting[gate].append((rank, j))
+            continue
+        place(j)
+        while ready:
+            place(heapq.heappop(ready)[1])
+    return out
 
 
-def _held_key(j: Job) -> tuple[int, float, int]:
-    return (j.reserved_rank or 0, j.queue_time, j.id)
+def _queue_key(j: Job) -> tuple[float, int]:
+    return (j.queue_time, j.id)
 
 
-def _holds_reservation(j: Job) -> bool:
-    return j.reserved_rank is not None
+_USER, _RESERVED = attrgetter("user"), attrgetter("reserved")
 
 
 class FairShare(PriorityQueueTime):
@@ -87,7 +110,7 @@ class FairShare(PriorityQueueTime):
     def order(self, state: PassState, jobs: list[Job], phase: int = 0) -> list[Job]:
         base = self.sorted_jobs(jobs)
         usage = state.snapshot.fair_share_usage
-        held = phase == 0 and any(map(_holds_reservation, base))  # preemptible work never holds a reservation
+        held = phase == 0 and any(map(_RESERVED, base))  # preemptible work never holds a reservation
         if not usage and not held:
             return base
         # one table per pass, over every waiting job (the core orders non-preemptible and
@@ -116,7 +139,7 @@ class FairShare(PriorityQueueTime):
                 if min(keys) != max(keys):
                     ranked = [members[p] for p in sorted(range(len(members)), key=keys.__getitem__)]
             if held and vc is not None and vc.policy is Policy.BACKFILL:
-                ranked = reservations_first(ranked)
+                ranked = bind_reservations(ranked)
             if all(a is b for a, b in zip(ranked, members)):
                 continue
             key = (vc_name, prio, phase)
@@ -161,7 +184,7 @@ class FairShare(PriorityQueueTime):
                 continue
             # (a job that went first holding its reservation passed by that, not by fair share)
             ahead = [jid for sq, sf, jid in group_starts
-                     if sq > q and sf < f and jobs[jid].user != me.user and jobs[jid].reserved_rank is None]
+                     if sq > q and sf < f and jobs[jid].user != me.user and not jobs[jid].reserved]
             if not ahead:
                 out.append(w)
                 continue
