@@ -272,7 +272,7 @@ def test_an_extra_replica_is_reclaimed_at_once_whatever_its_jobs_budget() -> Non
 
 
 def _a_lighter_colleagues_later_job() -> tuple[Cluster, list[TraceJob]]:
-    """With fair share (found once estimates were checked with it, ~1,500 examples): ann's job 2
+    """With fair share (estimates checked with it: the old order failed within 2,000 examples): ann's job 2
     (8 GPUs) is promised t=300, when her job 1 ends; bob's job 3, submitted later, is ranked ahead
     of it at every pass (bob has used nothing) and took the node at 300. A reservation is now kept
     until the job starts, ahead of later work of any owner."""

@@ -249,3 +249,18 @@ def test_a_kept_reservation_is_not_lost_to_the_depth() -> None:
     assert [r.job_id for r in d.reservations] == [1]
     d = decide(replace(s, jobs=tuple(replace(j, reserved=False) for j in s.jobs)), NOW)
     assert [r.job_id for r in d.reservations] == [5]  # without a kept one, the first in the order
+
+
+def test_binding_moves_only_later_jobs_behind_each_held_one() -> None:
+    from dlts.scheduler.plugins.fairshare import bind_reservations
+
+    def j(i: int, qt: float, held: bool = False):
+        return replace(job(i, 1, queue_time=qt), reserved=held)
+
+    # fair-share order a, r2, b, r1, c; r1 (t=2) and r2 (t=3) hold reservations
+    a, r2, b, r1, c = j(1, 10.0), j(2, 3.0, True), j(3, 2.5), j(4, 2.0, True), j(5, 1.0)
+    got = [x.id for x in bind_reservations([a, r2, b, r1, c])]
+    # r1 goes first of the held (oldest); r2 and b (both after r1) follow it, a (after r2) too, in
+    # their fair-share order; c, older than both, keeps its place at the end
+    assert got == [4, 2, 1, 3, 5]
+    assert bind_reservations([a, b, c]) == [a, b, c]

@@ -35,6 +35,7 @@ from dlts.scheduler.model import Job, Policy, Wait, WaitReason
 from dlts.scheduler.plugins.ordering import PriorityQueueTime
 from dlts.scheduler.state import PassState
 
+
 def bind_reservations(ranked: list[Job]) -> list[Job]:
     """``ranked`` (one VC and priority, in fair-share order) with every job submitted after a job
     that holds a reservation (``Job.reserved``) moved behind that job: a reservation, once given,
