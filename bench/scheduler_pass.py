@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from dlts.scheduler import Job, JobType, Node, Placement, Policy, SkuShape, Snapshot, Vc, decide
@@ -133,10 +134,21 @@ def fair_share_usage(jobs: list[Job], seed: int) -> dict[tuple[str, str], float]
     return usage
 
 
-def one_point(n_jobs: int, n_nodes: int, repeat: int, policy: str | None = None, fair_share: bool = False) -> dict:
+def keep_reservations(snap: Snapshot) -> tuple[Snapshot, int]:
+    """The snapshot as the next pass would read it: the jobs this pass gave an estimate (a
+    reservation) marked ``reserved``, as the job manager reads them back from ``jobs.estimated_start``."""
+    held = {w.job_id for w in decide(snap, NOW).waits if w.estimated_start is not None}
+    return replace(snap, jobs=tuple(replace(j, reserved=True) if j.id in held else j for j in snap.jobs)), len(held)
+
+
+def one_point(n_jobs: int, n_nodes: int, repeat: int, policy: str | None = None, fair_share: bool = False,
+              kept: bool = False) -> dict:
     t0 = time.perf_counter()
     snap = build_snapshot(n_jobs, n_nodes, policy=policy, fair_share=fair_share)
     build_s = time.perf_counter() - t0
+    held = 0
+    if kept:
+        snap, held = keep_reservations(snap)
     times, cpu_times, last = [], [], None
     for _ in range(repeat):
         t, c = time.perf_counter(), time.process_time()
@@ -166,6 +178,7 @@ def one_point(n_jobs: int, n_nodes: int, repeat: int, policy: str | None = None,
         "reservations": len(last.reservations),
         "policy": policy or "RF/FIFO mix",
         "fair_share": fair_share,
+        "kept_reservations": held,
         "waits": len(last.waits),
         "reasons": reasons,
         "phases_s": {k: round(v, 4) for k, v in last.timings_s.items()},
@@ -173,10 +186,12 @@ def one_point(n_jobs: int, n_nodes: int, repeat: int, policy: str | None = None,
     }
 
 
-def run_point(n_jobs: int, n_nodes: int, repeat: int, policy: str | None = None, fair_share: bool = False) -> dict:
+def run_point(n_jobs: int, n_nodes: int, repeat: int, policy: str | None = None, fair_share: bool = False,
+              kept: bool = False) -> dict:
     out = subprocess.run(
         [sys.executable, __file__, "--only", str(n_jobs), str(n_nodes), "--repeat", str(repeat), "--json"]
-        + (["--policy", policy] if policy else []) + (["--fair-share"] if fair_share else []),
+        + (["--policy", policy] if policy else []) + (["--fair-share"] if fair_share else [])
+        + (["--kept"] if kept else []),
         capture_output=True,
         text=True,
         check=True,
@@ -222,11 +237,14 @@ def main() -> None:
     ap.add_argument("--fair-share", action="store_true",
                     help="hand the pass each user's recent GPU use, as the job manager does (fair share re-ranks "
                          "each VC's queue); without it the order is priority and queue time")
+    ap.add_argument("--kept", action="store_true",
+                    help="time the next pass: the jobs a first pass gave a reservation hold it (backfill keeps "
+                         "reservations until their jobs start)")
     ap.add_argument("--curve", nargs="*", type=int, default=None, metavar="PENDING NODES",
                     help="pairs of points instead of the default curve, e.g. --curve 20000 2000 100000 10000")
     args = ap.parse_args()
     if args.only:
-        point = one_point(args.only[0], args.only[1], args.repeat, args.policy, args.fair_share)
+        point = one_point(args.only[0], args.only[1], args.repeat, args.policy, args.fair_share, args.kept)
         print(json.dumps(point) if args.json else json.dumps(point, indent=1))
         return
     print(
@@ -235,7 +253,7 @@ def main() -> None:
     )
     curve = CURVE if not args.curve else list(zip(args.curve[::2], args.curve[1::2]))
     for n_jobs, n_nodes in curve:
-        p = run_point(n_jobs, n_nodes, args.repeat, args.policy, args.fair_share)
+        p = run_point(n_jobs, n_nodes, args.repeat, args.policy, args.fair_share, args.kept)
         print(
             f"{p['pending']:>8} {p['nodes']:>6} {p['running']:>8} {p['pass_median_s']:>8.3f} {p['pass_cpu_median_s']:>7.3f} "
             f"{p['placements']:>7} {p['placements_per_s']:>13.0f} {p['stops']:>6} {p['peak_rss_mib']:>13.1f} "

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import importlib.util
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -37,11 +38,16 @@ def _decisions(snap, monkeypatch, memoise: bool):
     )
 
 
-@pytest.mark.parametrize("seed,jobs,nodes,fair_share", [(1, 1500, 150, False), (2, 2500, 120, False),
-                                                       (3, 3000, 300, False), (9, 3000, 300, True)])
+@pytest.mark.parametrize("seed,jobs,nodes,fair_share,kept", [(1, 1500, 150, False, False), (2, 2500, 120, False, False),
+                                                            (3, 3000, 300, False, False), (9, 3000, 300, True, False),
+                                                            (10, 3000, 300, True, True)])
 def test_memoised_backfill_decides_as_the_plain_model(monkeypatch, seed: int, jobs: int, nodes: int,
-                                                      fair_share: bool) -> None:
+                                                      fair_share: bool, kept: bool) -> None:
     snap = _build_snapshot()(jobs, nodes, seed=seed, policy="backfill", fair_share=fair_share)
+    if kept:  # the next pass: the jobs this one reserved for hold their reservations
+        held = {w.job_id for w in decide(snap, 200_000.0).waits if w.estimated_start is not None}
+        assert held
+        snap = replace(snap, jobs=tuple(replace(j, reserved=True) if j.id in held else j for j in snap.jobs))
     plain = _decisions(snap, monkeypatch, False)
     memo = _decisions(snap, monkeypatch, True)
     assert plain[3], "the snapshot must exercise reservations"
