@@ -111,7 +111,15 @@ class FairShare(PriorityQueueTime):
     def order(self, state: PassState, jobs: list[Job], phase: int = 0) -> list[Job]:
         base = self.sorted_jobs(jobs)
         usage = state.snapshot.fair_share_usage
-        held = phase == 0 and any(map(_RESERVED, base))  # preemptible work never holds a reservation
+        # the (VC, priority) groups of backfill VCs with a job holding a reservation (preemptible work
+        # never holds one): without fair share, the only groups whose order can change
+        held: set[tuple[str, int]] = set()
+        if phase == 0:
+            vcs = state.vcs
+            for j in filter(_RESERVED, base):
+                v = vcs.get(j.vc)
+                if v is not None and v.policy is Policy.BACKFILL:
+                    held.add((j.vc, j.priority))
         if not usage and not held:
             return base
         # one table per pass, over every waiting job (the core orders non-preemptible and
@@ -123,8 +131,14 @@ class FairShare(PriorityQueueTime):
             for (v, u), r in self._ratio.items():
                 self._by_vc[v][u] = r
         groups: dict[tuple[str, int], list[int]] = defaultdict(list)
-        for i, j in enumerate(base):
-            groups[(j.vc, j.priority)].append(i)
+        if usage:
+            for i, j in enumerate(base):
+                groups[(j.vc, j.priority)].append(i)
+        else:
+            held_vcs = {vc for vc, _ in held}
+            for i, j in enumerate(base):
+                if j.vc in held_vcs and (j.vc, j.priority) in held:
+                    groups[(j.vc, j.priority)].append(i)
         out = list(base)
         for (vc_name, prio), idx in groups.items():
             if len(idx) < 2:
@@ -139,7 +153,7 @@ class FairShare(PriorityQueueTime):
                 keys = [of_user.get(u, 0.0) for u in map(_USER, members)]
                 if min(keys) != max(keys):
                     ranked = [members[p] for p in sorted(range(len(members)), key=keys.__getitem__)]
-            if held and vc is not None and vc.policy is Policy.BACKFILL:
+            if (vc_name, prio) in held:
                 ranked = bind_reservations(ranked)
             if all(a is b for a, b in zip(ranked, members)):
                 continue
