@@ -379,6 +379,11 @@ class BackfillPass:
     def on_start(self, job: Job, placements: list[Placement]) -> None:
         if self.timeline is not None:
             self.timeline.add_start(job, placements)
+        if job.id in self._held_waiting:
+            # a held reservation came due and started; its slot stays spent for this pass (given to
+            # the next waiting job instead, replays waited longer on average: docs/benchmarks.md)
+            self._held_waiting.discard(job.id)
+            self.reserving = self.tried < self.depth or bool(self._held_waiting)
 
     def on_reclaimed(self, victims: list[Holding]) -> None:
         """Victims of a reclaim are on their way out: gone in the time model."""
