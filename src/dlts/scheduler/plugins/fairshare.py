@@ -117,8 +117,8 @@ class FairShare(PriorityQueueTime):
         if phase == 0:
             vcs = state.vcs
             for j in filter(_RESERVED, base):
-                v = vcs.get(j.vc)
-                if v is not None and v.policy is Policy.BACKFILL:
+                its_vc = vcs.get(j.vc)
+                if its_vc is not None and its_vc.policy is Policy.BACKFILL:
                     held.add((j.vc, j.priority))
         if not usage and not held:
             return base
