@@ -337,10 +337,13 @@ def _backup_destroy_restore(machine, inventory: Path, tmp_path: Path, api: str, 
     listed = machine.ssh("/usr/local/sbin/dlts-db-restore --list")
     assert len(listed.stdout.splitlines()) == 1 and " binlog mysql-bin." in listed.stdout, listed.stdout + listed.stderr
     after_backup = submit("after-backup")
-    # The chosen time (the database host's clock, one-second resolution): a new second after the
-    # last wanted job; the job submitted after it must not come back.
+    # The chosen time (the database host's clock, one-second resolution): the second after the next
+    # one after the last wanted job, so at least a whole second lies between its commit and the
+    # chosen time (with only the next second, a CI run saw the job's binary-log event stamped with
+    # that very second and the restore, which stops before it, left the job out); the job
+    # submitted after it must not come back.
     clock = machine.ssh(
-        "python3 -c 'import time; s = int(time.time())\nwhile int(time.time()) <= s: time.sleep(0.05)\n"
+        "python3 -c 'import time; s = int(time.time())\nwhile int(time.time()) <= s + 1: time.sleep(0.05)\n"
         "print(time.strftime(\"%Y-%m-%d %H:%M:%S\"))'")
     assert clock.returncode == 0, clock.stderr
     until = clock.stdout.strip()
