@@ -124,7 +124,8 @@ class BackfillPass:
         self._gang_now_index: dict[tuple[int, ...], dict[str, int]] = {}  # per pool list: node -> position
         self._first_reservation: dict[int, Reservation] = {}  # job id -> its first in ``reservations``
         self.tried = 0
-        self.reserving = self.depth > 0 or bool(self._held_waiting)  # some reservation may still be given (``on_wait``)
+        self.reserving = True  # some reservation may still be given (``on_wait``): ``_update_reserving``
+        self._update_reserving()
         self._pointers: dict[tuple[object, ...], int] = {}
         self._indexes: dict[int, dict[str, int]] = {}  # per node order (pool): node -> position
         self._pool_lists: dict[tuple[bool, str, str], list[Pool]] = {}
@@ -147,6 +148,10 @@ class BackfillPass:
         self._jobs: dict[int, Job] | None = None
 
     # -- helpers ---------------------------------------------------------------------------------
+
+    def _update_reserving(self) -> None:
+        """Whether a later wait may still get a reservation: a new one is left, or a held one waits."""
+        self.reserving = self.tried < self.depth or bool(self._held_waiting)
 
     def handles(self, job: Job, vc: Vc | None) -> bool:
         return bool(self.reservations) or (vc is not None and vc.policy is _BACKFILL)
@@ -383,7 +388,7 @@ class BackfillPass:
             # a held reservation came due and started; its slot stays spent for this pass (given to
             # the next waiting job instead, replays waited longer on average: docs/benchmarks.md)
             self._held_waiting.discard(job.id)
-            self.reserving = self.tried < self.depth or bool(self._held_waiting)
+            self._update_reserving()
 
     def on_reclaimed(self, victims: list[Holding]) -> None:
         """Victims of a reclaim are on their way out: gone in the time model."""
@@ -499,7 +504,7 @@ class BackfillPass:
             self._held_waiting.discard(job.id)
         elif self.tried >= self.depth:  # every new reservation of the pass is given: most waits stop here
             return rej, None
-        self.reserving = self.tried < self.depth or bool(self._held_waiting)
+        self._update_reserving()
         if job.id in self.held_now:
             # reclaimed room, held from now on (its reservation starts now): it starts as soon as
             # the preempted work has exited (within the grace period), and keeps its place meanwhile
@@ -516,7 +521,7 @@ class BackfillPass:
             return rej, None
         if not held:
             self.tried += 1
-            self.reserving = self.tried < self.depth or bool(self._held_waiting)
+            self._update_reserving()
         tl = self._tl()
         duration = self.duration(job)
         got = tl.earliest(job, req, self._pools(job, req, vc), duration)

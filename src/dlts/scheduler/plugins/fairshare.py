@@ -131,14 +131,10 @@ class FairShare(PriorityQueueTime):
             for (v, u), r in self._ratio.items():
                 self._by_vc[v][u] = r
         groups: dict[tuple[str, int], list[int]] = defaultdict(list)
-        if usage:
-            for i, j in enumerate(base):
+        some_vcs = None if usage else {vc for vc, _ in held}  # without use, only the held groups
+        for i, j in enumerate(base):
+            if some_vcs is None or (j.vc in some_vcs and (j.vc, j.priority) in held):
                 groups[(j.vc, j.priority)].append(i)
-        else:
-            held_vcs = {vc for vc, _ in held}
-            for i, j in enumerate(base):
-                if j.vc in held_vcs and (j.vc, j.priority) in held:
-                    groups[(j.vc, j.priority)].append(i)
         out = list(base)
         for (vc_name, prio), idx in groups.items():
             if len(idx) < 2:
