@@ -41,10 +41,13 @@ def gpu_metrics(job_gpus: dict[int, tuple[int, float]], memory_used=GiB, memory_
 
 
 def history(sessions, minutes: int, metrics: dict, *, end: dt.datetime | None = None) -> None:
-    """The node reported ``metrics`` once in each of the ``minutes`` minutes before ``end`` (now)."""
+    """The node reported ``metrics`` once in each of the last ``minutes`` minutes up to ``end`` (now),
+    ``end``'s own minute included: a report made after this, in the same minute or the next, continues
+    the history without a gap (a history that stopped at the minute before ``end`` left one whenever
+    the report came in the next minute, and a slow CI run saw idle GPUs as busy)."""
     end = end or utcnow()
     with sessions() as s:
-        for k in range(minutes, 0, -1):
+        for k in range(minutes - 1, -1, -1):
             accounting.record_utilisation(s, "testnode", metrics, end - dt.timedelta(minutes=k))
         s.commit()
 
