@@ -232,7 +232,7 @@ class Stop:
     placements: tuple[Placement, ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: a pass makes one per waiting job, and a frozen one costs 4x to make
 class Wait:
     job_id: int
     reason: WaitReason
