@@ -3,11 +3,14 @@
 
 from __future__ import annotations
 
+import datetime as dt
+
 import pytest
 from insight_kit import gpu_metrics, history, node_token, report, running_job
 
 from dlts.config import ConfigError, load_settings
 from dlts.managers.insight import InsightManager
+from dlts.models import utcnow
 
 pytestmark = pytest.mark.db
 
@@ -57,3 +60,21 @@ def test_the_files_idle_min_decides_when_a_job_is_idle(client, world, sessions, 
         InsightManager(sessions, settings.model_copy(update={"insight": loaded.insight})).run_once()
         got = client.get(f"/api/v1/jobs/{job_id}", headers=world.auth("alice")).get_json()["insights"]
         assert [i["code"] for i in got] == found
+
+
+def test_the_files_report_interval_decides_what_is_a_gap(client, world, sessions, settings, tmp_path):
+    """Agents that report every 2 minutes leave every other minute without a point: an unbroken idle
+    history once dlts.yaml says so, a broken one at the default 15 s."""
+    job_id = running_job(client, world, sessions, gpus=(0,))
+    idle = gpu_metrics({0: (job_id, 0.0)})
+    now = utcnow()
+    for k in range(44, 0, -2):
+        history(sessions, 1, idle, end=now - dt.timedelta(minutes=k))
+    report(client, node_token(sessions), idle)
+    config = tmp_path / "insight.yaml"
+    for interval, found in ((15, []), (120, ["gpus_idle"])):
+        config.write_text(f"insight:\n  report_interval_s: {interval}\n")
+        loaded = load_settings(config, environ={})
+        InsightManager(sessions, settings.model_copy(update={"insight": loaded.insight})).run_once()
+        got = client.get(f"/api/v1/jobs/{job_id}", headers=world.auth("alice")).get_json()["insights"]
+        assert [i["code"] for i in got] == found, interval

@@ -104,6 +104,29 @@ def test_an_idle_run_starts_no_earlier_than_the_attempt():
     assert rules.idle_since(view, S) == NOW - dt.timedelta(minutes=40.5)
 
 
+def every(k: int, minutes: list[Minute]) -> list[Minute]:
+    """Every k-th point, NOW's minute kept: what agents reporting every k minutes leave."""
+    return [m for i, m in enumerate(reversed(minutes)) if i % k == 0][::-1]
+
+
+@pytest.mark.parametrize("report_s, view, expected", [
+    # agents reporting every 2 min leave every other minute without a point: still one idle run
+    (120, job(every(2, history(45, IDLE))), ["gpus_idle"]),
+    (120, job(every(4, history(45, IDLE))), ["gpus_idle"]),  # 4 min apart: two intervals
+    (120, job(every(5, history(45, IDLE))), []),  # 5 min apart: silent past two intervals, a gap
+    (60, job(every(2, history(45, IDLE))), ["gpus_idle"]),
+    (60, job(every(3, history(45, IDLE))), []),
+    # ... and a window needs half the points such reports give (one every 3 min: 10 of 60 min)
+    (180, job(every(3, history(70, lambda k, i: 0.15))), ["low_utilisation"]),
+    # every 15 s (the default): a missing minute is a gap, and sparse points fill no window
+    (15, job(every(2, history(45, IDLE))), []),
+    (15, job(every(3, history(70, lambda k, i: 0.15))), []),
+])
+def test_agents_reporting_less_than_once_a_minute(report_s, view, expected):
+    s = InsightSettings(report_interval_s=report_s)
+    assert [f.code for f in rules.evaluate(view, NOW, s)] == expected
+
+
 def test_the_vc_policy_raises_the_idle_finding_earlier():
     view = job(history(12, IDLE))
     assert codes(view) == [] and codes(view, idle_min=10) == ["gpus_idle"]

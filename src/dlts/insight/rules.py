@@ -4,8 +4,10 @@ and writes what these return (docs/monitoring.md#insight).
 
 The history is the accounting's minute points (one per attempt, node and minute: the mean of the
 agent's samples in that minute). A minute counts as *idle* when every GPU of the job with a reading
-is at or under ``idle_ratio``; a minute without GPU readings, or a missing minute (the agent was
-silent), ends an idle run: an idle run is only what the history shows without a gap. On top of the
+is at or under ``idle_ratio``; a minute without GPU readings, or a gap (no point for longer than
+two report intervals: the agent was silent), ends an idle run: an idle run is only what the history
+shows without a gap. Agents that report less often than once a minute leave minutes without a
+point; those are not gaps (``max_step``), and a window needs fewer points (``_window``). On top of the
 history, the nodes' last reports say what the job's GPUs do *now*: a job is idle only while those
 say so too, and nothing is decided on data older than two report intervals (``is_fresh``).
 """
@@ -13,6 +15,7 @@ say so too, and nothing is decided on data older than two report intervals (``is
 from __future__ import annotations
 
 import datetime as dt
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -113,6 +116,13 @@ def is_fresh(job: JobView, now: dt.datetime, report_interval_s: float) -> bool:
     return job.minutes[-1].at + MINUTE > now - limit
 
 
+def max_step(s: InsightSettings) -> dt.timedelta:
+    """The longest distance between two points of an unbroken history: the minutes two report
+    intervals can span (agents reporting every 15 s: the next minute only; every 60 s: one minute
+    may be without a point; every 120 s: three)."""
+    return MINUTE * max(1, math.ceil(2 * s.report_interval_s / 60))
+
+
 def _readings(minute: Minute) -> dict[GpuKey, float]:
     return {k: r for k, (r, _m) in minute.gpus.items() if r is not None}
 
@@ -124,28 +134,29 @@ def idle_since(job: JobView, s: InsightSettings) -> dt.datetime | None:
     latest = [r for r in job.latest.values() if r is not None]
     if not latest or any(r > s.idle_ratio for r in latest):
         return None
-    since = None
-    expected = None
+    since: dt.datetime | None = None
+    step = max_step(s)
     for minute in reversed(job.minutes):
         readings = _readings(minute)
         if not readings or any(r > s.idle_ratio for r in readings.values()):
             break
-        if expected is not None and minute.at != expected:
-            break  # a missing minute: the run ends there
-        since, expected = minute.at, minute.at - MINUTE
+        if since is not None and since - minute.at > step:
+            break  # a gap: the run ends there
+        since = minute.at
     if since is None:
         return None
     return max(since, job.started_at)
 
 
-def _window(job: JobView, now: dt.datetime, minutes: float) -> list[Minute] | None:
+def _window(job: JobView, now: dt.datetime, minutes: float, s: InsightSettings) -> list[Minute] | None:
     """The minutes of the last ``minutes`` minutes, or None when the job has not run that long or
-    the history covers less than half of it."""
+    the history holds less than half the points its agents' reports give such a window (one a
+    minute, or one a report interval when that is longer)."""
     start = now - dt.timedelta(minutes=minutes)
     if job.started_at > start:
         return None
     points = [m for m in job.minutes if m.at + MINUTE > start]
-    if len(points) < max(1.0, minutes / 2):
+    if len(points) < max(1.0, minutes / 2 * min(1.0, 60.0 / s.report_interval_s)):
         return None
     return points
 
@@ -174,7 +185,7 @@ def evaluate(job: JobView, now: dt.datetime, s: InsightSettings, pressure: Press
             f"{_minutes((now - since).total_seconds() / 60)}. If it waits for input or has finished its work, kill it so "
             "that others can use the GPUs; pause an interactive job while you are away."), since))
     partly = False
-    points = _window(job, now, s.partial_min)
+    points = _window(job, now, s.partial_min, s)
     if not idle and points:
         means = _gpu_means(points)
         busy = sorted(k for k, r in means.items() if r >= s.busy_ratio)
@@ -187,7 +198,7 @@ def evaluate(job: JobView, now: dt.datetime, s: InsightSettings, pressure: Press
                 f"{_gpu_names(idle_gpus)}. If the program uses fewer GPUs, ask for gpus: {len(busy)} next time; for "
                 f"data-parallel training check that every process took its own GPU (e.g. torchrun "
                 f"--nproc_per_node={total})."), max(job.started_at, now - dt.timedelta(minutes=s.partial_min))))
-    points = _window(job, now, s.low_min)
+    points = _window(job, now, s.low_min, s)
     if not idle and not partly and points:
         means = _gpu_means(points)
         if means:
@@ -198,7 +209,7 @@ def evaluate(job: JobView, now: dt.datetime, s: InsightSettings, pressure: Press
                     f"{_pct(s.low_ratio)}). Profile a few steps: a slow input pipeline, small batches or frequent "
                     "synchronisation keep GPUs waiting; or run it on fewer GPUs."),
                     max(job.started_at, now - dt.timedelta(minutes=s.low_min))))
-    points = _window(job, now, s.memory_min)
+    points = _window(job, now, s.memory_min, s)
     if points:
         full: list[GpuKey] = []
         ratios: list[float] = []
@@ -215,7 +226,7 @@ def evaluate(job: JobView, now: dt.datetime, s: InsightSettings, pressure: Press
                 f"{_gpu_names(full)}: the job is close to running out of GPU memory. Lower the batch size, use mixed "
                 "precision or activation checkpointing before it fails."),
                 max(job.started_at, now - dt.timedelta(minutes=s.memory_min))))
-    points = _window(job, now, s.cpu_min)
+    points = _window(job, now, s.cpu_min, s)
     if points and job.cpu > 0:
         cores = [m.cpu_cores for m in points if m.cpu_cores is not None]
         means = _gpu_means(points)
