@@ -5,6 +5,7 @@ through the API (insights, events) and the outbox."""
 
 from __future__ import annotations
 
+import datetime as dt
 import time
 
 import pytest
@@ -148,6 +149,31 @@ def test_a_report_older_than_two_intervals_stops_the_policy(client, world, sessi
     assert (run.stale, run.acted) == (1, 0) and job(client, world, job_id)["status"] == "running"
     report(client, token, idle)
     assert insight.run_once().acted == 1
+
+
+def test_sparse_reports_keep_one_idle_run_as_the_history_read_moves_on(client, world, sessions, settings):
+    """Agents reporting every 3 minutes: the first point the manager reads can be up to two minutes
+    after the start of its read, pass after pass. That is the same idle run (the warning stands and
+    the action follows), not a new one that starts the policy over."""
+    job_id = running_job(client, world, sessions, gpus=(0,), started_min=240)
+    idle = gpu_metrics({0: (job_id, 0.0)})
+    now = utcnow()
+    for k in range(180, 0, -3):
+        history(sessions, 1, idle, end=now - dt.timedelta(minutes=k))
+    report(client, node_token(sessions), idle)
+    set_policy(client, world, idle_warn_min=30, idle_action_min=4, idle_action="pause")
+    insight = manager(sessions, settings, report_interval_s=180.0)
+    clock = [now]
+    insight.clock = lambda: clock[0]
+    assert insight.run_once().warned == 1
+    for minutes in (1, 2, 3):  # a pass a minute: the read starts a minute later each time
+        clock[0] = now + dt.timedelta(minutes=minutes)
+        run = insight.run_once()
+        assert (run.jobs, run.stale, run.warned, run.acted) == (1, 0, 0, 0), minutes
+    clock[0] = now + dt.timedelta(minutes=4, seconds=1)
+    assert insight.run_once().acted == 1
+    assert job(client, world, job_id)["status"] == "pausing"
+    assert len(outbox(sessions, "idle_job_warning")) == 1
 
 
 def test_exempt_jobs_are_not_acted_on_but_still_get_their_insight(client, world, sessions, settings):

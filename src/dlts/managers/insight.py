@@ -173,7 +173,9 @@ class InsightManager:
                 continue
             row = existing
             if f.code == rules.GPUS_IDLE:
-                if f.since <= lookback_start + rules.MINUTE:  # the history read starts inside the idle run
+                # the history read starts inside the idle run (its first point can be a report
+                # interval or two after the start of the read, when agents report less than once a minute)
+                if f.since <= lookback_start + rules.max_step(s):
                     row.since = min(row.since, f.since)
                 elif f.since != row.since:
                     if f.since > row.since:  # busy between two passes: a new idle run, the policy starts over
