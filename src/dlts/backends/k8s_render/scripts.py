@@ -83,7 +83,9 @@ if [ -n "${DLTS_ENDPOINTS_DIR:-}" ]; then
         s=
         trap 'kill "$s" 2>/dev/null; exit 0' TERM
         while [ ! -r "$DLTS_ENDPOINTS_DIR/supervisor.sh" ]; do
-            "$bb" sleep "${DLTS_ENDPOINTS_POLL_S:-5}" &
+            # without the job's output: a TERM between this fork and s=$! leaves the sleep running,
+            # and it must not hold the job's log open until it ends
+            "$bb" sleep "${DLTS_ENDPOINTS_POLL_S:-5}" >/dev/null 2>&1 &
             s=$!
             wait "$s"
         done
