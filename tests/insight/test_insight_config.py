@@ -48,18 +48,23 @@ def test_bad_insight_settings_stop_start_up_naming_the_key(tmp_path):
     assert load_settings(None, environ={"DLTS_INSIGHT__IDLE_MIN": "45"}).insight.idle_min == 45
 
 
+def codes_after_a_pass(client, world, sessions, settings, tmp_path, line: str, job_id: int) -> list[str]:
+    """dlts.yaml with ``insight: {line}`` -> load_settings -> one manager pass -> the job's finding codes."""
+    config = tmp_path / "insight.yaml"
+    config.write_text(f"insight:\n  {line}\n")
+    loaded = load_settings(config, environ={})
+    InsightManager(sessions, settings.model_copy(update={"insight": loaded.insight})).run_once()
+    got = client.get(f"/api/v1/jobs/{job_id}", headers=world.auth("alice")).get_json()["insights"]
+    return [i["code"] for i in got]
+
+
 def test_the_files_idle_min_decides_when_a_job_is_idle(client, world, sessions, settings, tmp_path):
     job_id = running_job(client, world, sessions, gpus=(0,))
     idle = gpu_metrics({0: (job_id, 0.0)})
     history(sessions, 15, idle)
     report(client, node_token(sessions), idle)
-    config = tmp_path / "insight.yaml"
     for idle_min, found in ((30, []), (10, ["gpus_idle"])):
-        config.write_text(f"insight:\n  idle_min: {idle_min}\n")
-        loaded = load_settings(config, environ={})
-        InsightManager(sessions, settings.model_copy(update={"insight": loaded.insight})).run_once()
-        got = client.get(f"/api/v1/jobs/{job_id}", headers=world.auth("alice")).get_json()["insights"]
-        assert [i["code"] for i in got] == found
+        assert codes_after_a_pass(client, world, sessions, settings, tmp_path, f"idle_min: {idle_min}", job_id) == found
 
 
 def test_the_files_report_interval_decides_what_is_a_gap(client, world, sessions, settings, tmp_path):
@@ -71,10 +76,6 @@ def test_the_files_report_interval_decides_what_is_a_gap(client, world, sessions
     for k in range(44, 0, -2):
         history(sessions, 1, idle, end=now - dt.timedelta(minutes=k))
     report(client, node_token(sessions), idle)
-    config = tmp_path / "insight.yaml"
     for interval, found in ((15, []), (120, ["gpus_idle"])):
-        config.write_text(f"insight:\n  report_interval_s: {interval}\n")
-        loaded = load_settings(config, environ={})
-        InsightManager(sessions, settings.model_copy(update={"insight": loaded.insight})).run_once()
-        got = client.get(f"/api/v1/jobs/{job_id}", headers=world.auth("alice")).get_json()["insights"]
-        assert [i["code"] for i in got] == found, interval
+        got = codes_after_a_pass(client, world, sessions, settings, tmp_path, f"report_interval_s: {interval}", job_id)
+        assert got == found, interval
