@@ -62,6 +62,7 @@ class VcScheduling(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     fair_share: bool | None = None
+    fair_share_max_wait_s: float | None = Field(None, ge=0, le=30 * 86400)
     min_runtime_s: float | None = Field(None, ge=0)
     max_reclaim_delay_s: float | None = Field(None, ge=0)
     max_preemptions: int | None = Field(None, ge=0)
@@ -149,6 +150,9 @@ class Settings(BaseModel):
     # off everywhere); among equal priority, users with less decayed use than an equal share go first
     fair_share_half_life_h: float = Field(168.0, ge=0, le=24 * 365)
     fair_share: bool = True  # the cluster's default per VC (vc_scheduling.VC.fair_share, then the VC's own, win)
+    # the cluster's default per VC: a job that has waited this long (seconds since its queue time) is
+    # ranked as if its owner had no recent use, so fair share holds no job back longer (null: no bound)
+    fair_share_max_wait_s: float | None = Field(None, ge=0, le=30 * 86400)
     # preemption budget (the cluster's default per VC): a preemptible job runs at least
     # min_runtime_s before it may be preempted, unless the job reclaim is for has waited longer than
     # max_reclaim_delay_s (None: never); a job preempted max_preemptions times (0: no limit) is
@@ -156,7 +160,7 @@ class Settings(BaseModel):
     min_runtime_s: float = Field(0.0, ge=0, le=30 * 86400)
     max_reclaim_delay_s: float | None = Field(None, ge=0, le=30 * 86400)
     max_preemptions: int = Field(0, ge=0, le=1000)
-    # per VC: {fair_share, min_runtime_s, max_reclaim_delay_s, max_preemptions}, which a VC admin overrides
+    # per VC: {fair_share, fair_share_max_wait_s, min_runtime_s, max_reclaim_delay_s, max_preemptions}, which a VC admin overrides
     # at runtime (the VC table's columns, NULL: this entry applies); environment: JSON
     vc_scheduling: dict[str, VcScheduling] = Field(default_factory=dict)
     # demo on a GPU-less machine: pretend the local node has this many GPUs of demo_sku

@@ -502,13 +502,15 @@ def test_a_vc_admin_tunes_fair_share_and_the_preemption_budget_from_the_cli(user
     assert refused.returncode == 1 and "HTTP 403" in refused.stderr, refused.stderr  # a member, not its admin
     user.login("demo-token")
     tuned = user.run("vc", "tune", "default", "--no-fair-share", "--min-runtime-s", "600", "--max-reclaim-delay-s", "0",
-                     "--max-preemptions", "3")
+                     "--max-preemptions", "3", "--fair-share-max-wait-s", "7200")
     assert tuned.returncode == 0, tuned.stderr
-    for line in ("fair share:", "off (vc)"), ("min runtime:", "600 s (10m00s) (vc)"), \
+    for line in ("fair share:", "off (vc)"), ("fair share bound:", "7200 s (2h00m) (vc)"), \
+                ("min runtime:", "600 s (10m00s) (vc)"), \
                 ("max reclaim delay:", "0 s (vc)"), ("max preemptions:", "3 (vc)"):
         assert any(line[0] in row and row.rstrip().endswith(line[1]) for row in tuned.stdout.splitlines()), tuned.stdout
     vc = json.loads(user.run("vc", "show", "default", "--json").stdout)
     assert (vc["fair_share"], vc["min_runtime_s"], vc["max_reclaim_delay_s"], vc["max_preemptions"]) == (False, 600, 0, 3)
+    assert (vc["fair_share_max_wait_s"], vc["fair_share_max_wait_s_source"]) == (7200, "vc")
     shown = user.run("vc", "show", "default").stdout
     assert "max preemptions:" in shown and "3 (vc)" in shown, shown
 
@@ -516,20 +518,24 @@ def test_a_vc_admin_tunes_fair_share_and_the_preemption_budget_from_the_cli(user
     assert too_many.returncode == 1 and too_many.stderr.startswith("Error: --max-preemptions:"), too_many.stderr
     too_long = user.run("vc", "tune", "default", "--max-reclaim-delay-s", str(30 * 86400 + 1))
     assert too_long.returncode == 1 and too_long.stderr.startswith("Error: --max-reclaim-delay-s:"), too_long.stderr
+    too_long = user.run("vc", "tune", "default", "--fair-share-max-wait-s", str(30 * 86400 + 1))
+    assert too_long.returncode == 1 and too_long.stderr.startswith("Error: --fair-share-max-wait-s:"), too_long.stderr
+    not_a_number = user.run("vc", "tune", "default", "--fair-share-max-wait-s", "1h")
+    assert not_a_number.returncode == 2 and "--fair-share-max-wait-s" in not_a_number.stderr, not_a_number.stderr
     not_a_number = user.run("vc", "tune", "default", "--min-runtime-s", "10m")
     assert not_a_number.returncode == 2 and "--min-runtime-s" in not_a_number.stderr, not_a_number.stderr
     both = user.run("vc", "tune", "default", "--fair-share", "--fair-share-default")
     assert both.returncode == 2 and "--fair-share-default" in both.stderr, both.stderr
 
     reset = user.run("vc", "tune", "default", "--fair-share-default", "--min-runtime-s", "none", "--max-reclaim-delay-s",
-                     "none", "--max-preemptions", "none", "--json")
+                     "none", "--max-preemptions", "none", "--fair-share-max-wait-s", "none", "--json")
     assert reset.returncode == 0, reset.stderr
     back = json.loads(reset.stdout)
-    assert {k: back[f"{k}_source"] for k in ("fair_share", "min_runtime_s", "max_reclaim_delay_s", "max_preemptions")} \
-        == dict.fromkeys(("fair_share", "min_runtime_s", "max_reclaim_delay_s", "max_preemptions"), "default")
-    assert (back["fair_share"], back["min_runtime_s"], back["max_reclaim_delay_s"], back["max_preemptions"]) == \
-        (True, 0, None, 0)  # the demo's dlts.yaml sets none of them
+    keys = ("fair_share", "fair_share_max_wait_s", "min_runtime_s", "max_reclaim_delay_s", "max_preemptions")
+    assert {k: back[f"{k}_source"] for k in keys} == dict.fromkeys(keys, "default")
+    assert tuple(back[k] for k in keys) == (True, None, 0, None, 0)  # the demo's dlts.yaml sets none of them
     rows = {row.split(":")[0].strip(): row.split(":", 1)[1].strip()
             for row in user.run("vc", "show", "default").stdout.splitlines() if row.startswith("  ") and ":" in row}
     assert (rows["fair share"], rows["min runtime"], rows["max reclaim delay"], rows["max preemptions"]) == \
         ("on (default)", "0 s (default)", "never (default)", "no limit (default)")
+    assert rows["fair share bound"] == "none (default)"

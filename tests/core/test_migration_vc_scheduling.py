@@ -1,7 +1,8 @@
 """Revision 0017 adds the VC's scheduling settings (fair_share, min_runtime_s, max_reclaim_delay_s,
 max_preemptions) as nullable columns of ``vcs``: existing VCs keep their rows with every setting unset
 (dlts.yaml's values apply, as before), and the downgrade drops them keeping the rows, on the database
-the tests run on (SQLite, or MariaDB with DLTS_TEST_DATABASE_URL)."""
+the tests run on (SQLite, or MariaDB with DLTS_TEST_DATABASE_URL). Revision 0018 adds
+fair_share_max_wait_s the same way."""
 
 from __future__ import annotations
 
@@ -47,3 +48,29 @@ def test_the_scheduling_columns_come_unset_and_go_keeping_the_vcs(scratch_engine
     db_migrate.upgrade(engine)
     with engine.connect() as conn:
         assert tuple(conn.execute(sa.text(f"SELECT {', '.join(COLUMNS)} FROM vcs")).one()) == (None,) * 4
+
+
+@pytest.mark.db
+def test_revision_0018_adds_the_fair_share_bound_unset_and_drops_it_keeping_the_vcs(scratch_engine):  # noqa: F811
+    engine = scratch_engine
+    db_migrate.upgrade(engine, "0017")
+    with engine.begin() as conn:
+        _insert(conn, "vcs", id=1, name="vision", policy="RF", quota='{"a100": 8}')
+        conn.execute(sa.text("UPDATE vcs SET min_runtime_s = 600 WHERE id = 1"))
+    assert "fair_share_max_wait_s" not in {c["name"] for c in sa.inspect(engine).get_columns("vcs")}
+    db_migrate.upgrade(engine, "0018")
+    with engine.connect() as conn:
+        assert tuple(conn.execute(sa.text("SELECT name, min_runtime_s, fair_share_max_wait_s FROM vcs")).one()) \
+            == ("vision", 600, None)
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE vcs SET fair_share_max_wait_s = 2592000 WHERE id = 1"))
+    with engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT fair_share_max_wait_s FROM vcs")).scalar_one() == 30 * 86400
+
+    _downgrade(engine, "0017")
+    assert "fair_share_max_wait_s" not in {c["name"] for c in sa.inspect(engine).get_columns("vcs")}
+    with engine.connect() as conn:
+        assert tuple(conn.execute(sa.text("SELECT name, min_runtime_s FROM vcs")).one()) == ("vision", 600)
+    db_migrate.upgrade(engine)
+    with engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT fair_share_max_wait_s FROM vcs")).scalar_one() is None

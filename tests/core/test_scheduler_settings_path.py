@@ -136,6 +136,53 @@ def test_preemption_budget_from_the_config_file_and_the_attempts(tmp_path, world
     assert snap.vcs["vision"].min_runtime_s == 0 and next(j for j in snap.jobs if j.id == job_id).preemptions == 0
 
 
+def test_fair_share_max_wait_from_the_config_file_then_the_vc_row(tmp_path, world, sessions, settings):
+    """The cluster's ``fair_share_max_wait_s``, then dlts.yaml's ``vc_scheduling`` entry, then the VC's own
+    value (set at runtime) reach ``core.Vc`` and bound how long fair share holds the heavy user's job."""
+    import datetime as dt
+
+    import sqlalchemy as sa
+
+    from dlts.models import VirtualCluster, utcnow
+    from dlts.models.accounting import UsageTotal
+    from dlts.services import vcs as vc_service
+    from tests.api.helpers import principal
+
+    cfg = _settings(tmp_path, settings, "fair_share_half_life_h: 24\nfair_share_max_wait_s: 86400\n"
+                                        "vc_scheduling:\n  nlp: {fair_share_max_wait_s: 60}\n")
+    with sessions() as s:
+        vision = s.scalar(sa.select(VirtualCluster.id).where(VirtualCluster.name == "vision"))
+        s.add(UsageTotal(period="day", start=utcnow().date() - dt.timedelta(days=1), user_id=_user_id(s, "alice"),
+                         vc_id=vision, sku="demo-gpu", preemptible=False, gpu_ms=50 * 3600 * 1000, busy_gpu_ms=0,
+                         sampled_gpu_ms=0))
+        first = _submit(s, settings, "alice", 4, preemptible=True)  # the heavy user's, submitted first
+        second = _submit(s, settings, "bob", 4, preemptible=True)
+        s.commit()
+    with sessions() as s:
+        snap = load_snapshot(s, cfg)
+    assert (snap.vcs["vision"].fair_share_max_wait_s, snap.vcs["nlp"].fair_share_max_wait_s) == (86400.0, 60.0)
+    queued = max(j.queue_time for j in snap.jobs)
+    # waited an hour, not a day: fair share still holds alice's job behind bob's
+    assert [x.job_id for x in decide(snap, queued + 3700).starts] == [second]
+    with sessions() as s:
+        assert [x.job_id for x in decide(load_snapshot(s, settings), queued + 30 * 86400).starts] == [second]  # no bound
+
+    with sessions() as s:  # the VC's own value wins over the cluster's, and over nlp's vc_scheduling entry
+        vc_service.update_vc(s, cfg, principal(s, "vcadmin"), "vision", {"fair_share_max_wait_s": 3600})
+        vc_service.update_vc(s, cfg, principal(s, "admin"), "nlp", {"fair_share_max_wait_s": 0})
+    with sessions() as s:
+        snap = load_snapshot(s, cfg)
+    assert (snap.vcs["vision"].fair_share_max_wait_s, snap.vcs["nlp"].fair_share_max_wait_s) == (3600.0, 0.0)
+    assert [x.job_id for x in decide(snap, queued + 10).starts] == [second]
+    assert [x.job_id for x in decide(snap, queued + 3700).starts] == [first]  # waited longer than the bound
+
+    with sessions() as s:  # cleared: dlts.yaml's values again
+        vc_service.update_vc(s, cfg, principal(s, "admin"), "vision", {"fair_share_max_wait_s": None})
+        vc_service.update_vc(s, cfg, principal(s, "admin"), "nlp", {"fair_share_max_wait_s": None})
+    with sessions() as s:
+        snap = load_snapshot(s, cfg)
+    assert (snap.vcs["vision"].fair_share_max_wait_s, snap.vcs["nlp"].fair_share_max_wait_s) == (86400.0, 60.0)
+
 def test_sku_reserve_star_applies_to_every_gpu_sku_not_named(tmp_path, world, sessions, settings):
     cfg = _settings(tmp_path, settings, "sku_reserve:\n  '*': {cpu_per_gpu: 0.5, memory_per_gpu_bytes: 0}\n  other: {cpu_per_gpu: 3}\n")
     with sessions() as s:

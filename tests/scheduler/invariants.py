@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Mapping
 
-from dlts.scheduler import CPU_SKU, Decisions, JobType, Policy, Snapshot, StopReason, WaitReason
+from dlts.scheduler import CPU_SKU, Decisions, Job, JobType, Policy, Snapshot, StopReason, WaitReason
 from dlts.scheduler.model import resource_pool
 from dlts.scheduler.plugins.walltime import effective_limit_s
 from dlts.scheduler.quota import gpu_reserve
@@ -110,11 +111,18 @@ def check_pass(snap: Snapshot, d: Decisions, now: float) -> None:
         if vc.policy is not Policy.FIFO:
             continue
         # the VC's order: priority, then (fair share) the owner's recent use (a ratio to the VC's
-        # equal share, so the use orders alike), then queue time
+        # equal share, so the use orders alike; none once a job has waited fair_share_max_wait_s),
+        # then queue time
         use = snap.fair_share_usage if vc.fair_share else {}
+        bound = vc.fair_share_max_wait_s
+
+        def used(j: Job, use: Mapping[tuple[str, str], float] = use, bound: float | None = bound) -> float:
+            if bound is not None and now - j.queue_time >= bound:
+                return 0.0
+            return max(use.get((j.vc, j.user), 0.0), 0.0)
         order = sorted(
             (j for j in pending if j.vc == vc.name and not j.preemptible and j.approved),
-            key=lambda j: (-j.priority, max(use.get((j.vc, j.user), 0.0), 0.0), j.queue_time, j.id),
+            key=lambda j: (-j.priority, used(j), j.queue_time, j.id),
         )
         blockers: dict[str, int] = {}
         for j in order:

@@ -69,9 +69,11 @@ def backfill_clusters(draw) -> Cluster:
             default_runtime_estimate_s=draw(st.sampled_from([None, 900, 5000])),
             # the preemption budget: protected work is reclaimable in the model from its end only
             min_runtime_s=draw(st.sampled_from([0.0, 0.0, 600.0])),
+            fair_share_max_wait_s=draw(st.sampled_from([None, None, 300.0])),
         )
-    # fair share in half the examples: it re-ranks a VC's jobs as use accrues, but a job holding
-    # a reservation keeps its place (docs/scheduling.md, "Kept reservations")
+    # fair share in half the examples: it re-ranks a VC's jobs as use accrues (and, with
+    # fair_share_max_wait_s, again as jobs wait), but a job holding a reservation keeps its place
+    # (docs/scheduling.md, "Kept reservations")
     return Cluster(dict(SKUS), tuple(nodes), vcs, tick_s=10.0, preempt_grace_s=0.0,
                    reservation_depth=draw(st.sampled_from([1, 2, 8])),
                    fair_share_half_life_h=draw(st.sampled_from([0.0, 0.0, 1.0, 168.0])))

@@ -56,6 +56,7 @@ def clusters(draw) -> Cluster:
             max_reclaim_delay_s=draw(st.sampled_from([None, 1000.0])),
             max_preemptions=draw(st.sampled_from([0, 1])),
             fair_share=draw(st.sampled_from([True, True, False])),
+            fair_share_max_wait_s=draw(st.sampled_from([None, None, 600.0])),
         )
     # LEAN_SKUS opens 16 cores of each a100 node to CPU-only jobs (cpu_per_gpu 10)
     skus = dict(draw(st.sampled_from([SKUS, LEAN_SKUS])))

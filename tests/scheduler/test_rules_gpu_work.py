@@ -274,6 +274,46 @@ CASES = [
         waits={2: "capacity"},
     ),
     Case(
+        "fair_share_max_wait_s: a heavy user's job that has waited that long goes before a lighter "
+        "colleague's newer job",
+        snap(
+            [node("n1")],
+            vc(quota={"a100": 16}, fair_share_max_wait_s=3600.0),
+            [job(1, 8, user="ann", queue_time=0.0), job(2, 8, user="bob", queue_time=3000.0)],
+            fair_share_usage={("v", "ann"): 1e9},
+        ),
+        now=3600.0,
+        starts={1: None},
+        waits={2: "capacity"},
+    ),
+    Case(
+        "fair_share_max_wait_s: one second short of it fair share still decides",
+        snap(
+            [node("n1")],
+            vc(quota={"a100": 16}, fair_share_max_wait_s=3600.0),
+            [job(1, 8, user="ann", queue_time=0.0), job(2, 8, user="bob", queue_time=3000.0)],
+            fair_share_usage={("v", "ann"): 1e9},
+        ),
+        now=3599.0,
+        starts={2: None},
+        waits={1: "fair_share"},
+    ),
+    Case(
+        "fair_share_max_wait_s: jobs past it go by queue time among themselves, ahead of newer work; "
+        "newer work keeps the fair-share order",
+        snap(
+            [node("n1")],
+            vc(quota={"a100": 64}, fair_share_max_wait_s=3600.0),
+            [job(1, 8, user="ann", queue_time=100.0), job(2, 8, user="bob", queue_time=200.0),
+             job(3, 8, user="ann", queue_time=5000.0), job(4, 8, user="bob", queue_time=6000.0)],
+            fair_share_usage={("v", "ann"): 1e9, ("v", "bob"): 1e6},
+        ),
+        now=7000.0,
+        starts={1: None},
+        waits={2: "capacity", 3: "capacity", 4: "capacity"},
+        check=lambda d: _assert({w.job_id: w.queue_position for w in d.waits} == {2: 2, 4: 3, 3: 4}),
+    ),
+    Case(
         "fair share re-ranks inside a VC and leaves another VC's place alone",
         snap(
             [node("n1")],

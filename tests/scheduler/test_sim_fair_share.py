@@ -128,3 +128,35 @@ def test_a_bad_half_life_names_the_field(tmp_path: Path, value: str, expect: str
     )
     assert res.exit_code == 2, res.output
     assert "field 'cluster.fair_share_half_life_h'" in res.output and expect in res.output, res.output
+
+
+@pytest.mark.parametrize("bound,first", [(3450, 2), (3550, 3)])
+def test_fair_share_max_wait_lets_a_heavy_users_job_go_first_once_it_has_waited_that_long(
+        tmp_path: Path, bound: int, first: int) -> None:
+    """At 3600 s ann's job 2 has waited 3500 s and bob's job 3 (bob has no use) 3400 s: with a bound of
+    3450 s ann's use no longer counts for job 2, which is older; with 3550 s it still does."""
+    cluster = CLUSTER.format(policy="FIFO", extra="").replace(
+        "policy: FIFO}", f"policy: FIFO, fair_share_max_wait_s: {bound}}}")
+    (tmp_path / "c.yaml").write_text(cluster)
+    (tmp_path / "t.csv").write_text(TRACE)
+    loaded = load_cluster(tmp_path / "c.yaml")
+    result = Simulation(loaded, load_trace(tmp_path / "t.csv", loaded)).run()
+    assert _starts(result)[first] == 3600.0 and _starts(result)[5 - first] == 4200.0
+    assert result["cluster"]["vcs"]["lab"]["fair_share_max_wait_s"] == bound
+    assert check_result(result) == []
+    if first == 2:  # the checker reads the bound: without it, job 2 passed bob's job 3
+        unbounded = copy.deepcopy(result)
+        unbounded["cluster"]["vcs"]["lab"]["fair_share_max_wait_s"] = None
+        assert check_result(unbounded) == [
+            "FIFO VC lab: job 2 started at 3600.0 while job 3, ahead of it in the VC's order, waited"]
+
+
+def test_a_bad_fair_share_max_wait_names_the_field(tmp_path: Path) -> None:
+    (tmp_path / "c.yaml").write_text(CLUSTER.format(policy="RF", extra="").replace(
+        "policy: RF}", "policy: RF, fair_share_max_wait_s: -5}"))
+    (tmp_path / "t.csv").write_text(TRACE)
+    res = CliRunner().invoke(
+        sim_command, ["--cluster", str(tmp_path / "c.yaml"), "--trace", str(tmp_path / "t.csv"), "--out", str(tmp_path / "r.json")]
+    )
+    assert res.exit_code == 2, res.output
+    assert "fair_share_max_wait_s" in res.output and ">= 0" in res.output, res.output

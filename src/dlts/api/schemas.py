@@ -461,6 +461,10 @@ class VcSettingsFields(Schema):
     fair_share = JsonBoolean(allow_none=True, metadata={
         "description": "VC admin: order the VC's waiting jobs by their users' decayed GPU use (docs/scheduling.md); "
                        "null: the default (dlts.yaml's vc_scheduling entry, else the cluster's fair_share)"})
+    fair_share_max_wait_s = fields.Integer(strict=True, allow_none=True, validate=validate.Range(0, 30 * 86400), metadata={
+        "description": "VC admin: seconds after which fair share stops holding a job behind newer work of lighter "
+                       "users (a job that has waited this long since its queue time ranks as if its owner had no "
+                       "recent use); null: the default (which may itself be no bound)"})
     min_runtime_s = fields.Integer(strict=True, allow_none=True, validate=validate.Range(0, 30 * 86400), metadata={
         "description": "VC admin: seconds a preemptible job runs before reclaim may preempt it; null: the default"})
     max_reclaim_delay_s = fields.Integer(strict=True, allow_none=True, validate=validate.Range(0, 30 * 86400), metadata={
@@ -526,6 +530,8 @@ class VcSchema(Schema):
     pod_policy = fields.Dict(keys=fields.String(), values=fields.Boolean())
     fair_share = fields.Boolean(metadata={"description": "in effect; false whenever fair_share_half_life_h is 0"})
     fair_share_source = _scheduling_source()
+    fair_share_max_wait_s = fields.Float(allow_none=True, metadata={"description": "in effect; null: no bound"})
+    fair_share_max_wait_s_source = _scheduling_source()
     min_runtime_s = fields.Float(metadata={"description": "in effect"})
     min_runtime_s_source = _scheduling_source()
     max_reclaim_delay_s = fields.Float(allow_none=True, metadata={"description": "in effect; null: never"})

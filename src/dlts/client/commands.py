@@ -591,6 +591,9 @@ def register(main: click.Group, vc_group: click.Group) -> None:
                   help="Order the VC's waiting jobs by their users' recent GPU use (or not).")
     @click.option("--fair-share-default", is_flag=True,
                   help="Clear --fair-share/--no-fair-share: the default (dlts.yaml) applies again.")
+    @click.option("--fair-share-max-wait-s", metavar="N|none",
+                  help="Seconds after which fair share stops holding a job behind newer work of lighter users; "
+                       "none: the default (dlts.yaml).")
     @click.option("--min-runtime-s", metavar="N|none",
                   help="Seconds a preemptible job runs before reclaim may preempt it; none: the default (dlts.yaml).")
     @click.option("--max-reclaim-delay-s", metavar="N|none",
@@ -604,8 +607,9 @@ def register(main: click.Group, vc_group: click.Group) -> None:
                 user_gpu_quota: str | None, max_interactive_gpus: str | None, max_queued_jobs_per_user: str | None,
                 max_submissions_per_minute: str | None, notice: str | None, idle_warn_min: float | None,
                 idle_action_min: float | None, idle_action: str | None, idle_exempt: tuple[str, ...],
-                no_idle_policy: bool, fair_share: bool | None, fair_share_default: bool, min_runtime_s: str | None,
-                max_reclaim_delay_s: str | None, max_preemptions: str | None, as_json: bool) -> None:
+                no_idle_policy: bool, fair_share: bool | None, fair_share_default: bool,
+                fair_share_max_wait_s: str | None, min_runtime_s: str | None, max_reclaim_delay_s: str | None,
+                max_preemptions: str | None, as_json: bool) -> None:
         """Tune a VC you administer (via the API): policy, limits, notice, idle-job policy, fair share and the
         preemption budget."""
         body: dict[str, Any] = {}
@@ -625,6 +629,7 @@ def register(main: click.Group, vc_group: click.Group) -> None:
                                   ("max_queued_jobs_per_user", "--max-queued-jobs-per-user", max_queued_jobs_per_user),
                                   ("max_submissions_per_minute", "--max-submissions-per-minute",
                                    max_submissions_per_minute),
+                                  ("fair_share_max_wait_s", "--fair-share-max-wait-s", fair_share_max_wait_s),
                                   ("min_runtime_s", "--min-runtime-s", min_runtime_s),
                                   ("max_reclaim_delay_s", "--max-reclaim-delay-s", max_reclaim_delay_s),
                                   ("max_preemptions", "--max-preemptions", max_preemptions)):
@@ -1006,14 +1011,18 @@ def _vc_details(vc: dict) -> str:
 
 
 def _scheduling_lines(vc: dict) -> list[tuple[str, str]]:
-    """Fair share and the preemption budget in effect, each with where it comes from (vc, config, default)."""
+    """Fair share (and its bound on a job's wait) and the preemption budget in effect, each with where it
+    comes from (vc, config, default)."""
     if "fair_share" not in vc:
         return []  # an API from before these settings
 
     def seconds(value: float | None, none: str) -> str:
         return none if value is None else f"{value:g} s" + (f" ({output.duration(value)})" if value >= 60 else "")
 
-    return [("fair share", f"{'on' if vc['fair_share'] else 'off'} ({vc.get('fair_share_source')})"),
+    bound = [("fair share bound", f"{seconds(vc.get('fair_share_max_wait_s'), 'none')} "
+                                  f"({vc.get('fair_share_max_wait_s_source')})")] \
+        if "fair_share_max_wait_s_source" in vc else []  # an API from before this setting: no line
+    return [("fair share", f"{'on' if vc['fair_share'] else 'off'} ({vc.get('fair_share_source')})"), *bound,
             ("min runtime", f"{seconds(vc.get('min_runtime_s'), '0 s')} ({vc.get('min_runtime_s_source')})"),
             ("max reclaim delay", f"{seconds(vc.get('max_reclaim_delay_s'), 'never')} "
                                   f"({vc.get('max_reclaim_delay_s_source')})"),

@@ -48,6 +48,8 @@ class VirtualCluster(Base):
     # scheduling settings a VC admin may change at runtime (revision 0017); NULL: not set on the VC, so
     # dlts.yaml's vc_scheduling entry for it, else the cluster's (services/vcs.py scheduling_of)
     fair_share: Mapped[bool | None] = mapped_column(sa.Boolean)
+    # seconds after which fair share stops holding a job back (revision 0018); NULL: not set on the VC
+    fair_share_max_wait_s: Mapped[int | None] = mapped_column(sa.Integer)
     min_runtime_s: Mapped[int | None] = mapped_column(sa.Integer)
     max_reclaim_delay_s: Mapped[int | None] = mapped_column(sa.Integer)
     max_preemptions: Mapped[int | None] = mapped_column(sa.Integer)

@@ -36,6 +36,9 @@ SETTING_HELP = {
     "fair_share": "On: the VC's waiting jobs are ordered by their users' GPU use of the last days (it decays with a "
                   "half-life), so the lightest user goes first; off: by priority and submission time. Default: "
                   "{default}.",
+    "fair_share_max_wait_s": "Seconds after which fair share stops holding a job behind newer work of lighter users: "
+                             "a job that has waited this long is ranked as if its owner had no recent use. Empty: the "
+                             "default, {default}.",
     "min_runtime_s": "Seconds a preemptible job of the VC runs before reclaim may preempt it. Empty: the default, "
                      "{default}.",
     "max_reclaim_delay_s": "Seconds a job may wait for reclaim before the minimum runtime stops protecting the jobs it "
@@ -112,7 +115,8 @@ def _scheduling_from_form() -> dict[str, Any]:
         if choice not in ("", "on", "off"):
             raise InvalidInput("fair_share is on, off, or empty for the default.", details={"field": "fair_share"})
         changes["fair_share"] = None if choice == "" else choice == "on"
-    for key, high in (("min_runtime_s", vc_service.MAX_SCHEDULING_DELAY_S),
+    for key, high in (("fair_share_max_wait_s", vc_service.MAX_SCHEDULING_DELAY_S),
+                      ("min_runtime_s", vc_service.MAX_SCHEDULING_DELAY_S),
                       ("max_reclaim_delay_s", vc_service.MAX_SCHEDULING_DELAY_S),
                       ("max_preemptions", vc_service.MAX_PREEMPTIONS)):
         if key in request.form:
@@ -125,6 +129,8 @@ def _default_text(value: Any, source: str, key: str) -> str:
         shown = "on" if value else "off"
     elif key == "max_preemptions":
         shown = str(value) if value else "no limit"
+    elif key == "fair_share_max_wait_s":
+        shown = "no bound" if value is None else f"{value:g} s"
     else:
         shown = "never" if value is None else f"{value:g} s"
     return f"{shown} ({'set in dlts.yaml' if source == 'config' else 'the cluster default'})"

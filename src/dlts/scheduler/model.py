@@ -113,6 +113,11 @@ class Vc:
     # Fair share inside the VC (plugins/fairshare.py): among jobs of equal priority, owners with
     # less decayed GPU use (``Snapshot.fair_share_usage``) relative to an equal share go first.
     fair_share: bool = True
+    # ... for at most this long: a job that has waited ``fair_share_max_wait_s`` (since its queue
+    # time) is ranked as if its owner had no recent use, so it goes ahead of newer work of lighter
+    # users and by queue time among the others so ranked (None: fair share holds a job back for
+    # as long as its owner's use is high).
+    fair_share_max_wait_s: float | None = None
     # Preemption budget (plugins/reclaim.py): a preemptible job of this VC runs at least
     # ``min_runtime_s`` before it may be preempted, unless the job reclaim is for (of any VC) has
     # waited for room (``Job.room_wait_since``) longer than *its* VC's ``max_reclaim_delay_s``

@@ -5,11 +5,11 @@ No Flask: the API and the portal call these. Rules (who may change what) are in 
 Quota: a cluster admin sets GPUs per SKU. CPU and memory follow in proportion to the SKU's node
 shape (GPUs / GPUs per node x cores and bytes per node), as the 2020 system did; ``cpu_quota`` and
 ``memory_quota_bytes`` override the derived totals (``None`` goes back to derived). VC admins change
-policy, wall time, interactive cap, per-user quota, the notice and the scheduling settings (fair share and
-the preemption budget: ``SCHEDULING_FIELDS``, each unset on the VC by default so that dlts.yaml's
-``vc_scheduling`` entry or the cluster's value applies, ``scheduling_of``); cluster admins also the VC's
-group (``gid``), its jobs' scratch space (``ephemeral_storage_bytes``), its pod policy and its storage
-document (``set_storage``, checked by ``services.vc_storage``). Every change writes a ``vc_events``
+policy, wall time, interactive cap, per-user quota, the notice and the scheduling settings (fair share, its
+bound on a job's wait and the preemption budget: ``SCHEDULING_FIELDS``, each unset on the VC by default so
+that dlts.yaml's ``vc_scheduling`` entry or the cluster's value applies, ``scheduling_of``); cluster admins
+also the VC's group (``gid``), its jobs' scratch space (``ephemeral_storage_bytes``), its pod policy and its
+storage document (``set_storage``, checked by ``services.vc_storage``). Every change writes a ``vc_events``
 row; the job manager reads the VC table on each tick, so changes apply on the next one.
 """
 
@@ -40,10 +40,10 @@ from dlts.services.transaction import transaction, transactional
 POLICIES = ("RF", "FIFO", "backfill")
 # the per-VC scheduling settings (docs/scheduling.md) and the type the scheduler takes each as; null on
 # the VC row means "not set here" (scheduling_of)
-SCHEDULING_KINDS: dict[str, Any] = {"fair_share": bool, "min_runtime_s": float, "max_reclaim_delay_s": float,
-                                    "max_preemptions": int}
+SCHEDULING_KINDS: dict[str, Any] = {"fair_share": bool, "fair_share_max_wait_s": float, "min_runtime_s": float,
+                                    "max_reclaim_delay_s": float, "max_preemptions": int}
 SCHEDULING_FIELDS = tuple(SCHEDULING_KINDS)
-MAX_SCHEDULING_DELAY_S = 30 * 86400  # min_runtime_s and max_reclaim_delay_s, as config.py bounds them
+MAX_SCHEDULING_DELAY_S = 30 * 86400  # fair_share_max_wait_s, min_runtime_s and max_reclaim_delay_s, as config.py bounds them
 MAX_PREEMPTIONS = 1000
 VC_ADMIN_FIELDS = ("policy", "max_job_time_s", "max_interactive_gpus", "user_gpu_quota", "notice",
                    "max_queued_jobs_per_user", "max_submissions_per_minute", "default_runtime_estimate_s",
@@ -132,6 +132,8 @@ class VcView:
     # the scheduling settings in effect (``scheduling_of``), each with its source: vc | config | default
     fair_share: bool
     fair_share_source: str
+    fair_share_max_wait_s: float | None  # None: no bound (fair share may hold a job back as long as it must)
+    fair_share_max_wait_s_source: str
     min_runtime_s: float
     min_runtime_s_source: str
     max_reclaim_delay_s: float | None  # None: never (a reclaim waits as long as it must)
@@ -180,6 +182,7 @@ class VcSpec:
     pod_policy: Mapping[str, bool] = field(default_factory=dict)
     idle_policy: Mapping[str, Any] | None = None
     fair_share: bool | None = None  # the scheduling settings: None takes dlts.yaml's (scheduling_of)
+    fair_share_max_wait_s: int | None = None
     min_runtime_s: int | None = None
     max_reclaim_delay_s: int | None = None
     max_preemptions: int | None = None
@@ -223,6 +226,8 @@ def _view(session: Session, settings: Settings, vc: VirtualCluster, shapes: Mapp
         ephemeral_storage_bytes=vc.ephemeral_storage_bytes, pod_policy=dict(vc.pod_policy or {}),
         idle_policy=dict(vc.idle_policy) if vc.idle_policy else None,
         fair_share=scheduling["fair_share"].value, fair_share_source=scheduling["fair_share"].source,
+        fair_share_max_wait_s=scheduling["fair_share_max_wait_s"].value,
+        fair_share_max_wait_s_source=scheduling["fair_share_max_wait_s"].source,
         min_runtime_s=scheduling["min_runtime_s"].value, min_runtime_s_source=scheduling["min_runtime_s"].source,
         max_reclaim_delay_s=scheduling["max_reclaim_delay_s"].value,
         max_reclaim_delay_s_source=scheduling["max_reclaim_delay_s"].source,
@@ -312,8 +317,8 @@ def _check_settings(changes: Mapping[str, Any]) -> None:
     if changes.get("fair_share") is not None and not isinstance(changes["fair_share"], bool):
         raise InvalidInput("fair_share must be true or false, or null for the default (dlts.yaml).",
                            details={"field": "fair_share"})
-    for key, high in (("min_runtime_s", MAX_SCHEDULING_DELAY_S), ("max_reclaim_delay_s", MAX_SCHEDULING_DELAY_S),
-                      ("max_preemptions", MAX_PREEMPTIONS)):
+    for key, high in (("fair_share_max_wait_s", MAX_SCHEDULING_DELAY_S), ("min_runtime_s", MAX_SCHEDULING_DELAY_S),
+                      ("max_reclaim_delay_s", MAX_SCHEDULING_DELAY_S), ("max_preemptions", MAX_PREEMPTIONS)):
         value = changes.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= high):
             raise InvalidInput(f"{key} must be a whole number between 0 and {high}, or null for the default (dlts.yaml).",

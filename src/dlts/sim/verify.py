@@ -203,7 +203,8 @@ def _check_fifo(jobs: list[dict], vcs: dict, half_life_h: float, out: list[str])
     """No non-preemptible job of a FIFO VC starts while one ahead of it in the VC's order waits.
 
     The order is priority, then (where the VC orders by fair share) the owner's decayed GPU use at
-    that instant, recomputed from the RESULT's attempts, then queue time."""
+    that instant, recomputed from the RESULT's attempts (none for a job that has waited the VC's
+    ``fair_share_max_wait_s``), then queue time."""
     # FIFO blocks per resource pool: the job's GPU SKU, or "cpu" for CPU-only jobs
     by_vc: dict[tuple[str, str], list[dict]] = defaultdict(list)
     for j in jobs:
@@ -216,6 +217,7 @@ def _check_fifo(jobs: list[dict], vcs: dict, half_life_h: float, out: list[str])
     never = {"no_matching_nodes", "topology", "vc_quota"}
     for (vc, _pool), js in by_vc.items():
         fair = vc in fair_vcs
+        cap = vcs[vc].get("fair_share_max_wait_s")
         js.sort(key=lambda j: (j["submit_s"], j["id"]))
         # the jobs that block when they wait: every one but those that could never run
         blocking = [
@@ -232,22 +234,31 @@ def _check_fifo(jobs: list[dict], vcs: dict, half_life_h: float, out: list[str])
             for e in blocking[: bisect.bisect_right(submits, t + EPS)]:
                 if e is j or (e["start_s"] is not None and e["start_s"] <= t + EPS):
                     continue
-                if _ahead(e, j, vc, at if fair else None):
+                if _ahead(e, j, vc, at if fair else None, t, cap):
                     out.append(f"FIFO VC {vc}: job {j['id']} started at {t} while job {e['id']}, ahead of it in the VC's order, waited")
                     break
 
 
-def _ahead(e: dict, j: dict, vc: str, use: dict[tuple[str, str], float] | None) -> bool:
-    """Whether ``e`` comes before ``j`` in its VC's order (``use``: the fair-share use then, or None)."""
+def _ahead(e: dict, j: dict, vc: str, use: dict[tuple[str, str], float] | None, t: float = 0.0,
+           cap: float | None = None) -> bool:
+    """Whether ``e`` comes before ``j`` in its VC's order at time ``t`` (``use``: the fair-share use
+    then, or None; ``cap``: the VC's ``fair_share_max_wait_s``, past which a job's owner counts no use)."""
     if e["priority"] != j["priority"]:
         return bool(e["priority"] > j["priority"])
     if use is not None and e["user"] != j["user"]:
-        ue, uj = use.get((vc, e["user"]), 0.0), use.get((vc, j["user"]), 0.0)
+        ue, uj = (0.0 if cap is not None and _waited(x, t, cap) else use.get((vc, x["user"]), 0.0) for x in (e, j))
+        if cap is not None and any(abs(t - x["submit_s"] - cap) <= EPS for x in (e, j)):
+            return False  # on the bound itself: too close to tell which side the scheduler saw
         if abs(ue - uj) > FAIR_SHARE_TOLERANCE * max(1.0, ue, uj):
             return ue < uj
         if ue != uj:
             return False  # too close to tell which the scheduler saw as lower: not a violation
     return bool((e["submit_s"], e["id"]) < (j["submit_s"], j["id"]))  # a trace's ids are all numbers or all strings
+
+
+def _waited(job: dict, t: float, cap: float) -> bool:
+    """Whether ``job`` (queued at its submit time; a requeue keeps it) had waited ``cap`` seconds at ``t``."""
+    return bool(t - job["submit_s"] >= cap)
 
 
 def _use_at_times(jobs: list[dict], half_life_h: float, times: set[float]) -> dict[float, dict[tuple[str, str], float]]:

@@ -13,6 +13,12 @@ group held. So queue positions (numbered per VC) show the fair-share order, and 
 the competition for shared capacity stays what queue time gives it. With no use recorded, or with
 ``Vc.fair_share`` off, or a single user, the order is exactly ``priority_queue_time``.
 
+Fair share holds a job back for at most its VC's ``fair_share_max_wait_s`` (when set): a job that
+has waited that long since its queue time is ranked as if its owner had no recent use, i.e. ahead of
+newer work of users who have used something, and by queue time among the jobs so ranked. Without the
+bound a heavy user's gang waited behind every lighter colleague's job for as long as they kept
+submitting (a 48-GPU job 230 h on ``bench/traces/production_28d.csv`` under RF).
+
 In a backfill VC no job submitted after a job that holds a reservation (``Job.reserved``) is
 ranked ahead of it (``bind_reservations``): a reservation is kept until its job starts, whatever
 fair share says of its owner by then.
@@ -147,6 +153,10 @@ class FairShare(PriorityQueueTime):
                 # ratios alone gives (ratio, queue time, id)
                 of_user = self._by_vc.get(vc_name, {})
                 keys = [of_user.get(u, 0.0) for u in map(_USER, members)]
+                cap = vc.fair_share_max_wait_s if vc is not None else None
+                if cap is not None:
+                    now = state.now
+                    keys = [0.0 if now - m.queue_time >= cap else k for k, m in zip(keys, members)]
                 if min(keys) != max(keys):
                     ranked = [members[p] for p in sorted(range(len(members)), key=keys.__getitem__)]
             if (vc_name, prio) in held:
