@@ -297,6 +297,7 @@ CASES = [
         now=3599.0,
         starts={2: None},
         waits={1: "fair_share"},
+        details={1: "fair share holds it back for at most 1 s more (the VC's fair_share_max_wait_s)"},
     ),
     Case(
         "fair_share_max_wait_s: jobs past it go by queue time among themselves, ahead of newer work; "

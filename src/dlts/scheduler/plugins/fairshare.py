@@ -213,6 +213,11 @@ class FairShare(PriorityQueueTime):
             mine, theirs = self._ratio.get((me.vc, me.user), 0.0), self._ratio.get((other.vc, other.user), 0.0)
             detail = (f"user {me.user} used {mine:.2f}x an equal share of VC {me.vc}'s recent GPU time; "
                       f"job {other.id} of {other.user} ({theirs:.2f}x), submitted later, went first ({w.detail})")
+            vc = state.vcs.get(me.vc)
+            if vc is not None and vc.fair_share_max_wait_s is not None:
+                left = vc.fair_share_max_wait_s - (state.now - me.queue_time)
+                detail += (f"; fair share holds it back for at most {left:.0f} s more (the VC's "
+                           f"fair_share_max_wait_s)")
             out.append(Wait(w.job_id, WaitReason.FAIR_SHARE, detail, None, w.queue_position, False,
                             w.estimated_start))  # backfill's reservation stays
         return out
