@@ -183,6 +183,7 @@ def test_fair_share_max_wait_from_the_config_file_then_the_vc_row(tmp_path, worl
         snap = load_snapshot(s, cfg)
     assert (snap.vcs["vision"].fair_share_max_wait_s, snap.vcs["nlp"].fair_share_max_wait_s) == (86400.0, 60.0)
 
+
 def test_sku_reserve_star_applies_to_every_gpu_sku_not_named(tmp_path, world, sessions, settings):
     cfg = _settings(tmp_path, settings, "sku_reserve:\n  '*': {cpu_per_gpu: 0.5, memory_per_gpu_bytes: 0}\n  other: {cpu_per_gpu: 3}\n")
     with sessions() as s:
