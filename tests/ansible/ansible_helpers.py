@@ -53,6 +53,9 @@ OPERATOR_SECTIONS = {
                        "user_base": "ou=people,dc=lab,dc=example", "group_base": "ou=groups,dc=lab,dc=example",
                        "vc_roles": [{"group": "vision-admins", "vc": "research", "role": "admin"}]},
 }
+# dlts_scheduling: the scheduler's top-level settings of dlts.yaml, rendered key for key
+SCHEDULING = {"fair_share_half_life_h": 72, "fair_share_max_wait_s": 43200, "reservation_depth": 4,
+              "vc_scheduling": {"research": {"fair_share_max_wait_s": 3600, "min_runtime_s": 600}}}
 OPERATOR_SECRETS = {"dlts_notify_smtp_password": "smtp-password-from-the-vault",
                     "dlts_directory_bind_password": "bind-password-from-the-vault"}
 

@@ -24,6 +24,7 @@ from ansible_helpers import (
     OPERATOR_SECRETS,
     OPERATOR_SECTIONS,
     REPO,
+    SCHEDULING,
     ansible_env,
     make_stub_executables,
     render_templates,
@@ -533,6 +534,28 @@ def test_the_operator_sections_come_from_the_inventory(tmp_path):
     settings.notify.password_file.parent.mkdir(parents=True)
     settings.notify.password_file.write_text(OPERATOR_SECRETS["dlts_notify_smtp_password"] + "\n")
     assert settings.notify.read_password() == OPERATOR_SECRETS["dlts_notify_smtp_password"]
+
+
+def test_the_scheduler_settings_come_from_the_inventory(tmp_path):
+    """dlts_scheduling becomes top-level keys of dlts.yaml, which `dlts config check` accepts and the
+    job manager's snapshot reads per VC (the VC's vc_scheduling entry, else the cluster's value)."""
+    from dlts.config import load_settings
+    from dlts.services.vcs import scheduling_of
+
+    make_stub_executables(tmp_path / "venv" / "bin", ("gunicorn", "dlts"))
+    overrides = {"dlts_control_venv": str(tmp_path / "venv"), "dlts_control_config_dir": str(tmp_path / "etc"),
+                 "dlts_scheduling": SCHEDULING}
+    out = render_templates("vagrant", tmp_path / "out", overrides, roles_only=("dlts_control",))
+    config_file = out["dlts_control"] / "dlts.yaml"
+    result = subprocess.run([str(Path(sys.executable).parent / "dlts"), "config", "check"],
+                            env=dict(os.environ, DLTS_CONFIG=str(config_file)), capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    settings = load_settings(config_file, environ={})
+    assert (settings.fair_share_half_life_h, settings.fair_share_max_wait_s, settings.reservation_depth) == (72, 43200, 4)
+    research, vision = scheduling_of(settings, "research", {}), scheduling_of(settings, "vision", {})
+    assert (research["fair_share_max_wait_s"].value, research["fair_share_max_wait_s"].source) == (3600.0, "config")
+    assert (research["min_runtime_s"].value, vision["fair_share_max_wait_s"].value) == (600.0, 43200.0)
 
 
 def test_operator_sections_the_inventory_leaves_out_keep_dlts_defaults(rendered):

@@ -20,6 +20,7 @@ from ansible_helpers import (
     OPERATOR_SECRETS,
     OPERATOR_SECTIONS,
     ROLES_DIR,
+    SCHEDULING,
     run_playbook,
 )
 
@@ -296,6 +297,14 @@ CASES = {
         lambda inv: _set_dlts(inv, "dlts_repair", {"max_nodes_in_repairs": 2}),
         "dlts_repair.max_nodes_in_repairs is not a key of the repair: section",
     ),
+    "scheduler settings with an unknown key": (
+        lambda inv: _set_dlts(inv, "dlts_scheduling", {"fair_share": True, "fairshare_max_wait_s": 60}),
+        "dlts_scheduling.fairshare_max_wait_s is not a scheduler setting of dlts.yaml (known: cpu_job_default_cpu,",
+    ),
+    "scheduler settings that are not a mapping": (
+        lambda inv: _set_dlts(inv, "dlts_scheduling", ["fair_share"]),
+        "dlts_scheduling must be a mapping of DLTS's scheduler settings (docs/configuration.md)",
+    ),
     "user quota with an unknown key": (
         lambda inv: inv.edit("group_vars/all/lustre.yml", lambda d: d["lustre_user_quota"]["default"].update(blocks=5)),
         "lustre_user_quota.default takes block_soft and block_hard",
@@ -436,8 +445,21 @@ def test_the_inventory_check_knows_every_key_of_the_operator_sections():
         assert not set(keys) & set(secret_keys.get(section, {})), section
 
 
+def test_the_inventory_check_knows_the_scheduler_settings():
+    """validate_inventory's keys of dlts_scheduling are settings of dlts.yaml that the dlts_control
+    template does not render from a variable of their own."""
+    from dlts.config import Settings
+
+    defaults = yaml.safe_load((ROLES_DIR / "validate_inventory" / "defaults" / "main.yml").read_text())
+    keys = set(defaults["validate_inventory_scheduling_keys"])
+    assert keys <= set(Settings.model_fields)
+    template = (ROLES_DIR / "dlts_control" / "templates" / "dlts.yaml.j2").read_text()
+    assert not [k for k in keys if f"\n{k}:" in template]
+    assert {"fair_share", "fair_share_max_wait_s", "vc_scheduling", "min_runtime_s"} <= keys
+
+
 def test_full_operator_sections_pass(lab, tmp_path):
-    lab.edit("group_vars/all/dlts.yml", lambda d: d.update(OPERATOR_SECTIONS))
+    lab.edit("group_vars/all/dlts.yml", lambda d: d.update({**OPERATOR_SECTIONS, "dlts_scheduling": SCHEDULING}))
     result = _validate(lab, tmp_path, extra_vars=OPERATOR_SECRETS)
     assert result.returncode == 0, result.stdout[-3000:]
 
