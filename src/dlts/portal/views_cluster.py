@@ -115,10 +115,7 @@ def _scheduling_from_form() -> dict[str, Any]:
         if choice not in ("", "on", "off"):
             raise InvalidInput("fair_share is on, off, or empty for the default.", details={"field": "fair_share"})
         changes["fair_share"] = None if choice == "" else choice == "on"
-    for key, high in (("fair_share_max_wait_s", vc_service.MAX_SCHEDULING_DELAY_S),
-                      ("min_runtime_s", vc_service.MAX_SCHEDULING_DELAY_S),
-                      ("max_reclaim_delay_s", vc_service.MAX_SCHEDULING_DELAY_S),
-                      ("max_preemptions", vc_service.MAX_PREEMPTIONS)):
+    for key, high in vc_service.SCHEDULING_LIMITS.items():
         if key in request.form:
             changes[key] = _int_or_none(key, "the default", high)
     return changes

@@ -45,6 +45,10 @@ SCHEDULING_KINDS: dict[str, Any] = {"fair_share": bool, "fair_share_max_wait_s":
 SCHEDULING_FIELDS = tuple(SCHEDULING_KINDS)
 MAX_SCHEDULING_DELAY_S = 30 * 86400  # fair_share_max_wait_s, min_runtime_s and max_reclaim_delay_s, as config.py bounds them
 MAX_PREEMPTIONS = 1000
+# the whole-number scheduling settings and their upper bound (0 is the lower one): the API, the portal's
+# form and this service check the same ranges
+SCHEDULING_LIMITS = {"fair_share_max_wait_s": MAX_SCHEDULING_DELAY_S, "min_runtime_s": MAX_SCHEDULING_DELAY_S,
+                     "max_reclaim_delay_s": MAX_SCHEDULING_DELAY_S, "max_preemptions": MAX_PREEMPTIONS}
 VC_ADMIN_FIELDS = ("policy", "max_job_time_s", "max_interactive_gpus", "user_gpu_quota", "notice",
                    "max_queued_jobs_per_user", "max_submissions_per_minute", "default_runtime_estimate_s",
                    "idle_policy", *SCHEDULING_FIELDS)
@@ -317,8 +321,7 @@ def _check_settings(changes: Mapping[str, Any]) -> None:
     if changes.get("fair_share") is not None and not isinstance(changes["fair_share"], bool):
         raise InvalidInput("fair_share must be true or false, or null for the default (dlts.yaml).",
                            details={"field": "fair_share"})
-    for key, high in (("fair_share_max_wait_s", MAX_SCHEDULING_DELAY_S), ("min_runtime_s", MAX_SCHEDULING_DELAY_S),
-                      ("max_reclaim_delay_s", MAX_SCHEDULING_DELAY_S), ("max_preemptions", MAX_PREEMPTIONS)):
+    for key, high in SCHEDULING_LIMITS.items():
         value = changes.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= high):
             raise InvalidInput(f"{key} must be a whole number between 0 and {high}, or null for the default (dlts.yaml).",
