@@ -4,9 +4,13 @@ and a replay under backfill obeys every rule the RESULT checker knows."""
 from __future__ import annotations
 
 import importlib.util
+import json
+import statistics
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from dlts.scheduler import Policy
 from dlts.sim.compare import with_policy
@@ -140,3 +144,49 @@ def test_older_work_that_starts_during_the_jobs_run_counts_too(tmp_path) -> None
     ]}
     rows = mod.forced_waits(tmp_path / "c.yaml", tmp_path / "t.csv", result)
     assert rows == [{"id": "big", "vc": "v", "gpus": 16, "wait_s": 230.0, "forced_s": 0.0, "older_s": 230.0}]
+
+
+def _policy_seeds():
+    spec = importlib.util.spec_from_file_location("policy_seeds", ROOT / "bench" / "traces" / "policy_seeds.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)  # type: ignore[union-attr]
+    return mod
+
+
+def test_the_seed_study_replays_each_draw_under_each_policy_with_the_vc_settings_given(tmp_path, capsys) -> None:
+    mod = _policy_seeds()
+    mod.main(["--seeds", "3-4", "--policies", "RF,backfill", "--vc", "fair_share_max_wait_s=3600",
+              "--workers", "2", "--out-dir", str(tmp_path), "--json", str(tmp_path / "study.json"),
+              "--", "--load", "0.8", "--days", "1", "--max-share", "0.5", "--no-limit", "0"])
+    study = json.loads((tmp_path / "study.json").read_text())
+    for seed in ("3", "4"):
+        cluster = load_cluster(tmp_path / f"seed{seed}" / "trace_cluster.yaml")
+        assert {vc.name: vc.fair_share_max_wait_s for vc in cluster.vcs.values()} == dict.fromkeys(
+            ("vision", "nlp", "speech", "research"), 3600)
+        for policy in ("RF", "backfill"):
+            result = json.loads((tmp_path / f"seed{seed}" / f"{policy}.json").read_text())
+            assert check_result(result) == []
+            assert study["summaries"][seed][policy] == result["summary"]
+        rf, bf = (study["summaries"][seed][p] for p in ("RF", "backfill"))
+        row = study["table"][seed]["backfill"]
+        assert row["avg wait"] == bf["avg_wait_s"] / 3600
+        assert row["avg wait ratio"] == bf["avg_wait_s"] / rf["avg_wait_s"]
+        assert row["big-job worst ratio"] == bf["big_job_max_wait_s"] / rf["big_job_max_wait_s"]
+        assert study["table"][seed]["RF"]["avg wait ratio"] == 1.0
+    assert study["median"]["backfill"]["avg wait"] == statistics.median(
+        study["table"][s]["backfill"]["avg wait"] for s in ("3", "4"))
+    # the two draws differ (the seed reaches the generator)
+    assert (tmp_path / "seed3" / "trace.csv").read_text() != (tmp_path / "seed4" / "trace.csv").read_text()
+    out = capsys.readouterr().out
+    assert "fair_share_max_wait_s=3600" in out and "| median |" in out
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--seeds", "a-3"], "--seeds: 'a-3' is not a seed"),
+    (["--vc", "fair_share"], "--vc: 'fair_share' is not KEY=VALUE"),
+])
+def test_the_seed_study_names_the_bad_argument(argv, message, capsys) -> None:
+    with pytest.raises(SystemExit) as got:
+        _policy_seeds().main(argv)
+    assert got.value.code == 2
+    assert message in capsys.readouterr().err
