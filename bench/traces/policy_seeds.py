@@ -7,10 +7,10 @@
 For each seed, ``production.py`` writes a trace (by default with ``production_28d.csv``'s
 arguments: ``--load 0.8 --days 28 --max-share 0.5 --no-limit 0``) and its cluster file; ``--vc
 KEY=VALUE`` sets a scheduling setting on every VC of that cluster file; then ``dlts sim --policy P``
-replays it once per policy, ``--workers`` replays at a time. The table has, per seed, each
-policy's average wait and the worst wait of a job of 16 GPUs or more (all of them, and the
-non-preemptible ones alone), each also as a ratio to the first policy's; the last row is the
-median over the seeds. One trace's worst job moves with any change of the decisions, so the
+replays it once per policy, ``--workers`` replays at a time, and ``check_result`` re-checks every
+RESULT against the rules. The table has, per seed, each policy's average wait and the worst wait
+of a job of 16 GPUs or more (all of them, and the non-preemptible ones alone), each also as a
+ratio to the first policy's; the last row is the median over the seeds. One trace's worst job moves with any change of the decisions, so the
 ratios over several draws say more than one replay does (docs/benchmarks.md).
 """
 
@@ -26,6 +26,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import yaml
+
+from dlts.sim.verify import check_result
 
 HERE = Path(__file__).resolve().parent
 GENERATOR = HERE / "production.py"
@@ -72,13 +74,15 @@ def write_trace(seed: int, out: Path, generator_args: list[str], settings: list[
     return cluster, out / "trace.csv"
 
 
-def replay(cluster: Path, trace: Path, policy: str, out: Path) -> dict:
-    """``dlts sim --policy`` as a user runs it; the summary of its RESULT.json."""
+def replay(cluster: Path, trace: Path, policy: str, out: Path) -> tuple[dict, list[str]]:
+    """``dlts sim --policy`` as a user runs it: the summary of its RESULT.json, and what
+    ``check_result`` finds wrong in it (every rule of SCHEDULING.md it can re-check)."""
     got = subprocess.run([sys.executable, "-m", "dlts", "sim", "--cluster", str(cluster), "--trace", str(trace),
                           "--out", str(out), "--policy", policy], capture_output=True, text=True)
     if got.returncode != 0:
         raise SystemExit(f"dlts sim --policy {policy} on {trace} failed:\n{got.stdout}{got.stderr}")
-    return json.loads(out.read_text())["summary"]
+    result = json.loads(out.read_text())
+    return result["summary"], [str(v) for v in check_result(result)]
 
 
 def ratios(per_seed: dict[int, dict[str, dict]], policies: list[str]) -> dict[int, dict[str, dict[str, float]]]:
@@ -143,15 +147,20 @@ def main(argv: list[str] | None = None) -> None:
             lambda s: write_trace(s, args.out_dir / f"seed{s}", generator_args, args.vc), args.seeds)))
         jobs = {(s, p): pool.submit(replay, *files[s], p, args.out_dir / f"seed{s}" / f"{p}.json")
                 for s in args.seeds for p in policies}
-        per_seed = {s: {p: jobs[s, p].result() for p in policies} for s in args.seeds}
+        done = {(s, p): jobs[s, p].result() for s in args.seeds for p in policies}
+    per_seed = {s: {p: done[s, p][0] for p in policies} for s in args.seeds}
+    violations = {f"{s} {p}": done[s, p][1] for s in args.seeds for p in policies if done[s, p][1]}
 
     table = ratios(per_seed, policies)
     print(f"production.py {' '.join(generator_args)}; every VC: "
           f"{', '.join(f'{k}={v}' for k, v in args.vc) or 'as written'}")
     print(markdown(table, policies))
+    print(f"check_result: {sum(map(len, violations.values()))} rule violations in {len(done)} replays")
+    for where, found in violations.items():
+        print(f"  seed {where}: " + "; ".join(found[:3]) + (" ..." if len(found) > 3 else ""))
     if args.json:
         args.json.write_text(json.dumps({"generator": generator_args, "vc": dict(args.vc), "policies": policies,
-                                         "summaries": per_seed, "table": table,
+                                         "summaries": per_seed, "table": table, "violations": violations,
                                          "median": medians(table, policies)}, indent=1))
 
 

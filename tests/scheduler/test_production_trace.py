@@ -177,8 +177,10 @@ def test_the_seed_study_replays_each_draw_under_each_policy_with_the_vc_settings
         study["table"][s]["backfill"]["avg wait"] for s in ("3", "4"))
     # the two draws differ (the seed reaches the generator)
     assert (tmp_path / "seed3" / "trace.csv").read_text() != (tmp_path / "seed4" / "trace.csv").read_text()
+    assert study["violations"] == {}
     out = capsys.readouterr().out
     assert "fair_share_max_wait_s=3600" in out and "| median |" in out
+    assert "check_result: 0 rule violations in 4 replays" in out
 
 
 @pytest.mark.parametrize(("argv", "message"), [
