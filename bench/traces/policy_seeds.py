@@ -50,7 +50,7 @@ def parse_seeds(text: str) -> list[int]:
             raise argparse.ArgumentTypeError(f"--seeds: {part!r} is not a seed or a range like 1-8") from None
     if not seeds:
         raise argparse.ArgumentTypeError("--seeds: give at least one seed")
-    return seeds
+    return list(dict.fromkeys(seeds))  # each once: a seed's files are written in one folder
 
 
 def parse_setting(text: str) -> tuple[str, object]:

@@ -183,6 +183,10 @@ def test_the_seed_study_replays_each_draw_under_each_policy_with_the_vc_settings
     assert "check_result: 0 rule violations in 4 replays" in out
 
 
+def test_seeds_are_read_as_ranges_and_lists_each_once() -> None:
+    assert _policy_seeds().parse_seeds("1-3,19,2") == [1, 2, 3, 19]
+
+
 @pytest.mark.parametrize(("argv", "message"), [
     (["--seeds", "a-3"], "--seeds: 'a-3' is not a seed"),
     (["--vc", "fair_share"], "--vc: 'fair_share' is not KEY=VALUE"),
