@@ -94,11 +94,23 @@ def test_reservation_depth_limits_how_many_waiting_jobs_get_one() -> None:
     s = snap([node("n1")], vc(**BF), jobs)
     d = decide(s, NOW)
     assert [w.estimated_start for w in sorted(d.waits, key=lambda w: w.job_id)] == [2000.0, 3000.0, 4000.0]
+    assert not any("no estimated start" in w.detail for w in d.waits)
     d = decide(replace(s, reservation_depth=1), NOW)
     assert [w.estimated_start for w in sorted(d.waits, key=lambda w: w.job_id)] == [2000.0, None, None]
     assert summary(d)["waits"] == {2: "capacity", 3: "capacity", 4: "capacity"}  # no GPU is free at all
+    # a job left without one says why it has no estimate
+    assert "no estimated start" not in waits(d)[2].detail
+    for jid in (3, 4):
+        assert waits(d)[jid].detail.endswith(
+            "; no estimated start: this pass's reservations (reservation_depth 1) went to jobs ahead of it")
     d = decide(replace(s, reservation_depth=0), NOW)  # depth 0: plain RF
     assert d.reservations == () and summary(d)["waits"] == {2: "capacity", 3: "capacity", 4: "capacity"}
+    assert all(w.detail.endswith("; no estimated start: reservation_depth is 0") for w in d.waits)
+    # where no reservation could be given anyway, nothing is added: an RF VC, a preemptible job
+    d = decide(replace(s, reservation_depth=1, vcs={"v": vc(policy=Policy.RF)}), NOW)
+    assert not any("no estimated start" in w.detail for w in d.waits)
+    d = decide(replace(s, reservation_depth=1, jobs=s.jobs[:2] + tuple(replace(j, preemptible=True) for j in s.jobs[2:])), NOW)
+    assert not any("no estimated start" in w.detail for w in d.waits)
 
 
 def test_a_gang_reservation_waits_for_nodes_in_one_ib_domain() -> None:

@@ -129,8 +129,11 @@ class _Pass:
     def _wait(self, job: Job, rej: Rejection, req: Request | None = None, vc: Vc | None = None) -> None:
         estimate = None
         # backfill: maybe a reservation (and an estimated start)
-        if self.bf is not None and (self.bf.reserving or job.id in self.bf.held_now):
-            rej, estimate = self.bf.on_wait(job, req, vc, rej)
+        if self.bf is not None:
+            if self.bf.reserving or job.id in self.bf.held_now:
+                rej, estimate = self.bf.on_wait(job, req, vc, rej)
+            else:  # every reservation of the pass is given: say so where one could have been
+                rej = self.bf.no_slot(job, vc, rej)
         self.waits.append(
             Wait(job.id, rej.reason, rej.detail, rej.blocked_by, self.positions.get(job.id), rej.permanent, estimate)
         )

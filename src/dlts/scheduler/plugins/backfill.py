@@ -133,6 +133,7 @@ class BackfillPass:
         self._dead_now: dict[tuple[object, ...], tuple[int, list[tuple[int, str]], set[str]]] = {}
         self._refused_plans: dict[tuple[object, ...], list[tuple[int, float, int, float]]] = {}
         self._details: dict[tuple[int, str, float], Rejection] = {}
+        self._no_slot: dict[tuple[WaitReason, str, int | None], Rejection] = {}
         self.duration = Durations(state.vcs)
         self._orders: dict[tuple[int, ...], list[NodeState]] = {}
         self._held: dict[str, int] = {}
@@ -503,7 +504,7 @@ class BackfillPass:
         if held:
             self._held_waiting.discard(job.id)
         elif self.tried >= self.depth:  # every new reservation of the pass is given: most waits stop here
-            return rej, None
+            return self.no_slot(job, vc, rej), None
         self._update_reserving()
         if job.id in self.held_now:
             # reclaimed room, held from now on (its reservation starts now): it starts as soon as
@@ -533,6 +534,22 @@ class BackfillPass:
         self._reserve(Reservation(job.id, start, end, tuple(placements)))
         detail = f"{rej.detail}; reserved {', '.join(sorted({p.node for p in placements}))} from {start - self.now:.0f} s from now"
         return Rejection(rej.reason, detail, rej.permanent, rej.blocked_by), start
+
+    def no_slot(self, job: Job, vc: Vc | None, rej: Rejection) -> Rejection:
+        """The wait of a job that would have been given a reservation had one been left: its detail
+        says why it has no estimated start (kept per rejection: most waits of a pass share a few)."""
+        if (vc is None or vc.policy is not _BACKFILL or job.preemptible or not job.approved or rej.permanent
+                or rej.reason not in RESERVABLE):
+            return rej
+        key = (rej.reason, rej.detail, rej.blocked_by)
+        got = self._no_slot.get(key)
+        if got is None:
+            depth = self.state.snapshot.reservation_depth
+            why = (f"this pass's reservations (reservation_depth {depth}) went to jobs ahead of it" if depth > 0
+                   else "reservation_depth is 0")
+            got = self._no_slot[key] = Rejection(rej.reason, f"{rej.detail}; no estimated start: {why}",
+                                                 rej.permanent, rej.blocked_by)
+        return got
 
     # -- backfill VCs' own jobs: the time model places them (and reclaims for them) ------------------
 
