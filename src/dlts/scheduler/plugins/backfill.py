@@ -133,7 +133,7 @@ class BackfillPass:
         self._dead_now: dict[tuple[object, ...], tuple[int, list[tuple[int, str]], set[str]]] = {}
         self._refused_plans: dict[tuple[object, ...], list[tuple[int, float, int, float]]] = {}
         self._details: dict[tuple[int, str, float], Rejection] = {}
-        self._no_slot: dict[tuple[WaitReason, str, int | None], Rejection] = {}
+        self._no_slot: dict[int, tuple[Rejection, Rejection]] = {}  # id(rejection) -> (it, with the cause)
         self.duration = Durations(state.vcs)
         self._orders: dict[tuple[int, ...], list[NodeState]] = {}
         self._held: dict[str, int] = {}
@@ -538,17 +538,20 @@ class BackfillPass:
     def no_slot(self, job: Job, vc: Vc | None, rej: Rejection) -> Rejection:
         """The wait of a job that would have been given a reservation had one been left: its detail
         says why it has no estimated start (kept per rejection: most waits of a pass share a few)."""
-        if (vc is None or vc.policy is not _BACKFILL or job.preemptible or not job.approved or rej.permanent
-                or rej.reason not in RESERVABLE):
+        if job.preemptible or not job.approved or vc is None or vc.policy is not _BACKFILL:
             return rej
-        key = (rej.reason, rej.detail, rej.blocked_by)
-        got = self._no_slot.get(key)
-        if got is None:
+        # by identity (the entry keeps ``rej`` alive, so its id is not reused): a pass's waits share
+        # a few thousand rejections at 20k jobs
+        seen = self._no_slot.get(id(rej))
+        if seen is not None and seen[0] is rej:
+            return seen[1]
+        got = rej
+        if not rej.permanent and rej.reason in RESERVABLE:
             depth = self.state.snapshot.reservation_depth
             why = (f"this pass's reservations (reservation_depth {depth}) went to jobs ahead of it" if depth > 0
                    else "reservation_depth is 0")
-            got = self._no_slot[key] = Rejection(rej.reason, f"{rej.detail}; no estimated start: {why}",
-                                                 rej.permanent, rej.blocked_by)
+            got = Rejection(rej.reason, f"{rej.detail}; no estimated start: {why}", rej.permanent, rej.blocked_by)
+        self._no_slot[id(rej)] = (rej, got)
         return got
 
     # -- backfill VCs' own jobs: the time model places them (and reclaims for them) ------------------
