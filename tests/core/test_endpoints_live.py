@@ -112,9 +112,18 @@ def servers_of(job_id: int, name: str) -> list[psutil.Process]:
     return found
 
 
+def _alive(p: psutil.Process) -> bool:
+    """Running and not a zombie; a process that exits between the two questions is gone (it did,
+    once, on a loaded CI host: NoSuchProcess from ``status()`` right after ``is_running()``)."""
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def gone(procs: list[psutil.Process], timeout_s: float = 10.0) -> bool:
     deadline = time.monotonic() + timeout_s
-    while any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in procs):
+    while any(_alive(p) for p in procs):
         if time.monotonic() > deadline:
             return False
         time.sleep(0.05)
