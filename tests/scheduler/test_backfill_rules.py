@@ -190,6 +190,11 @@ def test_room_made_by_preemption_is_held_from_now() -> None:
     # estimated from now, so the job keeps its reservation (and its place) while job 1 exits
     assert waits(d)[2].estimated_start == NOW
     assert summary(d)["waits"][3] == "capacity"  # no GPU is free now; the room is held for job 2
+    # ...also when no new reservation is left to give (depth 0 here): it used to get no estimate
+    # then, and so lost its hold on the room at the next pass
+    d = decide(replace(s, reservation_depth=0), NOW)
+    assert summary(d)["stops"] == {1: "preempted"}
+    assert waits(d)[2].estimated_start == NOW and "no estimated start" not in waits(d)[2].detail
 
 
 def test_free_room_is_taken_before_anything_is_preempted() -> None:

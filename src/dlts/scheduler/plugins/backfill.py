@@ -503,13 +503,14 @@ class BackfillPass:
         held = job.id in self._held_waiting
         if held:
             self._held_waiting.discard(job.id)
-        elif self.tried >= self.depth:  # every new reservation of the pass is given: most waits stop here
-            return self.no_slot(job, vc, rej), None
-        self._update_reserving()
+            self._update_reserving()
         if job.id in self.held_now:
             # reclaimed room, held from now on (its reservation starts now): it starts as soon as
-            # the preempted work has exited (within the grace period), and keeps its place meanwhile
+            # the preempted work has exited (within the grace period), and keeps its place meanwhile,
+            # whether or not the pass's new reservations are all given
             return rej, self.now
+        if not held and self.tried >= self.depth:  # every new reservation is given: most waits stop here
+            return self.no_slot(job, vc, rej), None
         if (
             vc is None
             or req is None
