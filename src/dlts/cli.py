@@ -285,6 +285,11 @@ def managers(ctx: Context) -> None:
                Periodic("allowlist.purge_expired", 600.0, functools.partial(allowlist.purge_expired_entries, sessions)),
                Periodic("accounting.book", settings.accounting_interval_s,
                         AccountingManager(sessions, settings.utilisation_retention_days).run_once)]
+    if settings.forecast.enabled:
+        from dlts.jobmanager.forecast import ForecastManager
+
+        # every waiting job's forecast start (jobs.forecast_start), in its own thread of the managers
+        entries.append(Periodic("forecast.run", settings.forecast.interval_s, ForecastManager(sessions, settings).run_once))
     if settings.repair.enabled:
         from dlts.managers.repair import RepairManager
         from dlts.repair.rules import RuleError

@@ -45,6 +45,23 @@ __all__ = ["ENV_PREFIX", "MOVED_KEYS", "SYSTEM_CONFIG", "ConfigError", "Settings
            "load_settings", "require_production_secrets", "require_trusted_local_backend"]
 
 
+class ForecastSettings(BaseModel):
+    """The forecast manager (``dlts managers`` and the demo): a start time for every waiting job
+    (scheduler/forecast.py, docs/scheduling.md "Forecast start")."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = True
+    # seconds between forecasts
+    interval_s: float = Field(300.0, ge=1, le=86400)
+    # at most this many scheduling passes per forecast; jobs it does not reach get none
+    max_passes: int = Field(200, ge=1, le=100_000)
+    # job ends within this share of the time from now are taken together (a forecast is late by at most that share)
+    precision: float = Field(0.05, gt=0, le=1)
+    # a job's run time is predicted as the mean of its owner's last this-many completed runs (0: limits only)
+    history_runs: int = Field(2, ge=0, le=100)
+
+
 class SkuReserve(BaseModel):
     """Cores and bytes a GPU node of one SKU keeps for each free GPU (``sku_reserve``)."""
 
@@ -136,6 +153,8 @@ class Settings(BaseModel):
     cpu_job_default_memory_bytes: int = Field(2 * 1024**3, gt=0)
     # backfill (VCs with policy backfill): jobs per pass that cannot start and get a reservation
     reservation_depth: int = Field(8, ge=0, le=1000)
+    # every waiting job's forecast start (the forecast manager): ``forecast:`` section
+    forecast: ForecastSettings = Field(default_factory=ForecastSettings)
     # which scheduler plugins a pass runs, by profile name (dlts.scheduler.plugins.registry.PROFILES:
     # default, no_fair_share, no_reclaim)
     scheduler_profile: str = "default"
@@ -227,7 +246,7 @@ class Settings(BaseModel):
     # users, groups and VC roles from LDAP: `dlts directory sync` (docs/administration.md)
     directory: DirectorySettings = Field(default_factory=DirectorySettings)
 
-    @field_validator("kubernetes", "storage", "insight", "directory", mode="before")
+    @field_validator("kubernetes", "storage", "insight", "directory", "forecast", mode="before")
     @classmethod
     def _empty_section(cls, value: Any) -> Any:
         # "kubernetes:" with nothing under it is YAML null: the section with every default
@@ -328,10 +347,11 @@ class Settings(BaseModel):
 
 
 # Sections whose keys the environment sets one by one: DLTS_KUBERNETES__NAMESPACE=jobs,
-# DLTS_STORAGE__SCAN_INTERVAL_S=600, DLTS_INSIGHT__IDLE_MIN=45, DLTS_DIRECTORY__URL=ldaps://... (lists
+# DLTS_STORAGE__SCAN_INTERVAL_S=600, DLTS_INSIGHT__IDLE_MIN=45, DLTS_DIRECTORY__URL=ldaps://...,
+# DLTS_FORECAST__INTERVAL_S=60 (lists
 # such as storage.roots and directory.vc_roles are the file's).
 SECTIONS: dict[str, type[BaseModel]] = {"kubernetes": KubernetesSettings, "storage": StorageSettings, "insight": InsightSettings,
-            "directory": DirectorySettings}
+            "directory": DirectorySettings, "forecast": ForecastSettings}
 
 
 def _from_env(environ: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, str]]:

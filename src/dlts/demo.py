@@ -265,6 +265,12 @@ def run_demo(settings: Settings, fake_nvml: str | None = None) -> None:
 
     insight = TickThread(None, settings.insight.interval_s, name="insight",
                          tick=instrumented("insight.run", InsightManager(sessions, settings).run_once))
+    from dlts.jobmanager.forecast import ForecastManager
+
+    # every waiting job's forecast start; every 30 s at most here, so a newcomer sees one soon
+    forecasts = ForecastManager(sessions, settings)
+    forecaster = TickThread(None, min(settings.forecast.interval_s, 30.0), name="forecast",
+                            tick=instrumented("forecast.run", forecasts.run_once))
     server = make_server(settings.listen_host, settings.listen_port, app, threaded=True)
     url = f"http://{settings.listen_host}:{server.server_port}"
     node = backend.nodes()[0]
@@ -301,6 +307,8 @@ def run_demo(settings: Settings, fake_nvml: str | None = None) -> None:
     accountant.start()
     if settings.insight.enabled:
         insight.start()
+    if settings.forecast.enabled:
+        forecaster.start()
     agent_thread.start()
     signal.signal(signal.SIGTERM, _interrupt)
     signal.signal(signal.SIGINT, _interrupt)
@@ -317,10 +325,14 @@ def run_demo(settings: Settings, fake_nvml: str | None = None) -> None:
         repairer.stopping.set()
         accountant.stopping.set()
         insight.stopping.set()
+        forecaster.stopping.set()
         agent_stop.set()
         agent_thread.join(timeout=10)
         ticker.join(timeout=30)
         if repairer.is_alive():
             repairer.join(timeout=30)
+        if forecaster.is_alive():
+            forecaster.join(timeout=30)
+        forecasts.close()
         stopped = backend.shutdown_running(min(settings.preempt_grace_s, 10))
         click.echo(f"stopped ({stopped} running job(s) will be requeued at the next start)")

@@ -61,6 +61,9 @@ PASS_PREEMPTIONS = Gauge("dlts_scheduler_pass_preemptions", "Preemptions decided
 PASS_WAITS = Gauge("dlts_scheduler_pass_waiting_jobs", "Jobs the last pass left waiting, by reason.", ["reason"])
 QUEUE_WAIT = Histogram("dlts_job_queue_wait_seconds", "Time a job waited in the queue before it was started, by VC "
                        "and job type.", ["vc", "type"], buckets=_WAIT)
+FORECAST_JOBS = Gauge("dlts_forecast_waiting_jobs", "Waiting jobs of the last forecast, by outcome (forecast: it "
+                      "gives them a start; unknown: none).", ["outcome"])
+FORECAST_PASSES = Gauge("dlts_forecast_passes", "Scheduling passes the last forecast ran.")
 # -- Kubernetes backend --------------------------------------------------------------------------
 K8S_REQUESTS = Counter("dlts_kubernetes_requests", "Requests to the Kubernetes API, by verb and HTTP status code "
                        "(code 'error': no answer).", ["verb", "code"])

@@ -55,6 +55,7 @@ OPERATOR_SECTIONS = {
 }
 # dlts_scheduling: the scheduler's top-level settings of dlts.yaml, rendered key for key
 SCHEDULING = {"fair_share_half_life_h": 72, "fair_share_max_wait_s": 43200, "reservation_depth": 4,
+              "forecast": {"interval_s": 120, "max_passes": 80},
               "vc_scheduling": {"research": {"fair_share_max_wait_s": 3600, "min_runtime_s": 600}}}
 OPERATOR_SECRETS = {"dlts_notify_smtp_password": "smtp-password-from-the-vault",
                     "dlts_directory_bind_password": "bind-password-from-the-vault"}

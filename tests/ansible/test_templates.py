@@ -553,6 +553,7 @@ def test_the_scheduler_settings_come_from_the_inventory(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     settings = load_settings(config_file, environ={})
     assert (settings.fair_share_half_life_h, settings.fair_share_max_wait_s, settings.reservation_depth) == (72, 43200, 4)
+    assert (settings.forecast.interval_s, settings.forecast.max_passes, settings.forecast.precision) == (120, 80, 0.05)
     research, vision = scheduling_of(settings, "research", {}), scheduling_of(settings, "vision", {})
     assert (research["fair_share_max_wait_s"].value, research["fair_share_max_wait_s"].source) == (3600.0, "config")
     assert (research["min_runtime_s"].value, vision["fair_share_max_wait_s"].value) == (600.0, 43200.0)

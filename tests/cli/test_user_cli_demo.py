@@ -43,7 +43,8 @@ class Demo:
         self.proc: subprocess.Popen | None = None
 
     def env(self) -> dict:
-        return base_env() | {"DLTS_HOME": str(self.home), "DLTS_TICK_S": "0.3", "DLTS_PREEMPT_GRACE_S": "2"}
+        return base_env() | {"DLTS_HOME": str(self.home), "DLTS_TICK_S": "0.3", "DLTS_PREEMPT_GRACE_S": "2",
+                             "DLTS_FORECAST__INTERVAL_S": "1"}
 
     def start(self) -> str:
         """Start the demo; its stdout (the banner) goes to a file, never a pipe that could fill."""
@@ -336,6 +337,28 @@ def test_jobs_lists_like_squeue_and_as_json(user, demo):
         assert bad.returncode == 1 and "status" in bad.stderr and "HTTP 400" in bad.stderr
     finally:
         user.run("kill", str(job_id))
+
+
+def test_a_waiting_job_shows_its_forecast_start(user, demo):
+    """The demo's forecast manager (every second here) gives a job waiting behind a job with a limit
+    a start: `dlts show` says when and that it is a forecast, `dlts jobs` marks it with a ~."""
+    user.login()
+    blocker = int(user.run("submit", "--image", "any", "--gpus", "2", "--max-time", "2h", "--", "sleep 600").stdout.strip())
+    try:
+        wait_job(demo, blocker, {"running"})
+        held = int(user.run("submit", "--image", "any", "--gpus", "2", "--", "true").stdout.strip())
+        deadline = time.monotonic() + 60
+        while (job := wait_job(demo, held, {"queued"}))["estimated_start_source"] != "forecast":
+            assert time.monotonic() < deadline, job
+            time.sleep(0.3)
+        shown = user.run("show", str(held))
+        line = next(x for x in shown.stdout.splitlines() if "estimated start" in x)
+        assert "in 1h59m" in line or "in 2h" in line, line  # the blocker's 2-hour limit
+        assert line.rstrip().endswith("(forecast)"), line
+        row = next(x.split() for x in user.run("jobs").stdout.splitlines()[1:] if x.split()[0] == str(held))
+        assert row[-2].endswith("~"), row  # START
+    finally:
+        user.run("kill", str(blocker))
 
 
 def test_a_revoked_token_says_to_log_in_again(user, demo):

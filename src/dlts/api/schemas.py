@@ -161,14 +161,18 @@ class JobOut:
 
 
 # what the other members of a job's VC see of it (``Visibility.PUBLIC``), and "visibility"
-PUBLIC_JOB_FIELDS = ("id", "name", "user", "vc", "type", "status", "reason", "queue_position", "estimated_start", "sku",
+PUBLIC_JOB_FIELDS = ("id", "name", "user", "vc", "type", "status", "reason", "queue_position", "estimated_start",
+                     "estimated_start_source", "sku",
                      "gpus", "nodes", "cpu", "memory_bytes", "preemptible", "submitted_at", "started_at", "finished_at",
                      "tags", "favourite", "archived_at", "visibility")
 
 
 def _estimated_start(item: Any) -> str | None:
-    """Backfill's estimated start of a queued job (its reservation); null when unknown."""
-    return iso(item.job.estimated_start) if item.job.status.value == "queued" else None
+    return iso(item.job.estimate()[0])
+
+
+def _estimate_source(item: Any) -> str | None:
+    return item.job.estimate()[1]
 
 
 def _spec(key: str, default: Any = None, convert: Callable[[Any], Any] = lambda v: v) -> Callable[[Any], Any]:
@@ -201,8 +205,11 @@ class _JobFields(Schema):
     reason_detail = fields.String(attribute="job.reason_detail", allow_none=True)
     queue_position = fields.Integer(attribute="job.queue_position", allow_none=True)
     estimated_start = _derived(fields.String, _estimated_start, allow_none=True, metadata={
-        "description": "queued jobs of backfill VCs: when the scheduler expects it to start (its reservation, "
-                       "assuming running jobs end by their limits); null when unknown"})
+        "description": "queued jobs: when the job is expected to start: its backfill reservation (running jobs "
+                       "ending by their limits), else the last forecast (docs/scheduling.md); null when unknown"})
+    estimated_start_source = _derived(fields.String, _estimate_source, allow_none=True, metadata={
+        "description": "reservation (the scheduler holds resources for the job from estimated_start on) or "
+                       "forecast (a projection refreshed every forecast.interval_s; nothing is held); null: no estimate"})
     image = fields.String(attribute="job.image")
     sku = fields.String(attribute="job.sku", allow_none=True)
     gpus = fields.Integer(attribute="job.gpus")

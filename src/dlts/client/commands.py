@@ -798,7 +798,7 @@ def _state_line(job: dict) -> str:
     if job["status"] in ("queued", "unapproved") and job.get("queue_position"):
         parts.append(f"position {job['queue_position']}")
     if job.get("estimated_start") and job["status"] in ("queued", "unapproved"):
-        parts.append(f"estimated start {output.relative(job['estimated_start'])}")
+        parts.append(f"estimated start {_estimate(job)}")
     if (job.get("attempt") or 0) > 1:
         parts.append(f"attempt {job['attempt']}")
     if job["status"] in ENDED_STATUSES:
@@ -915,8 +915,14 @@ def _start(job: dict) -> str:
     if job.get("started_at") and job["status"] not in ("queued", "unapproved"):
         return output.relative(job["started_at"])
     if job.get("estimated_start"):
-        return output.relative(job["estimated_start"])
+        return output.relative(job["estimated_start"]) + ("~" if job.get("estimated_start_source") == "forecast" else "")
     return "-"
+
+
+def _estimate(job: dict) -> str:
+    """A queued job's estimated start, and whether it is reserved or a forecast."""
+    source = job.get("estimated_start_source")
+    return output.relative(job["estimated_start"]) + (f" ({source})" if source else "")
 
 
 def _jobs_table(items: list[dict]) -> str:
@@ -944,7 +950,8 @@ def _job_details(client: Client, job: dict, colour: bool) -> str:
               ("gpus", _gpus(job) + (f" {job['sku']}" if job.get("sku") else "")), ("cpu", job.get("cpu")),
               ("memory", output.size(job["memory_bytes"]) if job.get("memory_bytes") else None), ("preemptible", job.get("preemptible")),
               ("priority", job.get("priority")), ("queue position", job.get("queue_position")),
-              ("estimated start", output.relative(job["estimated_start"]) if job.get("estimated_start") else None),
+              ("estimated start", _estimate(job) if job.get("estimated_start") else
+               ("unknown" if job.get("status") == "queued" else None)),
               ("image", job.get("image")), ("command", job.get("command")),
               ("submitted", output.relative(job.get("submitted_at"))),
               ("started", output.relative(job.get("started_at")) if job.get("started_at") else None),

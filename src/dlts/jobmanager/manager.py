@@ -300,7 +300,7 @@ class JobManager:
         if job.started_at is not None and ended_at < job.started_at:
             ended_at = job.started_at  # the manager's clock saw it start after the backend's clock saw it end
         requested = attempt.stop_requested if attempt else None
-        values: dict[str, Any] = {"exit_code": code, "queue_position": None, "estimated_start": None}
+        values: dict[str, Any] = {"exit_code": code, "queue_position": None, "estimated_start": None, "forecast_start": None}
         spends_retry = False
         if job.status is S.KILLING:
             target, reason = S.KILLED, job.reason or EndReason.KILLED
@@ -564,7 +564,7 @@ class JobManager:
         if not job_repo.set_status(session, job.id, S.QUEUED, S.SCHEDULING, actor="scheduler", reason="started",
                                    message="placed on " + ", ".join(p.node for p in placements),
                                    values={"attempt": number, "reason": None, "reason_detail": None, "queue_position": None,
-                                           "estimated_start": None}):
+                                           "estimated_start": None, "forecast_start": None}):
             return None  # changed meanwhile (killed): nothing was written
         attempt = JobAttempt(job_id=job.id, number=number, placements=placements_to_json(placements),
                              created_at=max(self._now(), job.submitted_at or self._now()))

@@ -113,6 +113,9 @@ class Job(Base):
     # backfill: when the scheduler's last pass expects the waiting job to start (its reservation);
     # NULL: unknown (no reservation, or nothing bounds the running work) (revision 0015)
     estimated_start: Mapped[dt.datetime | None] = mapped_column(Timestamp)
+    # every waiting job: when the forecast manager's last forecast (scheduler/forecast.py) starts it;
+    # NULL: not reached (revision 0019). Never read by the scheduler: a forecast holds nothing
+    forecast_start: Mapped[dt.datetime | None] = mapped_column(Timestamp)
     image: Mapped[str] = mapped_column(sa.String(512))
     command: Mapped[str] = mapped_column(sa.Text)
     sku: Mapped[str | None] = mapped_column(sa.String(64))
@@ -145,6 +148,17 @@ class Job(Base):
     user = relationship("User", lazy="joined")
     vc = relationship("VirtualCluster", lazy="joined")
 
+    def estimate(self) -> tuple[dt.datetime | None, str | None]:
+        """A queued job's estimated start and where it comes from: its backfill reservation
+        (``"reservation"``), else the forecast manager's last forecast (``"forecast"``); (None, None)
+        when neither has one or the job is not queued."""
+        if self.status is not JobStatus.QUEUED:
+            return None, None
+        if self.estimated_start is not None:
+            return self.estimated_start, "reservation"
+        if self.forecast_start is not None:
+            return self.forecast_start, "forecast"
+        return None, None
 
 class JobAttempt(Base):
     """One run of a job: where it ran, how it ended, whether it spent a retry."""

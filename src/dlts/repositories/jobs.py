@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import datetime as dt
 from collections.abc import Sequence
 from typing import Any, cast
 
@@ -204,3 +205,48 @@ def jobs_by_id(session: Session, ids: Sequence[int]) -> dict[int, Job]:
 
 def has_ssh_key(session: Session, user_id: int) -> bool:
     return session.scalar(sa.select(SshKey.id).where(SshKey.user_id == user_id).limit(1)) is not None
+
+
+def recent_run_times(session: Session, user_names: Sequence[str], runs: int) -> dict[str, list[float]]:
+    """Per user (by name), the run times in seconds of their last ``runs`` finished jobs (status
+    finished: the last attempt ran to its own end), oldest first."""
+    if runs <= 0 or not user_names:
+        return {}
+    from dlts.models import User
+
+    rank = sa.func.row_number().over(partition_by=Job.user_id, order_by=(Job.finished_at.desc(), Job.id.desc()))
+    ranked = (sa.select(User.name.label("user"), JobAttempt.started_at.label("started"),
+                        JobAttempt.ended_at.label("ended"), rank.label("rank"))
+              .join(User, User.id == Job.user_id)
+              .join(JobAttempt, sa.and_(JobAttempt.job_id == Job.id, JobAttempt.number == Job.attempt))
+              .where(Job.status == JobStatus.FINISHED, User.name.in_(list(user_names)),
+                     JobAttempt.started_at.is_not(None), JobAttempt.ended_at.is_not(None))
+              .subquery())
+    out: dict[str, list[float]] = {}
+    rows = session.execute(sa.select(ranked.c.user, ranked.c.started, ranked.c.ended)
+                           .where(ranked.c.rank <= runs).order_by(ranked.c.user, ranked.c.rank.desc()))
+    for user, started, ended in rows:
+        out.setdefault(user, []).append(max(0.0, (ended - started).total_seconds()))
+    return out
+
+
+def store_forecasts(session: Session, forecasts: dict[int, dt.datetime | None]) -> int:
+    """Set ``forecast_start`` of the queued jobs in ``forecasts`` where it changed (to the second);
+    how many rows changed."""
+    if not forecasts:
+        return 0
+    changed = 0
+    current = session.execute(sa.select(Job.id, Job.forecast_start)
+                              .where(Job.id.in_(list(forecasts)), Job.status == JobStatus.QUEUED)).all()
+    for job_id, stored in current:
+        new = forecasts[job_id]
+        if _whole_s(stored) == _whole_s(new):
+            continue
+        session.execute(sa.update(Job).where(Job.id == job_id, Job.status == JobStatus.QUEUED)
+                        .values(forecast_start=new))
+        changed += 1
+    return changed
+
+
+def _whole_s(moment: dt.datetime | None) -> int | None:
+    return None if moment is None else int(moment.replace(tzinfo=moment.tzinfo or dt.UTC).timestamp())

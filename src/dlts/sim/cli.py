@@ -28,8 +28,11 @@ from dlts.sim.inputs import SimInputError, load_cluster, load_trace
               help="Replay the trace under each policy (every VC) and print a side-by-side table.")
 @click.option("--chart", "chart_path", default=None, type=click.Path(dir_okay=False, writable=True, path_type=Path),
               help="With --compare: write an SVG chart of queue length and GPU utilisation over time.")
+@click.option("--forecast-every", "forecast_every", default=None, type=click.FloatRange(min=60), metavar="SECONDS",
+              help="Also run the forecast manager's forecast every SECONDS of simulated time (at least 60) and "
+                   "report how close each job's first forecast came to its start (summary.forecast).")
 def sim_command(cluster_path: Path, trace_path: Path, out_path: Path, policy_name: str | None,
-                compare: str | None, chart_path: Path | None) -> None:
+                compare: str | None, chart_path: Path | None, forecast_every: float | None) -> None:
     """Replay TRACE.csv on CLUSTER.yaml through the real scheduler core in simulated time and
     write RESULT.json (per-job attempts and wait reasons, summary metrics)."""
     if policy_name is not None and compare is not None:
@@ -50,12 +53,12 @@ def sim_command(cluster_path: Path, trace_path: Path, out_path: Path, policy_nam
     if compare is None:
         if policy_name is not None:
             cluster = with_policy(cluster, policies[0])
-        _run_one(cluster, trace, out_path)
+        _run_one(cluster, trace, out_path, forecast_every=forecast_every)
         return
     results: dict[str, dict] = {}
     for p in policies:
         out = out_path.with_name(f"{out_path.stem}.{p.value}{out_path.suffix or '.json'}")
-        results[p.value] = _run_one(with_policy(cluster, p), trace, out, label=p.value)
+        results[p.value] = _run_one(with_policy(cluster, p), trace, out, label=p.value, forecast_every=forecast_every)
     click.echo("")
     click.echo(table(results))
     if chart_path is not None:
@@ -66,9 +69,9 @@ def sim_command(cluster_path: Path, trace_path: Path, out_path: Path, policy_nam
         click.echo(f"chart -> {chart_path}")
 
 
-def _run_one(cluster, trace, out_path: Path, label: str = "") -> dict:
+def _run_one(cluster, trace, out_path: Path, label: str = "", forecast_every: float | None = None) -> dict:
     t0 = time.perf_counter()
-    sim = Simulation(cluster, trace)
+    sim = Simulation(cluster, trace, forecast_every_s=forecast_every)
     if sys.stdout.isatty():
         with click.progressbar(length=len(trace), label=f"simulating {label}".strip(), show_pos=True) as bar:
             result = sim.run(progress=bar.update)
@@ -89,6 +92,11 @@ def _run_one(cluster, trace, out_path: Path, label: str = "") -> dict:
         f"avg wait {s['avg_wait_s']:.0f}s, GPU utilization {s['gpu_utilization']:.1%}, "
         f"{s['preemptions']} preemptions; {s['passes']} passes in {wall_s:.1f}s -> {out_path}"
     )
+    if "forecast" in s:
+        f = s["forecast"]
+        click.echo(f"  forecast every {f['every_s']:g}s ({f['forecasts']} forecasts): {f['jobs']} jobs reached before "
+                   f"they started; first forecast off by {f['abs_error_h_p50']:.1f} h (p50), {f['abs_error_h_p90']:.1f} h "
+                   f"(p90), {f['rel_error_p50']:.0%} of the lead time (p50); {f['early_share']:.0%} forecast early")
     return result
 
 

@@ -10,6 +10,11 @@ With ``preempt_grace_s`` 0 a stop takes effect at once and the pass is repeated 
 (so the job a preemption made room for starts in the same tick); with a grace period the victims
 hold their resources, marked ``stopping``, until the grace ends.
 
+With ``forecast_every_s`` (``dlts sim --forecast-every``) the replay also runs the forecast the
+forecast manager runs (``scheduler/forecast.py``, with each user's last completed run times) at a
+pass every that many simulated seconds, keeps each job's first forecast start, and reports how
+close those came to the starts the replay then made (``summary.forecast``).
+
 The result is the RESULT.json document of SCHEDULING.md, plus what a reader needs to re-check
 every rule from it alone: the cluster itself, each job's request, and for inference jobs one row per
 replica.
@@ -25,6 +30,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from dlts.scheduler import Decisions, Job, JobType, Placement, Snapshot, StopReason, decide
+from dlts.scheduler.forecast import UserRuntimes, forecast
 from dlts.scheduler.model import ROOM_REASONS
 from dlts.scheduler.plugins.walltime import effective_limit_s
 from dlts.scheduler.quota import effective_cpu_memory_quota
@@ -53,6 +59,9 @@ class SimJob:
     # backfill: the first and the latest estimated start a pass gave it while it waited
     first_estimate_s: float | None = None
     last_estimate_s: float | None = None
+    # --forecast-every: when the first forecast that reached the job was made, and its start
+    forecast_made_s: float | None = None
+    forecast_start_s: float | None = None
 
     @property
     def id(self) -> int:
@@ -60,8 +69,13 @@ class SimJob:
 
 
 class Simulation:
-    def __init__(self, cluster: Cluster, trace: list[TraceJob], on_pass: PassHook | None = None) -> None:
+    def __init__(self, cluster: Cluster, trace: list[TraceJob], on_pass: PassHook | None = None,
+                 forecast_every_s: float | None = None) -> None:
         self.cluster = cluster
+        self.forecast_every_s = forecast_every_s
+        self.next_forecast_s = 0.0
+        self.forecasts = 0
+        self.runtimes = UserRuntimes()  # each user's last completed run times, as the forecast manager reads them
         self.trace = sorted(trace, key=lambda j: (j.submit_s, j.id))
         self.jobs: dict[int, SimJob] = {t.id: SimJob(t, pending_job(t)) for t in self.trace}
         self.on_pass = on_pass
@@ -165,6 +179,8 @@ class Simulation:
         self.passes += 1
         if self.on_pass is not None:
             self.on_pass(snap, d, now)
+        if self.forecast_every_s is not None and now >= self.next_forecast_s:
+            self._forecast(snap, d, now)
         immediate = False
         for stop in d.stops:
             sj = self.running[stop.job_id]
@@ -206,6 +222,17 @@ class Simulation:
                         sj.first_estimate_s = w.estimated_start
                     sj.last_estimate_s = w.estimated_start
         return immediate and bool(self.pending)
+
+    def _forecast(self, snap: Snapshot, d: Decisions, now: float) -> None:
+        """The forecast manager's forecast from this pass's snapshot; each job keeps its first one."""
+        assert self.forecast_every_s is not None
+        self.next_forecast_s = now + self.forecast_every_s
+        self.forecasts += 1
+        started = {s.job_id for s in d.starts}
+        for job_id, at in forecast(snap, now, runtime=self.runtimes).starts.items():
+            sj = self.jobs[job_id]
+            if job_id not in started and sj.forecast_made_s is None and sj.start_s is None:
+                sj.forecast_made_s, sj.forecast_start_s = now, at
 
     def _room_wait(self, sj: SimJob, for_room: bool, now: float) -> None:
         """Keep ``Job.room_wait_since`` as the job manager reads it from reason events: set at the
@@ -303,6 +330,8 @@ class Simulation:
         self.last_event_s = max(self.last_event_s, t)
 
     def _end(self, sj: SimJob, t: float, state: str, reason: str) -> None:
+        if state == "finished" and sj.started_at is not None:
+            self.runtimes.add(sj.spec.user, t - sj.started_at)
         self._close(sj, t, reason)
         sj.state = state
         sj.end_s = t
@@ -430,6 +459,8 @@ def build_result(sim: Simulation) -> dict[str, Any]:
             "estimated_start_s": sj.first_estimate_s,
             "last_estimated_start_s": sj.last_estimate_s,
         }
+        if sim.forecast_every_s is not None:  # the first forecast that reached it while it waited
+            row["forecast_made_s"], row["forecast_start_s"] = sj.forecast_made_s, sj.forecast_start_s
         if s.type is JobType.INFERENCE:
             row["min_replicas"], row["max_replicas"] = s.min_replicas, s.max_replicas
             row["replicas"] = sj.replicas
@@ -486,6 +517,8 @@ def build_result(sim: Simulation) -> dict[str, Any]:
         ),
         "by_vc": by_vc,
     }
+    if sim.forecast_every_s is not None:
+        summary["forecast"] = forecast_accuracy(jobs_out, sim.forecast_every_s, sim.forecasts)
     cluster = {
         "tick_s": c.tick_s,
         "preempt_grace_s": c.preempt_grace_s,
@@ -512,3 +545,28 @@ def build_result(sim: Simulation) -> dict[str, Any]:
         },
     }
     return {"jobs": jobs_out, "summary": summary, "cluster": cluster}
+
+
+def forecast_accuracy(jobs_out: list[dict[str, Any]], every_s: float, forecasts: int) -> dict[str, Any]:
+    """How close each job's first forecast came to its start in the replay: absolute error in
+    hours, and relative to how far ahead the forecast was made (0.5: off by half the lead time)."""
+    abs_h: list[float] = []
+    rel: list[float] = []
+    early = 0
+    for j in jobs_out:
+        made, at, start = j.get("forecast_made_s"), j.get("forecast_start_s"), j["start_s"]
+        if made is None or at is None or start is None or start <= made:
+            continue
+        abs_h.append(abs(at - start) / 3600)
+        rel.append(abs(at - start) / (start - made))
+        early += at < start
+    return {
+        "every_s": every_s,
+        "forecasts": forecasts,
+        "jobs": len(rel),  # jobs a forecast reached before they started
+        "abs_error_h_p50": _percentile(abs_h, 0.50),
+        "abs_error_h_p90": _percentile(abs_h, 0.90),
+        "rel_error_p50": _percentile(rel, 0.50),
+        "rel_error_p90": _percentile(rel, 0.90),
+        "early_share": early / len(rel) if rel else 0.0,  # forecast before the real start
+    }
