@@ -176,3 +176,19 @@ def _three_ends() -> list:
     return [busy(job(1, 2, max_time_s=1500), "n1", (0, 1)), busy(job(2, 2, max_time_s=1600), "n1", (2, 3)),
             busy(job(3, 4, max_time_s=2500), "n1", (4, 5, 6, 7)),
             job(4, 4, max_time_s=1000), job(5, 8, max_time_s=1000), job(6, 2, max_time_s=5000)]
+
+
+def test_the_forecast_benchmark_runs_as_documented() -> None:
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parents[2] / "bench" / "forecast.py"
+    out = subprocess.run([sys.executable, str(bench), "--only", "300", "40", "--repeat", "1", "--json"],
+                         capture_output=True, text=True, timeout=300, check=True).stdout
+    (row,) = json.loads(out)
+    assert (row["pending"], row["nodes"], row["waiting"]) == (300, 40, 300)
+    # every job it could reach: the rest are gangs larger than their VC's whole quota at this size
+    # (they never run)
+    assert 0 < row["passes"] <= row["max_passes"] and row["given_a_start"] > 250 and row["horizon_h"] is None

@@ -183,3 +183,39 @@ def test_a_terminal_gets_a_progress_bar(tmp_path: Path) -> None:
     text = b"".join(chunks).decode(errors="replace")
     assert "simulating" in text and "400/400" in text
     assert json.loads(out.read_text())["summary"]["jobs"] == 400
+
+
+def test_forecast_every_reports_how_close_the_first_forecasts_came(tmp_path: Path) -> None:
+    """``--forecast-every`` runs the forecast manager's forecast in the replay; its summary is
+    re-derived here from the rows the replay wrote, and it does not change a decision."""
+    def run(*extra: str) -> dict:
+        out = tmp_path / f"r{len(extra)}{'-'.join(extra)}.json"
+        res = CliRunner().invoke(sim_command, ["--cluster", str(CLUSTER), "--trace", str(TRACES / "bursts.csv"),
+                                               "--out", str(out), *extra])
+        assert res.exit_code == 0, res.output
+        return json.loads(out.read_text()) | {"output": res.output}
+
+    plain = run()
+    predicted = run("--forecast-every", "600")
+    limits = run("--forecast-every", "600", "--forecast-history", "0")
+    assert "forecast" not in plain["summary"] and "forecast_start_s" not in plain["jobs"][0]
+    for r in (predicted, limits):  # the same replay
+        assert [j["start_s"] for j in r["jobs"]] == [j["start_s"] for j in plain["jobs"]]
+    f = predicted["summary"]["forecast"]
+    reached = [j for j in predicted["jobs"] if j["forecast_made_s"] is not None and j["start_s"] is not None
+               and j["start_s"] > j["forecast_made_s"]]
+    assert f["jobs"] == len(reached) > 20 and f["history_runs"] == 2 and f["forecasts"] > 10
+    errors = sorted(abs(j["forecast_start_s"] - j["start_s"]) / 3600 for j in reached)
+    assert f["abs_error_h_p50"] == errors[(len(errors) + 1) // 2 - 1]
+    assert f["early_share"] == sum(j["forecast_start_s"] < j["start_s"] for j in reached) / len(reached)
+    assert all(j["forecast_made_s"] <= j["forecast_start_s"] for j in reached)
+    assert "first forecast off by" in predicted["output"] and "limits only" in limits["output"]
+    # limits are generous guesses: forecasts from them alone come later than the starts more often
+    lf = limits["summary"]["forecast"]
+    assert lf["history_runs"] == 0 and lf["early_share"] < f["early_share"]
+
+
+def test_forecast_every_refuses_a_period_under_a_minute(tmp_path: Path) -> None:
+    res = CliRunner().invoke(sim_command, ["--cluster", str(CLUSTER), "--trace", str(TRACES / "bursts.csv"),
+                                           "--out", str(tmp_path / "r.json"), "--forecast-every", "5"])
+    assert res.exit_code == 2 and "--forecast-every" in res.output and "60" in res.output

@@ -31,14 +31,19 @@ from dlts.sim.inputs import SimInputError, load_cluster, load_trace
 @click.option("--forecast-every", "forecast_every", default=None, type=click.FloatRange(min=60), metavar="SECONDS",
               help="Also run the forecast manager's forecast every SECONDS of simulated time (at least 60) and "
                    "report how close each job's first forecast came to its start (summary.forecast).")
+@click.option("--forecast-history", "forecast_history", default=2, show_default=True, type=click.IntRange(0, 100),
+              metavar="N", help="With --forecast-every: predict each job's run time from its owner's last N finished "
+                                "runs, as forecast.history_runs does (0: every job runs to its limit).")
 def sim_command(cluster_path: Path, trace_path: Path, out_path: Path, policy_name: str | None,
-                compare: str | None, chart_path: Path | None, forecast_every: float | None) -> None:
+                compare: str | None, chart_path: Path | None, forecast_every: float | None,
+                forecast_history: int) -> None:
     """Replay TRACE.csv on CLUSTER.yaml through the real scheduler core in simulated time and
     write RESULT.json (per-job attempts and wait reasons, summary metrics)."""
     if policy_name is not None and compare is not None:
         raise click.UsageError("--policy and --compare exclude each other (--compare sets every VC's policy per run)")
     if chart_path is not None and compare is None:
         raise click.UsageError("--chart needs --compare")
+    forecast = {"forecast_every_s": forecast_every, "forecast_history_runs": forecast_history}
     try:
         policies = parse_policies(compare if compare is not None else (policy_name or "RF"))
     except ValueError as exc:
@@ -53,12 +58,12 @@ def sim_command(cluster_path: Path, trace_path: Path, out_path: Path, policy_nam
     if compare is None:
         if policy_name is not None:
             cluster = with_policy(cluster, policies[0])
-        _run_one(cluster, trace, out_path, forecast_every=forecast_every)
+        _run_one(cluster, trace, out_path, forecast=forecast)
         return
     results: dict[str, dict] = {}
     for p in policies:
         out = out_path.with_name(f"{out_path.stem}.{p.value}{out_path.suffix or '.json'}")
-        results[p.value] = _run_one(with_policy(cluster, p), trace, out, label=p.value, forecast_every=forecast_every)
+        results[p.value] = _run_one(with_policy(cluster, p), trace, out, label=p.value, forecast=forecast)
     click.echo("")
     click.echo(table(results))
     if chart_path is not None:
@@ -69,9 +74,9 @@ def sim_command(cluster_path: Path, trace_path: Path, out_path: Path, policy_nam
         click.echo(f"chart -> {chart_path}")
 
 
-def _run_one(cluster, trace, out_path: Path, label: str = "", forecast_every: float | None = None) -> dict:
+def _run_one(cluster, trace, out_path: Path, label: str = "", forecast: dict | None = None) -> dict:
     t0 = time.perf_counter()
-    sim = Simulation(cluster, trace, forecast_every_s=forecast_every)
+    sim = Simulation(cluster, trace, **(forecast or {}))
     if sys.stdout.isatty():
         with click.progressbar(length=len(trace), label=f"simulating {label}".strip(), show_pos=True) as bar:
             result = sim.run(progress=bar.update)
@@ -94,7 +99,8 @@ def _run_one(cluster, trace, out_path: Path, label: str = "", forecast_every: fl
     )
     if "forecast" in s:
         f = s["forecast"]
-        click.echo(f"  forecast every {f['every_s']:g}s ({f['forecasts']} forecasts): {f['jobs']} jobs reached before "
+        runs = f"run times from each user's last {f['history_runs']} runs" if f["history_runs"] else "limits only"
+        click.echo(f"  forecast every {f['every_s']:g}s ({f['forecasts']} forecasts, {runs}): {f['jobs']} jobs reached before "
                    f"they started; first forecast off by {f['abs_error_h_p50']:.1f} h (p50), {f['abs_error_h_p90']:.1f} h "
                    f"(p90), {f['rel_error_p50']:.0%} of the lead time (p50); {f['early_share']:.0%} forecast early")
     return result

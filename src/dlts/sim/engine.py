@@ -70,12 +70,14 @@ class SimJob:
 
 class Simulation:
     def __init__(self, cluster: Cluster, trace: list[TraceJob], on_pass: PassHook | None = None,
-                 forecast_every_s: float | None = None) -> None:
+                 forecast_every_s: float | None = None, forecast_history_runs: int = 2) -> None:
         self.cluster = cluster
         self.forecast_every_s = forecast_every_s
         self.next_forecast_s = 0.0
         self.forecasts = 0
-        self.runtimes = UserRuntimes()  # each user's last completed run times, as the forecast manager reads them
+        # each user's last finished run times, as the forecast manager reads them (forecast.history_runs;
+        # 0: the forecast assumes every job runs to its limit)
+        self.runtimes = UserRuntimes(max(1, forecast_history_runs)) if forecast_history_runs > 0 else None
         self.trace = sorted(trace, key=lambda j: (j.submit_s, j.id))
         self.jobs: dict[int, SimJob] = {t.id: SimJob(t, pending_job(t)) for t in self.trace}
         self.on_pass = on_pass
@@ -330,7 +332,7 @@ class Simulation:
         self.last_event_s = max(self.last_event_s, t)
 
     def _end(self, sj: SimJob, t: float, state: str, reason: str) -> None:
-        if state == "finished" and sj.started_at is not None:
+        if state == "finished" and sj.started_at is not None and self.runtimes is not None:
             self.runtimes.add(sj.spec.user, t - sj.started_at)
         self._close(sj, t, reason)
         sj.state = state
@@ -519,6 +521,7 @@ def build_result(sim: Simulation) -> dict[str, Any]:
     }
     if sim.forecast_every_s is not None:
         summary["forecast"] = forecast_accuracy(jobs_out, sim.forecast_every_s, sim.forecasts)
+        summary["forecast"]["history_runs"] = sim.runtimes.keep if sim.runtimes is not None else 0
     cluster = {
         "tick_s": c.tick_s,
         "preempt_grace_s": c.preempt_grace_s,
