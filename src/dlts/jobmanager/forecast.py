@@ -39,6 +39,7 @@ from dlts.scheduler.reservations import INF
 from dlts.services.transaction import step
 
 log = logging.getLogger(__name__)
+WRITE_BATCH = 1000  # forecast rows written per transaction
 
 
 @dataclass(frozen=True)
@@ -95,10 +96,20 @@ class ForecastManager:
             except BrokenProcessPool:
                 self.close()  # the child died (killed, out of memory): the next run starts another
                 raise
-            waiting = [j.id for j in snapshot.jobs if not j.running]
-            with step(session):  # only rows of jobs still queued change
-                changed = job_repo.store_forecasts(session, {
-                    i: _naive_utc(got.starts[i]) if i in got.starts else None for i in waiting})
+            waiting = {j.id for j in snapshot.jobs if not j.running}
+            with step(session):
+                stored = job_repo.stored_forecasts(session)
+            # rows in id order (as the job manager's pass writes them), a step per batch, so the two
+            # never hold many of the same rows' locks for long
+            changes = []
+            for job_id in sorted(waiting & stored.keys()):
+                new = _naive_utc(got.starts[job_id]) if job_id in got.starts else None
+                if not job_repo.same_second(stored[job_id], new):
+                    changes.append((job_id, new))
+            for k in range(0, len(changes), WRITE_BATCH):
+                with step(session):
+                    job_repo.set_forecasts(session, changes[k:k + WRITE_BATCH])
+            changed = len(changes)
         run = ForecastRun(len(waiting), len(got.starts), changed, got.passes, got.horizon, time.perf_counter() - t0)
         metrics.FORECAST_JOBS.labels("forecast").set(run.forecast)
         metrics.FORECAST_JOBS.labels("unknown").set(run.waiting - run.forecast)

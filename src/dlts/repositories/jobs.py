@@ -230,22 +230,26 @@ def recent_run_times(session: Session, user_names: Sequence[str], runs: int) -> 
     return out
 
 
-def store_forecasts(session: Session, forecasts: dict[int, dt.datetime | None]) -> int:
-    """Set ``forecast_start`` of the queued jobs in ``forecasts`` where it changed (to the second);
-    how many rows changed."""
-    if not forecasts:
-        return 0
-    changed = 0
-    current = session.execute(sa.select(Job.id, Job.forecast_start)
-                              .where(Job.id.in_(list(forecasts)), Job.status == JobStatus.QUEUED)).all()
-    for job_id, stored in current:
-        new = forecasts[job_id]
-        if _whole_s(stored) == _whole_s(new):
-            continue
-        session.execute(sa.update(Job).where(Job.id == job_id, Job.status == JobStatus.QUEUED)
-                        .values(forecast_start=new))
-        changed += 1
-    return changed
+def stored_forecasts(session: Session) -> dict[int, dt.datetime | None]:
+    """``forecast_start`` of every queued job, by id."""
+    return {job_id: start for job_id, start in
+            session.execute(sa.select(Job.id, Job.forecast_start).where(Job.status == JobStatus.QUEUED))}
+
+
+def set_forecasts(session: Session, changes: Sequence[tuple[int, dt.datetime | None]]) -> None:
+    """Set ``forecast_start`` of each (job id, start) whose job is still queued, in one statement
+    run for every row (executemany)."""
+    if not changes:
+        return
+    table = cast(sa.Table, Job.__table__)
+    stmt = (sa.update(table).where(table.c.id == sa.bindparam("job_id"), table.c.status == JobStatus.QUEUED)
+            .values(forecast_start=sa.bindparam("start")))
+    session.execute(stmt, [{"job_id": job_id, "start": start} for job_id, start in changes])
+
+
+def same_second(a: dt.datetime | None, b: dt.datetime | None) -> bool:
+    """Two stored times equal to the second (a forecast moves by fractions as ``now`` does)."""
+    return _whole_s(a) == _whole_s(b)
 
 
 def _whole_s(moment: dt.datetime | None) -> int | None:

@@ -520,8 +520,8 @@ def build_result(sim: Simulation) -> dict[str, Any]:
         "by_vc": by_vc,
     }
     if sim.forecast_every_s is not None:
-        summary["forecast"] = forecast_accuracy(jobs_out, sim.forecast_every_s, sim.forecasts)
-        summary["forecast"]["history_runs"] = sim.runtimes.keep if sim.runtimes is not None else 0
+        summary["forecast"] = forecast_accuracy(jobs_out, sim.forecast_every_s, sim.forecasts,
+                                                sim.runtimes.keep if sim.runtimes is not None else 0)
     cluster = {
         "tick_s": c.tick_s,
         "preempt_grace_s": c.preempt_grace_s,
@@ -550,7 +550,7 @@ def build_result(sim: Simulation) -> dict[str, Any]:
     return {"jobs": jobs_out, "summary": summary, "cluster": cluster}
 
 
-def forecast_accuracy(jobs_out: list[dict[str, Any]], every_s: float, forecasts: int) -> dict[str, Any]:
+def forecast_accuracy(jobs_out: list[dict[str, Any]], every_s: float, forecasts: int, history_runs: int) -> dict[str, Any]:
     """How close each job's first forecast came to its start in the replay: absolute error in
     hours, and relative to how far ahead the forecast was made (0.5: off by half the lead time)."""
     abs_h: list[float] = []
@@ -566,6 +566,7 @@ def forecast_accuracy(jobs_out: list[dict[str, Any]], every_s: float, forecasts:
     return {
         "every_s": every_s,
         "forecasts": forecasts,
+        "history_runs": history_runs,  # run times predicted from each user's last N runs (0: limits)
         "jobs": len(rel),  # jobs a forecast reached before they started
         "abs_error_h_p50": _percentile(abs_h, 0.50),
         "abs_error_h_p90": _percentile(abs_h, 0.90),
