@@ -97,3 +97,17 @@ def test_compare_prints_table_writes_each_result_and_an_svg(tmp_path: Path) -> N
     lines = svg.findall("{http://www.w3.org/2000/svg}polyline")
     assert len(lines) == 4  # queue length and utilisation, per policy
     assert all(len(pl.get("points").split()) == 300 for pl in lines)
+
+
+def test_compare_with_forecasts_adds_their_accuracy_per_policy(tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    res = _run("--cluster", str(CLUSTER), "--trace", str(STEADY), "--out", str(out), "--compare", "RF,backfill",
+               "--forecast-every", "900")
+    assert res.exit_code == 0, res.output
+    row = next(line for line in res.output.splitlines() if line.startswith("| ... first forecast off by, p50"))
+    cells = [c.strip() for c in row.strip("|").split("|")][1:]
+    for p, cell in zip(("RF", "backfill"), cells, strict=True):
+        f = json.loads((tmp_path / f"r.{p}.json").read_text())["summary"]["forecast"]
+        assert cell == f"{f['abs_error_h_p50']:.2f} h" and f["jobs"] > 0
+    plain = _run("--cluster", str(CLUSTER), "--trace", str(STEADY), "--out", str(out), "--compare", "RF,backfill")
+    assert "first forecast" not in plain.output

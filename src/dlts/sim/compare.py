@@ -52,6 +52,13 @@ ROWS = (
     ("... started by their first estimate", "started_by_estimate", "n"),
     ("makespan", "makespan_s", "h"),
 )
+# with --forecast-every: how close each job's first forecast came (summary.forecast)
+FORECAST_ROWS = (
+    ("jobs a forecast reached first", "jobs", "n"),
+    ("... first forecast off by, p50", "abs_error_h_p50", "hours"),
+    ("... first forecast off by, p90", "abs_error_h_p90", "hours"),
+    ("... off by, share of the lead time, p50", "rel_error_p50", "%"),
+)
 
 
 def table(results: dict[str, dict]) -> str:
@@ -59,12 +66,18 @@ def table(results: dict[str, dict]) -> str:
     names = list(results)
     head = ["metric"] + names
     lines = [head]
-    for label, key, unit in ROWS:
+    rows = [(label, key, unit, False) for label, key, unit in ROWS]
+    if all("forecast" in results[n]["summary"] for n in names):
+        rows += [(label, key, unit, True) for label, key, unit in FORECAST_ROWS]
+    for label, key, unit, forecast in rows:
         row = [label]
         for n in names:
-            v = results[n]["summary"].get(key, 0)
+            summary = results[n]["summary"]
+            v = (summary["forecast"] if forecast else summary).get(key, 0)
             if unit == "h":
                 row.append(f"{v / HOUR:.2f} h")
+            elif unit == "hours":
+                row.append(f"{v:.2f} h")
             elif unit == "%":
                 row.append(f"{v:.1%}")
             else:
