@@ -105,10 +105,20 @@ def servers_of(job_id: int, name: str) -> list[psutil.Process]:
     for proc in psutil.process_iter(["cmdline", "environ"]):
         try:
             cmd = proc.info["cmdline"] or []
-            if any("dlts_init.py" in part for part in cmd) and (proc.info["environ"] or {}).get("DLTS_JOB_ID") == str(job_id):
-                found += [c for c in proc.children(recursive=True) if name in " ".join(c.cmdline())]
+            if not (any("dlts_init.py" in part for part in cmd)
+                    and (proc.info["environ"] or {}).get("DLTS_JOB_ID") == str(job_id)):
+                continue
+            children = proc.children(recursive=True)
         except psutil.Error:
             continue
+        for child in children:
+            # one child at a time: the job's own short-lived processes (its `sleep 0.1`s) exit
+            # between the listing and the question, which must not hide the server (CI, once)
+            try:
+                if name in " ".join(child.cmdline()):
+                    found.append(child)
+            except psutil.Error:
+                continue
     return found
 
 
