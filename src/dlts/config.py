@@ -56,7 +56,7 @@ class ForecastSettings(BaseModel):
     interval_s: float = Field(300.0, ge=1, le=86400)
     # at most this many scheduling passes per forecast; jobs it does not reach get none
     max_passes: int = Field(200, ge=1, le=100_000)
-    # job ends within this share of the time from now are taken together (a forecast is late by at most that share)
+    # ends within this share of the time from now are taken by one pass (each pass is late by at most that share)
     precision: float = Field(0.05, gt=0, le=1)
     # a job's run time is predicted as the mean of its owner's last this-many completed runs (0: limits only)
     history_runs: int = Field(2, ge=0, le=100)

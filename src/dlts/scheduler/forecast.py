@@ -89,8 +89,9 @@ class Forecast:
 def forecast(snapshot: Snapshot, now: float, profile: Profile = DEFAULT_PROFILE, *,
              runtime: Callable[[Job], float | None] | None = None, max_passes: int = MAX_PASSES,
              precision: float = PRECISION, min_step_s: float = MIN_STEP_S) -> Forecast:
-    """When each waiting job of ``snapshot`` starts if the running jobs end by their limits (module doc);
-    ``runtime``: a predicted run time per job (None: none), used where it is below the limit."""
+    """When each waiting job of ``snapshot`` starts if every job runs for its predicted run time, else
+    to its limit (module doc); ``runtime``: a predicted run time per job (None: none), used where it
+    is below the limit and the job has not yet run longer."""
     limit = Durations(snapshot.vcs)
 
     def duration(j: Job, elapsed: float = 0.0) -> float:
