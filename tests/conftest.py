@@ -161,6 +161,25 @@ class LiveServer:
 
 
 @pytest.fixture
+def managers_entries(monkeypatch):
+    """``managers_entries(config_path)``: what `dlts managers --config PATH` would run, by entry id
+    (``Periodic``), from its real start-up up to ``run_forever``, which is not entered."""
+    from click.testing import CliRunner
+
+    import dlts.managers
+    from dlts.cli import main
+
+    def entries(config: Path) -> dict:
+        seen: dict = {}
+        monkeypatch.setattr(dlts.managers, "run_forever", lambda given, **kw: seen.update({e.id: e for e in given}))
+        result = CliRunner().invoke(main, ["--config", str(config), "managers"])
+        assert result.exit_code == 0, result.output
+        return seen
+
+    return entries
+
+
+@pytest.fixture
 def live(app, settings, sessions):
     """The API over real HTTP on loopback, a job manager with the local backend (ticked by the test)."""
     from werkzeug.serving import make_server

@@ -191,20 +191,11 @@ def test_day_pieces_add_up_and_split_at_midnight():
     assert accounting.day_pieces(end, end) == []
 
 
-def test_dlts_managers_books_accounting_at_the_configured_interval(settings, monkeypatch, tmp_path):
-    from click.testing import CliRunner
-
-    import dlts.managers
-    from dlts.cli import main
-
-    seen = {}
-    monkeypatch.setattr(dlts.managers, "run_forever", lambda entries, **kw: seen.update({e.id: e for e in entries}))
+def test_dlts_managers_books_accounting_at_the_configured_interval(settings, managers_entries, tmp_path):
     config = tmp_path / "dlts.yaml"
     config.write_text(f"database_url: {settings.database_url}\nhome: {settings.home}\n"
                       "accounting_interval_s: 30\nutilisation_retention_days: 7\nlocal_backend_trusted_users: true\n")
-    result = CliRunner().invoke(main, ["--config", str(config), "managers"])
-    assert result.exit_code == 0, result.output
-    entry = seen["accounting.book"]
+    entry = managers_entries(config)["accounting.book"]
     assert entry.interval_s == 30 and entry.run.__wrapped__.__self__.retention_days == 7  # (counted by dlts.metrics)
 
 

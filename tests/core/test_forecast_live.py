@@ -107,24 +107,14 @@ def test_a_job_behind_work_without_a_limit_has_no_forecast(live, world, sessions
     requests.post(f"{live.url}/api/v1/jobs/{first['id']}/kill", headers=world.auth("alice"), timeout=10)
 
 
-def test_dlts_managers_runs_the_forecast_manager_with_the_files_settings(settings, monkeypatch, tmp_path):
-    from click.testing import CliRunner
-
-    import dlts.managers
-    from dlts.cli import main
-
-    seen = {}
-    monkeypatch.setattr(dlts.managers, "run_forever", lambda entries, **kw: seen.update({e.id: e for e in entries}))
+def test_dlts_managers_runs_the_forecast_manager_with_the_files_settings(settings, managers_entries, tmp_path):
     config = tmp_path / "dlts.yaml"
     config.write_text(f"database_url: {settings.database_url}\nhome: {settings.home}\nlocal_backend_trusted_users: true\n"
                       "forecast:\n  interval_s: 120\n  max_passes: 40\n")
-    result = CliRunner().invoke(main, ["--config", str(config), "managers"])
-    assert result.exit_code == 0, result.output
-    entry = seen["forecast.run"]
+    entry = managers_entries(config)["forecast.run"]
     assert entry.interval_s == 120 and entry.run.__wrapped__.__self__.settings.forecast.max_passes == 40
     config.write_text(config.read_text() + "  enabled: false\n")
-    seen.clear()
-    assert CliRunner().invoke(main, ["--config", str(config), "managers"]).exit_code == 0
+    seen = managers_entries(config)
     assert "forecast.run" not in seen and "jobmanager.tick" in seen
 
 

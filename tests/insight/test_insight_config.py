@@ -15,24 +15,14 @@ from dlts.models import utcnow
 pytestmark = pytest.mark.db
 
 
-def test_dlts_managers_runs_the_insight_manager_with_the_files_settings(settings, monkeypatch, tmp_path):
-    from click.testing import CliRunner
-
-    import dlts.managers
-    from dlts.cli import main
-
-    seen = {}
-    monkeypatch.setattr(dlts.managers, "run_forever", lambda entries, **kw: seen.update({e.id: e for e in entries}))
+def test_dlts_managers_runs_the_insight_manager_with_the_files_settings(settings, managers_entries, tmp_path):
     config = tmp_path / "dlts.yaml"
     config.write_text(f"database_url: {settings.database_url}\nhome: {settings.home}\nlocal_backend_trusted_users: true\n"
                       "insight:\n  interval_s: 120\n  idle_min: 12\n")
-    result = CliRunner().invoke(main, ["--config", str(config), "managers"])
-    assert result.exit_code == 0, result.output
-    entry = seen["insight.run"]
+    entry = managers_entries(config)["insight.run"]
     assert entry.interval_s == 120 and entry.run.__wrapped__.__self__.settings.idle_min == 12
     config.write_text(config.read_text() + "  enabled: false\n")
-    seen.clear()
-    assert CliRunner().invoke(main, ["--config", str(config), "managers"]).exit_code == 0
+    seen = managers_entries(config)
     assert "insight.run" not in seen and "jobmanager.tick" in seen
 
 

@@ -15,7 +15,6 @@ make the job manager's passes twice as slow while it runs (measured: docs/benchm
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
 import multiprocessing
 import signal
@@ -30,7 +29,7 @@ from sqlalchemy.orm import Session
 
 from dlts import metrics
 from dlts.config import Settings
-from dlts.jobmanager.snapshot import load_snapshot
+from dlts.jobmanager.snapshot import from_epoch, load_snapshot
 from dlts.repositories import jobs as job_repo
 from dlts.scheduler import profile_named
 from dlts.scheduler.forecast import Forecast, UserRuntimes, forecast
@@ -85,14 +84,15 @@ class ForecastManager:
                 users = sorted({j.user for j in snapshot.jobs})
                 history = job_repo.recent_run_times(session, users, cfg.history_runs)
             now = self.clock()
-            runtimes = UserRuntimes(max(1, cfg.history_runs))
-            for user, runs in history.items():
-                for seconds in runs:
-                    runtimes.add(user, seconds)
+            runtimes = None  # history_runs 0: limits only
+            if cfg.history_runs > 0:
+                runtimes = UserRuntimes(cfg.history_runs)
+                for user, runs in history.items():
+                    for seconds in runs:
+                        runtimes.add(user, seconds)
             try:
                 got = self._child().submit(forecast_in_child, snapshot, now, self.settings.scheduler_profile,
-                                           runtimes if cfg.history_runs > 0 else None, cfg.max_passes,
-                                           cfg.precision).result()
+                                           runtimes, cfg.max_passes, cfg.precision).result()
             except BrokenProcessPool:
                 self.close()  # the child died (killed, out of memory): the next run starts another
                 raise
@@ -103,7 +103,7 @@ class ForecastManager:
             # never hold many of the same rows' locks for long
             changes = []
             for job_id in sorted(waiting & stored.keys()):
-                new = _naive_utc(got.starts[job_id]) if job_id in got.starts else None
+                new = from_epoch(got.starts[job_id]) if job_id in got.starts else None
                 if not job_repo.same_second(stored[job_id], new):
                     changes.append((job_id, new))
             for k in range(0, len(changes), WRITE_BATCH):
@@ -117,7 +117,7 @@ class ForecastManager:
         if run.waiting:
             log.info("forecast: %d of %d waiting jobs given a start in %d passes (%.2f s)%s, %d rows changed",
                      run.forecast, run.waiting, run.passes, run.seconds,
-                     "" if run.horizon == INF else f"; the rest start after {_naive_utc(run.horizon):%Y-%m-%d %H:%M} UTC",
+                     "" if run.horizon == INF else f"; the rest start after {from_epoch(run.horizon):%Y-%m-%d %H:%M} UTC",
                      run.changed)
         return run
 
@@ -132,8 +132,3 @@ def _quiet_child() -> None:
     # Ctrl-C in a terminal reaches the whole process group: the parent stops the child, which must
     # not print a KeyboardInterrupt traceback of its own
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
-def _naive_utc(epoch: float) -> dt.datetime:
-    """Epoch seconds as the database stores a time (naive UTC)."""
-    return dt.datetime.fromtimestamp(epoch, dt.UTC).replace(tzinfo=None)

@@ -52,7 +52,7 @@ from dlts.backends.base import (
 )
 from dlts.config import Settings
 from dlts.jobmanager.launch_spec import build_launch_spec
-from dlts.jobmanager.snapshot import load_snapshot
+from dlts.jobmanager.snapshot import from_epoch, load_snapshot
 from dlts.managers.lease import LeaseLost
 from dlts.models import (
     ACTIVE,
@@ -85,10 +85,6 @@ START_TIMEOUT = EndReason.START_TIMEOUT  # reason of an attempt that had not sta
 IDENTITY = "identity"  # reason of the event a backend's launch note becomes (e.g. not run as the owner)
 REPAIR_STOPS = (EndReason.NODE_REPAIR, EndReason.NODE_LOST)  # stop_requested by the repair manager: requeue at the head
 KEPT_PAUSE_REASONS = (EndReason.IDLE_GPUS,)  # a PAUSING job with this reason keeps it (and its detail) once paused
-
-
-def _dt(epoch: float | None) -> dt.datetime | None:
-    return None if epoch is None else dt.datetime.fromtimestamp(epoch, dt.UTC).replace(tzinfo=None)
 
 
 def _epoch(moment: dt.datetime) -> float:
@@ -230,7 +226,7 @@ class JobManager:
                     self.backend.forget(*key)
 
     def _now(self) -> dt.datetime:
-        return _dt(self.clock())  # type: ignore[return-value]
+        return from_epoch(self.clock())
 
     def _start_timed_out(self, attempt: JobAttempt) -> bool:
         created = attempt.created_at
@@ -296,7 +292,7 @@ class JobManager:
         waiting for and spends a retry."""
         now = utcnow()
         code = seen.exit_code if seen else None
-        ended_at = (_dt(seen.finished_at) if seen and seen.finished_at else None) or now
+        ended_at = (from_epoch(seen.finished_at) if seen and seen.finished_at else None) or now
         if job.started_at is not None and ended_at < job.started_at:
             ended_at = job.started_at  # the manager's clock saw it start after the backend's clock saw it end
         requested = attempt.stop_requested if attempt else None
@@ -367,7 +363,7 @@ class JobManager:
     def _started_before_seen(job: Job, attempt: JobAttempt | None, seen: Observed, ended_at: dt.datetime) -> dt.datetime:
         """An attempt that ended before a tick saw it running: the backend's start time, but never
         before the attempt was made (nor the submission) and never after it ended."""
-        started = _dt(seen.started_at)
+        started = from_epoch(seen.started_at)
         assert started is not None
         floor = max(t for t in (job.submitted_at, attempt.created_at if attempt else None) if t is not None)
         return min(max(started, floor), max(ended_at, floor))
@@ -664,20 +660,16 @@ class JobManager:
                 wait = waits[job_id]
                 code = wait.reason_code
                 new_detail = (wait.detail or None) and wait.detail[:512]
-                new_estimate = _dt(wait.estimated_start) if wait.estimated_start is not None else None
-                if (reason, detail, position, _whole_s(estimate)) == (code, new_detail, wait.queue_position,
-                                                                      _whole_s(new_estimate)):
+                new_estimate = from_epoch(wait.estimated_start)
+                # an estimate to the second: a pass's estimate moves by fractions as ``now`` does
+                if (reason, detail, position) == (code, new_detail, wait.queue_position) \
+                        and job_repo.same_second(estimate, new_estimate):
                     continue
                 session.execute(sa.update(Job).where(Job.id == job_id, Job.status == S.QUEUED)
                                 .values(reason=code, reason_detail=new_detail, queue_position=wait.queue_position,
                                         estimated_start=new_estimate))
                 if reason != code:
                     job_repo.add_event(session, job_id, EventKind.REASON, reason=code, message=new_detail, actor="scheduler")
-
-
-def _whole_s(moment: dt.datetime | None) -> int | None:
-    """A stored estimate to the second: a pass's estimate moves by fractions as ``now`` does."""
-    return None if moment is None else int(_epoch(moment))
 
 
 def _list(indexes) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 from dataclasses import replace
+from typing import overload
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
@@ -35,6 +36,19 @@ from dlts.services.vcs import scheduling_of, scheduling_row
 
 def epoch(value: dt.datetime | None) -> float | None:
     return None if value is None else value.replace(tzinfo=dt.UTC).timestamp()
+
+
+@overload
+def from_epoch(value: float) -> dt.datetime: ...
+
+
+@overload
+def from_epoch(value: None) -> None: ...
+
+
+def from_epoch(value: float | None) -> dt.datetime | None:
+    """Epoch seconds as the database stores a time (naive UTC); the inverse of ``epoch``."""
+    return None if value is None else dt.datetime.fromtimestamp(value, dt.UTC).replace(tzinfo=None)
 
 
 def reserved_shapes(shapes: dict[str, core.SkuShape], settings: Settings) -> dict[str, core.SkuShape]:

@@ -253,4 +253,4 @@ def same_second(a: dt.datetime | None, b: dt.datetime | None) -> bool:
 
 
 def _whole_s(moment: dt.datetime | None) -> int | None:
-    return None if moment is None else int(moment.replace(tzinfo=moment.tzinfo or dt.UTC).timestamp())
+    return None if moment is None else int(moment.replace(tzinfo=dt.UTC).timestamp())  # stored naive UTC
