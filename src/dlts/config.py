@@ -80,6 +80,7 @@ class VcScheduling(BaseModel):
 
     fair_share: bool | None = None
     fair_share_max_wait_s: float | None = Field(None, ge=0, le=30 * 86400)
+    limit_weight: float | None = Field(None, ge=0, le=10.0)  # dlts.scheduler.model.MAX_LIMIT_WEIGHT
     min_runtime_s: float | None = Field(None, ge=0)
     max_reclaim_delay_s: float | None = Field(None, ge=0)
     max_preemptions: int | None = Field(None, ge=0)
@@ -172,6 +173,10 @@ class Settings(BaseModel):
     # the cluster's default per VC: a job that has waited this long (seconds since its queue time) is
     # ranked as if its owner had no recent use, so fair share holds no job back longer (null: no bound)
     fair_share_max_wait_s: float | None = Field(None, ge=0, le=30 * 86400)
+    # the cluster's default per VC: shorter limits first. Among jobs of equal priority each ranks as if
+    # queued limit_weight x its effective limit later (the limit counted up to 7 days; no limit counts
+    # 7 days), so short jobs pass long ones that have not waited much longer (0: queue time alone)
+    limit_weight: float = Field(0.0, ge=0, le=10.0)  # dlts.scheduler.model.MAX_LIMIT_WEIGHT
     # preemption budget (the cluster's default per VC): a preemptible job runs at least
     # min_runtime_s before it may be preempted, unless the job reclaim is for has waited longer than
     # max_reclaim_delay_s (None: never); a job preempted max_preemptions times (0: no limit) is
@@ -179,7 +184,8 @@ class Settings(BaseModel):
     min_runtime_s: float = Field(0.0, ge=0, le=30 * 86400)
     max_reclaim_delay_s: float | None = Field(None, ge=0, le=30 * 86400)
     max_preemptions: int = Field(0, ge=0, le=1000)
-    # per VC: {fair_share, fair_share_max_wait_s, min_runtime_s, max_reclaim_delay_s, max_preemptions}, which a VC admin overrides
+    # per VC: {fair_share, fair_share_max_wait_s, limit_weight, min_runtime_s, max_reclaim_delay_s, max_preemptions},
+    # which a VC admin overrides
     # at runtime (the VC table's columns, NULL: this entry applies); environment: JSON
     vc_scheduling: dict[str, VcScheduling] = Field(default_factory=dict)
     # demo on a GPU-less machine: pretend the local node has this many GPUs of demo_sku

@@ -54,9 +54,9 @@ OPERATOR_SECTIONS = {
                        "vc_roles": [{"group": "vision-admins", "vc": "research", "role": "admin"}]},
 }
 # dlts_scheduling: the scheduler's top-level settings of dlts.yaml, rendered key for key
-SCHEDULING = {"fair_share_half_life_h": 72, "fair_share_max_wait_s": 43200, "reservation_depth": 4,
+SCHEDULING = {"fair_share_half_life_h": 72, "fair_share_max_wait_s": 43200, "reservation_depth": 4, "limit_weight": 0.25,
               "forecast": {"interval_s": 120, "max_passes": 80},
-              "vc_scheduling": {"research": {"fair_share_max_wait_s": 3600, "min_runtime_s": 600}}}
+              "vc_scheduling": {"research": {"fair_share_max_wait_s": 3600, "min_runtime_s": 600, "limit_weight": 1}}}
 OPERATOR_SECRETS = {"dlts_notify_smtp_password": "smtp-password-from-the-vault",
                     "dlts_directory_bind_password": "bind-password-from-the-vault"}
 

@@ -557,6 +557,7 @@ def test_the_scheduler_settings_come_from_the_inventory(tmp_path):
     research, vision = scheduling_of(settings, "research", {}), scheduling_of(settings, "vision", {})
     assert (research["fair_share_max_wait_s"].value, research["fair_share_max_wait_s"].source) == (3600.0, "config")
     assert (research["min_runtime_s"].value, vision["fair_share_max_wait_s"].value) == (600.0, 43200.0)
+    assert (research["limit_weight"].value, vision["limit_weight"].value) == (1.0, 0.25)
 
 
 def test_operator_sections_the_inventory_leaves_out_keep_dlts_defaults(rendered):

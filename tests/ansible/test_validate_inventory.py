@@ -455,7 +455,7 @@ def test_the_inventory_check_knows_the_scheduler_settings():
     assert keys <= set(Settings.model_fields)
     template = (ROLES_DIR / "dlts_control" / "templates" / "dlts.yaml.j2").read_text()
     assert not [k for k in keys if f"\n{k}:" in template]
-    assert {"fair_share", "fair_share_max_wait_s", "vc_scheduling", "min_runtime_s"} <= keys
+    assert {"fair_share", "fair_share_max_wait_s", "limit_weight", "vc_scheduling", "min_runtime_s"} <= keys
 
 
 def test_full_operator_sections_pass(lab, tmp_path):

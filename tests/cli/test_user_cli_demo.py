@@ -525,15 +525,16 @@ def test_a_vc_admin_tunes_fair_share_and_the_preemption_budget_from_the_cli(user
     assert refused.returncode == 1 and "HTTP 403" in refused.stderr, refused.stderr  # a member, not its admin
     user.login("demo-token")
     tuned = user.run("vc", "tune", "default", "--no-fair-share", "--min-runtime-s", "600", "--max-reclaim-delay-s", "0",
-                     "--max-preemptions", "3", "--fair-share-max-wait-s", "7200")
+                     "--max-preemptions", "3", "--fair-share-max-wait-s", "7200", "--limit-weight", "0.25")
     assert tuned.returncode == 0, tuned.stderr
-    for line in ("fair share:", "off (vc)"), ("fair share bound:", "7200 s (2h00m) (vc)"), \
+    for line in ("fair share:", "off (vc)"), ("fair share bound:", "7200 s (2h00m) (vc)"), ("limit weight:", "0.25 (vc)"), \
                 ("min runtime:", "600 s (10m00s) (vc)"), \
                 ("max reclaim delay:", "0 s (vc)"), ("max preemptions:", "3 (vc)"):
         assert any(line[0] in row and row.rstrip().endswith(line[1]) for row in tuned.stdout.splitlines()), tuned.stdout
     vc = json.loads(user.run("vc", "show", "default", "--json").stdout)
     assert (vc["fair_share"], vc["min_runtime_s"], vc["max_reclaim_delay_s"], vc["max_preemptions"]) == (False, 600, 0, 3)
     assert (vc["fair_share_max_wait_s"], vc["fair_share_max_wait_s_source"]) == (7200, "vc")
+    assert (vc["limit_weight"], vc["limit_weight_source"]) == (0.25, "vc")
     shown = user.run("vc", "show", "default").stdout
     assert "max preemptions:" in shown and "3 (vc)" in shown, shown
 
@@ -545,20 +546,27 @@ def test_a_vc_admin_tunes_fair_share_and_the_preemption_budget_from_the_cli(user
     assert too_long.returncode == 1 and too_long.stderr.startswith("Error: --fair-share-max-wait-s:"), too_long.stderr
     not_a_number = user.run("vc", "tune", "default", "--fair-share-max-wait-s", "1h")
     assert not_a_number.returncode == 2 and "--fair-share-max-wait-s" in not_a_number.stderr, not_a_number.stderr
+    too_heavy = user.run("vc", "tune", "default", "--limit-weight", "11")
+    assert too_heavy.returncode == 1 and too_heavy.stderr.startswith("Error: --limit-weight:"), too_heavy.stderr
+    for text in ("a quarter", "nan"):
+        not_a_number = user.run("vc", "tune", "default", "--limit-weight", text)
+        assert not_a_number.returncode == 2 and "--limit-weight" in not_a_number.stderr, not_a_number.stderr
     not_a_number = user.run("vc", "tune", "default", "--min-runtime-s", "10m")
     assert not_a_number.returncode == 2 and "--min-runtime-s" in not_a_number.stderr, not_a_number.stderr
     both = user.run("vc", "tune", "default", "--fair-share", "--fair-share-default")
     assert both.returncode == 2 and "--fair-share-default" in both.stderr, both.stderr
 
     reset = user.run("vc", "tune", "default", "--fair-share-default", "--min-runtime-s", "none", "--max-reclaim-delay-s",
-                     "none", "--max-preemptions", "none", "--fair-share-max-wait-s", "none", "--json")
+                     "none", "--max-preemptions", "none", "--fair-share-max-wait-s", "none", "--limit-weight", "none",
+                     "--json")
     assert reset.returncode == 0, reset.stderr
     back = json.loads(reset.stdout)
-    keys = ("fair_share", "fair_share_max_wait_s", "min_runtime_s", "max_reclaim_delay_s", "max_preemptions")
+    keys = ("fair_share", "fair_share_max_wait_s", "min_runtime_s", "max_reclaim_delay_s", "max_preemptions",
+            "limit_weight")
     assert {k: back[f"{k}_source"] for k in keys} == dict.fromkeys(keys, "default")
-    assert tuple(back[k] for k in keys) == (True, None, 0, None, 0)  # the demo's dlts.yaml sets none of them
+    assert tuple(back[k] for k in keys) == (True, None, 0, None, 0, 0)  # the demo's dlts.yaml sets none of them
     rows = {row.split(":")[0].strip(): row.split(":", 1)[1].strip()
             for row in user.run("vc", "show", "default").stdout.splitlines() if row.startswith("  ") and ":" in row}
     assert (rows["fair share"], rows["min runtime"], rows["max reclaim delay"], rows["max preemptions"]) == \
         ("on (default)", "0 s (default)", "never (default)", "no limit (default)")
-    assert rows["fair share bound"] == "none (default)"
+    assert (rows["fair share bound"], rows["limit weight"]) == ("none (default)", "0 (default)")

@@ -2,7 +2,7 @@
 max_preemptions) as nullable columns of ``vcs``: existing VCs keep their rows with every setting unset
 (dlts.yaml's values apply, as before), and the downgrade drops them keeping the rows, on the database
 the tests run on (SQLite, or MariaDB with DLTS_TEST_DATABASE_URL). Revision 0018 adds
-fair_share_max_wait_s the same way."""
+fair_share_max_wait_s the same way, and revision 0020 limit_weight."""
 
 from __future__ import annotations
 
@@ -74,3 +74,29 @@ def test_revision_0018_adds_the_fair_share_bound_unset_and_drops_it_keeping_the_
     db_migrate.upgrade(engine)
     with engine.connect() as conn:
         assert conn.execute(sa.text("SELECT fair_share_max_wait_s FROM vcs")).scalar_one() is None
+
+
+@pytest.mark.db
+def test_revision_0020_adds_the_limit_weight_unset_and_drops_it_keeping_the_vcs(scratch_engine):  # noqa: F811
+    engine = scratch_engine
+    db_migrate.upgrade(engine, "0019")
+    with engine.begin() as conn:
+        _insert(conn, "vcs", id=1, name="vision", policy="backfill", quota='{"a100": 8}')
+        conn.execute(sa.text("UPDATE vcs SET fair_share_max_wait_s = 3600 WHERE id = 1"))
+    assert "limit_weight" not in {c["name"] for c in sa.inspect(engine).get_columns("vcs")}
+    db_migrate.upgrade(engine, "0020")
+    with engine.connect() as conn:
+        assert tuple(conn.execute(sa.text("SELECT name, fair_share_max_wait_s, limit_weight FROM vcs")).one()) \
+            == ("vision", 3600, None)
+    with engine.begin() as conn:  # a double: 0.1 comes back as 0.1, not as a single-precision 0.100000001
+        conn.execute(sa.text("UPDATE vcs SET limit_weight = 0.1 WHERE id = 1"))
+    with engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT limit_weight FROM vcs")).scalar_one() == 0.1
+
+    _downgrade(engine, "0019")
+    assert "limit_weight" not in {c["name"] for c in sa.inspect(engine).get_columns("vcs")}
+    with engine.connect() as conn:
+        assert tuple(conn.execute(sa.text("SELECT name, fair_share_max_wait_s FROM vcs")).one()) == ("vision", 3600)
+    db_migrate.upgrade(engine)
+    with engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT limit_weight FROM vcs")).scalar_one() is None

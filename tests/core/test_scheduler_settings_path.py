@@ -191,3 +191,41 @@ def test_sku_reserve_star_applies_to_every_gpu_sku_not_named(tmp_path, world, se
     assert snap.skus["demo-gpu"].cpu_per_gpu == 0.5
     d = decide(replace(snap, jobs=(_cpu_job(6.0),)), 0.0)  # 8 cores - 0.5 x 4 free GPUs
     assert [s.job_id for s in d.starts] == [10_000]
+
+
+def test_limit_weight_from_the_config_file_then_the_vc_row(tmp_path, world, sessions, settings):
+    """The cluster's ``limit_weight``, dlts.yaml's ``vc_scheduling`` entry, then the VC's own value (set at
+    runtime) reach ``core.Vc`` and put the short job ahead of the long one submitted before it."""
+    from dlts.services import vcs as vc_service
+    from tests.api.helpers import principal
+
+    cfg = _settings(tmp_path, settings, "fair_share_half_life_h: 0\nlimit_weight: 0.25\n"
+                                        "vc_scheduling:\n  nlp: {limit_weight: 1.5}\n")
+    with sessions() as s:
+        long = _submit(s, settings, "alice", 4, preemptible=True, max_time_s=2 * 86400)  # submitted first
+        short = _submit(s, settings, "bob", 4, preemptible=True, max_time_s=3600)
+        s.commit()
+    with sessions() as s:
+        snap = load_snapshot(s, cfg)
+    assert (snap.vcs["vision"].limit_weight, snap.vcs["nlp"].limit_weight) == (0.25, 1.5)
+    queued = max(j.queue_time for j in snap.jobs)
+    # the 2-day job ranks 12 h later, the 1-hour job 15 min: the short one goes first
+    assert [x.job_id for x in decide(snap, queued + 10).starts] == [short]
+    with sessions() as s:  # the default (no weight): submission order
+        assert [x.job_id for x in decide(load_snapshot(s, settings), queued + 10).starts] == [long]
+
+    with sessions() as s:  # the VC's own value wins over the cluster's, and over nlp's vc_scheduling entry
+        vc_service.update_vc(s, cfg, principal(s, "vcadmin"), "vision", {"limit_weight": 0})
+        vc_service.update_vc(s, cfg, principal(s, "admin"), "nlp", {"limit_weight": 0.5})
+    with sessions() as s:
+        snap = load_snapshot(s, cfg)
+    assert (snap.vcs["vision"].limit_weight, snap.vcs["nlp"].limit_weight) == (0.0, 0.5)
+    assert [x.job_id for x in decide(snap, queued + 10).starts] == [long]
+
+    with sessions() as s:  # cleared: dlts.yaml's values again
+        vc_service.update_vc(s, cfg, principal(s, "admin"), "vision", {"limit_weight": None})
+        vc_service.update_vc(s, cfg, principal(s, "admin"), "nlp", {"limit_weight": None})
+    with sessions() as s:
+        snap = load_snapshot(s, cfg)
+    assert (snap.vcs["vision"].limit_weight, snap.vcs["nlp"].limit_weight) == (0.25, 1.5)
+    assert [x.job_id for x in decide(snap, queued + 10).starts] == [short]

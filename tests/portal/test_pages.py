@@ -559,15 +559,18 @@ def test_vc_admin_sets_fair_share_and_the_preemption_budget_on_the_settings_tab(
     assert 'id="vc-fair-share-max-wait">no bound (cluster default)' in overview
     assert "stops holding a job behind newer work of lighter users" in page
     assert "Empty: the default, no bound (the cluster default)." in page
+    assert 'id="vc-limit-weight">0 (by submission time) (cluster default)' in overview
+    assert "Shorter limits first" in page and "Empty: the default, 0 (the cluster default)." in page
     response = vcadmin.post("/vcs/vision/settings", {"policy": "RF", "fair_share": "off", "min_runtime_s": "600",
                                                      "max_reclaim_delay_s": "", "max_preemptions": "3",
-                                                     "fair_share_max_wait_s": "7200"})
+                                                     "fair_share_max_wait_s": "7200", "limit_weight": "0.25"})
     assert response.status_code == 302
     with sessions() as s:
         vc = s.scalar(sa.select(VirtualCluster).where(VirtualCluster.name == "vision"))
         assert (vc.fair_share, vc.min_runtime_s, vc.max_reclaim_delay_s, vc.max_preemptions) == (False, 600, None, 3)
-        assert vc.fair_share_max_wait_s == 7200
+        assert (vc.fair_share_max_wait_s, vc.limit_weight) == (7200, 0.25)
     overview = text(as_user("alice").get("/vcs/vision"))
+    assert 'id="vc-limit-weight">0.25 (set on the VC)' in overview
     assert 'id="vc-fair-share">off (set on the VC)' in overview
     assert 'id="vc-fair-share-max-wait">2h 00m (set on the VC)' in overview
     assert 'id="vc-min-runtime">10m 00s (set on the VC)' in overview
@@ -575,26 +578,29 @@ def test_vc_admin_sets_fair_share_and_the_preemption_budget_on_the_settings_tab(
     page = text(vcadmin.get("/vcs/vision/settings"))
     assert '<option value="off" selected>' in page and 'name="max_preemptions" inputmode="numeric"' in page
     assert 'name="fair_share_max_wait_s" inputmode="numeric"' in page and 'value="7200"' in page
+    assert 'name="limit_weight" inputmode="decimal"' in page and 'value="0.25"' in page
     # a post without these boxes (an older form) leaves them as they are
     assert vcadmin.post("/vcs/vision/settings", {"policy": "FIFO"}).status_code == 302
     with sessions() as s:
         vc = s.scalar(sa.select(VirtualCluster).where(VirtualCluster.name == "vision"))
         assert (vc.policy, vc.fair_share, vc.min_runtime_s, vc.max_preemptions) == ("FIFO", False, 600, 3)
-        assert vc.fair_share_max_wait_s == 7200
+        assert (vc.fair_share_max_wait_s, vc.limit_weight) == (7200, 0.25)
     for field, value in (("min_runtime_s", "soon"), ("min_runtime_s", str(30 * 86400 + 1)), ("max_preemptions", "-1"),
                          ("max_reclaim_delay_s", "1.5"), ("fair_share", "maybe"), ("fair_share_max_wait_s", "-1"),
-                         ("fair_share_max_wait_s", str(30 * 86400 + 1)), ("fair_share_max_wait_s", "an hour")):
+                         ("fair_share_max_wait_s", str(30 * 86400 + 1)), ("fair_share_max_wait_s", "an hour"),
+                         ("limit_weight", "-0.5"), ("limit_weight", "11"), ("limit_weight", "a quarter"),
+                         ("limit_weight", "inf")):
         bad = vcadmin.post("/vcs/vision/settings", {"policy": "RF", field: value})
         assert bad.status_code == 400 and f'id="err-{field}"' in text(bad), (field, value)
     cleared = vcadmin.post("/vcs/vision/settings", {"policy": "RF", "fair_share": "", "min_runtime_s": "",
                                                     "max_reclaim_delay_s": "", "max_preemptions": "",
-                                                    "fair_share_max_wait_s": ""})
+                                                    "fair_share_max_wait_s": "", "limit_weight": ""})
     assert cleared.status_code == 302
     with sessions() as s:
         vc = s.scalar(sa.select(VirtualCluster).where(VirtualCluster.name == "vision"))
         assert (vc.policy, vc.fair_share, vc.min_runtime_s, vc.max_reclaim_delay_s, vc.max_preemptions) == \
             ("RF", None, None, None, None)
-        assert vc.fair_share_max_wait_s is None
+        assert (vc.fair_share_max_wait_s, vc.limit_weight) == (None, None)
 
 
 def test_vc_page_lists_running_and_waiting_jobs_and_per_user_use(as_user):

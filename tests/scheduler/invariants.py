@@ -6,9 +6,11 @@ from collections import defaultdict
 from collections.abc import Mapping
 
 from dlts.scheduler import CPU_SKU, Decisions, Job, JobType, Policy, Snapshot, StopReason, WaitReason
-from dlts.scheduler.model import resource_pool
+from dlts.scheduler.model import Vc, resource_pool
 from dlts.scheduler.plugins.walltime import effective_limit_s
 from dlts.scheduler.quota import gpu_reserve
+
+WEEK_S = 7 * 86400  # the most of a limit ``Vc.limit_weight`` counts, and what no limit counts
 
 
 def check_pass(snap: Snapshot, d: Decisions, now: float) -> None:
@@ -112,9 +114,14 @@ def check_pass(snap: Snapshot, d: Decisions, now: float) -> None:
             continue
         # the VC's order: priority, then (fair share) the owner's recent use (a ratio to the VC's
         # equal share, so the use orders alike; none once a job has waited fair_share_max_wait_s),
-        # then queue time
+        # then queue time plus limit_weight x the job's limit (its own, else the VC's; a week at most,
+        # and a week without one)
         use = snap.fair_share_usage if vc.fair_share else {}
         bound = vc.fair_share_max_wait_s
+
+        def ranked_at(j: Job, vc: Vc = vc) -> float:
+            limit = j.max_time_s or vc.max_job_time_s or WEEK_S
+            return j.queue_time + vc.limit_weight * min(limit, WEEK_S)
 
         def used(j: Job, use: Mapping[tuple[str, str], float] = use, bound: float | None = bound) -> float:
             if bound is not None and now - j.queue_time >= bound:
@@ -122,7 +129,7 @@ def check_pass(snap: Snapshot, d: Decisions, now: float) -> None:
             return max(use.get((j.vc, j.user), 0.0), 0.0)
         order = sorted(
             (j for j in pending if j.vc == vc.name and not j.preemptible and j.approved),
-            key=lambda j: (-j.priority, used(j), j.queue_time, j.id),
+            key=lambda j: (-j.priority, used(j), ranked_at(j), j.id),
         )
         blockers: dict[str, int] = {}
         for j in order:

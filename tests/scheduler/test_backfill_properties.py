@@ -70,6 +70,7 @@ def backfill_clusters(draw) -> Cluster:
             # the preemption budget: protected work is reclaimable in the model from its end only
             min_runtime_s=draw(st.sampled_from([0.0, 0.0, 600.0])),
             fair_share_max_wait_s=draw(st.sampled_from([None, None, 300.0])),
+            limit_weight=draw(st.sampled_from([0.0, 0.0, 0.25, 1.0])),
         )
     # fair share in half the examples: it re-ranks a VC's jobs as use accrues (and, with
     # fair_share_max_wait_s, again as jobs wait), but a job holding a reservation keeps its place
@@ -146,7 +147,14 @@ def _replay(cluster: Cluster, trace: list[TraceJob]) -> Replay:
                     continue
                 on = {p.node for p in s.placements}
                 for job_id, nodes in reserved_nodes.items():
-                    if job_id in ranks and ranks[s.job_id] < ranks[job_id] and on & nodes:
+                    if job_id not in ranks or ranks[s.job_id] >= ranks[job_id]:
+                        continue
+                    # a job ahead in the order took the reserved nodes; or, in a VC that weighs limits,
+                    # a job of the VC submitted later and ranked ahead by its shorter limit took the
+                    # quota the reservation counted on (a reservation binds the jobs ranked after it)
+                    weighs = cluster.vcs[jobs[job_id].vc].limit_weight > 0
+                    if on & nodes or (weighs and jobs[s.job_id].vc == jobs[job_id].vc
+                                      and jobs[s.job_id].submit_s > jobs[job_id].submit_s):
                         overtaken.setdefault(job_id, []).append((now, s.job_id))
         for r in decisions.reservations:
             reserved_nodes[r.job_id] = {p.node for p in r.placements}

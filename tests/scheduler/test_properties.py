@@ -57,6 +57,7 @@ def clusters(draw) -> Cluster:
             max_preemptions=draw(st.sampled_from([0, 1])),
             fair_share=draw(st.sampled_from([True, True, False])),
             fair_share_max_wait_s=draw(st.sampled_from([None, None, 600.0])),
+            limit_weight=draw(st.sampled_from([0.0, 0.0, 0.25, 1.0])),
         )
     # LEAN_SKUS opens 16 cores of each a100 node to CPU-only jobs (cpu_per_gpu 10)
     skus = dict(draw(st.sampled_from([SKUS, LEAN_SKUS])))

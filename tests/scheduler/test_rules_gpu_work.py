@@ -314,6 +314,124 @@ CASES = [
         waits={2: "capacity", 3: "capacity", 4: "capacity"},
         check=lambda d: _assert({w.job_id: w.queue_position for w in d.waits} == {2: 2, 4: 3, 3: 4}),
     ),
+    # -- shorter limits first (Vc.limit_weight) ----------------------------------------------------
+    Case(
+        "limit_weight: a short job passes a long one that has not waited its weight x the difference longer",
+        # 0.25 x (7 days - 1 hour) = 150,300 s: the 7-day job ranks at 151,200, the 1-hour job,
+        # queued 150,299 s later, at 151,199
+        snap(
+            [node("n1")],
+            vc(quota={"a100": 16}, limit_weight=0.25),
+            [job(1, 8, queue_time=0.0, max_time_s=7 * 86400), job(2, 8, queue_time=150_299.0, max_time_s=3600)],
+        ),
+        now=200_000.0,
+        starts={2: None},
+        waits={1: "capacity"},
+        check=lambda d: _assert({w.job_id: w.queue_position for w in d.waits} == {1: 2}),
+    ),
+    Case(
+        "limit_weight: at the bound (the long job waited exactly that much longer) queue time decides",
+        snap(
+            [node("n1")],
+            vc(quota={"a100": 16}, limit_weight=0.25),
+            [job(1, 8, queue_time=0.0, max_time_s=7 * 86400), job(2, 8, queue_time=150_300.0, max_time_s=3600)],
+        ),
+        now=200_000.0,
+        starts={1: None},
+        waits={2: "capacity"},
+    ),
+    Case(
+        "limit_weight: a job without a limit counts a week, and so does a longer limit",
+        # VC limit unset: job 1 counts 7 days (shift 151,200 s), job 2's 14-day limit counts 7 days too,
+        # so queue time orders them; job 3's 2-day limit (43,200 s) puts it first
+        snap(
+            [node("n1")],
+            vc(quota={"a100": 24}, limit_weight=0.25),
+            [job(1, 8, queue_time=0.0), job(2, 8, queue_time=10.0, max_time_s=14 * 86400),
+             job(3, 8, queue_time=100_000.0, max_time_s=2 * 86400)],
+        ),
+        now=200_000.0,
+        starts={3: None},
+        waits={1: "capacity", 2: "capacity"},
+        check=lambda d: _assert({w.job_id: w.queue_position for w in d.waits} == {1: 2, 2: 3}),
+    ),
+    Case(
+        "limit_weight: the VC's max_job_time_s is the limit of a job without its own",
+        snap(
+            [node("n1")],
+            vc(quota={"a100": 16}, limit_weight=1.0, max_job_time_s=7200),
+            [job(1, 8, queue_time=0.0, max_time_s=86400), job(2, 8, queue_time=70_000.0)],
+        ),
+        now=100_000.0,
+        starts={2: None},  # ranks at 77,200 against job 1's 86,400
+        waits={1: "capacity"},
+    ),
+    Case(
+        "limit_weight: fair share decides first; the weight orders within one user's standing",
+        snap(
+            [node("n1")],
+            vc(quota={"a100": 32}, limit_weight=0.25),
+            [job(1, 8, user="ann", queue_time=0.0, max_time_s=3600),
+             job(2, 8, user="bob", queue_time=10.0, max_time_s=7 * 86400),
+             job(3, 8, user="bob", queue_time=20.0, max_time_s=3600)],
+            fair_share_usage={("v", "ann"): 1e9, ("v", "bob"): 1e6},
+        ),
+        starts={3: None},
+        waits={2: "capacity", 1: "fair_share"},
+        check=lambda d: _assert({w.job_id: w.queue_position for w in d.waits} == {2: 2, 1: 3}),
+    ),
+    Case(
+        "limit_weight: a VC's weight re-ranks its own jobs and leaves its place against other VCs",
+        # v's 7-day job was queued first: it keeps the node against w's job queued after it, which a
+        # weight applied across VCs would have put first (10 < 151,200)
+        snap(
+            [node("n1")],
+            [vc(quota={"a100": 16}, limit_weight=0.25), vc("w", quota={"a100": 16})],
+            [job(1, 8, queue_time=0.0, max_time_s=7 * 86400), job(2, 8, vc="w", queue_time=10.0, max_time_s=3600)],
+        ),
+        now=1000.0,
+        starts={1: None},
+        waits={2: "capacity"},
+    ),
+    Case(
+        "limit_weight: a kept reservation binds the jobs ranked after it; a later job ranked before it "
+        "(a lighter user's, with a shorter limit) goes first",
+        snap(
+            [node("n1")],
+            vc(policy=Policy.BACKFILL, quota={"a100": 16}, limit_weight=1.0),
+            [job(1, 8, user="ann", queue_time=10.0, max_time_s=5000, reserved=True),  # ranks at 5,010
+             job(2, 8, user="bob", queue_time=500.0, max_time_s=2000)],  # ranks at 2,500
+            fair_share_usage={("v", "ann"): 1e9},
+        ),
+        now=1000.0,
+        starts={2: None},
+        waits={1: "capacity"},
+    ),
+    Case(
+        "limit_weight: a lighter user's job ranked after a kept reservation stays behind it",
+        snap(
+            [node("n1")],
+            vc(policy=Policy.BACKFILL, quota={"a100": 16}, limit_weight=1.0),
+            [job(1, 8, user="ann", queue_time=10.0, max_time_s=5000, reserved=True),  # ranks at 5,010
+             job(3, 8, user="bob", queue_time=600.0, max_time_s=4800)],  # ranks at 5,400
+            fair_share_usage={("v", "ann"): 1e9},
+        ),
+        now=1000.0,
+        starts={1: None},
+        check=lambda d: _assert({w.job_id for w in d.waits} == {3}),
+    ),
+    Case(
+        "limit_weight under FIFO: the head of the VC's pool is the first job by rank time",
+        snap(
+            [node("n1")],
+            vc(policy=Policy.FIFO, quota={"a100": 16}, limit_weight=0.25),
+            [running(job(9, 4, queue_time=0.0), ("n1", (0, 1, 2, 3))),
+             job(1, 4, queue_time=0.0, max_time_s=7 * 86400), job(2, 8, queue_time=10.0, max_time_s=3600)],
+        ),
+        now=1000.0,
+        starts={},
+        waits={2: "capacity", 1: "blocked_by:2"},
+    ),
     Case(
         "fair share re-ranks inside a VC and leaves another VC's place alone",
         snap(

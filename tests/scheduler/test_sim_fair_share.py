@@ -160,3 +160,44 @@ def test_a_bad_fair_share_max_wait_names_the_field(tmp_path: Path) -> None:
     )
     assert res.exit_code == 2, res.output
     assert "fair_share_max_wait_s" in res.output and ">= 0" in res.output, res.output
+
+
+# the node is busy for an hour; then ann's 2-day job 2 (older) and bob's 1-hour job 3 both want all of it
+LIMITS_TRACE = HEADER + """\
+1,0,lab,ann,batch,a100,8,0,3600,3600,100,false
+2,100,lab,ann,batch,a100,8,0,600,172800,100,false
+3,200,lab,bob,batch,a100,8,0,600,3600,100,false
+"""
+
+
+@pytest.mark.parametrize("weight,first", [(0.0, 2), (0.25, 3)])
+def test_limit_weight_puts_the_short_job_first_in_a_replay_and_the_checker_follows_it(
+        tmp_path: Path, weight: float, first: int) -> None:
+    """Fair share off (half-life 0): with limit_weight 0.25 job 3 ranks at 200 + 900 s, job 2 at
+    100 + 43,200 s; without it queue time decides."""
+    cluster = CLUSTER.format(policy="FIFO", extra="fair_share_half_life_h: 0\n").replace(
+        "policy: FIFO}", f"policy: FIFO, limit_weight: {weight}}}")
+    (tmp_path / "c.yaml").write_text(cluster)
+    (tmp_path / "t.csv").write_text(LIMITS_TRACE)
+    loaded = load_cluster(tmp_path / "c.yaml")
+    result = Simulation(loaded, load_trace(tmp_path / "t.csv", loaded)).run()
+    assert _starts(result)[first] == 3600.0 and _starts(result)[5 - first] == 4200.0
+    assert result["cluster"]["vcs"]["lab"]["limit_weight"] == weight
+    assert check_result(result) == []
+    if weight:  # the checker reads the weight: without it, job 3 passed the older job 2
+        unweighted = copy.deepcopy(result)
+        unweighted["cluster"]["vcs"]["lab"]["limit_weight"] = 0.0
+        assert check_result(unweighted) == [
+            "FIFO VC lab: job 3 started at 3600.0 while job 2, ahead of it in the VC's order, waited"]
+
+
+@pytest.mark.parametrize("value", ["11", "-0.5", ".nan"])
+def test_a_bad_limit_weight_names_the_field(tmp_path: Path, value: str) -> None:
+    (tmp_path / "c.yaml").write_text(CLUSTER.format(policy="RF", extra="").replace(
+        "policy: RF}", f"policy: RF, limit_weight: {value}}}"))
+    (tmp_path / "t.csv").write_text(TRACE)
+    res = CliRunner().invoke(
+        sim_command, ["--cluster", str(tmp_path / "c.yaml"), "--trace", str(tmp_path / "t.csv"), "--out", str(tmp_path / "r.json")]
+    )
+    assert res.exit_code == 2, res.output
+    assert "limit_weight" in res.output and ("between 0 and 10" in res.output or ">= 0" in res.output), res.output

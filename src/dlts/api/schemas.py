@@ -16,7 +16,7 @@ from marshmallow import INCLUDE, Schema, ValidationError, fields, missing, post_
 from dlts.models import Job, JobAttempt, JobInsight, JobStatus, JobType, iso
 from dlts.repair.machine import CycleKind, CycleOutcome
 from dlts.repair.rules import Remediation
-from dlts.scheduler.model import Policy
+from dlts.scheduler.model import MAX_LIMIT_WEIGHT, Policy
 from dlts.schemas import Memory, TagList
 from dlts.services.endpoints import EndpointView
 from dlts.services.jobs import (
@@ -472,6 +472,10 @@ class VcSettingsFields(Schema):
         "description": "VC admin: seconds after which fair share stops holding a job behind newer work of lighter "
                        "users (a job that has waited this long since its queue time ranks as if its owner had no "
                        "recent use); null: the default (which may itself be no bound)"})
+    limit_weight = fields.Float(allow_none=True, allow_nan=False, validate=validate.Range(0, MAX_LIMIT_WEIGHT), metadata={
+        "description": "VC admin: shorter limits first; among jobs of equal priority each ranks as if queued this "
+                       "many times its limit later (the limit counted up to 7 days; no limit counts 7 days); 0: by "
+                       "queue time alone; null: the default"})
     min_runtime_s = fields.Integer(strict=True, allow_none=True, validate=validate.Range(0, 30 * 86400), metadata={
         "description": "VC admin: seconds a preemptible job runs before reclaim may preempt it; null: the default"})
     max_reclaim_delay_s = fields.Integer(strict=True, allow_none=True, validate=validate.Range(0, 30 * 86400), metadata={
@@ -539,6 +543,8 @@ class VcSchema(Schema):
     fair_share_source = _scheduling_source()
     fair_share_max_wait_s = fields.Float(allow_none=True, metadata={"description": "in effect; null: no bound"})
     fair_share_max_wait_s_source = _scheduling_source()
+    limit_weight = fields.Float(metadata={"description": "in effect; 0: queue time alone"})
+    limit_weight_source = _scheduling_source()
     min_runtime_s = fields.Float(metadata={"description": "in effect"})
     min_runtime_s_source = _scheduling_source()
     max_reclaim_delay_s = fields.Float(allow_none=True, metadata={"description": "in effect; null: never"})

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 import shlex
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 import yaml
@@ -594,6 +595,10 @@ def register(main: click.Group, vc_group: click.Group) -> None:
     @click.option("--fair-share-max-wait-s", metavar="N|none",
                   help="Seconds after which fair share stops holding a job behind newer work of lighter users; "
                        "none: the default (dlts.yaml).")
+    @click.option("--limit-weight", metavar="W|none",
+                  help="Shorter limits first: among jobs of equal priority each ranks as if queued W times its limit "
+                       "later (e.g. 0.25: a 7-day job 42 h later, a 1-hour job 15 min); 0: by queue time; "
+                       "none: the default (dlts.yaml).")
     @click.option("--min-runtime-s", metavar="N|none",
                   help="Seconds a preemptible job runs before reclaim may preempt it; none: the default (dlts.yaml).")
     @click.option("--max-reclaim-delay-s", metavar="N|none",
@@ -608,10 +613,10 @@ def register(main: click.Group, vc_group: click.Group) -> None:
                 max_submissions_per_minute: str | None, notice: str | None, idle_warn_min: float | None,
                 idle_action_min: float | None, idle_action: str | None, idle_exempt: tuple[str, ...],
                 no_idle_policy: bool, fair_share: bool | None, fair_share_default: bool,
-                fair_share_max_wait_s: str | None, min_runtime_s: str | None, max_reclaim_delay_s: str | None,
+                fair_share_max_wait_s: str | None, limit_weight: str | None, min_runtime_s: str | None, max_reclaim_delay_s: str | None,
                 max_preemptions: str | None, as_json: bool) -> None:
-        """Tune a VC you administer (via the API): policy, limits, notice, idle-job policy, fair share and the
-        preemption budget."""
+        """Tune a VC you administer (via the API): policy, limits, notice, idle-job policy, fair share, the weight
+        of limits in the order and the preemption budget."""
         body: dict[str, Any] = {}
         flags: dict[str, str] = {}
 
@@ -635,6 +640,8 @@ def register(main: click.Group, vc_group: click.Group) -> None:
                                   ("max_preemptions", "--max-preemptions", max_preemptions)):
             if text is not None:
                 put(field, flag, _none_or(text, flag, _whole_number))
+        if limit_weight is not None:
+            put("limit_weight", "--limit-weight", _none_or(limit_weight, "--limit-weight", _weight))
         if notice is not None:
             put("notice", "--notice", None if notice.lower() == "none" else notice)
         if fair_share_default and fair_share is not None:
@@ -1029,7 +1036,9 @@ def _scheduling_lines(vc: dict) -> list[tuple[str, str]]:
     bound = [("fair share bound", f"{seconds(vc.get('fair_share_max_wait_s'), 'none')} "
                                   f"({vc.get('fair_share_max_wait_s_source')})")] \
         if "fair_share_max_wait_s_source" in vc else []  # an API from before this setting: no line
-    return [("fair share", f"{'on' if vc['fair_share'] else 'off'} ({vc.get('fair_share_source')})"), *bound,
+    weight = [("limit weight", f"{vc['limit_weight']:g} ({vc.get('limit_weight_source')})")] \
+        if "limit_weight_source" in vc else []  # an API from before this setting: no line
+    return [("fair share", f"{'on' if vc['fair_share'] else 'off'} ({vc.get('fair_share_source')})"), *bound, *weight,
             ("min runtime", f"{seconds(vc.get('min_runtime_s'), '0 s')} ({vc.get('min_runtime_s_source')})"),
             ("max reclaim delay", f"{seconds(vc.get('max_reclaim_delay_s'), 'never')} "
                                   f"({vc.get('max_reclaim_delay_s_source')})"),
@@ -1045,13 +1054,26 @@ def _idle_policy_text(policy: dict | None) -> str | None:
     return text + (f" (not {', '.join(policy['exempt_types'])} jobs)" if policy.get("exempt_types") else "")
 
 
-def _none_or(text: str, flag: str, parse: Callable[[str], int]) -> int | None:
+N = TypeVar("N", int, float)
+
+
+def _none_or(text: str, flag: str, parse: Callable[[str], N]) -> N | None:
     if text.lower() == "none":
         return None
     try:
         return parse(text)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint=flag) from None
+
+
+def _weight(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a number or 'none'") from None
+    if not math.isfinite(value):
+        raise ValueError(f"{text!r} is not a number or 'none'")
+    return value  # the API checks the range (and names the flag's field)
 
 
 def _whole_number(text: str) -> int:

@@ -50,6 +50,9 @@ class VirtualCluster(Base):
     fair_share: Mapped[bool | None] = mapped_column(sa.Boolean)
     # seconds after which fair share stops holding a job back (revision 0018); NULL: not set on the VC
     fair_share_max_wait_s: Mapped[int | None] = mapped_column(sa.Integer)
+    # shorter limits first: each job ranks as if queued this many times its limit later (revision
+    # 0020); NULL: not set on the VC
+    limit_weight: Mapped[float | None] = mapped_column(sa.Float(precision=53))
     min_runtime_s: Mapped[int | None] = mapped_column(sa.Integer)
     max_reclaim_delay_s: Mapped[int | None] = mapped_column(sa.Integer)
     max_preemptions: Mapped[int | None] = mapped_column(sa.Integer)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import math
 from dataclasses import replace
 from typing import Any
 
@@ -39,6 +40,10 @@ SETTING_HELP = {
     "fair_share_max_wait_s": "Seconds after which fair share stops holding a job behind newer work of lighter users: "
                              "a job that has waited this long is ranked as if its owner had no recent use. Empty: the "
                              "default, {default}.",
+    "limit_weight": "Shorter limits first: among jobs of equal priority each ranks as if submitted this many times its "
+                    "time limit later (0.25: a 7-day job 42 hours later, a 1-hour job 15 minutes), so short jobs "
+                    "pass long ones that have not waited much longer; 0: by submission time. Empty: the default, "
+                    "{default}.",
     "min_runtime_s": "Seconds a preemptible job of the VC runs before reclaim may preempt it. Empty: the default, "
                      "{default}.",
     "max_reclaim_delay_s": "Seconds a job may wait for reclaim before the minimum runtime stops protecting the jobs it "
@@ -118,6 +123,16 @@ def _scheduling_from_form() -> dict[str, Any]:
     for key, high in vc_service.SCHEDULING_LIMITS.items():
         if key in request.form:
             changes[key] = _int_or_none(key, "the default", high)
+    if "limit_weight" in request.form:
+        text = request.form["limit_weight"].strip()
+        try:
+            weight = None if text == "" else float(text)
+        except ValueError:
+            weight = math.nan
+        if weight is not None and not math.isfinite(weight):
+            raise InvalidInput("limit_weight is a number (e.g. 0.25), or empty for the default.",
+                               details={"field": "limit_weight"})
+        changes["limit_weight"] = weight  # the service checks the range
     return changes
 
 
@@ -128,6 +143,8 @@ def _default_text(value: Any, source: str, key: str) -> str:
         shown = str(value) if value else "no limit"
     elif key == "fair_share_max_wait_s":
         shown = "no bound" if value is None else f"{value:g} s"
+    elif key == "limit_weight":
+        shown = f"{value:g}"
     else:
         shown = "never" if value is None else f"{value:g} s"
     return f"{shown} ({'set in dlts.yaml' if source == 'config' else 'the cluster default'})"

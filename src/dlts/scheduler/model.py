@@ -18,6 +18,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 CPU_SKU = "cpu"  # the SKU name of CPU-only nodes and CPU-only requests
+# ``Vc.limit_weight`` counts a job's limit up to this (a week); a job without a limit counts it
+LIMIT_RANK_CAP_S = 7 * 86400
+MAX_LIMIT_WEIGHT = 10.0  # the largest ``Vc.limit_weight`` accepted (config, API, dlts sim)
 
 
 class Policy(str, enum.Enum):
@@ -118,6 +121,10 @@ class Vc:
     # users and by queue time among the others so ranked (None: fair share holds a job back for
     # as long as its owner's use is high).
     fair_share_max_wait_s: float | None = None
+    # Shorter limits first (plugins/fairshare.py): among jobs of equal priority, each job ranks as if
+    # queued ``limit_weight`` x its effective limit later (the limit counted at most
+    # ``LIMIT_RANK_CAP_S``; a job without one counts that much). 0: queue time alone (SCHEDULING.md).
+    limit_weight: float = 0.0
     # Preemption budget (plugins/reclaim.py): a preemptible job of this VC runs at least
     # ``min_runtime_s`` before it may be preempted, unless the job reclaim is for (of any VC) has
     # waited for room (``Job.room_wait_since``) longer than *its* VC's ``max_reclaim_delay_s``

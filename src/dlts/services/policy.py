@@ -104,7 +104,7 @@ def require_vc_settings_change(principal: Principal, vc_name: str, cluster_field
         raise Forbidden(f"Only a cluster admin may change {', '.join(sorted(cluster_fields))} of VC {vc_name}; "
                         "VC admins may change policy, max_job_time_s, max_interactive_gpus, user_gpu_quota, notice, "
                         "max_queued_jobs_per_user, max_submissions_per_minute, idle_policy, fair_share, fair_share_max_wait_s, "
-                        "min_runtime_s, max_reclaim_delay_s and max_preemptions.",
+                        "limit_weight, min_runtime_s, max_reclaim_delay_s and max_preemptions.",
                         code="quota_requires_cluster_admin")
     if vc_fields and not principal.is_vc_admin(vc_name):
         raise Forbidden(f"Only an admin of VC {vc_name} may change its settings.", code="requires_vc_admin")

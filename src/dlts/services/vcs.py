@@ -2,15 +2,16 @@
 
 No Flask: the API and the portal call these. Rules (who may change what) are in ``services.policy``.
 
-Quota: a cluster admin sets GPUs per SKU. CPU and memory follow in proportion to the SKU's node
-shape (GPUs / GPUs per node x cores and bytes per node), as the 2020 system did; ``cpu_quota`` and
-``memory_quota_bytes`` override the derived totals (``None`` goes back to derived). VC admins change
-policy, wall time, interactive cap, per-user quota, the notice and the scheduling settings (fair share, its
-bound on a job's wait and the preemption budget: ``SCHEDULING_FIELDS``, each unset on the VC by default so
-that dlts.yaml's ``vc_scheduling`` entry or the cluster's value applies, ``scheduling_of``); cluster admins
-also the VC's group (``gid``), its jobs' scratch space (``ephemeral_storage_bytes``), its pod policy and its
-storage document (``set_storage``, checked by ``services.vc_storage``). Every change writes a ``vc_events``
-row; the job manager reads the VC table on each tick, so changes apply on the next one.
+Quota: a cluster admin sets GPUs per SKU. CPU and memory follow in proportion to the SKU's node shape (GPUs
+/ GPUs per node x cores and bytes per node), as the 2020 system did; ``cpu_quota`` and
+``memory_quota_bytes`` override the derived totals (``None`` goes back to derived). VC admins change policy,
+wall time, interactive cap, per-user quota, the notice and the scheduling settings (fair share, its bound on
+a job's wait, the weight of limits in the order and the preemption budget: ``SCHEDULING_FIELDS``, each unset
+on the VC by default so that dlts.yaml's ``vc_scheduling`` entry or the cluster's value applies,
+``scheduling_of``); cluster admins also the VC's group (``gid``), its jobs' scratch space
+(``ephemeral_storage_bytes``), its pod policy and its storage document (``set_storage``, checked by
+``services.vc_storage``). Every change writes a ``vc_events`` row; the job manager reads the VC table on
+each tick, so changes apply on the next one.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from dlts.repositories import identity as identity_repo
 from dlts.repositories import usage as usage_repo
 from dlts.repositories import vc_events
 from dlts.repositories.cluster import sku_shapes
-from dlts.scheduler.model import CPU_SKU, SkuShape
+from dlts.scheduler.model import CPU_SKU, MAX_LIMIT_WEIGHT, SkuShape
 from dlts.scheduler.model import Vc as CoreVc
 from dlts.scheduler.quota import derived_cpu_memory, effective_cpu_memory_quota
 from dlts.services import admin, policy
@@ -40,8 +41,8 @@ from dlts.services.transaction import transaction, transactional
 POLICIES = ("RF", "FIFO", "backfill")
 # the per-VC scheduling settings (docs/scheduling.md) and the type the scheduler takes each as; null on
 # the VC row means "not set here" (scheduling_of)
-SCHEDULING_KINDS: dict[str, Any] = {"fair_share": bool, "fair_share_max_wait_s": float, "min_runtime_s": float,
-                                    "max_reclaim_delay_s": float, "max_preemptions": int}
+SCHEDULING_KINDS: dict[str, Any] = {"fair_share": bool, "fair_share_max_wait_s": float, "limit_weight": float,
+                                    "min_runtime_s": float, "max_reclaim_delay_s": float, "max_preemptions": int}
 SCHEDULING_FIELDS = tuple(SCHEDULING_KINDS)
 MAX_SCHEDULING_DELAY_S = 30 * 86400  # fair_share_max_wait_s, min_runtime_s and max_reclaim_delay_s, as config.py bounds them
 MAX_PREEMPTIONS = 1000
@@ -138,6 +139,8 @@ class VcView:
     fair_share_source: str
     fair_share_max_wait_s: float | None  # None: no bound (fair share may hold a job back as long as it must)
     fair_share_max_wait_s_source: str
+    limit_weight: float  # 0: queue time alone orders equal priority (with fair share)
+    limit_weight_source: str
     min_runtime_s: float
     min_runtime_s_source: str
     max_reclaim_delay_s: float | None  # None: never (a reclaim waits as long as it must)
@@ -187,6 +190,7 @@ class VcSpec:
     idle_policy: Mapping[str, Any] | None = None
     fair_share: bool | None = None  # the scheduling settings: None takes dlts.yaml's (scheduling_of)
     fair_share_max_wait_s: int | None = None
+    limit_weight: float | None = None
     min_runtime_s: int | None = None
     max_reclaim_delay_s: int | None = None
     max_preemptions: int | None = None
@@ -232,6 +236,7 @@ def _view(session: Session, settings: Settings, vc: VirtualCluster, shapes: Mapp
         fair_share=scheduling["fair_share"].value, fair_share_source=scheduling["fair_share"].source,
         fair_share_max_wait_s=scheduling["fair_share_max_wait_s"].value,
         fair_share_max_wait_s_source=scheduling["fair_share_max_wait_s"].source,
+        limit_weight=scheduling["limit_weight"].value, limit_weight_source=scheduling["limit_weight"].source,
         min_runtime_s=scheduling["min_runtime_s"].value, min_runtime_s_source=scheduling["min_runtime_s"].source,
         max_reclaim_delay_s=scheduling["max_reclaim_delay_s"].value,
         max_reclaim_delay_s_source=scheduling["max_reclaim_delay_s"].source,
@@ -321,6 +326,11 @@ def _check_settings(changes: Mapping[str, Any]) -> None:
     if changes.get("fair_share") is not None and not isinstance(changes["fair_share"], bool):
         raise InvalidInput("fair_share must be true or false, or null for the default (dlts.yaml).",
                            details={"field": "fair_share"})
+    weight = changes.get("limit_weight")
+    if weight is not None and (isinstance(weight, bool) or not isinstance(weight, (int, float))
+                               or not 0 <= weight <= MAX_LIMIT_WEIGHT):
+        raise InvalidInput(f"limit_weight must be a number between 0 and {MAX_LIMIT_WEIGHT:g}, or null for the default "
+                           "(dlts.yaml).", details={"field": "limit_weight"})
     for key, high in SCHEDULING_LIMITS.items():
         value = changes.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= high):

@@ -540,6 +540,7 @@ def build_result(sim: Simulation) -> dict[str, Any]:
                 "user_gpu_quota": v.user_gpu_quota,
                 "fair_share": v.fair_share,
                 "fair_share_max_wait_s": v.fair_share_max_wait_s,
+                "limit_weight": v.limit_weight,
                 # the CPU-only quota the core enforces (override, quota.cpu, else derived)
                 "cpu_quota": effective_cpu_memory_quota(v, c.skus)[0],
                 "memory_quota_bytes": effective_cpu_memory_quota(v, c.skus)[1],

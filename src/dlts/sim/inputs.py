@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from dlts.scheduler.model import CPU_SKU, JobType, Node, Policy, SkuShape, Vc
+from dlts.scheduler.model import CPU_SKU, MAX_LIMIT_WEIGHT, JobType, Node, Policy, SkuShape, Vc
 
 GIB = 1024**3
 
@@ -227,6 +227,7 @@ def load_cluster(path: str | Path) -> Cluster:
                 "default_runtime_estimate_s",
                 "fair_share",
                 "fair_share_max_wait_s",
+                "limit_weight",
                 "min_runtime_s",
                 "max_reclaim_delay_s",
                 "max_preemptions",
@@ -245,6 +246,9 @@ def load_cluster(path: str | Path) -> Cluster:
         except ValueError:
             raise f._err("policy", f"must be one of {', '.join(p.value for p in Policy)}, got {policy_name!r}") from None
         mem_gb = f.get("memory_quota_gb", float, None, minimum=0)
+        limit_weight = f.get("limit_weight", float, 0.0, minimum=0)
+        if not limit_weight <= MAX_LIMIT_WEIGHT:  # NaN too
+            raise f._err("limit_weight", f"must be between 0 and {MAX_LIMIT_WEIGHT:g}, got {limit_weight!r}")
         if name in vcs:
             raise f._err("name", f"VC {name!r} appears twice")
         vcs[name] = Vc(
@@ -260,6 +264,7 @@ def load_cluster(path: str | Path) -> Cluster:
             default_runtime_estimate_s=f.get("default_runtime_estimate_s", int, None, minimum=1),
             fair_share=f.get("fair_share", bool, True),
             fair_share_max_wait_s=f.get("fair_share_max_wait_s", float, None, minimum=0),
+            limit_weight=limit_weight,
             min_runtime_s=f.get("min_runtime_s", float, 0.0, minimum=0),
             max_reclaim_delay_s=f.get("max_reclaim_delay_s", float, None, minimum=0),
             max_preemptions=f.get("max_preemptions", int, 0, minimum=0),

@@ -25,6 +25,7 @@ import bisect
 from collections import defaultdict
 from typing import Any
 
+from dlts.scheduler.model import LIMIT_RANK_CAP_S
 from dlts.sim.fairshare import DecayedUse
 
 EPS = 1e-6
@@ -204,7 +205,7 @@ def _check_fifo(jobs: list[dict], vcs: dict, half_life_h: float, out: list[str])
 
     The order is priority, then (where the VC orders by fair share) the owner's decayed GPU use at
     that instant, recomputed from the RESULT's attempts (none for a job that has waited the VC's
-    ``fair_share_max_wait_s``), then queue time."""
+    ``fair_share_max_wait_s``), then queue time (plus the VC's ``limit_weight`` x the job's limit)."""
     # FIFO blocks per resource pool: the job's GPU SKU, or "cpu" for CPU-only jobs
     by_vc: dict[tuple[str, str], list[dict]] = defaultdict(list)
     for j in jobs:
@@ -218,6 +219,7 @@ def _check_fifo(jobs: list[dict], vcs: dict, half_life_h: float, out: list[str])
     for (vc, _pool), js in by_vc.items():
         fair = vc in fair_vcs
         cap = vcs[vc].get("fair_share_max_wait_s")
+        weight = vcs[vc].get("limit_weight") or 0.0
         js.sort(key=lambda j: (j["submit_s"], j["id"]))
         # the jobs that block when they wait: every one but those that could never run
         blocking = [
@@ -234,15 +236,16 @@ def _check_fifo(jobs: list[dict], vcs: dict, half_life_h: float, out: list[str])
             for e in blocking[: bisect.bisect_right(submits, t + EPS)]:
                 if e is j or (e["start_s"] is not None and e["start_s"] <= t + EPS):
                     continue
-                if _ahead(e, j, vc, at if fair else None, t, cap):
+                if _ahead(e, j, vc, at if fair else None, t, cap, weight):
                     out.append(f"FIFO VC {vc}: job {j['id']} started at {t} while job {e['id']}, ahead of it in the VC's order, waited")
                     break
 
 
 def _ahead(e: dict, j: dict, vc: str, use: dict[tuple[str, str], float] | None, t: float = 0.0,
-           cap: float | None = None) -> bool:
+           cap: float | None = None, weight: float = 0.0) -> bool:
     """Whether ``e`` comes before ``j`` in its VC's order at time ``t`` (``use``: the fair-share use
-    then, or None; ``cap``: the VC's ``fair_share_max_wait_s``, past which a job's owner counts no use)."""
+    then, or None; ``cap``: the VC's ``fair_share_max_wait_s``, past which a job's owner counts no use;
+    ``weight``: the VC's ``limit_weight``)."""
     if e["priority"] != j["priority"]:
         return bool(e["priority"] > j["priority"])
     if use is not None and e["user"] != j["user"]:
@@ -253,7 +256,17 @@ def _ahead(e: dict, j: dict, vc: str, use: dict[tuple[str, str], float] | None, 
             return ue < uj
         if ue != uj:
             return False  # too close to tell which the scheduler saw as lower: not a violation
+    if weight:
+        re, rj = (_rank_time(x, weight) for x in (e, j))
+        # (too close to tell which the scheduler saw first: not a violation)
+        return bool(re < rj - EPS)
     return bool((e["submit_s"], e["id"]) < (j["submit_s"], j["id"]))  # a trace's ids are all numbers or all strings
+
+
+def _rank_time(job: dict, weight: float) -> float:
+    """The time ``job`` ranks by in a VC with ``limit_weight`` ``weight`` (plugins/fairshare.py)."""
+    limit = job.get("effective_max_time_s")
+    return float(job["submit_s"]) + weight * min(limit if limit else LIMIT_RANK_CAP_S, LIMIT_RANK_CAP_S)
 
 
 def _waited(job: dict, t: float, cap: float) -> bool:

@@ -11,7 +11,8 @@ The order across VCs is not changed: jobs are first sorted by ``priority_queue_t
 each (VC, priority) group the jobs are re-ranked by (ratio, queue time, id) into the positions the
 group held. So queue positions (numbered per VC) show the fair-share order, and a VC's place in
 the competition for shared capacity stays what queue time gives it. With no use recorded, or with
-``Vc.fair_share`` off, or a single user, the order is exactly ``priority_queue_time``.
+``Vc.fair_share`` off, or a single user, and no ``Vc.limit_weight``, the order is exactly
+``priority_queue_time``.
 
 Fair share holds a job back for at most its VC's ``fair_share_max_wait_s`` (when set): a job that
 has waited that long since its queue time is ranked as if its owner had no recent use, i.e. ahead of
@@ -22,6 +23,17 @@ submitting (a 48-GPU job 230 h on ``bench/traces/production_28d.csv`` under RF).
 In a backfill VC no job submitted after a job that holds a reservation (``Job.reserved``) is
 ranked ahead of it (``bind_reservations``): a reservation is kept until its job starts, whatever
 fair share says of its owner by then.
+
+Shorter limits first, where a VC sets ``limit_weight`` (w > 0): inside each (VC, priority) group,
+jobs rank by *rank time* where the above says queue time: the queue time plus w x the effective
+limit (``max_time_s``, else the VC's ``max_job_time_s``; counted up to ``LIMIT_RANK_CAP_S``, which a
+job without a limit counts too); a reservation binds the jobs ranked after it
+(``bind_reservations``), so a job with a shorter limit submitted after it may still go first, but only for w x the
+reserved job's limit after that job's queue time (rank times do not change). With w = 0.25 a 1-hour job ranks
+as if queued 15 minutes later and a 7-day job 42 hours later: the short job goes first unless the
+long one has waited about that much longer. This is Slurm's incentive for honest limits, and it
+serves a VC's quota to its short gangs before the long work that drains it for days
+(docs/benchmarks.md). The bound ``fair_share_max_wait_s`` still counts from the queue time.
 
 ``revise_waits`` runs after the pass: a job that waits while a later-submitted job of another user
 of its VC and priority, moved ahead of it by fair share, started in this pass gets reason
@@ -35,25 +47,51 @@ from __future__ import annotations
 import bisect
 import heapq
 from collections import defaultdict
+from collections.abc import Callable
 from operator import attrgetter
 
-from dlts.scheduler.model import Job, Policy, Wait, WaitReason
+from dlts.scheduler.model import LIMIT_RANK_CAP_S, Job, Policy, Vc, Wait, WaitReason
 from dlts.scheduler.plugins.ordering import PriorityQueueTime
+from dlts.scheduler.plugins.walltime import effective_limit_s
 from dlts.scheduler.state import PassState
 
+RankKey = Callable[[Job], tuple[float, int]]
 
-def bind_reservations(ranked: list[Job]) -> list[Job]:
-    """``ranked`` (one VC and priority, in fair-share order) with every job submitted after a job
-    that holds a reservation (``Job.reserved``) moved behind that job: a reservation, once given,
+
+def _queue_key(j: Job) -> tuple[float, int]:
+    return (j.queue_time, j.id)
+
+
+def rank_time(job: Job, vc: Vc | None) -> float:
+    """The time ``job`` ranks by inside its VC's order: its queue time, plus the VC's
+    ``limit_weight`` x its effective limit (at most ``LIMIT_RANK_CAP_S``; no limit counts that)."""
+    weight = vc.limit_weight if vc is not None else 0.0
+    if not weight:
+        return job.queue_time
+    limit = effective_limit_s(job, vc)
+    return job.queue_time + weight * min(limit if limit is not None else LIMIT_RANK_CAP_S, LIMIT_RANK_CAP_S)
+
+
+def rank_key(vc: Vc | None) -> RankKey:
+    """(rank time, id) for the jobs of ``vc``: ``_queue_key`` where the VC sets no weight."""
+    if vc is None or not vc.limit_weight:
+        return _queue_key
+    return lambda j: (rank_time(j, vc), j.id)
+
+
+def bind_reservations(ranked: list[Job], key: RankKey = _queue_key) -> list[Job]:
+    """``ranked`` (one VC and priority, in fair-share order) with every job after a job that holds a
+    reservation (``Job.reserved``) by ``key`` (queue time; rank time where the VC weighs limits)
+    moved behind that job: a reservation, once given,
     binds all later work whatever its owner's use. Without it every new job of a colleague who
     used less was ranked ahead of a heavy user's reserved gang, started on the quota the
     reservation counted on, and moved its estimate out, pass after pass. Older jobs keep the
     fair-share order (a requeued job goes back to the head); a job held back follows the last
     reserved job it waited for, and the held-back jobs keep their fair-share order among themselves."""
-    held = sorted((j for j in ranked if j.reserved), key=_queue_key)
+    held = sorted((j for j in ranked if j.reserved), key=key)
     if not held:
         return ranked
-    held_keys = [_queue_key(j) for j in held]
+    held_keys = [key(j) for j in held]
     # A job may be placed once every held job older than it is (its gate). Held jobs are placed
     # oldest first, so that is when ``placed_held`` reaches the number of them older than it.
     waiting: dict[int, list[tuple[int, Job]]] = defaultdict(list)  # gate -> (rank, job) held back
@@ -70,7 +108,7 @@ def bind_reservations(ranked: list[Job]) -> list[Job]:
                 heapq.heappush(ready, item)
 
     for rank, j in enumerate(ranked):
-        gate = bisect.bisect_left(held_keys, _queue_key(j))
+        gate = bisect.bisect_left(held_keys, key(j))
         if gate > placed_held:
             waiting[gate].append((rank, j))
             continue
@@ -78,10 +116,6 @@ def bind_reservations(ranked: list[Job]) -> list[Job]:
         while ready:
             place(heapq.heappop(ready)[1])
     return out
-
-
-def _queue_key(j: Job) -> tuple[float, int]:
-    return (j.queue_time, j.id)
 
 
 _USER, _RESERVED = attrgetter("user"), attrgetter("reserved")
@@ -126,7 +160,8 @@ class FairShare(PriorityQueueTime):
                 its_vc = vcs.get(j.vc)
                 if its_vc is not None and its_vc.policy is Policy.BACKFILL:
                     held.add((j.vc, j.priority))
-        if not usage and not held:
+        weighted = {name for name, v in state.vcs.items() if v.limit_weight}  # shorter limits first
+        if not usage and not held and not weighted:
             return base
         # one table per pass, over every waiting job (the core orders non-preemptible and
         # preemptible work in two calls; each alone would count a different set of users)
@@ -137,20 +172,23 @@ class FairShare(PriorityQueueTime):
             for (v, u), r in self._ratio.items():
                 self._by_vc[v][u] = r
         groups: dict[tuple[str, int], list[int]] = defaultdict(list)
-        some_vcs = None if usage else {vc for vc, _ in held}  # without use, only the held groups
+        # without use, only the held groups and the weighted VCs' groups can change
+        some_vcs = None if usage else {vc for vc, _ in held} | weighted
         for i, j in enumerate(base):
-            if some_vcs is None or (j.vc in some_vcs and (j.vc, j.priority) in held):
+            if some_vcs is None or (j.vc in some_vcs and (j.vc in weighted or (j.vc, j.priority) in held)):
                 groups[(j.vc, j.priority)].append(i)
         out = list(base)
         for (vc_name, prio), idx in groups.items():
             if len(idx) < 2:
                 continue
             vc = state.vcs.get(vc_name)
-            members = [base[i] for i in idx]
+            queued = [base[i] for i in idx]  # by queue time
+            by_rank = rank_key(vc)
+            members = queued if by_rank is _queue_key else sorted(queued, key=by_rank)  # by rank time
             ranked = members
             if usage and (vc is None or vc.fair_share):
-                # the group is in queue-time order (``sorted_jobs``), so a stable sort by the owners'
-                # ratios alone gives (ratio, queue time, id)
+                # ``members`` is in rank-time order, so a stable sort by the owners' ratios alone
+                # gives (ratio, rank time, id)
                 of_user = self._by_vc.get(vc_name, {})
                 keys = [of_user.get(u, 0.0) for u in map(_USER, members)]
                 cap = vc.fair_share_max_wait_s if vc is not None else None
@@ -160,8 +198,8 @@ class FairShare(PriorityQueueTime):
                 if min(keys) != max(keys):
                     ranked = [members[p] for p in sorted(range(len(members)), key=keys.__getitem__)]
             if (vc_name, prio) in held:
-                ranked = bind_reservations(ranked)
-            if all(a is b for a, b in zip(ranked, members)):
+                ranked = bind_reservations(ranked, by_rank)
+            if all(a is b for a, b in zip(ranked, queued)):
                 continue
             key = (vc_name, prio, phase)
             by_queue = {j.id: k for k, j in enumerate(members)}
