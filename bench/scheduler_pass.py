@@ -42,7 +42,7 @@ NOW = 200_000.0  # the pass's time
 
 
 def build_snapshot(n_jobs: int, n_nodes: int, seed: int = 42, policy: str | None = None,
-                   fair_share: bool = False) -> Snapshot:
+                   fair_share: bool = False, limit_weight: float = 0.0) -> Snapshot:
     rng = random.Random(seed)
     n_domains = max(2, n_nodes // 100)
     n_vcs = max(5, n_nodes // 40)
@@ -61,6 +61,7 @@ def build_snapshot(n_jobs: int, n_nodes: int, seed: int = 42, policy: str | None
             max_job_time_s=7 * 86400,
             max_interactive_gpus=16,
             user_gpu_quota=64,
+            limit_weight=limit_weight,
         )
         for k, name in enumerate(vc_names)
     }
@@ -142,9 +143,9 @@ def keep_reservations(snap: Snapshot) -> tuple[Snapshot, int]:
 
 
 def one_point(n_jobs: int, n_nodes: int, repeat: int, policy: str | None = None, fair_share: bool = False,
-              kept: bool = False) -> dict:
+              kept: bool = False, limit_weight: float = 0.0) -> dict:
     t0 = time.perf_counter()
-    snap = build_snapshot(n_jobs, n_nodes, policy=policy, fair_share=fair_share)
+    snap = build_snapshot(n_jobs, n_nodes, policy=policy, fair_share=fair_share, limit_weight=limit_weight)
     build_s = time.perf_counter() - t0
     held = 0
     if kept:
@@ -178,6 +179,7 @@ def one_point(n_jobs: int, n_nodes: int, repeat: int, policy: str | None = None,
         "reservations": len(last.reservations),
         "policy": policy or "RF/FIFO mix",
         "fair_share": fair_share,
+        "limit_weight": limit_weight,
         "kept_reservations": held,
         "waits": len(last.waits),
         "reasons": reasons,
@@ -187,11 +189,11 @@ def one_point(n_jobs: int, n_nodes: int, repeat: int, policy: str | None = None,
 
 
 def run_point(n_jobs: int, n_nodes: int, repeat: int, policy: str | None = None, fair_share: bool = False,
-              kept: bool = False) -> dict:
+              kept: bool = False, limit_weight: float = 0.0) -> dict:
     out = subprocess.run(
         [sys.executable, __file__, "--only", str(n_jobs), str(n_nodes), "--repeat", str(repeat), "--json"]
         + (["--policy", policy] if policy else []) + (["--fair-share"] if fair_share else [])
-        + (["--kept"] if kept else []),
+        + (["--kept"] if kept else []) + (["--limit-weight", str(limit_weight)] if limit_weight else []),
         capture_output=True,
         text=True,
         check=True,
@@ -240,11 +242,14 @@ def main() -> None:
     ap.add_argument("--kept", action="store_true",
                     help="time the next pass: the jobs a first pass gave a reservation hold it (backfill keeps "
                          "reservations until their jobs start)")
+    ap.add_argument("--limit-weight", type=float, default=0.0, metavar="W",
+                    help="every VC ranks its jobs by queue time + W x limit (shorter limits first); 0: off")
     ap.add_argument("--curve", nargs="*", type=int, default=None, metavar="PENDING NODES",
                     help="pairs of points instead of the default curve, e.g. --curve 20000 2000 100000 10000")
     args = ap.parse_args()
     if args.only:
-        point = one_point(args.only[0], args.only[1], args.repeat, args.policy, args.fair_share, args.kept)
+        point = one_point(args.only[0], args.only[1], args.repeat, args.policy, args.fair_share, args.kept,
+                          args.limit_weight)
         print(json.dumps(point) if args.json else json.dumps(point, indent=1))
         return
     print(
@@ -253,7 +258,7 @@ def main() -> None:
     )
     curve = CURVE if not args.curve else list(zip(args.curve[::2], args.curve[1::2]))
     for n_jobs, n_nodes in curve:
-        p = run_point(n_jobs, n_nodes, args.repeat, args.policy, args.fair_share, args.kept)
+        p = run_point(n_jobs, n_nodes, args.repeat, args.policy, args.fair_share, args.kept, args.limit_weight)
         print(
             f"{p['pending']:>8} {p['nodes']:>6} {p['running']:>8} {p['pass_median_s']:>8.3f} {p['pass_cpu_median_s']:>7.3f} "
             f"{p['placements']:>7} {p['placements_per_s']:>13.0f} {p['stops']:>6} {p['peak_rss_mib']:>13.1f} "
