@@ -20,20 +20,20 @@ newer work of users who have used something, and by queue time among the jobs so
 bound a heavy user's gang waited behind every lighter colleague's job for as long as they kept
 submitting (a 48-GPU job 230 h on ``bench/traces/production_28d.csv`` under RF).
 
-In a backfill VC no job submitted after a job that holds a reservation (``Job.reserved``) is
-ranked ahead of it (``bind_reservations``): a reservation is kept until its job starts, whatever
-fair share says of its owner by then.
+In a backfill VC no job submitted after a job that holds a reservation (``Job.reserved``) is ranked
+ahead of it (``bind_reservations``; with ``limit_weight``, no job ranked after it): a reservation is
+kept until its job starts, whatever fair share says of its owner by then.
 
 Shorter limits first, where a VC sets ``limit_weight`` (w > 0): inside each (VC, priority) group,
 jobs rank by *rank time* where the above says queue time: the queue time plus w x the effective
 limit (``max_time_s``, else the VC's ``max_job_time_s``; counted up to ``LIMIT_RANK_CAP_S``, which a
 job without a limit counts too); a reservation binds the jobs ranked after it
-(``bind_reservations``), so a job with a shorter limit submitted after it may still go first, but only for w x the
-reserved job's limit after that job's queue time (rank times do not change). With w = 0.25 a 1-hour job ranks
-as if queued 15 minutes later and a 7-day job 42 hours later: the short job goes first unless the
-long one has waited about that much longer. This is Slurm's incentive for honest limits, and it
-serves a VC's quota to its short gangs before the long work that drains it for days
-(docs/benchmarks.md). The bound ``fair_share_max_wait_s`` still counts from the queue time.
+(``bind_reservations``), so a job with a shorter limit submitted after it may still go first, but
+only for w x the reserved job's limit after that job's queue time (rank times do not change).
+With w = 0.25 a 1-hour job ranks as if queued 15 minutes later and a 7-day job 42 hours later: the short
+job goes first unless the long one has waited about that much longer. This is Slurm's incentive for
+honest limits, and it serves a VC's quota to its short gangs before the long work that drains it for
+days (docs/benchmarks.md). The bound ``fair_share_max_wait_s`` still counts from the queue time.
 
 ``revise_waits`` runs after the pass: a job that waits while a later-submitted job of another user
 of its VC and priority, moved ahead of it by fair share, started in this pass gets reason
@@ -82,12 +82,12 @@ def rank_key(vc: Vc | None) -> RankKey:
 def bind_reservations(ranked: list[Job], key: RankKey = _queue_key) -> list[Job]:
     """``ranked`` (one VC and priority, in fair-share order) with every job after a job that holds a
     reservation (``Job.reserved``) by ``key`` (queue time; rank time where the VC weighs limits)
-    moved behind that job: a reservation, once given,
-    binds all later work whatever its owner's use. Without it every new job of a colleague who
-    used less was ranked ahead of a heavy user's reserved gang, started on the quota the
-    reservation counted on, and moved its estimate out, pass after pass. Older jobs keep the
-    fair-share order (a requeued job goes back to the head); a job held back follows the last
-    reserved job it waited for, and the held-back jobs keep their fair-share order among themselves."""
+    moved behind that job: a reservation, once given, binds all later work whatever its owner's use.
+    Without it every new job of a colleague who used less was ranked ahead of a heavy user's
+    reserved gang, started on the quota the reservation counted on, and moved its estimate out, pass
+    after pass. Older jobs keep the fair-share order (a requeued job goes back to the head); a job
+    held back follows the last reserved job it waited for, and the held-back jobs keep their
+    fair-share order among themselves."""
     held = sorted((j for j in ranked if j.reserved), key=key)
     if not held:
         return ranked
