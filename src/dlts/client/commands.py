@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 import os
 import shlex
 import sys
@@ -1067,13 +1066,12 @@ def _none_or(text: str, flag: str, parse: Callable[[str], N]) -> N | None:
 
 
 def _weight(text: str) -> float:
+    from dlts.strict import decimal  # ASCII digits only ("nan", "inf" and "1e400" are refused)
+
     try:
-        value = float(text)
+        return decimal(text)  # the API checks the range (and names the flag's field)
     except ValueError:
         raise ValueError(f"{text!r} is not a number or 'none'") from None
-    if not math.isfinite(value):
-        raise ValueError(f"{text!r} is not a number or 'none'")
-    return value  # the API checks the range (and names the flag's field)
 
 
 def _whole_number(text: str) -> int:

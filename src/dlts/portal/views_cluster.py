@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime as dt
-import math
 from dataclasses import replace
 from typing import Any
 
@@ -19,7 +18,7 @@ from dlts.services import cluster as cluster_service
 from dlts.services import nodes as node_service
 from dlts.services import storage as storage_service
 from dlts.services import vcs as vc_service
-from dlts.strict import is_whole_number, whole_number_or_none
+from dlts.strict import decimal, is_whole_number, whole_number_or_none
 
 S = JobStatus
 SETTING_HELP = {
@@ -126,13 +125,10 @@ def _scheduling_from_form() -> dict[str, Any]:
     if "limit_weight" in request.form:
         text = request.form["limit_weight"].strip()
         try:
-            weight = None if text == "" else float(text)
+            changes["limit_weight"] = None if text == "" else decimal(text)  # the service checks the range
         except ValueError:
-            weight = math.nan
-        if weight is not None and not math.isfinite(weight):
             raise InvalidInput("limit_weight is a number (e.g. 0.25), or empty for the default.",
-                               details={"field": "limit_weight"})
-        changes["limit_weight"] = weight  # the service checks the range
+                               details={"field": "limit_weight"}) from None
     return changes
 
 
