@@ -18,7 +18,11 @@ HTTP through an ordinary kubeconfig. What it owns:
 * the pod log endpoint (``container``, ``timestamps`` in RFC 3339 nano, ``sinceTime`` in whole
   seconds as it reaches the kubelet, ``sinceSeconds``, ``tailLines``, ``limitBytes``; 400 for a
   container that has not started) serving what the fake containers printed (``echo`` in their
-  program, or ``FakeKubeApiServer.print_output``);
+  program, or ``FakeKubeApiServer.print_output``) as text/plain, after the server's content
+  negotiation: an ``Accept`` header none of whose entries is application/json, application/yaml,
+  application/vnd.kubernetes.protobuf, ``application/*`` or ``*/*`` (``text/plain`` alone) is a
+  406 NotAcceptable Status;
+* ``/version`` for the ``version`` the server is made with (default ``v1.30.0-dlts-fake``);
 * a scheduler (``FakeScheduler``) that binds pods without ``nodeName`` by kube-scheduler's filters
   (unschedulable nodes, taints incl. not-ready, node affinity with ``matchFields metadata.name``,
   resource fit against allocatable minus bound pods) or leaves them Pending with PodScheduled
@@ -28,7 +32,11 @@ HTTP through an ordinary kubeconfig. What it owns:
   allocated), an update that omits a port's ``nodePort`` keeps the one the port *of the same name*
   had, ``clusterIP`` is kept across updates, and the port list is validated (names, duplicates,
   at least one port); a full range is a 500 "failed to allocate a nodePort", as from the real one;
-* a simulated kubelet (``FakeKubelet``) that pulls images from a table of known images and their
+* a simulated kubelet (``FakeKubelet``) of that version that first admits each pod by its sysctls
+  (only the "safe" sysctls of that version, none of a namespace shared with the host; else the pod
+  is Failed, reason SysctlForbidden, message ``Pod forbidden sysctl: "NAME" not whitelisted`` as
+  from 1.20, "not allowlisted" from 1.22, "Pod was rejected: ..." from 1.26, and nothing of it
+  starts), pulls images from a table of known images and their
   files (``ImageTable``: busybox has ``/bin/busybox`` and ``/bin/sh``; python:3.11, pytorch/pytorch,
   debian:12 have ``/bin/sh`` and no busybox or tini; distroless has no shell; anything else is
   ErrImagePull then ImagePullBackOff), runs init containers in order (a command that needs a file
@@ -83,7 +91,7 @@ compacted resourceVersion) over chunked HTTP until ``timeoutSeconds``.
 
 Limits (documented, not hidden): no admission beyond the validations named above (no
 PriorityClass lookup: a pod's ``preemptionPolicy`` is taken as given; no quota), no kubelet
-admission of pods bound with ``nodeName`` (they run even when they do not fit), init containers
+admission but of sysctls (pods bound with ``nodeName`` run even when they do not fit), init containers
 run once (``restartPolicy`` is taken as Never), the shell runs no real program (file contents are
 not modelled: ``awk`` and ``cat`` only need their inputs to exist), and only core/v1 and
 networking.k8s.io/v1.
@@ -129,6 +137,57 @@ _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 _CONFIG_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
 NODE_PORT_RANGE = (30000, 32767)  # the apiserver's default --service-node-port-range
 CONFIGMAP_MAX_BYTES = 1024 * 1024
+DEFAULT_VERSION = "v1.30.0-dlts-fake"
+# What an API server's answer to an Accept header may name (its serializers), and the ranges
+# that cover one of them; parameters (";q=", ";as=") are not looked at.
+ACCEPTABLE_MEDIA_RANGES = frozenset({"application/json", "application/yaml", "application/vnd.kubernetes.protobuf",
+                                     "application/*", "*/*"})
+# The kubelet's "safe" sysctls (pkg/kubelet/sysctl/safe_sysctls.go), allowed without
+# --allowed-unsafe-sysctls: name -> (the first minor version of 1.x that has it, its namespace).
+# The kernel version each needs is taken as met.
+SAFE_SYSCTLS = {
+    "kernel.shm_rmid_forced": (0, "ipc"),
+    "net.ipv4.ip_local_port_range": (0, "net"),
+    "net.ipv4.tcp_syncookies": (0, "net"),
+    "net.ipv4.ping_group_range": (18, "net"),
+    "net.ipv4.ip_unprivileged_port_start": (22, "net"),
+    "net.ipv4.ip_local_reserved_ports": (27, "net"),
+    "net.ipv4.tcp_keepalive_time": (29, "net"),
+    "net.ipv4.tcp_fin_timeout": (29, "net"),
+    "net.ipv4.tcp_keepalive_intvl": (29, "net"),
+    "net.ipv4.tcp_keepalive_probes": (29, "net"),
+    "net.ipv4.tcp_rmem": (32, "net"),
+    "net.ipv4.tcp_wmem": (32, "net"),
+}
+_GIT_VERSION = re.compile(r"^v(\d+)\.(\d+)(\.\d+)?(-[^+]*)?(\+.*)?$")
+
+
+def _git_version(git_version: str) -> re.Match[str]:
+    match = _GIT_VERSION.match(git_version)
+    if not match:
+        raise ValueError(f"not a Kubernetes gitVersion: {git_version!r}")
+    return match
+
+
+def parse_version(git_version: str) -> tuple[int, int]:
+    """(major, minor) of a gitVersion such as "v1.20.2" or "v1.30.0-dlts-fake"."""
+    match = _git_version(git_version)
+    return int(match[1]), int(match[2])
+
+
+def version_info(git_version: str) -> dict[str, str]:
+    """``GET /version`` as a server built at ``git_version`` answers it: hack/lib/version.sh
+    makes major and minor from it, minor with a "+" when a pre-release suffix ("-...") follows."""
+    match = _git_version(git_version)
+    return {"major": match[1], "minor": match[2] + ("+" if match[4] else ""), "gitVersion": git_version}
+
+
+def acceptable(accept: str | None) -> bool:
+    """Whether an ``Accept`` header lets the API server answer (no header, or any entry it serves)."""
+    if accept is None or not accept.strip():
+        return True
+    ranges = {entry.split(";", 1)[0].strip().lower() for entry in accept.split(",")}
+    return bool(ranges & ACCEPTABLE_MEDIA_RANGES)
 
 
 def rfc3339(t: float) -> str:
@@ -2351,21 +2410,25 @@ class _PodRun:
     printed: int = 0  # lines of the running container's output already logged
     pulls: dict[str, int] | None = None  # image -> failed pull attempts
     start_error: str = ""  # why the running init container could not be started
+    admitted: bool = False  # the kubelet's admission (sysctls) has let the pod in
 
 
 class FakeKubelet:
     """Runs pods on the fake nodes: one ``tick()`` applies every transition due at the clock's now.
 
-    In order, as a kubelet does: pull each init container's image and run the init containers one
-    after another (each must exit 0; one that fails fails the pod, ``restartPolicy: Never``), then
-    pull the containers' images, check their security context, start them (the entry binary must
-    exist in the image or a mounted volume) and run the first container's program.
+    In order, as a kubelet does: admit the pod (its sysctls must be "safe" ones of this kubelet's
+    ``version``; a pod it rejects fails at once), pull each init container's image and run the init
+    containers one after another (each must exit 0; one that fails fails the pod, ``restartPolicy:
+    Never``), then pull the containers' images, check their security context, start them (the entry
+    binary must exist in the image or a mounted volume) and run the first container's program.
     """
 
-    def __init__(self, store: Store, clock: Callable[[], float], images: ImageTable | None = None) -> None:
+    def __init__(self, store: Store, clock: Callable[[], float], images: ImageTable | None = None,
+                 version: str = DEFAULT_VERSION) -> None:
         self.store = store
         self.clock = clock
         self.images = images or ImageTable()
+        self.version = parse_version(version)  # (major, minor) of the kubelet (and its API server)
         self.scheduler = FakeScheduler(store, clock)
         self._runs: dict[str, _PodRun] = {}  # pod uid -> its run
 
@@ -2398,6 +2461,44 @@ class FakeKubelet:
             if address.get("type") == "InternalIP":
                 return str(address["address"])
         return ""
+
+    # -- admission ---------------------------------------------------------------------------------
+
+    def _forbidden_sysctl(self, pod: dict) -> str:
+        """Why the kubelet's sysctl admission handler rejects the pod ("" when it admits it): the
+        first sysctl of ``spec.securityContext.sysctls`` that is not a safe one of this version (no
+        --allowed-unsafe-sysctls), or a safe one of a namespace the pod shares with the host."""
+        spec = pod.get("spec") or {}
+        allowlist = "allowlisted" if self.version >= (1, 22) else "whitelisted"
+        for sysctl in (spec.get("securityContext") or {}).get("sysctls") or []:
+            name = str(sysctl.get("name") or "")
+            quoted = json.dumps(name)  # Go's %q
+            if name not in SAFE_SYSCTLS or self.version < (1, SAFE_SYSCTLS[name][0]):
+                return f"forbidden sysctl: {quoted} not {allowlist}"
+            namespace = SAFE_SYSCTLS[name][1]
+            if spec.get({"net": "hostNetwork", "ipc": "hostIPC"}[namespace]):
+                return f"forbidden sysctl: {quoted} not allowed with host {namespace} enabled"
+        return ""
+
+    def _admit(self, pod: dict, run: _PodRun, now: float) -> bool:
+        """The kubelet's admission of a pod bound to its node, before anything of it starts. A
+        rejected pod is Failed with the handler's reason and message (kubelet's ``rejectPod``)."""
+        if run.admitted:
+            return True
+        message = self._forbidden_sysctl(pod)
+        if not message:
+            run.admitted = True
+            return True
+        prefix = "Pod was rejected: " if self.version >= (1, 26) else "Pod "
+
+        def reject(o: dict) -> None:
+            st = o["status"]
+            st.update(phase="Failed", reason="SysctlForbidden", message=prefix + message)
+            st.setdefault("startTime", rfc3339(now))
+
+        self._set_status(pod, reject)
+        self._event(pod, "SysctlForbidden", message, "Warning")
+        return False
 
     # -- files, images, security ------------------------------------------------------------------
 
@@ -2514,6 +2615,8 @@ class FakeKubelet:
         if run is None:
             run = self._runs[uid] = _PodRun({v["name"]: set() for v in spec.get("volumes") or [] if "emptyDir" in v})
         if phase == "Pending":
+            if not self._admit(pod, run, now):
+                return
             delay = float((meta.get("annotations") or {}).get("fake.dlts.io/start-delay-s", 0))
             created = dt.datetime.strptime(meta["creationTimestamp"], "%Y-%m-%dT%H:%M:%SZ").replace(
                 tzinfo=dt.UTC).timestamp()
@@ -2789,7 +2892,7 @@ class _Handler(BaseHTTPRequestHandler):
             query = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
             segs = [unquote(s) for s in parts.path.strip("/").split("/") if s]
             if segs in (["version"],):
-                self._send(200, {"major": "1", "minor": "30", "gitVersion": "v1.30.0-dlts-fake"})
+                self._send(200, version_info(api.version))
                 return
             if segs[:2] == ["api", "v1"]:
                 group_version, segs = "v1", segs[2:]
@@ -2831,6 +2934,11 @@ class _Handler(BaseHTTPRequestHandler):
                                                 query.get("labelSelector", ""), query.get("fieldSelector", ""),
                                                 limit=max(0, limit), continue_token=query.get("continue", "")))
             elif method == "GET" and sub == "log":
+                # the output media type is negotiated before the pod is looked up: a log is sent
+                # as text/plain, but only to a request that accepts one of the serializers' types
+                if not acceptable(self.headers.get("Accept")):
+                    raise ApiError(406, "NotAcceptable", "only the following media types are accepted: "
+                                   "application/json, application/yaml, application/vnd.kubernetes.protobuf")
                 self._send(200, store.read_log(ns, name, query), content_type="text/plain")
             elif method == "GET":
                 self._send(200, store.get(resource, ns, name))
@@ -2963,14 +3071,19 @@ class _HttpServer(ThreadingHTTPServer):
 
 
 class FakeKubeApiServer:
-    """Start with ``with FakeKubeApiServer() as api:``; ``api.write_kubeconfig(path)`` for the client."""
+    """Start with ``with FakeKubeApiServer() as api:``; ``api.write_kubeconfig(path)`` for the client.
+
+    ``version``: the cluster's Kubernetes version (a gitVersion, "v1.20.2"): what ``/version``
+    reports and what the kubelet admits (its safe sysctls, its words).
+    """
 
     def __init__(self, clock: FakeClock | None = None, token: str = "dlts-test-token",
-                 node_port_range: tuple[int, int] = NODE_PORT_RANGE) -> None:
+                 node_port_range: tuple[int, int] = NODE_PORT_RANGE, version: str = DEFAULT_VERSION) -> None:
         self.clock = clock or FakeClock()
         self.token = token
+        self.version = version
         self.store = Store(self.clock, node_port_range=node_port_range)
-        self.kubelet = FakeKubelet(self.store, self.clock)
+        self.kubelet = FakeKubelet(self.store, self.clock, version=version)
         self.images = self.kubelet.images  # what the container runtime can pull (``images.add``)
         self.requests: Counter[tuple[str, str]] = Counter()
         self._faults: list[tuple[int, set[str] | None, set[str] | None]] = []

@@ -7,7 +7,7 @@ from conftest import GIB, affinity_node, env_of, make_spec
 
 from dlts.backends.base import EndpointSpec, RegistryCredential, RunPhase
 from dlts.backends.k8s_render import LaunchRefused
-from dlts.backends.kubernetes import CordonResult, KubernetesUnavailable, NodeNotFound
+from dlts.backends.kubernetes import CordonResult, KubernetesRefused, KubernetesUnavailable, NodeNotFound
 from dlts.jobmanager.manager import launch_all
 
 
@@ -341,10 +341,12 @@ def test_a_refusal_by_the_api_server_is_a_launch_refusal_with_its_message(api, b
     assert len(api.pods()) == 1
 
 
-def test_an_unexpected_refusal_elsewhere_is_unavailability_with_the_message(api, backend):
+def test_an_unexpected_refusal_elsewhere_is_a_refusal_with_the_message_and_no_back_off(api, backend):
     api.fail_next(1, 403, verbs={"list"})
-    with pytest.raises(KubernetesUnavailable, match="HTTP 403.*Forbidden"):
+    with pytest.raises(KubernetesRefused, match="HTTP 403 Forbidden.*injected fault") as refused:
         backend.observe()
+    assert refused.value.status == 403
+    backend.observe()  # the server answered: no back-off, the next call goes out
 
 
 def test_the_kubeconfig_token_hook_runs_at_most_once_a_second(api, kubeconfig, monkeypatch):

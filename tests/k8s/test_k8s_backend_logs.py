@@ -6,7 +6,7 @@ import pytest
 from conftest import LOG_MAX_BYTES, make_spec
 
 from dlts.backends.base import RunPhase
-from dlts.backends.kubernetes import KubernetesUnavailable
+from dlts.backends.kubernetes import KubernetesRefused
 from dlts.backends.kubernetes.logcopy import cursor_path
 from dlts.logstore import iter_log
 
@@ -91,7 +91,7 @@ def test_forget_keeps_the_pods_while_their_log_cannot_be_read(api, backend, log_
         raise ApiException(status=500, reason="Internal Server Error")
 
     monkeypatch.setattr(backend.api, "pod_log", refuse)
-    with pytest.raises(KubernetesUnavailable, match="cannot read the log of pod dlts-5-1-0"):
+    with pytest.raises(KubernetesRefused, match="cannot read the log of pod dlts-5-1-0"):
         backend.forget(5, 1)
     assert len(api.pods()) == 1
     monkeypatch.undo()

@@ -6,6 +6,7 @@ Each case goes through the official ``kubernetes`` client over HTTP, as the back
 from __future__ import annotations
 
 import base64
+import http.client
 import json
 
 import pytest
@@ -13,7 +14,7 @@ from conftest import make_spec  # tests/k8s/conftest.py, imported at collection 
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from tests.fakes.kube_apiserver import parse_script
+from tests.fakes.kube_apiserver import FakeKubeApiServer, parse_script
 
 
 @pytest.fixture
@@ -719,3 +720,98 @@ def test_what_a_script_leaves_behind_is_created_minus_removed():
                           files("/bin/busybox", "/rt/../bin/busybox", dirs=("/rt",)))
     assert parsed.exit_code == 0
     assert set(parsed.created) == {"/rt/p", "/rt/busybox"} and "/rt/p.new" in parsed.removed
+
+
+# -- content negotiation, versions and the kubelet's sysctl admission --------------------------------
+
+
+def raw_get(api, path: str, accept: str | None) -> tuple[int, str, bytes]:
+    """GET ``path`` with this ``Accept`` header (None: none at all), as a bare HTTP client sends it."""
+    host, port = api.url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=10)
+    try:
+        headers = {"Authorization": f"Bearer {api.token}"} | ({"Accept": accept} if accept is not None else {})
+        conn.request("GET", path, headers=headers)
+        response = conn.getresponse()
+        return response.status, response.getheader("Content-Type") or "", response.read()
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("accept", [None, "application/json", "*/*", "text/plain, */*", "application/*",
+                                    "application/yaml;q=0.9", "text/plain;q=0.5, application/vnd.kubernetes.protobuf"])
+def test_the_log_endpoint_sends_plain_text_to_an_acceptable_accept_header(api, v1, accept):
+    v1.create_namespaced_pod("default", pod("a", command="echo hi; sleep 5"))
+    api.kubelet.tick()
+    assert raw_get(api, "/api/v1/namespaces/default/pods/a/log", accept) == (200, "text/plain", b"hi\n")
+
+
+@pytest.mark.parametrize("accept", ["text/plain", "text/plain;charset=utf-8", "text/*", "application/octet-stream"])
+def test_the_log_endpoint_is_406_not_acceptable_for_text_plain_alone(api, v1, accept):
+    v1.create_namespaced_pod("default", pod("a", command="echo hi; sleep 5"))
+    api.kubelet.tick()
+    # the output media type is negotiated before the pod is looked up: a missing pod is 406 too
+    for name in ("a", "missing"):
+        code, content_type, body = raw_get(api, f"/api/v1/namespaces/default/pods/{name}/log", accept)
+        assert (code, content_type) == (406, "application/json")
+        assert json.loads(body) == {
+            "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": "only the following media types are accepted: application/json, application/yaml, "
+                       "application/vnd.kubernetes.protobuf",
+            "reason": "NotAcceptable", "code": 406}
+
+
+@pytest.mark.parametrize("version,expected", [
+    ("v1.20.2", {"major": "1", "minor": "20", "gitVersion": "v1.20.2"}),
+    ("v1.27.3-gke.100", {"major": "1", "minor": "27+", "gitVersion": "v1.27.3-gke.100"}),
+    (None, {"major": "1", "minor": "30+", "gitVersion": "v1.30.0-dlts-fake"}),
+])
+def test_version_reports_the_configured_version(version, expected):
+    with FakeKubeApiServer(**({"version": version} if version else {})) as server:
+        code, _, body = raw_get(server, "/version", "application/json")
+        assert (code, json.loads(body)) == (200, expected)
+
+
+def sysctl_pod(name: str, sysctl: str, **spec) -> dict:
+    body = pod(name, command="echo up; sleep 5")
+    body["spec"].update(securityContext={"sysctls": [{"name": sysctl, "value": "22"}]}, **spec)
+    return body
+
+
+FORBIDDEN = "forbidden sysctl: \"net.ipv4.ip_unprivileged_port_start\""
+
+
+@pytest.mark.parametrize("version,sysctl,spec,message", [
+    # measured on a real v1.20.2 cluster
+    ("v1.20.2", "net.ipv4.ip_unprivileged_port_start", {}, f"Pod {FORBIDDEN} not whitelisted"),
+    ("v1.20.2", "net.ipv4.ip_local_port_range", {}, None),
+    ("v1.20.2", "net.ipv4.ping_group_range", {}, None),  # safe from 1.18
+    ("v1.17.0", "net.ipv4.ping_group_range", {}, 'Pod forbidden sysctl: "net.ipv4.ping_group_range" not whitelisted'),
+    ("v1.22.0", "net.ipv4.ip_unprivileged_port_start", {}, None),
+    ("v1.24.1", "net.core.somaxconn", {}, 'Pod forbidden sysctl: "net.core.somaxconn" not allowlisted'),
+    (None, "net.ipv4.ip_unprivileged_port_start", {}, None),  # the default 1.30: what every other test runs
+    (None, "kernel.msgmax", {}, 'Pod was rejected: forbidden sysctl: "kernel.msgmax" not allowlisted'),
+    (None, "net.ipv4.ip_unprivileged_port_start", {"hostNetwork": True},
+     f"Pod was rejected: {FORBIDDEN} not allowed with host net enabled"),
+], ids=["1.20-unprivileged-port", "1.20-safe", "1.20-ping-group", "1.17-ping-group", "1.22-unprivileged-port",
+        "1.24-unsafe", "default-unprivileged-port", "default-unsafe", "default-host-network"])
+def test_the_kubelet_admits_only_the_safe_sysctls_of_its_version(tmp_path, version, sysctl, spec, message):
+    with FakeKubeApiServer(**({"version": version} if version else {})) as server:
+        server.add_node("n1")
+        api_client = config.new_client_from_config(config_file=str(server.write_kubeconfig(tmp_path / "kc")))
+        v1 = client.CoreV1Api(api_client)
+        v1.create_namespaced_pod("default", sysctl_pod("a", sysctl, **spec))
+        server.run_until_idle(2)
+        status = v1.read_namespaced_pod("a", "default").status
+        if message is None:
+            assert status.phase == "Running" and status.container_statuses[0].state.running is not None
+            assert v1.read_namespaced_pod_log("a", "default") == "up\n"
+        else:
+            # rejected at admission: Failed at once, and no container ever started
+            assert (status.phase, status.reason, status.message) == ("Failed", "SysctlForbidden", message)
+            assert not status.container_statuses and not status.init_container_statuses
+            events = [e for e in v1.list_namespaced_event("default").items if e.reason == "SysctlForbidden"]
+            detail = message.removeprefix("Pod was rejected: ").removeprefix("Pod ")  # the event has no prefix
+            assert [(e.type, e.message) for e in events] == [("Warning", detail)]
+            assert server.pods()[0]["status"]["phase"] == "Failed"
+        api_client.close()

@@ -51,6 +51,14 @@ class BackendUnavailable(RuntimeError):
     """The cluster did not answer (timeout, 5xx, back-off): transient, the next tick tries again."""
 
 
+class BackendRefused(RuntimeError):
+    """The cluster answered one request about one attempt or object with a refusal (a missing
+    permission, a media type it does not serve, a conflict, a pod whose node cannot be reached).
+
+    It costs that attempt's step, never the tick: the job manager records the refusal on the job in
+    words and carries on with the other jobs; the step is tried again on a later tick."""
+
+
 class RunPhase(str, enum.Enum):
     PENDING = "pending"  # created, not yet running (image pull, init)
     RUNNING = "running"

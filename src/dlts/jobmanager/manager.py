@@ -26,6 +26,12 @@ between any two steps is finished by the next tick.
 
 Times of attempts (created, started) come from the manager's clock, never from the backend's
 (a process's or container's start time is rounded and may precede the submission).
+
+A refusal about one attempt (``BackendRefused``: its log cannot be read, a deletion or a stop is
+forbidden) costs that attempt's step and never the tick: the refusal goes on the job as a
+``cluster`` event in words (once per distinct message), the step is tried again next tick, and the
+other jobs are observed, stopped and scheduled as usual. Only a cluster that does not answer at all
+(``BackendUnavailable``), or whose nodes or pods cannot be listed, skips a tick.
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ from sqlalchemy.orm import Session
 
 from dlts import metrics
 from dlts.backends.base import (
+    BackendRefused,
     BackendUnavailable,
     ClusterBackend,
     EndpointSpec,
@@ -84,6 +91,10 @@ GC_INTERVAL_S = 60.0  # how often the backend's objects are checked against the 
 START_TIMEOUT = EndReason.START_TIMEOUT  # reason of an attempt that had not started after start_timeout_s
 IDENTITY = "identity"  # reason of the event a backend's launch note becomes (e.g. not run as the owner)
 REPAIR_STOPS = (EndReason.NODE_REPAIR, EndReason.NODE_LOST)  # stop_requested by the repair manager: requeue at the head
+# the steps a refusal can cost (``JobManager._attempt_step``): the reason of the job's ``cluster`` event
+CLEANUP, STOP, SCALE_DOWN = "cleanup", "stop", "scale_down"
+STEP_WORDS = {CLEANUP: "the ended attempt's pods are kept until their output is copied and they can be deleted",
+              STOP: "the cluster did not stop the attempt's pods yet", SCALE_DOWN: "replicas not removed yet"}
 KEPT_PAUSE_REASONS = (EndReason.IDLE_GPUS,)  # a PAUSING job with this reason keeps it (and its detail) once paused
 
 
@@ -117,6 +128,7 @@ class JobManager:
         self.last_decisions: Decisions | None = None
         self._next_gc = 0.0
         self._next_log_sync = 0.0
+        self._refusals: dict[tuple[int, int, str], str] = {}  # the refusal last noted per (job, attempt, step)
 
     # -- the tick -------------------------------------------------------------------------------
     def tick(self) -> Decisions:
@@ -140,6 +152,10 @@ class JobManager:
         except BackendUnavailable as exc:  # the step it broke rolled back; close() ends the rest
             metrics.TICK_ERRORS.labels("backend_unavailable").inc()
             log.warning("cluster unavailable, tick skipped: %s", exc)
+            return Decisions()
+        except BackendRefused as exc:  # the nodes or the pods themselves cannot be read: nothing to go on
+            metrics.TICK_ERRORS.labels("backend_refused").inc()
+            log.error("the cluster refused to list its nodes or pods, tick skipped: %s", exc)
             return Decisions()
         except Exception:
             metrics.TICK_ERRORS.labels("exception").inc()
@@ -217,13 +233,33 @@ class JobManager:
                 continue
             if job.type == JobType.INFERENCE and attempt is not None:
                 self._reconcile_replicas(session, job, attempt, seen)
-        # objects the backend holds that no live attempt explains: a crash left them, or the DB moved on
+        # objects the backend holds that no live attempt explains: a crash left them, the DB moved on,
+        # or an ended attempt whose objects the cluster refused to let go of on an earlier tick
         for key, seen in observed.items():
             if key not in live:
                 if seen.phase in (RunPhase.PENDING, RunPhase.RUNNING):
-                    self.backend.terminate(key[0], key[1], 0)
+                    self._attempt_step(session, key, STOP, self.backend.terminate, key[0], key[1], 0)
                 else:
-                    self.backend.forget(*key)
+                    self._attempt_step(session, key, CLEANUP, self.backend.forget, *key)
+
+    def _attempt_step(self, session: Session, key: tuple[int, int], what: str, fn: Callable[..., object],
+                      *args: object) -> bool:
+        """One backend call for one attempt (``forget``, ``terminate``, ``remove_replicas``). A refusal
+        costs this step only: it is logged, put on the job as a ``cluster`` event (once per distinct
+        message), and the call is made again on a later tick. True when it went through."""
+        try:
+            fn(*args)
+        except BackendRefused as exc:
+            message = f"{STEP_WORDS[what]}: {exc}"[:1024]
+            log.warning("job %s attempt %s: %s", key[0], key[1], message)
+            if self._refusals.get((*key, what)) != message:
+                self._refusals[(*key, what)] = message
+                with step(session):
+                    if session.get(Job, key[0]) is not None:
+                        job_repo.add_event(session, key[0], EventKind.CLUSTER, reason=what, message=message, actor=ACTOR)
+            return False
+        self._refusals.pop((*key, what), None)
+        return True
 
     def _now(self) -> dt.datetime:
         return from_epoch(self.clock())
@@ -279,7 +315,8 @@ class JobManager:
             replicas = replicas_from_json(attempt.placements)
         unsignalled = [r.index for r in replicas if r.retiring and r.index not in seen.retiring]
         if unsignalled:
-            self.backend.remove_replicas(job.id, attempt.number, unsignalled, self.settings.preempt_grace_s)
+            self._attempt_step(session, (job.id, attempt.number), SCALE_DOWN, self.backend.remove_replicas, job.id,
+                               attempt.number, unsignalled, self.settings.preempt_grace_s)
         missing = [r.index for r in replicas if not r.retiring and r.index not in seen.replicas]
         if missing and job.status in (S.SCHEDULING, S.RUNNING) and attempt.stop_requested is None:
             log.info("job %s attempt %s: creating missing replicas %s", job.id, attempt.number, _list(missing))
@@ -328,7 +365,7 @@ class JobManager:
                 values |= {"finished_at": ended_at, "reason": START_TIMEOUT, "reason_detail": cause[:512]}
                 said = f"not started within {limit:g} s ({cause})"
             seen = Observed(job.id, job.attempt, RunPhase.FAILED, message=said[:1024])
-            self.backend.terminate(job.id, job.attempt, 0)
+            self._attempt_step(session, (job.id, job.attempt), STOP, self.backend.terminate, job.id, job.attempt, 0)
         elif seen is not None and seen.node_lost:
             target, reason = S.QUEUED, EndReason.NODE_LOST
             values |= {"reason": EndReason.NODE_LOST, "reason_detail": seen.message or "the node was lost"}
@@ -357,7 +394,9 @@ class JobManager:
                 attempt.spends_retry = spends_retry
                 if attempt.started_at is None and seen is not None and seen.started_at:
                     attempt.started_at = self._started_before_seen(job, attempt, seen, ended_at)
-        self.backend.forget(job.id, job.attempt)
+        # refused (its log cannot be read yet): the objects stay, and the orphan pass of a later tick
+        # tries again; the job has ended either way
+        self._attempt_step(session, (job.id, job.attempt), CLEANUP, self.backend.forget, job.id, job.attempt)
 
     @staticmethod
     def _started_before_seen(job: Job, attempt: JobAttempt | None, seen: Observed, ended_at: dt.datetime) -> dt.datetime:
@@ -379,15 +418,15 @@ class JobManager:
 
     # -- user requests ----------------------------------------------------------------------------
     def carry_out_requests(self, session: Session, observed: dict[tuple[int, int], Observed]) -> None:
-        for job in session.scalars(sa.select(Job).where(Job.status.in_([S.KILLING, S.PAUSING]))):
-            if (job.id, job.attempt) in observed:
-                self.backend.terminate(job.id, job.attempt, self.settings.preempt_grace_s)
+        stopping = list(session.execute(sa.select(Job.id, Job.attempt).where(Job.status.in_([S.KILLING, S.PAUSING]))))
         # jobs the repair manager drains (managers/repair.py writes stop_requested; only we touch the cluster)
-        for job_id, number in session.execute(sa.select(JobAttempt.job_id, JobAttempt.number).join(
-                Job, sa.and_(Job.id == JobAttempt.job_id, Job.attempt == JobAttempt.number)).where(
-                Job.status.in_([S.SCHEDULING, S.RUNNING]), JobAttempt.stop_requested.in_(REPAIR_STOPS))):
+        stopping += session.execute(sa.select(JobAttempt.job_id, JobAttempt.number).join(
+            Job, sa.and_(Job.id == JobAttempt.job_id, Job.attempt == JobAttempt.number)).where(
+            Job.status.in_([S.SCHEDULING, S.RUNNING]), JobAttempt.stop_requested.in_(REPAIR_STOPS))).all()
+        for job_id, number in stopping:
             if (job_id, number) in observed:
-                self.backend.terminate(job_id, number, self.settings.preempt_grace_s)
+                self._attempt_step(session, (job_id, number), STOP, self.backend.terminate, job_id, number,
+                                   self.settings.preempt_grace_s)
 
     # -- endpoints --------------------------------------------------------------------------------
     def _reconcile_endpoints(self, session: Session) -> None:
@@ -548,7 +587,8 @@ class JobManager:
                 Replica(r.index, r.placement, True) if r.index in indexes else r for r in replicas)
             job_repo.add_event(session, job.id, EventKind.SCALED, reason="scale_down", actor="scheduler",
                                message=f"removing {_replicas_on(chosen)}{why}")
-        self.backend.remove_replicas(job.id, attempt.number, sorted(indexes), self.settings.preempt_grace_s)
+        self._attempt_step(session, (job.id, attempt.number), SCALE_DOWN, self.backend.remove_replicas, job.id,
+                           attempt.number, sorted(indexes), self.settings.preempt_grace_s)
 
     def _start(self, session: Session, job_id: int, placements) -> tuple[Job, JobAttempt] | None:
         """The start decision in the rows (the caller commits, then launches): the job scheduling,
@@ -624,7 +664,8 @@ class JobManager:
                                                   for r in replicas)
             job_repo.add_event(session, job.id, EventKind.SCALED, reason=EndReason.LAUNCH_ERROR, actor=ACTOR,
                                message=f"could not add replicas {_list(added)}: {exc}")
-        self.backend.remove_replicas(job.id, attempt.number, added, 0)
+        self._attempt_step(session, (job.id, attempt.number), SCALE_DOWN, self.backend.remove_replicas, job.id,
+                           attempt.number, added, 0)
 
     def _stop(self, session: Session, job_id: int, reason: StopReason) -> None:
         job = session.get(Job, job_id)
@@ -645,7 +686,9 @@ class JobManager:
                                    message="preempted to make room for a non-preemptible job")
             if attempt is not None and attempt.stop_requested is None:
                 attempt.stop_requested = reason.value
-        self.backend.terminate(job.id, job.attempt, self.settings.preempt_grace_s)
+        # refused: stop_requested is recorded, so carry_out_requests and reconcile try again next tick
+        self._attempt_step(session, (job.id, job.attempt), STOP, self.backend.terminate, job.id, job.attempt,
+                           self.settings.preempt_grace_s)
 
     def _record_waits(self, session: Session, decisions: Decisions) -> None:
         """Store each waiting job's reason and position; an event only when the reason changes."""

@@ -63,6 +63,7 @@ class EventKind(enum.StrEnum):
     CHANGE = "change"  # its owner or an admin changed it: priority, max time, tags, archived, idle exemption
     INSIGHT = "insight"  # an insight finding (idle GPUs, ...) raised, cleared or acted on
     REPAIR = "repair"  # the repair loop stopped the job to take its node out of service
+    CLUSTER = "cluster"  # the cluster refused a step for the job (its log copy, a deletion, a stop), in words
 
 
 class EndReason(enum.StrEnum):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from dlts.backends.base import EndpointSpec
 
@@ -113,9 +113,11 @@ def endpoint_problem(endpoint: EndpointSpec) -> str | None:
     return None
 
 
-def endpoint_lines(endpoints: Sequence[EndpointSpec]) -> str:
-    """The ConfigMap's ``endpoints`` file: "ID KIND PORT [SECRET_SHA256]" per line, by id."""
-    return "".join(" ".join([str(int(e.id)), e.kind, str(int(e.port))] + ([e.secret_hash] if e.secret_hash else []))
+def endpoint_lines(endpoints: Sequence[EndpointSpec], container_port: Callable[[EndpointSpec], int]) -> str:
+    """The ConfigMap's ``endpoints`` file: "ID KIND PORT [SECRET_SHA256]" per line, by id; PORT is where
+    the server listens in the container (``container_port``)."""
+    return "".join(" ".join([str(int(e.id)), e.kind, str(int(container_port(e)))]
+                            + ([e.secret_hash] if e.secret_hash else []))
                    + "\n" for e in sorted(endpoints, key=lambda e: e.id))
 
 

@@ -78,6 +78,9 @@ SUPERVISOR_TEMPLATE = "endpoint-supervisor.sh"
 INIT_RESOURCES = {"requests": {"cpu": "10m", "memory": "16Mi", "ephemeral-storage": "16Mi"},
                   "limits": {"cpu": "100m", "memory": "64Mi", "ephemeral-storage": "64Mi"}}
 RUNTIME_VOLUME_LIMIT = "64Mi"
+# net.ipv4.ip_unprivileged_port_start is a namespaced "safe" sysctl (allowed by every kubelet) from 1.22
+SAFE_PORT_SYSCTL_SINCE = (1, 22)
+SSH_CONTAINER_PORT_WITHOUT_SYSCTL = 2222  # where sshd listens in the container on older clusters
 DNS_NAMESPACE = "kube-system"
 TEMPLATES = ("pod.yaml.j2", "headless-service.yaml.j2", "endpoint-service.yaml.j2", "endpoint-configmap.yaml.j2",
              "network-policy.yaml.j2", "secret.yaml.j2", SUPERVISOR_TEMPLATE)
@@ -281,6 +284,23 @@ class ManifestRenderer:
         self._shapes: OrderedDict[str, tuple[Any, Any]] = OrderedDict()
         self._shapes_lock = threading.Lock()
         self._supervisor: str | None = None
+        # (major, minor) of the API server the objects are for; None: the newest DLTS supports. The
+        # backend sets it from the server's /version before its first launch.
+        self.server_version: tuple[int, int] | None = None
+
+    @property
+    def unprivileged_port_sysctl(self) -> bool:
+        """Whether pods may set ``net.ipv4.ip_unprivileged_port_start`` (a "safe" sysctl from
+        Kubernetes 1.22; older kubelets refuse every pod that sets it, ``SysctlForbidden``)."""
+        return self.server_version is None or self.server_version >= SAFE_PORT_SYSCTL_SINCE
+
+    def container_port(self, endpoint: EndpointSpec) -> int:
+        """The port the endpoint's server listens on in the container. ssh's endpoint port is 22;
+        where the sysctl that lets the owner bind it is not allowed, sshd listens on
+        ``SSH_CONTAINER_PORT_WITHOUT_SYSCTL`` and the Service and NetworkPolicy point there."""
+        if endpoint.kind == "ssh" and not self.unprivileged_port_sysctl:
+            return SSH_CONTAINER_PORT_WITHOUT_SYSCTL
+        return int(endpoint.port)
 
     def _render(self, template: str, context: Mapping[str, Any]) -> dict:
         values: list[str] = []
@@ -342,7 +362,8 @@ class ManifestRenderer:
         doc = self._render("endpoint-configmap.yaml.j2", {
             "name": endpoint_configmap_name(job_id, attempt), "namespace": self.settings.namespace,
             "labels": dict(labels), "annotations": dict(annotations),
-            "data": {"endpoints": endpoint_lines(endpoints), "authorized_keys": authorized_keys(ssh_public_keys),
+            "data": {"endpoints": endpoint_lines(endpoints, self.container_port),
+                     "authorized_keys": authorized_keys(ssh_public_keys),
                      "supervisor.sh": self.supervisor_script()},
         })
         self._check_ownership(doc, job_id, attempt)
@@ -359,7 +380,8 @@ class ManifestRenderer:
         doc = self._render("endpoint-service.yaml.j2", {
             "name": endpoint_service_name(job_id, attempt), "namespace": self.settings.namespace,
             "labels": dict(labels), "annotations": dict(annotations), "selector": selector,
-            "ports": [{"name": endpoint_port_name(e.id), "port": e.port, "targetPort": e.port, "protocol": "TCP"}
+            "ports": [{"name": endpoint_port_name(e.id), "port": e.port, "targetPort": self.container_port(e),
+                       "protocol": "TCP"}
                       for e in sorted(endpoints, key=lambda e: e.id)],
         })
         self._check_ownership(doc, job_id, attempt)
@@ -524,7 +546,7 @@ class ManifestRenderer:
                 "init_image": s.init_image, "init_command": list(INIT_COMMAND), "init_resources": INIT_RESOURCES,
                 "identity_init": identity_init, "command": [BUSYBOX, "sh", "-c", ENTRYPOINT],
                 "image_pull_secrets": pull_secrets, "volumes": volumes, "volume_mounts": mounts,
-                "ports": list(spec.ports),
+                "ports": list(spec.ports), "unprivileged_port_sysctl": self.unprivileged_port_sysctl,
                 "job": {"id": spec.job_id, "attempt": spec.attempt, "image": spec.image, "type": spec.type,
                         "distributed": distributed},
             })

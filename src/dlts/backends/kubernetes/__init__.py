@@ -17,11 +17,11 @@ The settings are the ``kubernetes:`` section of the configuration
 
 from dlts.backends.k8s_render import LaunchRefused, TemplateError
 from dlts.backends.k8s_settings import KubernetesSettings, PrivilegedFeature
-from dlts.backends.kubernetes.api import KubernetesUnavailable
+from dlts.backends.kubernetes.api import KubernetesRefused, KubernetesUnavailable
 from dlts.backends.kubernetes.backend import KubernetesBackend
 from dlts.backends.kubernetes.nodes import CordonResult, NodeNotFound
 
 __all__ = [
-    "CordonResult", "KubernetesBackend", "KubernetesSettings", "KubernetesUnavailable", "LaunchRefused",
+    "CordonResult", "KubernetesBackend", "KubernetesRefused", "KubernetesSettings", "KubernetesUnavailable", "LaunchRefused",
     "NodeNotFound", "PrivilegedFeature", "TemplateError",
 ]

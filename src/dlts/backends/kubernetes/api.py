@@ -8,7 +8,9 @@ What this module owns:
   ``KubernetesUnavailable`` and start an exponential back-off (``backoff_initial_s`` doubling up
   to ``backoff_max_s``) during which calls fail fast without a request; the first success ends
   it. Statuses a caller expects are either "fine" (``ok``: 404 on delete, 409 AlreadyExists on
-  create; the call returns None) or handed back as ``ApiException`` (``passthrough``);
+  create; the call returns None) or handed back as ``ApiException`` (``passthrough``); any other
+  refusal (403 from a missing RBAC rule, 404, 406, 409, 422, ...) raises ``KubernetesRefused``,
+  which costs the caller's step for one attempt and never the job manager's tick;
 * ``list_all``: every list pages with ``limit=list_page_size`` and ``continue``, as client-go's pager
   does. A continue token the server no longer honours (410 Expired: its resourceVersion was
   compacted while we paged) restarts the list from the first page; a list is never stitched
@@ -33,7 +35,7 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 
-from dlts.backends.base import BackendUnavailable
+from dlts.backends.base import BackendRefused, BackendUnavailable
 from dlts.backends.k8s_settings import KubernetesSettings
 
 log = logging.getLogger(__name__)
@@ -51,6 +53,15 @@ _CREATE_PATHS = {  # where ``create`` POSTs each kind of object
 
 class KubernetesUnavailable(BackendUnavailable):
     """The API server did not answer usefully (error, timeout, back-off); retry on a later tick."""
+
+
+class KubernetesRefused(BackendRefused):
+    """The API server refused one request (4xx other than 401 and 429); ``status`` is its HTTP status."""
+
+    def __init__(self, message: str, status: int = 0, reason: str = "") -> None:
+        super().__init__(message)
+        self.status = status
+        self.reason = reason
 
 
 def status_message(exc: ApiException) -> str:
@@ -143,8 +154,9 @@ class KubernetesApi:
 
         ``ok`` statuses return None (404 on delete, 409 on create); ``passthrough`` statuses are
         re-raised as ``ApiException`` for the caller to interpret (even a 5xx: the caller decides
-        whether to back off); other 5xx, 429, 401 and transport errors start the back-off; any
-        other refusal becomes ``KubernetesUnavailable`` with the server's message.
+        whether to back off); other 5xx, 429, 401 and transport errors start the back-off
+        (``KubernetesUnavailable``); any other refusal becomes ``KubernetesRefused`` with the
+        server's status and message (the server answered: no back-off).
         """
         now = self.clock()
         with self._lock:
@@ -172,8 +184,8 @@ class KubernetesApi:
             if exc.status in (0, 401, 429) or exc.status >= 500:
                 self.failed(f"HTTP {exc.status} {status_message(exc)}")
             self.succeeded()
-            raise KubernetesUnavailable(f"Kubernetes refused the request (HTTP {exc.status}): "
-                                        f"{status_message(exc)}") from None
+            raise KubernetesRefused(f"Kubernetes refused the request (HTTP {exc.status} {status_reason(exc) or exc.reason}): "
+                                    f"{status_message(exc)}", status=int(exc.status), reason=status_reason(exc)) from None
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             self.failed(f"{type(exc).__name__}: {exc}")
         self.succeeded()
@@ -241,9 +253,12 @@ class KubernetesApi:
 
         The generated client's ``read_namespaced_pod_log`` has no ``sinceTime`` (the OpenAPI
         spec of the log endpoint omits it, though ``PodLogOptions`` has it), so the request is
-        built here with the client's own serializer and auth. Raises ``ApiException`` for a
-        refusal (400: the container has not started; 404: the pod is gone); transport errors
-        and back-off as ``call``.
+        built here with the client's own serializer and auth. The log is plain text, but the API
+        server's log endpoint offers only ``application/json`` and ``*/*`` (a real 1.20 server
+        answers ``Accept: text/plain`` with 406), so the request accepts ``*/*``. Raises
+        ``ApiException`` for the refusals a log read meets (400: the container has not started;
+        403; 404: the pod is gone; 5xx: the node's kubelet cannot be reached); other refusals as
+        ``KubernetesRefused``, transport errors and back-off as ``call``.
         """
         query: list[tuple[str, Any]] = [("container", container), ("timestamps", "true"),
                                         ("limitBytes", int(limit_bytes))]
@@ -252,7 +267,7 @@ class KubernetesApi:
         request = self.client.param_serialize(
             method="GET", resource_path="/api/v1/namespaces/{namespace}/pods/{name}/log",
             path_params={"namespace": namespace, "name": name}, query_params=query,
-            header_params={"Accept": "text/plain"}, auth_settings=["BearerToken"])
+            header_params={"Accept": "*/*"}, auth_settings=["BearerToken"])
 
         def send(_request_timeout: float) -> bytes:
             resp = self.client.call_api(*request, _request_timeout=_request_timeout)

@@ -3,7 +3,8 @@
 It puts the package's parts together; each concern lives in its own module (see the package's
 docstring). What this module owns is the lifecycle of an attempt's objects:
 
-* ``launch``: the objects ``k8s_render`` produces (secrets, a distributed job's endpoint ConfigMap, services, the
+* ``launch``: the server's version read once (``/version``), so that the renderer writes only
+  what that version accepts; then the objects ``k8s_render`` produces (secrets, a distributed job's endpoint ConfigMap, services, the
   NetworkPolicy, then one pod per placement), created idempotently: a name that already exists
   is the object of this very attempt (names are deterministic), so a second launch creates
   nothing. Thread-safe: the job manager launches several attempts at once
@@ -27,6 +28,7 @@ docstring). What this module owns is the lifecycle of an attempt's objects:
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -52,6 +54,7 @@ from dlts.backends.k8s_watch import PodWatch
 from dlts.backends.kubernetes.api import (
     MERGE_PATCH,
     KubernetesApi,
+    KubernetesRefused,
     connect,
     status_message,
 )
@@ -74,6 +77,21 @@ from dlts.backends.kubernetes.nodes import (
 from dlts.backends.kubernetes.translate import observe_attempt
 
 log = logging.getLogger(__name__)
+
+_VERSION = re.compile(r"v?(\d+)\.(\d+)")
+
+
+def parse_server_version(info: dict) -> tuple[int, int]:
+    """(major, minor) from a ``/version`` answer: its ``gitVersion`` ("v1.20.2", "v1.27.3-gke.100"),
+    else ``major`` and ``minor`` ("1", "20+" on some providers)."""
+    match = _VERSION.match(str(info.get("gitVersion") or ""))
+    if match:
+        return int(match.group(1)), int(match.group(2))
+    try:
+        return int(str(info["major"]).rstrip("+")), int(str(info["minor"]).rstrip("+"))
+    except (KeyError, ValueError):
+        raise KubernetesRefused(f"the API server's /version says neither gitVersion nor major.minor: {info}") from None
+
 
 LOG_COPY_PARALLELISM = 4  # attempts whose logs are copied at once
 
@@ -118,7 +136,23 @@ class KubernetesBackend:
 
     # -- launching ------------------------------------------------------------------------------
 
+    def server_version(self) -> tuple[int, int]:
+        """The API server's (major, minor), read once; the renderer renders for it from then on."""
+        with self._lock:
+            known = self.renderer.server_version
+        if known is not None:
+            return known
+        info = self.api.read(k8s.VersionApi(self.api.client).get_code) or {}
+        version = parse_server_version(info)
+        with self._lock:
+            self.renderer.server_version = version
+        log.info("Kubernetes API server %s: rendering for %d.%d%s", info.get("gitVersion", "?"), *version,
+                 "" if self.renderer.unprivileged_port_sysctl else
+                 " (no ip_unprivileged_port_start sysctl before 1.22: sshd listens on 2222 in the container)")
+        return version
+
     def launch(self, spec: LaunchSpec) -> None:
+        self.server_version()
         rendered = self.renderer.render(spec)
         ns = self.settings.namespace
         for doc in rendered.all():

@@ -166,7 +166,7 @@ class Endpoints:
             ready = [e for e in wanted if states[e.id].status == "ready"]
             refused, still_closed = self._sync_network_policy(job_id, attempt, labels, annotations, pods, ready)
             for endpoint in ready:
-                if endpoint.port in still_closed:  # the cluster would drop its traffic: not ready
+                if self.renderer.container_port(endpoint) in still_closed:  # the cluster would drop its traffic: not ready
                     states[endpoint.id] = EndpointState(endpoint.id, "failed", message=refused)
         return [states[e.id] for e in endpoints]
 
@@ -178,7 +178,7 @@ class Endpoints:
         and the ready endpoints' ports the policy still does not open."""
         ns, name = self.namespace, network_policy_name(job_id, attempt)
         net = self.api.networking
-        wanted = _declared_ports(pods) | {e.port for e in ready}
+        wanted = _declared_ports(pods) | {self.renderer.container_port(e) for e in ready}
         current = self.api.read(net.read_namespaced_network_policy, name, ns)
         if current is not None and _open_ports(current) == wanted:
             return "", set()
@@ -195,7 +195,7 @@ class Endpoints:
         except ApiException as exc:
             if exc.status == 409:  # changed by someone since we read it: the next call
                 return "", set()
-            closed = {e.port for e in ready} - _open_ports(current)
+            closed = {self.renderer.container_port(e) for e in ready} - _open_ports(current)
             return f"Kubernetes refused NetworkPolicy {name}: {status_message(exc)}", closed
         return "", set()
 
@@ -212,7 +212,7 @@ class Endpoints:
                 self.api.call(self.api.core.create_namespaced_config_map, ns, doc, ok=(409,),
                            passthrough=(400, 403, 422), _preload_content=False)
                 return ""
-            data = {"endpoints": endpoint_lines(endpoints), "authorized_keys": authorized_keys(keys)}
+            data = {"endpoints": endpoint_lines(endpoints, self.renderer.container_port), "authorized_keys": authorized_keys(keys)}
             if any((current.get("data") or {}).get(k) != v for k, v in data.items()):
                 # The supervisor script stays as the attempt started with it.
                 self.api.call(self.api.core.patch_namespaced_config_map, name, ns, {"data": data}, passthrough=(400, 403, 422),

@@ -25,9 +25,10 @@ through ``dlts.logstore.AttemptLogWriter`` (so the store's size cap and rotation
   copy interval (``log_sync_s``).
 * **Bounded parallelism.** ``sync`` copies up to ``parallelism`` attempts at once (a small thread
   pool); the pods of one attempt are copied by one thread (one writer per attempt log). A pod whose
-  log cannot be read now (node unreachable, pod gone) is skipped with a warning and tried again on
-  the next call; ``copy_rest`` (before ``forget``) raises instead, so the pods are kept until
-  their output is safe.
+  log cannot be read now (node unreachable, pod gone, a refusal) is skipped with a warning and
+  tried again on the next call; ``copy_rest`` (before ``forget``) raises ``KubernetesRefused``
+  instead, so the pods are kept until their output is safe. That is about this attempt only: the
+  job manager records it on the job and goes on with the others.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ from kubernetes.client.exceptions import ApiException
 
 from dlts.backends.kubernetes.api import (
     KubernetesApi,
-    KubernetesUnavailable,
+    KubernetesRefused,
     status_message,
 )
 from dlts.backends.kubernetes.names import JOB_CONTAINER, replica_index
@@ -143,7 +144,7 @@ class LogCopier:
 
     def copy_rest(self, key: tuple[int, int], pods: Sequence[Mapping[str, Any]]) -> None:
         """Copy everything not yet copied (before the pods are deleted); raises
-        ``KubernetesUnavailable`` when a started pod's log cannot be read."""
+        ``KubernetesRefused`` when a started pod's log cannot be read."""
         self.copy(key, pods, strict=True)
 
     def forget(self, key: tuple[int, int]) -> None:
@@ -179,12 +180,13 @@ class LogCopier:
                 data = self.api.pod_log(name, self.namespace, container=JOB_CONTAINER,
                                         since_time=_second(last) if last else None,
                                         limit_bytes=limit)
-            except ApiException as exc:
+            except (ApiException, KubernetesRefused) as exc:
                 if exc.status == 404:  # the pod is gone: nothing more can be read
                     return
-                what = f"cannot read the log of pod {name} (HTTP {exc.status}): {status_message(exc)}"
+                message = status_message(exc) if isinstance(exc, ApiException) else str(exc)
+                what = f"cannot read the log of pod {name} (HTTP {exc.status}): {message}"
                 if strict:
-                    raise KubernetesUnavailable(what) from None
+                    raise KubernetesRefused(what, status=int(exc.status or 0)) from None
                 log.warning("%s; trying again later", what)
                 return
             truncated = len(data) >= limit

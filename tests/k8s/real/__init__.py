@@ -1,0 +1,1 @@
+"""Tests against a real Kubernetes (etcd, API server, controller manager, scheduler, containerd, kubelet)."""
