@@ -3152,6 +3152,11 @@ class FakeKubeApiServer:
         with self._lock:
             self._faults.extend([(code, verbs, resources)] * count)
 
+    def clear_faults(self) -> None:
+        """Drop the faults ``fail_next`` queued that have not fired yet."""
+        with self._lock:
+            self._faults.clear()
+
     def before_request(self, verb: str, resource: str) -> None:
         if self.delay_s:
             time.sleep(self.delay_s)
