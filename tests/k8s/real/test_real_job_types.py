@@ -1,0 +1,75 @@
+"""Every job type runs as real pods to its end, and its log is what the portal shows.
+
+batch, distributed (a gang of one pod: there is one node here), inference (two replicas, one log with
+the second replica's lines prefixed ``[1] ``) and interactive (a port endpoint, exposed as a real
+NodePort Service). The portal is the app over the same database and log store, signed in as the
+job's owner through its login form.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import sqlalchemy as sa
+from werkzeug.security import generate_password_hash
+
+from dlts.models import JobEndpoint, User
+from tests.k8s.real.conftest import NAMESPACE
+
+pytestmark = [pytest.mark.kube, pytest.mark.slow]
+
+PASSWORD = "alice-portal-password"  # noqa: S105 - a test account's
+WAIT = "while [ ! -e /tmp/go ]; do sleep 0.2; done"
+JOBS = {
+    "batch": ({"gpus": 1}, "echo batch says hi; " + WAIT, ["batch says hi"]),
+    "distributed": ({"nodes": 1, "gpus": 8}, "echo rank $RANK of $WORLD_SIZE; " + WAIT, ["rank 0 of 8"]),
+    "inference": ({"gpus": 1, "min_replicas": 2, "max_replicas": 2}, "echo replica $DLTS_REPLICA; " + WAIT,
+                  ["replica 0", "[1] replica 1"]),
+    "interactive": ({"gpus": 1, "ports": (8800,)}, "echo serving on 8800; " + WAIT, ["serving on 8800"]),
+}
+
+
+def portal_log(client, job_id: int) -> str:
+    page = client.get("/login").get_data(as_text=True)
+    token = re.search(r'name="csrf_token" value="([^"]+)"', page).group(1)
+    signed_in = client.post("/login", data={"username": "alice", "password": PASSWORD, "csrf_token": token})
+    assert signed_in.status_code == 302
+    answer = client.get(f"/jobs/{job_id}/log.json?tail=65536")
+    assert answer.status_code == 200, answer.get_data(as_text=True)
+    return str(answer.get_json()["data"])
+
+
+@pytest.mark.parametrize("kind", list(JOBS))
+def test_every_job_type_runs_as_real_pods_to_its_end_with_its_log_in_the_portal(deployed, client, kind):
+    with deployed.sessions() as s:
+        s.execute(sa.update(User).where(User.name == "alice")
+                  .values(password_hash=generate_password_hash(PASSWORD, method="scrypt:1024:8:1")))
+        s.commit()
+    fields, command, expected = JOBS[kind]
+    job_id = deployed.submit(command, type=kind, **fields)
+    pods_wanted = 2 if kind == "inference" else 1
+    deployed.tick_until(f"the {kind} job runs with every line of its start in the log", lambda: (
+        deployed.status(job_id) == "running"
+        and sorted(deployed.log(job_id).splitlines()) == sorted(expected)))
+    pods = deployed.pods(job_id)
+    assert len(pods) == pods_wanted and {p["status"]["phase"] for p in pods} == {"Running"}
+    if kind == "interactive":
+        service = deployed.tick_until("the endpoint Service is made", lambda: deployed.cluster.request(
+            "GET", f"/api/v1/namespaces/{NAMESPACE}/services/dlts-{job_id}-1-ep"))
+        [port] = service["spec"]["ports"]
+        assert (port["port"], port["targetPort"], service["spec"]["type"]) == (8800, 8800, "NodePort")
+        deployed.tick_until("the endpoint is ready at the Service's node port", lambda: _endpoint(deployed, job_id) ==
+                            ("ready", port["nodePort"]))
+    for pod in pods:
+        deployed.cluster.exec_in(NAMESPACE, pod["metadata"]["name"], "job", ["/bin/touch", "/tmp/go"])
+    deployed.tick_until(f"the {kind} job ends", lambda: deployed.ended(job_id))
+    assert deployed.status(job_id) == "finished", deployed.summary()
+    assert deployed.pods(job_id) == []
+    assert sorted(portal_log(client, job_id).splitlines()) == sorted(expected)
+
+
+def _endpoint(deployed, job_id: int) -> tuple[str, int | None]:
+    with deployed.sessions() as s:
+        [endpoint] = s.scalars(sa.select(JobEndpoint).where(JobEndpoint.job_id == job_id)).all()
+        return endpoint.status.value, endpoint.host_port
