@@ -19,7 +19,7 @@ from tests.k8s.real.conftest import NAMESPACE
 
 pytestmark = [pytest.mark.kube, pytest.mark.slow]
 
-PASSWORD = "alice-portal-password"  # noqa: S105 - a test account's
+PASSWORD = "alice-portal-password"
 WAIT = "while [ ! -e /tmp/go ]; do sleep 0.2; done"
 JOBS = {
     "batch": ({"gpus": 1}, "echo batch says hi; " + WAIT, ["batch says hi"]),
