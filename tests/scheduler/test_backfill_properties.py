@@ -7,11 +7,16 @@ that depend on them are unknown). Jobs that end before their limit may reshuffle
 (an estimate can then move either way); that is outside this property (docs/scheduling.md). All jobs
 share one priority; fair share is on in half the examples (a reservation is kept until its job
 starts, so a colleague with less use does not pass it). Every time a pass gives a waiting job an
-``estimated_start``, that job must
-start by then, unless a job *ahead* of it in the pass order started on its reserved nodes first: a
-reservation binds the jobs after it (the backfilled ones), and a job ahead that could not start when
-the estimate was made (held by its VC's interactive cap, say) may start once what held it is gone,
-which the estimate does not foresee (docs/scheduling.md). Every pass also keeps ``check_pass``'s
+``estimated_start`` at time T, that job must
+start by then, unless, by then,
+
+* a job *ahead* of it in the pass order started on its reserved nodes: a reservation binds the jobs
+  after it (the backfilled ones), and a job ahead that could not start at T (held by its VC's
+  interactive cap, say) may start once what held it is gone, which the estimate does not foresee; or
+* in a VC that weighs limits (``limit_weight``), a job of its VC submitted after T ranks ahead of it
+  by a shorter limit. An estimate counts the jobs known when it is made; such a job moves it from
+  its arrival (even when that job itself starts only after the estimate), and by at most
+  ``limit_weight`` x the waiting job's limit (docs/scheduling.md). Every pass also keeps ``check_pass``'s
 invariants, and the RESULT checker agrees at the end. Times are multiples of the tick (as a
 reservation at T is honoured by the pass at T).
 """
@@ -120,13 +125,21 @@ def _core_ranks(snap: Snapshot, now: float) -> dict[int, int]:
     return {j.id: k for k, j in enumerate(ordered)}
 
 
-Replay = tuple[dict, dict[int, list[tuple[float, float]]], dict[int, list[tuple[float, int]]]]
+# (the replay's RESULT, job -> its estimates as (made at, start by), job -> (when, a job ahead of it
+# in the order that started on its reserved nodes then), job -> (when, a job of its VC submitted then
+# that ranks ahead of it by a shorter limit))
+Replay = tuple[dict, dict[int, list[tuple[float, float]]], dict[int, list[tuple[float, int]]],
+               dict[int, list[tuple[float, int]]]]
 
 
 def _replay(cluster: Cluster, trace: list[TraceJob]) -> Replay:
     promised: dict[int, list[tuple[float, float]]] = {}
     # job -> (time, job ahead of it in the order that started on its last reserved nodes)
     overtaken: dict[int, list[tuple[float, int]]] = {}
+    # job -> (time, job of its VC submitted then, later than it, that ranks ahead of it by a shorter
+    # limit): from that submission on, the estimate no longer holds, even when the job ahead itself
+    # starts only after the estimate (waiting a tick longer for quota)
+    ranked_ahead: dict[int, list[tuple[float, int]]] = {}
     reserved_nodes: dict[int, set[str]] = {}
     jobs = {t.id: t for t in trace}
 
@@ -153,8 +166,9 @@ def _replay(cluster: Cluster, trace: list[TraceJob]) -> Replay:
                     # a job of the VC submitted later and ranked ahead by its shorter limit took the
                     # quota the reservation counted on (a reservation binds the jobs ranked after it)
                     weighs = cluster.vcs[jobs[job_id].vc].limit_weight > 0
-                    if on & nodes or (weighs and jobs[s.job_id].vc == jobs[job_id].vc
-                                      and jobs[s.job_id].submit_s > jobs[job_id].submit_s):
+                    if weighs and jobs[s.job_id].vc == jobs[job_id].vc and jobs[s.job_id].submit_s > jobs[job_id].submit_s:
+                        ranked_ahead.setdefault(job_id, []).append((jobs[s.job_id].submit_s, s.job_id))
+                    elif on & nodes:
                         overtaken.setdefault(job_id, []).append((now, s.job_id))
         for r in decisions.reservations:
             reserved_nodes[r.job_id] = {p.node for p in r.placements}
@@ -162,11 +176,11 @@ def _replay(cluster: Cluster, trace: list[TraceJob]) -> Replay:
             reserved_nodes.pop(s.job_id, None)
 
     result = Simulation(cluster, trace, on_pass=hook).run()
-    return result, promised, overtaken
+    return result, promised, overtaken, ranked_ahead
 
 
 def _check(cluster: Cluster, trace: list[TraceJob]) -> None:
-    result, promised, overtaken = _replay(cluster, trace)
+    result, promised, overtaken, ranked_ahead = _replay(cluster, trace)
     assert check_result(result) == []
     by_id = {j["id"]: j for j in result["jobs"]}
     for job_id, estimates in promised.items():
@@ -174,7 +188,11 @@ def _check(cluster: Cluster, trace: list[TraceJob]) -> None:
         for at, estimate in estimates:
             if started is not None and started <= estimate:
                 continue
+            # a job ahead that took its reserved nodes by the time it was due, or a job ranked ahead of
+            # it that arrived after the estimate was made (the pass that made it counted every job it
+            # knew) and before it was due
             ahead = [(t, other) for t, other in overtaken.get(job_id, []) if at <= t <= estimate]
+            ahead += [(t, other) for t, other in ranked_ahead.get(job_id, []) if at < t <= estimate]
             assert ahead, f"job {job_id}: estimated at t={at} to start by {estimate}, started at {started}"
 
 
@@ -273,7 +291,7 @@ def _an_extra_replica_inside_its_jobs_budget() -> tuple[Cluster, list[TraceJob]]
 
 def test_an_extra_replica_is_reclaimed_at_once_whatever_its_jobs_budget() -> None:
     cluster, trace = _an_extra_replica_inside_its_jobs_budget()
-    result, promised, _ = _replay(cluster, trace)
+    result, promised, _, _ = _replay(cluster, trace)
     start = {j["id"]: j["start_s"] for j in result["jobs"]}
     # it reclaims at once: the room is held for it from now, which is its estimate
     assert start[18] == 80.0 and promised[18] == [(80.0, 80.0)]
@@ -300,9 +318,39 @@ def _a_lighter_colleagues_later_job() -> tuple[Cluster, list[TraceJob]]:
 
 
 def test_a_kept_reservation_starts_before_a_lighter_colleagues_later_job() -> None:
-    result, promised, _ = _replay(*_a_lighter_colleagues_later_job())
+    result, promised, _, _ = _replay(*_a_lighter_colleagues_later_job())
     start = {j["id"]: j["start_s"] for j in result["jobs"]}
     assert promised[2][0] == (10.0, 300.0) and start[2] == 300.0 and start[3] == 1500.0
+
+
+def _a_shorter_limit_arriving_after_the_estimate() -> tuple[Cluster, list[TraceJob]]:
+    """Found outside CI (random exploration): in a VC that weighs limits (0.25), job 10 (1 GPU, no
+    limit, so 900 s by the VC's estimate) is promised t=900 at t=10, when the first jobs started at
+    t=0 end. At t=20 job 14 arrives: 7 GPUs for 300 s, ranked ahead of job 10 by its short limit. The
+    VC's quota (7) frees 6 GPUs at 900 and the 7th at 910, so job 14 starts at 910 and job 10 after
+    it, at 1210. The estimate moved at t=20, when a job ranked ahead of it arrived: that is when the
+    property counts job 14 as coming ahead, not when it started (one tick after the estimate)."""
+    a100 = SKUS["a100"]
+    node = Node("a100-0", "a100", a100.gpus, a100.cpu, a100.memory_bytes, "pod0", None, True, ())
+    vcs = {"vc0": Vc("vc0", {"a100": 7}, Policy.BACKFILL, default_runtime_estimate_s=900, limit_weight=0.25)}
+    cluster = Cluster(dict(SKUS), (node,), vcs, tick_s=10.0, preempt_grace_s=0.0, reservation_depth=2,
+                      fair_share_half_life_h=1.0)
+
+    def job(i: int, at: float, gpus: int = 1, limit: int | None = None) -> TraceJob:
+        return TraceJob(id=i, submit_s=at, vc="vc0", user="ann", type=JobType.BATCH, sku="a100", gpus=gpus, nodes=0,
+                        duration_s=float(limit or 900), max_time_s=limit, priority=100, preemptible=False)
+
+    at = {**dict.fromkeys((1, 2, 3, 4, 5, 11), 0.0), **dict.fromkeys((9, 10), 10.0),
+          **dict.fromkeys((6, 7, 8, 12, 13), 20.0)}
+    return cluster, [job(i, t) for i, t in sorted(at.items())] + [job(14, 20.0, gpus=7, limit=300)]
+
+
+def test_an_estimate_moves_when_a_job_ranked_ahead_by_a_shorter_limit_arrives() -> None:
+    result, promised, overtaken, ranked_ahead = _replay(*_a_shorter_limit_arriving_after_the_estimate())
+    start = {j["id"]: j["start_s"] for j in result["jobs"]}
+    assert promised[10][0] == (10.0, 900.0) and (20.0, 1210.0) in promised[10]
+    assert (start[14], start[10]) == (910.0, 1210.0)
+    assert ranked_ahead[10] == [(20.0, 14)] and 10 not in overtaken  # ahead from its arrival, inside [10, 900]
 
 
 def clusters_and_traces() -> st.SearchStrategy[tuple[Cluster, list[TraceJob]]]:
@@ -316,13 +364,14 @@ def clusters_and_traces() -> st.SearchStrategy[tuple[Cluster, list[TraceJob]]]:
 @example(_a_shorter_job_behind_a_longer_one_of_its_shape())
 @example(_an_extra_replica_inside_its_jobs_budget())
 @example(_a_lighter_colleagues_later_job())
+@example(_a_shorter_limit_arriving_after_the_estimate())
 def test_reservations_start_by_their_estimate_when_jobs_end_by_their_limit(case: tuple[Cluster, list[TraceJob]]) -> None:
     _check(*case)
 
 
 def test_a_job_ahead_that_overtakes_a_reservation_is_told_apart_from_a_backfilled_one() -> None:
     cluster, trace = _an_older_job_freed_by_the_reclaim()
-    result, promised, overtaken = _replay(cluster, trace)
+    result, promised, overtaken, _ = _replay(cluster, trace)
     start = {j["id"]: j["start_s"] for j in result["jobs"]}
     # the estimate did not hold (at 4000 it reclaims job 2 and holds that room from then: a second
     # estimate of 4000, which job 3 takes in the next pass)
@@ -330,7 +379,7 @@ def test_a_job_ahead_that_overtakes_a_reservation_is_told_apart_from_a_backfille
     assert start[3] == 4000.0 and overtaken[4] == [(4000.0, 3)]  # job 3, ahead of it, took its node
     # a job after it in the order would be no excuse: the same story with job 3 submitted after job 4
     late = [replace(t, submit_s=2600.0) if t.id == 3 else t for t in trace]
-    result_late, _, overtaken_late = _replay(cluster, late)
+    result_late, _, overtaken_late, _ = _replay(cluster, late)
     start_late = {j["id"]: j["start_s"] for j in result_late["jobs"]}
     assert start_late[4] == 4000.0 and start_late[3] > start_late[4] and 4 not in overtaken_late
 

@@ -132,8 +132,9 @@ def delete_dlts_objects(cluster: RealCluster) -> None:
     _wait(lambda: not cluster.pods(NAMESPACE), 60, "the previous test's pods to go")
 
 
-def write_config(tmp_path: Path, database_url: str, kubeconfig: Path, init_image: str, **top: Any) -> Path:
-    """The operator's dlts.yaml for this cluster."""
+def write_config(tmp_path: Path, database_url: str, kubeconfig: Path, init_image: str,
+                 kubernetes: dict[str, Any] | None = None, **top: Any) -> Path:
+    """The operator's dlts.yaml for this cluster (``kubernetes``: keys of its section to set)."""
     path = tmp_path / "dlts.yaml"
     doc = {
         "home": str(tmp_path / "home"), "database_url": database_url, "secret_key": "test-secret-key-0123456789",
@@ -141,7 +142,8 @@ def write_config(tmp_path: Path, database_url: str, kubeconfig: Path, init_image
         "start_timeout_s": 120, "preempt_grace_s": 2, "node_lost_after_s": 30,
         "sku_reserve": {"*": {"cpu_per_gpu": 0, "memory_per_gpu_bytes": 0}},
         "kubernetes": {"kubeconfig": str(kubeconfig), "namespace": NAMESPACE, "init_image": init_image,
-                       "log_sync_s": 0.5, "request_timeout_s": 10, "backoff_initial_s": 0.2, "backoff_max_s": 1.0},
+                       "log_sync_s": 0.5, "request_timeout_s": 10, "backoff_initial_s": 0.2, "backoff_max_s": 1.0,
+                       **(kubernetes or {})},
         **top,
     }
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
@@ -240,8 +242,15 @@ def world(sessions):
 
 
 @pytest.fixture
-def real_settings(real_cluster, tmp_path, database_url) -> Settings:
-    path = write_config(tmp_path, database_url, real_cluster.managers_kubeconfig, real_cluster.images["init"])
+def kubernetes_section() -> dict[str, Any]:
+    """Keys of the ``kubernetes:`` section a test module sets (pods listed every tick by default)."""
+    return {}
+
+
+@pytest.fixture
+def real_settings(real_cluster, tmp_path, database_url, kubernetes_section) -> Settings:
+    path = write_config(tmp_path, database_url, real_cluster.managers_kubeconfig, real_cluster.images["init"],
+                        kubernetes=kubernetes_section)
     return load_settings(path, environ={})
 
 

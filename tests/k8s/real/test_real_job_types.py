@@ -3,7 +3,7 @@
 batch, distributed (a gang of one pod: there is one node here), inference (two replicas, one log with
 the second replica's lines prefixed ``[1] ``) and interactive (a port endpoint, exposed as a real
 NodePort Service). The portal is the app over the same database and log store, signed in as the
-job's owner through its login form.
+job's owner through its login form. The backend keeps the pods by a watch here.
 """
 
 from __future__ import annotations
@@ -28,6 +28,12 @@ JOBS = {
                   ["replica 0", "[1] replica 1"]),
     "interactive": ({"gpus": 1, "ports": (8800,)}, "echo serving on 8800; " + WAIT, ["serving on 8800"]),
 }
+
+
+@pytest.fixture
+def kubernetes_section():
+    """These run with the pod watch (``kubernetes.watch``); the other modules list pods every tick."""
+    return {"watch": True}
 
 
 def portal_log(client, job_id: int) -> str:

@@ -7,8 +7,15 @@ and the log store hold.
 
 from __future__ import annotations
 
-import pytest
+import base64
+import json
 
+import pytest
+import sqlalchemy as sa
+
+from dlts.models import User
+from dlts.services import registry_credentials
+from dlts.services.auth import principal_for
 from tests.k8s.real.conftest import NAMESPACE, UID
 
 pytestmark = [pytest.mark.kube, pytest.mark.slow]
@@ -102,3 +109,22 @@ def test_a_distributed_job_gets_its_headless_service_whose_endpoints_name_its_po
     assert deployed.log(job_id).splitlines() == [
         f"rank 0 of 8, master dlts-{job_id}-1-0.dlts-{job_id}-1.{NAMESPACE}.svc:29500",
         f"dlts-{job_id}-1-0.dlts-{job_id}-1.{NAMESPACE}.svc.cluster.local"]
+
+
+def test_a_registry_credential_becomes_a_pull_secret_the_server_accepts_and_it_goes_with_the_job(deployed):
+    with deployed.sessions() as s:
+        principal = principal_for(s, s.scalar(sa.select(User).where(User.name == "alice")))
+        registry_credentials.add_mine(s, deployed.settings.secret_key, principal, "dlts.test", "alice", "token-1")
+    job_id = deployed.submit("echo pulled; while [ ! -e /tmp/go ]; do sleep 0.2; done")
+    deployed.tick_until("the job runs", lambda: deployed.status(job_id) == "running")
+    secrets = deployed.cluster.request("GET", f"/api/v1/namespaces/{NAMESPACE}/secrets?labelSelector=dlts.io%2Fjob-id%3D{job_id}")
+    [secret] = secrets["items"]
+    assert secret["type"] == "kubernetes.io/dockerconfigjson"  # validated by the real server on create
+    auths = json.loads(base64.b64decode(secret["data"][".dockerconfigjson"]))["auths"]
+    assert list(auths) == ["dlts.test"] and auths["dlts.test"]["username"] == "alice"
+    [pod] = deployed.pods(job_id)
+    assert pod["spec"]["imagePullSecrets"] == [{"name": secret["metadata"]["name"]}]
+    deployed.cluster.exec_in(NAMESPACE, pod["metadata"]["name"], "job", ["/bin/touch", "/tmp/go"])
+    deployed.tick_until("the job ends and its objects are gone", lambda: deployed.ended(job_id) and not deployed.cluster.request(
+        "GET", f"/api/v1/namespaces/{NAMESPACE}/secrets?labelSelector=dlts.io%2Fjob-id%3D{job_id}")["items"])
+    assert deployed.log(job_id) == "pulled\n"
