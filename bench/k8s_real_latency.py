@@ -156,7 +156,7 @@ def main() -> None:
             principal = principal_for(s, s.scalar(sa.select(User).where(User.name == "alice")))
             ids = [job_service.submit(s, settings, principal, job_service.JobRequest(
                 vc="vision", image=cluster.images["shell"], command=f"sleep {args.sleep:g}", cpu=0.02,
-                memory_bytes=16 << 20)).id for _ in range(args.jobs)]
+                memory_bytes=16 << 20, ephemeral_storage_bytes=64 << 20)).id for _ in range(args.jobs)]
         t0 = time.monotonic()
         thread = threading.Thread(target=ticker, daemon=True)
         thread.start()
@@ -173,7 +173,7 @@ def main() -> None:
         thread.join(30)
         watch.stop.set()
         with sessions() as s:
-            rows = s.execute(sa.select(Job.id, Job.status, Job.started_at, JobAttempt.created_at)
+            rows = s.execute(sa.select(Job.id, Job.status, Job.started_at, JobAttempt.created_at, Job.finished_at)
                              .join(JobAttempt, sa.and_(JobAttempt.job_id == Job.id, JobAttempt.number == 1))
                              .where(Job.id.in_(ids))).all()
         backend.close()
@@ -182,7 +182,8 @@ def main() -> None:
         return None if moment is None else moment.replace(tzinfo=dt.UTC).timestamp()
 
     created, shown, lost = [], [], []
-    for job_id, status, started_at, attempt_created in rows:
+    timelines = []
+    for job_id, status, started_at, attempt_created, finished_at in rows:
         pod = f"dlts-{job_id}-1-0"
         if status.value != "finished":
             lost.append(job_id)
@@ -192,12 +193,16 @@ def main() -> None:
         started = epoch(started_at)
         if pod in watch.running and started is not None:
             shown.append(started - watch.running[pod])
+            timelines.append((round(started - watch.running[pod], 3), job_id, {
+                "decided": decided, "pod_added": watch.added.get(pod), "pod_running": watch.running[pod],
+                "job_started": started, "job_finished": epoch(finished_at)}))
     lost += [j for j in ids if j not in {r[0] for r in rows}]
     first_added = min(watch.added.values(), default=0.0)
     spread = sorted(round(t - first_added, 1) for t in watch.added.values())
     result = {"jobs": args.jobs, "sleep_s": args.sleep, "watch": args.watch, "run_s": round(elapsed, 1),
               "decision_to_pod_created": summary(created), "pod_running_to_job_running": summary(shown),
               "not_finished": sorted(lost), "ticks_skipped": len(errors),
+              "slowest_shown_running": sorted(timelines, key=lambda t: -t[0])[:3],
               "pods_created_s_after_the_first": {"median": spread[len(spread) // 2] if spread else None,
                                                  "last": spread[-1] if spread else None}}
     if args.json:

@@ -41,8 +41,9 @@ from dlts.sim.verify import check_result
 from .builders import SKUS
 from .invariants import check_pass
 
-# DLTS_BACKFILL_EXAMPLES=8000 for a long search (a counterexample turned up only after ~7,000)
-EXAMPLES = int(os.environ.get("DLTS_BACKFILL_EXAMPLES", "150"))
+# DLTS_PROPERTY_EXAMPLES=8000 for a long search (a counterexample turned up only after ~7,000);
+# tests/scheduler/explore.py sets it per round
+EXAMPLES = int(os.environ.get("DLTS_PROPERTY_EXAMPLES", "150"))
 FOREVER = 10_000_000.0  # a job with no limit and no estimate is unbounded: the model holds it forever
 
 

@@ -9,6 +9,8 @@ checker must agree. Preempted jobs must come back with their original queue time
 
 from __future__ import annotations
 
+import os
+
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -101,7 +103,8 @@ def traces(draw, cluster: Cluster) -> list[TraceJob]:
     return jobs
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=int(os.environ.get("DLTS_PROPERTY_EXAMPLES", "120")), deadline=None,
+          suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
 def test_invariants_hold_after_every_pass(data) -> None:
     cluster = data.draw(clusters())
