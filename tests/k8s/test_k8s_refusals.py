@@ -82,3 +82,18 @@ def test_a_5xx_elsewhere_skips_one_tick_then_scheduling_goes_on(h):
     assert h.job(job_id).status is S.QUEUED  # the server is unwell: nothing decided on what it said
     h.tick(h.backend.settings.backoff_max_s)
     assert h.job(job_id).status is S.SCHEDULING
+
+
+def test_a_refused_cordon_costs_that_nodes_cordon_and_the_tick_goes_on(h):
+    from dlts.models import Node, NodeState
+
+    with h.sessions() as s:  # the repair manager took n1 out of service: node sync cordons it
+        s.execute(sa.update(Node).where(Node.name == "n1").values(state=NodeState.DRAINING))
+        s.commit()
+    h.api.fail_next(1, 403, verbs={"patch"}, resources={"nodes"})
+    job_id = h.submit(command="sleep 1", gpus=1)
+    h.tick()
+    assert not h.api.store.get("nodes", "", "n1")["spec"].get("unschedulable")  # refused this tick
+    assert h.job(job_id).status is S.SCHEDULING  # and the same tick scheduled and launched
+    h.tick()
+    assert h.api.store.get("nodes", "", "n1")["spec"]["unschedulable"] is True  # asked again, done

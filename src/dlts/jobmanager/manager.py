@@ -186,7 +186,14 @@ class JobManager:
                         setattr(node, key, value)
                 cordon = repair_cordon(node, info)
                 if cordon is not None and hasattr(self.backend, "cordon") and hasattr(self.backend, "uncordon"):
-                    self.backend.cordon(node.name, node.state_reason or node.state.value) if cordon else self.backend.uncordon(node.name)
+                    try:
+                        if cordon:
+                            self.backend.cordon(node.name, node.state_reason or node.state.value)
+                        else:
+                            self.backend.uncordon(node.name)
+                    except BackendRefused as exc:  # costs this node's cordon, tried again next tick
+                        log.warning("node %s: the cluster refused to %s it: %s", node.name,
+                                    "cordon" if cordon else "uncordon", exc)
             for name, node in known.items():
                 if name not in seen and node.backend == self.backend.name and node.ready:
                     node.ready = False
