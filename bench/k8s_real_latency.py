@@ -40,25 +40,25 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "src"))
 
-import sqlalchemy as sa  # noqa: E402
-import yaml  # noqa: E402
-from kubernetes import client as k8s  # noqa: E402
-from kubernetes import config as k8s_config  # noqa: E402
-from kubernetes import watch as k8s_watch  # noqa: E402
+import sqlalchemy as sa
+import yaml
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+from kubernetes import watch as k8s_watch
 
-from dlts import db_migrate  # noqa: E402
-from dlts.backends import make_backend  # noqa: E402
-from dlts.config import load_settings  # noqa: E402
-from dlts.app import create_app  # noqa: E402
-from dlts.db import session_factory  # noqa: E402
-from dlts.jobmanager import JobManager  # noqa: E402
-from dlts.models import Job, JobAttempt, User  # noqa: E402
-from dlts.services import admin  # noqa: E402
-from dlts.services import jobs as job_service  # noqa: E402
-from dlts.services.auth import principal_for  # noqa: E402
-from tests.k8s.real import kube_cache  # noqa: E402
-from tests.k8s.real.cluster import RealCluster  # noqa: E402
-from tests.k8s.real.conftest import GPUS, NAMESPACE, SKU, UID, set_up_for_dlts, write_config  # noqa: E402
+from dlts import db_migrate
+from dlts.app import create_app
+from dlts.backends import make_backend
+from dlts.config import load_settings
+from dlts.db import session_factory
+from dlts.jobmanager import JobManager
+from dlts.models import Job, JobAttempt, User
+from dlts.services import admin
+from dlts.services import jobs as job_service
+from dlts.services.auth import principal_for
+from tests.k8s.real import kube_cache
+from tests.k8s.real.cluster import RealCluster
+from tests.k8s.real.conftest import GPUS, NAMESPACE, SKU, UID, set_up_for_dlts, write_config
 
 
 def percentile(values: list[float], q: float) -> float:
