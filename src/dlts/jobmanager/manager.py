@@ -80,7 +80,8 @@ from dlts.models.placements import Replica, placements_to_json, replicas_from_js
 from dlts.repair.cordon import repair_cordon
 from dlts.repositories import jobs as job_repo
 from dlts.scheduler import decide, profile_named
-from dlts.scheduler.model import Decisions, Placement, Stop, StopReason
+from dlts.scheduler.explain import moved_later
+from dlts.scheduler.model import Decisions, Placement, Snapshot, Stop, StopReason
 from dlts.services.transaction import discard, rowcount, step
 
 log = logging.getLogger(__name__)
@@ -142,9 +143,10 @@ class JobManager:
             self.sync_logs(observed)
             self.carry_out_requests(session, observed)
             self._reconcile_endpoints(session)
-            decisions = decide(load_snapshot(session, self.settings), self.clock(), profile_named(self.settings.scheduler_profile))
+            snapshot = load_snapshot(session, self.settings)
+            decisions = decide(snapshot, self.clock(), profile_named(self.settings.scheduler_profile))
             metrics.observe_decisions(decisions)
-            self.apply(session, decisions)
+            self.apply(session, decisions, snapshot)
             self.last_decisions = decisions
             if self.clock() >= self._next_gc:
                 self.collect_garbage(session)
@@ -528,7 +530,7 @@ class JobManager:
                                 .execution_options(synchronize_session=False))
 
     # -- apply decisions ----------------------------------------------------------------------------
-    def apply(self, session: Session, decisions: Decisions) -> None:
+    def apply(self, session: Session, decisions: Decisions, snapshot: Snapshot | None = None) -> None:
         for stop in decisions.stops:
             if stop.placements:
                 self._scale_down(session, stop)
@@ -545,7 +547,7 @@ class JobManager:
             if start.scale_up:
                 self._scale_up(session, start.job_id, start.placements)
         self._launch_many(session, [(job, attempt, None, True) for job, attempt in started])
-        self._record_waits(session, decisions)
+        self._record_waits(session, decisions, snapshot)
 
     def _current_attempt(self, session: Session, job: Job) -> JobAttempt | None:
         return session.scalar(sa.select(JobAttempt).where(JobAttempt.job_id == job.id, JobAttempt.number == job.attempt))
@@ -697,8 +699,9 @@ class JobManager:
         self._attempt_step(session, (job.id, job.attempt), STOP, self.backend.terminate, job.id, job.attempt,
                            self.settings.preempt_grace_s)
 
-    def _record_waits(self, session: Session, decisions: Decisions) -> None:
-        """Store each waiting job's reason and position; an event only when the reason changes."""
+    def _record_waits(self, session: Session, decisions: Decisions, snapshot: Snapshot | None = None) -> None:
+        """Store each waiting job's reason and position; an event when the reason changes, and one
+        saying why when its estimated start moves later by more than a tick (``_estimates_moved``)."""
         if not decisions.waits:
             return
         with step(session):
@@ -706,6 +709,8 @@ class JobManager:
             current = session.execute(sa.select(Job.id, Job.reason, Job.reason_detail, Job.queue_position,
                                                 Job.estimated_start)
                                       .where(Job.id.in_(list(waits)), Job.status == S.QUEUED)).all()
+            if snapshot is not None:
+                self._estimates_moved(session, decisions, snapshot, current)
             for job_id, reason, detail, position, estimate in current:
                 wait = waits[job_id]
                 code = wait.reason_code
@@ -720,6 +725,43 @@ class JobManager:
                                         estimated_start=new_estimate))
                 if reason != code:
                     job_repo.add_event(session, job_id, EventKind.REASON, reason=code, message=new_detail, actor="scheduler")
+
+
+    def _estimates_moved(self, session: Session, decisions: Decisions, snapshot: Snapshot, current: Sequence) -> None:
+        """An ``estimate_moved`` event on each waiting job whose estimated start this pass puts more
+        than a tick later than the stored one, naming the jobs of its VC that came ahead of it since
+        the last pass (new in the order, or behind it before) and why (``scheduler.explain``)."""
+        before = {row[0]: row for row in current}
+        moved = []
+        for wait in decisions.waits:
+            row = before.get(wait.job_id)
+            old = _epoch(row[4]) if row is not None and row[4] is not None else None
+            if old is not None and wait.estimated_start is not None and wait.estimated_start - old > self.settings.tick_s:
+                moved.append((wait, old))
+        if not moved:
+            return
+        jobs = {j.id: j for j in snapshot.jobs}
+        by_vc: dict[str, list[tuple[int, int]]] = {}
+        for wait in decisions.waits:
+            job = jobs.get(wait.job_id)
+            if job is not None and wait.queue_position is not None:
+                by_vc.setdefault(job.vc, []).append((wait.queue_position, wait.job_id))
+        for wait, old in moved:
+            job = jobs.get(wait.job_id)
+            if job is None or wait.queue_position is None:
+                continue
+            was = before[wait.job_id][3]
+            came_ahead = []
+            for position, other in sorted(by_vc.get(job.vc, ())):
+                if position >= wait.queue_position or other not in jobs:
+                    continue
+                other_was = before[other][3] if other in before else None
+                if other_was is None or (was is not None and other_was > was):
+                    came_ahead.append(jobs[other])
+            message = moved_later(job, old, wait.estimated_start or old, came_ahead, snapshot.vcs.get(job.vc),
+                                  snapshot.fair_share_usage)
+            job_repo.add_event(session, job.id, EventKind.REASON, reason="estimate_moved", message=message[:1024],
+                               actor="scheduler")
 
 
 def _list(indexes) -> str:

@@ -17,7 +17,7 @@ from werkzeug.security import generate_password_hash
 from dlts.models import JobEndpoint, User
 from tests.k8s.real.conftest import NAMESPACE
 
-pytestmark = [pytest.mark.kube, pytest.mark.slow, pytest.mark.xdist_group("kube")]  # one cluster per host
+pytestmark = [pytest.mark.kube, pytest.mark.slow]
 
 PASSWORD = "alice-portal-password"
 WAIT = "while [ ! -e /tmp/go ]; do sleep 0.2; done"

@@ -18,7 +18,7 @@ from dlts.services import registry_credentials
 from dlts.services.auth import principal_for
 from tests.k8s.real.conftest import NAMESPACE, UID
 
-pytestmark = [pytest.mark.kube, pytest.mark.slow, pytest.mark.xdist_group("kube")]  # one cluster per host
+pytestmark = [pytest.mark.kube, pytest.mark.slow]
 
 
 def test_a_batch_job_runs_as_its_owner_and_its_log_outlives_the_pod_then_the_next_job_runs(deployed):

@@ -16,7 +16,7 @@ import pytest
 from tests.k8s.real.cluster import NODE_NAME
 from tests.k8s.real.conftest import NAMESPACE
 
-pytestmark = [pytest.mark.kube, pytest.mark.slow, pytest.mark.xdist_group("kube")]  # one cluster per host
+pytestmark = [pytest.mark.kube, pytest.mark.slow]
 
 ROLE = f"/apis/rbac.authorization.k8s.io/v1/namespaces/{NAMESPACE}/roles/dlts-jobs"
 
