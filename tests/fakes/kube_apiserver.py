@@ -524,6 +524,8 @@ class Store:
         self.compacted = 0
         # Container output: (namespace, pod uid, container) -> [(time, line without newline)].
         self.logs: dict[tuple[str, str, str], list[tuple[float, bytes]]] = {}
+        # (namespace, pod, container) -> what the kubelet answers once that container's log is gone
+        self.lost_logs: dict[tuple[str, str, str], str] = {}
         for ns in ("default", "kube-system"):
             self._put("namespaces", "", self._new_meta({"metadata": {"name": ns}}, "namespaces", ""), "ADDED")
 
@@ -682,6 +684,11 @@ class Store:
                 why = (state.get("waiting") or {}).get("reason") or "ContainerCreating"
                 raise _bad_request(f'container "{container}" in pod "{name}" is waiting to start: {why}')
             lines = list(self.logs.get((namespace, pod["metadata"]["uid"], container), []))
+            lost = self.lost_logs.get((namespace, name, container))
+        if lost is not None:
+            # a real kubelet whose container (or its log file) is gone answers 200 with its error as the
+            # body, with or without timestamps=true
+            return lost.encode() + b"\n"
         if query.get("sinceTime"):
             try:
                 since = dt.datetime.fromisoformat(query["sinceTime"]).timestamp()
@@ -3209,6 +3216,12 @@ class FakeKubeApiServer:
         its program wrote to stdout; the pod log endpoint serves it."""
         uid = self.store.get("pods", namespace, pod)["metadata"]["uid"]
         self.store.append_log(namespace, uid, container, self.clock(), text.removesuffix("\n"))
+
+    def lose_log(self, pod: str, message: str, *, container: str = "job", namespace: str = "default") -> None:
+        """The container's log is gone from its node (the container removed, its log file deleted):
+        the kubelet now answers ``message`` as the body of a 200, as a real one does."""
+        with self.store.lock:
+            self.store.lost_logs[(namespace, pod, container)] = message
 
     def pods(self, namespace: str = "default", selector: str = "") -> list[dict]:
         return self.store.list("pods", namespace, selector)["items"]

@@ -178,3 +178,21 @@ def test_garbage_collection_and_forget_remove_network_policies(api, backend):
     api.store.remove_internal("configmaps", "default", "dlts-92-1-endpoints")
     assert backend.collect_garbage(live=set()) == ((92, 1),)  # found by its NetworkPolicy alone
     assert api.objects("networkpolicies") == []
+
+
+def test_a_log_the_node_can_no_longer_return_is_said_once_in_the_log_and_the_pods_still_go(api, backend, log_dir):
+    """A real kubelet answers a log it cannot read (its container or log file gone) with HTTP 200 and
+    its error as the body (measured on a real 1.20: "failed to try resolving symlinks in path
+    /var/log/pods/..."). That body is no output of the job: one note, then the pod is not read again."""
+    backend.launch(make_spec(8, command="sleep infinity"))
+    api.kubelet.tick()
+    api.print_output("dlts-8-1-0", "epoch 1")
+    backend.sync_logs([(8, 1)])
+    message = 'unable to retrieve container logs for containerd://0123abcd'
+    api.lose_log("dlts-8-1-0", message)
+    backend.sync_logs([(8, 1)])
+    backend.sync_logs([(8, 1)])
+    backend.forget(8, 1)
+    assert stored(log_dir, 8) == (b"epoch 1\n[dlts] the rest of this output could not be read from the node: "
+                                  + message.encode() + b"\n")
+    assert api.pods() == []

@@ -330,3 +330,27 @@ def test_an_image_that_cannot_be_pulled_shows_as_the_reason_and_ends_after_the_s
         reasons = s.scalars(sa.select(JobEvent.reason).where(JobEvent.job_id == job_id, JobEvent.kind == "reason")
                             .order_by(JobEvent.id)).all()
     assert reasons == ["image_pull", "image_pull"]  # once per attempt, not once per tick
+
+
+def test_a_lost_nodes_log_is_not_waited_for_and_the_log_says_what_went_with_the_node(h, log_dir):
+    """The kubelet of a lost node cannot serve the last moments of output (the API server answers 500,
+    measured on a real cluster: "dial tcp ...: connection refused"). The job is requeued and the old
+    pod deleted anyway; the log keeps what was copied while it ran and one line for the rest."""
+    from dlts.logstore import iter_log
+
+    job_id = h.submit(command="sleep infinity", gpus=8)
+    h.tick()
+    h.tick()
+    h.api.print_output(f"dlts-{job_id}-1-0", "step 1", namespace="default")
+    h.backend.sync_logs([(job_id, 1)])  # copied while it runs, as every log_sync_s
+    node = h.attempts(job_id)[0].placements[0]["node"]
+    h.api.set_node_ready(node, False, status="Unknown")
+    h.api.fail_next(10_000, 500, verbs={"log"}, resources={"pods"})  # its kubelet cannot be reached
+    h.api.clock.advance(61)
+    h.manager_tick()
+    first, _second = h.attempts(job_id)
+    assert first.end_reason == "node_lost"
+    assert [p["metadata"]["name"] for p in h.api.pods()] == [f"dlts-{job_id}-2-0"]  # the old pod did not wait
+    text = b"".join(iter_log(log_dir, job_id, 1)).decode()
+    assert text.startswith("step 1\n[dlts] the rest of this output could not be read from the node: node ")
+    assert "Ready=Unknown" in text

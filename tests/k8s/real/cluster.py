@@ -5,17 +5,19 @@
 * etcd on random loopback ports, its data on tmpfs (``/dev/shm``);
 * kube-apiserver (secure port only, RBAC and Node authorisation, fresh certificates), the
   controller manager and the scheduler (their own ports off: fixed defaults clash between runs);
-* containerd with its own config, root, state and socket, the three cached images imported (no pod
-  ever pulls), the bridge + host-local CNI on a bridge of its own (``dlts-kt0``);
-* one kubelet, node name ``dlts-kube-0``, on the host's non-loopback address, cgroupfs driver,
-  eviction and image GC effectively off (local-only images must never be collected).
+* per node (two by default: ``dlts-kube-0`` and ``dlts-kube-1``): a containerd with its own config,
+  root, state and socket, the three cached images imported (no pod ever pulls), the bridge +
+  host-local CNI on a bridge and pod subnet of its own (``dlts-kt<i>``, 10.244.<77+i>.0/24), and a
+  kubelet on the host's non-loopback address with its own directory and cgroup root (the cgroupfs
+  driver; a kubelet removes the pod cgroups it does not know under its root), eviction and image GC
+  effectively off (local-only images must never be collected).
 
 Everything gets fresh ECDSA certificates from one CA per run. A piece that does not start raises
 ``ClusterDidNotStart`` naming it, with the tail of its log. ``stop()`` deletes every pod through the
 API and waits for their sandboxes' network namespaces to go before it stops the kubelet (otherwise
 the CNI teardown never runs), ends containerd's shims by PID (those whose command line names this
-run's socket), unmounts what is left under the run's directories, deletes the bridge and the
-host-local leases, and ``leftovers()`` says what, if anything, is still there.
+run's socket), unmounts what is left under the run's directories, deletes the bridges, the nodes'
+cgroup roots and the CNI results, and ``leftovers()`` says what, if anything, is still there.
 
 ``python -m tests.k8s.real.cluster`` (from the checkout) starts one, prints how to reach it, and stops it on Enter.
 """
@@ -28,6 +30,7 @@ import ipaddress
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import socket
@@ -48,11 +51,52 @@ from cryptography.x509.oid import NameOID
 
 from tests.k8s.real import kube_cache
 
-NODE_NAME = "dlts-kube-0"
-BRIDGE = "dlts-kt0"
-POD_SUBNET = "10.244.77.0/24"
+NODE_NAME = "dlts-kube-0"  # the first node; node i is dlts-kube-<i>
 SERVICE_RANGE = "10.0.0.0/24"
 CNI_NETWORK = "dlts-kube-test"
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+@dataclass
+class NodeHost:
+    """One node of the cluster on this host: its own containerd, bridge, pod subnet, kubelet
+    directory and cgroup root, so that several kubelets share the host without touching each
+    other's pods (a kubelet removes pod cgroups it does not know under its root)."""
+
+    index: int
+    base: Path
+
+    @property
+    def name(self) -> str:
+        return f"dlts-kube-{self.index}"
+
+    @property
+    def bridge(self) -> str:
+        return f"dlts-kt{self.index}"
+
+    @property
+    def subnet(self) -> str:
+        return f"10.244.{77 + self.index}.0/24"
+
+    @property
+    def directory(self) -> Path:
+        return self.base / self.name
+
+    @property
+    def socket(self) -> Path:
+        return self.directory / "containerd/containerd.sock"
+
+    @property
+    def cgroup_root(self) -> str:
+        return f"/{self.name}-{self.base.name.rsplit('.', 1)[-1]}"
+
+    @property
+    def ipam(self) -> Path:
+        return self.directory / "cni/ipam"
+
+    def leases(self) -> list[Path]:
+        """The pod addresses host-local still has out: one file per address, released by CNI DEL."""
+        return [p for p in self.ipam.glob("*/*") if re.fullmatch(r"[0-9.]+", p.name)]
 
 
 class ClusterDidNotStart(RuntimeError):
@@ -183,9 +227,9 @@ def write_kubeconfig(path: Path, server: str, ca: Path, cert: Path, key: Path, u
 # -- the cluster -----------------------------------------------------------------------------------
 
 class RealCluster:
-    """One control plane and one node. Use as a context manager, or ``start()`` / ``stop()``."""
+    """One control plane and ``nodes`` nodes. Use as a context manager, or ``start()`` / ``stop()``."""
 
-    def __init__(self, cache: Path, *, gpus: int = 8, sku: str = "a100") -> None:
+    def __init__(self, cache: Path, *, gpus: int = 8, sku: str = "a100", nodes: int = 2) -> None:
         self.cache = cache
         self.gpus, self.sku = gpus, sku
         self.images: dict[str, str] = json.loads((cache / "images/names.json").read_text())
@@ -197,7 +241,8 @@ class RealCluster:
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.server = ""
         self.admin_kubeconfig = self.base / "admin.kubeconfig"
-        self.containerd_socket = self.base / "containerd/containerd.sock"
+        self.nodes = [NodeHost(i, self.base) for i in range(nodes)]
+        self._kubelet_argv: dict[str, list[str]] = {}
         self._ports: dict[str, int] = {}
         self._ssl: ssl.SSLContext | None = None
         self.started_s = 0.0
@@ -220,14 +265,17 @@ class RealCluster:
         self._check_host()
         self.pki = Pki(self.base / "pki")
         self._certificates()
-        self._start_containerd()  # its start and the image import overlap the control plane's
+        for node in self.nodes:  # their start and the image import overlap the control plane's
+            self._start_containerd(node)
         self._start_etcd()
         self._start_apiserver()
         self._start_controllers()
-        self._import_images()
-        self._start_kubelet()
-        self.wait_node_ready()
-        self.advertise_gpus()
+        for node in self.nodes:
+            self._import_images(node)
+            self._start_kubelet(node)
+        for node in self.nodes:
+            self.wait_node_ready(node.name)
+            self.advertise_gpus(node.name)
         wait_for("the default ServiceAccount (controller manager)",
                  lambda: self.request("GET", "/api/v1/namespaces/default/serviceaccounts/default"),
                  60, log=self.logs / "kube-controller-manager.log")
@@ -236,15 +284,16 @@ class RealCluster:
     def _check_host(self) -> None:
         if os.geteuid() != 0:
             raise ClusterDidNotStart("a real kubelet and containerd need root")
-        for tool in ("etcd", "containerd", "containerd-shim-runc-v2", "runc", "ctr", "iptables", "ip"):
+        for tool in ("etcd", "containerd", "containerd-shim-runc-v2", "runc", "ctr", "iptables", "ip", "unshare",
+                     "nsenter"):
             if shutil.which(tool) is None:
                 raise ClusterDidNotStart(f"{tool} is not installed: run `python tests/k8s/real/kube_cache.py build`")
         if not Path("/usr/lib/cni/bridge").exists():
             raise ClusterDidNotStart("the CNI plugins are not installed (containernetworking-plugins)")
-        busy = subprocess.run(["ip", "link", "show", BRIDGE], capture_output=True).returncode == 0
-        if busy:
-            raise ClusterDidNotStart(f"bridge {BRIDGE} exists: another real cluster runs here, or one was not torn "
-                                     f"down (`ip link del {BRIDGE}`)")
+        for node in self.nodes:
+            if subprocess.run(["ip", "link", "show", node.bridge], capture_output=True).returncode == 0:
+                raise ClusterDidNotStart(f"bridge {node.bridge} exists: another real cluster runs here, or one was "
+                                         f"not torn down (`ip link del {node.bridge}`)")
 
     def _certificates(self) -> None:
         p = self.pki
@@ -255,9 +304,11 @@ class RealCluster:
         self.apiserver_kubelet = p.issue("apiserver-kubelet", "kube-apiserver-kubelet-client", orgs=("system:masters",))
         self.cm_cert = p.issue("controller-manager", "system:kube-controller-manager")
         self.sched_cert = p.issue("scheduler", "system:kube-scheduler")
-        self.node_cert = p.issue("node", f"system:node:{NODE_NAME}", orgs=("system:nodes",))
-        self.kubelet_serving = p.issue("kubelet-serving", NODE_NAME, server=True, ips=(self.ip, "127.0.0.1"),
-                                       dns=(NODE_NAME, "localhost"))
+        self.node_certs = {n.name: p.issue(f"node-{n.index}", f"system:node:{n.name}", orgs=("system:nodes",))
+                           for n in self.nodes}
+        self.kubelet_serving = {n.name: p.issue(f"kubelet-serving-{n.index}", n.name, server=True,
+                                                ips=(self.ip, "127.0.0.1"), dns=(n.name, "localhost"))
+                                for n in self.nodes}
         self.sa_key, self.sa_pub = p.key_pair("service-accounts")
 
     def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
@@ -322,15 +373,15 @@ class RealCluster:
             "--leader-elect=false", "--profiling=false", "--v=1",
         ])
 
-    def _start_containerd(self) -> None:
-        root = self.base / "containerd"
-        cni_conf = self.base / "cni/net.d"
+    def _start_containerd(self, node: NodeHost) -> None:
+        root = node.directory / "containerd"
+        cni_conf = node.directory / "cni/net.d"
         cni_conf.mkdir(parents=True)
         (cni_conf / "10-dlts.conflist").write_text(json.dumps({
             "cniVersion": "0.4.0", "name": CNI_NETWORK,
-            "plugins": [{"type": "bridge", "bridge": BRIDGE, "isGateway": True, "ipMasq": False,
-                         "ipam": {"type": "host-local", "ranges": [[{"subnet": POD_SUBNET}]],
-                                  "routes": [{"dst": "0.0.0.0/0"}], "dataDir": str(self.base / "cni/ipam")}}],
+            "plugins": [{"type": "bridge", "bridge": node.bridge, "isGateway": True, "ipMasq": False,
+                         "ipam": {"type": "host-local", "ranges": [[{"subnet": node.subnet}]],
+                                  "routes": [{"dst": "0.0.0.0/0"}], "dataDir": str(node.ipam)}}],
         }))
         config = root / "config.toml"
         root.mkdir(exist_ok=True)
@@ -338,9 +389,9 @@ class RealCluster:
 root = "{root}/root"
 state = "{root}/state"
 [grpc]
-  address = "{self.containerd_socket}"
+  address = "{node.socket}"
 [ttrpc]
-  address = "{self.containerd_socket}.ttrpc"
+  address = "{node.socket}.ttrpc"
 [debug]
   address = ""
 [metrics]
@@ -360,30 +411,47 @@ state = "{root}/state"
     [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
       runtime_type = "io.containerd.runc.v2"
 """)
-        self._spawn("containerd", ["containerd", "--config", str(config), "--log-level", "warn"])
+        # Each node's containerd and kubelet share a mount namespace of their own, where /var/log/pods is
+        # the node's: a kubelet deletes the pod log directories of pods it does not know (its container
+        # GC), which on a shared /var/log/pods are the other node's pods' logs. The mounts the kubelet
+        # makes (secret volumes) stay in that namespace and go with it.
+        pod_logs = node.directory / "var-log-pods"
+        pod_logs.mkdir()
+        Path("/var/log/pods").mkdir(parents=True, exist_ok=True)
+        command = (f"mount --bind {shlex.quote(str(pod_logs))} /var/log/pods && exec containerd --config "
+                   f"{shlex.quote(str(config))} --log-level warn")
+        self._spawn(f"containerd-{node.index}", ["unshare", "--mount", "--propagation", "private", "--",
+                                                 "sh", "-c", command])
 
-    def _ctr(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(["ctr", "--address", str(self.containerd_socket), "--namespace", "k8s.io", *args],
+    def _ctr(self, node: NodeHost, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["ctr", "--address", str(node.socket), "--namespace", "k8s.io", *args],
                               capture_output=True, text=True, timeout=120)
 
-    def _import_images(self) -> None:
-        wait_for("containerd", lambda: self._ctr("version").returncode == 0, 30, log=self.logs / "containerd.log",
-                 proc=self.procs["containerd"])
+    def _import_images(self, node: NodeHost) -> None:
+        wait_for(f"containerd of {node.name}", lambda: self._ctr(node, "version").returncode == 0, 30,
+                 log=self.logs / f"containerd-{node.index}.log", proc=self.procs[f"containerd-{node.index}"])
         for tarball in ("pause", "init", "shell"):
-            done = self._ctr("images", "import", "--no-unpack", str(self.cache / "images" / f"{tarball}.tar"))
+            done = self._ctr(node, "images", "import", "--no-unpack", str(self.cache / "images" / f"{tarball}.tar"))
             if done.returncode:
                 raise ClusterDidNotStart(f"importing image {tarball}.tar into containerd failed: {done.stderr.strip()}")
 
-    def _start_kubelet(self) -> None:
+    def _cgroup_dirs(self, node: NodeHost) -> list[Path]:
+        """The node's cgroup root in every cgroup v1 hierarchy (named ones included)."""
+        hierarchies = [h for h in CGROUP_ROOT.iterdir() if h.is_dir() and not h.is_symlink()]
+        return [h / node.cgroup_root.lstrip("/") for h in hierarchies]
+
+    def _start_kubelet(self, node: NodeHost) -> None:
         port = free_port()
-        kubelet_dir = self.base / "kubelet"
+        kubelet_dir = node.directory / "kubelet"
         kubelet_dir.mkdir()
-        crt, key = self.kubelet_serving
+        for directory in self._cgroup_dirs(node):  # the kubelet requires its cgroup root to exist
+            directory.mkdir(exist_ok=True)
+        crt, key = self.kubelet_serving[node.name]
         config = kubelet_dir / "config.yaml"
         config.write_text(json.dumps({
             "apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
             "address": self.ip, "port": port, "readOnlyPort": 0, "healthzPort": 0,
-            "cgroupDriver": "cgroupfs", "failSwapOn": False,
+            "cgroupDriver": "cgroupfs", "cgroupRoot": node.cgroup_root, "failSwapOn": False,
             "authentication": {"x509": {"clientCAFile": str(self.pki.ca)}, "webhook": {"enabled": False},
                                "anonymous": {"enabled": False}},
             "authorization": {"mode": "AlwaysAllow"},
@@ -399,45 +467,53 @@ state = "{root}/state"
             "makeIPTablesUtilChains": False,
             "containerLogMaxSize": "10Mi", "containerLogMaxFiles": 2,
         }))
-        self._kubelet_argv = [
-            str(self.cache / "bin/kubelet"), f"--config={config}",
-            f"--kubeconfig={write_kubeconfig(kubelet_dir / 'kubeconfig', self.server, self.pki.ca, *self.node_cert, user=NODE_NAME)}",
-            "--container-runtime=remote", f"--container-runtime-endpoint=unix://{self.containerd_socket}",
-            f"--node-ip={self.ip}", f"--hostname-override={NODE_NAME}", f"--root-dir={kubelet_dir / 'root'}",
+        kubeconfig = write_kubeconfig(kubelet_dir / "kubeconfig", self.server, self.pki.ca, *self.node_certs[node.name],
+                                      user=node.name)
+        namespace = f"--target={self.procs[f'containerd-{node.index}'].pid}"  # the node's mount namespace
+        self._kubelet_argv[node.name] = [
+            "nsenter", namespace, "--mount", "--",
+            str(self.cache / "bin/kubelet"), f"--config={config}", f"--kubeconfig={kubeconfig}",
+            "--container-runtime=remote", f"--container-runtime-endpoint=unix://{node.socket}",
+            f"--node-ip={self.ip}", f"--hostname-override={node.name}", f"--root-dir={kubelet_dir / 'root'}",
             f"--cert-dir={kubelet_dir / 'pki'}", f"--node-labels=dlts.io/sku={self.sku}", "--v=1",
         ]
-        self._spawn("kubelet", self._kubelet_argv)
+        self._spawn(f"kubelet-{node.index}", self._kubelet_argv[node.name])
 
-    def wait_node_ready(self, timeout_s: float = 90) -> None:
-        wait_for(f"node {NODE_NAME} Ready (kubelet)", lambda: self.node_ready(), timeout_s, log=self.logs / "kubelet.log",
-                 proc=self.procs.get("kubelet"))
+    def node(self, name: str) -> NodeHost:
+        return next(n for n in self.nodes if n.name == name)
 
-    def node_ready(self) -> bool:
-        node = self.request("GET", f"/api/v1/nodes/{NODE_NAME}")
+    def wait_node_ready(self, name: str = NODE_NAME, timeout_s: float = 90) -> None:
+        index = self.node(name).index
+        wait_for(f"node {name} Ready (kubelet)", lambda: self.node_ready(name), timeout_s,
+                 log=self.logs / f"kubelet-{index}.log", proc=self.procs.get(f"kubelet-{index}"))
+
+    def node_ready(self, name: str = NODE_NAME) -> bool:
+        node = self.request("GET", f"/api/v1/nodes/{name}")
         if node is None:
             return False
         return any(c["type"] == "Ready" and c["status"] == "True" for c in node["status"].get("conditions") or [])
 
-    def advertise_gpus(self) -> None:
+    def advertise_gpus(self, name: str) -> None:
         """Fake GPUs for scheduling: the node's capacity of ``nvidia.com/gpu`` (extended resources are
         advertised by patching the node's status, as a device plugin's registration ends up doing)."""
         patch = [{"op": "add", "path": "/status/capacity/nvidia.com~1gpu", "value": str(self.gpus)}]
-        self.request("PATCH", f"/api/v1/nodes/{NODE_NAME}/status", body=patch,
+        self.request("PATCH", f"/api/v1/nodes/{name}/status", body=patch,
                      content_type="application/json-patch+json")
-        wait_for("the node's allocatable GPUs", lambda: (self.request("GET", f"/api/v1/nodes/{NODE_NAME}") or {})
+        wait_for(f"the allocatable GPUs of {name}", lambda: (self.request("GET", f"/api/v1/nodes/{name}") or {})
                  .get("status", {}).get("allocatable", {}).get("nvidia.com/gpu") == str(self.gpus), 30)
 
     # -- node loss ----------------------------------------------------------------------------------
 
-    def stop_kubelet(self) -> None:
-        """The node is lost: the kubelet stops (its pods' containers keep running, as on a real loss)."""
-        proc = self.procs.pop("kubelet", None)
+    def stop_kubelet(self, name: str = NODE_NAME) -> None:
+        """The node is lost: its kubelet stops (its pods' containers keep running, as on a real loss)."""
+        proc = self.procs.pop(f"kubelet-{self.node(name).index}", None)
         if proc is not None:
             _end(proc)
 
-    def start_kubelet(self) -> None:
-        if "kubelet" not in self.procs:
-            self._spawn("kubelet", self._kubelet_argv)
+    def start_kubelet(self, name: str = NODE_NAME) -> None:
+        key = f"kubelet-{self.node(name).index}"
+        if key not in self.procs:
+            self._spawn(key, self._kubelet_argv[name])
 
     # -- talking to it ------------------------------------------------------------------------------
 
@@ -498,21 +574,28 @@ state = "{root}/state"
     def stop(self) -> None:
         """Tear down without leftovers (see the module's docstring); safe to call twice."""
         if self.procs.get("kube-apiserver") is not None and self.procs["kube-apiserver"].poll() is None:
-            if self.procs.get("containerd") is not None and "kubelet" not in self.procs:
-                self.start_kubelet()  # a node lost by a test comes back to tear its pods down
+            for node in self.nodes:
+                lost = node.name in self._kubelet_argv and f"kubelet-{node.index}" not in self.procs
+                if lost and self.procs.get(f"containerd-{node.index}") is not None:
+                    self.start_kubelet(node.name)  # a node lost by a test comes back to tear its pods down
             self._drain_pods()
-        for name in ("kubelet", "kube-scheduler", "kube-controller-manager"):
+        for name in [f"kubelet-{n.index}" for n in self.nodes] + ["kube-scheduler", "kube-controller-manager"]:
             proc = self.procs.pop(name, None)
             if proc is not None:
                 _end(proc)
-        self._remove_sandboxes()
-        for name in ("containerd", "kube-apiserver", "etcd"):
+        for node in self.nodes:
+            self._remove_sandboxes(node)
+        for name in [f"containerd-{n.index}" for n in self.nodes] + ["kube-apiserver", "etcd"]:
             proc = self.procs.pop(name, None)
             if proc is not None:
                 _end(proc)
-        self._end_shims()
+        for node in self.nodes:
+            self._end_shims(node)
         self._unmount_under(self.base)
-        subprocess.run(["ip", "link", "del", BRIDGE], capture_output=True)
+        for node in self.nodes:
+            subprocess.run(["ip", "link", "del", node.bridge], capture_output=True)
+            for directory in self._cgroup_dirs(node):
+                _remove_cgroup(directory)
         for path in Path("/var/lib/cni/results").glob(f"{CNI_NETWORK}-*"):
             path.unlink(missing_ok=True)
         shutil.rmtree(self.shm, ignore_errors=True)
@@ -521,36 +604,29 @@ state = "{root}/state"
         shutil.rmtree(self.base, ignore_errors=True)
 
     def _drain_pods(self) -> None:
-        """Delete every pod now and wait until the kubelet has torn their sandboxes down (CNI DEL runs)."""
+        """Delete every pod now and wait until the kubelets have torn their sandboxes down (CNI DEL)."""
         with contextlib.suppress(Exception):
             for pod in self.pods():
                 meta = pod["metadata"]
                 self.request("DELETE", f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}",
                              body={"gracePeriodSeconds": 0})
-        kubelet_up = self.procs.get("kubelet") is not None and self.procs["kubelet"].poll() is None
-        if kubelet_up:
-            with contextlib.suppress(ClusterDidNotStart):
-                wait_for("the pods' sandboxes to be torn down (CNI DEL)", lambda: not self._leases(), 60)
+        with contextlib.suppress(ClusterDidNotStart):
+            wait_for("the pods' sandboxes to be torn down (CNI DEL)",
+                     lambda: not any(node.leases() for node in self.nodes), 60)
 
-    def _leases(self) -> list[Path]:
-        """The pod addresses host-local still has out: one file per address, released by CNI DEL."""
-        return [p for p in (self.base / "cni/ipam").glob("*/*") if re.fullmatch(r"[0-9.]+", p.name)]
-
-    def _sandboxes(self) -> list[str]:
-        if not self.containerd_socket.exists():
+    def _sandboxes(self, node: NodeHost) -> list[str]:
+        if not node.socket.exists():
             return []
-        out = subprocess.run(["ctr", "--address", str(self.containerd_socket), "--namespace", "k8s.io",
-                              "containers", "list", "-q"], capture_output=True, text=True, timeout=30).stdout
-        return out.split()
+        return self._ctr(node, "containers", "list", "-q").stdout.split()
 
-    def _remove_sandboxes(self) -> None:
+    def _remove_sandboxes(self, node: NodeHost) -> None:
         """What the kubelet did not tear down (it did not drain in time): the tasks killed, and every
-        network namespace holding an address of this cluster's pod subnet deleted (its veth with it)."""
-        if not self._leases():
+        network namespace holding an address of the node's pod subnet deleted (its veth with it)."""
+        if not node.leases() or self.procs.get(f"containerd-{node.index}") is None:
             return
-        for cid in self._sandboxes():
-            self._ctr("tasks", "kill", "-s", "SIGKILL", cid)
-        subnet = ipaddress.ip_network(POD_SUBNET)
+        for cid in self._sandboxes(node):
+            self._ctr(node, "tasks", "kill", "-s", "SIGKILL", cid)
+        subnet = ipaddress.ip_network(node.subnet)
         for netns in Path("/run/netns").glob("cni-*"):
             out = subprocess.run(["ip", "netns", "exec", netns.name, "ip", "-4", "-o", "addr"], capture_output=True,
                                  text=True).stdout
@@ -558,8 +634,8 @@ state = "{root}/state"
             if any(ipaddress.ip_address(a) in subnet for a in addresses):
                 subprocess.run(["ip", "netns", "del", netns.name], capture_output=True)
 
-    def _end_shims(self) -> None:
-        marker = str(self.containerd_socket).encode()
+    def _end_shims(self, node: NodeHost) -> None:
+        marker = str(node.socket).encode()
         for proc_dir in Path("/proc").iterdir():
             if not proc_dir.name.isdigit():
                 continue
@@ -584,15 +660,18 @@ state = "{root}/state"
     def leftovers(self) -> list[str]:
         """What this run left behind on the host (empty when the teardown was clean)."""
         found = []
-        if subprocess.run(["ip", "link", "show", BRIDGE], capture_output=True).returncode == 0:
-            found.append(f"bridge {BRIDGE}")
-        links = subprocess.run(["ip", "-o", "link", "show", "master", BRIDGE], capture_output=True, text=True).stdout
-        found += [f"veth {line.split(':')[1].strip()}" for line in links.splitlines() if line.strip()]
+        for node in self.nodes:
+            if subprocess.run(["ip", "link", "show", node.bridge], capture_output=True).returncode == 0:
+                found.append(f"bridge {node.bridge}")
+            links = subprocess.run(["ip", "-o", "link", "show", "master", node.bridge], capture_output=True,
+                                   text=True).stdout
+            found += [f"veth {line.split(':')[1].strip()}" for line in links.splitlines() if line.strip()]
+            found += [f"cgroup {d}" for d in self._cgroup_dirs(node) if d.exists()]
+            found += [f"address lease {p.name}" for p in node.leases()]
         for table in ("filter", "nat"):
             rules = subprocess.run(["iptables-save", "-t", table], capture_output=True, text=True).stdout
             found += [f"iptables -t {table} {line}" for line in rules.splitlines()
                       if CNI_NETWORK in line or line.startswith((":KUBE-", ":CNI-"))]
-        found += [f"address lease {p.name}" for p in self._leases()]
         found += [f"results {p}" for p in Path("/var/lib/cni/results").glob(f"{CNI_NETWORK}-*")]
         for proc_dir in Path("/proc").iterdir():
             if proc_dir.name.isdigit():
@@ -608,6 +687,18 @@ state = "{root}/state"
         if self.base.exists():
             found.append(f"directory {self.base}")
         return found
+
+
+def _remove_cgroup(directory: Path) -> None:
+    """rmdir a cgroup and the cgroups under it, deepest first (a cgroup directory holds only files the
+    kernel removes with it, so rmdir is the way to delete it)."""
+    if not directory.exists():
+        return
+    for path in sorted((p for p in directory.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
+        with contextlib.suppress(OSError):
+            path.rmdir()
+    with contextlib.suppress(OSError):
+        directory.rmdir()
 
 
 def _end(proc: subprocess.Popen[bytes], timeout_s: float = 15) -> None:

@@ -46,7 +46,8 @@ ROLE_TEMPLATES = ROOT / "ansible/roles/kubernetes_control_plane/templates"
 NAMESPACE = "dlts"
 SERVICE_ACCOUNT = "dlts-managers"  # the role's default (kubernetes_control_plane_dlts_service_account)
 SKU = "a100"
-GPUS = 8
+GPUS = 8  # per node
+NODES = 2
 UID = 20001
 
 
@@ -105,7 +106,7 @@ def real_cluster() -> Iterator[RealCluster]:
         _unavailable("the Kubernetes build cache is missing: run `python tests/k8s/real/kube_cache.py build` "
                      "(`sh .ci/dev setup` does)")
     assert cache is not None
-    cluster = RealCluster(cache, gpus=GPUS, sku=SKU)
+    cluster = RealCluster(cache, gpus=GPUS, sku=SKU, nodes=NODES)
     try:
         cluster.start()
     except ClusterDidNotStart as exc:
@@ -235,7 +236,7 @@ class Deployed:
 @pytest.fixture
 def world(sessions):
     with sessions() as s:
-        admin.add_vc(s, "vision", {SKU: GPUS})
+        admin.add_vc(s, "vision", {SKU: GPUS * NODES})
         admin.add_user(s, "alice", uid=UID, gid=UID)
         admin.add_member(s, "vision", "alice")
     return sessions
@@ -248,9 +249,15 @@ def kubernetes_section() -> dict[str, Any]:
 
 
 @pytest.fixture
-def real_settings(real_cluster, tmp_path, database_url, kubernetes_section) -> Settings:
+def top_settings() -> dict[str, Any]:
+    """Top-level dlts.yaml keys a test module sets (``start_timeout_s``, ...)."""
+    return {}
+
+
+@pytest.fixture
+def real_settings(real_cluster, tmp_path, database_url, kubernetes_section, top_settings) -> Settings:
     path = write_config(tmp_path, database_url, real_cluster.managers_kubeconfig, real_cluster.images["init"],
-                        kubernetes=kubernetes_section)
+                        kubernetes=kubernetes_section, **top_settings)
     return load_settings(path, environ={})
 
 
@@ -263,11 +270,12 @@ def settings(real_settings) -> Settings:
 @pytest.fixture
 def deployed(real_cluster, world, settings) -> Iterator[Deployed]:
     delete_dlts_objects(real_cluster)
-    if not real_cluster.node_ready():
-        real_cluster.start_kubelet()
-        real_cluster.wait_node_ready()
+    for node in real_cluster.nodes:
+        if not real_cluster.node_ready(node.name):
+            real_cluster.start_kubelet(node.name)
+            real_cluster.wait_node_ready(node.name)
     d = Deployed(real_cluster, world, settings)
-    d.tick_until("the node is synced", lambda: d.summary() == [] and d.node_rows())  # node sync: the SKU is known
+    d.tick_until("the nodes are synced", lambda: len(d.node_rows()) == NODES)  # node sync: the SKU is known
     yield d
     d.backend.close()
     delete_dlts_objects(real_cluster)

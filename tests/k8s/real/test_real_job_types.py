@@ -1,7 +1,7 @@
 """Every job type runs as real pods to its end, and its log is what the portal shows.
 
-batch, distributed (a gang of one pod: there is one node here), inference (two replicas, one log with
-the second replica's lines prefixed ``[1] ``) and interactive (a port endpoint, exposed as a real
+batch, distributed (a gang of two pods, one per node), inference (two replicas, one log with the
+second replica's lines prefixed ``[1] ``) and interactive (a port endpoint, exposed as a real
 NodePort Service). The portal is the app over the same database and log store, signed in as the
 job's owner through its login form. The backend keeps the pods by a watch here.
 """
@@ -23,7 +23,8 @@ PASSWORD = "alice-portal-password"
 WAIT = "while [ ! -e /tmp/go ]; do sleep 0.2; done"
 JOBS = {
     "batch": ({"gpus": 1}, "echo batch says hi; " + WAIT, ["batch says hi"]),
-    "distributed": ({"nodes": 1, "gpus": 8}, "echo rank $RANK of $WORLD_SIZE; " + WAIT, ["rank 0 of 8"]),
+    "distributed": ({"nodes": 2, "gpus": 8}, "echo rank $RANK of $WORLD_SIZE; " + WAIT,
+                    ["rank 0 of 16", "[1] rank 8 of 16"]),
     "inference": ({"gpus": 1, "min_replicas": 2, "max_replicas": 2}, "echo replica $DLTS_REPLICA; " + WAIT,
                   ["replica 0", "[1] replica 1"]),
     "interactive": ({"gpus": 1, "ports": (8800,)}, "echo serving on 8800; " + WAIT, ["serving on 8800"]),
@@ -54,7 +55,7 @@ def test_every_job_type_runs_as_real_pods_to_its_end_with_its_log_in_the_portal(
         s.commit()
     fields, command, expected = JOBS[kind]
     job_id = deployed.submit(command, type=kind, **fields)
-    pods_wanted = 2 if kind == "inference" else 1
+    pods_wanted = 2 if kind in ("inference", "distributed") else 1
     deployed.tick_until(f"the {kind} job runs with every line of its start in the log", lambda: (
         deployed.status(job_id) == "running"
         and sorted(deployed.log(job_id).splitlines()) == sorted(expected)))

@@ -83,7 +83,8 @@ def test_the_pod_carries_the_priority_class_node_affinity_and_security_the_serve
     pod = deployed.pods(job_id)[0]
     spec = pod["spec"]
     assert spec["priorityClassName"] == "dlts-preemptible" and spec["priority"] == 100  # resolved by admission
-    assert spec["nodeName"] == "dlts-kube-0"  # kube-scheduler bound it where DLTS's affinity said
+    [term] = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert [spec["nodeName"]] == term["matchFields"][0]["values"]  # kube-scheduler bound it where DLTS said
     assert spec["securityContext"]["runAsUser"] == UID and spec["securityContext"]["runAsNonRoot"] is True
     assert "sysctls" not in spec["securityContext"]  # a 1.20 kubelet refuses the port sysctl
     assert spec["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "2"
@@ -94,7 +95,7 @@ def test_the_pod_carries_the_priority_class_node_affinity_and_security_the_serve
 
 
 def test_a_distributed_job_gets_its_headless_service_whose_endpoints_name_its_pod(deployed):
-    """One node here, so a gang of one pod: what DNS would serve for MASTER_ADDR (the headless Service's
+    """A gang of one pod: what DNS would serve for MASTER_ADDR (the headless Service's
     endpoints, filled by the real endpoints controller) names the pod, under the hostname it runs as."""
     job_id = deployed.submit("echo rank $RANK of $WORLD_SIZE, master $MASTER_ADDR:$MASTER_PORT; hostname -f; "
                              "while [ ! -e /tmp/go ]; do sleep 0.2; done", type="distributed", nodes=1, gpus=8)

@@ -116,6 +116,7 @@ class KubernetesBackend:
         self._lock = threading.Lock()
         self._nodes_cache: tuple[float, list[dict]] | None = None
         self._node_loss = NodeLoss(node_lost_after_s)
+        self._lost_nodes: dict[str, str] = {}  # what the last observe found lost (name -> why)
         self._cordons = Cordons(self.api)
         self._endpoints = Endpoints(self.api, self.renderer, settings.namespace, self._attempt_pods,
                                     self._node_address)
@@ -193,10 +194,13 @@ class KubernetesBackend:
 
     def forget(self, job_id: int, attempt: int) -> None:
         """Copy the rest of the attempt's output into the log store, then delete its objects.
-        When the output cannot be read now, nothing is deleted (``KubernetesUnavailable``): the
-        job manager forgets it on a later tick."""
+        When the output cannot be read now, nothing is deleted (``KubernetesRefused``): the job
+        manager forgets it on a later tick. Output on a node the last ``observe`` found lost is not
+        waited for: the log says it went with the node."""
         key = (int(job_id), int(attempt))
-        self._logs.copy_rest(key, self._attempt_pods(*key))
+        with self._lock:
+            lost = dict(self._lost_nodes)
+        self._logs.copy_rest(key, self._attempt_pods(*key), lost)
         # Grace 0: a finished pod goes at once; a pod stuck on a lost node is force-removed so
         # that it does not hold the name (and the GPUs, once the node returns).
         self._delete_attempt(*key, grace_s=0)
@@ -276,6 +280,8 @@ class KubernetesBackend:
         now = self.clock()
         used = {(p.get("spec") or {}).get("nodeName") for pods in groups.values() for p in pods} - {None, ""}
         lost = self._node_loss.lost(nodes, used, now)  # type: ignore[arg-type]
+        with self._lock:
+            self._lost_nodes = dict(lost)
         # An attempt with no pods at all is absent here; the job manager knows which attempts it
         # launched and decides (relaunch a lost create, or count a running one as gone).
         observed = (observe_attempt(key, group, lost_nodes=lost, now=now, missing_after_s=self.settings.missing_after_s)

@@ -29,6 +29,15 @@ through ``dlts.logstore.AttemptLogWriter`` (so the store's size cap and rotation
   tried again on the next call; ``copy_rest`` (before ``forget``) raises ``KubernetesRefused``
   instead, so the pods are kept until their output is safe. That is about this attempt only: the
   job manager records it on the job and goes on with the others.
+* **A node that is lost.** Before ``forget`` deletes the pods of a lost node (NotReady or gone for
+  ``node_lost_after_s``), whatever its kubelet still serves is copied; what it cannot serve went with
+  the node (at most ``log_sync_s`` of output, the rest was copied while the job ran), and the log
+  says so in one line, as below, instead of keeping the pods until a node that may never return does.
+* **A log the node cannot return.** The kubelet answers a log it can no longer read (the container
+  or its log file is gone) with HTTP 200 and its error as the body. Since every line of real output
+  starts with its timestamp, such a body is told apart: the attempt's log gets one line
+  ``[dlts] the rest of this output could not be read from the node: <the kubelet's words>``, the pod
+  is not read again, and ``forget`` goes on to delete it.
 """
 
 from __future__ import annotations
@@ -103,7 +112,7 @@ class _Cursor:
         self.pods = dict(data.get("pods") or {})
         pending = data.get("pending")
         if pending and log_size >= int(pending["size"]):
-            self.pods[pending["pod"]] = {k: pending[k] for k in ("uid", "ts", "n")}
+            self.pods[pending["pod"]] = {k: pending[k] for k in ("uid", "ts", "n", "gone") if k in pending}
 
     def save(self, size: int, pending: Mapping[str, Any] | None = None) -> None:
         tmp = self.path.with_name(self.path.name + ".tmp")
@@ -142,16 +151,19 @@ class LogCopier:
             for future in [pool.submit(self.copy, key, pods, strict=False) for key, pods in work]:
                 future.result()
 
-    def copy_rest(self, key: tuple[int, int], pods: Sequence[Mapping[str, Any]]) -> None:
+    def copy_rest(self, key: tuple[int, int], pods: Sequence[Mapping[str, Any]],
+                  lost_nodes: Mapping[str, str] | None = None) -> None:
         """Copy everything not yet copied (before the pods are deleted); raises
-        ``KubernetesRefused`` when a started pod's log cannot be read."""
-        self.copy(key, pods, strict=True)
+        ``KubernetesRefused`` when a started pod's log cannot be read, unless the pod's node is in
+        ``lost_nodes`` (name -> why): the rest of that output went with the node, and the log says so."""
+        self.copy(key, pods, strict=True, lost_nodes=lost_nodes or {})
 
     def forget(self, key: tuple[int, int]) -> None:
         with self._locks_guard:
             self._locks.pop(key, None)
 
-    def copy(self, key: tuple[int, int], pods: Iterable[Mapping[str, Any]], *, strict: bool) -> None:
+    def copy(self, key: tuple[int, int], pods: Iterable[Mapping[str, Any]], *, strict: bool,
+             lost_nodes: Mapping[str, str] | None = None) -> None:
         started = sorted((p for p in pods if started_at(p) is not None), key=replica_index)
         if not started:
             return
@@ -161,16 +173,37 @@ class LogCopier:
             try:
                 cursor = _Cursor(cursor_path(self.log_dir, job_id, attempt), writer.size)
                 for pod in started:
-                    self._copy_pod(pod, writer, cursor, strict)
+                    self._copy_pod(pod, writer, cursor, strict, lost_nodes or {})
             finally:
                 writer.close()
 
-    def _copy_pod(self, pod: Mapping[str, Any], writer: AttemptLogWriter, cursor: _Cursor, strict: bool) -> None:
+    def _output_gone(self, name: str, uid: str, entry: Mapping[str, Any] | None, prefix: bytes, data: bytes,
+                     writer: AttemptLogWriter, cursor: _Cursor) -> None:
+        """With ``timestamps=true`` every line a container printed starts with its time. A body that
+        does not is the kubelet saying it cannot read the log, answered with HTTP 200: "unable to
+        retrieve container logs for containerd://..." once the container is gone, "failed to try
+        resolving symlinks in path /var/log/pods/..." once its log file is. It is not the job's
+        output: the log gets one line saying the rest could not be read, and the pod is not read
+        again (its output is gone, so its objects can go)."""
+        said = data.split(b"\n", 1)[0].decode("utf-8", "replace").strip()[:300]
+        log.warning("pod %s: its node cannot return the rest of its log: %s", name, said)
+        note = prefix + f"[dlts] the rest of this output could not be read from the node: {said}\n".encode()
+        gone = {"uid": uid, "ts": list(entry["ts"]) if entry else [0, 0], "n": int(entry["n"]) if entry else 0,
+                "gone": True}
+        cursor.save(writer.size, pending={"pod": name, **gone, "size": writer.size + len(note)})
+        writer.write(note)
+        cursor.pods[name] = gone
+        cursor.save(writer.size)
+
+    def _copy_pod(self, pod: Mapping[str, Any], writer: AttemptLogWriter, cursor: _Cursor, strict: bool,
+                  lost_nodes: Mapping[str, str]) -> None:
         meta = pod["metadata"]
         name, uid = str(meta["name"]), str(meta.get("uid") or "")
         entry = cursor.pods.get(name)
         if entry is not None and entry.get("uid") != uid:
             entry = None  # another pod under the same name: its own output, from its start
+        if entry is not None and entry.get("gone"):
+            return  # its node could not return the rest of its output; the log says so once
         index = replica_index(pod)
         prefix = b"" if index == 0 else f"[{index}] ".encode()
         limit = self.chunk_bytes
@@ -185,9 +218,16 @@ class LogCopier:
                     return
                 message = status_message(exc) if isinstance(exc, ApiException) else str(exc)
                 what = f"cannot read the log of pod {name} (HTTP {exc.status}): {message}"
+                node = str((pod.get("spec") or {}).get("nodeName") or "")
+                if strict and node in lost_nodes:  # gone with its node: at most log_sync_s of it
+                    self._output_gone(name, uid, entry, prefix, lost_nodes[node].encode(), writer, cursor)
+                    return
                 if strict:
                     raise KubernetesRefused(what, status=int(exc.status or 0)) from None
                 log.warning("%s; trying again later", what)
+                return
+            if data and parse_stamp(data.partition(b" ")[0]) is None:
+                self._output_gone(name, uid, entry, prefix, data, writer, cursor)
                 return
             truncated = len(data) >= limit
             lines = data.split(b"\n")
