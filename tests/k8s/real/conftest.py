@@ -177,8 +177,9 @@ class Deployed:
         with self.sessions() as s:
             job_service.kill(s, principal_for(s, s.scalar(sa.select(User).where(User.name == user))), job_id)
 
-    def tick_until(self, what: str, check: Callable[[], Any], timeout_s: float = 90) -> Any:
-        """Tick the job manager until ``check()`` is truthy (a bound, not a duration)."""
+    def tick_until(self, what: str, check: Callable[[], Any], timeout_s: float = 180) -> Any:
+        """Tick the job manager until ``check()`` is truthy (a bound, not a duration: a kubelet on two
+        loaded cores has been seen to report a pod's end a minute and more after it)."""
         deadline = time.monotonic() + timeout_s
         while True:
             self.manager.tick()

@@ -63,18 +63,18 @@ def test_a_gang_half_bound_ends_whole_at_the_start_timeout_and_runs_when_the_gpu
     try:
         job_id = deployed.submit(GANG, type="distributed", nodes=2, gpus=8, max_retries=2)
         deployed.tick_until("one pod waits as unschedulable", lambda: deployed.job(job_id).reason == "unschedulable",
-                            timeout_s=60)
+                            timeout_s=180)
         assert "Insufficient nvidia.com/gpu" in deployed.job(job_id).reason_detail
         deployed.tick_until("the attempt ends at the start timeout, both pods gone", lambda:
                             deployed.attempts(job_id)[0].end_reason == "start_timeout" and
                             all(p["metadata"]["name"].startswith(f"dlts-{job_id}-2-") for p in deployed.pods(job_id)),
-                            timeout_s=90)
+                            timeout_s=180)
         assert deployed.job(job_id).retries_used >= 1
     finally:
         real_cluster.request("DELETE", "/api/v1/namespaces/default/pods/not-dlts", body={"gracePeriodSeconds": 0})
     deployed.tick_until("a later attempt runs both pods", lambda: deployed.status(job_id) == "running" and
                         len(deployed.pods(job_id)) == 2 and
-                        {p["status"]["phase"] for p in deployed.pods(job_id)} == {"Running"}, timeout_s=120)
+                        {p["status"]["phase"] for p in deployed.pods(job_id)} == {"Running"}, timeout_s=240)
     release(deployed, job_id)
     deployed.tick_until("the gang ends", lambda: deployed.ended(job_id))
     assert deployed.status(job_id) == "finished"

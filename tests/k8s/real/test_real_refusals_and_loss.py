@@ -55,7 +55,7 @@ def test_a_lost_node_goes_not_ready_and_its_job_is_requeued_then_runs_elsewhere(
     try:
         deployed.tick_until("the job is requeued as its node was lost, and the node shown not ready", lambda:
                             deployed.attempts(job_id)[0].end_reason == "node_lost" and
-                            (lost, "a100", 8, False) in deployed.node_rows(), timeout_s=150)
+                            (lost, "a100", 8, False) in deployed.node_rows(), timeout_s=240)
         assert deployed.job(job_id).retries_used == 0  # a lost node spends no retry
         deployed.tick_until("the second attempt runs on the other node", lambda: deployed.status(job_id) == "running"
                             and len(deployed.attempts(job_id)) == 2 and "attempt 2" in deployed.log(job_id, 2))
@@ -67,4 +67,4 @@ def test_a_lost_node_goes_not_ready_and_its_job_is_requeued_then_runs_elsewhere(
     finally:
         real_cluster.start_kubelet(lost)
     deployed.tick_until("the node is ready again", lambda: (lost, "a100", 8, True) in deployed.node_rows(),
-                        timeout_s=120)
+                        timeout_s=180)
