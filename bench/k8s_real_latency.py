@@ -1,6 +1,6 @@
 """Jobs on a real Kubernetes: decision -> pod created, and pod running -> job shown running.
 
-Starts the real cluster of the tests (tests/k8s/real/cluster.py: etcd, kube-apiserver, controller
+Starts the real cluster of the tests with one node (tests/k8s/real/cluster.py: etcd, kube-apiserver, controller
 manager, scheduler, containerd, one kubelet; the binaries from ``kube_cache.py``), sets it up as the
 Ansible role does (namespace, RBAC, PriorityClasses, the managers' token kubeconfig), and runs DLTS
 as deployed: a dlts.yaml, ``load_settings``, ``make_backend`` and the job manager ticking every
@@ -121,7 +121,7 @@ def main() -> None:
                 errors.append(record.getMessage())
 
     logging.getLogger("dlts.jobmanager.manager").addHandler(Count())
-    with tempfile.TemporaryDirectory(prefix="dlts-bench-k8s.") as tmp, RealCluster(cache, gpus=GPUS, sku=SKU) as cluster:
+    with tempfile.TemporaryDirectory(prefix="dlts-bench-k8s.") as tmp, RealCluster(cache, gpus=GPUS, sku=SKU, nodes=1) as cluster:
         work = Path(tmp)
         kubeconfig = set_up_for_dlts(cluster)
         database_url = f"sqlite:///{work / 'dlts.db'}"
