@@ -361,6 +361,65 @@ def test_a_waiting_job_shows_its_forecast_start(user, demo):
         user.run("kill", str(blocker))
 
 
+def test_a_waiting_job_says_why_its_estimate_moved_later(user, demo):
+    """In a backfill VC that weighs limits, a job waiting with a reservation is passed by a later job
+    with a shorter limit: the job manager's estimate_moved message is the job's estimate_note, which
+    `dlts jobs` prints under the table, `dlts show` on its own line and --json as the field."""
+    deadline = time.monotonic() + 60
+    # the earlier tests' jobs gone first: one without a limit still waiting would rank ahead of the
+    # waiting job here (the same weighed limit, queued earlier) and leave it without a reservation
+    while busy := api(demo).get(f"{demo.url}/api/v1/jobs", params={"status": "unapproved,queued,scheduling,running,"
+                                                                   "pausing,killing"}, timeout=10).json()["items"]:
+        assert time.monotonic() < deadline, busy
+        time.sleep(0.3)
+    user.login("demo-token")
+    tuned = user.run("vc", "tune", "default", "--policy", "backfill", "--limit-weight", "0.25")
+    assert tuned.returncode == 0, tuned.stderr
+    user.login()
+    started: list[int] = []
+    try:
+        for _ in range(2):
+            started.append(int(user.run("submit", "--image", "any", "--gpus", "1", "--max-time", "1h", "--",
+                                        "sleep 600").stdout.strip()))
+        for job_id in started:
+            wait_job(demo, job_id, {"running"})
+        waiting = int(user.run("submit", "--image", "any", "--gpus", "1", "--", "true").stdout.strip())
+        started.append(waiting)
+        deadline = time.monotonic() + 90
+        while (job := wait_job(demo, waiting, {"queued"}))["estimated_start_source"] != "reservation":
+            assert time.monotonic() < deadline, job
+            time.sleep(0.3)
+        assert job["estimate_note"] is None and "estimate moved" not in user.run("show", str(waiting)).stdout
+        ahead = int(user.run("submit", "--image", "any", "--gpus", "2", "--max-time", "10m", "--", "true").stdout.strip())
+        started.append(ahead)
+        while not (job := wait_job(demo, waiting, {"queued"}))["estimate_note"]:
+            assert time.monotonic() < deadline, job
+            time.sleep(0.3)
+        note = job["estimate_note"]
+        assert note.startswith("estimated start moved ") and f"job {ahead} (shorter limit) ranked ahead of it" in note, note
+        events = api(demo).get(f"{demo.url}/api/v1/jobs/{waiting}/events", timeout=10).json()["items"]
+        assert note in [e.get("message") for e in events if e.get("reason") == "estimate_moved"], events
+
+        listed = user.run("jobs")
+        assert listed.returncode == 0, listed.stderr
+        lines = listed.stdout.splitlines()
+        assert lines[0].split()[0] == "ID" and f"job {waiting}: {note}" in lines, listed.stdout
+        table_end = next(i for i, line in enumerate(lines) if line.startswith("job "))
+        assert all(line.startswith("job ") for line in lines[table_end:]), listed.stdout  # under the table
+        assert not any(line.startswith(f"job {ahead}:") for line in lines), listed.stdout  # its estimate did not move
+        as_json = {j["id"]: j for j in json.loads(user.run("jobs", "--json").stdout)}
+        assert as_json[waiting]["estimate_note"] == note and as_json[ahead]["estimate_note"] is None
+        shown = user.run("show", str(waiting)).stdout
+        line = next(x for x in shown.splitlines() if x.strip().startswith("estimate moved:"))
+        assert line.split(":", 1)[1].strip() == note, shown
+    finally:
+        for job_id in started:
+            user.run("kill", str(job_id))
+        user.login("demo-token")
+        reset = user.run("vc", "tune", "default", "--policy", "RF", "--limit-weight", "none")
+        assert reset.returncode == 0, reset.stderr
+
+
 def test_a_revoked_token_says_to_log_in_again(user, demo):
     made = subprocess.run(DLTS + ["user", "token", "alice", "--label", "laptop"], env=demo.env(), capture_output=True,
                           text=True, timeout=60, check=False)

@@ -175,6 +175,10 @@ def _estimate_source(item: Any) -> str | None:
     return item.job.estimate()[1]
 
 
+def _estimate_note(item: Any) -> str | None:
+    return item.job.estimate_note if item.job.status is JobStatus.QUEUED else None
+
+
 def _spec(key: str, default: Any = None, convert: Callable[[Any], Any] = lambda v: v) -> Callable[[Any], Any]:
     return lambda item: convert(item.job.spec.get(key, default))
 
@@ -210,6 +214,9 @@ class _JobFields(Schema):
     estimated_start_source = _derived(fields.String, _estimate_source, allow_none=True, metadata={
         "description": "reservation (the scheduler holds resources for the job from estimated_start on) or "
                        "forecast (a projection refreshed every forecast.interval_s; nothing is held); null: no estimate"})
+    estimate_note = _derived(fields.String, _estimate_note, allow_none=True, metadata={
+        "description": "queued jobs: why the estimated start last moved later (the jobs that came ahead of it and why; "
+                       "docs/scheduling.md); null when it has not moved or the job is not waiting"})
     image = fields.String(attribute="job.image")
     sku = fields.String(attribute="job.sku", allow_none=True)
     gpus = fields.Integer(attribute="job.gpus")

@@ -321,6 +321,8 @@ def register(main: click.Group, vc_group: click.Group) -> None:
                     click.echo(f"{client.base}  {time.strftime('%H:%M:%S')}  ({len(items)} jobs; Ctrl-C stops)")
                 click.echo(_jobs_table(items) if items else "no jobs" + ("" if show_all or status else
                                                                          " that have not ended (--all shows the rest)"))
+                for line in _estimate_notes(items):
+                    click.echo(line)
             if not watch:
                 return
             sys.stdout.flush()
@@ -805,6 +807,8 @@ def _state_line(job: dict) -> str:
         parts.append(f"position {job['queue_position']}")
     if job.get("estimated_start") and job["status"] in ("queued", "unapproved"):
         parts.append(f"estimated start {_estimate(job)}")
+    if job.get("estimate_note") and job["status"] == "queued":
+        parts.append(f"({job['estimate_note']})")
     if (job.get("attempt") or 0) > 1:
         parts.append(f"attempt {job['attempt']}")
     if job["status"] in ENDED_STATUSES:
@@ -941,6 +945,11 @@ def _jobs_table(items: list[dict]) -> str:
                         rows, right={0, 6, 7})
 
 
+def _estimate_notes(items: list[dict]) -> list[str]:
+    """Under the jobs table: why each listed queued job's estimated start last moved later."""
+    return [f"job {j['id']}: {j['estimate_note']}" for j in items if j.get("status") == "queued" and j.get("estimate_note")]
+
+
 def _endpoints_table(items: list[dict], colour: bool) -> str:
     return output.table(["EID", "KIND", "NAME", "PORT", "STATUS", "URL", "MESSAGE"],
                         [[str(e["id"]), e["kind"], e["name"], str(e.get("port") or "-"),
@@ -958,6 +967,7 @@ def _job_details(client: Client, job: dict, colour: bool) -> str:
               ("priority", job.get("priority")), ("queue position", job.get("queue_position")),
               ("estimated start", _estimate(job) if job.get("estimated_start") else
                ("unknown" if job.get("status") == "queued" else None)),
+              ("estimate moved", job.get("estimate_note") if job.get("status") == "queued" else None),
               ("image", job.get("image")), ("command", job.get("command")),
               ("submitted", output.relative(job.get("submitted_at"))),
               ("started", output.relative(job.get("started_at")) if job.get("started_at") else None),

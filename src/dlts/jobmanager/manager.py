@@ -342,7 +342,8 @@ class JobManager:
         if job.started_at is not None and ended_at < job.started_at:
             ended_at = job.started_at  # the manager's clock saw it start after the backend's clock saw it end
         requested = attempt.stop_requested if attempt else None
-        values: dict[str, Any] = {"exit_code": code, "queue_position": None, "estimated_start": None, "forecast_start": None}
+        values: dict[str, Any] = {"exit_code": code, "queue_position": None, "estimated_start": None, "forecast_start": None,
+                                  "estimate_note": None}
         spends_retry = False
         if job.status is S.KILLING:
             target, reason = S.KILLED, job.reason or EndReason.KILLED
@@ -609,7 +610,7 @@ class JobManager:
         if not job_repo.set_status(session, job.id, S.QUEUED, S.SCHEDULING, actor="scheduler", reason="started",
                                    message="placed on " + ", ".join(p.node for p in placements),
                                    values={"attempt": number, "reason": None, "reason_detail": None, "queue_position": None,
-                                           "estimated_start": None, "forecast_start": None}):
+                                           "estimated_start": None, "forecast_start": None, "estimate_note": None}):
             return None  # changed meanwhile (killed): nothing was written
         attempt = JobAttempt(job_id=job.id, number=number, placements=placements_to_json(placements),
                              created_at=max(self._now(), job.submitted_at or self._now()))
@@ -701,7 +702,8 @@ class JobManager:
 
     def _record_waits(self, session: Session, decisions: Decisions, snapshot: Snapshot | None = None) -> None:
         """Store each waiting job's reason and position; an event when the reason changes, and one
-        saying why when its estimated start moves later by more than a tick (``_estimates_moved``)."""
+        saying why when its estimated start moves later by more than a tick (``_estimates_moved``),
+        whose message the job keeps as its ``estimate_note`` until it holds no reservation any more."""
         if not decisions.waits:
             return
         with step(session):
@@ -709,8 +711,7 @@ class JobManager:
             current = session.execute(sa.select(Job.id, Job.reason, Job.reason_detail, Job.queue_position,
                                                 Job.estimated_start)
                                       .where(Job.id.in_(list(waits)), Job.status == S.QUEUED)).all()
-            if snapshot is not None:
-                self._estimates_moved(session, decisions, snapshot, current)
+            notes = self._estimates_moved(session, decisions, snapshot, current) if snapshot is not None else {}
             for job_id, reason, detail, position, estimate in current:
                 wait = waits[job_id]
                 code = wait.reason_code
@@ -718,20 +719,28 @@ class JobManager:
                 new_estimate = from_epoch(wait.estimated_start)
                 # an estimate to the second: a pass's estimate moves by fractions as ``now`` does
                 if (reason, detail, position) == (code, new_detail, wait.queue_position) \
-                        and job_repo.same_second(estimate, new_estimate):
+                        and job_repo.same_second(estimate, new_estimate) and job_id not in notes:
                     continue
-                session.execute(sa.update(Job).where(Job.id == job_id, Job.status == S.QUEUED)
-                                .values(reason=code, reason_detail=new_detail, queue_position=wait.queue_position,
-                                        estimated_start=new_estimate))
+                values: dict[str, Any] = {"reason": code, "reason_detail": new_detail,
+                                          "queue_position": wait.queue_position, "estimated_start": new_estimate}
+                if job_id in notes:
+                    values["estimate_note"] = notes[job_id]  # the estimate_moved event's message
+                elif new_estimate is None:
+                    values["estimate_note"] = None  # no reservation any more: nothing left that moved
+                session.execute(sa.update(Job).where(Job.id == job_id, Job.status == S.QUEUED).values(**values))
                 if reason != code:
                     job_repo.add_event(session, job_id, EventKind.REASON, reason=code, message=new_detail, actor="scheduler")
 
 
-    def _estimates_moved(self, session: Session, decisions: Decisions, snapshot: Snapshot, current: Sequence) -> None:
+    def _estimates_moved(self, session: Session, decisions: Decisions, snapshot: Snapshot,
+                         current: Sequence) -> dict[int, str]:
         """An ``estimate_moved`` event on each waiting job whose estimated start this pass puts more
         than a tick later than the stored one, naming the jobs of its VC that came ahead of it since
-        the last pass (new in the order, or behind it before) and why (``scheduler.explain``)."""
+        the last pass (new in the order, or behind it before) and why (``scheduler.explain``). Its
+        messages by job id: ``_record_waits`` stores each as the job's ``estimate_note`` in the
+        update it makes of the job's row anyway (its estimate moved)."""
         before = {row[0]: row for row in current}
+        notes: dict[int, str] = {}
         moved = []
         for wait in decisions.waits:
             row = before.get(wait.job_id)
@@ -739,7 +748,7 @@ class JobManager:
             if old is not None and wait.estimated_start is not None and wait.estimated_start - old > self.settings.tick_s:
                 moved.append((wait, old))
         if not moved:
-            return
+            return notes
         jobs = {j.id: j for j in snapshot.jobs}
         by_vc: dict[str, list[tuple[int, int]]] = {}
         for wait in decisions.waits:
@@ -760,8 +769,10 @@ class JobManager:
                     came_ahead.append(jobs[other])
             message = moved_later(job, old, wait.estimated_start or old, came_ahead, snapshot.vcs.get(job.vc),
                                   snapshot.fair_share_usage)
-            job_repo.add_event(session, job.id, EventKind.REASON, reason="estimate_moved", message=message[:1024],
+            notes[job.id] = message[:1024]
+            job_repo.add_event(session, job.id, EventKind.REASON, reason="estimate_moved", message=notes[job.id],
                                actor="scheduler")
+        return notes
 
 
 def _list(indexes) -> str:

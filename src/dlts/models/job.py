@@ -117,6 +117,9 @@ class Job(Base):
     # every waiting job: when the forecast manager's last forecast (scheduler/forecast.py) starts it;
     # NULL: not reached (revision 0019). Never read by the scheduler: a forecast holds nothing
     forecast_start: Mapped[dt.datetime | None] = mapped_column(Timestamp)
+    # why estimated_start last moved later (the estimate_moved event's message: the jobs that came
+    # ahead of it and why); NULL: it has not moved, or no reservation any more / not waiting (revision 0021)
+    estimate_note: Mapped[str | None] = mapped_column(sa.String(1024))
     image: Mapped[str] = mapped_column(sa.String(512))
     command: Mapped[str] = mapped_column(sa.Text)
     sku: Mapped[str | None] = mapped_column(sa.String(64))

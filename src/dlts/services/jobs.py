@@ -655,7 +655,8 @@ def kill(session: Session, principal: Principal, job_id: int, *, reason: str = E
                 return job  # already on its way out: asking twice is not an error
             if job.status in (S.UNAPPROVED, S.QUEUED, S.PAUSED):
                 target, values = S.KILLED, {"finished_at": utcnow(), "reason": reason, "reason_detail": detail,
-                                            "queue_position": None, "estimated_start": None, "forecast_start": None}
+                                            "queue_position": None, "estimated_start": None, "forecast_start": None,
+                                            "estimate_note": None}
             elif job.status in (S.SCHEDULING, S.RUNNING, S.PAUSING):
                 target, values = S.KILLING, {"reason": reason, "reason_detail": detail}
             else:
@@ -681,7 +682,8 @@ def pause(session: Session, principal: Principal, job_id: int, *, reason: str = 
         if job.status in (S.UNAPPROVED, S.QUEUED):
             _cas(session, job, S.PAUSED, principal.name, reason,
                  {"reason": "paused" if by_user else reason, "reason_detail": None if by_user else (detail or "")[:512] or None,
-                  "queue_position": None, "estimated_start": None, "forecast_start": None}, None if by_user else detail)
+                  "queue_position": None, "estimated_start": None, "forecast_start": None, "estimate_note": None},
+                 None if by_user else detail)
         elif job.status in (S.SCHEDULING, S.RUNNING):
             _cas(session, job, S.PAUSING, principal.name, reason,
                  None if by_user else {"reason": reason, "reason_detail": (detail or "")[:512] or None}, None if by_user else detail)
