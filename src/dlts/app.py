@@ -58,6 +58,11 @@ def create_app(settings: Settings | None = None) -> Flask:
     from dlts.api import metrics as metrics_view
 
     metrics_view.init_app(app)
+    from dlts.unread_body import UnreadBodyGuard
+
+    # outermost: an answer given before the request's body was read never leaves that body on a
+    # kept-alive connection (drained when small, the connection closed otherwise)
+    app.wsgi_app = UnreadBodyGuard(app.wsgi_app)  # type: ignore[method-assign]
     return app
 
 

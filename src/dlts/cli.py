@@ -204,6 +204,7 @@ def api(ctx: Context, workers: int | None) -> None:
     """Serve the REST API and portal under gunicorn on listen_host:listen_port."""
     import multiprocessing
     import os
+    import shutil
     import tempfile
 
     from gunicorn.app.base import BaseApplication
@@ -218,11 +219,15 @@ def api(ctx: Context, workers: int | None) -> None:
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
 
+    metrics_dir = None
     if not os.environ.get("PROMETHEUS_MULTIPROC_DIR") and "prometheus_client" not in sys.modules:
         # every worker writes its metrics here and /metrics sums them (docs/monitoring.md); set
-        # before prometheus_client is imported, which fixes the mode at import time
-        os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="dlts-api-metrics-")
-    from dlts.gunicorn_conf import child_exit
+        # before prometheus_client is imported, which fixes the mode at import time. Ours, so
+        # removed when the server exits; one the operator set (the systemd unit's) is theirs
+        metrics_dir = tempfile.mkdtemp(prefix="dlts-api-metrics-")
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
+    master = os.getpid()
+    from dlts.gunicorn_conf import child_exit, post_request, pre_request
 
     class Server(BaseApplication):
         def load_config(self):
@@ -238,11 +243,20 @@ def api(ctx: Context, workers: int | None) -> None:
             self.cfg.set("keepalive", settings.api_keepalive_s)
             self.cfg.set("accesslog", "-")
             self.cfg.set("child_exit", child_exit)
+            # the request in serving, for dlts.unread_body to close a connection left with an unread body
+            self.cfg.set("pre_request", pre_request)
+            self.cfg.set("post_request", post_request)
 
         def load(self):
             return create_app(settings)
 
-    Server().run()
+    try:
+        Server().run()
+    finally:
+        # gunicorn's workers are forks of this process that leave through sys.exit, so through this
+        # frame (and atexit) too: only the master, once its workers are gone, removes the directory
+        if metrics_dir is not None and os.getpid() == master:
+            shutil.rmtree(metrics_dir, ignore_errors=True)
 
 
 @main.command()
