@@ -680,17 +680,20 @@ def _operator():
 @node.command("list")
 @pass_ctx
 def node_list(ctx: Context) -> None:
-    """Nodes with their state, GPUs in use, health and current repair."""
+    """Nodes with their state, whether ready (if not, why), GPUs in use, health and current repair."""
     from dlts.services import nodes as node_service
 
     with ctx.session() as session:
-        rows = node_service.list_nodes(session, _operator())
-    click.echo(f"{'NODE':<20} {'SKU':<12} {'STATE':<15} {'GPUS':>7} {'HEALTH':<9} REPAIR")
+        rows = node_service.list_nodes(session, ctx.settings, _operator())
+    click.echo(f"{'NODE':<20} {'SKU':<12} {'STATE':<15} {'READY':<5} {'GPUS':>7} {'HEALTH':<9} REPAIR")
     for n in rows:
         repair = n.repair["problem"] if n.repair else (n.state_reason or "")
+        if not n.ready:  # (a lost node's own reason says less: not since when)
+            repair = f"not ready: {n.not_ready_reason}" + (f"; {repair}" if repair and n.state != "lost" else "")
         flags = (" [cordoned by " + n.cordoned_by + "]" if n.cordoned_by else "") + (" [paused]" if n.repair_paused else "")
         bad = f" (GPU {','.join(map(str, n.unhealthy_gpus))} out)" if n.unhealthy_gpus else ""
-        click.echo(f"{n.name:<20} {n.sku:<12} {n.state:<15} {f'{n.gpus_used}/{n.gpus}':>7} {n.health:<9} {repair}{bad}{flags}")
+        click.echo(f"{n.name:<20} {n.sku:<12} {n.state:<15} {'yes' if n.ready else 'no':<5} {f'{n.gpus_used}/{n.gpus}':>7} "
+                   f"{n.health:<9} {repair}{bad}{flags}")
 
 
 @node.command("show")
@@ -706,13 +709,15 @@ def node_show(ctx: Context, name: str, as_json: bool) -> None:
     from dlts.services import repair as repair_service
 
     with ctx.session() as session:
-        view = node_service.get_node(session, _operator(), name)
+        view = node_service.get_node(session, ctx.settings, _operator(), name)
         cycles = repair_service.list_cycles(session, _operator(), name, limit=10)
     if as_json:
         click.echo(json.dumps({"node": dataclasses.asdict(view), "repairs": cycles}, indent=2, default=str))
         return
     click.echo(f"{view.name}: {view.state} ({view.state_reason or 'no reason recorded'}); health {view.health}; "
                f"GPUs {view.gpus_used}/{view.gpus} used; last heartbeat {view.last_heartbeat_at or 'never'}")
+    if not view.ready:
+        click.echo(f"  not ready: {view.not_ready_reason}")
     if view.unhealthy_gpus:
         click.echo(f"  unhealthy GPUs (never assigned): {', '.join(map(str, view.unhealthy_gpus))}")
     details = view.details or {}

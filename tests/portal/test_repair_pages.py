@@ -63,3 +63,22 @@ def test_the_repair_page_shows_the_loop_and_its_forms_act(as_user, sessions):
     assert "is validating" in text(admin.get("/repair/nodes/testnode"))
     admin.post("/repair/nodes/testnode/pause")
     assert "Resume repairs here" in text(admin.get("/repair/nodes/testnode"))
+
+
+def test_a_lost_node_is_shown_not_ready_with_its_last_report_on_the_portal(as_user, sessions):
+    """The same rule as the API's (repair.machine.agent_lost): silent for more than lost_after_s."""
+    import datetime as dt
+
+    from dlts.models import NodeState, iso
+
+    last = utcnow() - dt.timedelta(seconds=400)
+    with sessions() as s:
+        node = s.scalar(sa.select(Node).where(Node.name == "testnode"))
+        node.last_heartbeat_at, node.health = last, "ok"
+        node.state, node.state_changed_at = NodeState.LOST, utcnow()
+        s.commit()
+    reason = f"no report from its agent since {iso(last)} (lost after 300 s)"
+    admin = as_user("admin")
+    for url in ("/cluster", "/repair", "/repair/nodes/testnode"):
+        assert f"not ready: {reason}" in text(admin.get(url)), url
+    assert f"not ready: {reason}" in text(as_user("bob").get("/cluster"))  # everybody sees the cluster's nodes

@@ -18,6 +18,7 @@ from dlts.repair.machine import (
     LastReturn,
     NodeView,
     StepRun,
+    agent_lost,
     counts_against_budget,
     decide,
     schedulable,
@@ -312,6 +313,45 @@ def test_a_silent_agent_makes_the_node_lost_and_its_return_validates():
     d = decide(back, ctx())
     assert (d.to_state, d.open_cycle.kind, d.begin_validation) == (N.VALIDATING, "return", True)
     assert decide(node(N.LOST, state_since_s=NOW - 50, health=Health(report_s=NOW - 400)), ctx()).to_state is None
+
+
+AGENT_LOST_CASES = [
+    ("an agent silent past lost_after_s is lost", N.IN_SERVICE, NOW - 301, True),
+    ("an agent silent for exactly lost_after_s is not yet", N.IN_SERVICE, NOW - 300, False),
+    ("an agent that never reported cannot go silent", N.IN_SERVICE, None, False),
+    ("silence while draining counts", N.DRAINING, NOW - 301, True),
+    ("silence while validating counts", N.VALIDATING, NOW - 301, True),
+    ("a remediating node may be silent (a reboot)", N.REMEDIATING, NOW - 301, False),
+    ("a node held for a human is not checked", N.OUT_OF_SERVICE, NOW - 301, False),
+    ("a lost node stays lost until its agent reports", N.LOST, NOW - 400, True),
+    ("a lost node whose agent reported since is back", N.LOST, NOW - 1, False),
+]
+
+
+@pytest.mark.parametrize("name, state, report_s, lost", AGENT_LOST_CASES, ids=[c[0] for c in AGENT_LOST_CASES])
+def test_agent_lost_is_the_rule_decide_acts_on(name, state, report_s, lost):
+    """The API shows a node lost by ``agent_lost`` (services/nodes.py); decide takes a node in a
+    checked state for lost on exactly the same answer."""
+    assert agent_lost(state, report_s, NOW - 50, NOW, 300.0) is lost
+    if state in (N.IN_SERVICE, N.DRAINING, N.VALIDATING):
+        view = node(state, health=Health(report_s=report_s),
+                    cycle=None if state is N.IN_SERVICE else cycle(validation_since_s=NOW - 100))
+        assert (decide(view, ctx()).to_state is N.LOST) is lost
+
+
+def test_a_node_back_from_lost_whose_agent_reads_no_gpus_returns_without_a_diagnostic_it_would_reject():
+    """The demo's agent for pretend GPUs (collectors.gpu.enabled: false) rejects every GPU
+    diagnostic; auto validates such a node on its report alone, required fails it (docs/repair.md)."""
+    back = cycle(Scope.NODE, (), (), 0, validation_since_s=NOW - 100, kind="return")
+    view = node(N.VALIDATING, cycle=back, health=Health(report_s=NOW - 2, gpus_unread=True))
+    auto = decide(view, ctx(settings=DIAG))
+    assert (auto.to_state, auto.order_diag) == (N.IN_SERVICE, False)
+    assert "its agent reads no GPUs: no GPU diagnostic" in auto.message
+    required = decide(view, ctx(settings=DIAG.model_copy(update={"validation_diag": "required"})))
+    assert required.to_state is N.OUT_OF_SERVICE and "reads no GPUs" in required.message
+    # an agent that reads its GPUs still gets the diagnostic
+    assert decide(replace(view, health=Health(report_s=NOW - 2, gpu_count=8, gpu_driver_ok=True)),
+                  ctx(settings=DIAG)).order_diag
 
 
 def test_a_lost_node_back_with_a_fault_enters_that_faults_rule_chain_not_out_of_service():

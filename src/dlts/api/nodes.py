@@ -39,7 +39,7 @@ SECURITY: list[dict[str, list[str]]] = [{"bearer": []}]
 def list_nodes(args):
     """Nodes by name: SKU, capacity, use, health, repair state (details for cluster admins)."""
     after = pagination.decode("n", args.get("cursor"))
-    items = node_service.list_nodes(db.session(), principal(), after_name=after, limit=args["limit"] + 1)
+    items = node_service.list_nodes(db.session(), settings_of(current_app), principal(), after_name=after, limit=args["limit"] + 1)
     page = items[: args["limit"]]
     return {"items": page, "next_cursor": pagination.encode("n", page[-1].name) if len(items) > args["limit"] else None}
 
@@ -49,7 +49,7 @@ def list_nodes(args):
 @blp.doc(security=SECURITY)
 def get_node(name: str):
     """One node (details: findings history, repair orders, metrics, jobs, for cluster admins)."""
-    return node_service.get_node(db.session(), principal(), name)
+    return node_service.get_node(db.session(), settings_of(current_app), principal(), name)
 
 
 @blp.route("/nodes/<string:name>/cordon", methods=["POST"])
@@ -57,7 +57,7 @@ def get_node(name: str):
 @blp.doc(security=SECURITY)
 def cordon(name: str):
     """Stop placing new work on the node (cluster admin); running jobs stay."""
-    return node_service.cordon(db.session(), principal(), name)
+    return node_service.cordon(db.session(), settings_of(current_app), principal(), name)
 
 
 @blp.route("/nodes/<string:name>/uncordon", methods=["POST"])
@@ -65,7 +65,7 @@ def cordon(name: str):
 @blp.doc(security=SECURITY)
 def uncordon(name: str):
     """Return the node to service (cluster admin)."""
-    return node_service.uncordon(db.session(), principal(), name)
+    return node_service.uncordon(db.session(), settings_of(current_app), principal(), name)
 
 
 @blp.route("/nodes/<string:name>/repair", methods=["POST"])

@@ -661,16 +661,21 @@ class NodeSchema(Schema):
     ib_domain = fields.String()
     vc = fields.String(allow_none=True)
     state = fields.String()
-    ready = fields.Boolean()
+    ready = fields.Boolean(metadata={"description": "the cluster has it ready and its agent is not lost (silent for "
+                                                    "repair.lost_after_s); not_ready_reason says why not"})
     schedulable = fields.Boolean()
-    health = fields.String()
+    health = fields.String(metadata={"description": "ok | warning | critical from the agent's last report; unknown "
+                                                    "while its agent is lost"})
     state_reason = fields.String(allow_none=True, metadata={"description": "why the node is in its state"})
     cordoned_by = fields.String(allow_none=True, metadata={"description": "the cluster admin whose cordon holds it"})
     unhealthy_gpus = fields.List(fields.Integer(), metadata={"description": "GPU indices the scheduler never assigns"})
     repair_paused = fields.Boolean()
     repair = fields.Dict(allow_none=True, metadata={"description": "the open repair cycle: id, state, kind, scope, "
                                                                    "gpus, problem, step, started_at"})
-    last_heartbeat_at = fields.String(allow_none=True)
+    last_heartbeat_at = fields.String(allow_none=True, metadata={"description": "the agent's last report"})
+    not_ready_reason = fields.String(allow_none=True, metadata={
+        "description": "null when ready; else why: no report from its agent since <last report> (lost after <n> s), "
+                       "or the cluster has it not ready"})
     details = fields.Dict(allow_none=True, metadata={"description": "cluster admins only: findings, orders, events, metrics, labels, jobs"})
 
 

@@ -89,6 +89,7 @@ def health_of(node: Node) -> core.Health:
         gpu_driver_ok=None if gpu_collector in (None, "disabled", "skipped") else gpu_collector == "ok",
         remap_pending=tuple(g["index"] for g in gpus if g.get("row_remap_pending") and g["index"] is not None),
         lost_gpus=tuple(g["index"] for g in gpus if g.get("lost") and g["index"] is not None),
+        gpus_unread=gpu_collector == "disabled",
     )
 
 
@@ -139,7 +140,7 @@ class RepairManager:
         self.clock = clock
         self.rules = rules if rules is not None else load_rulebook(self.repair.rules_file)
         self.notices = Notices(self.repair.notify)
-        self.lost_after_s = self.repair.lost_after_s or settings.node_lost_after_s
+        self.lost_after_s = self.repair.lost_after(settings.node_lost_after_s)
         # tests: called as (node, effect) before each effect is written, to crash a tick anywhere
         self.fail_after = fail_after
 

@@ -78,7 +78,7 @@ def _idle_policy_from_form(current: dict | None) -> dict | None:
 def cluster():
     who = principal()
     status = cluster_service.status(db.session(), who)
-    nodes = node_service.list_nodes(db.session(), who)
+    nodes = node_service.list_nodes(db.session(), settings_of(current_app), who)
     return render_template("cluster.html", status=status, nodes=nodes, utilisation={n.name: assigned_utilisation(n) for n in nodes},
                            details=who.is_cluster_admin)
 
@@ -97,7 +97,7 @@ def node_action(name: str, action: str):
     if action not in actions:
         abort(404)
     try:
-        node = actions[action](db.session(), principal(), name)
+        node = actions[action](db.session(), settings_of(current_app), principal(), name)
         flash(f"Node {node.name} is now {'cordoned' if node.cordoned_by else 'uncordoned'}.", "ok")
     except DltsError as exc:
         flash_error(exc)

@@ -4,7 +4,7 @@ else gets a 404. The forms call the same services as the REST API (services/repa
 
 from __future__ import annotations
 
-from flask import abort, flash, redirect, render_template, request, url_for
+from flask import abort, current_app, flash, redirect, render_template, request, url_for
 
 from dlts.errors import DltsError
 from dlts.extensions import db, settings_of
@@ -18,10 +18,9 @@ from dlts.strict import is_whole_number
 @bp.route("/repair")
 @admin_only_404
 def repair():
-    from flask import current_app
-
     status = repair_service.status(db.session(), principal(), settings_of(current_app))
-    nodes = [n for n in node_service.list_nodes(db.session(), principal()) if n.state != NodeState.IN_SERVICE or n.unhealthy_gpus]
+    nodes = [n for n in node_service.list_nodes(db.session(), settings_of(current_app), principal())
+             if n.state != NodeState.IN_SERVICE or n.unhealthy_gpus]
     return render_template("repair.html", status=status, nodes=nodes)
 
 
@@ -41,7 +40,7 @@ def repair_action(action: str):
 @bp.route("/repair/nodes/<name>")
 @admin_only_404
 def repair_node(name: str):
-    node = node_service.get_node(db.session(), principal(), name)
+    node = node_service.get_node(db.session(), settings_of(current_app), principal(), name)
     cycles = repair_service.list_cycles(db.session(), principal(), name, limit=20)
     return render_template("repair_node.html", node=node, cycles=cycles)
 

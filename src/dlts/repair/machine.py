@@ -175,6 +175,9 @@ class Health:
     gpu_driver_ok: bool | None = None
     remap_pending: tuple[int, ...] = ()
     lost_gpus: tuple[int, ...] = ()
+    # its GPU collector is switched off (collectors.gpu.enabled: false; the demo's agent for pretend
+    # GPUs): the agent reads no GPU, and rejects a GPU diagnostic ("no current GPU reading")
+    gpus_unread: bool = False
 
 
 @dataclass(frozen=True)
@@ -310,10 +313,26 @@ def actionable(node: NodeView, ctx: Context, *, hold_down: bool = True) -> list[
     return out
 
 
+def reported_since(report_s: float | None, since_s: float) -> bool:
+    """Has the agent reported after ``since_s`` (a lost node's: since it went lost)?"""
+    return report_s is not None and report_s > since_s
+
+
+def agent_lost(state: NodeState, report_s: float | None, state_since_s: float, now: float, lost_after_s: float) -> bool:
+    """THE rule of a lost node, which ``decide`` acts on and the API shows (services/nodes.py):
+    a ``lost`` node whose agent has not reported since it went lost; or a node in a state where
+    silence is acted on (``LOST_CHECKED``) whose agent, having reported before, has been silent
+    for more than ``lost_after_s`` (the repair manager marks it lost at its next pass). A node
+    whose agent never reported cannot go silent; a remediating one may be silent (a reboot)."""
+    if state is N.LOST:
+        return not reported_since(report_s, state_since_s)
+    return state in LOST_CHECKED and report_s is not None and now - report_s > lost_after_s
+
+
 def _heartbeat_lost(node: NodeView, ctx: Context) -> bool:
-    if not node.has_agent or node.health.report_s is None:
-        return False  # a node without an agent (or one that never reported) cannot go silent
-    return ctx.now - node.health.report_s > ctx.lost_after_s
+    if not node.has_agent:
+        return False  # a node without an agent cannot go silent
+    return agent_lost(node.state, node.health.report_s, node.state_since_s, ctx.now, ctx.lost_after_s)
 
 
 def _go_lost(node: NodeView, ctx: Context) -> Decision:
@@ -394,7 +413,7 @@ def decide(node: NodeView, ctx: Context) -> Decision:
         flap = " (failed again soon after its last repair: escalated)" if plan.flap else ""
         return Decision(N.QUARANTINED, "findings", f"{what}{flap}", open_cycle=plan, notices=("node_out_of_service",))
     if s is N.LOST:
-        if node.health.report_s is not None and node.health.report_s > node.state_since_s:
+        if reported_since(node.health.report_s, node.state_since_s):
             remaining = tuple(j.job_id for j in node.jobs if not j.stopping)
             # back with a fault a rule acts on (no hold-down: a returning node must be clean): that
             # rule's chain, as for a node in service, instead of a validation bound to fail
@@ -526,6 +545,11 @@ def _diag_verdict(node: NodeView, ctx: Context, cycle: Cycle) -> Decision | str:
     if mode == "off" or node.gpus == 0:
         return ""
     run = cycle.diag
+    if run is None and node.health.gpus_unread:  # an order its agent is bound to reject
+        if mode == "required":
+            return _escalate(node, ctx, "validation failed: the GPU diagnostic is required (repair.validation_diag) "
+                                        "and the node's agent reads no GPUs (its gpu collector is disabled)", None)
+        return " (its agent reads no GPUs: no GPU diagnostic)"
     if run is None:  # (part of the validation in flight: ordered while paused too)
         return Decision(order_diag=True, waiting="the GPU diagnostic is ordered")
     if run.status in OPEN_ORDER:

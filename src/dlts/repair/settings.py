@@ -54,6 +54,11 @@ class RepairSettings(BaseModel):
             raise ValueError("a whole number of nodes >= 0, or a percentage between 0% and 100%")
         return text
 
+    def lost_after(self, node_lost_after_s: float) -> float:
+        """Seconds of silence after which an agent's node is lost: ``lost_after_s``, else the
+        top-level ``node_lost_after_s`` (the repair manager and the API read it here)."""
+        return self.lost_after_s or node_lost_after_s
+
     def budget_for(self, sku_nodes: int) -> int:
         """How many nodes of a SKU with ``sku_nodes`` nodes may be in repair at once."""
         text = self.max_nodes_in_repair

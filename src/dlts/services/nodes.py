@@ -17,6 +17,7 @@ its own node only (another node's token, or a wrong one: 403).
 
 from __future__ import annotations
 
+import datetime as dt
 import hmac
 import re
 import secrets
@@ -30,7 +31,7 @@ from sqlalchemy.orm import Session
 from dlts.config import Settings
 from dlts.errors import Forbidden, InvalidInput, NotFound, Unauthenticated, WrongState
 from dlts.models import Node, NodeEvent, NodeEventKind, NodeFinding, NodeOrder, RepairCycle, iso, utcnow
-from dlts.repair.machine import OPEN_ORDER, OrderStatus
+from dlts.repair.machine import OPEN_ORDER, OrderStatus, agent_lost
 from dlts.repositories import repair as repair_repo
 from dlts.repositories import usage as usage_repo
 from dlts.services import accounting, allowlist, policy
@@ -65,8 +66,10 @@ class NodeView:
     ib_domain: str
     vc: str | None
     state: str
+    # up: the cluster has it ready and its agent is not lost (repair.machine.agent_lost)
     ready: bool
     schedulable: bool
+    # the agent's last report's (unknown while its agent is lost)
     health: str
     state_reason: str | None
     cordoned_by: str | None
@@ -75,6 +78,8 @@ class NodeView:
     # the open repair cycle: {"id", "state", "scope", "gpus", "problem", "step", "started_at"} or None
     repair: dict[str, Any] | None
     last_heartbeat_at: str | None
+    # why it is not ready (None when ready): its agent is lost, or the cluster has it not ready
+    not_ready_reason: str | None = None
     # cluster admins only (None for everybody else)
     details: dict[str, Any] | None = None
 
@@ -142,15 +147,34 @@ def cycle_brief(cycle: RepairCycle | None) -> dict[str, Any] | None:
             "problem": cycle.problem, "step": step, "started_at": iso(cycle.started_at)}
 
 
-def _view(node: Node, use: usage_repo.NodeUse | None, details: dict[str, Any] | None, cycle: RepairCycle | None = None) -> NodeView:
+def _epoch(value: dt.datetime | None) -> float | None:
+    return None if value is None else value.replace(tzinfo=dt.UTC).timestamp()
+
+
+def agent_lost_reason(node: Node, settings: Settings, now: dt.datetime) -> str | None:
+    """Why the node's agent counts as lost, or None: the repair machine's own rule (``agent_lost``)
+    on the inputs the repair manager gives it, so the API shows a node lost exactly when the repair
+    loop takes (or at its next pass will take) it for lost."""
+    lost_after_s = settings.repair.lost_after(settings.node_lost_after_s)
+    since_s = _epoch(node.state_changed_at or node.created_at) or 0.0
+    if not agent_lost(node.state, _epoch(node.last_heartbeat_at), since_s, _epoch(now) or 0.0, lost_after_s):
+        return None
+    return f"no report from its agent since {iso(node.last_heartbeat_at) or 'it went lost'} (lost after {lost_after_s:g} s)"
+
+
+def _view(node: Node, settings: Settings, use: usage_repo.NodeUse | None, details: dict[str, Any] | None,
+          cycle: RepairCycle | None = None) -> NodeView:
     gpus_used = len(use.gpu_indices) if use else 0
+    lost = agent_lost_reason(node, settings, utcnow())
+    why = lost or (None if node.ready else f"the cluster ({node.backend}) has it not ready, or no longer lists it")
     return NodeView(
         name=node.name, sku=node.sku, gpus=node.gpus, gpus_used=gpus_used, gpus_free=max(0, node.gpus - gpus_used),
         cpu=node.cpu, cpu_used=round(use.cpu, 3) if use else 0.0, memory_bytes=node.memory_bytes,
         memory_used_bytes=use.memory_bytes if use else 0, ib_domain=node.ib_domain, vc=node.vc, state=node.state.value,
-        ready=node.ready, schedulable=node.schedulable, health=node.health, state_reason=node.state_reason,
-        cordoned_by=node.cordoned_by, unhealthy_gpus=list(node.unhealthy_gpus or []), repair_paused=node.repair_paused,
-        repair=cycle_brief(cycle), last_heartbeat_at=iso(node.last_heartbeat_at), details=details,
+        ready=why is None, schedulable=node.schedulable, health="unknown" if lost else node.health,
+        state_reason=node.state_reason, cordoned_by=node.cordoned_by, unhealthy_gpus=list(node.unhealthy_gpus or []),
+        repair_paused=node.repair_paused, repair=cycle_brief(cycle), last_heartbeat_at=iso(node.last_heartbeat_at),
+        not_ready_reason=why, details=details,
     )
 
 
@@ -181,7 +205,8 @@ def _order_json(order: NodeOrder) -> dict[str, Any]:
             "reason": (order.result or {}).get("reason", "")}
 
 
-def list_nodes(session: Session, principal: Principal, *, after_name: str | None = None, limit: int | None = None) -> list[NodeView]:
+def list_nodes(session: Session, settings: Settings, principal: Principal, *, after_name: str | None = None,
+               limit: int | None = None) -> list[NodeView]:
     """Nodes by name (keyset by name); details (findings, orders, metrics) for cluster admins only."""
     query = sa.select(Node).order_by(Node.name)
     if after_name is not None:
@@ -193,8 +218,8 @@ def list_nodes(session: Session, principal: Principal, *, after_name: str | None
     nodes = list(session.scalars(query))
     cycles = {c.node_id: c for c in session.scalars(sa.select(RepairCycle).where(
         RepairCycle.open_node_id.in_([n.id for n in nodes])))} if nodes else {}
-    return [_view(n, use.get(n.name), _details(session, n, use.get(n.name)) if detailed else None, cycles.get(n.id))
-            for n in nodes]
+    return [_view(n, settings, use.get(n.name), _details(session, n, use.get(n.name)) if detailed else None,
+                  cycles.get(n.id)) for n in nodes]
 
 
 def node_by_name(session: Session, name: str) -> Node:
@@ -208,14 +233,14 @@ def _node(session: Session, name: str) -> Node:
     return node
 
 
-def get_node(session: Session, principal: Principal, name: str) -> NodeView:
+def get_node(session: Session, settings: Settings, principal: Principal, name: str) -> NodeView:
     node = _node(session, name)
     use = usage_repo.node_use(session).get(node.name)
-    return _view(node, use, _details(session, node, use) if policy.can_see_node_details(principal) else None,
+    return _view(node, settings, use, _details(session, node, use) if policy.can_see_node_details(principal) else None,
                  repair_repo.open_cycle(session, node.id))
 
 
-def cordon(session: Session, principal: Principal, name: str) -> NodeView:
+def cordon(session: Session, settings: Settings, principal: Principal, name: str) -> NodeView:
     """No new work on the node; running jobs stay. Idempotent. Independent of repairs: the repair
     loop never lifts a cordon a person set."""
     with transaction(session):
@@ -225,10 +250,10 @@ def cordon(session: Session, principal: Principal, name: str) -> NodeView:
             node.cordoned_by = principal.name
             repair_repo.add_event(session, node.id, NodeEventKind.CORDON, actor=principal.name, reason="cordoned",
                                   message=f"cordoned by {principal.name}")
-    return get_node(session, principal, name)
+    return get_node(session, settings, principal, name)
 
 
-def uncordon(session: Session, principal: Principal, name: str) -> NodeView:
+def uncordon(session: Session, settings: Settings, principal: Principal, name: str) -> NodeView:
     """Lift a cluster admin's cordon. A node in repair stays in repair (``dlts node return`` for a
     node that needs a human)."""
     with transaction(session):
@@ -238,7 +263,7 @@ def uncordon(session: Session, principal: Principal, name: str) -> NodeView:
             repair_repo.add_event(session, node.id, NodeEventKind.CORDON, actor=principal.name, reason="uncordoned",
                                   message=f"uncordoned by {principal.name} (cordoned by {node.cordoned_by})")
             node.cordoned_by = None
-    return get_node(session, principal, name)
+    return get_node(session, settings, principal, name)
 
 
 def repair(session: Session, principal: Principal, name: str, action: str, target: str | None = None,
