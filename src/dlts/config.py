@@ -127,7 +127,7 @@ class Settings(BaseModel):
     api_timeout_s: int = Field(60, ge=1, le=3600)
     # idle keep-alive connections wait this long, in the worker's event loop (not in a thread)
     api_keepalive_s: int = Field(5, ge=0, le=300)
-    # attempt logs: <log_dir>/<job id>/attempt-<n>.log (plus rotated parts, see dlts.logstore)
+    # attempt logs: <log_dir>/<job id>/attempt-<n>-<log key>.log (plus rotated parts, see dlts.logstore)
     log_dir: Path | None = None
     # an attempt's log keeps at most this many bytes: its head and its newest tail, with a line
     # saying how much of the middle was dropped

@@ -1,18 +1,26 @@
 """The log store: each attempt's output, capped in size, read without following links.
 
-Layout, per job, in ``<log_dir>/<job id>/``:
+Layout, per job, in ``<log_dir>/<job id>/``, each attempt's files named from its *stem*,
+``attempt-<n>-<log key>`` (``job_attempts.log_key``, 16 random hex digits made with the attempt row):
 
-* ``attempt-<n>.log``: the head of the output, its first ``max_bytes // 2`` bytes;
-* ``attempt-<n>.log.<offset>``: the tail, in parts; ``<offset>`` is where the part starts in the
+* ``<stem>.log``: the head of the output, its first ``max_bytes // 2`` bytes;
+* ``<stem>.log.<offset>``: the tail, in parts; ``<offset>`` is where the part starts in the
   whole output. When the parts pass the other half of ``max_bytes`` the oldest one is deleted,
   so an attempt keeps at most ``max_bytes`` (plus one part) however much it prints: its head and
   its newest tail. What was dropped is the gap between the head and the first part.
+
+The key is what a database restored from a backup brings back with the attempt: a job id handed
+out again after a restore (auto-increment ids count from the backup's) makes attempts with new
+keys, so it never finds the log of the job the restore discarded; that log is an *orphan*, a stem
+no attempt row names (``stored_attempts`` lists a job's stems; services/log_orphans.py compares them
+with the rows). Attempts made before revision 0022 have no key: their stem is ``attempt-<n>``, as
+it was, so an upgrade loses no log.
 
 Offsets are positions in the whole output as the job wrote it, so a reader following the log with
 ``next_offset`` never sees a byte twice or skips one that is still stored, even while parts
 rotate. One writer per attempt (the Kubernetes backend's log copy), or several that each pass
 ``shared=True`` (the local backend's inits of an inference attempt's replicas): they take an
-``flock`` on ``attempt-<n>.log.lock`` for each write and re-read the files' sizes under it.
+``flock`` on ``<stem>.log.lock`` for each write and re-read the files' sizes under it.
 
 Every read opens the job directory and then each file relative to it with ``O_NOFOLLOW``: a job
 that replaced its log with a symlink (to ``/etc/passwd``, to another job's log) gets nothing read
@@ -25,6 +33,8 @@ import fcntl
 import io
 import os
 import re
+import secrets
+import shutil
 import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -32,19 +42,36 @@ from pathlib import Path
 
 CHUNK_MIN = 16 * 1024  # the smallest tail part
 MIN_MAX_BYTES = 64 * 1024  # the smallest cap (Settings.log_max_bytes' lower bound)
-_PART = re.compile(r"^attempt-(\d+)\.log\.(\d+)$")
+_KEY = re.compile(r"^[0-9a-f]{16}$")
+# every file an attempt has in its job's directory: the head, tail parts, the shared writers' lock,
+# the Kubernetes log copy's cursor (and the cursor's temporary file while it is replaced)
+_FILE = re.compile(r"^attempt-(\d+)(?:-([0-9a-f]{16}))?\.(?:log|log\.\d+|log\.lock|k8s-cursor|k8s-cursor\.tmp)$")
 
 
 class UnsafeLog(OSError):
     """The attempt's log is a symlink, not a regular file, or lies outside the log store."""
 
 
+def new_key() -> str:
+    """A new attempt's log key (``job_attempts.log_key``)."""
+    return secrets.token_hex(8)
+
+
+def attempt_stem(attempt: int, key: str | None) -> str:
+    """The name every file of the attempt starts with; ``key`` None: an attempt from before keys."""
+    if key is None:
+        return f"attempt-{int(attempt)}"
+    if not _KEY.match(key):
+        raise ValueError(f"a log key is 16 lowercase hex digits, not {key!r}")
+    return f"attempt-{int(attempt)}-{key}"
+
+
 def job_dir(log_dir: Path, job_id: int) -> Path:
     return Path(log_dir) / str(int(job_id))
 
 
-def head_path(log_dir: Path, job_id: int, attempt: int) -> Path:
-    return job_dir(log_dir, job_id) / f"attempt-{int(attempt)}.log"
+def head_path(log_dir: Path, job_id: int, attempt: int, *, key: str | None) -> Path:
+    return job_dir(log_dir, job_id) / f"{attempt_stem(attempt, key)}.log"
 
 
 def _limits(max_bytes: int) -> tuple[int, int, int]:
@@ -54,14 +81,11 @@ def _limits(max_bytes: int) -> tuple[int, int, int]:
     return head, tail, max(CHUNK_MIN, tail // 4)
 
 
-def _parts(names: list[str], attempt: int) -> list[int]:
+def _parts(names: list[str], stem: str) -> list[int]:
     """Start offsets of the attempt's tail parts, oldest first."""
-    out = []
-    for name in names:
-        m = _PART.match(name)
-        if m and int(m.group(1)) == attempt:
-            out.append(int(m.group(2)))
-    return sorted(out)
+    prefix = f"{stem}.log."
+    return sorted(int(name[len(prefix):]) for name in names
+                  if name.startswith(prefix) and name[len(prefix):].isdigit() and name[len(prefix):].isascii())
 
 
 class AttemptLogWriter:
@@ -70,23 +94,28 @@ class AttemptLogWriter:
     Re-opening continues where the files end (a restarted copier or init appends, never rewrites).
     """
 
-    def __init__(self, log_dir: Path, job_id: int, attempt: int, max_bytes: int, *, shared: bool = False) -> None:
+    def __init__(self, log_dir: Path, job_id: int, attempt: int, max_bytes: int, *, key: str | None,
+                 shared: bool = False) -> None:
         if max_bytes < MIN_MAX_BYTES:
             raise ValueError(f"log_max_bytes must be at least {MIN_MAX_BYTES}")
+        self.stem = attempt_stem(attempt, key)
         self.dir = job_dir(log_dir, job_id)
-        self.dir.mkdir(parents=True, exist_ok=True)
-        if self.dir.is_symlink() or not self.dir.is_dir():
-            raise UnsafeLog(f"log directory {self.dir} is not a plain directory")
+        self._make_dir()
         self.attempt = int(attempt)
         self.head_bytes, self.tail_bytes, self.part_bytes = _limits(max_bytes)
-        self._head = self.dir / f"attempt-{self.attempt}.log"
+        self._head = self.dir / f"{self.stem}.log"
         self._fh: io.FileIO | None = None
         self._fh_start: int | None = None
         self._lock_fd: int | None = None
         if shared:
-            self._lock_fd = os.open(self.dir / f"attempt-{self.attempt}.log.lock",
+            self._lock_fd = os.open(self.dir / f"{self.stem}.log.lock",
                                     os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o640)
         self._refresh()
+
+    def _make_dir(self) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        if self.dir.is_symlink() or not self.dir.is_dir():
+            raise UnsafeLog(f"log directory {self.dir} is not a plain directory")
 
     def _refresh(self) -> None:
         """Sizes from the files (what other writers of a shared log wrote meanwhile)."""
@@ -94,10 +123,14 @@ class AttemptLogWriter:
             head_size = os.lstat(self._head).st_size
         except FileNotFoundError:
             head_size = 0
+        try:
+            names = os.listdir(self.dir)
+        except FileNotFoundError:  # removed while empty (remove_attempt): made again at the first write
+            names = []
         parts = {}
-        for start in _parts(os.listdir(self.dir), self.attempt):
+        for start in _parts(names, self.stem):
             try:
-                parts[start] = os.lstat(self.dir / f"attempt-{self.attempt}.log.{start}").st_size
+                parts[start] = os.lstat(self.dir / f"{self.stem}.log.{start}").st_size
             except FileNotFoundError:
                 continue  # rotated away by another writer
         self._parts = parts
@@ -129,8 +162,15 @@ class AttemptLogWriter:
         if self._fh is not None and self._fh_start == start:
             return
         self._close_fh()
-        path = self._head if start is None else self.dir / f"attempt-{self.attempt}.log.{start}"
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o640)
+        path = self._head if start is None else self.dir / f"{self.stem}.log.{start}"
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
+        try:
+            fd = os.open(path, flags, 0o640)
+        except FileNotFoundError:
+            # the job's directory went while this writer had written nothing: the janitor removes the
+            # emptied directory of a job id whose old logs were orphans (remove_attempt)
+            self._make_dir()
+            fd = os.open(path, flags, 0o640)
         self._fh = os.fdopen(fd, "ab", buffering=0)
         self._fh_start = start
         if start is not None:
@@ -165,7 +205,7 @@ class AttemptLogWriter:
         while len(self._parts) > 1 and sum(self._parts.values()) > self.tail_bytes + self.part_bytes:
             oldest = min(self._parts)
             try:
-                os.unlink(self.dir / f"attempt-{self.attempt}.log.{oldest}")
+                os.unlink(self.dir / f"{self.stem}.log.{oldest}")
             except FileNotFoundError:
                 pass
             del self._parts[oldest]
@@ -212,15 +252,15 @@ def _open_file(dir_fd: int, name: str) -> int | None:
 class _Stored:
     """The attempt's stored pieces: [(start offset, length, file name)], head first."""
 
-    def __init__(self, dir_fd: int, attempt: int) -> None:
+    def __init__(self, dir_fd: int, stem: str) -> None:
         self.dir_fd = dir_fd
         self.pieces: list[tuple[int, int, str]] = []
-        head = f"attempt-{attempt}.log"
+        head = f"{stem}.log"
         fd = _open_file(dir_fd, head)
         if fd is not None:
             self.pieces.append((0, os.fstat(fd).st_size, head))
             os.close(fd)
-        for start in _parts(os.listdir(dir_fd), attempt):
+        for start in _parts(os.listdir(dir_fd), stem):
             name = f"{head}.{start}"
             fd = _open_file(dir_fd, name)
             if fd is not None:
@@ -248,17 +288,20 @@ class _Stored:
             os.close(fd)
 
 
-def read_log(log_dir: Path, job_id: int, attempt: int, offset: int = 0, limit: int = 1 << 20) -> LogSlice | None:
-    """Up to ``limit`` bytes from ``offset`` (a position in the whole output); None: no log yet.
+def read_log(log_dir: Path, job_id: int, attempt: int, offset: int = 0, limit: int = 1 << 20, *,
+             key: str | None) -> LogSlice | None:
+    """Up to ``limit`` bytes from ``offset`` (a position in the whole output) of the attempt's log
+    with this ``key``; None: no log yet.
 
     An offset inside the dropped middle continues at the first stored byte after it, prefixed by a
     line saying how much was dropped.
     """
+    stem = attempt_stem(attempt, key)
     dir_fd = _open_dir(log_dir, job_id)
     if dir_fd is None:
         return None
     try:
-        stored = _Stored(dir_fd, attempt)
+        stored = _Stored(dir_fd, stem)
         if not stored.pieces:
             return None
         size, out = stored.size, bytearray()
@@ -280,11 +323,11 @@ def read_log(log_dir: Path, job_id: int, attempt: int, offset: int = 0, limit: i
         os.close(dir_fd)
 
 
-def iter_log(log_dir: Path, job_id: int, attempt: int, chunk: int = 1 << 20) -> Iterator[bytes]:
+def iter_log(log_dir: Path, job_id: int, attempt: int, chunk: int = 1 << 20, *, key: str | None) -> Iterator[bytes]:
     """The whole stored log in order (head, a line for the dropped middle, the tail parts)."""
     offset = 0
     while True:
-        piece = read_log(log_dir, job_id, attempt, offset, chunk)
+        piece = read_log(log_dir, job_id, attempt, offset, chunk, key=key)
         if piece is None or not piece.data:
             return
         yield piece.data
@@ -294,3 +337,78 @@ def iter_log(log_dir: Path, job_id: int, attempt: int, chunk: int = 1 << 20) -> 
 def _gap_line(dropped: int) -> bytes:
     return (f"\n[dlts: {dropped} bytes of this log were dropped here to keep it within log_max_bytes; "
             "the head and the newest output are kept]\n").encode()
+
+
+# -- what the store holds, for the orphan report and purge (services/log_orphans.py) -----------------
+
+@dataclass(frozen=True)
+class StoredAttempt:
+    """One attempt's files in its job's directory, as found there."""
+
+    job_id: int
+    attempt: int
+    key: str | None  # None: the layout from before log keys
+    names: tuple[str, ...]
+    size_bytes: int
+    modified: float  # the newest file's mtime, seconds since the epoch
+
+
+def stored_job_ids(log_dir: Path) -> list[int]:
+    """The job ids with a directory in the store (a plain directory named by the id), in order."""
+    try:
+        entries = list(os.scandir(log_dir))
+    except FileNotFoundError:
+        return []
+    ids = []
+    for entry in entries:
+        name = entry.name
+        if name.isascii() and name.isdigit() and str(int(name)) == name and entry.is_dir(follow_symlinks=False):
+            ids.append(int(name))
+    return sorted(ids)
+
+
+def stored_attempts(log_dir: Path, job_id: int) -> list[StoredAttempt]:
+    """The attempts with files in the job's directory, by (attempt, key); files of other names are
+    not DLTS's and are left out. The directory is opened without following a link (``UnsafeLog``)."""
+    dir_fd = _open_dir(log_dir, job_id)
+    if dir_fd is None:
+        return []
+    groups: dict[tuple[int, str | None], list[tuple[str, os.stat_result]]] = {}
+    try:
+        for name in os.listdir(dir_fd):
+            m = _FILE.match(name)
+            if m is None:
+                continue
+            try:
+                st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+            except FileNotFoundError:
+                continue  # rotated away meanwhile
+            groups.setdefault((int(m.group(1)), m.group(2)), []).append((name, st))
+    finally:
+        os.close(dir_fd)
+    return [StoredAttempt(job_id, attempt, key, tuple(sorted(n for n, _ in files)),
+                          sum(st.st_size for _, st in files), max(st.st_mtime for _, st in files))
+            for (attempt, key), files in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1] or ""))]
+
+
+def remove_attempt(log_dir: Path, stored: StoredAttempt, *, remove_empty_dir: bool) -> None:
+    """Delete the attempt's files found by ``stored_attempts`` (a link is removed, never followed),
+    and with ``remove_empty_dir`` the job's directory when nothing else is left in it."""
+    dir_fd = _open_dir(log_dir, stored.job_id)
+    if dir_fd is None:
+        return
+    try:
+        for name in stored.names:
+            try:
+                os.unlink(name, dir_fd=dir_fd)
+            except FileNotFoundError:
+                pass
+            except IsADirectoryError:  # a directory where a log file belongs: not followed either
+                shutil.rmtree(name, dir_fd=dir_fd)
+    finally:
+        os.close(dir_fd)
+    if remove_empty_dir:
+        try:
+            os.rmdir(job_dir(log_dir, stored.job_id))
+        except OSError:  # not empty: another attempt's files, or files that are not DLTS's
+            pass

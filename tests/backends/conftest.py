@@ -37,7 +37,8 @@ class Cluster:
         values = {"job_id": job_id, "attempt": attempt, "user": "alice", "vc": "vision", "type": "batch",
                   "image": "python:3.11", "command": command,
                   "placements": (Placement(node=self.node, gpu_indices=(), cpu=1.0, memory_bytes=GIB),),
-                  "log_path": str(head_path(self.log_dir, job_id, attempt)), "uid": 1000, "gid": 1000}
+                  "log_path": str(head_path(self.log_dir, job_id, attempt, key=self.log_key(job_id, attempt))),
+                  "log_key": self.log_key(job_id, attempt), "uid": 1000, "gid": 1000}
         values.update(kw)
         return LaunchSpec(**values)
 
@@ -56,8 +57,13 @@ class Cluster:
             self.advance(step_s)
             waited += step_s
 
+    @staticmethod
+    def log_key(job_id: int, attempt: int) -> str:
+        """The attempt's log key, as the job manager makes one with the attempt row (16 hex digits)."""
+        return f"{job_id:08x}{attempt:08x}"
+
     def log(self, job_id: int, attempt: int = 1) -> bytes:
-        return b"".join(iter_log(self.log_dir, job_id, attempt))
+        return b"".join(iter_log(self.log_dir, job_id, attempt, key=self.log_key(job_id, attempt)))
 
 
 def _local(tmp_path: Path) -> Iterator[Cluster]:

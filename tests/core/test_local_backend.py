@@ -29,7 +29,7 @@ def _spec(tmp_path, command="echo hello", job_id=5, attempt=1, type="batch", gpu
 
 
 def _log(tmp_path, job_id=5, attempt=1) -> str:
-    return b"".join(iter_log(tmp_path / "logs", job_id, attempt)).decode()
+    return b"".join(iter_log(tmp_path / "logs", job_id, attempt, key=None)).decode()  # specs without a log key
 
 
 def _wait_log(tmp_path, text: str, count: int = 1, timeout_s: float = 10.0) -> None:

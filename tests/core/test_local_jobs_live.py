@@ -28,12 +28,14 @@ def test_a_job_that_links_its_log_to_etc_passwd_gets_nothing_served(live, world,
     log_dir = settings.effective_log_dir
     # the log writer creates the file when the first output reaches it: wait for that before
     # swapping it for the link (an rm that came first failed the attempt, and its retry served "mine")
+    # (its file is attempt-<n>-<log key>.log: the job finds it by its attempt number)
     job = submit(live, world, max_retries=0,
                  command=f'echo mine; cd {log_dir}/$DLTS_JOB_ID && for i in $(seq 100); do '
-                         '[ -s attempt-$DLTS_ATTEMPT.log ] && break; sleep 0.1; done; '
-                         'rm attempt-$DLTS_ATTEMPT.log && ln -s /etc/passwd attempt-$DLTS_ATTEMPT.log')
+                         'f=$(ls attempt-$DLTS_ATTEMPT-*.log 2>/dev/null); [ -s "$f" ] && break; sleep 0.1; done; '
+                         'rm "$f" && ln -s /etc/passwd "$f"')
     assert wait_for(live, world, job["id"], {"finished", "failed"})["status"] == "finished"
-    assert (log_dir / str(job["id"]) / "attempt-1.log").is_symlink()
+    [head] = (log_dir / str(job["id"])).glob("attempt-1-*.log")
+    assert head.is_symlink()
     with caplog.at_level(logging.WARNING, logger="dlts.services.jobs"):
         for params in ({}, {"download": 1}):
             r = _log(live, world, job["id"], **params)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import LOG_MAX_BYTES, make_spec
+from conftest import LOG_MAX_BYTES, caught_up, make_spec
 
 from dlts.backends.base import RunPhase
 from dlts.backends.kubernetes import KubernetesRefused
@@ -12,7 +12,7 @@ from dlts.logstore import iter_log
 
 
 def stored(log_dir, job_id: int, attempt: int = 1) -> bytes:
-    return b"".join(iter_log(log_dir, job_id, attempt))
+    return b"".join(iter_log(log_dir, job_id, attempt, key=None))  # specs without a log key: the old names
 
 
 def by_key(observed):
@@ -46,7 +46,7 @@ def test_a_restarted_manager_resumes_from_the_cursor(api, make_backend, log_dir)
     again = make_backend()  # a new managers process: no memory but the cursor next to the log
     again.sync_logs([(2, 1)])
     assert stored(log_dir, 2) == b"before the restart\nafter the restart\n"
-    assert cursor_path(log_dir, 2, 1).exists()
+    assert cursor_path(log_dir, 2, 1, key=None).exists()
 
 
 def test_a_batch_journalled_but_not_committed_is_not_lost_or_doubled(api, backend, log_dir, monkeypatch):
@@ -106,6 +106,29 @@ def test_the_pods_of_a_distributed_job_share_one_log_prefixed_by_index(api, back
     api.print_output("dlts-6-1-1", "rank 1 up")
     backend.sync_logs([(6, 1)])
     assert stored(log_dir, 6) == b"rank 0 up\n[1] rank 1 up\n"
+
+
+def test_each_pods_output_goes_to_the_log_of_the_key_it_carries(api, backend, log_dir, caplog):
+    """A pod carries its attempt's log key (``dlts.io/log-key``): a pod of the same job id and
+    attempt number made for another attempt row (a job a database restore discarded) writes to that
+    row's log, never to this one; an annotation that is not a key names no file."""
+    key, other = "0123456789abcdef", "fedcba9876543210"
+    backend.launch(make_spec(9, type="distributed", nodes=("n1", "n2", "n3"), command="sleep infinity", log_key=key))
+    api.kubelet.tick()
+    assert {p["metadata"]["annotations"]["dlts.io/log-key"] for p in api.pods()} == {key}
+    ns = backend.settings.namespace
+    for name, value in (("dlts-9-1-1", other), ("dlts-9-1-2", "../../etc")):
+        backend.core.patch_namespaced_pod(name, ns, {"metadata": {"annotations": {"dlts.io/log-key": value}}})
+    caught_up(api, backend)
+    for i in range(3):
+        api.print_output(f"dlts-9-1-{i}", f"rank {i}")
+    backend.sync_logs([(9, 1)])
+    assert b"".join(iter_log(log_dir, 9, 1, key=key)) == b"rank 0\n"
+    assert b"".join(iter_log(log_dir, 9, 1, key=other)) == b"[1] rank 1\n"
+    assert stored(log_dir, 9) == b""
+    assert "pods dlts-9-1-2 not copied" in caplog.text
+    assert sorted(p.name for p in (log_dir / "9").iterdir() if p.name.endswith(".log")) == \
+        [f"attempt-1-{key}.log", f"attempt-1-{other}.log"]
 
 
 def test_sync_copies_many_attempts_in_parallel_and_only_those_asked(api, backend, log_dir):

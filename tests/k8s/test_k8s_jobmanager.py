@@ -351,6 +351,6 @@ def test_a_lost_nodes_log_is_not_waited_for_and_the_log_says_what_went_with_the_
     first, _second = h.attempts(job_id)
     assert first.end_reason == "node_lost"
     assert [p["metadata"]["name"] for p in h.api.pods()] == [f"dlts-{job_id}-2-0"]  # the old pod did not wait
-    text = b"".join(iter_log(log_dir, job_id, 1)).decode()
+    text = b"".join(iter_log(log_dir, job_id, 1, key=first.log_key)).decode()
     assert text.startswith("step 1\n[dlts] the rest of this output could not be read from the node: node ")
     assert "Ready=Unknown" in text

@@ -54,7 +54,7 @@ def test_a_refused_log_copy_keeps_that_jobs_pods_and_the_rest_of_the_cluster_run
     h.api.clear_faults()
     h.tick()
     assert h.api.pods() == []  # both copied, both deleted
-    assert b"".join(iter_log(log_dir, first, 1)) == b"hello\n"
+    assert b"".join(iter_log(log_dir, first, 1, key=h.attempts(first)[0].log_key)) == b"hello\n"
 
 
 @pytest.mark.parametrize("code", (403, 404, 422))

@@ -82,6 +82,9 @@ class LaunchSpec:
     ports: tuple[int, ...] = ()
     ssh_public_keys: tuple[str, ...] = ()
     log_path: str = ""  # where the attempt's stdout+stderr must end up
+    # the attempt's log key (``dlts.logstore``; None: an attempt from before keys): the local init
+    # writes under it, the Kubernetes pods carry it for the log copy
+    log_key: str | None = None
     registry_credentials: tuple[RegistryCredential, ...] = ()
     # The VC's admin-set policy (``VirtualCluster.pod_policy``), added to what the backend's own
     # configuration allows for the VC.

@@ -13,9 +13,10 @@ died before it could write one.
 
 ``--run-spec`` (JSON written by the local backend) says how CMD runs:
 
-* ``log``: ``{"dir", "job_id", "attempt", "max_bytes", "shared"}``: CMD's stdout and stderr go
+* ``log``: ``{"dir", "job_id", "attempt", "key", "max_bytes", "shared"}``: CMD's stdout and stderr go
   through a pipe to the init, which appends them to the log store (``dlts/logstore.py``, loaded by
-  path: capped at ``max_bytes``, head and tail kept). The job never holds its log file open, and
+  path: capped at ``max_bytes``, head and tail kept) under the attempt's log key (absent or null:
+  a spec from before log keys). The job never holds its log file open, and
   the exit code is written only once the log has all of CMD's output.
 * ``cwd``: CMD's working directory (never the log directory).
 * ``uid`` / ``gid`` / ``groups``: CMD (and the jupyter / code-server servers) run as this identity;
@@ -446,7 +447,8 @@ class LogPump:
 
     def __init__(self, log: dict):
         self.writer = _load_logstore().AttemptLogWriter(log["dir"], int(log["job_id"]), int(log["attempt"]),
-                                                        int(log["max_bytes"]), shared=bool(log.get("shared")))
+                                                        int(log["max_bytes"]), key=log.get("key"),
+                                                        shared=bool(log.get("shared")))
         self.read_fd, self.write_fd = os.pipe()
         self.thread = threading.Thread(target=self._pump, name="log", daemon=True)
 

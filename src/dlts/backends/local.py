@@ -325,7 +325,7 @@ class LocalBackend:
         log_path = Path(spec.log_path)
         run_spec = {"command": spec.command, "cwd": str(work), "note": note, **identity,
                     "log": {"dir": str(log_path.parent.parent), "job_id": spec.job_id, "attempt": spec.attempt,
-                            "max_bytes": self.log_max_bytes, "shared": shared_log}}
+                            "key": spec.log_key, "max_bytes": self.log_max_bytes, "shared": shared_log}}
         (unit / "spec.json").write_text(json.dumps(run_spec))
         # the init's own complaints (it cannot start, the log store fails) go to init.log in the unit
         with open(unit / "init.log", "ab") as init_log:

@@ -14,9 +14,9 @@ from __future__ import annotations
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
+from dlts import logstore
 from dlts.backends.base import LaunchSpec
 from dlts.config import Settings
-from dlts.logs import attempt_log_path
 from dlts.models import Job, JobAttempt, SshKey
 from dlts.models.placements import replicas_from_json
 from dlts.services import registry_credentials, vc_storage
@@ -34,7 +34,8 @@ def build_launch_spec(session: Session, settings: Settings, job: Job, attempt: J
         command=job.command, placements=tuple(r.placement for r in active), replicas=tuple(r.index for r in active),
         env=dict(job.spec.get("env", {})),
         preemptible=job.preemptible, ports=tuple(job.spec.get("ports", [])), ssh_public_keys=keys,
-        log_path=str(attempt_log_path(settings, job.id, attempt.number)),
+        log_path=str(logstore.head_path(settings.effective_log_dir, job.id, attempt.number, key=attempt.log_key)),
+        log_key=attempt.log_key,
         vc_pod_policy=dict(vc.pod_policy or {}),
         registry_credentials=registry_credentials.for_launch(session, settings.secret_key, job.user_id, job.vc_id),
         uid=user.uid, gid=user.gid,

@@ -46,7 +46,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from dlts import metrics
+from dlts import logstore, metrics
 from dlts.backends.base import (
     BackendRefused,
     BackendUnavailable,
@@ -613,7 +613,7 @@ class JobManager:
                                            "estimated_start": None, "forecast_start": None, "estimate_note": None}):
             return None  # changed meanwhile (killed): nothing was written
         attempt = JobAttempt(job_id=job.id, number=number, placements=placements_to_json(placements),
-                             created_at=max(self._now(), job.submitted_at or self._now()))
+                             created_at=max(self._now(), job.submitted_at or self._now()), log_key=logstore.new_key())
         session.add(attempt)
         metrics.observe_queue_wait(job.vc.name if job.vc is not None else "", job.type, job.queue_time, attempt.created_at)
         return job, attempt

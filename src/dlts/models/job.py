@@ -186,6 +186,11 @@ class JobAttempt(Base):
     # set when the job manager asked the backend to stop this attempt (kill, pause, preemption)
     stop_requested: Mapped[str | None] = mapped_column(sa.String(64))
     spends_retry: Mapped[bool | None] = mapped_column(sa.Boolean)
+    # where the attempt's log is in the log store (dlts.logstore: ``<job id>/attempt-<n>-<log_key>.log``),
+    # random, made with the row (revision 0022): restored with the row from a backup, so a job id
+    # handed out again after a restore never names the discarded job's log. NULL: an attempt from
+    # before 0022, whose log is ``attempt-<n>.log``
+    log_key: Mapped[str | None] = mapped_column(sa.String(16))
     # accounting (services/accounting.py): GPU-milliseconds booked into the usage rollup so far, and
     # up to when; ``accounting_open`` until the attempt has ended and everything is booked
     accounting_open: Mapped[bool] = mapped_column(sa.Boolean, default=True, server_default=sa.true())

@@ -742,17 +742,20 @@ class LogRead:
         return is_ended(self.job) and self.attempt == self.job.attempt and self.next_offset >= self.size
 
 
-def _log_attempt(session: Session, principal: Principal, job_id: int, attempt: int | None) -> tuple[Job, int]:
+def _log_attempt(session: Session, principal: Principal, job_id: int,
+                 attempt: int | None) -> tuple[Job, int, JobAttempt | None]:
+    """(job, attempt number (0: not run yet), the attempt's row: its ``log_key`` names the log)."""
     job = session.get(Job, job_id)
     policy.require_visible(principal, job, job_id)
     assert job is not None
     policy.require_manage(principal, job, "read the log of")
     number = attempt or job.attempt
     if job.attempt == 0:
-        return job, 0
+        return job, 0, None
     if number < 1 or number > job.attempt:
         raise InvalidInput(f"Job {job.id} has attempts 1-{job.attempt}.", details={"field": "attempt"})
-    return job, number
+    row = session.scalar(sa.select(JobAttempt).where(JobAttempt.job_id == job.id, JobAttempt.number == number))
+    return job, number, row
 
 
 def _unsafe(job: Job, number: int, exc: logstore.UnsafeLog) -> InvalidInput:
@@ -766,11 +769,12 @@ def read_log(session: Session, settings: Settings, principal: Principal, job_id:
     """``limit`` bytes of an attempt's log from ``offset`` (a position in all the attempt wrote; a
     line stands for the dropped middle). No log yet: empty. A log that is a link or not a plain
     file is never read: ``no_log``."""
-    job, number = _log_attempt(session, principal, job_id, attempt)
+    job, number, row = _log_attempt(session, principal, job_id, attempt)
     if number == 0:
         return LogRead(job, 0, b"", offset, offset, 0, 0)
     try:
-        piece = logstore.read_log(settings.effective_log_dir, job.id, number, offset, limit)
+        piece = None if row is None else \
+            logstore.read_log(settings.effective_log_dir, job.id, number, offset, limit, key=row.log_key)
     except logstore.UnsafeLog as exc:
         raise _unsafe(job, number, exc) from None
     if piece is None:
@@ -782,11 +786,12 @@ def download_log(session: Session, settings: Settings, principal: Principal, job
                  attempt: int | None) -> tuple[Job, int, Iterator[bytes]]:
     """The attempt's whole stored log, its rotated parts in order with a line for the dropped
     middle: (job, attempt, chunks). ``no_log`` when it has none (or only an unsafe one)."""
-    job, number = _log_attempt(session, principal, job_id, attempt)
+    job, number, row = _log_attempt(session, principal, job_id, attempt)
     first = None
-    if number:
+    log_key = row.log_key if row is not None else None
+    if row is not None:
         try:
-            first = logstore.read_log(settings.effective_log_dir, job.id, number, 0, LOG_DOWNLOAD_CHUNK)
+            first = logstore.read_log(settings.effective_log_dir, job.id, number, 0, LOG_DOWNLOAD_CHUNK, key=log_key)
         except logstore.UnsafeLog as exc:
             raise _unsafe(job, number, exc) from None
     if first is None or not first.size:
@@ -798,7 +803,7 @@ def download_log(session: Session, settings: Settings, principal: Principal, job
         offset = first.next_offset
         while True:
             try:
-                piece = logstore.read_log(log_dir, job_key, number, offset, LOG_DOWNLOAD_CHUNK)
+                piece = logstore.read_log(log_dir, job_key, number, offset, LOG_DOWNLOAD_CHUNK, key=log_key)
             except logstore.UnsafeLog as exc:  # replaced while it was being sent: stop there
                 log.warning("job %s attempt %s: log download stopped: %s", job_key, number, exc)
                 return

@@ -219,7 +219,8 @@ class Deployed:
 
     def log(self, job_id: int, attempt: int = 1) -> str:
         """The job's log as the log store holds it (what the API and the portal serve)."""
-        return b"".join(iter_log(self.settings.log_dir, job_id, attempt)).decode(errors="replace")
+        key = self.attempts(job_id)[attempt - 1].log_key
+        return b"".join(iter_log(self.settings.log_dir, job_id, attempt, key=key)).decode(errors="replace")
 
     def pods(self, job_id: int) -> list[dict]:
         pods = [p for p in self.cluster.pods(NAMESPACE) if p["metadata"]["labels"].get("dlts.io/job-id") == str(job_id)]

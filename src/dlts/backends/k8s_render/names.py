@@ -29,6 +29,9 @@ ANNOTATION_VC = "dlts.io/vc"
 ANNOTATION_WORLD_SIZE = "dlts.io/pods"
 # Set on an inference replica's pod by scale-down before it is deleted: its ending is on purpose.
 ANNOTATION_RETIRING = "dlts.io/retiring"
+# The attempt's log key (dlts.logstore): the log copy writes each pod's output under the key of
+# the attempt that made the pod
+ANNOTATION_LOG_KEY = "dlts.io/log-key"
 GPU_RESOURCE = "nvidia.com/gpu"
 ENDPOINT_KINDS = frozenset({"ssh", "jupyter", "vscode", "port"})
 MANAGED_SELECTOR = f"{MANAGED_BY_LABEL}={MANAGED_BY}"

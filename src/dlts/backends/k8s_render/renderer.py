@@ -29,6 +29,7 @@ from kubernetes import client as k8s
 
 from dlts.backends.base import EndpointSpec, LaunchSpec
 from dlts.backends.k8s_render.names import (
+    ANNOTATION_LOG_KEY,
     ANNOTATION_USER,
     ANNOTATION_VC,
     ANNOTATION_WORLD_SIZE,
@@ -430,7 +431,8 @@ class ManifestRenderer:
             LABEL_TYPE: label_value(spec.type),
             LABEL_PREEMPTIBLE: "true" if spec.preemptible else "false",
         }
-        annotations = {ANNOTATION_USER: spec.user, ANNOTATION_VC: spec.vc, ANNOTATION_WORLD_SIZE: str(world)}
+        annotations = {ANNOTATION_USER: spec.user, ANNOTATION_VC: spec.vc, ANNOTATION_WORLD_SIZE: str(world),
+                       **({ANNOTATION_LOG_KEY: spec.log_key} if spec.log_key else {})}
 
         secrets: list[dict] = []
         pull_secrets: list[str] = []

@@ -10,8 +10,12 @@ through ``dlts.logstore.AttemptLogWriter`` (so the store's size cap and rotation
   partial line, which the next request reads again). ``sinceTime`` reaches the kubelet at whole
   seconds, so a read starts at the second of the last copied line and the lines already copied
   are skipped by time (and, for several lines with the same time, by count).
+* **Whose log.** Each pod carries its attempt's log key (annotation ``dlts.io/log-key``, from the
+  attempt row); its output goes to the log of that key (``dlts.logstore``). A pod left over from a
+  job that a database restore discarded, with the same job id and attempt number as a new one,
+  writes to its own (orphaned) log, never to the new job's.
 * **Nothing twice, nothing lost, across calls and restarts.** Where each pod's copy stands is in a
-  small cursor file next to the log, ``<log_dir>/<job>/attempt-<n>.k8s-cursor`` (JSON: per pod its
+  small cursor file next to the log, ``<log_dir>/<job>/attempt-<n>-<key>.k8s-cursor`` (JSON: per pod its
   uid, the time of its last copied line and how many lines at that time were copied, plus the log's
   size then). A batch is journalled before it is appended: the cursor first records the batch as
   pending with the log size it will make, then the lines go to the log, then the cursor commits.
@@ -59,9 +63,9 @@ from dlts.backends.kubernetes.api import (
     KubernetesRefused,
     status_message,
 )
-from dlts.backends.kubernetes.names import JOB_CONTAINER, replica_index
+from dlts.backends.kubernetes.names import JOB_CONTAINER, log_key, replica_index
 from dlts.backends.kubernetes.translate import started_at
-from dlts.logstore import AttemptLogWriter, job_dir
+from dlts.logstore import AttemptLogWriter, attempt_stem, job_dir
 
 log = logging.getLogger(__name__)
 
@@ -69,8 +73,8 @@ CHUNK_BYTES = 4 * 1024 * 1024  # limitBytes of one log request
 _MAX_CHUNK_BYTES = 64 * 1024 * 1024  # more output than this within one second: copied next time
 
 
-def cursor_path(log_dir: Path, job_id: int, attempt: int) -> Path:
-    return job_dir(log_dir, job_id) / f"attempt-{int(attempt)}.k8s-cursor"
+def cursor_path(log_dir: Path, job_id: int, attempt: int, *, key: str | None) -> Path:
+    return job_dir(log_dir, job_id) / f"{attempt_stem(attempt, key)}.k8s-cursor"
 
 
 def parse_stamp(text: bytes | str) -> tuple[int, int] | None:
@@ -168,14 +172,23 @@ class LogCopier:
         if not started:
             return
         job_id, attempt = key
+        by_log: dict[str | None, list[Mapping[str, Any]]] = {}
+        for pod in started:  # one log key per attempt; pods of another attempt row write elsewhere
+            by_log.setdefault(log_key(pod), []).append(pod)
         with self._lock(key):
-            writer = AttemptLogWriter(self.log_dir, job_id, attempt, self.log_max_bytes)
-            try:
-                cursor = _Cursor(cursor_path(self.log_dir, job_id, attempt), writer.size)
-                for pod in started:
-                    self._copy_pod(pod, writer, cursor, strict, lost_nodes or {})
-            finally:
-                writer.close()
+            for log_key_, group in by_log.items():
+                try:
+                    writer = AttemptLogWriter(self.log_dir, job_id, attempt, self.log_max_bytes, key=log_key_)
+                except ValueError as exc:  # an annotation DLTS did not write: no file is named from it
+                    log.warning("job %s attempt %s: pods %s not copied: %s", job_id, attempt,
+                                ", ".join(p["metadata"]["name"] for p in group), exc)
+                    continue
+                try:
+                    cursor = _Cursor(cursor_path(self.log_dir, job_id, attempt, key=log_key_), writer.size)
+                    for pod in group:
+                        self._copy_pod(pod, writer, cursor, strict, lost_nodes or {})
+                finally:
+                    writer.close()
 
     def _output_gone(self, name: str, uid: str, entry: Mapping[str, Any] | None, prefix: bytes, data: bytes,
                      writer: AttemptLogWriter, cursor: _Cursor) -> None:

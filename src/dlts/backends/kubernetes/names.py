@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from dlts.backends.k8s_render import (
+    ANNOTATION_LOG_KEY,
     ANNOTATION_RETIRING,
     LABEL_ATTEMPT,
     LABEL_INDEX,
@@ -29,7 +30,7 @@ from dlts.backends.k8s_render import (
 __all__ = [
     "ANNOTATION_CORDONED_AT", "ANNOTATION_CORDONED_BY", "ANNOTATION_CORDON_REASON", "CORDON_OWNER", "INFERENCE",
     "JOB_CONTAINER", "MANAGED_SELECTOR", "attempt_key", "attempt_name", "attempt_selector",
-    "endpoint_configmap_name", "endpoint_service_name", "headless_service_name", "is_retiring",
+    "endpoint_configmap_name", "endpoint_service_name", "headless_service_name", "is_retiring", "log_key",
     "network_policy_name", "pod_name", "pull_secret_name", "replica_index",
 ]
 
@@ -80,3 +81,9 @@ def is_inference(pod: Mapping[str, Any]) -> bool:
 def is_retiring(pod: Mapping[str, Any]) -> bool:
     """Marked by scale-down before its deletion: its ending is on purpose."""
     return bool((pod["metadata"].get("annotations") or {}).get(ANNOTATION_RETIRING))
+
+
+def log_key(pod: Mapping[str, Any]) -> str | None:
+    """The log key of the attempt that made the pod (annotation ``dlts.io/log-key``); None: a pod
+    made before log keys."""
+    return (pod["metadata"].get("annotations") or {}).get(ANNOTATION_LOG_KEY) or None
