@@ -364,7 +364,7 @@ def _serve_managers_metrics(settings, sessions):
 
 @main.group()
 def db() -> None:
-    """Database schema."""
+    """Database schema, and the log store checked against the database (after a restore)."""
 
 
 @db.command("upgrade")
@@ -386,6 +386,34 @@ def db_upgrade(ctx: Context, revision: str) -> None:
         click.echo(f"database at revision {db_migrate.current_revision(engine)}")
     except OperationalError as exc:
         raise click.ClickException(f"cannot reach the database ({exc.orig}); check database_url") from None
+
+
+@db.command("orphan-logs")
+@click.option("--json", "as_json", is_flag=True, help="The list as JSON.")
+@pass_ctx
+def db_orphan_logs(ctx: Context, as_json: bool) -> None:
+    """List the logs in the log store that no attempt in the database names (after a restore from a backup).
+
+    They are never shown for a job; the janitor removes each retention_days after it was last written
+    (docs/backup.md, "Logs after a restore")."""
+    import datetime as dt
+    import json
+
+    from dlts.services import log_orphans
+
+    log_dir, retention = ctx.settings.effective_log_dir, dt.timedelta(days=ctx.settings.retention_days)
+    with ctx.sessions() as sessions:
+        orphans = list(log_orphans.find(sessions, log_dir))
+    if as_json:
+        click.echo(json.dumps({"log_dir": str(log_dir), "orphans": [o.as_json() for o in orphans]}, indent=2))
+        return
+    for o in orphans:
+        click.echo(f"{log_dir / str(o.stored.job_id)}: attempt {o.stored.attempt}, {len(o.stored.names)} files, "
+                   f"{o.stored.size_bytes} bytes, last written {o.modified_at:%Y-%m-%d %H:%M} UTC: {o.why}; "
+                   f"removed by the janitor after {o.modified_at + retention:%Y-%m-%d}")
+    total = sum(o.stored.size_bytes for o in orphans)
+    click.echo(f"{len(orphans)} orphaned logs ({total} bytes) in {log_dir}" if orphans
+               else f"no orphaned logs in {log_dir}")
 
 
 # -- users and VCs --------------------------------------------------------------------------------

@@ -173,3 +173,58 @@ def test_dlts_managers_janitor_takes_its_windows_from_the_settings(settings, mon
     assert CliRunner().invoke(main, ["managers"]).exit_code == 0
     janitor = seen["janitor.purge"].run.__wrapped__.__self__
     assert (janitor.idempotency_key_ttl_h, janitor.counter_window_s) == (6, 7200)  # at least an hour
+
+
+def test_orphaned_logs_go_once_older_than_the_retention_and_the_logs_attempts_name_stay(sessions, settings, world,
+                                                                                       monkeypatch):
+    """Logs no attempt row names (a restore discarded their job, or the attempt under that id and
+    number has another key, or the janitor stopped between its commit and the files): listed by
+    `dlts db orphan-logs`, removed by the janitor only once last written before its cutoff. Files
+    that are not DLTS's are left, and so is the directory that holds them."""
+    from click.testing import CliRunner
+
+    from dlts.cli import main
+    from dlts.logstore import AttemptLogWriter, new_key
+
+    log_dir = settings.effective_log_dir
+    running = make_job(sessions, settings, "alice", status=JobStatus.RUNNING)  # attempt 1 from before keys
+    key = new_key()
+    with sessions() as s:
+        s.add(JobAttempt(job_id=running, number=2, placements=[], log_key=key))
+        s.commit()
+    gone, gone_with_notes = running + 1000, running + 1001
+
+    def write(job_id: int, attempt: int, log_key: str | None, text: bytes) -> None:
+        writer = AttemptLogWriter(log_dir, job_id, attempt, 64 * 1024, key=log_key)
+        writer.write(text)
+        writer.close()
+
+    write(running, 1, None, b"attempt 1\n")
+    write(running, 2, key, b"attempt 2\n")
+    write(running, 2, new_key(), b"a discarded job's attempt 2\n")
+    write(running, 3, None, b"an attempt the database does not have\n")
+    write(gone, 1, new_key(), b"a job the database does not have\n")
+    write(gone_with_notes, 1, None, b"the same\n")
+    (log_dir / str(gone_with_notes) / "notes.txt").write_text("an operator's file")
+
+    monkeypatch.setenv("DLTS_DATABASE_URL", settings.database_url)
+    monkeypatch.setenv("DLTS_HOME", str(settings.home))
+    report = CliRunner().invoke(main, ["db", "orphan-logs"])
+    assert report.exit_code == 0, report.output
+    lines = report.output.splitlines()
+    assert lines[-1].startswith("4 orphaned logs (") and lines[-1].endswith(f" in {log_dir}")
+    assert sum(f"{log_dir / str(running)}: attempt" in line and "has no attempt" in line for line in lines) == 2
+    assert sum(f"job {gone} is not in the database" in line for line in lines) == 1
+
+    now = utcnow()
+
+    def janitor(days: int) -> Janitor:
+        return Janitor(sessions, retention_days=30, log_dir=log_dir, clock=lambda: now + dt.timedelta(days=days))
+
+    assert janitor(0).run().orphan_logs == janitor(29).run().orphan_logs == 0  # younger than retention_days
+    result = janitor(31).run()
+    assert (result.orphan_logs, result.jobs) == (4, 0)
+    assert sorted(p.name for p in (log_dir / str(running)).iterdir()) == ["attempt-1.log", f"attempt-2-{key}.log"]
+    assert not (log_dir / str(gone)).exists()
+    assert [p.name for p in (log_dir / str(gone_with_notes)).iterdir()] == ["notes.txt"]
+    assert CliRunner().invoke(main, ["db", "orphan-logs"]).output.strip() == f"no orphaned logs in {log_dir}"

@@ -15,6 +15,10 @@ expired (``portal_sessions.expires_at``), rate counters whose window ended long 
 ``counter_window_s``, the longest window any counter uses), and idempotency keys older than
 ``idempotency_key_ttl_h``. Each is read by an indexed range (``portal_sessions.expires_at``,
 ``rate_counters.window_start``, ``idempotency_keys.created_at``) and deleted by its key.
+
+Last, orphaned logs (``services.log_orphans``: files in the log store that no attempt row names,
+left by a database restored from a backup, or by a crash between a batch's commit and the removal
+of its log directories) go once they were last written before the same cutoff as the jobs.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from dlts.models import TERMINAL, IdempotencyKey, Job, PortalSession, RateCounter, utcnow
-from dlts.services import transaction
+from dlts.services import log_orphans, transaction
 from dlts.services.job_keeping import delete_jobs
 
 log = logging.getLogger(__name__)
@@ -54,6 +58,7 @@ class PurgeResult:
     sessions: int = 0  # expired portal sessions
     rate_counters: int = 0  # counters whose window ended
     idempotency_keys: int = 0  # keys older than idempotency_key_ttl_h
+    orphan_logs: int = 0  # attempts' logs no row names, last written before the cutoff
 
     @property
     def jobs_per_s(self) -> float:
@@ -133,9 +138,11 @@ class Janitor:
         for name, key, expired, order in short_lived:
             count, batches = self._purge_rows(key, expired, order, batches, durations)
             purged[name] = count
+        orphans = self._purge_orphan_logs(cutoff)
         longest = max(durations, default=0.0)
         result = PurgeResult(jobs, attempts, events, batches, time.monotonic() - started, longest,
-                             statistics.median(durations) if durations else 0.0, endpoints, **purged)
+                             statistics.median(durations) if durations else 0.0, endpoints, **purged,
+                             orphan_logs=orphans)
         if any(purged.values()):
             log.info("janitor: deleted %d expired portal sessions, %d rate counters, %d idempotency keys",
                      purged["sessions"], purged["rate_counters"], purged["idempotency_keys"])
@@ -167,6 +174,17 @@ class Janitor:
             if len(keys) < self.batch_rows:
                 break
         return deleted, batches
+
+    def _purge_orphan_logs(self, cutoff: dt.datetime) -> int:
+        if self.log_dir is None:
+            return 0
+        removed = log_orphans.purge(self.session_factory, self.log_dir, cutoff)
+        if removed:
+            log.info("janitor: removed %d orphaned logs (%d bytes) last written before %s: %s", len(removed),
+                     sum(o.stored.size_bytes for o in removed), cutoff.date(),
+                     ", ".join(f"job {o.stored.job_id} attempt {o.stored.attempt}" for o in removed[:10])
+                     + (", ..." if len(removed) > 10 else ""))
+        return len(removed)
 
     def _remove_logs(self, ids: list[int]) -> None:
         if self.log_dir is None:

@@ -193,6 +193,17 @@ def attempts_of(session: Session, job_id: int) -> list[JobAttempt]:
     return list(session.scalars(sa.select(JobAttempt).where(JobAttempt.job_id == job_id).order_by(JobAttempt.number)))
 
 
+def log_names(session: Session, job_ids: Sequence[int]) -> tuple[set[int], set[tuple[int, int, str | None]]]:
+    """Of these job ids, the ones that have a row, and every (job id, attempt number, log key) of
+    their attempts: what names a log in the store (``dlts.logstore``)."""
+    if not job_ids:
+        return set(), set()
+    jobs = set(session.scalars(sa.select(Job.id).where(Job.id.in_(job_ids))))
+    rows = session.execute(sa.select(JobAttempt.job_id, JobAttempt.number, JobAttempt.log_key)
+                           .where(JobAttempt.job_id.in_(job_ids)))
+    return jobs, {(job_id, number, key) for job_id, number, key in rows}
+
+
 def latest_events(session: Session, job_id: int, limit: int) -> list[JobEvent]:
     """The job's newest ``limit`` events, newest first."""
     return list(session.scalars(sa.select(JobEvent).where(JobEvent.job_id == job_id)
