@@ -74,6 +74,7 @@ def tool(name: str) -> str:
             "amtool": "apt-get install prometheus-alertmanager",
             "mariadbd": "apt-get install mariadb-server",
             "openssl": "apt-get install openssl",
+            "nfs-cp": "apt-get install libnfs-utils",
         }
         hint = packages.get(name, f"pip install into {VENV_BIN.parent} or apt-get install it")
         pytest.fail(f"{name} is required by this test but not installed ({hint})")

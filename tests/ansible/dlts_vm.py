@@ -40,6 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Self
 
@@ -67,10 +68,10 @@ def _accelerator() -> str:
 ACCEL = _accelerator()
 
 # Packages baked into the image. The first block makes a bootable, SSH-reachable systemd machine;
-# the second block is what the mariadb, dlts_control, dlts_agent and monitoring roles install
-# (Prometheus and Alertmanager; Grafana is not in Debian and the converge skips it), pre-seeded so
-# that the converge does not spend CI minutes downloading them (the roles still assert them with
-# ansible.builtin.apt, which then reports "ok").
+# the second block is what the mariadb, dlts_control, dlts_agent, monitoring and nfs_server (its
+# NFS-Ganesha variant) roles install (Prometheus and Alertmanager; Grafana is not in Debian and the
+# converge skips it), pre-seeded so that the converge does not spend CI minutes downloading them
+# (the roles still assert them with ansible.builtin.apt, which then reports "ok").
 BASE_PACKAGES = (
     "linux-image-cloud-amd64",
     "initramfs-tools",
@@ -102,6 +103,8 @@ ROLE_PACKAGES = (
     "nftables",
     "prometheus",
     "prometheus-alertmanager",
+    "nfs-ganesha",
+    "nfs-ganesha-vfs",
 )
 
 # Files written into the root file system after debootstrap. Keep in this table: the hash below
@@ -125,7 +128,11 @@ set -eu
 export DEBIAN_FRONTEND=noninteractive
 systemctl enable systemd-networkd systemd-resolved ssh
 systemctl mask apt-daily.timer apt-daily-upgrade.timer man-db.timer e2scrub_all.timer fstrim.timer
-systemctl disable mariadb nginx chrony prometheus prometheus-alertmanager || true
+systemctl disable mariadb nginx chrony prometheus prometheus-alertmanager nfs-ganesha || true
+# nfs-common (NFS-Ganesha's dependency) starts the kernel's NFS client helpers; nothing here mounts
+# NFS, and rpc_pipefs (the kernel's, for gssd and idmapd) cannot be mounted in a container.
+systemctl disable nfs-client.target || true
+systemctl mask run-rpc_pipefs.mount
 ln -sf /run/systemd/resolve/stub-resolv.conf /etc/resolv.conf
 passwd -d root
 update-initramfs -u -k all
@@ -659,6 +666,9 @@ class DebianContainer:
             "--capability=CAP_NET_ADMIN",
             "--resolv-conf=off",
             "--console=read-only",
+            # NFS-Ganesha's VFS back end opens files by handle (open_by_handle_at), which nspawn's
+            # default system call filter refuses; the container holds CAP_DAC_READ_SEARCH already.
+            "--system-call-filter=open_by_handle_at",
         ]
         with self.console_log.open("wb") as log:
             self._proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
@@ -739,6 +749,27 @@ class DebianContainer:
     def endpoint(self, guest_port: int) -> str:
         """``host:port`` where the host reaches a guest port (the guest's own address)."""
         return f"{self.guest_ip}:{guest_port}"
+
+    @property
+    def second_host_ip(self) -> str:
+        """A second address of the host on the container's /24 (see from_second_host_ip)."""
+        return self.host_ip.rsplit(".", 1)[0] + ".3"
+
+    @contextlib.contextmanager
+    def from_second_host_ip(self) -> Iterator[str]:
+        """While inside, the host's new connections to the guest leave from second_host_ip: the guest
+        sees a second client (a service that serves clients by address, such as NFS, can be checked
+        from both). Connections already open keep their address."""
+        address = self.second_host_ip
+        _run(["ip", "addr", "add", f"{address}/32", "dev", self.veth])
+        try:
+            _run(["ip", "route", "add", f"{self.guest_ip}/32", "dev", self.veth, "src", address])
+            try:
+                yield address
+            finally:
+                _quiet(["ip", "route", "del", f"{self.guest_ip}/32", "dev", self.veth, "src", address])
+        finally:
+            _quiet(["ip", "addr", "del", f"{address}/32", "dev", self.veth])
 
     def inventory_vars(self) -> dict[str, str]:
         return {

@@ -14,6 +14,11 @@ inventory must exist with its quota and policy (read through the API with an adm
 Last, the database backups: jobs, a backup through the installed dlts-db-backup service, the
 datadir destroyed, ansible/restore-db.yml to a point in time, and the jobs are back.
 
+In the container, the same machine is also the NFS server, with the NFS-Ganesha variant of the
+nfs_server role (the kernel here has no nfsd): site.yml's NFS plays run twice (changed=0 the second
+time), and a real NFSv4 client on the host (libnfs-utils) writes and reads as a user's uid, finds
+root squashed, and finds each VC's export refused to the other VC's client address.
+
 The dlts distribution comes from this checkout: its wheel plus every dependency go into a
 wheelhouse that the roles copy to the target and install with no package index (the offline path
 the roles support for production too).
@@ -37,7 +42,7 @@ import pytest
 import requests
 import urllib3
 import yaml
-from ansible_helpers import REPO, run_playbook, tool
+from ansible_helpers import ANSIBLE_DIR, REPO, run_playbook, tool
 from dlts_vm import (
     ACCEL,
     CACHE_ROOT,
@@ -65,6 +70,12 @@ ROUTES = [
 
 API_HTTPS_PORT = 443
 AGENT_METRICS_PORT = 9445
+NFS_PORT = 2049  # nfs_server_ganesha_port's default
+# The VCs' Unix groups (dlts_vcs' gid) and a member's uid, as the directory sync would make them.
+RESEARCH_GID, PRODUCT_GID, USER_UID = 4000, 4001, 1234
+# The plays of site.yml that export and mount NFS (run alone here: site.yml's other plays set up
+# kernel modules and Kubernetes, which a container cannot take).
+NFS_PLAYS = ("Export the NFS shares", "Mount the NFS shares")
 
 
 def _dlts_version() -> str:
@@ -100,21 +111,45 @@ def build_wheelhouse(dest: Path) -> None:
     subprocess.run(pip + ["wheel", "--no-deps", "--wheel-dir", str(dest), str(source)], check=True, timeout=300)
 
 
+def nfs_settings(machine: DebianContainer) -> dict:
+    """The NFS-Ganesha server with per-VC exports: each VC's directory (its group's, setgid, as the
+    storage manager makes them) to that VC's client only: the host's address is product's client,
+    its second address research's; the scratch directory (sticky, world-writable) to both, read-only
+    to research's. The exports sit on a tmpfs (see _nfs_for_real)."""
+    product, research = machine.host_ip, machine.second_host_ip
+    options = "sync,no_subtree_check,root_squash"
+    return {
+        "nfs_server_implementation": "ganesha",
+        "nfs_exports": [
+            {"path": "/srv/nfs/vc/product", "export_id": 1, "group": str(PRODUCT_GID), "mode": "2770",
+             "clients": f"{product}/32(rw,{options})"},
+            {"path": "/srv/nfs/vc/research", "export_id": 2, "group": str(RESEARCH_GID), "mode": "2770",
+             "clients": f"{research}/32(rw,{options})"},
+            {"path": "/srv/nfs/scratch", "export_id": 3, "mode": "1777",
+             "clients": f"{product}/32(rw,{options}) {research}/32(ro,{options})"},
+        ],
+        # The host is no kernel NFS client (and the container could not mount one).
+        "nfs_mounts": [],
+    }
+
+
 def write_inventory(root: Path, machine: DebianVM | DebianContainer, wheelhouse: Path, emulated: bool) -> Path:
     host_vars = dict(machine.inventory_vars())
+    # NFS only in the container: the checks need a second client address on the guest's network
+    # (qemu's user network shows the guest one address for every host connection).
+    nfs = isinstance(machine, DebianContainer)
+    groups = ("mariadb", "dlts_control", "dlts_managers", "monitoring") + (("nfs_server",) if nfs else ())
     hosts = {
         "all": {
             "hosts": {"dlts-vm": host_vars},
-            "children": {
-                group: {"hosts": {"dlts-vm": None}}
-                for group in ("mariadb", "dlts_control", "dlts_managers", "monitoring")
-            },
+            "children": {group: {"hosts": {"dlts-vm": None}} for group in groups},
         }
     }
     settings = {
         "dlts_cluster_name": "dlts-ci",
         "dlts_deploy_kubernetes": False,
-        "dlts_deploy_nfs": False,
+        "dlts_deploy_nfs": nfs,
+        **(nfs_settings(machine) if nfs else {}),
         "dlts_deploy_lustre": False,
         # Prometheus and Alertmanager from Debian's packages (baked into the image); Grafana comes
         # from Grafana's apt repository, which the disposable system is not meant to reach.
@@ -241,6 +276,11 @@ def test_converge_mariadb_control_and_agent(tmp_path, route):
         assert second.returncode == 0, second.stdout[-6000:]
         assert recap(second.stdout)["changed"] == 0, f"not idempotent: {changed_tasks(second.stdout)}"
 
+        if isinstance(machine, DebianContainer):
+            mark = time.monotonic()
+            _nfs_for_real(machine, inventory, tmp_path, timings)
+            timings["nfs_s"] = time.monotonic() - mark
+
         # The services answer from the host, through nginx/TLS and the exporter port.
         urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
         api = f"https://{machine.endpoint(API_HTTPS_PORT)}"
@@ -311,6 +351,88 @@ def test_converge_mariadb_control_and_agent(tmp_path, route):
     timings["total_s"] = time.monotonic() - started
     (tmp_path / "timings.json").write_text(json.dumps(timings, indent=1))
     print("converge timings:", json.dumps({k: v if isinstance(v, str) else round(v, 1) for k, v in timings.items()}))
+
+
+def _nfs_for_real(machine: DebianContainer, inventory: Path, tmp_path: Path, timings: dict) -> None:
+    """site.yml's NFS plays converge the NFS-Ganesha server (twice: changed=0 the second time); then
+    a real NFSv4 client on the host (libnfs) checks what the exports promise: a user's files are
+    the user's on the server, root is squashed, and each VC's export is refused to the other's."""
+    tool("nfs-cp")
+    # The site's export file system (CephFS, GPFS, XFS in production) is a tmpfs here: the
+    # container's root is an overlay, which cannot hand out the file handles NFS needs.
+    made = machine.ssh("mkdir -p /srv/nfs && mount -t tmpfs -o mode=0755,size=64m dlts-nfs /srv/nfs")
+    assert made.returncode == 0, made.stderr
+    site = yaml.safe_load((ANSIBLE_DIR / "site.yml").read_text())
+    plays = [play for play in site if play.get("name") in NFS_PLAYS]
+    assert [play["name"] for play in plays] == list(NFS_PLAYS)
+    playbook = tmp_path / "nfs.yml"
+    playbook.write_text(yaml.safe_dump([{"ansible.builtin.import_playbook": str(ANSIBLE_DIR / "validate.yml")}, *plays]))
+    for run, key in (("first", "nfs_first_run_s"), ("second", "nfs_second_run_s")):
+        mark = time.monotonic()
+        result = run_playbook(playbook, inventory, tmp_path=tmp_path, timeout_s=600, log_path=tmp_path / f"nfs-{run}-run.log")
+        timings[key] = time.monotonic() - mark
+        assert result.returncode == 0, result.stdout[-6000:]
+        if run == "second":
+            assert recap(result.stdout)["changed"] == 0, f"not idempotent: {changed_tasks(result.stdout)}"
+    state = machine.ssh(f"systemctl is-active nfs-ganesha && ss -Htln 'sport = :{NFS_PORT}'")
+    assert state.returncode == 0 and "LISTEN" in state.stdout, state.stdout + state.stderr
+
+    mark = time.monotonic()
+    payload = tmp_path / "payload.txt"
+    payload.write_text("written over NFSv4 as a user\n")
+
+    # product's client (the host's address): the user writes into the VC's directory; the file is
+    # the user's (uid and the VC's group) on the server, and reads back.
+    product = _nfs_url(machine, "/srv/nfs/vc/product/by-user.txt", USER_UID, PRODUCT_GID)
+    written = _nfs("nfs-cp", str(payload), product)
+    assert written.returncode == 0, written.stdout + written.stderr
+    read = _nfs("nfs-cat", product)
+    assert read.returncode == 0 and read.stdout == payload.read_text(), read.stdout + read.stderr
+    owner = machine.ssh("stat -c '%u %g' /srv/nfs/vc/product/by-user.txt")
+    assert owner.stdout.split() == [str(USER_UID), str(PRODUCT_GID)], owner.stdout + owner.stderr
+    # Root is squashed: refused in the root-owned VC directory (2770), and where anyone may write
+    # (scratch, 1777) its file belongs to the anonymous uid, not to root.
+    as_root = _nfs("nfs-cp", str(payload), _nfs_url(machine, "/srv/nfs/vc/product/by-root.txt", 0, 0))
+    assert as_root.returncode != 0 and "NFS4ERR_ACCESS" in as_root.stderr, as_root.stdout + as_root.stderr
+    squashed = _nfs("nfs-cp", str(payload), _nfs_url(machine, "/srv/nfs/scratch/by-root.txt", 0, 0))
+    assert squashed.returncode == 0, squashed.stdout + squashed.stderr
+    owner = machine.ssh("stat -c '%u %g' /srv/nfs/scratch/by-root.txt; ls /srv/nfs/vc/product")
+    assert owner.stdout.split() == ["65534", "65534", "by-user.txt"], owner.stdout + owner.stderr
+    # research's export is not there for product's client.
+    refused = _nfs("nfs-ls", _nfs_url(machine, "/srv/nfs/vc/research/", USER_UID, RESEARCH_GID))
+    assert refused.returncode != 0 and "NFS4ERR_NOENT" in refused.stderr, refused.stdout + refused.stderr
+
+    # research's client (the host's second address): the other way round, and scratch is read-only.
+    with machine.from_second_host_ip():
+        research = _nfs_url(machine, "/srv/nfs/vc/research/by-user.txt", USER_UID + 1, RESEARCH_GID)
+        written = _nfs("nfs-cp", str(payload), research)
+        assert written.returncode == 0, written.stdout + written.stderr
+        refused = _nfs("nfs-ls", _nfs_url(machine, "/srv/nfs/vc/product/", USER_UID, PRODUCT_GID))
+        assert refused.returncode != 0 and "NFS4ERR_NOENT" in refused.stderr, refused.stdout + refused.stderr
+        listed = _nfs("nfs-ls", _nfs_url(machine, "/srv/nfs/scratch/", USER_UID + 1, RESEARCH_GID))
+        assert listed.returncode == 0 and "by-root.txt" in listed.stdout, listed.stdout + listed.stderr
+        read_only = _nfs("nfs-cp", str(payload), _nfs_url(machine, "/srv/nfs/scratch/by-research.txt", USER_UID + 1,
+                                                          RESEARCH_GID))
+        assert read_only.returncode != 0 and "NFS4ERR_ROFS" in read_only.stderr, read_only.stdout + read_only.stderr
+    owner = machine.ssh("stat -c '%u %g' /srv/nfs/vc/research/by-user.txt; ls /srv/nfs/scratch")
+    assert owner.stdout.split() == [str(USER_UID + 1), str(RESEARCH_GID), "by-root.txt"], owner.stdout + owner.stderr
+    timings["nfs_checks_s"] = time.monotonic() - mark
+
+
+def _nfs_url(machine: DebianContainer, path: str, uid: int, gid: int) -> str:
+    """A libnfs URL of an NFSv4 path on the machine, with the AUTH_SYS identity the client sends."""
+    return f"nfs://{machine.guest_ip}{path}?version=4&nfsport={NFS_PORT}&uid={uid}&gid={gid}"
+
+
+def _nfs(command: str, *args: str, timeout_s: float = 150) -> subprocess.CompletedProcess:
+    """A libnfs-utils command; retried while the server is in its grace period after a (re)start,
+    when it refuses opens for up to 90 s."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        result = subprocess.run([command, *args], capture_output=True, text=True, timeout=60, check=False)
+        if "NFS4ERR_GRACE" not in result.stderr or time.monotonic() > deadline:
+            return result
+        time.sleep(5)
 
 
 def _backup_destroy_restore(machine, inventory: Path, tmp_path: Path, api: str, admin: dict, dlts: str) -> None:

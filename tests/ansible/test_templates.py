@@ -465,6 +465,103 @@ def test_exports_and_lnet_files_have_the_expected_shape(rendered):
     assert 'options lnet networks="' in lnet
 
 
+def _ganesha_blocks(text: str) -> list[dict]:
+    """The blocks of an NFS-Ganesha config as {name, settings, blocks} (one statement a line, as rendered)."""
+    root: dict = {"name": "", "settings": {}, "blocks": []}
+    stack = [root]
+    for raw in text.splitlines():
+        line = raw.split("#", 1)[0].strip()
+        if not line or line.startswith("%include"):
+            continue
+        if line.endswith("{"):
+            block = {"name": line[:-1].strip(), "settings": {}, "blocks": []}
+            stack[-1]["blocks"].append(block)
+            stack.append(block)
+        elif line == "}":
+            stack.pop()
+        else:
+            key, value = line.removesuffix(";").split("=", 1)
+            stack[-1]["settings"][key.strip()] = value.strip().strip('"')
+    assert len(stack) == 1, "unbalanced braces"
+    return root["blocks"]
+
+
+def _kernel_meaning(options: list[str]) -> dict[str, str]:
+    """What exports(5) options mean to the kernel server, in NFS-Ganesha's CLIENT settings (written
+    here from the man page, apart from the role's table, so that the two check each other)."""
+    meaning = {"Protocols": "4", "Access_Type": "RO", "Anonymous_Uid": "65534", "Anonymous_Gid": "65534",
+               "PrivilegedPort": "true", "SecType": "sys"}
+    root_squash, all_squash = True, False
+    for option in options:
+        name, _, value = option.partition("=")
+        if name in ("rw", "ro"):
+            meaning["Access_Type"] = name.upper()
+        elif name in ("root_squash", "no_root_squash"):
+            root_squash = name == "root_squash"
+        elif name in ("all_squash", "no_all_squash"):
+            all_squash = name == "all_squash"
+        elif name in ("secure", "insecure"):
+            meaning["PrivilegedPort"] = "true" if name == "secure" else "false"
+        elif name in ("anonuid", "anongid"):
+            meaning["Anonymous_Uid" if name == "anonuid" else "Anonymous_Gid"] = value
+        elif name == "sec":
+            meaning["SecType"] = ", ".join(value.split(":"))
+    meaning["Squash"] = "all_squash" if all_squash else "root_squash" if root_squash else "no_root_squash"
+    return meaning
+
+
+def _assert_ganesha_says_what_the_kernel_exports_say(exports: list[dict], ganesha_text: str) -> None:
+    blocks = [b for b in _ganesha_blocks(ganesha_text) if b["name"] == "EXPORT"]
+    assert [(b["settings"]["Path"], int(b["settings"]["Export_Id"])) for b in blocks] == [
+        (e["path"], e["export_id"]) for e in exports]
+    for export, block in zip(exports, blocks, strict=True):
+        # NFSv4 clients see the export at its own path, as with the kernel server; no one else gets in
+        assert block["settings"]["Pseudo"] == export["path"] and block["settings"]["Access_Type"] == "None"
+        assert block["settings"]["Protocols"] == "4"
+        clients = [b for b in block["blocks"] if b["name"] == "CLIENT"]
+        specs = export["clients"].split()
+        assert len(clients) == len(specs), export
+        for spec, client in zip(specs, clients, strict=True):
+            host, _, options = spec.partition("(")
+            assert client["settings"] == {"Clients": host, **_kernel_meaning(options.rstrip(")").split(","))}, spec
+        fsal = next(b for b in block["blocks"] if b["name"] == "FSAL")
+        assert fsal["settings"] == {k: str(v) for k, v in export.get("ganesha_fsal", {"Name": "VFS"}).items()}
+
+
+def test_the_ganesha_exports_say_what_the_kernel_exports_say(rendered):
+    """The same inventory, rendered for either implementation, exports the same paths to the same
+    clients with the same access and squashing."""
+    name, out, _ = rendered
+    exports = yaml.safe_load((INVENTORIES[name] / "group_vars/all/nfs.yml").read_text())["nfs_exports"]
+    kernel = [line.split(maxsplit=1) for line in (out["nfs_server"] / "dlts.exports").read_text().splitlines()
+              if line and not line.startswith("#")]
+    assert kernel == [[e["path"], e["clients"]] for e in exports]
+    _assert_ganesha_says_what_the_kernel_exports_say(exports, (out["nfs_server"] / "ganesha-exports.conf").read_text())
+    core = {b["name"]: b["settings"] for b in _ganesha_blocks((out["nfs_server"] / "ganesha.conf").read_text())}
+    assert core["NFS_CORE_PARAM"] == {"Protocols": "4", "NFS_Port": "2049", "Enable_NLM": "false", "Enable_RQUOTA": "false"}
+    assert core["NFS_KRB5"] == {"Active_krb5": "false"}
+    assert '%include "/etc/ganesha/dlts-exports.conf"' in (out["nfs_server"] / "ganesha.conf").read_text()
+
+
+def test_nfs_ganesha_expresses_every_export_option_it_accepts(tmp_path):
+    """Per-VC exports with every option validate_inventory lets through for NFS-Ganesha."""
+    exports = [
+        {"path": "/srv/nfs/vc/research", "export_id": 10,
+         "clients": "192.168.56.11(rw,sync,no_subtree_check,sec=sys:krb5p) 192.168.56.0/24(ro,insecure) *.lab.example"},
+        {"path": "/srv/nfs/vc/product", "export_id": 11,
+         "clients": "192.168.56.12(rw,all_squash,root_squash,anonuid=4001,anongid=4002) "
+                    "192.168.56.13(rw,all_squash,no_all_squash,no_root_squash,wdelay,async,subtree_check,secure)"},
+        {"path": "/volumes/vision", "export_id": 12, "ganesha_fsal": {"Name": "CEPH", "Filesystem": "cephfs"},
+         "clients": "@vision-nodes(rw,no_wdelay)"},
+    ]
+    out = render_templates("vagrant", tmp_path / "out", {"nfs_server_implementation": "ganesha", "nfs_exports": exports,
+                                                         "nfs_server_ganesha_port": 12049}, roles_only=("nfs_server",))
+    _assert_ganesha_says_what_the_kernel_exports_say(exports, (out["nfs_server"] / "ganesha-exports.conf").read_text())
+    core = {b["name"]: b["settings"] for b in _ganesha_blocks((out["nfs_server"] / "ganesha.conf").read_text())}
+    assert core["NFS_CORE_PARAM"]["NFS_Port"] == "12049"
+    assert core["NFS_KRB5"] == {"Active_krb5": "true"}  # an export asks for krb5p
+
+
 @pytest.mark.parametrize("inventory_name", sorted(INVENTORIES))
 def test_only_dlts_nodes_report_to_the_api_and_register_a_token(inventory_name, tmp_path):
     """dlts_agent's defaults per host: the hosts the backend lists as nodes (Kubernetes nodes here)

@@ -85,6 +85,15 @@ def _set_kubernetes(inv: Inventory, **values) -> None:
     inv.edit("group_vars/all/dlts.yml", lambda d: d.setdefault("dlts_kubernetes", {}).update(values))
 
 
+def _set_nfs(inv: Inventory, key: str, value) -> None:
+    inv.set("group_vars/all/nfs.yml", key, value)
+
+
+def _ganesha_export(inv: Inventory, index: int, **values) -> None:
+    _set_nfs(inv, "nfs_server_implementation", "ganesha")
+    inv.edit("group_vars/all/nfs.yml", lambda d: d["nfs_exports"][index].update(values))
+
+
 def _quota_above_capacity(inv: Inventory) -> None:
     # two 2-GPU workers of SKU lab-gpu: 4 GPUs, and the product VC asks 5
     for worker in ("worker1", "worker2"):
@@ -113,6 +122,29 @@ CASES = {
     "feature toggle that is not a boolean": (
         lambda inv: inv.set("group_vars/all/cluster.yml", "dlts_deploy_nfs", "sometimes"),
         'dlts_deploy_nfs must be set to true or false in group_vars/all/cluster.yml (found "sometimes")',
+    ),
+    "NFS server implementation that does not exist": (
+        lambda inv: _set_nfs(inv, "nfs_server_implementation", "nfs-ganesha"),
+        "nfs_server_implementation must be 'kernel' (nfs-kernel-server) or 'ganesha' (NFS-Ganesha, NFSv4 only), "
+        'found "nfs-ganesha" for control',
+    ),
+    "NFS-Ganesha export without an export id": (
+        lambda inv: (_ganesha_export(inv, 1), inv.edit("group_vars/all/nfs.yml", lambda d: d["nfs_exports"][1].pop("export_id"))),
+        "nfs_exports on control: with NFS-Ganesha every export needs an export_id from 1 to 65535 that no other "
+        'export of the host has (found {"/srv/nfs/home": 1, "/srv/nfs/data": "missing"})',
+    ),
+    "NFS-Ganesha exports sharing an export id": (
+        lambda inv: _ganesha_export(inv, 1, export_id=1),
+        'export of the host has (found {"/srv/nfs/home": 1, "/srv/nfs/data": 1})',
+    ),
+    "NFS-Ganesha export with a back end without a name": (
+        lambda inv: _ganesha_export(inv, 1, ganesha_fsal={"Filesystem": "cephfs"}),
+        'and ganesha_fsal values [{"Filesystem": "cephfs"}] that are no mapping with Name',
+    ),
+    "NFS-Ganesha export with an option it cannot express": (
+        lambda inv: _ganesha_export(inv, 0, clients="192.168.56.0/24(rw,fsid=0,crossmnt) 10.9.0.1(ro)"),
+        'found clients [] that are not host(options), options ["crossmnt", "fsid"] that Ganesha cannot express, '
+        "and ganesha_fsal values [] that are no mapping with Name",
     ),
     "database password missing from the vault": (
         lambda inv: inv.edit("group_vars/all/vault.yml", lambda d: d.pop("vault_dlts_db_password")),
@@ -377,14 +409,43 @@ def test_example_inventory_passes_once_the_vault_is_filled(tmp_path):
     assert result.returncode == 0, result.stdout[-3000:]
 
 
-def test_site_playbook_touches_no_host_when_the_inventory_is_broken(lab, tmp_path):
-    lab.edit_groups(lambda g: g.pop("mariadb"))
+@pytest.mark.parametrize("case", ["no database group", "unknown NFS server implementation"])
+def test_site_playbook_touches_no_host_when_the_inventory_is_broken(lab, tmp_path, case):
+    if case == "no database group":
+        lab.edit_groups(lambda g: g.pop("mariadb"))
+        message = "The inventory has no hosts in group 'mariadb'"
+    else:
+        _set_nfs(lab, "nfs_server_implementation", "userspace")
+        message = "nfs_server_implementation must be 'kernel' (nfs-kernel-server) or 'ganesha'"
     result = _validate(lab, tmp_path, playbook="site.yml")
     assert result.returncode != 0
-    assert "The inventory has no hosts in group 'mariadb'" in " ".join(result.stdout.split())
+    assert message in " ".join(result.stdout.split())
     # The lab's addresses are unreachable from here: any attempt to touch a host would show up.
     assert "PLAY [Prepare every host]" not in result.stdout
     assert "UNREACHABLE" not in result.stdout
+
+
+def test_nfs_ganesha_with_per_vc_exports_passes(lab, tmp_path):
+    # each VC's directory exported to its own nodes only, every option Ganesha can express in use
+    _set_nfs(lab, "nfs_server_implementation", "ganesha")
+    lab.edit("group_vars/all/nfs.yml", lambda d: d["nfs_exports"].extend([
+        {"path": "/srv/nfs/vc/research", "export_id": 10, "group": "4000", "mode": "2770",
+         "clients": "192.168.56.11(rw,sync,no_subtree_check,root_squash,sec=sys:krb5p) 192.168.56.0/24(ro,insecure)"},
+        {"path": "/srv/nfs/vc/product", "export_id": 11, "ganesha_fsal": {"Name": "VFS"},
+         "clients": "192.168.56.12(rw,async,all_squash,anonuid=4001,anongid=4001,wdelay,no_wdelay,subtree_check,"
+                    "no_all_squash,no_root_squash,secure)"},
+    ]))
+    result = _validate(lab, tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:]
+
+
+def test_the_inventory_check_knows_the_export_options_nfs_ganesha_can_express():
+    defaults = yaml.safe_load((ROLES_DIR / "validate_inventory" / "defaults" / "main.yml").read_text())
+    role = yaml.safe_load((ROLES_DIR / "nfs_server" / "vars" / "main.yml").read_text())
+    expressed = (set(role["nfs_server_ganesha_flag_options"]) | set(role["nfs_server_ganesha_all_squash_options"])
+                 | set(role["nfs_server_ganesha_valued_options"]))
+    assert set(defaults["validate_inventory_ganesha_export_options"]) == expressed
+    assert defaults["validate_inventory_nfs_implementations"] == ["kernel", "ganesha"]
 
 
 def test_an_inventory_without_a_kubernetes_section_passes(lab, tmp_path):
