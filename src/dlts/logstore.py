@@ -25,10 +25,17 @@ rotate. One writer per attempt (the Kubernetes backend's log copy), or several t
 Every read opens the job directory and then each file relative to it with ``O_NOFOLLOW``: a job
 that replaced its log with a symlink (to ``/etc/passwd``, to another job's log) gets nothing read
 through it; ``UnsafeLog`` says so and the API answers ``no_log``.
+
+A full volume (``ENOSPC``, ``EDQUOT``, ``EIO``) never stops a job: ``CuttingLog`` (the local init's
+writer) stores what fits, drops the rest and counts it, and once a write goes through again puts a
+line in the log where the output was cut (``cut_line``: ``[dlts] N bytes of output were not stored
+here: <reason>``). It is output like any other (offsets count it), so readers need nothing new; what
+could not be said in the log by the end is in ``CuttingLog.dropped_bytes`` for the init's exit record.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import io
 import os
@@ -36,7 +43,7 @@ import re
 import secrets
 import shutil
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,6 +53,8 @@ _KEY = re.compile(r"^[0-9a-f]{16}$")
 # every file an attempt has in its job's directory: the head, tail parts, the shared writers' lock,
 # the Kubernetes log copy's cursor (and the cursor's temporary file while it is replaced)
 _FILE = re.compile(r"^attempt-(\d+)(?:-([0-9a-f]{16}))?\.(?:log|log\.\d+|log\.lock|k8s-cursor|k8s-cursor\.tmp)$")
+# a write that fails with one of these lost its bytes to a full or failing volume: the job goes on
+VOLUME_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO})
 
 
 class UnsafeLog(OSError):
@@ -189,17 +198,22 @@ class AttemptLogWriter:
 
     def _write(self, data: bytes) -> None:
         view = memoryview(data)
-        while view:
-            start, room = self._target()
-            self._open(start)
-            piece = view[:room]
-            assert self._fh is not None
-            self._fh.write(piece)
-            self.size += len(piece)
-            if start is not None:
-                self._parts[start] += len(piece)
-            view = view[len(piece):]
-            self._drop_old()
+        try:
+            while view:
+                start, room = self._target()
+                self._open(start)
+                assert self._fh is not None
+                written = self._fh.write(view[:room]) or 0  # short on a volume that is filling up
+                self.size += written
+                if start is not None:
+                    self._parts[start] += written
+                view = view[written:]
+                self._drop_old()
+        except OSError:
+            # what reached the files is what counts: sizes (and so offsets) from them again
+            self._close_fh()
+            self._refresh()
+            raise
 
     def _drop_old(self) -> None:
         while len(self._parts) > 1 and sum(self._parts.values()) > self.tail_bytes + self.part_bytes:
@@ -215,6 +229,101 @@ class AttemptLogWriter:
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
+
+
+def volume_error(exc: BaseException) -> bool:
+    """An error of the volume under the log (full, over quota, failing), not of the log itself."""
+    return isinstance(exc, OSError) and not isinstance(exc, UnsafeLog) and exc.errno in VOLUME_ERRNOS
+
+
+def cut_line(dropped_bytes: int, reason: str) -> bytes:
+    """The line a ``CuttingLog`` puts where output was dropped."""
+    return f"\n[dlts] {dropped_bytes} bytes of output were not stored here: {reason}\n".encode()
+
+
+class CuttingLog:
+    """A job's output into the store, never refusing it: while the volume is full (``VOLUME_ERRNOS``)
+    what does not fit is dropped and counted, and the first write that goes through again is
+    preceded by ``cut_line``. ``say`` is told (once) each time storing stops and starts again: the
+    caller's complaint must not go to the full volume only.
+
+    ``open_writer`` makes the ``AttemptLogWriter``; a volume error there (the job's directory cannot
+    be made) is a cut like any other, and it is tried again at the next write. Anything else it
+    raises (``UnsafeLog``) is the caller's."""
+
+    def __init__(self, open_writer: Callable[[], AttemptLogWriter], say: Callable[[str], None] = lambda _text: None) -> None:
+        self._open_writer = open_writer
+        self._say = say
+        self.writer: AttemptLogWriter | None = None
+        self.dropped_bytes = 0  # all the attempt's output that was not stored
+        self.unmarked_bytes = 0  # of which no cut_line in the log says so yet
+        self.reason = ""
+        self._try_open()
+
+    @property
+    def cut(self) -> bool:
+        return self.unmarked_bytes > 0
+
+    def _try_open(self) -> bool:
+        if self.writer is not None:
+            return True
+        try:
+            self.writer = self._open_writer()
+        except OSError as exc:
+            if not volume_error(exc):
+                raise
+            self._failed(exc)
+            return False
+        return True
+
+    def _failed(self, exc: OSError) -> None:
+        if not self.cut:
+            self.reason = exc.strerror or str(exc)
+            self._say(f"cannot store the job's output ({self.reason}): dropping it until the log volume has room")
+
+    def write(self, data: bytes) -> None:
+        if not data:
+            return
+        if not self._try_open():
+            self._drop(len(data))
+            return
+        assert self.writer is not None
+        if self.cut and not self._mark():
+            self._drop(len(data))
+            return
+        before = self.writer.size
+        try:
+            self.writer.write(data)
+        except OSError as exc:
+            if not volume_error(exc):
+                raise
+            self._failed(exc)
+            self._drop(len(data) - max(0, self.writer.size - before))
+
+    def _drop(self, count: int) -> None:
+        self.dropped_bytes += count
+        self.unmarked_bytes += count
+
+    def _mark(self) -> bool:
+        """The cut line for what was dropped so far; False while it does not fit either."""
+        assert self.writer is not None
+        line = cut_line(self.unmarked_bytes, self.reason)
+        try:
+            self.writer.write(line)
+        except OSError as exc:  # a piece of it may be in: the next try writes the whole line after it
+            if not volume_error(exc):
+                raise
+            return False
+        self._say(f"storing the job's output again; {self.unmarked_bytes} bytes of it were not stored ({self.reason})")
+        self.unmarked_bytes = 0
+        return True
+
+    def close(self) -> None:
+        """Say in the log what was dropped at the end, if it fits now; then close."""
+        if self.cut and self._try_open():
+            self._mark()
+        if self.writer is not None:
+            self.writer.close()
 
 
 @dataclass(frozen=True)

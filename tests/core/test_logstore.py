@@ -12,7 +12,7 @@ import socket
 import pytest
 
 from dlts import logstore
-from dlts.logstore import AttemptLogWriter, UnsafeLog, iter_log, read_log
+from dlts.logstore import AttemptLogWriter, CuttingLog, UnsafeLog, iter_log, read_log
 
 CAP = 64 * 1024  # the smallest cap: a 32 KiB head, 16 KiB tail parts
 KEY = "0123456789abcdef"  # the attempt's log key (job_attempts.log_key)
@@ -281,3 +281,42 @@ def test_a_writer_whose_directory_went_while_it_had_written_nothing_makes_it_aga
     writer.write(b"still here\n")
     writer.close()
     assert b"".join(iter_log(tmp_path, 7, 1, key=KEY)) == b"still here\n"
+
+
+def test_a_full_volume_drops_output_counts_it_and_says_where_it_was_cut_once_there_is_room(tmp_path):
+    from full_volume import fill, tmpfs
+
+    with tmpfs(tmp_path / "vol", "1m") as vol:
+        said: list[str] = []
+        log = CuttingLog(lambda: AttemptLogWriter(vol, 7, 1, CAP, key=KEY), said.append)
+        log.write(b"before\n")
+        filler = fill(vol)
+        log.write(b"x" * 100_000)  # what fits the head's last page is stored, the rest dropped
+        log.write(b"y" * 5000)
+        stored = read_log(vol, 7, 1, key=KEY)
+        assert log.cut and log.dropped_bytes == 100_000 + 5000 - (stored.size - len(b"before\n"))
+        assert stored.size == _stored_bytes(vol)  # offsets are what reached the files, after a short write too
+        dropped = log.dropped_bytes
+        filler.unlink()
+        log.write(b"after\n")
+        log.close()
+        whole = b"".join(iter_log(vol, 7, 1, key=KEY))
+    assert whole.startswith(b"before\nxxx")
+    assert whole.endswith(f"x\n[dlts] {dropped} bytes of output were not stored here: No space left on device\n"
+                          "after\n".encode())
+    assert not log.cut and log.dropped_bytes == dropped
+    assert said == ["cannot store the job's output (No space left on device): dropping it until the log volume has room",
+                    f"storing the job's output again; {dropped} bytes of it were not stored (No space left on device)"]
+
+
+def test_output_dropped_to_the_end_is_counted_for_the_exit_record(tmp_path):
+    from full_volume import fill, tmpfs
+
+    with tmpfs(tmp_path / "vol", "1m") as vol:
+        log = CuttingLog(lambda: AttemptLogWriter(vol, 7, 1, CAP, key=KEY))
+        log.write(b"before\n")
+        fill(vol)
+        log.write(b"z" * 50_000)
+        log.close()  # no room for the line either: the count is all there is
+        assert log.cut and log.dropped_bytes > 40_000 and log.reason == "No space left on device"
+        assert b"[dlts]" not in b"".join(iter_log(vol, 7, 1, key=KEY))

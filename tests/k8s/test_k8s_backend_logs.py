@@ -219,3 +219,29 @@ def test_a_log_the_node_can_no_longer_return_is_said_once_in_the_log_and_the_pod
     assert stored(log_dir, 8) == (b"epoch 1\n[dlts] the rest of this output could not be read from the node: "
                                   + message.encode() + b"\n")
     assert api.pods() == []
+
+
+def test_a_full_log_volume_keeps_the_output_with_the_kubelet_until_there_is_room(api, backend, log_dir, caplog):
+    from tests.core.full_volume import fill, tmpfs
+
+    with tmpfs(log_dir, "1m"):
+        backend.launch(make_spec(5, command="echo before; sleep 10; echo after; exit 0"))
+        api.kubelet.tick()
+        backend.sync_logs([(5, 1)])
+        assert stored(log_dir, 5) == b"before\n"
+        filler = fill(log_dir)
+        api.print_output("dlts-5-1-0", "x" * 8000)
+        for _ in range(3):
+            backend.sync_logs([(5, 1)])  # nothing copied, nothing raised: it waits with the kubelet
+        api.run_until_idle(11)
+        assert by_key(backend.observe())[(5, 1)].phase is RunPhase.SUCCEEDED
+        with pytest.raises(KubernetesRefused, match="the log volume has no room for the pods' output"):
+            backend.forget(5, 1)
+        assert api.pods() != []  # kept, and their output with them
+        filler.unlink()
+        backend.forget(5, 1)
+        assert api.pods() == []
+        assert stored(log_dir, 5) == b"before\n" + b"x" * 8000 + b"\nafter\n"
+    said = [r.getMessage() for r in caplog.records if "log volume" in r.getMessage()]
+    assert len(said) == 2 and "refuses the pods' output (No space left on device)" in said[0]
+    assert said[1].endswith("takes the pods' output again")

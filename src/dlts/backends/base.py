@@ -51,6 +51,15 @@ class BackendUnavailable(RuntimeError):
     """The cluster did not answer (timeout, 5xx, back-off): transient, the next tick tries again."""
 
 
+class VolumeFull(BackendUnavailable):
+    """A volume the backend writes for a launch (the local backend's run directories) has no room
+    (``ENOSPC``, ``EDQUOT``, ``EIO``). Transient like ``BackendUnavailable``: the job stays
+    ``scheduling`` with ``reason`` and the message, the next tick launches again, and the start
+    timeout ends the attempt by the usual rules if the room does not come back."""
+
+    reason = "disk_full"
+
+
 class BackendRefused(RuntimeError):
     """The cluster answered one request about one attempt or object with a refusal (a missing
     permission, a media type it does not serve, a conflict, a pod whose node cannot be reached).
@@ -138,6 +147,9 @@ class Observed:
     # and those of them already told to stop by ``remove_replicas``.
     replicas: frozenset[int] = frozenset()
     retiring: frozenset[int] = frozenset()
+    # ended: what a full log volume cost its log, in words ("N bytes of output were not stored: No
+    # space left on device"); "" when everything was stored
+    log_cut: str = ""
 
 
 @dataclass(frozen=True)

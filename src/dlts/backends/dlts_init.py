@@ -5,7 +5,10 @@ It starts CMD in a process group of its own, forwards SIGTERM/SIGINT/SIGHUP/SIGQ
 group, reaps every zombie that lands on it (it makes itself a child subreaper), and exits with the
 child's code (128 + N when the child died of signal N). Standard library only: it runs as a script
 so that it starts in milliseconds. The code is also written atomically to
-``--exit-file`` so the job manager learns it even after a restart of its own.
+``--exit-file`` so the job manager learns it even after a restart of its own: ``CODE`` on the first
+line, then ``log_cut BYTES REASON`` when some of the job's output could not be stored (a full log
+volume). So that a full volume cannot take the record, the init keeps a block for it from the start
+(``<exit file>.reserved``) and writes the record into that block when a new file cannot be made.
 
 ``--pid-file``: the init records its own pid and start time there (atomically) before it starts
 CMD, so that a job never runs without a record even when the job manager that started the init
@@ -17,7 +20,9 @@ died before it could write one.
   through a pipe to the init, which appends them to the log store (``dlts/logstore.py``, loaded by
   path: capped at ``max_bytes``, head and tail kept) under the attempt's log key (absent or null:
   a spec from before log keys). The job never holds its log file open, and
-  the exit code is written only once the log has all of CMD's output.
+  the exit code is written only once the log has all of CMD's output. The pipe is read to its end
+  whatever the store does: on a full log volume the output is dropped and counted
+  (``logstore.CuttingLog``), never left in the pipe where it would block the job.
 * ``cwd``: CMD's working directory (never the log directory).
 * ``uid`` / ``gid`` / ``groups``: CMD (and the jupyter / code-server servers) run as this identity;
   the init stays as it was started (root) to record the exit and reap.
@@ -85,16 +90,64 @@ def _become_subreaper() -> None:
         pass
 
 
+RESERVED_BYTES = 4096  # the block kept for the exit record: one page or file system block
+
+
+def _complain(text: str) -> None:
+    """A line on the init's stderr (the unit's init.log), unless that cannot be written either: the
+    init never stops over its own complaint."""
+    try:
+        sys.stderr.write(f"dlts-init: {text}\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+
+
 def _write_atomic(path: str, text: str) -> None:
     tmp = f"{path}.tmp"
-    with open(tmp, "w") as fh:
-        fh.write(text)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except OSError:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
 
 
-def _write_exit(path: str | None, code: int) -> None:
+def _reserve(path: str | None) -> None:
+    """Keep a block for the exit record while the volume has room (``_write_exit``)."""
     if path:
-        _write_atomic(path, f"{code}\n")
+        try:
+            _write_atomic(f"{path}.reserved", " " * RESERVED_BYTES)
+        except OSError as exc:
+            _complain(f"cannot reserve room for the exit record ({exc.strerror}); it is written when the job ends")
+
+
+def _write_exit(path: str | None, code: int, cut: tuple[int, str] | None = None) -> None:
+    """The record: ``CODE`` and, when output was dropped, ``log_cut BYTES REASON``. A new file
+    first; on a full volume into the reserved block, which then takes the record's name."""
+    if not path:
+        return
+    text = f"{code}\n" + (f"log_cut {cut[0]} {cut[1]}\n" if cut else "")
+    try:
+        _write_atomic(path, text)
+    except OSError as exc:
+        reserved = f"{path}.reserved"
+        try:
+            with open(reserved, "r+b") as fh:  # its block is allocated: overwriting it needs no room
+                fh.write(text.encode()[:RESERVED_BYTES].ljust(RESERVED_BYTES))
+            os.replace(reserved, path)
+        except OSError as again:
+            _complain(f"cannot record the job's exit code {code} ({exc.strerror}; the reserved block: "
+                      f"{again.strerror})")
+        return
+    try:
+        os.unlink(f"{path}.reserved")
+    except OSError:
+        pass
 
 
 def _code(status: int) -> int:
@@ -293,14 +346,21 @@ class Supervisor:
     def _write_keys(self, keys: list[str]) -> None:
         text = "".join(k.strip() + "\n" for k in keys)
         if text != self.keys_text:
-            _write_atomic(self.path("authorized_keys"), text)
-            os.chmod(self.path("authorized_keys"), 0o600)
+            try:
+                _write_atomic(self.path("authorized_keys"), text)
+                os.chmod(self.path("authorized_keys"), 0o600)
+            except OSError as exc:  # a full volume: the next poll tries again; the job runs on
+                _complain(f"cannot write the ssh keys: {exc.strerror}")
+                return
             self.keys_text = text
 
     def _write_state(self) -> None:
         state = {i: s.state() for i, s in self.servers.items()}
         if state != self.written:
-            _write_atomic(self.path(STATE_FILE), json.dumps(state, sort_keys=True))
+            try:
+                _write_atomic(self.path(STATE_FILE), json.dumps(state, sort_keys=True))
+            except OSError:  # a full volume: the next poll tries again; the job runs on
+                return
             self.written = state
 
     def _start(self, server: Server, endpoint: dict) -> None:
@@ -443,12 +503,19 @@ def _load_logstore() -> ModuleType:
 
 
 class LogPump:
-    """CMD's stdout+stderr: a pipe the init reads in a thread and appends to the log store."""
+    """CMD's stdout+stderr: a pipe the init reads in a thread and appends to the log store. The
+    pipe is always read to its end: what the store cannot take (a full volume) is dropped and
+    counted, and said in the log once it has room (``logstore.CuttingLog``)."""
 
     def __init__(self, log: dict):
-        self.writer = _load_logstore().AttemptLogWriter(log["dir"], int(log["job_id"]), int(log["attempt"]),
-                                                        int(log["max_bytes"]), key=log.get("key"),
-                                                        shared=bool(log.get("shared")))
+        logstore = _load_logstore()
+
+        def open_writer():
+            return logstore.AttemptLogWriter(log["dir"], int(log["job_id"]), int(log["attempt"]),
+                                             int(log["max_bytes"]), key=log.get("key"),
+                                             shared=bool(log.get("shared")))
+
+        self.writer = logstore.CuttingLog(open_writer, _complain)
         self.read_fd, self.write_fd = os.pipe()
         self.thread = threading.Thread(target=self._pump, name="log", daemon=True)
 
@@ -468,8 +535,10 @@ class LogPump:
                 return
             try:
                 self.writer.write(data)
-            except OSError as exc:  # the log store is full or gone: keep the job running, drop output
-                sys.stderr.write(f"dlts-init: cannot write the job's log: {exc}\n")
+            except Exception as exc:  # noqa: BLE001 - never stop reading: a pipe left unread blocks the job
+                self.writer.dropped_bytes += len(data)
+                self.writer.reason = self.writer.reason or str(exc)
+                _complain(f"cannot write the job's log: {exc}")
 
     def say(self, text: str) -> None:
         try:
@@ -477,9 +546,17 @@ class LogPump:
         except OSError:
             pass
 
-    def finish(self, timeout_s: float = 10.0) -> None:
+    def finish(self, timeout_s: float = 10.0) -> tuple[int, str] | None:
+        """Wait for the job's output to be read; (bytes dropped, why) when some was not stored."""
         self.thread.join(timeout_s)
-        self.writer.close()
+        try:
+            self.writer.close()
+        except OSError as exc:
+            _complain(f"cannot close the job's log: {exc.strerror}")
+        if self.writer.dropped_bytes:
+            _complain(f"{self.writer.dropped_bytes} bytes of the job's output were not stored: {self.writer.reason}")
+            return self.writer.dropped_bytes, self.writer.reason
+        return None
 
 
 def run(argv: list[str], exit_file: str | None, endpoints_dir: str | None = None, run_spec: dict | None = None,
@@ -491,10 +568,15 @@ def run(argv: list[str], exit_file: str | None, endpoints_dir: str | None = None
         pump = LogPump(spec["log"]) if spec.get("log") else None
     except (OSError, ValueError) as exc:
         # no pid record: the job manager reports the attempt as not started (init_failed, this line)
-        sys.stderr.write(f"dlts-init: cannot open the job's log in the log store: {exc}\n")
+        _complain(f"cannot open the job's log in the log store: {exc}")
         return 1
     if pid_file:
-        _write_atomic(pid_file, f"{os.getpid()} {_start_record()}\n")
+        try:
+            _write_atomic(pid_file, f"{os.getpid()} {_start_record()}\n")
+        except OSError as exc:  # the job must not run without a record: not started (init_failed)
+            _complain(f"cannot record the init's pid in {pid_file}: {exc.strerror}")
+            return 1
+    _reserve(exit_file)
     if pump is not None and spec.get("note"):
         pump.say(f"[dlts] {spec['note']}\n")
     child = os.fork()
@@ -537,9 +619,8 @@ def run(argv: list[str], exit_file: str | None, endpoints_dir: str | None = None
         code = _wait(child)
     else:
         code = _wait_supervising(child, Supervisor(endpoints_dir, identity), told_to_stop)
-    if pump is not None:
-        pump.finish()
-    _write_exit(exit_file, code)
+    cut = pump.finish() if pump is not None else None
+    _write_exit(exit_file, code, cut)
     return code
 
 

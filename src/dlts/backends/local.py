@@ -7,7 +7,9 @@ one pod per node), each in ``replicas/<index>/`` (the replica index of its place
 spec: log, working directory, identity), ``pid`` (pid, start time and start ticks since boot, written by the DLTS init
 itself before it starts the job, so a reused pid is never mistaken for the job and no job runs
 without a record), ``exit`` (written by the init when the command ends and its output is in the
-log), ``kill_at`` (the SIGKILL deadline after a SIGTERM), ``stopped`` (the demo shut down under it),
+log: the code, and how much output a full log volume cost; on a full run volume the record is
+written into ``exit.reserved``, a block the init keeps from its start), ``kill_at`` (the SIGKILL
+deadline after a SIGTERM; kept in memory when the volume is full), ``stopped`` (the demo shut down under it),
 ``work/`` (the job's working directory) and, for a replica, ``removed`` (scale-down: it is on its
 way out and its ending does not end the attempt; the directory goes once it exited). Because the
 state is on disk and the job runs in its own session, a restarted job manager adopts running
@@ -21,6 +23,10 @@ afresh) or, when the job is being killed, ends it.
 
 The job's output goes through the init to the log store (``dlts.logstore``, capped at
 ``log_max_bytes``); the job's working directory is its unit's ``work/``, never the log directory.
+A full volume never blocks a job: the init drops the output the log store cannot take and says so
+(``Observed.log_cut``); a unit that cannot be made on a full run volume is cleared and the launch
+raises ``VolumeFull``: the job waits in ``scheduling`` with the reason until the volume has room or
+its start timeout ends the attempt.
 Distributed attempts get the rendezvous variables the Kubernetes backend sets (``MASTER_ADDR`` is
 this machine, ``MASTER_PORT`` a free port chosen once per attempt). Identity: when DLTS runs as
 root and the spec has a uid, the job runs as that uid/gid with its supplementary groups; when DLTS
@@ -42,6 +48,7 @@ supervisor starts and stops the servers and reports them in ``endpoints.state.js
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -57,7 +64,15 @@ from typing import TypedDict
 
 import psutil
 
-from dlts.backends.base import EndpointSpec, EndpointState, LaunchSpec, NodeInfo, Observed, RunPhase
+from dlts.backends.base import (
+    EndpointSpec,
+    EndpointState,
+    LaunchSpec,
+    NodeInfo,
+    Observed,
+    RunPhase,
+    VolumeFull,
+)
 from dlts.backends.phases import MemberState, attempt_state
 
 log = logging.getLogger(__name__)
@@ -70,6 +85,49 @@ SERVED = ("ssh", "jupyter", "vscode")  # endpoint kinds whose server the init st
 LAUNCH_GRACE_S = 10.0  # a unit without a pid record this old was left half-made by a crash
 RENDEZVOUS_FILE = "rendezvous"  # in the attempt's directory: the distributed attempt's MASTER_PORT
 DEFAULT_LOG_MAX_BYTES = 256 * 1024**2  # Settings.log_max_bytes' default
+VOLUME_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO})  # the run volume is full or failing
+
+
+def _volume_error(exc: OSError) -> bool:
+    return exc.errno in VOLUME_ERRNOS
+
+
+def _mark(path: Path) -> bool:
+    """An empty marker file (``stopped``, ``removed``): an inode, no data block, so it is made even on
+    a volume whose blocks are all used. False when it cannot be made."""
+    try:
+        path.touch()
+    except OSError as exc:
+        log.warning("cannot mark %s: %s", path, exc.strerror)
+        return False
+    return True
+
+
+def read_exit(unit: Path) -> tuple[int, str] | None:
+    """The unit's exit record (the init's ``exit`` file, or the reserved block it was written into on
+    a full volume): (code, what a full log volume cost, "" when nothing); None while it runs."""
+    for name in ("exit", "exit.reserved"):
+        try:
+            text = (unit / name).read_text(errors="replace")
+        except FileNotFoundError:
+            continue
+        except OSError:
+            return None
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        if not lines:
+            continue  # the reserved block, still unused
+        try:
+            code = int(lines[0])
+        except ValueError:
+            code = 1
+        cut = ""
+        for line in lines[1:]:
+            word, _, rest = line.partition(" ")
+            dropped, _, why = rest.partition(" ")
+            if word == "log_cut" and dropped.isdigit():
+                cut = f"{int(dropped)} bytes of output were not stored: {why or 'the log volume failed'}"
+        return code, cut
+    return None
 
 
 class _Replicas(TypedDict):
@@ -174,6 +232,7 @@ class LocalBackend:
         else:
             self.sku, self.gpus = "cpu", 0
         self._children: dict[Path, subprocess.Popen] = {}  # unit directory -> the init we started
+        self._deadlines: dict[Path, float] = {}  # SIGKILL deadlines a full volume kept out of kill_at
 
     # -- paths ----------------------------------------------------------------------------------
     def _dir(self, job_id: int, attempt: int) -> Path:
@@ -199,14 +258,20 @@ class LocalBackend:
     # -- protocol ---------------------------------------------------------------------------------
     def launch(self, spec: LaunchSpec) -> str | None:
         """Start the attempt's units that have not started (a half-made one is started afresh).
-        Returns a note for the job's events when the job cannot run as its owner's uid."""
+        Returns a note for the job's events when the job cannot run as its owner's uid. A full run
+        volume raises ``VolumeFull`` (the units it could not make are cleared)."""
         run = self._dir(spec.job_id, spec.attempt)
         identity, note = self._identity(spec)
         if spec.type != "inference" and not (spec.type == "distributed" and len(spec.placements) > 1):
             self._launch_unit(run, spec, spec.placements, {}, identity, note, endpoints=True)
             return note
-        (run / REPLICAS).mkdir(parents=True, exist_ok=True)
-        rendezvous = self._rendezvous(run, spec) if spec.type == "distributed" else {}
+        try:
+            (run / REPLICAS).mkdir(parents=True, exist_ok=True)
+            rendezvous = self._rendezvous(run, spec) if spec.type == "distributed" else {}
+        except OSError as exc:
+            if not _volume_error(exc):
+                raise
+            raise self._volume_full(run, spec, exc) from None
         for index, placement in spec.indexed():
             env = {"DLTS_REPLICA": str(index)} if spec.type == "inference" else rendezvous[index]
             self._launch_unit(run / REPLICAS / str(index), spec, (placement,), env, identity, note,
@@ -254,7 +319,7 @@ class LocalBackend:
 
     def _half_made(self, unit: Path, now: float) -> bool:
         """A unit a crash left without a pid record, too old for an init still starting."""
-        if (unit / "pid").exists() or (unit / "exit").exists():
+        if (unit / "pid").exists() or read_exit(unit) is not None:
             return False
         child = self._children.get(unit)
         if child is not None and child.poll() is None:
@@ -296,7 +361,21 @@ class LocalBackend:
             unit.mkdir(parents=True)
         except FileExistsError:
             return
-        self._start(unit, spec, placements, extra_env, identity, note, endpoints, shared_log)
+        except OSError as exc:
+            if not _volume_error(exc):
+                raise
+            raise self._volume_full(unit, spec, exc) from None
+        try:
+            self._start(unit, spec, placements, extra_env, identity, note, endpoints, shared_log)
+        except OSError as exc:
+            if not _volume_error(exc):
+                raise
+            shutil.rmtree(unit, ignore_errors=True)  # nothing of it runs: the next launch starts afresh
+            raise self._volume_full(unit, spec, exc) from None
+
+    def _volume_full(self, unit: Path, spec: LaunchSpec, exc: OSError) -> VolumeFull:
+        return VolumeFull(f"cannot make the run directory {unit} of job {spec.job_id} attempt {spec.attempt} on "
+                          f"{self.node_name}: {exc.strerror}; the job starts when the volume has room")
 
     def _start(self, unit: Path, spec: LaunchSpec, placements, extra_env: dict[str, str], identity: dict,
                note: str | None, endpoints: bool, shared_log: bool) -> None:
@@ -398,18 +477,16 @@ class LocalBackend:
     def _observe_unit(self, key: tuple[int, int], unit: Path, now: float) -> Observed:
         """One process: its phase from the run records (and the SIGKILL deadline enforced)."""
         job_id, attempt = key
-        exit_file = unit / "exit"
         proc, started = self._process(unit)
-        if exit_file.exists():
-            try:
-                code = int(exit_file.read_text().strip())
-            except ValueError:
-                code = 1
+        record = read_exit(unit)
+        if record is not None:
+            code, cut = record
+            ended = self._mtime(unit)
             if (unit / "stopped").exists():
-                return Observed(job_id, attempt, RunPhase.GONE, code, started, exit_file.stat().st_mtime,
-                                "stopped when the demo shut down", node_lost=True)
+                return Observed(job_id, attempt, RunPhase.GONE, code, started, ended,
+                                "stopped when the demo shut down", node_lost=True, log_cut=cut)
             phase = RunPhase.SUCCEEDED if code == 0 else RunPhase.FAILED
-            return Observed(job_id, attempt, phase, code, started, exit_file.stat().st_mtime)
+            return Observed(job_id, attempt, phase, code, started, ended, log_cut=cut)
         if proc is not None:
             self._enforce_deadline(unit, proc, now)
             return Observed(job_id, attempt, RunPhase.RUNNING, None, started)
@@ -419,6 +496,20 @@ class LocalBackend:
             return Observed(job_id, attempt, RunPhase.GONE, None, started, now, f"the job's process vanished ({why})")
         reason, message = self._why_not_started(unit)
         return Observed(job_id, attempt, RunPhase.PENDING, message=message, reason=reason)
+
+    @staticmethod
+    def _mtime(unit: Path) -> float | None:
+        """When the exit record was written."""
+        for name in ("exit", "exit.reserved"):
+            try:
+                return (unit / name).stat().st_mtime
+            except OSError:
+                continue
+        return None
+
+    def _stopping(self, unit: Path) -> bool:
+        """terminate() or remove_replicas() set the unit's SIGKILL deadline."""
+        return unit in self._deadlines or (unit / "kill_at").exists()
 
     def _observe_replicas(self, key: tuple[int, int], replicas: list[tuple[int, Path]], now: float) -> Observed:
         """An inference attempt as a whole: RUNNING while any replica runs; removed replicas do
@@ -442,7 +533,7 @@ class LocalBackend:
         common = _Replicas(started_at=min(starts) if starts else None, replicas=frozenset(present),
                            retiring=frozenset(retiring))
         phases = [o.phase for _, o in states]
-        if RunPhase.RUNNING in phases and any((unit / "kill_at").exists() for index, unit in replicas
+        if RunPhase.RUNNING in phases and any(self._stopping(unit) for index, unit in replicas
                                               if index not in retiring and unit.exists()):
             # terminate() is under way: the attempt ends when every replica has (each has its deadline)
             return Observed(job_id, attempt, RunPhase.RUNNING, message="stopping", **common)
@@ -450,22 +541,26 @@ class LocalBackend:
             return Observed(job_id, attempt, RunPhase.RUNNING, **common)
         verdict = attempt_state([MemberState(index, o.phase, o.exit_code, o.started_at, o.finished_at, o.message,
                                              node_lost=o.node_lost) for index, o in states], all_must_run=False)
+        cut = "; ".join(f"replica {index}: {o.log_cut}" for index, o in states if o.log_cut)[:1024]
         cause = verdict.cause
         if verdict.phase is RunPhase.FAILED and cause is not None:
             return Observed(job_id, attempt, RunPhase.FAILED, cause.exit_code, finished_at=verdict.finished_at,
-                            message=f"replica {cause.index} exited with code {cause.exit_code}", **common)
+                            message=f"replica {cause.index} exited with code {cause.exit_code}", log_cut=cut, **common)
         if verdict.phase is RunPhase.GONE and cause is not None:
             return Observed(job_id, attempt, RunPhase.GONE, cause.exit_code, finished_at=verdict.finished_at,
-                            message=f"replica {cause.index}: {cause.message}", node_lost=cause.node_lost, **common)
+                            message=f"replica {cause.index}: {cause.message}", node_lost=cause.node_lost, log_cut=cut,
+                            **common)
         if verdict.phase is RunPhase.SUCCEEDED:
-            return Observed(job_id, attempt, RunPhase.SUCCEEDED, 0, finished_at=verdict.finished_at, **common)
+            return Observed(job_id, attempt, RunPhase.SUCCEEDED, 0, finished_at=verdict.finished_at, log_cut=cut, **common)
         return Observed(job_id, attempt, verdict.phase, **common)
 
     def _enforce_deadline(self, unit: Path, proc: psutil.Process, now: float) -> None:
         try:
             deadline = float((unit / "kill_at").read_text())
         except (FileNotFoundError, ValueError):
-            return
+            if unit not in self._deadlines:
+                return
+            deadline = self._deadlines[unit]
         if now >= deadline:
             self._kill_tree(proc, include_init=now >= deadline + INIT_KILL_AFTER_S)
 
@@ -492,13 +587,19 @@ class LocalBackend:
                 continue
 
     def _stop_unit(self, unit: Path, grace_s: float) -> None:
-        if (unit / "exit").exists():
+        if read_exit(unit) is not None:
             return
         proc, _ = self._process(unit)
         if proc is None:
             return
-        if not (unit / "kill_at").exists():
-            (unit / "kill_at").write_text(str(self.clock() + grace_s))
+        if not self._stopping(unit):
+            deadline = self.clock() + grace_s
+            try:
+                (unit / "kill_at").write_text(str(deadline))
+            except OSError as exc:  # a full volume: this process keeps the deadline (a restart gives a new one)
+                log.warning("%s: SIGKILL deadline kept in memory, not in kill_at: %s", unit, exc.strerror)
+                (unit / "kill_at").unlink(missing_ok=True)
+                self._deadlines[unit] = deadline
         if grace_s <= 0:
             self._kill_tree(proc, include_init=False)
         else:
@@ -546,14 +647,20 @@ class LocalBackend:
         unit = run / REPLICAS / "0" if (run / REPLICAS).is_dir() else run
         served = [e for e in endpoints if e.kind in SERVED]
         reported: dict = {}
-        running = (unit / "pid").exists() and not (unit / "exit").exists()
+        ended = read_exit(unit) is not None
+        running = (unit / "pid").exists() and not ended
         if running and (served or (unit / ENDPOINTS_FILE).exists()):
             # the whole wanted set: the supervisor stops the servers of endpoints no longer listed
             wanted = {"endpoints": [{"id": e.id, "kind": e.kind, "secret_hash": e.secret_hash} for e in served],
                       "ssh_public_keys": list(ssh_public_keys)}
             tmp = unit / (ENDPOINTS_FILE + ".tmp")
-            tmp.write_text(json.dumps(wanted, sort_keys=True))
-            tmp.replace(unit / ENDPOINTS_FILE)
+            try:
+                tmp.write_text(json.dumps(wanted, sort_keys=True))
+                tmp.replace(unit / ENDPOINTS_FILE)
+            except OSError as exc:  # a full volume: the states read back stay as they were; the next tick writes
+                if not _volume_error(exc):
+                    raise
+                tmp.unlink(missing_ok=True)
             reported = self._endpoint_states(unit)
         pids: list[int] | None = None
         listeners: dict[int, set[int]] = {}
@@ -569,7 +676,7 @@ class LocalBackend:
                 continue
             seen = reported.get(str(e.id))
             if not running:
-                why = "the job's process has ended" if (unit / "exit").exists() else "waiting for the job's process to start"
+                why = "the job's process has ended" if ended else "waiting for the job's process to start"
                 states.append(EndpointState(e.id, "pending", message=why))
             elif not isinstance(seen, dict) or seen.get("status") not in ("pending", "ready", "failed"):
                 states.append(EndpointState(e.id, "pending", message=f"starting {e.kind}"))
@@ -604,7 +711,7 @@ class LocalBackend:
             if not unit.is_dir():
                 continue  # gone already (or never started)
             if not (unit / "removed").exists():
-                (unit / "removed").write_text("scale-down\n")
+                _mark(unit / "removed")
             self._stop_unit(unit, grace_s)
         self._reap()
 
@@ -620,6 +727,8 @@ class LocalBackend:
         shutil.rmtree(run, ignore_errors=True)
         for unit in [u for u in self._children if u == run or run in u.parents]:
             self._children.pop(unit, None)
+        for unit in [u for u in self._deadlines if u == run or run in u.parents]:
+            self._deadlines.pop(unit, None)
 
     def collect_garbage(self, live: Iterable[tuple[int, int]]) -> Sequence[tuple[int, int]]:
         """Stop and remove run records of attempts the database no longer owns."""
@@ -642,12 +751,13 @@ class LocalBackend:
         stopped = 0
         units = [u for run in self.run_dir.iterdir() if self._parse(run.name) is not None for u in self._units(run)]
         for unit in units:
-            if (unit / "exit").exists():
+            if read_exit(unit) is not None:
                 continue
             proc, _ = self._process(unit)
             if proc is None:
                 continue
-            (unit / "stopped").write_text("demo shutdown\n")
+            # empty: made even on a full volume; without it the job's exit reads as a failure (a retry spent)
+            _mark(unit / "stopped")
             self._signal_group(proc.pid, signal.SIGTERM)
             stopped += 1
         marked = [u for u in units if (u / "stopped").exists()]

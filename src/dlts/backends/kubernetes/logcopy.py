@@ -37,6 +37,10 @@ through ``dlts.logstore.AttemptLogWriter`` (so the store's size cap and rotation
   ``node_lost_after_s``), whatever its kubelet still serves is copied; what it cannot serve went with
   the node (at most ``log_sync_s`` of output, the rest was copied while the job ran), and the log
   says so in one line, as below, instead of keeping the pods until a node that may never return does.
+* **A full log volume** (``ENOSPC``, ``EDQUOT``, ``EIO``): the output stays with the kubelet. ``sync``
+  copies nothing more until the volume has room (one warning when that starts, one when it ends);
+  ``copy_rest`` raises ``KubernetesRefused``, so the pods are kept, and their output with them,
+  until it can be copied (the job manager records the refusal on the job and ends it all the same).
 * **A log the node cannot return.** The kubelet answers a log it can no longer read (the container
   or its log file is gone) with HTTP 200 and its error as the body. Since every line of real output
   starts with its timestamp, such a body is told apart: the attempt's log gets one line
@@ -65,7 +69,7 @@ from dlts.backends.kubernetes.api import (
 )
 from dlts.backends.kubernetes.names import JOB_CONTAINER, log_key, replica_index
 from dlts.backends.kubernetes.translate import started_at
-from dlts.logstore import AttemptLogWriter, attempt_stem, job_dir
+from dlts.logstore import AttemptLogWriter, attempt_stem, job_dir, volume_error
 
 log = logging.getLogger(__name__)
 
@@ -137,6 +141,7 @@ class LogCopier:
         self.chunk_bytes = int(chunk_bytes)
         self._locks: dict[tuple[int, int], threading.Lock] = {}
         self._locks_guard = threading.Lock()
+        self._volume_fault = ""  # why the log volume refused the last write ("" while it takes them)
 
     def _lock(self, key: tuple[int, int]) -> threading.Lock:
         with self._locks_guard:
@@ -171,24 +176,43 @@ class LogCopier:
         started = sorted((p for p in pods if started_at(p) is not None), key=replica_index)
         if not started:
             return
-        job_id, attempt = key
         by_log: dict[str | None, list[Mapping[str, Any]]] = {}
         for pod in started:  # one log key per attempt; pods of another attempt row write elsewhere
             by_log.setdefault(log_key(pod), []).append(pod)
         with self._lock(key):
-            for log_key_, group in by_log.items():
-                try:
-                    writer = AttemptLogWriter(self.log_dir, job_id, attempt, self.log_max_bytes, key=log_key_)
-                except ValueError as exc:  # an annotation DLTS did not write: no file is named from it
-                    log.warning("job %s attempt %s: pods %s not copied: %s", job_id, attempt,
-                                ", ".join(p["metadata"]["name"] for p in group), exc)
-                    continue
-                try:
-                    cursor = _Cursor(cursor_path(self.log_dir, job_id, attempt, key=log_key_), writer.size)
-                    for pod in group:
-                        self._copy_pod(pod, writer, cursor, strict, lost_nodes or {})
-                finally:
-                    writer.close()
+            try:
+                self._copy_logs(key, by_log, strict, lost_nodes or {})
+            except OSError as exc:
+                if not volume_error(exc):
+                    raise
+                if not self._volume_fault:
+                    log.warning("the log volume %s refuses the pods' output (%s): it stays with the kubelet and is "
+                                "copied once there is room", self.log_dir, exc.strerror)
+                self._volume_fault = exc.strerror or str(exc)
+                if strict:
+                    raise KubernetesRefused(f"the log volume has no room for the pods' output ({exc.strerror}); "
+                                            "the pods are kept until it is copied") from None
+                return
+        if self._volume_fault:
+            log.warning("the log volume %s takes the pods' output again", self.log_dir)
+            self._volume_fault = ""
+
+    def _copy_logs(self, key: tuple[int, int], by_log: Mapping[str | None, list[Mapping[str, Any]]], strict: bool,
+                   lost_nodes: Mapping[str, str]) -> None:
+        job_id, attempt = key
+        for log_key_, group in by_log.items():
+            try:
+                writer = AttemptLogWriter(self.log_dir, job_id, attempt, self.log_max_bytes, key=log_key_)
+            except ValueError as exc:  # an annotation DLTS did not write: no file is named from it
+                log.warning("job %s attempt %s: pods %s not copied: %s", job_id, attempt,
+                            ", ".join(p["metadata"]["name"] for p in group), exc)
+                continue
+            try:
+                cursor = _Cursor(cursor_path(self.log_dir, job_id, attempt, key=log_key_), writer.size)
+                for pod in group:
+                    self._copy_pod(pod, writer, cursor, strict, lost_nodes)
+            finally:
+                writer.close()
 
     def _output_gone(self, name: str, uid: str, entry: Mapping[str, Any] | None, prefix: bytes, data: bytes,
                      writer: AttemptLogWriter, cursor: _Cursor) -> None:
