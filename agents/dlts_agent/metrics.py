@@ -189,12 +189,16 @@ def _host_families(h: HostSample) -> Iterator[Metric]:
     size = GaugeMetricFamily("dlts_node_filesystem_size_bytes", "Filesystem size.", labels=["mount"])
     free = GaugeMetricFamily("dlts_node_filesystem_free_bytes", "Filesystem space free.", labels=["mount"])
     used = GaugeMetricFamily("dlts_node_filesystem_used_ratio", "Used fraction of the filesystem.", labels=["mount"])
+    inodes = GaugeMetricFamily("dlts_node_filesystem_free_inodes", "Inodes free on the filesystem (absent where it "
+                               "reports none).", labels=["mount"])
     for fs in h.filesystems:
         size.add_metric([fs.mount], fs.size_bytes)
         free.add_metric([fs.mount], fs.free_bytes)
         if fs.size_bytes > 0:
             used.add_metric([fs.mount], fs.used_bytes / fs.size_bytes)
-    yield from (size, free, used)
+        if fs.free_inodes is not None:
+            inodes.add_metric([fs.mount], fs.free_inodes)
+    yield from (size, free, used, inodes)
     rx = CounterMetricFamily("dlts_node_network_receive_bytes", "Bytes received.", labels=["device"])
     tx = CounterMetricFamily("dlts_node_network_transmit_bytes", "Bytes sent.", labels=["device"])
     for dev, (r, t) in sorted(h.network.items()):
@@ -505,7 +509,8 @@ def metrics_summary(snap: AgentSnapshot) -> dict[str, Any]:
         summary["memory_total_bytes"] = host.memory_total_bytes
         summary["memory_available_bytes"] = host.memory_available_bytes
         summary["filesystems"] = [
-            {"mount": f.mount, "size_bytes": f.size_bytes, "free_bytes": f.free_bytes} for f in host.filesystems
+            {"mount": f.mount, "size_bytes": f.size_bytes, "free_bytes": f.free_bytes, "free_inodes": f.free_inodes}
+            for f in host.filesystems
         ]
     gpu: GpuReadout | None = c.sample("gpu")
     jobs: JobsSample | None = c.sample("jobs")

@@ -97,6 +97,7 @@ class FilesystemSample:
     size_bytes: int
     free_bytes: int
     used_bytes: int
+    free_inodes: int | None = None  # None: the file system reports no inode count
 
 
 @dataclass(frozen=True)

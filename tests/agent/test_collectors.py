@@ -3,6 +3,7 @@ never crashes a collector and always raises that collector's error metric."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -30,6 +31,7 @@ def test_host_collector_reads_the_fake_proc_tree(node: FakeNode):
     assert sample.network == {"eth0": (987654321, 123456789)}
     assert sample.cpu_seconds["user"] > 0
     assert sample.filesystems[0].mount == str(node.root) and sample.filesystems[0].size_bytes > 0
+    assert sample.filesystems[0].free_inodes == os.statvfs(node.root).f_favail or sample.filesystems[0].free_inodes is None
 
 
 def test_host_collector_reports_a_missing_mount_without_failing(node: FakeNode):

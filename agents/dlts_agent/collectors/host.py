@@ -89,7 +89,12 @@ class HostCollector:
             except OSError as e:
                 errors.append(f"filesystem {mount}: {e.strerror or e}")
                 continue
-            filesystems.append(FilesystemSample(mount, int(du.total), int(du.free), int(du.used)))
+            try:
+                st = os.statvfs(mount)
+                inodes = int(st.f_favail) if st.f_files > 0 else None
+            except OSError:
+                inodes = None
+            filesystems.append(FilesystemSample(mount, int(du.total), int(du.free), int(du.used), inodes))
         network = {dev: counters for dev, counters in net.items() if dev != "lo"}
         sample = HostSample(
             cpu_seconds=cpu,

@@ -836,6 +836,7 @@ class ReportFilesystemSchema(Schema):
     mount = fields.String(required=True, validate=validate.Length(1, 4096))
     size_bytes = fields.Integer(strict=True, validate=COUNT)
     free_bytes = fields.Integer(strict=True, validate=COUNT)
+    free_inodes = fields.Integer(strict=True, validate=COUNT, allow_none=True)
 
 
 class ReportMetricsSchema(Schema):
