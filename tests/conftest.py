@@ -85,9 +85,12 @@ def settings(tmp_path, database_url) -> Settings:
     # the default keeps the proportional share)
     from dlts.config import Settings
 
+    # disk_pressure off: the tests must not hold launches (or notify) by the free space of the machine
+    # that runs them; tests/core/test_disk_full.py and test_disk_pressure.py turn it on
     return Settings(home=tmp_path / "home", database_url=database_url, secret_key="test-secret-key-0123456789",
                     tick_s=0.2, preempt_grace_s=2.0, demo_gpus=4, demo_sku="demo-gpu", max_body_bytes=64 * 1024,
-                    sku_reserve={"*": {"cpu_per_gpu": 0, "memory_per_gpu_bytes": 0}})
+                    sku_reserve={"*": {"cpu_per_gpu": 0, "memory_per_gpu_bytes": 0}},
+                    disk_pressure={"enabled": False})
 
 
 @pytest.fixture

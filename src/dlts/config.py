@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 # the rule about backend: local is the backends'; re-exported for cli.py and the tests
 from dlts.backends import require_trusted_local_backend
@@ -60,6 +60,36 @@ class ForecastSettings(BaseModel):
     precision: float = Field(0.05, gt=0, le=1)
     # a job's run time is predicted as the mean of its owner's last this-many completed runs (0: limits only)
     history_runs: int = Field(2, ge=0, le=100)
+
+
+class DiskPressureSettings(BaseModel):
+    """Room the job manager keeps on the volumes it writes: the log store (``log_dir``), the local
+    backend's run directories (``run_dir``) and, with SQLite, the database's directory
+    (jobmanager/disk_pressure.py, docs/configuration.md "Disk pressure"). Below a soft threshold:
+    the ``dlts_volume_pressure`` gauge says 1, the DltsVolumeLowSpace alert fires and the cluster
+    admins get a notice; below a hard one: no new job is launched (their wait reason says which
+    volume and how full) until the volume is above it again."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = True
+    # free bytes (as a user sees them: f_bavail) below which a volume is under pressure
+    soft_free_bytes: int = Field(5 * 1024**3, ge=0)
+    hard_free_bytes: int = Field(1024**3, ge=0)
+    # free inodes below which a volume is under pressure (file systems that report no inode count
+    # are judged by bytes alone)
+    soft_free_inodes: int = Field(50_000, ge=0)
+    hard_free_inodes: int = Field(10_000, ge=0)
+    # seconds between readings (the job manager's tick reads no more often than this)
+    interval_s: float = Field(10.0, ge=0, le=3600)
+
+    @model_validator(mode="after")
+    def _hard_below_soft(self) -> DiskPressureSettings:
+        if self.hard_free_bytes > self.soft_free_bytes:
+            raise ValueError("hard_free_bytes must not be above soft_free_bytes")
+        if self.hard_free_inodes > self.soft_free_inodes:
+            raise ValueError("hard_free_inodes must not be above soft_free_inodes")
+        return self
 
 
 class SkuReserve(BaseModel):
@@ -132,6 +162,8 @@ class Settings(BaseModel):
     # an attempt's log keeps at most this many bytes: its head and its newest tail, with a line
     # saying how much of the middle was dropped
     log_max_bytes: int = Field(256 * 1024**2, ge=64 * 1024)
+    # free space and inodes kept on the log, run and (SQLite) database volumes: ``disk_pressure:``
+    disk_pressure: DiskPressureSettings = Field(default_factory=DiskPressureSettings)
     # an attempt whose job has not started running this long after launch ends with the reason
     # it waited for (image pull, unschedulable, ...), frees its resources and spends a retry
     start_timeout_s: float = Field(600.0, ge=5, le=86400)
@@ -252,7 +284,7 @@ class Settings(BaseModel):
     # users, groups and VC roles from LDAP: `dlts directory sync` (docs/administration.md)
     directory: DirectorySettings = Field(default_factory=DirectorySettings)
 
-    @field_validator("kubernetes", "storage", "insight", "directory", "forecast", mode="before")
+    @field_validator("kubernetes", "storage", "insight", "directory", "forecast", "disk_pressure", mode="before")
     @classmethod
     def _empty_section(cls, value: Any) -> Any:
         # "kubernetes:" with nothing under it is YAML null: the section with every default
@@ -354,10 +386,11 @@ class Settings(BaseModel):
 
 # Sections whose keys the environment sets one by one: DLTS_KUBERNETES__NAMESPACE=jobs,
 # DLTS_STORAGE__SCAN_INTERVAL_S=600, DLTS_INSIGHT__IDLE_MIN=45, DLTS_DIRECTORY__URL=ldaps://...,
-# DLTS_FORECAST__INTERVAL_S=60 (lists
+# DLTS_FORECAST__INTERVAL_S=60, DLTS_DISK_PRESSURE__HARD_FREE_BYTES=2147483648 (lists
 # such as storage.roots and directory.vc_roles are the file's).
 SECTIONS: dict[str, type[BaseModel]] = {"kubernetes": KubernetesSettings, "storage": StorageSettings, "insight": InsightSettings,
-            "directory": DirectorySettings, "forecast": ForecastSettings}
+            "directory": DirectorySettings, "forecast": ForecastSettings,
+            "disk_pressure": DiskPressureSettings}
 
 
 def _from_env(environ: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, str]]:

@@ -22,7 +22,7 @@ import click
 import sqlalchemy as sa
 from werkzeug.serving import make_server
 
-from dlts import db_migrate
+from dlts import db_faults, db_migrate
 from dlts.app import create_app
 from dlts.backends.local import LocalBackend
 from dlts.config import Settings, SkuReserve
@@ -85,11 +85,18 @@ class TickThread(threading.Thread):
         self.stopping = threading.Event()
 
     def run(self) -> None:
+        faults = db_faults.FaultLog(self.name, log)  # a database refusing writes: a line, not a traceback a pass
         while not self.stopping.is_set():
             try:
                 self.tick()
-            except Exception:
-                log.exception("%s tick failed; retrying", self.name)
+            except Exception as exc:
+                fault = db_faults.write_fault(exc)
+                if fault is None:
+                    log.exception("%s tick failed; retrying", self.name)
+                else:
+                    faults.failed(fault)
+            else:
+                faults.succeeded()
             self.stopping.wait(self.interval_s)
 
 

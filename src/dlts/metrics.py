@@ -49,7 +49,8 @@ DB_POOL_MAX = Gauge("dlts_db_pool_connections_max", "Connections the pool(s) may
 TICKS = Counter("dlts_jobmanager_ticks", "Job manager ticks begun.")
 TICK_DURATION = Histogram("dlts_jobmanager_tick_duration_seconds", "Duration of a job manager tick.", buckets=_SLOW)
 TICK_ERRORS = Counter("dlts_jobmanager_tick_errors", "Job manager ticks that failed, by error "
-                      "(backend_unavailable: the cluster did not answer; exception: anything else).", ["error"])
+                      "(backend_unavailable: the cluster did not answer; database_refuses_writes: a full disk or a "
+                      "read-only database; exception: anything else).", ["error"])
 PASS_DURATION = Histogram("dlts_scheduler_pass_duration_seconds", "Duration of one scheduling pass (decide).",
                           buckets=_FAST)
 PHASE_DURATION = Histogram("dlts_scheduler_phase_duration_seconds", "Duration of each phase of a scheduling pass.",
@@ -64,6 +65,15 @@ QUEUE_WAIT = Histogram("dlts_job_queue_wait_seconds", "Time a job waited in the 
 FORECAST_JOBS = Gauge("dlts_forecast_waiting_jobs", "Waiting jobs of the last forecast, by outcome (forecast: it "
                       "gives them a start; unknown: none).", ["outcome"])
 FORECAST_PASSES = Gauge("dlts_forecast_passes", "Scheduling passes the last forecast ran.")
+# -- volumes the job manager writes (jobmanager/disk_pressure.py) ----------------------------------
+VOLUME_FREE_BYTES = Gauge("dlts_volume_free_bytes", "Bytes a user may still write on each volume the job manager "
+                          "writes (volume: log, run, database).", ["volume", "path"])
+VOLUME_SIZE_BYTES = Gauge("dlts_volume_size_bytes", "Size of each volume the job manager writes.", ["volume", "path"])
+VOLUME_FREE_INODES = Gauge("dlts_volume_free_inodes", "Inodes a user may still take on each volume the job manager "
+                           "writes (absent where the file system reports none).", ["volume", "path"])
+VOLUME_PRESSURE = Gauge("dlts_volume_pressure", "Disk pressure of each volume the job manager writes: 0 ok, 1 below "
+                        "the soft threshold (a warning), 2 below the hard one (no new job is launched).",
+                        ["volume", "path"])
 # -- Kubernetes backend --------------------------------------------------------------------------
 K8S_REQUESTS = Counter("dlts_kubernetes_requests", "Requests to the Kubernetes API, by verb and HTTP status code "
                        "(code 'error': no answer).", ["verb", "code"])
@@ -94,7 +104,7 @@ def _known_label_values() -> None:
         PLACEMENTS.labels(kind)
     for reason in StopReason:
         STOPS.labels(reason.value)
-    for error in ("backend_unavailable", "exception"):
+    for error in ("backend_unavailable", "database_refuses_writes", "exception"):
         TICK_ERRORS.labels(error)
 
 

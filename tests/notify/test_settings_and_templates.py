@@ -108,6 +108,9 @@ CONTEXTS = {
                                "delete_after": "2026-12-08 12:00 UTC"},
     "idle_job_warning": {"job_id": 5, "job_name": "j", "vc": "vision", "user": "alice", "message": "m", "action": "pause",
                          "since": "2026-12-01 10:00", "deadline": "2026-12-01 11:00"},
+    "disk_pressure": {"host": "ctl1", "volume": "log", "path": "/srv/dlts/logs", "level": "hard",
+                      "why": "812.0 KiB free, below the hard threshold of 1.0 GiB", "soft_free_bytes": 5368709120,
+                      "hard_free_bytes": 1073741824},
     "idle_job_stopped": {"job_id": 5, "job_name": "j", "vc": "vision", "user": "alice", "message": "m", "action": "kill",
                          "since": "2026-12-01 10:00", "warned_at": "2026-12-01 10:30"},
 }
@@ -120,7 +123,8 @@ MINIMAL = {"node_out_of_service": {"node": "g1", "reason": "r"}, "node_escalated
            "idle_job_warning": {"job_id": 5, "job_name": "j", "vc": "v", "message": "m", "action": "none", "since": "s",
                                 "deadline": "d"},
            "idle_job_stopped": {"job_id": 5, "job_name": "j", "vc": "v", "message": "m", "action": "pause", "since": "s",
-                                "warned_at": "w"}}
+                                "warned_at": "w"},
+           "disk_pressure": {"host": "h", "volume": "run", "level": "soft", "why": "w"}}
 
 
 @pytest.mark.parametrize("template", sorted(CONTEXTS))

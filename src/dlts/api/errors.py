@@ -5,10 +5,11 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from flask import Flask, jsonify
+from flask import Flask, jsonify, request
 from sqlalchemy.exc import DBAPIError, OperationalError
 from werkzeug.exceptions import HTTPException
 
+from dlts.db_faults import WORDS, write_fault
 from dlts.errors import DltsError, RateLimited
 
 log = logging.getLogger(__name__)
@@ -16,6 +17,8 @@ log = logging.getLogger(__name__)
 HTTP_CODES = {400: "invalid_input", 401: "unauthenticated", 403: "forbidden", 404: "not_found",
               405: "method_not_allowed", 409: "wrong_state", 413: "body_too_large", 415: "unsupported_media_type",
               422: "refused", 429: "too_many_requests"}
+READS = ("GET", "HEAD", "OPTIONS")
+RETRY_AFTER_S = 30  # a full disk or a read-only database is not over in a few seconds
 
 
 def envelope(status: int, code: str, message: str, details: dict | None = None):
@@ -58,6 +61,16 @@ def register(app: Flask) -> None:
     @app.errorhandler(OperationalError)
     @app.errorhandler(DBAPIError)
     def _database(exc: Exception):
+        fault = write_fault(exc)
+        if fault is not None and request.method not in READS:
+            # reads still answer (nothing they need writes): only changes are refused, with the cause
+            log.warning("database refuses writes: %s", fault.words)
+            response = envelope(503, "database_read_only",
+                                f"The database cannot store changes right now: {WORDS[fault.kind]}. Reading still works; "
+                                "retry this change later. Operators: see docs/reliability.md, \"A full disk\".",
+                                {"cause": fault.kind})
+            response.headers["Retry-After"] = str(RETRY_AFTER_S)
+            return response
         log.warning("database unavailable: %s", exc.__class__.__name__)
         return envelope(503, "database_unavailable", "The database is unreachable right now; retry in a few seconds.")
 

@@ -32,12 +32,21 @@ forbidden) costs that attempt's step and never the tick: the refusal goes on the
 ``cluster`` event in words (once per distinct message), the step is tried again next tick, and the
 other jobs are observed, stopped and scheduled as usual. Only a cluster that does not answer at all
 (``BackendUnavailable``), or whose nodes or pods cannot be listed, skips a tick.
+
+Full volumes (``disk_pressure``): every tick (at most every ``disk_pressure.interval_s``) reads the
+room left on the log, run and SQLite volumes; below a hard threshold the pass's starts are held and
+the jobs wait with the reason. A launch the backend could not make for want of room
+(``VolumeFull``) leaves the job ``scheduling`` with the reason, launched again next tick. A database
+that refuses writes (a full disk, read-only: ``db_faults``) skips the tick: one log line when that
+starts and one when writes go through again, the ticks between backing off up to
+``DB_BACKOFF_MAX_S``.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import logging
+import socket
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -46,7 +55,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from dlts import logstore, metrics
+from dlts import db_faults, logstore, metrics
 from dlts.backends.base import (
     BackendRefused,
     BackendUnavailable,
@@ -58,6 +67,7 @@ from dlts.backends.base import (
     RunPhase,
 )
 from dlts.config import Settings
+from dlts.jobmanager.disk_pressure import DiskPressure, Reading, hold_launches, watched_volumes
 from dlts.jobmanager.launch_spec import build_launch_spec
 from dlts.jobmanager.snapshot import from_epoch, load_snapshot
 from dlts.managers.lease import LeaseLost
@@ -97,6 +107,8 @@ CLEANUP, STOP, SCALE_DOWN = "cleanup", "stop", "scale_down"
 STEP_WORDS = {CLEANUP: "the ended attempt's pods are kept until their output is copied and they can be deleted",
               STOP: "the cluster did not stop the attempt's pods yet", SCALE_DOWN: "replicas not removed yet"}
 KEPT_PAUSE_REASONS = (EndReason.IDLE_GPUS,)  # a PAUSING job with this reason keeps it (and its detail) once paused
+LOG_CUT = "log_cut"  # reason of the cluster event saying how much of an attempt's output a full volume cost
+DB_BACKOFF_MAX_S = 10.0  # while the database refuses writes, a tick is tried at most this far apart
 
 
 def _epoch(moment: dt.datetime) -> float:
@@ -121,7 +133,7 @@ def launch_all(backend: ClusterBackend, specs: Sequence[LaunchSpec]) -> list[tup
 
 class JobManager:
     def __init__(self, session_factory: Callable[[], Session], backend: ClusterBackend, settings: Settings,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time, pressure: DiskPressure | None = None):
         self.session_factory = session_factory
         self.backend = backend
         self.settings = settings
@@ -130,13 +142,21 @@ class JobManager:
         self._next_gc = 0.0
         self._next_log_sync = 0.0
         self._refusals: dict[tuple[int, int, str], str] = {}  # the refusal last noted per (job, attempt, step)
+        self.pressure = pressure or DiskPressure(watched_volumes(settings, backend), settings.disk_pressure,
+                                                 socket.gethostname().split(".")[0] or "localhost")
+        self._db_faults = db_faults.FaultLog("job manager", log)
+        self._db_backoff_s = 0.0
+        self._db_retry_at = float("-inf")
 
     # -- the tick -------------------------------------------------------------------------------
     def tick(self) -> Decisions:
+        if self.clock() < self._db_retry_at:
+            return Decisions()  # the database refused the last tick's writes: back off
         metrics.TICKS.inc()
         t0 = time.perf_counter()
         session = self.session_factory()
         try:
+            self.pressure.check(self.clock())
             self.sync_nodes(session)
             observed = {(o.job_id, o.attempt): o for o in self.backend.observe()}
             self.reconcile(session, observed)
@@ -145,12 +165,27 @@ class JobManager:
             self._reconcile_endpoints(session)
             snapshot = load_snapshot(session, self.settings)
             decisions = decide(snapshot, self.clock(), profile_named(self.settings.scheduler_profile))
+            held = self.pressure.hold()
+            if held is not None:
+                decisions = hold_launches(decisions, snapshot, held)
             metrics.observe_decisions(decisions)
             self.apply(session, decisions, snapshot)
             self.last_decisions = decisions
             if self.clock() >= self._next_gc:
                 self.collect_garbage(session)
+            self._notice_pressure(session)
+            self._db_writes_ok(session)
             return decisions
+        except sa.exc.DBAPIError as exc:
+            fault = db_faults.write_fault(exc)
+            if fault is None:
+                metrics.TICK_ERRORS.labels("exception").inc()
+                raise
+            metrics.TICK_ERRORS.labels("database_refuses_writes").inc()
+            self._db_faults.failed(fault)  # one line when it starts, none while it lasts
+            self._db_backoff_s = min(DB_BACKOFF_MAX_S, max(self.settings.tick_s, 2 * self._db_backoff_s))
+            self._db_retry_at = self.clock() + self._db_backoff_s
+            return Decisions()
         except BackendUnavailable as exc:  # the step it broke rolled back; close() ends the rest
             metrics.TICK_ERRORS.labels("backend_unavailable").inc()
             log.warning("cluster unavailable, tick skipped: %s", exc)
@@ -165,6 +200,36 @@ class JobManager:
         finally:
             session.close()
             metrics.TICK_DURATION.observe(time.perf_counter() - t0)
+
+    def _db_writes_ok(self, session: Session) -> None:
+        """A tick went through: ticks come at their pace again; writes are known to work again once
+        one is committed (this tick's or another thread's), and then that is said once."""
+        self._db_backoff_s, self._db_retry_at = 0.0, float("-inf")
+        self._db_faults.succeeded(session.get_bind())
+
+    def _notice_pressure(self, session: Session) -> None:
+        """One notice to the cluster admins each time a volume falls below a threshold (a notice
+        the database cannot take now is queued at a later tick)."""
+        from dlts.services import notify
+
+        for reading in self.pressure.to_notice():
+            try:
+                with step(session):
+                    notify.enqueue(session, template="disk_pressure", to=notify.cluster_admin_emails(session),
+                                   context=self._notice_context(reading),
+                                   dedup_key=f"disk_pressure:{self.pressure.host}:{reading.volume.role}:"
+                                             f"{reading.level.name.lower()}")
+            except sa.exc.DBAPIError as exc:
+                if db_faults.write_fault(exc) is None:
+                    raise
+                return
+            self.pressure.noticed(reading)
+
+    def _notice_context(self, reading: Reading) -> dict[str, Any]:
+        cfg = self.settings.disk_pressure
+        return {"host": self.pressure.host, "volume": reading.volume.role, "path": str(reading.volume.path),
+                "level": reading.level.name.lower(), "why": reading.why,
+                "soft_free_bytes": cfg.soft_free_bytes, "hard_free_bytes": cfg.hard_free_bytes}
 
     # -- nodes ------------------------------------------------------------------------------------
     def sync_nodes(self, session: Session) -> None:
@@ -362,8 +427,12 @@ class JobManager:
             values |= {"reason": requested, "reason_detail": "stopped for a node repair; requeued at the head of its queue"}
         elif timed_out:
             limit = self.settings.start_timeout_s
-            cause = f"{seen.reason}: {seen.message}" if seen is not None and seen.reason else \
-                f"the cluster did not start it within {limit:g} s"
+            if seen is not None and seen.reason:
+                cause = f"{seen.reason}: {seen.message}"
+            elif job.reason:  # what the launches met (a full run volume) while nothing was observed
+                cause = f"{job.reason}: {job.reason_detail or ''}"
+            else:
+                cause = f"the cluster did not start it within {limit:g} s"
             code = None
             ended_at = self._now()
             if job.retries_used < job.max_retries:
@@ -404,6 +473,11 @@ class JobManager:
                 attempt.spends_retry = spends_retry
                 if attempt.started_at is None and seen is not None and seen.started_at:
                     attempt.started_at = self._started_before_seen(job, attempt, seen, ended_at)
+            cut = f"attempt {job.attempt}: {seen.log_cut}"[:1024] if seen is not None and seen.log_cut else ""
+            if cut:
+                job_repo.add_event(session, job.id, EventKind.CLUSTER, reason=LOG_CUT, message=cut, actor=ACTOR)
+        if cut:  # committed: said once, in the manager's log too (the log volume may have no room for it)
+            log.warning("job %s %s", job.id, cut)
         # refused (its log cannot be read yet): the objects stay, and the orphan pass of a later tick
         # tries again; the job has ended either way
         self._attempt_step(session, (job.id, job.attempt), CLEANUP, self.backend.forget, job.id, job.attempt)
@@ -648,7 +722,12 @@ class JobManager:
                 raise error  # another managers process acts now: record nothing
             elif isinstance(error, BackendUnavailable):
                 # transient: the job stays scheduling and the next tick launches it again (idempotent)
-                log.warning("launch of job %s attempt %s deferred: %s", job.id, attempt.number, error)
+                reason = getattr(error, "reason", "")
+                if not reason or (job.reason, job.reason_detail) != (reason, str(error)[:512]):
+                    log.warning("launch of job %s attempt %s deferred: %s", job.id, attempt.number, error)
+                if reason and not added:  # on the job, with an event when it changes (a full run volume)
+                    self._pending_reason(session, job, Observed(job.id, attempt.number, RunPhase.PENDING,
+                                                                message=str(error), reason=reason))
             else:  # the backend refused: record it on the job, never lose it silently
                 log.error("launch of job %s attempt %s failed", job.id, attempt.number, exc_info=error)
                 self._launch_failed(session, job, attempt, added, error)

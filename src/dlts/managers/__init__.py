@@ -61,7 +61,10 @@ def run_forever(entries: list[Periodic], metrics: Callable[[], object] | None = 
 
 
 def _guarded(entry: Periodic, lease: Lease | None, watch: Watch) -> Callable[[], None]:
+    from dlts import db_faults
     from dlts.managers.lease import LeaseLost
+
+    faults = db_faults.FaultLog(f"manager {entry.id}", log)  # a database refusing writes: a line, not a traceback a pass
 
     def run() -> None:
         if lease is not None and not lease.held():
@@ -72,8 +75,14 @@ def _guarded(entry: Periodic, lease: Lease | None, watch: Watch) -> Callable[[],
             entry.run()
         except LeaseLost as exc:  # nothing of this pass was written after the loss
             log.warning("manager %s stopped: %s", entry.id, exc)
-        except Exception:  # one failing pass must not stop the process; the next run retries
-            log.exception("manager %s failed", entry.id)
+        except Exception as exc:  # one failing pass must not stop the process; the next run retries
+            fault = db_faults.write_fault(exc)
+            if fault is None:
+                log.exception("manager %s failed", entry.id)
+            else:
+                faults.failed(fault)
+        else:
+            faults.succeeded()
         finally:
             watch.end(entry.id)
 

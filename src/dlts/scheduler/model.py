@@ -52,6 +52,9 @@ class WaitReason(str, enum.Enum):
     MEMORY = "memory"  # the GPUs (and cores) are there but the node(s) lack free memory
     FAIR_SHARE = "fair_share"  # jobs of users with less recent use went first (plugins/fairshare.py)
     RESERVATION = "reservation"  # rendered as "reservation:<id>"; set by policy backfill (would delay job <id>)
+    # set by the job manager, never by a pass: the job would start, but a volume the launch writes is
+    # below its hard threshold (jobmanager/disk_pressure.py)
+    DISK_PRESSURE = "disk_pressure"
 
 
 # The reasons of a job that fits its VC's quota and caps but finds no room: while a non-preemptible

@@ -13,12 +13,13 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
+from dlts import db_faults
 from dlts.models import Node, VirtualCluster, iso, utcnow
 from dlts.repositories import cluster as cluster_repo
 from dlts.repositories import usage as usage_repo
 from dlts.scheduler.model import CPU_SKU, SkuShape
 from dlts.services.auth import Principal
-from dlts.services.transaction import transaction
+from dlts.services.transaction import best_effort_write, transaction
 
 
 @dataclass(frozen=True)
@@ -118,6 +119,22 @@ def database_answers(session: Session) -> bool:
     finally:
         session.close()
     return True
+
+
+def write_fault(session: Session) -> db_faults.WriteFault | None:
+    """Why the database refuses writes now, as this process last saw (``db_faults``); while it does,
+    a write is tried at most every ``WriteHealth.PROBE_EVERY_S`` (a no-op UPDATE of the schema
+    version's row) so that readiness comes back by itself. None: writes go through."""
+    health = db_faults.health_of(session.get_bind().engine)
+    if health.probe_due():
+        version = sa.table("alembic_version", sa.column("version_num"))
+        try:
+            best_effort_write(session, sa.update(version).values(version_num=version.c.version_num))
+        except sa.exc.SQLAlchemyError:
+            pass  # unreachable: database_answers says so
+        finally:
+            session.close()
+    return health.fault
 
 
 def sku_shapes(session: Session) -> dict[str, SkuShape]:

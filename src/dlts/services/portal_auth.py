@@ -35,7 +35,7 @@ from dlts.models import ApiToken, PortalSession, User, utcnow
 from dlts.repositories import limits as limits_repo
 from dlts.services.admin import get_user
 from dlts.services.auth import Principal, principal_for
-from dlts.services.transaction import rowcount, step, transaction, transactional
+from dlts.services.transaction import best_effort_write, rowcount, step, transaction, transactional
 
 MIN_PASSWORD_CHARS = 12
 MAX_PASSWORD_CHARS = 256
@@ -158,9 +158,11 @@ def principal_for_session(session: Session, token: object) -> Principal | None:
         record, user = row
         if record.expires_at <= now or user.disabled_at is not None:
             return None
-        if (now - record.last_seen_at).total_seconds() >= SESSION_TOUCH_S:
-            session.execute(sa.update(PortalSession).where(PortalSession.id == record.id).values(last_seen_at=now))
-    return principal_for(session, user)
+        touch = (now - record.last_seen_at).total_seconds() >= SESSION_TOUCH_S
+    who = principal_for(session, user)
+    if touch:  # after the read, on its own: a database that refuses writes still lets its users read
+        best_effort_write(session, sa.update(PortalSession).where(PortalSession.id == record.id).values(last_seen_at=now))
+    return who
 
 
 @transactional

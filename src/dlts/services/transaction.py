@@ -16,6 +16,9 @@ of their steps is a ``step(session)`` block, which commits when the step ends ev
 (the next step starts a new transaction, as the loop's rule wants: every step's rows are committed
 before it acts on the cluster), and ``discard(session)`` ends a step whose compare-and-set lost its
 race with a rollback instead.
+
+Every outermost block tells ``dlts.db_faults`` how its writes went: a write refused by a full disk
+or a read-only database, and the next write that is committed (``/readyz`` answers from that).
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ from typing import Any, ParamSpec, TypeVar, overload
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session, scoped_session
+
+from dlts import db_faults
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -114,12 +119,16 @@ def transaction(session: AnySession, *, keep_loaded: bool = False, commit_reads:
         if depth == 0 and real.info.get(DISCARD):
             real.rollback()
         elif depth == 0 and (commit_reads or _has_writes(real)):
+            wrote = _has_writes(real)
             if keep_loaded:
                 commit_keeping_loaded(real)
             else:
                 real.commit()  # a COMMIT that fails (a duplicate key at the flush) rolls back below
-    except BaseException:
+            if wrote:
+                db_faults.observe_success(real)
+    except BaseException as exc:
         if depth == 0:
+            db_faults.observe_failure(real, exc)
             # a lost connection cannot roll back; the pool replaces it, and the first error is the one to tell
             with contextlib.suppress(sa.exc.DBAPIError):
                 real.rollback()
@@ -128,6 +137,20 @@ def transaction(session: AnySession, *, keep_loaded: bool = False, commit_reads:
         real.info[DEPTH] = depth
         if depth == 0:
             real.info.pop(DISCARD, None)
+
+
+def best_effort_write(session: AnySession, statement: sa.Executable) -> bool:
+    """A small write a read may make and may lose (a last-use stamp), in a transaction of its own
+    after the read's: refused by a full disk or a read-only database (``db_faults``) it is dropped
+    and False returned, so the read still answers. Other errors pass on."""
+    try:
+        with transaction(session) as real:
+            real.execute(statement)
+    except sa.exc.DBAPIError as exc:
+        if db_faults.write_fault(exc) is None:
+            raise
+        return False
+    return True
 
 
 def step(session: AnySession) -> contextlib.AbstractContextManager[Session]:
