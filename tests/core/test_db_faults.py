@@ -2,9 +2,11 @@
 faults, reads that still answer, writes refused with the cause, /readyz not ready until a write goes
 through again, and loops that say so once instead of a traceback a pass.
 
-The read-only database here is SQLite's ``PRAGMA query_only`` on every new connection (what a
-read-only file or a full disk answers: ``SQLITE_READONLY`` / ``SQLITE_FULL``); the full disk for
-real is tests/core/test_disk_full.py."""
+The read-only database here is every new connection made read-only: SQLite's ``PRAGMA query_only``
+(what a read-only file answers, ``SQLITE_READONLY``), MariaDB's ``SET SESSION TRANSACTION READ ONLY``
+(error 1792, as a read-only transaction; a server in ``--read-only`` answers 1290, which is told
+apart the same way but not set here: it is the whole server's); the full disk for real is
+tests/core/test_disk_full.py."""
 
 from __future__ import annotations
 
@@ -21,7 +23,8 @@ from dlts.db import engine_of
 from dlts.jobmanager import JobManager
 from tests.conftest import IS_MYSQL
 
-pytestmark = pytest.mark.skipif(IS_MYSQL, reason="the read-only database here is SQLite's query_only pragma")
+READ_ONLY_WORDS = "it is read-only (" + ("Cannot execute statement in a READ ONLY transaction" if IS_MYSQL else
+                                        "attempt to write a readonly database")
 
 
 def _sqlite_error(sql: str, setup: str = "") -> sa.exc.OperationalError:
@@ -44,6 +47,8 @@ def _mysql(code: int, message: str) -> sa.exc.OperationalError:
     pytest.param(_sqlite_error("INSERT INTO t VALUES (1)", "PRAGMA query_only=1"), "read_only", id="sqlite read-only"),
     pytest.param(_mysql(1290, "The MariaDB server is running with the --read-only option"), "read_only",
                  id="mariadb --read-only"),
+    pytest.param(_mysql(1792, "Cannot execute statement in a READ ONLY transaction"), "read_only",
+                 id="mariadb read-only transaction"),
     pytest.param(_mysql(1021, "Disk full (/var/tmp/#sql_1.MAI); waiting for someone to free some space..."),
                  "disk_full", id="mariadb disk full"),
     pytest.param(_mysql(1114, "The table 'jobs' is full"), "disk_full", id="mariadb table full"),
@@ -72,7 +77,9 @@ def _writable(app) -> None:
 
 
 def _query_only(dbapi_connection, _record) -> None:
-    dbapi_connection.execute("PRAGMA query_only=1")
+    cursor = dbapi_connection.cursor()
+    cursor.execute("SET SESSION TRANSACTION READ ONLY" if IS_MYSQL else "PRAGMA query_only=1")
+    cursor.close()
 
 
 class Clock:
@@ -137,11 +144,10 @@ def test_the_job_manager_backs_off_while_writes_are_refused_and_says_so_once_eac
                 break
     assert get(live, world, job["id"])["status"] == "finished"
     said = [r.getMessage() for r in caplog.records if r.name == "dlts.jobmanager.manager"]
-    assert [m for m in said if "database" in m] == [
-        "job manager: the database refuses writes, it is read-only (attempt to write a readonly database); "
-        "retrying quietly until it accepts them",
-        next(m for m in said if m.startswith("job manager: the database accepts writes again")),
-    ]
+    refused, accepted = [m for m in said if "database" in m]
+    assert refused.startswith(f"job manager: the database refuses writes, {READ_ONLY_WORDS}")
+    assert refused.endswith("; retrying quietly until it accepts them")
+    assert accepted.startswith("job manager: the database accepts writes again")
     assert not [r for r in caplog.records if r.exc_info]
 
 
