@@ -80,6 +80,12 @@ def database_url(migrated_template, tmp_path) -> str:
 
 @pytest.fixture
 def settings(tmp_path, database_url) -> Settings:
+    return make_settings(tmp_path, database_url)
+
+
+def make_settings(tmp_path: Path, database_url: str) -> Settings:
+    """The tests' settings on ``database_url`` (the ``settings`` fixture's; a test with a database of
+    its own, such as a throwaway MariaDB server, overrides ``settings`` with these)."""
     # testnode (4 pretend demo-gpu GPUs, 8 cores) and the fake Kubernetes clusters' GPU nodes also
     # run the tests' CPU-only jobs, as in the demo: no cores kept for free GPUs (sku_reserve "*";
     # the default keeps the proportional share)

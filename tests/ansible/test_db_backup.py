@@ -7,7 +7,9 @@ server's stop/start commands pointed at a throwaway mariadbd (started from the r
 with the role's own privilege list and credentials file. Then: a backup, rows written after it, a
 destroyed datadir, a point-in-time restore that brings back exactly the rows written before the
 chosen time; retention; the lock; the refusal of a non-empty datadir; failures that exit non-zero;
-and a replica seeded from a primary that follows it by GTID.
+and a replica seeded from a primary that follows it by GTID. And DLTS itself on such a server (its
+schema made by its migrations), jobs run through the job manager and the local backend, restored to
+a point in time: the jobs given the discarded job's id show only their own logs.
 """
 
 from __future__ import annotations
@@ -27,6 +29,18 @@ import jinja2
 import pytest
 import yaml
 from ansible_helpers import ROLES_DIR, render_templates
+
+from tests.conftest import make_settings
+from tests.core.log_restore_helpers import (
+    attempt_key,
+    cluster,  # noqa: F401 (the fixture)
+    download,
+    job_log,
+    orphan_report,
+    run_to_end,
+    status,
+    submit,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -337,6 +351,82 @@ def test_point_in_time_restore_brings_back_exactly_the_rows_before_the_chosen_ti
     assert db.rows() == [1, 2, 3]
     aside = list(db.root.glob("data.pre-restore-*"))
     assert len(aside) == 3 and all((d / "dlts").is_dir() for d in aside)
+
+
+@pytest.fixture
+def dlts_db(rendered):
+    """A fresh server with the backup account and DLTS's database, its schema made by DLTS's own
+    migrations (as `dlts db upgrade` makes it); DLTS connects as root over the socket."""
+    import sqlalchemy as sa
+
+    from dlts import db_migrate
+
+    rendered.fresh()
+    _make_backup_account(rendered)
+    rendered.sql("CREATE DATABASE dlts CHARACTER SET utf8mb4")
+    url = f"mysql+pymysql://root@localhost/dlts?unix_socket={rendered.socket}&charset=utf8mb4"
+    engine = sa.create_engine(url)
+    db_migrate.upgrade(engine)
+    engine.dispose()
+    yield rendered, url
+    rendered.stop()
+
+
+@pytest.fixture
+def settings(tmp_path, dlts_db):
+    """The tests' settings on the throwaway server (tests/conftest.py's settings use the test database)."""
+    return make_settings(tmp_path, dlts_db[1])
+
+
+@pytest.mark.timeout(600)  # three waits for jobs (each bounded at 180 s), a backup, a restore, two more jobs
+def test_after_a_point_in_time_restore_new_jobs_show_only_their_own_logs_and_the_discarded_log_is_an_orphan(
+        dlts_db, app, client, settings, sessions, world, cluster, monkeypatch):  # noqa: F811
+    from dlts.db import engine_of
+
+    server, _url = dlts_db
+    manager, _backend = cluster
+    kept = submit(client, world, "echo kept before the backup")
+    run_to_end(client, world, manager, settings, kept)
+    _backup(server)
+    replayed = submit(client, world, "echo after the backup")  # comes back from the binary logs
+    run_to_end(client, world, manager, settings, replayed)
+    point = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(_next_second()))
+    discarded = submit(client, world, "echo after the chosen time")
+    run_to_end(client, world, manager, settings, discarded)
+    assert [job_log(client, world, j) for j in (kept, replayed, discarded)] == \
+        ["kept before the backup\n", "after the backup\n", "after the chosen time\n"]
+    keys = {j: attempt_key(sessions, j) for j in (kept, replayed, discarded)}
+
+    # The disk holding the datadir is lost (DLTS's connections closed first, as the runbook stops the
+    # services); the binlogs and the backup survive, the log store is left as it is.
+    engine_of(app).dispose()
+    server.stop()
+    shutil.rmtree(server.data)
+    restored = _restore(server, "--until", point)
+    assert restored.returncode == 0, restored.stdout + restored.stderr
+    assert "rolled forward to " + point in restored.stderr
+
+    assert [status(client, world, j) for j in (kept, replayed)] == ["finished", "finished"]
+    assert client.get(f"/api/v1/jobs/{discarded}", headers=world.auth("alice")).status_code == 404
+    assert {j: attempt_key(sessions, j) for j in (kept, replayed)} == {j: keys[j] for j in (kept, replayed)}
+    assert [job_log(client, world, j) for j in (kept, replayed)] == ["kept before the backup\n", "after the backup\n"]
+
+    new = [submit(client, world, "echo new 1"), submit(client, world, "echo new 2")]
+    assert new == [discarded, discarded + 1]  # the discarded job's id is handed out again
+    assert job_log(client, world, new[0]) == "" and download(client, world, new[0])[0] == 400  # not run yet: no log
+    for job_id in new:
+        run_to_end(client, world, manager, settings, job_id)
+    assert [job_log(client, world, j) for j in new] == ["new 1\n", "new 2\n"]
+    assert download(client, world, new[0]) == (200, "new 1\n")
+
+    # Exactly the discarded attempt's log is an orphan (its job id now names the new job), untouched.
+    orphans = orphan_report(settings, monkeypatch)
+    assert [(o["job_id"], o["attempt"], o["log_key"], o["job_exists"]) for o in orphans] == \
+        [(discarded, 1, keys[discarded], True)]
+    assert orphans[0]["files"] == [f"attempt-1-{keys[discarded]}.log"]
+    assert attempt_key(sessions, new[0]) != keys[discarded]
+    assert (settings.effective_log_dir / str(discarded) / orphans[0]["files"][0]).read_text() == \
+        "after the chosen time\n"
 
 
 def test_restore_refuses_a_non_empty_datadir_without_force_and_leaves_the_server_running(db):

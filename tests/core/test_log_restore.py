@@ -14,21 +14,28 @@ AUTO_INCREMENT counters as a ``mariadb-backup`` restore does.
 from __future__ import annotations
 
 import datetime as dt
-import json
 import os
 import shutil
 import sqlite3
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 from sqlalchemy.engine import make_url
 
 from tests.conftest import IS_MYSQL
-
-TIMEOUT_S = 180.0  # generous (a loaded 2-core machine took over 60 s): the bound of every wait, never a pause
+from tests.core.log_restore_helpers import (
+    TIMEOUT_S,
+    attempt_key,
+    cluster,  # noqa: F401 (the fixture)
+    download,
+    job_log,
+    orphan_report,
+    run_to_end,
+    status,
+    submit,
+    until,
+)
 
 
 class DatabaseBackup:
@@ -75,104 +82,39 @@ class DatabaseBackup:
                        env=env, check=True, timeout=TIMEOUT_S)
 
 
-@pytest.fixture
-def cluster(app, settings, sessions, world, tmp_path):
-    """A job manager with the local backend, ticked by the test; the API through the test client."""
-    from dlts.backends.local import LocalBackend
-    from dlts.jobmanager import JobManager
-
-    backend = LocalBackend(settings.effective_run_dir, node_name="testnode", demo_gpus=4, demo_sku="demo-gpu")
-    manager = JobManager(sessions, backend, settings)
-    with sessions() as s:
-        manager.sync_nodes(s)
-    yield manager, backend
-    backend.shutdown_running(1)
-
-
-def _until(manager, condition, what: str):
-    deadline = time.monotonic() + TIMEOUT_S
-    while True:
-        manager.tick()
-        value = condition()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"not within {TIMEOUT_S} s: {what}"
-        time.sleep(0.05)  # between polls
-
-
-def _submit(client, world, command: str) -> int:
-    r = client.post("/api/v1/jobs", json={"vc": "vision", "image": "debian:12", "command": command, "max_retries": 0},
-                    headers=world.auth("alice"))
-    assert r.status_code == 201, r.get_data(as_text=True)
-    return r.get_json()["id"]
-
-
-def _status(client, world, job_id: int) -> str:
-    return client.get(f"/api/v1/jobs/{job_id}", headers=world.auth("alice")).get_json()["status"]
-
-
-def _log(client, world, job_id: int) -> str:
-    r = client.get(f"/api/v1/jobs/{job_id}/log", headers=world.auth("alice"))
-    assert r.status_code == 200, r.get_data(as_text=True)
-    return r.get_json()["data"]
-
-
-def _download(client, world, job_id: int) -> tuple[int, str]:
-    r = client.get(f"/api/v1/jobs/{job_id}/log", query_string={"download": 1}, headers=world.auth("alice"))
-    return r.status_code, r.get_data(as_text=True)
-
-
-def _run_to_end(client, world, manager, settings, job_id: int) -> None:
-    """Until the job finished and the backend forgot it (its run record is gone)."""
-    _until(manager, lambda: _status(client, world, job_id) == "finished"
-           and not (settings.effective_run_dir / f"{job_id}-1").exists(), f"job {job_id} finished and forgotten")
-
-
-def _orphan_report(settings, monkeypatch) -> list[dict]:
-    from dlts.cli import main
-
-    monkeypatch.setenv("DLTS_DATABASE_URL", settings.database_url)
-    monkeypatch.setenv("DLTS_HOME", str(settings.home))
-    result = CliRunner().invoke(main, ["db", "orphan-logs", "--json"])
-    assert result.exit_code == 0, result.output
-    report = json.loads(result.output)
-    assert report["log_dir"] == str(settings.effective_log_dir)
-    return report["orphans"]
-
-
 def test_after_a_restore_a_reused_job_id_shows_only_its_own_log_and_the_discarded_logs_are_orphans(
-        app, client, settings, sessions, world, cluster, tmp_path, monkeypatch):
+        app, client, settings, sessions, world, cluster, tmp_path, monkeypatch):  # noqa: F811
     from dlts.managers.janitor import Janitor
     from dlts.models import utcnow
     from dlts.services import log_orphans
 
     manager, _backend = cluster
-    kept = _submit(client, world, "echo kept before the backup")
-    _run_to_end(client, world, manager, settings, kept)
+    kept = submit(client, world, "echo kept before the backup")
+    run_to_end(client, world, manager, settings, kept)
     backup = DatabaseBackup(settings.database_url, tmp_path)
     backup.take()
 
-    discarded = [_submit(client, world, f"echo discarded {i}") for i in (1, 2)]
+    discarded = [submit(client, world, f"echo discarded {i}") for i in (1, 2)]
     for job_id in discarded:
-        _run_to_end(client, world, manager, settings, job_id)
-    assert [_log(client, world, j) for j in discarded] == ["discarded 1\n", "discarded 2\n"]
+        run_to_end(client, world, manager, settings, job_id)
+    assert [job_log(client, world, j) for j in discarded] == ["discarded 1\n", "discarded 2\n"]
 
     backup.restore(app)
-    assert _status(client, world, kept) == "finished"
+    assert status(client, world, kept) == "finished"
     assert client.get(f"/api/v1/jobs/{discarded[0]}", headers=world.auth("alice")).status_code == 404
-    assert _log(client, world, kept) == "kept before the backup\n"  # a job the backup has keeps its log
+    assert job_log(client, world, kept) == "kept before the backup\n"  # a job the backup has keeps its log
 
     stop = tmp_path / "stop"
-    new = [_submit(client, world, f"echo new 1; while [ ! -e {stop} ]; do sleep 0.05; done"),
-           _submit(client, world, "echo new 2")]
+    new = [submit(client, world, f"echo new 1; while [ ! -e {stop} ]; do sleep 0.05; done"),
+           submit(client, world, "echo new 2")]
     assert new == discarded  # the ids are handed out again
-    assert _log(client, world, new[0]) == "" and _download(client, world, new[0])[0] == 400  # not run yet: no log
-    _until(manager, lambda: "new 1" in _log(client, world, new[0]), "the first new job printed")
-    _run_to_end(client, world, manager, settings, new[1])
-    assert [_log(client, world, j) for j in new] == ["new 1\n", "new 2\n"]
-    assert _download(client, world, new[1]) == (200, "new 2\n")
+    assert job_log(client, world, new[0]) == "" and download(client, world, new[0])[0] == 400  # not run yet: no log
+    until(manager, lambda: "new 1" in job_log(client, world, new[0]), "the first new job printed")
+    run_to_end(client, world, manager, settings, new[1])
+    assert [job_log(client, world, j) for j in new] == ["new 1\n", "new 2\n"]
+    assert download(client, world, new[1]) == (200, "new 2\n")
 
-    orphans = _orphan_report(settings, monkeypatch)
+    orphans = orphan_report(settings, monkeypatch)
     assert sorted((o["job_id"], o["attempt"], o["job_exists"]) for o in orphans) == [(j, 1, True) for j in discarded]
     assert all(o["files"] == [f"attempt-1-{o['log_key']}.log"] for o in orphans)
     with sessions() as s:
@@ -190,19 +132,11 @@ def test_after_a_restore_a_reused_job_id_shows_only_its_own_log_and_the_discarde
     result = Janitor(sessions, retention_days=30, log_dir=settings.effective_log_dir, clock=lambda: later).run()
     assert result.orphan_logs == 1  # the other orphan went with the directory of the ended job that reused its id
     assert result.jobs == 2  # the job kept by the backup and the second new job, ended "31 days ago"
-    assert _orphan_report(settings, monkeypatch) == []
+    assert orphan_report(settings, monkeypatch) == []
     assert [p.name for p in (settings.effective_log_dir / str(new[0])).iterdir()] == \
-        [f"attempt-1-{_attempt_key(sessions, new[0])}.log"]
-    assert _log(client, world, new[0]) == "new 1\n"
+        [f"attempt-1-{attempt_key(sessions, new[0])}.log"]
+    assert job_log(client, world, new[0]) == "new 1\n"
     stop.touch()
-    _run_to_end(client, world, manager, settings, new[0])
-    assert _log(client, world, new[0]) == "new 1\n"
+    run_to_end(client, world, manager, settings, new[0])
+    assert job_log(client, world, new[0]) == "new 1\n"
 
-
-def _attempt_key(sessions, job_id: int) -> str | None:
-    import sqlalchemy as sa
-
-    from dlts.models import JobAttempt
-
-    with sessions() as s:
-        return s.scalar(sa.select(JobAttempt.log_key).where(JobAttempt.job_id == job_id, JobAttempt.number == 1))
