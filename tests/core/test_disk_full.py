@@ -95,7 +95,7 @@ BURST = "head -c 3000000 /dev/zero | tr '\\0' x; echo"  # 3 MB at once: more tha
 
 
 def test_jobs_printing_while_the_log_volume_fills_end_by_their_own_exit_and_their_logs_say_what_was_cut(
-        live, world, volume, tmp_path):
+        live, world, volume, tmp_path, caplog):
     go, more = tmp_path / "go", tmp_path / "more"
     waiter = submit(live, world, gpus=1, max_retries=0,
                     command=f"echo started; {_wait_file(go)}; {BURST}; {_wait_file(more)}; echo after the cut")
@@ -113,6 +113,10 @@ def test_jobs_printing_while_the_log_volume_fills_end_by_their_own_exit_and_thei
            and get(live, world, fails["id"])["status"] == "failed", live.tick)
     assert get(live, world, fails["id"])["exit_code"] == 3  # its own code, not a lost job's
     assert get(live, world, waiter["id"])["status"] == "running"  # it runs on: its output is read and dropped
+    dropping = f"job {waiter['id']} attempt 1: its output is being dropped: No space left on device"
+    _until("the manager's log says the running job loses output", lambda: dropping in caplog.text, live.tick)
+    live.tick(3)
+    assert caplog.text.count(dropping) == 1  # once, not once a tick
     listed = requests.get(f"{live.url}/api/v1/jobs", headers=world.auth("alice"), timeout=10)
     assert listed.status_code == 200 and {j["id"] for j in listed.json()["items"]} >= {j["id"] for j in jobs}
     for job in (ends, fails):
@@ -263,6 +267,8 @@ def _full_database(demo: Demo, go: Path) -> None:
                         timeout=10).json()
     _until("the job runs", lambda: requests.get(f"{demo.url}/api/v1/jobs/{job['id']}", headers=alice,
                                                 timeout=10).json()["status"] == "running")
+    # a young demo's SQLite WAL (under 1000 pages: never checkpointed yet) grows with every commit, so
+    # once the volume is full every write needs a page it cannot get
     filler = fill(demo.home.parent)
     go.touch()  # it ends while nothing can be written: the tick's record of it is refused
 

@@ -148,7 +148,8 @@ class Observed:
     replicas: frozenset[int] = frozenset()
     retiring: frozenset[int] = frozenset()
     # ended: what a full log volume cost its log, in words ("N bytes of output were not stored: No
-    # space left on device"); "" when everything was stored
+    # space left on device"); running: that it is losing output now ("its output is being dropped:
+    # ..."); "" when everything is stored
     log_cut: str = ""
 
 

@@ -16,13 +16,14 @@ died before it could write one.
 
 ``--run-spec`` (JSON written by the local backend) says how CMD runs:
 
-* ``log``: ``{"dir", "job_id", "attempt", "key", "max_bytes", "shared"}``: CMD's stdout and stderr go
+* ``log``: ``{"dir", "job_id", "attempt", "key", "max_bytes", "shared", "state"}``: CMD's stdout and stderr go
   through a pipe to the init, which appends them to the log store (``dlts/logstore.py``, loaded by
   path: capped at ``max_bytes``, head and tail kept) under the attempt's log key (absent or null:
   a spec from before log keys). The job never holds its log file open, and
   the exit code is written only once the log has all of CMD's output. The pipe is read to its end
   whatever the store does: on a full log volume the output is dropped and counted
-  (``logstore.CuttingLog``), never left in the pipe where it would block the job.
+  (``logstore.CuttingLog``), never left in the pipe where it would block the job. ``state`` (a
+  path): a block reserved at the start that reads ``cut REASON`` while output is being dropped.
 * ``cwd``: CMD's working directory (never the log directory).
 * ``uid`` / ``gid`` / ``groups``: CMD (and the jupyter / code-server servers) run as this identity;
   the init stays as it was started (root) to record the exit and reap.
@@ -117,13 +118,19 @@ def _write_atomic(path: str, text: str) -> None:
         raise
 
 
-def _reserve(path: str | None) -> None:
-    """Keep a block for the exit record while the volume has room (``_write_exit``)."""
+def _reserve(path: str | None, what: str = "the exit record") -> None:
+    """Keep a block at ``path`` while the volume has room (``_write_reserved``)."""
     if path:
         try:
-            _write_atomic(f"{path}.reserved", " " * RESERVED_BYTES)
+            _write_atomic(path, " " * RESERVED_BYTES)
         except OSError as exc:
-            _complain(f"cannot reserve room for the exit record ({exc.strerror}); it is written when the job ends")
+            _complain(f"cannot reserve room for {what} ({exc.strerror})")
+
+
+def _write_reserved(path: str, text: str) -> None:
+    """``text`` over a block ``_reserve`` kept: its pages are allocated, so this needs no room."""
+    with open(path, "r+b") as fh:
+        fh.write(text.encode()[:RESERVED_BYTES].ljust(RESERVED_BYTES))
 
 
 def _write_exit(path: str | None, code: int, cut: tuple[int, str] | None = None) -> None:
@@ -137,8 +144,7 @@ def _write_exit(path: str | None, code: int, cut: tuple[int, str] | None = None)
     except OSError as exc:
         reserved = f"{path}.reserved"
         try:
-            with open(reserved, "r+b") as fh:  # its block is allocated: overwriting it needs no room
-                fh.write(text.encode()[:RESERVED_BYTES].ljust(RESERVED_BYTES))
+            _write_reserved(reserved, text)
             os.replace(reserved, path)
         except OSError as again:
             _complain(f"cannot record the job's exit code {code} ({exc.strerror}; the reserved block: "
@@ -509,6 +515,10 @@ class LogPump:
 
     def __init__(self, log: dict):
         logstore = _load_logstore()
+        # "cut REASON" while output is being dropped, blank otherwise: a reserved block the job
+        # manager reads while the job runs (the init's stderr may be on the full volume itself)
+        self.state_path: str | None = log.get("state")
+        self.shown_cut = False
 
         def open_writer():
             return logstore.AttemptLogWriter(log["dir"], int(log["job_id"]), int(log["attempt"]),
@@ -521,7 +531,18 @@ class LogPump:
 
     def start(self) -> None:
         os.close(self.write_fd)  # only the job holds the write end: EOF once it and its children are gone
+        _reserve(self.state_path, "the log's state")
         self.thread.start()
+
+    def _show_state(self) -> None:
+        cut = self.writer.cut
+        if cut == self.shown_cut or not self.state_path:
+            return
+        try:
+            _write_reserved(self.state_path, f"cut {self.writer.reason}\n" if cut else "")
+        except OSError:
+            return  # not reserved (the volume was full from the start): the exit record says it
+        self.shown_cut = cut
 
     def _pump(self) -> None:
         while True:
@@ -539,6 +560,7 @@ class LogPump:
                 self.writer.dropped_bytes += len(data)
                 self.writer.reason = self.writer.reason or str(exc)
                 _complain(f"cannot write the job's log: {exc}")
+            self._show_state()
 
     def say(self, text: str) -> None:
         try:
@@ -576,7 +598,7 @@ def run(argv: list[str], exit_file: str | None, endpoints_dir: str | None = None
         except OSError as exc:  # the job must not run without a record: not started (init_failed)
             _complain(f"cannot record the init's pid in {pid_file}: {exc.strerror}")
             return 1
-    _reserve(exit_file)
+    _reserve(f"{exit_file}.reserved" if exit_file else None)
     if pump is not None and spec.get("note"):
         pump.say(f"[dlts] {spec['note']}\n")
     child = os.fork()

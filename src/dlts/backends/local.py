@@ -84,6 +84,7 @@ ENDPOINTS_STATE_FILE = "endpoints.state.json"  # in unit 0: what the supervisor 
 SERVED = ("ssh", "jupyter", "vscode")  # endpoint kinds whose server the init starts
 LAUNCH_GRACE_S = 10.0  # a unit without a pid record this old was left half-made by a crash
 RENDEZVOUS_FILE = "rendezvous"  # in the attempt's directory: the distributed attempt's MASTER_PORT
+LOG_STATE_FILE = "log_state"  # in each unit: "cut REASON" while the init drops output the log store cannot take
 DEFAULT_LOG_MAX_BYTES = 256 * 1024**2  # Settings.log_max_bytes' default
 VOLUME_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO})  # the run volume is full or failing
 
@@ -404,7 +405,8 @@ class LocalBackend:
         log_path = Path(spec.log_path)
         run_spec = {"command": spec.command, "cwd": str(work), "note": note, **identity,
                     "log": {"dir": str(log_path.parent.parent), "job_id": spec.job_id, "attempt": spec.attempt,
-                            "key": spec.log_key, "max_bytes": self.log_max_bytes, "shared": shared_log}}
+                            "key": spec.log_key, "max_bytes": self.log_max_bytes, "shared": shared_log,
+                            "state": str(unit / LOG_STATE_FILE)}}
         (unit / "spec.json").write_text(json.dumps(run_spec))
         # the init's own complaints (it cannot start, the log store fails) go to init.log in the unit
         with open(unit / "init.log", "ab") as init_log:
@@ -489,13 +491,23 @@ class LocalBackend:
             return Observed(job_id, attempt, phase, code, started, ended, log_cut=cut)
         if proc is not None:
             self._enforce_deadline(unit, proc, now)
-            return Observed(job_id, attempt, RunPhase.RUNNING, None, started)
+            return Observed(job_id, attempt, RunPhase.RUNNING, None, started, log_cut=self._cutting(unit))
         if (unit / "pid").exists():
             # the process vanished without its init writing an exit code (SIGKILLed init, reboot)
             _, _, why = self._identify(unit)
             return Observed(job_id, attempt, RunPhase.GONE, None, started, now, f"the job's process vanished ({why})")
         reason, message = self._why_not_started(unit)
         return Observed(job_id, attempt, RunPhase.PENDING, message=message, reason=reason)
+
+    @staticmethod
+    def _cutting(unit: Path) -> str:
+        """What the unit's init says while it drops output (``log_state``): "" while all is stored."""
+        try:
+            text = (unit / LOG_STATE_FILE).read_text(errors="replace").strip()
+        except OSError:
+            return ""
+        word, _, why = text.partition(" ")
+        return f"its output is being dropped: {why or 'the log volume failed'}" if word == "cut" else ""
 
     @staticmethod
     def _mtime(unit: Path) -> float | None:

@@ -142,6 +142,7 @@ class JobManager:
         self._next_gc = 0.0
         self._next_log_sync = 0.0
         self._refusals: dict[tuple[int, int, str], str] = {}  # the refusal last noted per (job, attempt, step)
+        self._cutting: set[tuple[int, int]] = set()  # running attempts whose output is being dropped (said once)
         self.pressure = pressure or DiskPressure(watched_volumes(settings, backend), settings.disk_pressure,
                                                  socket.gethostname().split(".")[0] or "localhost")
         self._db_faults = db_faults.FaultLog("job manager", log)
@@ -305,6 +306,8 @@ class JobManager:
             elif seen.phase in (RunPhase.SUCCEEDED, RunPhase.FAILED, RunPhase.GONE):
                 self._ended(session, job, attempt, seen)
                 continue
+            if seen.phase is RunPhase.RUNNING:
+                self._say_cut(key, seen.log_cut)
             if job.type == JobType.INFERENCE and attempt is not None:
                 self._reconcile_replicas(session, job, attempt, seen)
         # objects the backend holds that no live attempt explains: a crash left them, the DB moved on,
@@ -315,6 +318,16 @@ class JobManager:
                     self._attempt_step(session, key, STOP, self.backend.terminate, key[0], key[1], 0)
                 else:
                     self._attempt_step(session, key, CLEANUP, self.backend.forget, *key)
+
+    def _say_cut(self, key: tuple[int, int], cut: str) -> None:
+        """A line in this log when a running attempt starts and stops losing output to a full log
+        volume (the init's own words may be on that volume); the count comes when it ends."""
+        if cut and key not in self._cutting:
+            self._cutting.add(key)
+            log.warning("job %s attempt %s: %s", key[0], key[1], cut)
+        elif not cut and key in self._cutting:
+            self._cutting.discard(key)
+            log.warning("job %s attempt %s: its output is stored again", key[0], key[1])
 
     def _attempt_step(self, session: Session, key: tuple[int, int], what: str, fn: Callable[..., object],
                       *args: object) -> bool:
@@ -476,6 +489,7 @@ class JobManager:
             cut = f"attempt {job.attempt}: {seen.log_cut}"[:1024] if seen is not None and seen.log_cut else ""
             if cut:
                 job_repo.add_event(session, job.id, EventKind.CLUSTER, reason=LOG_CUT, message=cut, actor=ACTOR)
+        self._cutting.discard((job.id, job.attempt))
         if cut:  # committed: said once, in the manager's log too (the log volume may have no room for it)
             log.warning("job %s %s", job.id, cut)
         # refused (its log cannot be read yet): the objects stay, and the orphan pass of a later tick
