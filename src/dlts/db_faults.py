@@ -69,7 +69,7 @@ def write_fault(exc: BaseException) -> WriteFault | None:
 
 
 class WriteHealth:
-    """This process's last word on writes to one database: the fault since when, or none."""
+    """This process's last word on writes to one database: the fault, or none."""
 
     PROBE_EVERY_S = 2.0  # while failing, /readyz tries a write at most this often
 
@@ -77,18 +77,15 @@ class WriteHealth:
         self.monotonic = monotonic
         self._lock = threading.Lock()
         self.fault: WriteFault | None = None
-        self.since: float | None = None  # wall clock, for people
         self._probed_at = 0.0
 
     def failed(self, fault: WriteFault) -> None:
         with self._lock:
-            if self.fault is None:
-                self.since = time.time()
             self.fault = fault
 
     def succeeded(self) -> None:
         with self._lock:
-            self.fault, self.since = None, None
+            self.fault = None
 
     def probe_due(self) -> bool:
         """While failing: whether it is time to try a write again (and the try is taken now)."""
