@@ -49,6 +49,7 @@ OPERATOR_SECTIONS = {
                                {"path": "/srv/nfs/scratch", "expire_after_days": 30, "expire_paths": ["*"],
                                 "warn_days": 7, "keep": ["datasets"]}]},
     "dlts_insight": {"idle_min": 45, "low_ratio": 0.25},
+    "dlts_disk_pressure": {"soft_free_bytes": 21474836480, "hard_free_bytes": 5368709120, "interval_s": 30},
     "dlts_directory": {"url": "ldaps://ldap.lab.example", "bind_dn": "cn=dlts,ou=services,dc=lab,dc=example",
                        "user_base": "ou=people,dc=lab,dc=example", "group_base": "ou=groups,dc=lab,dc=example",
                        "vc_roles": [{"group": "vision-admins", "vc": "research", "role": "admin"}]},

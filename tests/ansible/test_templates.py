@@ -601,8 +601,8 @@ def test_only_dlts_nodes_report_to_the_api_and_register_a_token(inventory_name, 
 
 
 def test_the_operator_sections_come_from_the_inventory(tmp_path):
-    """dlts_notify, dlts_repair, dlts_storage, dlts_insight and dlts_directory become the sections of
-    dlts.yaml key for key; the vaulted passwords become files the config names, never keys."""
+    """dlts_notify, dlts_repair, dlts_storage, dlts_insight, dlts_directory and dlts_disk_pressure become
+    the sections of dlts.yaml key for key; the vaulted passwords become files the config names, never keys."""
     from dlts.config import load_settings
 
     make_stub_executables(tmp_path / "venv" / "bin", ("gunicorn", "dlts"))
@@ -664,7 +664,7 @@ def test_operator_sections_the_inventory_leaves_out_keep_dlts_defaults(rendered)
     inventory = yaml.safe_load((INVENTORIES[name] / "group_vars/all/dlts.yml").read_text())
     config = yaml.safe_load((out["dlts_control"] / "dlts.yaml").read_text())
     settings = load_settings(out["dlts_control"] / "dlts.yaml", environ={})
-    sections = {"notify", "repair", "storage", "insight", "directory"}
+    sections = {"notify", "repair", "storage", "insight", "directory", "disk_pressure"}
     given = {s for s in sections if f"dlts_{s}" in inventory}
     assert given == ({"notify", "repair"} if name == "example" else set()), name
     assert set(config) & sections == given

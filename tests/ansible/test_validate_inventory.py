@@ -329,6 +329,10 @@ CASES = {
         lambda inv: _set_dlts(inv, "dlts_repair", {"max_nodes_in_repairs": 2}),
         "dlts_repair.max_nodes_in_repairs is not a key of the repair: section",
     ),
+    "disk pressure section with an unknown key": (
+        lambda inv: _set_dlts(inv, "dlts_disk_pressure", {"hard_free_gib": 2}),
+        "dlts_disk_pressure.hard_free_gib is not a key of the disk_pressure: section (known: enabled, hard_free_bytes,",
+    ),
     "scheduler settings with an unknown key": (
         lambda inv: _set_dlts(inv, "dlts_scheduling", {"fair_share": True, "fairshare_max_wait_s": 60}),
         "dlts_scheduling.fairshare_max_wait_s is not a scheduler setting of dlts.yaml (known: cpu_job_default_cpu,",
@@ -492,14 +496,14 @@ def test_the_inventory_check_knows_every_key_of_the_kubernetes_section_with_its_
 
 
 def test_the_inventory_check_knows_every_key_of_the_operator_sections():
-    """validate_inventory's key lists of dlts_notify, dlts_repair, dlts_storage, dlts_insight and
-    dlts_directory are the code's sections; the password-file keys are the role's, from the vault."""
+    """validate_inventory's key lists of dlts_notify, dlts_repair, dlts_storage, dlts_insight,
+    dlts_directory and dlts_disk_pressure are the code's sections; the password-file keys are the role's, from the vault."""
     from dlts.config import Settings
 
     defaults = yaml.safe_load((ROLES_DIR / "validate_inventory" / "defaults" / "main.yml").read_text())
     sections = defaults["validate_inventory_operator_sections"]
     secret_keys = defaults["validate_inventory_operator_secret_keys"]
-    assert set(sections) == {"notify", "repair", "storage", "insight", "directory"}
+    assert set(sections) == {"notify", "repair", "storage", "insight", "directory", "disk_pressure"}
     for section, keys in sections.items():
         model = Settings.model_fields[section].annotation
         assert set(keys) | set(secret_keys.get(section, {})) == set(model.model_fields), section
