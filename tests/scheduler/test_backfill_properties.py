@@ -393,6 +393,33 @@ def clusters_and_traces() -> st.SearchStrategy[tuple[Cluster, list[TraceJob]]]:
 
 
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+def _a_reservation_moved_onto_the_gpu_a_later_estimate_counted_on() -> tuple[Cluster, list[TraceJob]]:
+    """Found by exploration (seed 1508778393): one node of 8 GPUs; vc0 (quota 8, 900 s
+    by its estimate) and vc1 (quota 2, jobs at most 600 s, ``limit_weight`` 0.25); depth 2. At
+    t=1800 the pass starts jobs 11-17 (vc0, GPUs 1-7, to 2700) and job 19 (vc1, GPU 0, to 2400),
+    reserves job 18 (vc0, 1 GPU) on GPU 0 from 2400 and job 5 (vc1, 2 GPUs, 1200 s) on GPUs 1, 2
+    from 2700: both hold. At t=2400 job 5 comes first in the order; placed on the lowest free GPUs it
+    took GPUs 0, 1 (GPU 0 being free from 2400) and job 18, whose estimate counted on GPU 0, moved to
+    2700. A future reservation now takes the GPUs freed latest before its start (1, 2), so job 18
+    starts at 2400."""
+    a100 = SKUS["a100"]
+    node = Node("a100-0", "a100", a100.gpus, a100.cpu, a100.memory_bytes, "pod0", None, True, ())
+    vcs = {"vc0": Vc("vc0", {"a100": 8}, Policy.BACKFILL, default_runtime_estimate_s=900),
+           "vc1": Vc("vc1", {"a100": 2}, Policy.BACKFILL, max_job_time_s=600, limit_weight=0.25)}
+    cluster = Cluster(dict(SKUS), (node,), vcs, tick_s=10.0, preempt_grace_s=0.0, reservation_depth=2,
+                      fair_share_half_life_h=0.0)
+
+    def job(i: int, at: float, vc: str, gpus: int = 1, nodes: int = 0, limit: int | None = None,
+            jtype: JobType = JobType.BATCH) -> TraceJob:
+        duration = float(limit or (600 if vc == "vc1" else 900))
+        return TraceJob(id=i, submit_s=at, vc=vc, user="ann", type=jtype, sku="a100", gpus=gpus, nodes=nodes,
+                        duration_s=duration, max_time_s=limit, priority=100, preemptible=False)
+
+    return cluster, [*(job(i, 0.0, "vc0") for i in (1, 2, 3)), job(4, 0.0, "vc0", 8, 1, jtype=JobType.DISTRIBUTED),
+                     job(5, 0.0, "vc1", 2, limit=1200), *(job(i, 0.0, "vc0") for i in range(6, 19)), job(19, 10.0, "vc1")]
+
+
+
 @given(clusters_and_traces())
 @example(_cpu_replicas_on_a_gpu_node())
 @example(_an_older_job_freed_by_the_reclaim())
@@ -401,6 +428,7 @@ def clusters_and_traces() -> st.SearchStrategy[tuple[Cluster, list[TraceJob]]]:
 @example(_a_lighter_colleagues_later_job())
 @example(_a_shorter_limit_arriving_after_the_estimate())
 @example(_a_held_reservation_behind_a_shorter_limit_known_to_the_pass())
+@example(_a_reservation_moved_onto_the_gpu_a_later_estimate_counted_on())
 def test_reservations_start_by_their_estimate_when_jobs_end_by_their_limit(case: tuple[Cluster, list[TraceJob]]) -> None:
     _check(*case)
 
@@ -427,37 +455,10 @@ def test_the_limit_is_what_a_job_is_assumed_to_run() -> None:
     assert effective_limit_s(Simulation(Cluster(dict(SKUS), (), {"v": vc}, 10.0), [t]).jobs[1].job, vc) == 600
 
 
-def _a_reservation_moved_onto_the_gpu_a_later_estimate_counted_on() -> tuple[Cluster, list[TraceJob]]:
-    """Found by exploration (seed 1508778393), not fixed yet: one node of 8 GPUs; vc0 (quota 8, 900 s
-    by its estimate) and vc1 (quota 2, jobs at most 600 s, ``limit_weight`` 0.25); depth 2. At
-    t=1800 the pass starts jobs 11-17 (vc0, GPUs 1-7, to 2700) and job 19 (vc1, GPU 0, to 2400),
-    reserves job 18 (vc0, 1 GPU) on GPU 0 from 2400 and job 5 (vc1, 2 GPUs, 1200 s) on GPUs 1, 2
-    from 2700: both hold. At t=2400 the pass gives job 5's kept reservation GPUs 0, 1 instead (GPU 0
-    is free now), and job 18, whose estimate counted on GPU 0, moves to 2700. A reservation's GPUs
-    are chosen anew at every pass; keeping them (or choosing the ones free latest) would keep job
-    18's estimate."""
-    a100 = SKUS["a100"]
-    node = Node("a100-0", "a100", a100.gpus, a100.cpu, a100.memory_bytes, "pod0", None, True, ())
-    vcs = {"vc0": Vc("vc0", {"a100": 8}, Policy.BACKFILL, default_runtime_estimate_s=900),
-           "vc1": Vc("vc1", {"a100": 2}, Policy.BACKFILL, max_job_time_s=600, limit_weight=0.25)}
-    cluster = Cluster(dict(SKUS), (node,), vcs, tick_s=10.0, preempt_grace_s=0.0, reservation_depth=2,
-                      fair_share_half_life_h=0.0)
-
-    def job(i: int, at: float, vc: str, gpus: int = 1, nodes: int = 0, limit: int | None = None,
-            jtype: JobType = JobType.BATCH) -> TraceJob:
-        duration = float(limit or (600 if vc == "vc1" else 900))
-        return TraceJob(id=i, submit_s=at, vc=vc, user="ann", type=jtype, sku="a100", gpus=gpus, nodes=nodes,
-                        duration_s=duration, max_time_s=limit, priority=100, preemptible=False)
-
-    return cluster, [*(job(i, 0.0, "vc0") for i in (1, 2, 3)), job(4, 0.0, "vc0", 8, 1, jtype=JobType.DISTRIBUTED),
-                     job(5, 0.0, "vc1", 2, limit=1200), *(job(i, 0.0, "vc0") for i in range(6, 19)), job(19, 10.0, "vc1")]
-
-
-@pytest.mark.xfail(strict=True, reason="a kept reservation's GPUs are chosen anew at every pass (docs/scheduling.md)")
 def test_a_kept_reservation_does_not_move_onto_the_gpu_a_later_estimate_counted_on() -> None:
     cluster, trace = _a_reservation_moved_onto_the_gpu_a_later_estimate_counted_on()
     result, promised, _, _ = _replay(cluster, trace)
     start = {j["id"]: j["start_s"] for j in result["jobs"]}
-    assert promised[18][0] == (1800.0, 2400.0)  # the case as found (holds today)
-    _check(cluster, trace)  # job 18 must start by 2400: it starts at 2700 today
+    assert promised[18][0] == (1800.0, 2400.0)  # the estimate as found
+    _check(cluster, trace)
     assert start[18] == 2400.0

@@ -14,11 +14,12 @@ per-user GPUs, interactive GPUs) are checked the same way. Reservations are foun
 candidates are checked with the same two predicates, so a reservation is free at its start in the
 model whenever every item ends by its end. Nothing here reads a clock.
 
-Placement rule (the same now and in the future): the first node in a fixed order (the VC's own
-hard-assigned pool, then the shared pool, each in snapshot order) that fits, on the lowest free
-run of GPU indices; gangs take the first IB domain (by name) with enough fitting whole nodes
-(``ib_domain: any``: the first nodes in order). A fixed order makes a reservation stable: other
-work only ever removes free capacity, so the first fitting node stays the first.
+Placement rule: the first node in a fixed order (the VC's own hard-assigned pool, then the shared
+pool, each in snapshot order) that fits; now on the lowest free run of GPU indices, in the future
+on the free run whose GPUs were freed latest (so GPUs free earlier stay for what counted on
+them); gangs take the first IB domain (by name) with enough fitting whole nodes (``ib_domain:
+any``: the first nodes in order). A fixed order makes a reservation stable: other work only ever
+removes free capacity, so the first fitting node stays the first.
 """
 
 from __future__ import annotations
@@ -437,8 +438,42 @@ class Timeline:
             return tuple(range(node.gpus)) if mask == ns.full_mask else None
         if req.gpus == 0:
             return ()
-        i = first_run(mask, node.gpus, req.gpus)
+        if start > self.now + EPS and free_now is None:
+            i = self._latest_freed_run(ns, mask, req.gpus, start, ignore, skip_reclaimable)
+        else:
+            i = first_run(mask, node.gpus, req.gpus)
         return None if i < 0 else tuple(range(i, i + req.gpus))
+
+    def _latest_freed_run(self, ns: NodeState, mask: int, want: int, start: float, ignore: set[int] | None,
+                          skip_reclaimable: bool) -> int:
+        """Start index of the run of ``want`` free GPUs a future item takes: the run whose GPUs were
+        freed latest before ``start`` (the largest "freed at" of its earliest-freed GPU), the lowest
+        such run on a tie. GPUs free earlier stay for what can use them earlier: a reservation that
+        took them would push back a reservation or a start that counted on them, though another run
+        was free at its start."""
+        n = ns.node.gpus
+        first = first_run(mask, n, want)
+        if first < 0 or mask.bit_count() == want:
+            return first
+        freed = [-INF] * n
+        for it in self.items.get(ns.name, ()):
+            end = it.end_for(skip_reclaimable)
+            if end <= start + EPS and not (ignore and it.job in ignore):
+                m = it.mask
+                while m:
+                    low = m & -m
+                    i = low.bit_length() - 1
+                    if i < n and end > freed[i]:
+                        freed[i] = end
+                    m ^= low
+        best, best_at = first, min(freed[first:first + want])
+        for i in range(first + 1, n - want + 1):
+            run = ((1 << want) - 1) << i
+            if mask & run == run:
+                at = min(freed[i:i + want])
+                if at > best_at:
+                    best, best_at = i, at
+        return best
 
     def fits_exact(self, ns: NodeState, p: Placement, start: float, end: float, ignore: set[int]) -> bool:
         mask, use = self.window_free(ns, start, end, ignore)
