@@ -135,9 +135,27 @@ Replay = tuple[dict, dict[int, list[tuple[float, float]]], dict[int, list[tuple[
                dict[int, list[tuple[float, int]]]]
 
 
+def _shares_a_counter(cluster: Cluster, ahead: TraceJob, job: TraceJob) -> bool:
+    """Whether a start of ``ahead`` uses a quota counter that ``job`` needs: its VC's GPUs of the
+    same SKU, its VC's interactive GPUs (both interactive), the same user's GPUs where the VC caps
+    them, or its VC's CPU-only cores and bytes."""
+    if ahead.vc != job.vc:
+        return False
+    vc = cluster.vcs[job.vc]
+    gpus = bool(ahead.sku and ahead.gpus) and bool(job.sku and job.gpus)
+    if gpus and ahead.sku == job.sku:
+        return True
+    if gpus and ahead.type is JobType.INTERACTIVE and job.type is JobType.INTERACTIVE and vc.max_interactive_gpus is not None:
+        return True
+    if gpus and ahead.user == job.user and vc.user_gpu_quota is not None:
+        return True
+    return not ahead.sku and not job.sku
+
+
 def _replay(cluster: Cluster, trace: list[TraceJob]) -> Replay:
     promised: dict[int, list[tuple[float, float]]] = {}
-    # job -> (time, job ahead of it in the order that started on its last reserved nodes)
+    # job -> (time, job ahead of it in the order that started on its last reserved nodes, or that
+    # took a quota counter it counted on)
     overtaken: dict[int, list[tuple[float, int]]] = {}
     # job -> (time, job of its VC submitted then, later than it, that ranks ahead of it by a shorter
     # limit): from that submission on, the estimate no longer holds, even when the job ahead itself
@@ -172,7 +190,7 @@ def _replay(cluster: Cluster, trace: list[TraceJob]) -> Replay:
                     weighs = cluster.vcs[jobs[job_id].vc].limit_weight > 0
                     if weighs and jobs[s.job_id].vc == jobs[job_id].vc and jobs[s.job_id].submit_s > jobs[job_id].submit_s:
                         ranked_ahead.setdefault(job_id, []).append((jobs[s.job_id].submit_s, s.job_id))
-                    if on & nodes:
+                    if on & nodes or _shares_a_counter(cluster, jobs[s.job_id], jobs[job_id]):
                         overtaken.setdefault(job_id, []).append((now, s.job_id))
         for r in decisions.reservations:
             reserved_nodes[r.job_id] = {p.node for p in r.placements}
@@ -419,6 +437,28 @@ def _a_reservation_moved_onto_the_gpu_a_later_estimate_counted_on() -> tuple[Clu
                      job(5, 0.0, "vc1", 2, limit=1200), *(job(i, 0.0, "vc0") for i in range(6, 19)), job(19, 10.0, "vc1")]
 
 
+def _an_older_interactive_job_freed_by_the_reclaim_of_the_cap() -> tuple[Cluster, list[TraceJob]]:
+    """Found by exploration (seed 3527351251): vc0 caps interactive GPUs at 8. Bob's preemptible
+    interactive job 22 holds 3 of v100-1's 4 GPUs; ann's interactive job 1 (7 a100 GPUs, older) waits
+    for the cap. At t=2110 bob's interactive job 16 (2 v100 GPUs) reclaims job 22 and is estimated
+    to start now; the reclaim also frees the cap, and job 1, ahead of it in the order, starts first
+    and takes 7 of the 8: job 16 starts when job 1 ends (3310). A job ahead that takes a quota
+    counter the estimate counted on, like one that takes its nodes, is not bound by it."""
+    a100, v100 = SKUS["a100"], SKUS["v100"]
+    nodes = (Node("a100-2", "a100", a100.gpus, a100.cpu, a100.memory_bytes, "pod1", None, True, ()),
+             Node("v100-1", "v100", v100.gpus, v100.cpu, v100.memory_bytes, "pod0", None, True, ()))
+    vcs = {"vc0": Vc("vc0", {"a100": 25, "v100": 12}, Policy.BACKFILL, max_interactive_gpus=8, fair_share=True,
+                     fair_share_max_wait_s=300.0, limit_weight=1.0, min_runtime_s=600.0)}
+    cluster = Cluster(dict(SKUS), nodes, vcs, tick_s=10.0, preempt_grace_s=0.0, reservation_depth=8,
+                      fair_share_half_life_h=0.0)
+
+    def job(i: int, at: float, user: str, sku: str, gpus: int, limit: int | None, preemptible: bool) -> TraceJob:
+        return TraceJob(id=i, submit_s=at, vc="vc0", user=user, type=JobType.INTERACTIVE, sku=sku, gpus=gpus, nodes=0,
+                        duration_s=float(limit or FOREVER), max_time_s=limit, priority=100, preemptible=preemptible)
+
+    return cluster, [job(1, 1810.0, "ann", "a100", 7, 1200, False), job(16, 2110.0, "bob", "v100", 2, 1200, False),
+                     job(22, 700.0, "bob", "v100", 3, None, True)]
+
 
 @given(clusters_and_traces())
 @example(_cpu_replicas_on_a_gpu_node())
@@ -429,6 +469,7 @@ def _a_reservation_moved_onto_the_gpu_a_later_estimate_counted_on() -> tuple[Clu
 @example(_a_shorter_limit_arriving_after_the_estimate())
 @example(_a_held_reservation_behind_a_shorter_limit_known_to_the_pass())
 @example(_a_reservation_moved_onto_the_gpu_a_later_estimate_counted_on())
+@example(_an_older_interactive_job_freed_by_the_reclaim_of_the_cap())
 def test_reservations_start_by_their_estimate_when_jobs_end_by_their_limit(case: tuple[Cluster, list[TraceJob]]) -> None:
     _check(*case)
 
@@ -453,6 +494,15 @@ def test_the_limit_is_what_a_job_is_assumed_to_run() -> None:
     t = TraceJob(id=1, submit_s=0.0, vc="v", user="ann", type=JobType.BATCH, sku="a100", gpus=1, nodes=0,
                  duration_s=600.0, max_time_s=None, priority=100, preemptible=False)
     assert effective_limit_s(Simulation(Cluster(dict(SKUS), (), {"v": vc}, 10.0), [t]).jobs[1].job, vc) == 600
+
+
+def test_a_job_ahead_that_takes_the_cap_a_reclaim_freed_is_told_apart_from_a_backfilled_one() -> None:
+    cluster, trace = _an_older_interactive_job_freed_by_the_reclaim_of_the_cap()
+    result, promised, overtaken, _ = _replay(cluster, trace)
+    start = {j["id"]: j["start_s"] for j in result["jobs"]}
+    assert promised[16][0] == (2110.0, 2110.0) and start[1] == 2110.0 and start[16] == 3310.0
+    assert overtaken[16] == [(2110.0, 1)]
+    _check(cluster, trace)
 
 
 def test_a_kept_reservation_does_not_move_onto_the_gpu_a_later_estimate_counted_on() -> None:
