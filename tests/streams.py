@@ -1,17 +1,20 @@
-"""The whole suite as two pytest processes side by side: the README's test command.
+"""The whole suite as three pytest processes side by side: the README's test command.
 
 Most of the suite's time is spent waiting on real processes, servers and ticks, not on the CPU, so
-two processes on two cores finish in a little more than half the time of one. The suite splits by
-the ``db`` marker (tests/conftest.py puts it on every test that reaches the test database):
+three processes on two cores finish in about a third more than the time of the longest. The suite
+splits by the ``db`` marker (tests/conftest.py puts it on every test that reaches the test
+database) and, for the rest, by directory:
 
 * the database tests (the real-Kubernetes ones among them, one cluster at a time);
+* the Ansible tests that do not reach the database (the converge into a container among them);
 * the rest.
 
 Each stream has its own pytest base directory and writes its output to a file; a line says when
-each ends, then both outputs are printed one after the other, and the slowest tests of both (where
-the time goes, like ``--durations``). Exit status: 0 when both passed, else the first failure's.
+each ends, then the outputs are printed one after the other, and the slowest tests of all (where
+the time goes, like ``--durations``). Exit status: 0 when every stream passed, else the first
+failure's.
 
-    .venv/bin/python -m tests.streams [--durations N] [--keep DIR] [-- pytest options for both]
+    .venv/bin/python -m tests.streams [--durations N] [--keep DIR] [-- pytest options for all]
 
 ``sh .ci/dev test`` runs this when given no pytest options; with options it runs one pytest with
 them (a file, ``-k``, ``-x``, ...). The Ansible converge into a qemu VM (marker ``vm``) is left out,
@@ -31,7 +34,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-STREAMS = (("database tests", "db and not vm"), ("the other tests", "not db and not vm"))
+# (name, marker, paths and options)
+STREAMS = (
+    ("database tests", "db and not vm", ()),
+    ("the Ansible tests", "not db and not vm", ("tests/ansible",)),
+    ("the other tests", "not db and not vm", ("--ignore=tests/ansible",)),
+)
 NO_TESTS = 5  # pytest's exit status when a selection collected nothing
 
 
@@ -62,16 +70,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="streams", description=__doc__.split("\n")[0])
     parser.add_argument("--durations", type=int, default=25, help="how many of the slowest tests to list")
     parser.add_argument("--keep", type=Path, help="keep the streams' logs and JUnit reports in this directory")
-    parser.add_argument("pytest_args", nargs="*", help="options given to both pytest processes (after --)")
+    parser.add_argument("pytest_args", nargs="*", help="options given to every pytest process (after --)")
     args = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="dlts-streams."))
     out = args.keep or work
     out.mkdir(parents=True, exist_ok=True)
     streams = []
-    for i, (name, marker) in enumerate(STREAMS):
+    for i, (name, marker, where) in enumerate(STREAMS):
         log, junit = out / f"stream-{i}.log", out / f"stream-{i}.xml"
         cmd = [sys.executable, "-m", "pytest", "-m", marker, f"--basetemp={work / f'base-{i}'}",
-               f"--junitxml={junit}", "-p", "no:cacheprovider", *args.pytest_args]
+               f"--junitxml={junit}", "-p", "no:cacheprovider", *args.pytest_args, *where]
         with log.open("wb") as fh:
             proc = subprocess.Popen(cmd, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         streams.append(Stream(name, marker, log, junit, proc, time.monotonic()))
@@ -102,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     if all(s.proc.returncode == NO_TESTS for s in streams):
         failed = NO_TESTS
     if args.durations:
-        print(f"\n== the {args.durations} slowest tests of both streams (seconds: setup, call and teardown)")
+        print(f"\n== the {args.durations} slowest tests of all streams (seconds: setup, call and teardown)")
         for seconds, name in slowest([s.junit for s in streams], args.durations):
             print(f"{seconds:8.1f}  {name}")
     walls = ", ".join(f"{s.name} {(s.ended or s.started) - s.started:.0f} s" for s in streams)

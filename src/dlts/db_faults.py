@@ -19,6 +19,7 @@ import logging
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -168,3 +169,17 @@ class FaultLog:
             self.log.warning("%s: the database accepts writes again (refused for %.0f s)", self.what,
                              self.monotonic() - self._since)
             self.fault = None
+
+    def run(self, step: Callable[[], object]) -> None:
+        """One pass of ``what``: a write the database refuses is a line (``failed``, once until it
+        accepts them again), any other failure a logged traceback; either way the next pass retries."""
+        try:
+            step()
+        except Exception as exc:  # one failing pass must not stop the loop
+            fault = write_fault(exc)
+            if fault is None:
+                self.log.exception("%s failed; the next pass retries", self.what)
+            else:
+                self.failed(fault)
+        else:
+            self.succeeded()

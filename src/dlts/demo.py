@@ -85,18 +85,9 @@ class TickThread(threading.Thread):
         self.stopping = threading.Event()
 
     def run(self) -> None:
-        faults = db_faults.FaultLog(self.name, log)  # a database refusing writes: a line, not a traceback a pass
+        faults = db_faults.FaultLog(f"{self.name} tick", log)  # a database refusing writes: a line, not a traceback a pass
         while not self.stopping.is_set():
-            try:
-                self.tick()
-            except Exception as exc:
-                fault = db_faults.write_fault(exc)
-                if fault is None:
-                    log.exception("%s tick failed; retrying", self.name)
-                else:
-                    faults.failed(fault)
-            else:
-                faults.succeeded()
+            faults.run(self.tick)
             self.stopping.wait(self.interval_s)
 
 

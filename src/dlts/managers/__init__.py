@@ -72,19 +72,15 @@ def _guarded(entry: Periodic, lease: Lease | None, watch: Watch) -> Callable[[],
         if entry.watched:
             watch.begin(entry.id)
         try:
+            faults.run(step)  # one failing pass must not stop the process; the next run retries
+        finally:
+            watch.end(entry.id)
+
+    def step() -> None:
+        try:
             entry.run()
         except LeaseLost as exc:  # nothing of this pass was written after the loss
             log.warning("manager %s stopped: %s", entry.id, exc)
-        except Exception as exc:  # one failing pass must not stop the process; the next run retries
-            fault = db_faults.write_fault(exc)
-            if fault is None:
-                log.exception("manager %s failed", entry.id)
-            else:
-                faults.failed(fault)
-        else:
-            faults.succeeded()
-        finally:
-            watch.end(entry.id)
 
     return run
 
