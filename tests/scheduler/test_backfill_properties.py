@@ -27,7 +27,6 @@ from __future__ import annotations
 import os
 from dataclasses import replace
 
-import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
