@@ -56,7 +56,11 @@ def register(app: Flask) -> None:
         if status == 400:
             return envelope(400, "invalid_input",
                             "The request body is not valid JSON; send Content-Type: application/json with a JSON object.")
-        return envelope(status, HTTP_CODES.get(status, "error"), exc.description or exc.name)
+        response = envelope(status, HTTP_CODES.get(status, "error"), exc.description or exc.name)
+        allowed = getattr(exc, "valid_methods", None)
+        if status == 405 and allowed:  # RFC 9110: a 405 names the methods the resource takes
+            response.headers["Allow"] = ", ".join(allowed)
+        return response
 
     @app.errorhandler(OperationalError)
     @app.errorhandler(DBAPIError)

@@ -86,7 +86,7 @@ def list_repairs(name: str):
 
 
 @blp.route("/nodes/<string:name>/repairs", methods=["POST"])
-@blp.arguments(RepairStartSchema)
+@blp.arguments(RepairStartSchema, required=False)
 @blp.response(201, RepairCycleSchema)
 @blp.doc(security=SECURITY)
 def start_repair(body, name: str):
@@ -105,7 +105,7 @@ def cancel_repair(name: str, cycle_id: int):
 
 
 @blp.route("/nodes/<string:name>/return", methods=["POST"])
-@blp.arguments(RepairReturnSchema)
+@blp.arguments(RepairReturnSchema, required=False)
 @blp.response(200, RepairCycleSchema)
 @blp.doc(security=SECURITY)
 def return_node(body, name: str):
@@ -114,7 +114,7 @@ def return_node(body, name: str):
 
 
 @blp.route("/repair/pause", methods=["POST"])
-@blp.arguments(RepairPauseSchema)
+@blp.arguments(RepairPauseSchema, required=False)
 @blp.response(200, RepairStatusSchema)
 @blp.doc(security=SECURITY)
 def pause_repairs(body):
@@ -123,7 +123,7 @@ def pause_repairs(body):
 
 
 @blp.route("/repair/resume", methods=["POST"])
-@blp.arguments(RepairPauseSchema)
+@blp.arguments(RepairPauseSchema, required=False)
 @blp.response(200, RepairStatusSchema)
 @blp.doc(security=SECURITY)
 def resume_repairs(body):

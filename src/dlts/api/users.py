@@ -71,7 +71,7 @@ class OneUser(MethodView):
 
 
 @blp.route("/users/<string:user_name>/disable", methods=["POST"])
-@blp.arguments(UserDisableSchema)
+@blp.arguments(UserDisableSchema, required=False)
 @blp.response(200, UserDisabledSchema)
 @blp.doc(security=SECURITY)
 def disable_user(body, user_name: str):
@@ -89,7 +89,7 @@ def enable_user(user_name: str):
 
 
 @blp.route("/users/<string:user_name>/password", methods=["POST"])
-@blp.arguments(PasswordResetSchema)
+@blp.arguments(PasswordResetSchema, required=False)
 @blp.response(200, PasswordResultSchema)
 @blp.doc(security=SECURITY)
 def reset_password(body, user_name: str):
