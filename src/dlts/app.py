@@ -13,6 +13,7 @@ from flask import Flask
 
 from dlts.config import Settings, load_settings
 from dlts.extensions import db
+from dlts.strict import AsciiIntegerConverter
 
 log = logging.getLogger(__name__)
 
@@ -20,6 +21,7 @@ log = logging.getLogger(__name__)
 def create_app(settings: Settings | None = None) -> Flask:
     settings = settings or load_settings()
     app = Flask(__name__)
+    app.url_map.converters["int"] = AsciiIntegerConverter  # before any route: ids are ASCII digits
     app.config.update(
         SQLALCHEMY_DATABASE_URI=settings.effective_database_url,
         SQLALCHEMY_ENGINE_OPTIONS=engine_options(settings.effective_database_url),

@@ -271,7 +271,7 @@ CASES = {
     "kubernetes privilege policy with an unknown feature": (
         lambda inv: _set_kubernetes(inv, privileged_policy={"research": ["fly"]}),
         ('dlts_kubernetes.privileged_policy must be a mapping of VC name (or "*") to a list of features (features: '
-         'privileged, host_network, host_ipc, host_pid, host_path, run_as_root) (found {"research": ["fly"]})'),
+         'privileged, host_network, host_ipc, host_pid, host_path, run_as_root, cached_private_images) (found {"research": ["fly"]})'),
     ),
     "kubernetes init image with a space": (
         lambda inv: _set_kubernetes(inv, init_image="busy box"),

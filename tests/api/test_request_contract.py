@@ -86,3 +86,16 @@ def test_a_405_names_the_methods_the_resource_takes(client, world):
     assert_envelope(response, 405, "method_not_allowed")
     allowed = {m.strip() for m in response.headers["Allow"].split(",")}
     assert {"GET", "POST"} <= allowed and "DELETE" not in allowed
+
+
+@pytest.mark.parametrize("digit", ["\u0661", "\uff11", "\u00b9"], ids=["arabic-indic", "fullwidth", "superscript"])
+def test_ids_in_paths_are_ascii_digits(client, world, digit):
+    alice = world.auth("alice")
+    job = client.post("/api/v1/jobs", json=JOB, headers=alice).get_json()["id"]
+    assert job == 1, job  # the first job of this test's database: ``digit`` reads as its id
+    assert client.get("/api/v1/jobs/1", headers=alice).status_code == 200
+    assert_envelope(client.get(f"/api/v1/jobs/{digit}", headers=alice), 404)
+    assert_envelope(client.put(f"/api/v1/jobs/{digit}/tags", json={"tags": []}, headers=alice), 404)
+    # the portal's routes too (signed out, a route that exists sends to the sign-in page)
+    assert client.get("/jobs/1").status_code in (302, 303)
+    assert client.get(f"/jobs/{digit}").status_code == 404

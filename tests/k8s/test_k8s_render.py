@@ -4,6 +4,7 @@ overrides, and ``dlts render``."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -139,6 +140,32 @@ def test_registry_credentials_become_a_labelled_pull_secret_the_pods_use():
     assert config["auths"]["registry.example.com"]["auth"] == base64.b64encode(b"bob:s3cret").decode()
     assert rendered.pods[0]["spec"]["imagePullSecrets"] == [{"name": "dlts-105-1-pull"}]
     assert "imagePullSecrets" not in ManifestRenderer(SETTINGS).render(CASES["batch"]).pods[0]["spec"]
+
+
+def test_an_image_pulled_with_credentials_is_pulled_every_time_unless_the_vc_allows_the_cache():
+    private = CASES["cpu_with_storage_and_registry"]
+    [pod] = ManifestRenderer(SETTINGS).render(private).pods
+    job_image = [c for group in ("initContainers", "containers") for c in pod["spec"][group]
+                 if c["image"] == private.image]
+    assert len(job_image) == 2  # the identity init container and the job's container
+    assert {c["imagePullPolicy"] for c in job_image} == {"Always"}
+    [init] = [c for c in pod["spec"]["initContainers"] if c["image"] == SETTINGS.init_image]
+    assert "imagePullPolicy" not in init  # DLTS's own image: not pulled with the job's credentials
+    # a public image keeps Kubernetes' default (the node's cache)
+    [public] = ManifestRenderer(SETTINGS).render(CASES["batch"]).pods
+    assert all("imagePullPolicy" not in c for group in ("initContainers", "containers") for c in public["spec"][group])
+    # the VC's policy may allow the cache, explicitly
+    allowed = dataclasses.replace(private, vc_pod_policy={"cached_private_images": True})
+    [cached] = ManifestRenderer(SETTINGS).render(allowed).pods
+    assert cached["spec"]["containers"][0]["imagePullPolicy"] == "IfNotPresent"
+
+
+def test_a_customised_template_cannot_drop_the_pull_policy_of_a_private_image():
+    [pod] = ManifestRenderer(SETTINGS).render(CASES["cpu_with_storage_and_registry"]).pods
+    del pod["spec"]["containers"][0]["imagePullPolicy"]  # what a template without the line renders
+    with pytest.raises(LaunchRefused, match=r"cached_private_images \(containers job imagePullPolicy not set with a pull secret\)"):
+        check_pod_policy(pod, frozenset(), own_images=frozenset({SETTINGS.init_image}))
+    check_pod_policy(pod, frozenset({PrivilegedFeature.CACHED_PRIVATE_IMAGES}), own_images=frozenset({SETTINGS.init_image}))
 
 
 def test_cpu_jobs_see_no_gpus():

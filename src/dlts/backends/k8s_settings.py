@@ -49,6 +49,10 @@ class PrivilegedFeature(str, enum.Enum):
     HOST_PID = "host_pid"
     HOST_PATH = "host_path"
     RUN_AS_ROOT = "run_as_root"  # the job's containers may run as uid 0
+    # an image pulled with the job's registry credentials may start from the node's image cache
+    # (imagePullPolicy IfNotPresent) instead of being pulled, credentials checked, every time: a
+    # cached private image could otherwise be run by any tenant on that node without them
+    CACHED_PRIVATE_IMAGES = "cached_private_images"
 
 
 class KubernetesSettings(BaseModel):

@@ -13,7 +13,7 @@ import json
 import pytest
 import sqlalchemy as sa
 
-from dlts.models import User
+from dlts.models import User, VirtualCluster
 from dlts.services import registry_credentials
 from dlts.services.auth import principal_for
 from tests.k8s.real.conftest import NAMESPACE, UID
@@ -116,6 +116,20 @@ def test_a_registry_credential_becomes_a_pull_secret_the_server_accepts_and_it_g
     with deployed.sessions() as s:
         principal = principal_for(s, s.scalar(sa.select(User).where(User.name == "alice")))
         registry_credentials.add_mine(s, deployed.settings.secret_key, principal, "dlts.test", "alice", "token-1")
+    # pulled with credentials, the image is pulled every time: the node's copy (imported, as a
+    # private image another tenant pulled would be) is not used, and the registry (none here) is asked
+    uncached = deployed.submit("echo never")
+    deployed.tick_until("the kubelet tries to pull the job's image", lambda: deployed.job(uncached).reason == "image_pull")
+    [pod] = deployed.pods(uncached)
+    assert {c["imagePullPolicy"] for group in ("initContainers", "containers") for c in pod["spec"][group]
+            if c["image"] == deployed.shell_image} == {"Always"}
+    deployed.kill(uncached)
+    deployed.tick_until("the job that could not pull is killed", lambda: deployed.ended(uncached))
+    # a VC whose policy allows the node's cache for images pulled with credentials
+    with deployed.sessions() as s:
+        s.execute(sa.update(VirtualCluster).where(VirtualCluster.name == "vision")
+                  .values(pod_policy={"cached_private_images": True}))
+        s.commit()
     job_id = deployed.submit("echo pulled; while [ ! -e /tmp/go ]; do sleep 0.2; done")
     deployed.tick_until("the job runs", lambda: deployed.status(job_id) == "running")
     secrets = deployed.cluster.request("GET", f"/api/v1/namespaces/{NAMESPACE}/secrets?labelSelector=dlts.io%2Fjob-id%3D{job_id}")

@@ -168,11 +168,14 @@ def _non_root(uid: Any, non_root: Any) -> bool:
 
 
 def check_pod_policy(pod: Mapping[str, Any], allowed: frozenset[PrivilegedFeature],
-                     storage_host_paths: Mapping[str, str] | None = None) -> None:
+                     storage_host_paths: Mapping[str, str] | None = None, own_images: frozenset[str] = frozenset()) -> None:
     """Refuse a rendered pod that uses a privileged feature its VC does not allow.
 
     ``storage_host_paths`` (volume name -> path) are the hostPath volumes of admin-configured
-    storage: those, exactly, are allowed without ``host_path``.
+    storage: those, exactly, are allowed without ``host_path``. ``own_images`` are DLTS's own (the
+    init image): not the job's, not pulled with its credentials, so exempt from the pull policy
+    rule (a container of any other image in a pod with a pull secret is pulled every time unless
+    the VC allows ``cached_private_images``).
     """
     storage_host_paths = storage_host_paths or {}
     spec = pod.get("spec") or {}
@@ -187,6 +190,7 @@ def check_pod_policy(pod: Mapping[str, Any], allowed: frozenset[PrivilegedFeatur
         if host is not None and storage_host_paths.get(vol.get("name")) != host.get("path"):
             used.append((PrivilegedFeature.HOST_PATH, f"volume {vol.get('name')}"))
     pod_seccomp = (pod_sc.get("seccompProfile") or {}).get("type")
+    pulls_with_secret = bool(spec.get("imagePullSecrets"))
     for group in ("initContainers", "containers", "ephemeralContainers"):
         for c in spec.get(group) or []:
             name = f"{group} {c.get('name')}"
@@ -203,6 +207,10 @@ def check_pod_policy(pod: Mapping[str, Any], allowed: frozenset[PrivilegedFeatur
             seccomp = (sc.get("seccompProfile") or {}).get("type") or pod_seccomp
             if seccomp not in ("RuntimeDefault", "Localhost"):
                 used.append((PrivilegedFeature.PRIVILEGED, f"{name} seccompProfile is {seccomp or 'not set'}"))
+            if pulls_with_secret and c.get("imagePullPolicy", "IfNotPresent") != "Always" \
+                    and c.get("image") not in own_images:
+                where = f"{name} imagePullPolicy {c.get('imagePullPolicy', 'not set')} with a pull secret"
+                used.append((PrivilegedFeature.CACHED_PRIVATE_IMAGES, where))
             for port in c.get("ports") or []:
                 if port.get("hostPort"):
                     used.append((PrivilegedFeature.HOST_NETWORK, f"{name} hostPort {port.get('hostPort')}"))

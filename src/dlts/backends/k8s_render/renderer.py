@@ -69,7 +69,7 @@ from dlts.backends.k8s_render.scripts import (
     INIT_COMMAND,
     RUNTIME_DIR,
 )
-from dlts.backends.k8s_settings import KubernetesSettings
+from dlts.backends.k8s_settings import KubernetesSettings, PrivilegedFeature
 
 # Where the attempt's endpoint ConfigMap is mounted in every pod: ``endpoints`` (one line per
 # endpoint: "ID KIND PORT [SECRET_SHA256]"), ``authorized_keys`` and ``supervisor.sh``.
@@ -448,6 +448,12 @@ class ManifestRenderer:
             }))
             pull_secrets.append(pull_secret_name(spec.job_id, spec.attempt))
 
+        # pulled with credentials: pulled every time, so the registry checks them every time (a
+        # cached private image is otherwise any tenant's on that node); IfNotPresent only where the
+        # VC's policy allows cached_private_images
+        pull_policy = ("" if not pull_secrets else
+                       "IfNotPresent" if PrivilegedFeature.CACHED_PRIVATE_IMAGES in allowed else "Always")
+
         policies = [self.network_policy(spec.job_id, spec.attempt, common_labels, annotations, spec.ports)] \
             if s.network_policy else []
 
@@ -550,9 +556,9 @@ class ManifestRenderer:
                 "image_pull_secrets": pull_secrets, "volumes": volumes, "volume_mounts": mounts,
                 "ports": list(spec.ports), "unprivileged_port_sysctl": self.unprivileged_port_sysctl,
                 "job": {"id": spec.job_id, "attempt": spec.attempt, "image": spec.image, "type": spec.type,
-                        "distributed": distributed},
+                        "distributed": distributed, "pull_policy": pull_policy},
             })
-            check_pod_policy(doc, allowed, storage_host_paths)
+            check_pod_policy(doc, allowed, storage_host_paths, frozenset({s.init_image}))
             pods.append(doc)
         for doc in secrets + services + pods:
             self._check_ownership(doc, spec.job_id, spec.attempt)
