@@ -24,7 +24,8 @@ rotate. One writer per attempt (the Kubernetes backend's log copy), or several t
 
 Every read opens the job directory and then each file relative to it with ``O_NOFOLLOW``: a job
 that replaced its log with a symlink (to ``/etc/passwd``, to another job's log) gets nothing read
-through it; ``UnsafeLog`` says so and the API answers ``no_log``.
+through it; nor through a hard link (a file of the store has one link: a log file with more is
+refused); ``UnsafeLog`` says so and the API answers ``no_log``.
 
 A full volume (``ENOSPC``, ``EDQUOT``, ``EIO``) never stops a job: ``CuttingLog`` (the local init's
 writer) stores what fits, drops the rest and counts it, and once a write goes through again puts a
@@ -352,9 +353,13 @@ def _open_file(dir_fd: int, name: str) -> int | None:
         return None
     except OSError as exc:  # ELOOP: a symlink
         raise UnsafeLog(f"{name} is not a regular file ({exc.strerror})") from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
         os.close(fd)
         raise UnsafeLog(f"{name} is not a regular file")
+    if st.st_nlink != 1:  # O_NOFOLLOW stops symlinks, not a hard link to a file outside the store
+        os.close(fd)
+        raise UnsafeLog(f"{name} has {st.st_nlink} hard links (the store writes files with one)")
     return fd
 
 

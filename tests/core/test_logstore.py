@@ -152,6 +152,21 @@ def test_a_tail_part_replaced_by_a_symlink_is_refused(tmp_path):
         read_log(tmp_path, 7, 1, key=KEY)
 
 
+def test_a_log_replaced_by_a_hard_link_to_another_file_is_refused(tmp_path):
+    _write(tmp_path, b"mine\n")
+    secret = tmp_path / "elsewhere"
+    secret.write_bytes(b"another tenant's output\n")
+    head = tmp_path / "7" / HEAD
+    head.unlink()
+    os.link(secret, head)  # O_NOFOLLOW does not see it: the same inode, two names
+    with pytest.raises(UnsafeLog, match="2 hard links"):
+        read_log(tmp_path, 7, 1, key=KEY)
+    with pytest.raises(UnsafeLog):
+        list(iter_log(tmp_path, 7, 1, key=KEY))
+    secret.unlink()  # one link left: a plain file of the store again
+    assert read_log(tmp_path, 7, 1, key=KEY).data == b"another tenant's output\n"
+
+
 def test_a_log_that_is_not_a_regular_file_is_refused(tmp_path):
     (tmp_path / "7").mkdir()
     os.mkfifo(tmp_path / "7" / HEAD)  # a read would block forever
