@@ -83,10 +83,11 @@ def answers_while(slow: SlowLoris, get, duration_s: float) -> list[float]:
     return took
 
 
-def start_api(tmp_path: Path, port: int, workers: int = 2) -> subprocess.Popen:
+def start_api(tmp_path: Path, port: int, workers: int = 2, settings: dict[str, str] | None = None) -> subprocess.Popen:
+    """``settings``: more DLTS_* variables (from a rendered dlts.yaml)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("DLTS_")} | {
         "DLTS_HOME": str(tmp_path / "home"), "DLTS_LISTEN_PORT": str(port), "DLTS_LOCAL_BACKEND_TRUSTED_USERS": "true",
-        "DLTS_SECRET_KEY": "a-test-secret-key-123456"}
+        "DLTS_SECRET_KEY": "a-test-secret-key-123456"} | (settings or {})
     (tmp_path / "home").mkdir(exist_ok=True)
     subprocess.run(DLTS + ["db", "upgrade"], env=env, check=True, capture_output=True, timeout=120)
     api = subprocess.Popen(DLTS + ["api", "--workers", str(workers)], env=env, stdout=subprocess.DEVNULL,

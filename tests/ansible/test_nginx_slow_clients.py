@@ -1,4 +1,5 @@
-"""Slow clients through the nginx the dlts_control role configures, in front of a real `dlts api`.
+"""Slow clients, and one client's failed logins, through the nginx the dlts_control role configures,
+in front of a real `dlts api`.
 
 The site is rendered from the role's template (as test_templates.py does, with the lab inventory and
 short timeouts) and nginx (/usr/sbin/nginx) runs it on loopback with a prefix of its own. Attackers
@@ -7,16 +8,20 @@ Against `dlts api` directly: tests/core/test_api_slow_clients.py."""
 
 from __future__ import annotations
 
+import http.client
 import os
+import re
 import signal
 import socket
 import ssl
 import subprocess
 import time
+import urllib.parse
 
 import pytest
 import requests
 import urllib3
+import yaml
 from ansible_helpers import render_templates, tool
 
 from tests.slow_clients import NORMAL_MAX_S, SlowLoris, answers_while, free_port, start_api, stop_api
@@ -51,7 +56,9 @@ def proxied(tmp_path_factory):
         + f"pid {prefix}/nginx.pid;\nerror_log {prefix}/error.log;\nevents {{}}\n"
         f"http {{\n  access_log off;\n  client_body_temp_path {prefix}/body;\n  proxy_temp_path {prefix}/proxy;\n"
         f"  include {out['dlts_control'] / 'nginx-dlts.conf'};\n}}\n")
-    api = start_api(work, api_port, workers=2)
+    # the API's trusted_proxies as the role's dlts.yaml sets it: the client's address is the one nginx forwards
+    rendered = yaml.safe_load((out["dlts_control"] / "dlts.yaml").read_text())
+    api = start_api(work, api_port, workers=2, settings={"DLTS_TRUSTED_PROXIES": str(rendered["trusted_proxies"])})
     nginx = subprocess.Popen([tool("nginx"), "-p", str(prefix), "-c", str(prefix / "nginx.conf"), "-g", "daemon off;"],
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
@@ -128,3 +135,37 @@ def test_one_address_gets_only_so_many_requests_in_flight(proxied):
     finally:
         for sock in held:
             sock.close()
+
+
+def portal_login(port: int, source: str, user: str, password: str) -> int:
+    """The portal's sign-in form from ``source`` through nginx: its page (a session cookie and the
+    form's CSRF token), then the post. The status of the post."""
+    context = ssl.create_default_context()
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    conn = http.client.HTTPSConnection("127.0.0.1", port, timeout=20, source_address=(source, 0), context=context)
+    try:
+        conn.request("GET", "/login")
+        page = conn.getresponse()
+        html = page.read().decode()
+        cookie = page.getheader("Set-Cookie", "").split(";", 1)[0]
+        token = re.search(r'name="csrf_token" value="([^"]+)"', html).group(1)
+        form = urllib.parse.urlencode({"csrf_token": token, "username": user, "password": password})
+        conn.request("POST", "/login", body=form, headers={"Cookie": cookie,
+                                                           "Content-Type": "application/x-www-form-urlencoded"})
+        answer = conn.getresponse()
+        answer.read()
+        return answer.status
+    finally:
+        conn.close()
+
+
+def test_one_clients_failed_logins_lock_out_only_that_client(proxied):
+    """The role's dlts.yaml trusts its own nginx (trusted_proxies: 1), so the API counts failed
+    logins per client address (30 per 5 minutes), not per nginx: the attacker at 127.0.0.2 is
+    refused, everyone else still gets to try. (With trusted_proxies 0 every client is 127.0.0.1
+    and the thirty-first failure, anyone's, locks the portal for all.)"""
+    port, _ = proxied
+    for i in range(30):  # thirty users, so the per-user limit (5) is not what stops it
+        assert portal_login(port, ATTACKER, f"guess{i}", "not-the-password") == 401
+    assert portal_login(port, ATTACKER, "guess-more", "not-the-password") == 429
+    assert portal_login(port, "127.0.0.1", "someone", "a-wrong-password") == 401  # not locked out
