@@ -1,4 +1,5 @@
-"""Caps that hold under parallel requests (tokens per user, endpoints per job), and the per-user abuse
+"""Caps that hold under parallel requests (tokens per user, endpoints per job, allowed IPs per user,
+registry credentials per owner), and the per-user abuse
 limits on queued jobs and submissions per minute, through the real HTTP API on SQLite and (``-m db``)
 MariaDB."""
 
@@ -10,8 +11,10 @@ from concurrent.futures import ThreadPoolExecutor
 import requests
 import sqlalchemy as sa
 
-from dlts.models import ApiToken, JobEndpoint, User
+from dlts.models import AllowedIp, ApiToken, JobEndpoint, RegistryCredential, User
+from dlts.services.allowed_ips import MAX_ENTRIES_PER_USER
 from dlts.services.endpoints import MAX_ENDPOINTS_PER_JOB
+from dlts.services.registry_credentials import MAX_PER_OWNER
 from dlts.services.tokens import MAX_TOKENS_PER_USER
 
 from .helpers import assert_envelope
@@ -45,6 +48,34 @@ def test_thirty_parallel_token_creations_stop_at_the_cap(live, world, sessions):
     with sessions() as s:
         alice = s.scalar(sa.select(User.id).where(User.name == "alice"))
         assert s.scalar(sa.select(sa.func.count(ApiToken.id)).where(ApiToken.user_id == alice)) == MAX_TOKENS_PER_USER
+
+
+def test_fifty_parallel_allowed_ip_adds_stop_at_the_cap(live, world, sessions):
+    url = f"{live.url}/api/v1/me/allowed-ips"
+    before = MAX_ENTRIES_PER_USER - 20
+    for i in range(before):
+        assert requests.post(url, json={"ip": f"8.8.{i}.1"}, headers=world.auth("alice"), timeout=60).status_code == 201
+    responses = parallel([lambda i=i: requests.post(url, json={"ip": f"9.9.{i}.1"}, headers=world.auth("alice"), timeout=60)
+                          for i in range(50)])
+    statuses = sorted(r.status_code for r in responses)
+    assert statuses == [201] * 20 + [422] * 30, statuses
+    assert {r.json()["error"]["code"] for r in responses if r.status_code == 422} == {"too_many_allowed_ips"}
+    with sessions() as s:
+        alice = s.scalar(sa.select(User.id).where(User.name == "alice"))
+        assert s.scalar(sa.select(sa.func.count(AllowedIp.id)).where(AllowedIp.user_id == alice)) == MAX_ENTRIES_PER_USER
+
+
+def test_fifty_parallel_registry_credential_adds_stop_at_the_cap(live, world, sessions):
+    url = f"{live.url}/api/v1/me/registry-credentials"
+    responses = parallel([lambda i=i: requests.post(url, json={"server": f"registry{i}.example.com", "username": "alice",
+                                                               "password": "token"}, headers=world.auth("alice"), timeout=60)
+                          for i in range(50)])
+    statuses = sorted(r.status_code for r in responses)
+    assert statuses == [201] * MAX_PER_OWNER + [422] * (50 - MAX_PER_OWNER), statuses
+    assert {r.json()["error"]["code"] for r in responses if r.status_code == 422} == {"too_many_registry_credentials"}
+    with sessions() as s:
+        alice = s.scalar(sa.select(User.id).where(User.name == "alice"))
+        assert s.scalar(sa.select(sa.func.count(RegistryCredential.id)).where(RegistryCredential.user_id == alice)) == MAX_PER_OWNER
 
 
 def test_fourteen_parallel_endpoint_opens_stop_at_the_cap(live, world, sessions):

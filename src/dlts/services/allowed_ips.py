@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 from dlts.config import Settings
 from dlts.errors import InvalidInput, NotFound, Refused
 from dlts.models import AllowedIp, User, iso, utcnow
+from dlts.repositories import limits as limits_repo
 from dlts.services import policy
 from dlts.services.auth import Principal
 from dlts.services.transaction import rowcount, step, transactional
@@ -111,6 +112,8 @@ def list_entries(session: Session, principal: Principal, user_name: str | None =
 def add_entry(session: Session, settings: Settings, principal: Principal, ip: str, user_name: str | None = None) -> AllowedIpView:
     cidr = allowed_network(ip, allow_loopback=settings.backend == "local")
     user = _user(session, principal, user_name, "change the allowed IPs")
+    # the cap is counted under the user's row lock: parallel adds count one after the other
+    limits_repo.lock(session, User.id, user.id, touch=User.created_at)
     now = utcnow()
     expires = now + dt.timedelta(days=settings.allow_ip_days)
     row = session.scalar(sa.select(AllowedIp).where(AllowedIp.user_id == user.id, AllowedIp.cidr == cidr))

@@ -25,7 +25,8 @@ from sqlalchemy.orm import Session
 
 from dlts.backends.base import RegistryCredential as LaunchCredential
 from dlts.errors import Forbidden, InvalidInput, NotFound, Refused, WrongState
-from dlts.models import RegistryCredential, VirtualCluster, iso
+from dlts.models import RegistryCredential, User, VirtualCluster, iso
+from dlts.repositories import limits as limits_repo
 from dlts.services import policy
 from dlts.services.auth import Principal
 from dlts.services.transaction import transactional
@@ -110,6 +111,8 @@ def list_mine(session: Session, principal: Principal) -> list[CredentialView]:
 def add_mine(session: Session, secret_key: str, principal: Principal, server: str, username: str,
              password: str) -> CredentialView:
     where = (RegistryCredential.scope == "user", RegistryCredential.user_id == principal.user_id)
+    # the cap is counted under the owner's row lock: parallel adds count one after the other
+    limits_repo.lock(session, User.id, principal.user_id, touch=User.created_at)
     return _add(session, secret_key, principal, principal.name, where, {"scope": "user", "user_id": principal.user_id},
                 server, username, password)
 
@@ -149,6 +152,7 @@ def add_vc(session: Session, secret_key: str, principal: Principal, vc_name: str
 
     vc = _vc_for_admin(session, principal, vc_name, "add")
     where = (RegistryCredential.scope == "vc", RegistryCredential.vc_id == vc.id)
+    limits_repo.lock(session, VirtualCluster.id, vc.id, touch=VirtualCluster.created_at)
     return _add(session, secret_key, principal, vc.name, where, {"scope": "vc", "vc_id": vc.id}, server, username, password,
                 on_add=lambda row: vc_events.record(session, vc.name, principal.name, "registry_credential", None,
                                                     {"server": row.server, "username": row.username}))
