@@ -10,12 +10,19 @@ import logging
 
 import sqlalchemy as sa
 from flask import Flask
+from werkzeug.routing import IntegerConverter
 
 from dlts.config import Settings, load_settings
 from dlts.extensions import db
-from dlts.strict import AsciiIntegerConverter
 
 log = logging.getLogger(__name__)
+
+
+class AsciiIntegerConverter(IntegerConverter):
+    """``<int:...>`` in routes, ASCII digits only: werkzeug's ``\\d+`` also matches ``١`` and ``１``,
+    which ``int()`` reads as 1, so ``/jobs/١`` was job 1. Now such a path matches no route (404)."""
+
+    regex = r"[0-9]+"
 
 
 def create_app(settings: Settings | None = None) -> Flask:

@@ -19,8 +19,6 @@ import math
 import re
 from typing import Any
 
-from werkzeug.routing import IntegerConverter
-
 from dlts.errors import InvalidInput
 
 MAX_ID = 2**62  # database ids (BIGINT) stay far below this; larger ones are not ours
@@ -146,10 +144,3 @@ def check_json(value: Any, *, max_depth: int = MAX_JSON_DEPTH) -> None:
 def dumps_for_db(value: Any) -> str:
     """The engines' JSON serializer: NaN and infinities raise instead of being written as invalid JSON."""
     return json.dumps(value, allow_nan=False)
-
-
-class AsciiIntegerConverter(IntegerConverter):
-    """``<int:...>`` in routes, ASCII digits only: werkzeug's ``\\d+`` also matches ``١`` and ``１``,
-    which ``int()`` reads as 1, so ``/jobs/١`` was job 1. Now such a path matches no route (404)."""
-
-    regex = r"[0-9]+"

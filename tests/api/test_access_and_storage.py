@@ -10,7 +10,7 @@ import subprocess
 import pytest
 import sqlalchemy as sa
 
-from dlts.models import AllowedIp, StorageUsage, utcnow
+from dlts.models import AllowedIp, StorageSnapshot, StorageUsage, utcnow
 
 from .helpers import assert_envelope, ssh_public_key
 
@@ -101,28 +101,68 @@ def test_expired_entries_are_not_listed_and_admins_manage_anyones(client, world,
 
 
 def test_storage_usage_reads_the_last_scan_as_json_and_csv(client, world, sessions):
-    assert client.get("/api/v1/storage/usage", headers=world.auth("bob")).get_json() == {"scanned_at": None, "rows": []}
+    assert client.get("/api/v1/storage/usage", headers=world.auth("admin")).get_json() == {"scanned_at": None, "rows": []}
     old, new = utcnow() - dt.timedelta(hours=1), utcnow()
     with sessions() as s:
         s.add_all([StorageUsage(scanned_at=old, mount="/data", vc="vision", user="alice", bytes_used=1, files=1),
                    StorageUsage(scanned_at=new, mount="/data", vc="vision", user="alice", bytes_used=10**12, files=5),
                    StorageUsage(scanned_at=new, mount="/data", vc="vision", user="=cmd|calc", bytes_used=2, files=None)])
         s.commit()
-    body = client.get("/api/v1/storage/usage", headers=world.auth("bob")).get_json()
+    body = client.get("/api/v1/storage/usage", headers=world.auth("admin")).get_json()
     assert body["scanned_at"].startswith(new.isoformat()[:19]) and len(body["rows"]) == 2
     assert body["rows"][1] == {"mount": "/data", "vc": "vision", "user": "alice", "bytes_used": 10**12, "files": 5,
                                "directory": None, "apparent_bytes": None, "oldest_at": None,
                                "previous_bytes_used": 1}  # the same row in the scan before: the trend
-    r = client.get("/api/v1/storage/usage?format=csv&user=alice", headers=world.auth("bob"))
+    r = client.get("/api/v1/storage/usage?format=csv&user=alice", headers=world.auth("admin"))
     assert r.mimetype == "text/csv"
     rows = list(csv.reader(io.StringIO(r.get_data(as_text=True))))
     assert rows[0] == ["scanned_at", "mount", "vc", "user", "directory", "bytes_used", "files", "apparent_bytes",
                        "oldest_at", "previous_bytes_used"]
     assert rows[1][1:] == ["/data", "vision", "alice", "", str(10**12), "5", "", "", "1"]
-    answer = client.get("/api/v1/storage/usage?format=csv", headers=world.auth("bob"))
+    answer = client.get("/api/v1/storage/usage?format=csv", headers=world.auth("admin"))
     formula = list(csv.reader(io.StringIO(answer.get_data(as_text=True))))
     assert [row[3] for row in formula[1:] if "calc" in row[3]] == ["'=cmd|calc"]
-    assert_envelope(client.get("/api/v1/storage/usage?format=xml", headers=world.auth("bob")), 400)
+    assert_envelope(client.get("/api/v1/storage/usage?format=xml", headers=world.auth("admin")), 400)
+
+
+def test_storage_views_are_scoped_by_role_in_the_api_and_its_csv(client, world, sessions):
+    """Cluster admins see every row; vcadmin every row of vision; alice and bob (members of vision)
+    vision's totals and their own rows; carol (nlp) nothing of vision; nobody but cluster admins the
+    rows of a mount outside any VC, or a scan's paths."""
+    new = utcnow()
+    rows = [("/data", None, None, None, 500), ("/data", "vision", None, None, 300),
+            ("/data", "vision", "alice", None, 200), ("/data", "vision", "bob", None, 100),
+            ("/data", "vision", "alice", "alice-runs", 150), ("/data", "vision", None, "shared-set", 50),
+            ("/data", "nlp", None, None, 70), ("/data", "nlp", "carol", None, 70)]
+    with sessions() as s:
+        s.add_all([StorageUsage(scanned_at=new, mount=m, vc=vc, user=u, directory=d, bytes_used=b, files=1)
+                   for m, vc, u, d, b in rows])
+        s.add(StorageSnapshot(root="/data", kind="nfs", started_at=new, scanned_at=new, duration_s=1.0, status="complete",
+                              message="slow at /data/nlp/carol/secret-project", errors=0, other_filesystems=0, dirs=3,
+                              files=8, allocated_bytes=500, apparent_bytes=500,
+                              detail={"top_dirs": [{"path": "/data/nlp/carol/secret-project", "bytes": 70}],
+                                      "oldest_files": [{"path": "/data/vision/alice/old.ckpt"}]}))
+        s.commit()
+
+    def seen(user):
+        body = client.get("/api/v1/storage/usage", headers=world.auth(user)).get_json()
+        api = sorted((r["vc"] or "", r["user"] or "", r["directory"] or "") for r in body["rows"])
+        text = client.get("/api/v1/storage/usage?format=csv", headers=world.auth(user)).get_data(as_text=True)
+        csv_rows = sorted((r[2], r[3], r[4]) for r in list(csv.reader(io.StringIO(text)))[1:])
+        assert csv_rows == api
+        return api
+
+    assert len(seen("admin")) == len(rows)
+    assert seen("vcadmin") == [("vision", "", ""), ("vision", "", "shared-set"), ("vision", "alice", ""),
+                               ("vision", "alice", "alice-runs"), ("vision", "bob", "")]
+    assert seen("alice") == [("vision", "", ""), ("vision", "alice", ""), ("vision", "alice", "alice-runs")]
+    assert seen("bob") == [("vision", "", ""), ("vision", "bob", "")]
+    assert seen("carol") == [("nlp", "", ""), ("nlp", "carol", "")]
+    # the scans: when, how, how full for everybody; the paths and the message for cluster admins only
+    [mine] = client.get("/api/v1/storage/snapshots", headers=world.auth("alice")).get_json()["items"]
+    assert mine["status"] == "complete" and mine["top_dirs"] == [] and mine["oldest_files"] == [] and mine["message"] is None
+    [full] = client.get("/api/v1/storage/snapshots", headers=world.auth("admin")).get_json()["items"]
+    assert full["top_dirs"][0]["path"] == "/data/nlp/carol/secret-project"
 
 
 def test_tokens_are_shown_once_listed_by_prefix_and_stop_working_when_revoked(client, world):

@@ -85,7 +85,7 @@ def test_the_managers_apply_with_pools_on_the_mgs_and_record_usage_from_lfs_quot
     assert ["lfs", "quota", "-q", "-g", "2000", str(fake_lustre.mount)] in calls
     assert not [c for c in calls if c[:2] in (["lfs", "find"], ["lfs", "getstripe"])]  # no tree walk
     rows = {(r["vc"], r["user"], r["directory"]): r for r in
-            client.get("/api/v1/storage/usage", headers=world.auth("bob")).get_json()["rows"]
+            client.get("/api/v1/storage/usage", headers=world.auth("admin")).get_json()["rows"]
             if r["mount"] == str(fake_lustre.mount)}
     assert rows[(None, "alice", None)]["bytes_used"] == 5 * GIB_KIB * 1024 and rows[(None, "alice", None)]["files"] == 40_000
     assert rows[(None, "bob", None)]["bytes_used"] == GIB_KIB * 1024
@@ -96,11 +96,11 @@ def test_the_managers_apply_with_pools_on_the_mgs_and_record_usage_from_lfs_quot
     df_used_kib = sum(o["kib_used"] for o in state["osts"])
     assert total["bytes_used"] == df_used_kib * 1024
     snaps = client.get("/api/v1/storage/snapshots", query_string={"root": str(fake_lustre.mount)},
-                       headers=world.auth("carol")).get_json()["items"]
+                       headers=world.auth("admin")).get_json()["items"]
     assert [s["kind"] for s in snaps] == ["lustre"] and snaps[0]["status"] == "complete"
     assert "alice" in snaps[0]["message"]  # over her soft limit (the * of lfs quota)
     assert snaps[0]["top_dirs"][0]["path"] == vision and snaps[0]["fs_total_bytes"] == 6000 * GIB_KIB * 1024
-    page = _login(app, sessions, "bob").get("/storage").get_data(as_text=True)
+    page = _login(app, sessions, "admin").get("/storage").get_data(as_text=True)
     assert str(fake_lustre.mount) in page and "vcs/vision" in page
 
 

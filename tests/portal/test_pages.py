@@ -655,11 +655,16 @@ def test_storage_page_empty_state_then_snapshot_and_csv(as_user, sessions):
         s.add(StorageUsage(scanned_at=scanned, mount="/lustre", vc="vision", user=None, bytes_used=5 * 2**40, files=100))
         s.add(StorageUsage(scanned_at=scanned, mount="/lustre", vc="vision", user="=alice", bytes_used=2**40, files=10))
         s.commit()
-    page = text(bob.get("/storage"))
+    admin = as_user("admin")
+    page = text(admin.get("/storage"))
     assert "2026-11-29 12:00:00 UTC" in page and "5.0 TiB" in page
     assert 'id="storage-vcs"' in page and 'id="storage-users"' in page
-    csv = bob.get("/storage?format=csv")
+    csv = admin.get("/storage?format=csv")
     assert csv.mimetype == "text/csv" and "'=alice" in csv.get_data(as_text=True)
+    # bob, a member of vision: its total, not another user's row (the API's rule: docs/storage.md)
+    page = text(bob.get("/storage"))
+    assert "5.0 TiB" in page and "=alice" not in page
+    assert "=alice" not in bob.get("/storage?format=csv").get_data(as_text=True)
 
 
 def test_gpu_hours_from_the_accounting_rollup_of_the_month(as_user, sessions):

@@ -73,7 +73,7 @@ def test_a_scan_becomes_a_snapshot_the_api_and_the_storage_tab_read(people, sess
     manager = StorageManager(sessions, with_storage(settings, roots=[root], keep_snapshots=2))
     [result] = manager.scan_once()
     assert result.status == "complete"
-    body = client.get("/api/v1/storage/usage", headers=people.auth("bob")).get_json()
+    body = client.get("/api/v1/storage/usage", headers=people.auth("admin")).get_json()
     rows = {(r["vc"], r["user"], r["directory"]): r for r in body["rows"]}
     assert rows[(None, None, None)]["files"] == 4 and rows[(None, None, None)]["apparent_bytes"] == 3_017_000
     assert rows[("vision", "alice", None)]["apparent_bytes"] == 3_010_000
@@ -82,9 +82,13 @@ def test_a_scan_becomes_a_snapshot_the_api_and_the_storage_tab_read(people, sess
     assert rows[("vision", "alice", "alice")]["files"] == 2  # the top-level directory, its owner and VC
     assert rows[(None, None, None)]["previous_bytes_used"] is None
 
+    # bob (a member of vision): vision's total and his own rows, not alice's nor the mount's
+    mine = client.get("/api/v1/storage/usage", headers=people.auth("bob")).get_json()["rows"]
+    assert {(r["vc"], r["user"], r["directory"]) for r in mine} == {
+        key for key in rows if key[1] == "bob"} | {("vision", None, None)}
     (nfs / "bob" / "more.bin").write_bytes(os.urandom(100_000))
     manager.scan_once()
-    body = client.get("/api/v1/storage/usage", headers=people.auth("bob")).get_json()
+    body = client.get("/api/v1/storage/usage", headers=people.auth("admin")).get_json()
     total = next(r for r in body["rows"] if (r["vc"], r["user"], r["directory"]) == (None, None, None))
     assert total["files"] == 5 and total["previous_bytes_used"] < total["bytes_used"]  # the trend
     manager.scan_once()
@@ -92,15 +96,19 @@ def test_a_scan_becomes_a_snapshot_the_api_and_the_storage_tab_read(people, sess
         assert s.scalar(sa.select(sa.func.count()).select_from(StorageSnapshot)) == 2
         assert s.scalar(sa.select(sa.func.count(sa.distinct(StorageUsage.snapshot_id)))) == 2
 
-    snaps = client.get("/api/v1/storage/snapshots", query_string={"root": str(nfs)}, headers=people.auth("carol")).get_json()
+    snaps = client.get("/api/v1/storage/snapshots", query_string={"root": str(nfs)}, headers=people.auth("admin")).get_json()
     assert len(snaps["items"]) == 2 and snaps["items"][0]["status"] == "complete"
     assert snaps["items"][0]["top_dirs"][0]["path"] == str(nfs / "alice") and snaps["items"][0]["fs_total_bytes"] > 0
+    theirs = client.get("/api/v1/storage/snapshots", query_string={"root": str(nfs)}, headers=people.auth("carol")).get_json()
+    assert theirs["items"][0]["fs_total_bytes"] > 0 and theirs["items"][0]["top_dirs"] == []  # no paths
     assert client.get("/api/v1/storage/snapshots?limit=0", headers=people.auth("bob")).status_code == 400
 
-    page = as_user("bob").get("/storage").get_data(as_text=True)
+    page = as_user("admin").get("/storage").get_data(as_text=True)
     assert 'id="storage-scans"' in page and 'id="storage-dirs"' in page and str(nfs) in page
-    exported = list(csv.DictReader(io.StringIO(as_user("bob").get("/storage?format=csv").get_data(as_text=True))))
+    exported = list(csv.DictReader(io.StringIO(as_user("admin").get("/storage?format=csv").get_data(as_text=True))))
     assert {r["directory"] for r in exported} >= {"alice", "bob", "scratch"}
+    exported = list(csv.DictReader(io.StringIO(as_user("bob").get("/storage?format=csv").get_data(as_text=True))))
+    assert {r["directory"] for r in exported} >= {"bob"} and "alice" not in {r["directory"] for r in exported}
 
 
 def test_the_alert_mails_admins_and_owners_of_the_biggest_paths_once_per_crossing(
@@ -148,13 +156,16 @@ def test_a_hung_mount_is_a_snapshot_and_the_last_complete_scan_stays_shown(peopl
         assert result.status == "hung" and time.monotonic() - started < 5
     finally:
         release.set()
-    items = client.get("/api/v1/storage/snapshots", headers=people.auth("bob")).get_json()["items"]
+    items = client.get("/api/v1/storage/snapshots", headers=people.auth("admin")).get_json()["items"]
     assert [i["status"] for i in items] == ["hung", "complete"] and "hung" in items[0]["message"]
-    rows = client.get("/api/v1/storage/usage", headers=people.auth("bob")).get_json()["rows"]
+    rows = client.get("/api/v1/storage/usage", headers=people.auth("admin")).get_json()["rows"]
     assert any(r["files"] == 4 for r in rows if r["user"] is None and r["directory"] is None)
-    page = as_user("bob").get("/storage").get_data(as_text=True)
+    page = as_user("admin").get("/storage").get_data(as_text=True)
     scans = page[page.index('id="storage-scans"'):page.index("</table>", page.index('id="storage-scans"'))]
     assert f"<code>{nfs}</code>" in scans and 'class="warn">hung: ' in scans and 'id="storage-users"' in page
+    page = as_user("bob").get("/storage").get_data(as_text=True)  # the outcome, not the message (it names paths)
+    scans = page[page.index('id="storage-scans"'):page.index("</table>", page.index('id="storage-scans"'))]
+    assert 'class="warn">hung<' in scans and 'class="warn">hung: ' not in scans
 
 
 def test_expiry_warns_first_then_deletes_and_records_per_owner(people, sessions, settings, nfs, smtp_server):
@@ -268,7 +279,7 @@ def test_names_that_are_not_utf8_reach_the_snapshot_the_api_and_the_csv(people, 
     body = client.get("/api/v1/storage/usage", headers=people.auth("bob")).get_json()
     shown = {r["directory"]: r for r in body["rows"] if r["directory"] is not None}
     assert shown["r\\xe9sultats"]["files"] == 1 and shown["r\\xe9sultats"]["apparent_bytes"] == 40_000_000
-    snaps = client.get("/api/v1/storage/snapshots", headers=people.auth("bob")).get_json()
+    snaps = client.get("/api/v1/storage/snapshots", headers=people.auth("admin")).get_json()
     assert snaps["items"][0]["top_dirs"][0]["path"] == str(nfs / "r\\xe9sultats")
     exported = as_user("bob").get("/storage?format=csv")
     assert exported.status_code == 200 and "r\\xe9sultats" in exported.get_data(as_text=True)

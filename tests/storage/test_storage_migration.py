@@ -9,6 +9,9 @@ from sqlalchemy.orm import Session
 
 from dlts import db_migrate
 from dlts.services import storage as storage_service
+from dlts.services.auth import Principal
+
+CLUSTER_ADMIN = Principal(user_id=1, name="admin", is_cluster_admin=True)
 
 
 def test_old_usage_rows_survive_0011_up_and_down(tmp_path):
@@ -20,7 +23,7 @@ def test_old_usage_rows_survive_0011_up_and_down(tmp_path):
                                  "VALUES ('2026-11-29 12:00:00.000000', '/data', 'vision', 'alice', 42, 3)"))
         db_migrate.upgrade(engine)
         with Session(engine) as session:
-            report = storage_service.last_scan(session)
+            report = storage_service.last_scan(session, CLUSTER_ADMIN)
         assert report.scanned_at == "2026-11-29T12:00:00.000Z"
         assert [(r.mount, r.user, r.bytes_used, r.directory, r.previous_bytes_used) for r in report.rows] == [
             ("/data", "alice", 42, None, None)]

@@ -1,4 +1,5 @@
-"""/api/v1/cluster/status, /api/v1/storage/usage and /storage/snapshots: cluster-wide reads for any signed-in user."""
+"""/api/v1/cluster/status, /api/v1/storage/usage and /storage/snapshots: cluster-wide reads for any signed-in user,
+each scoped to what the reader may see."""
 
 from __future__ import annotations
 
@@ -39,8 +40,10 @@ def cluster_status():
 @blp.alt_response(200, content_type="text/csv", success=True, description="with ?format=csv")
 @blp.doc(security=SECURITY)
 def storage_usage(args):
-    """The last storage scan: bytes and files by mount, VC and user (?format=csv for a spreadsheet)."""
-    report = storage_service.last_scan(db.session(), mount=args.get("mount"), vc=args.get("vc"), user=args.get("user"))
+    """The last storage scan: bytes and files by mount, VC and user (?format=csv for a spreadsheet). Cluster
+    admins see every row, VC admins their VCs' rows, members their VCs' totals and their own rows."""
+    report = storage_service.last_scan(db.session(), principal(), mount=args.get("mount"), vc=args.get("vc"),
+                                       user=args.get("user"))
     if args["format"] == "csv":
         return Response(storage_service.to_csv(report), mimetype="text/csv",
                         headers={"Content-Disposition": 'attachment; filename="storage-usage.csv"'})
@@ -53,5 +56,6 @@ def storage_usage(args):
 @blp.doc(security=SECURITY)
 def storage_snapshots(args):
     """The storage manager's scans, newest first: per root when, how long, how it ended (complete,
-    hung, timeout, failed), totals, the file system's fill, the biggest directories, the oldest files."""
-    return {"items": storage_service.list_snapshots(db.session(), root=args.get("root"), limit=args["limit"])}
+    hung, timeout, failed), totals, the file system's fill, the biggest directories, the oldest files (the
+    paths and the message: cluster admins only)."""
+    return {"items": storage_service.list_snapshots(db.session(), principal(), root=args.get("root"), limit=args["limit"])}

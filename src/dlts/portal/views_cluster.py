@@ -251,7 +251,7 @@ def quotas():
 @bp.route("/storage")
 @login_required
 def storage():
-    report = storage_service.last_scan(db.session())
+    report = storage_service.last_scan(db.session(), principal())
     if request.args.get("format") == "csv":
         stamp = (report.scanned_at or "none").replace(":", "").replace("-", "")[:15]
         return Response(storage_service.to_csv(report), mimetype="text/csv",
@@ -262,7 +262,7 @@ def storage():
     users = [r for r in report.rows if r.user and r.directory is None]
     directories = [r for r in report.rows if r.directory is not None]
     return render_template("storage.html", report=report, totals=totals, users=users, directories=directories,
-                           scans=storage_service.latest_snapshots(db.session()))
+                           scans=storage_service.latest_snapshots(db.session(), principal()))
 
 
 @bp.route("/gpu-hours")

@@ -114,6 +114,25 @@ def can_see_node_details(principal: Principal) -> bool:
     return principal.is_cluster_admin
 
 
+def storage_row_visible(principal: Principal, vc: str | None, user: str | None, directory: str | None) -> bool:
+    """A storage usage row: cluster admins see every row; everyone their own rows (their paths in
+    detail, in a VC's directory or not); a VC admin every row of their VC; a member their VC's total.
+    Never another user's rows elsewhere, another VC's, or the totals of a mount outside any VC."""
+    if principal.is_cluster_admin or (user is not None and user == principal.name):
+        return True
+    if vc is None:
+        return False
+    if principal.is_vc_admin(vc):
+        return True
+    return principal.is_vc_member(vc) and user is None and directory is None
+
+
+def can_see_storage_paths(principal: Principal) -> bool:
+    """The paths a scan names (its biggest directories, its oldest files, its error message) span every
+    VC of the root: cluster admins only; others see when, how and how full."""
+    return principal.is_cluster_admin
+
+
 def require_self_or_cluster_admin(principal: Principal, user_name: str, what: str) -> None:
     if user_name != principal.name and not principal.is_cluster_admin:
         raise Forbidden(f"Only a cluster admin may {what} of another user ({user_name[:64]}).")

@@ -5,7 +5,8 @@
 directory), keeps the newest ``storage.keep_snapshots`` per root and says whether the file system
 crossed the root's ``alert_percent``. ``last_scan`` reads, per mount, the rows of its newest scan with
 the previous scan's bytes beside them (the trend); ``to_csv`` renders them; ``list_snapshots`` lists
-the snapshots (``GET /storage/snapshots``).
+the snapshots (``GET /storage/snapshots``). What each reader sees is ``policy.storage_row_visible``
+and ``policy.can_see_storage_paths``: the same rule for the API, the portal and the CSV export.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from dlts.models import StorageSnapshot, StorageUsage, iso
+from dlts.services import policy
+from dlts.services.auth import Principal
 from dlts.storage.scan import COMPLETE, ScanResult, iter_rows
 from dlts.storage.settings import StorageRoot, StorageSettings
 
@@ -53,8 +56,10 @@ def _epoch(value: float | None) -> dt.datetime | None:
     return dt.datetime.fromtimestamp(value, dt.UTC).replace(tzinfo=None)
 
 
-def last_scan(session: Session, *, mount: str | None = None, vc: str | None = None, user: str | None = None) -> UsageReport:
-    """Per mount, the rows of its newest scan (rows of older scans of other mounts stay visible)."""
+def last_scan(session: Session, principal: Principal, *, mount: str | None = None, vc: str | None = None,
+              user: str | None = None) -> UsageReport:
+    """Per mount, the rows of its newest scan (rows of older scans of other mounts stay visible), those
+    ``principal`` may see."""
     times = session.execute(sa.select(StorageUsage.mount, StorageUsage.scanned_at).distinct()
                             .order_by(StorageUsage.mount, StorageUsage.scanned_at.desc())).all()
     newest: dict[str, list[dt.datetime]] = {}
@@ -81,7 +86,8 @@ def last_scan(session: Session, *, mount: str | None = None, vc: str | None = No
         len(v) > 1 for v in newest.values()) else {}
     rows = [UsageRow(r.mount, r.vc, r.user, r.bytes_used, r.files, r.directory, r.apparent_bytes, iso(r.oldest_at),
                      previous.get((r.mount, r.vc, r.user, r.directory)))
-            for r in rows_at([(m, v[0]) for m, v in newest.items()])]
+            for r in rows_at([(m, v[0]) for m, v in newest.items()])
+            if policy.storage_row_visible(principal, r.vc, r.user, r.directory)]
     return UsageReport(iso(max(v[0] for v in newest.values())), rows)
 
 
@@ -156,7 +162,10 @@ def _prune(session: Session, root: str, keep: int) -> None:
 
 # -- listing snapshots -------------------------------------------------------------------------------
 
-def snapshot_view(s: StorageSnapshot) -> dict[str, Any]:
+def snapshot_view(s: StorageSnapshot, paths: bool = True) -> dict[str, Any]:
+    """``paths``: with the directories and files the scan names, and its message (they may name any VC's)."""
+    if not paths:
+        return {**snapshot_view(s), "message": None, "top_dirs": [], "oldest_files": []}
     return {"id": s.id, "root": s.root, "kind": s.kind, "started_at": iso(s.started_at), "scanned_at": iso(s.scanned_at),
             "duration_s": s.duration_s, "status": s.status, "message": s.message, "errors": s.errors,
             "other_filesystems": s.other_filesystems, "dirs": s.dirs, "files": s.files,
@@ -166,16 +175,18 @@ def snapshot_view(s: StorageSnapshot) -> dict[str, Any]:
             "top_dirs": (s.detail or {}).get("top_dirs", []), "oldest_files": (s.detail or {}).get("oldest_files", [])}
 
 
-def list_snapshots(session: Session, *, root: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
+def list_snapshots(session: Session, principal: Principal, *, root: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
     query = sa.select(StorageSnapshot).order_by(StorageSnapshot.scanned_at.desc(), StorageSnapshot.id.desc()).limit(limit)
     if root is not None:
         query = query.where(StorageSnapshot.root == root)
-    return [snapshot_view(s) for s in session.scalars(query)]
+    paths = policy.can_see_storage_paths(principal)
+    return [snapshot_view(s, paths) for s in session.scalars(query)]
 
 
-def latest_snapshots(session: Session) -> list[dict[str, Any]]:
+def latest_snapshots(session: Session, principal: Principal) -> list[dict[str, Any]]:
     """The newest snapshot of each root, whatever its outcome (a hung mount shows), by root."""
     newest = (sa.select(StorageSnapshot.root, sa.func.max(StorageSnapshot.id).label("id"))
               .group_by(StorageSnapshot.root).subquery())
     query = sa.select(StorageSnapshot).join(newest, StorageSnapshot.id == newest.c.id).order_by(StorageSnapshot.root)
-    return [snapshot_view(s) for s in session.scalars(query)]
+    paths = policy.can_see_storage_paths(principal)
+    return [snapshot_view(s, paths) for s in session.scalars(query)]
