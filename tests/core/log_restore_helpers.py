@@ -64,8 +64,13 @@ def download(client, world, job_id: int) -> tuple[int, str]:
 
 def run_to_end(client, world, manager, settings, job_id: int) -> None:
     """Until the job finished and the backend forgot it (its run record is gone)."""
-    until(manager, lambda: status(client, world, job_id) == "finished"
-          and not (settings.effective_run_dir / f"{job_id}-1").exists(), f"job {job_id} finished and forgotten")
+    record = settings.effective_run_dir / f"{job_id}-1"
+    try:
+        until(manager, lambda: status(client, world, job_id) == "finished" and not record.exists(),
+              f"job {job_id} finished and forgotten")
+    except AssertionError as exc:  # say which half did not come
+        raise AssertionError(f"{exc} (status {status(client, world, job_id)}, run record "
+                             f"{'still there: ' + str(sorted(p.name for p in record.iterdir())) if record.exists() else 'gone'})") from None
 
 
 def orphan_report(settings, monkeypatch) -> list[dict]:
