@@ -171,9 +171,9 @@ def lease_row(sessions) -> tuple[str, int, float] | None:
         return None if row is None else (row.holder, row.token, row.expires_at)
 
 
-def wait_for_holder(sessions, holder: str, timeout_s: float, also=None) -> float:
+def wait_for_holder(sessions, holder: str, timeout_s: float, also=None, logs=()) -> float:
     """Seconds until the lease row names ``holder`` (``also()`` is called on each poll: a process
-    that must stay alive, a submitter)."""
+    that must stay alive, a submitter). ``logs``: the managers whose log tails a failure shows."""
     began = time.monotonic()
     while True:
         row = lease_row(sessions)
@@ -181,7 +181,9 @@ def wait_for_holder(sessions, holder: str, timeout_s: float, also=None) -> float
             return time.monotonic() - began
         if also is not None:
             also()
-        assert time.monotonic() - began < timeout_s, f"{holder} did not take the lease in {timeout_s} s: {row}"
+        if time.monotonic() - began >= timeout_s:
+            tails = "".join(f"\n--- {m.holder}:\n" + "\n".join(m.log_text().splitlines()[-25:]) for m in logs)
+            raise AssertionError(f"{holder} did not take the lease in {timeout_s} s: {row}{tails}")
         time.sleep(0.05)
 
 

@@ -58,9 +58,10 @@ def test_the_standby_takes_over_after_kill_9_and_sigstop_and_no_job_runs_twice_o
                 time.sleep(0.05)
             time.sleep(rng.uniform(0, 1))
             a.kill()
-            took_after_kill = wait_for_holder(sessions, "ctl-b", LEASE_S + SLACK_S + 5)
+            took_after_kill = wait_for_holder(sessions, "ctl-b", LEASE_S + SLACK_S + 5, logs=(a, b))
             assert took_after_kill <= LEASE_S + SLACK_S, took_after_kill
-            cluster.start("ctl-a2").wait_ready()  # the killed node's managers come back, as standby
+            a2 = cluster.start("ctl-a2")  # the killed node's managers come back, as standby
+            a2.wait_ready()
             if sqlite:  # a holder frozen mid-write locks SQLite's whole file: no take-over until it resumes
                 submitter.join(60)
                 wait_all_ended(sessions, submitter.accepted, 90)
@@ -73,7 +74,7 @@ def test_the_standby_takes_over_after_kill_9_and_sigstop_and_no_job_runs_twice_o
             # freeze the leader (a hang), mid-work; the standby takes over, the leader resumes later
             b.proc.send_signal(signal.SIGSTOP)
             try:
-                took_after_stop = wait_for_holder(sessions, "ctl-a2", LEASE_S + SLACK_S + 10)
+                took_after_stop = wait_for_holder(sessions, "ctl-a2", LEASE_S + SLACK_S + 10, logs=(b, a2))
                 time.sleep(1.0)
             finally:
                 b.proc.send_signal(signal.SIGCONT)

@@ -225,3 +225,46 @@ def test_on_mariadb_a_holder_frozen_inside_a_write_transaction_loses_its_locks_a
         frozen.invalidate()
         frozen_engine.dispose()
         standby_engine.dispose()
+
+
+def test_on_mariadb_a_holder_frozen_between_its_fencing_check_and_its_commit_does_not_keep_the_lease_row(
+        settings, sessions):
+    """A pass whose commit writes nothing still runs the fencing check, which locks the lease row; a
+    holder SIGSTOPped right after the check holds that lock. The check is a real write, so the
+    server ends the frozen connection after the idle bound and a standby takes the lease (an UPDATE
+    that changes nothing leaves the transaction read-only on MariaDB, and the lock stayed until
+    wait_timeout: the standby's take-over waited out innodb_lock_wait_timeout every poll)."""
+    import time
+
+    from dlts.app import engine_options
+    from dlts.managers.lease import bound_idle_write_transactions
+
+    url = settings.database_url
+    if not url.startswith(("mysql", "mariadb")):
+        pytest.skip("idle_write_transaction_timeout is MariaDB's/MySQL's (docs/reliability.md: SQLite is for one host)")
+    frozen_engine = sa.create_engine(url, **engine_options(url))
+    assert bound_idle_write_transactions(frozen_engine, 1.0)
+    holder = Lease(sa.orm.sessionmaker(bind=frozen_engine), "ctl-a:1", 15.0)
+    assert holder.keep()
+    frozen = holder.fenced_sessions(sa.orm.sessionmaker(bind=frozen_engine))()
+    frozen.execute(sa.select(Job.id).limit(1))  # a pass that read and wrote nothing ...
+    holder.check(frozen)  # ... commits: the check runs, and the process freezes before the COMMIT
+    standby_engine = sa.create_engine(url, **engine_options(url))
+    try:
+        expiry_waited = 0.0
+        with standby_engine.connect() as standby:
+            standby.execute(sa.text("SET SESSION innodb_lock_wait_timeout = 30"))
+            began = time.monotonic()
+            # what a standby's take-over does once the row expired: an UPDATE of the lease row
+            standby.execute(sa.update(ManagersLease).values(expires_at=0.0))
+            standby.commit()
+            expiry_waited = time.monotonic() - began
+        assert expiry_waited < 15, expiry_waited  # ended after ~1 s idle, not the 30 s lock wait
+        standby_lease = Lease(sessions, "ctl-b:2", 15.0)
+        assert standby_lease.keep() and standby_lease.token == 2
+        with pytest.raises(sa.exc.OperationalError):
+            frozen.execute(sa.select(1))  # resumed: its connection is gone
+    finally:
+        frozen.close()
+        frozen_engine.dispose()
+        standby_engine.dispose()

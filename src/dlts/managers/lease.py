@@ -23,7 +23,10 @@ next write:
 A holder frozen *inside* a write transaction keeps that transaction's row locks. On MariaDB/MySQL
 ``bound_idle_write_transactions`` has the server end such a connection once its write transaction
 has been idle ``lease_s`` (``idle_write_transaction_timeout``): the locks go, the frozen process's
-writes are rolled back, and it meets a dead connection when it resumes. SQLite locks the whole file
+writes are rolled back, and it meets a dead connection when it resumes. The fencing check is itself
+a write (it counts ``fenced_commits``), so a holder frozen between the check and its COMMIT, whose
+transaction holds the lease row's lock, is bounded too: the server counts a transaction whose only
+UPDATE changed nothing as read-only and would leave its locks in place until ``wait_timeout``. SQLite locks the whole file
 for a writer and has no such bound: a holder frozen mid-write stops every process until it resumes
 or dies, so failover from a *hung* holder needs a server database (SQLite is for one host).
 
@@ -219,7 +222,10 @@ class Lease:
         matched = _matched(session,
             sa.update(row).where(row.name == self.name, row.holder == self.holder, row.token == token,
                                  row.expires_at > now)
-            .values(token=row.token).execution_options(synchronize_session=False))
+            # a real change: MariaDB/MySQL count a transaction whose only UPDATE changed nothing as
+            # read-only, and idle_write_transaction_timeout would never free this row's lock from a
+            # holder frozen between this check and its COMMIT (the standby could not take over)
+            .values(fenced_commits=row.fenced_commits + 1).execution_options(synchronize_session=False))
         if matched != 1:
             self._lose("the lease row names another holder or token, or it expired")
             raise LeaseLost(f"a state write: {self.holder} no longer holds the managers' lease (token {token})")
