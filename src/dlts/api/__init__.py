@@ -12,6 +12,11 @@ from flask_smorest import Api
 from dlts.api import access, cluster, errors, groups, health, jobs, me, nodes, usage, users, vcs
 
 
+class DltsApi(Api):
+    # the document describes every error answer as the envelope the server sends (dlts.api.errors)
+    ERROR_SCHEMA = errors.ErrorEnvelopeSchema
+
+
 def init_api(app: Flask) -> Api:
     app.config.update(
         API_TITLE="DLTS",
@@ -20,7 +25,7 @@ def init_api(app: Flask) -> Api:
         OPENAPI_URL_PREFIX="/api/v1",
         OPENAPI_JSON_PATH="openapi.json",
     )
-    api = Api(app, spec_kwargs={"info": {"description": "Deep Learning Training Service REST API"}})
+    api = DltsApi(app, spec_kwargs={"info": {"description": "Deep Learning Training Service REST API"}})
     api.spec.components.security_scheme("bearer", {"type": "http", "scheme": "bearer"})
     for blueprint in (jobs.blp, me.blp, access.blp, vcs.blp, nodes.blp, nodes.agent_blp, cluster.blp, users.blp, groups.blp, usage.blp):
         api.register_blueprint(blueprint, url_prefix="/api/v1")

@@ -33,6 +33,10 @@ from webargs.flaskparser import FlaskParser, is_json_request
 from dlts.errors import InvalidInput
 from dlts.strict import loads_json
 
+# the schemas of answers that are not JSON, for alt_response(..., content_type=...)
+CSV = {"type": "string", "description": "comma-separated values with a header row"}
+TEXT = {"type": "string"}
+
 
 class StrictJsonParser(FlaskParser):
     def _raw_load_json(self, req: flask.Request) -> typing.Any:
@@ -97,6 +101,8 @@ class Blueprint(flask_smorest.Blueprint):
 
     def arguments(self, schema: typing.Any, *, location: str = "json", required: bool = True,
                   **kwargs: typing.Any) -> typing.Callable[[typing.Callable[..., typing.Any]], typing.Callable[..., typing.Any]]:
+        # a body or query the schema refuses is a 400 (dlts.api.errors), and documented as one
+        kwargs.setdefault("error_status_code", 400)
         parse = super().arguments(schema, location=location, required=required, **kwargs)
         if location != "json" or not required:
             return parse

@@ -8,7 +8,7 @@ from dataclasses import asdict
 from flask import Response
 
 from dlts.api.auth import authenticate, principal
-from dlts.api.blueprint import Blueprint
+from dlts.api.blueprint import CSV, Blueprint
 from dlts.api.schemas import (
     ClusterStatusSchema,
     StorageArgs,
@@ -37,7 +37,8 @@ def cluster_status():
 @blp.route("/storage/usage")
 @blp.arguments(StorageArgs, location="query")
 @blp.response(200, StorageUsageSchema, content_type="application/json")
-@blp.alt_response(200, content_type="text/csv", success=True, description="with ?format=csv")
+@blp.alt_response(200, schema=CSV, content_type="text/csv", success=True,
+                  description="JSON; with ?format=csv the same rows as CSV (an attachment)")
 @blp.doc(security=SECURITY)
 def storage_usage(args):
     """The last storage scan: bytes and files by mount, VC and user (?format=csv for a spreadsheet). Cluster

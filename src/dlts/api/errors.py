@@ -5,12 +5,13 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import marshmallow as ma
 from flask import Flask, jsonify, request
 from sqlalchemy.exc import DBAPIError, OperationalError
 from werkzeug.exceptions import HTTPException
 
 from dlts.db_faults import WORDS, write_fault
-from dlts.errors import DltsError, RateLimited
+from dlts.errors import ERROR_CODES, DltsError, RateLimited
 
 log = logging.getLogger(__name__)
 
@@ -19,6 +20,27 @@ HTTP_CODES = {400: "invalid_input", 401: "unauthenticated", 403: "forbidden", 40
               422: "refused", 429: "too_many_requests"}
 READS = ("GET", "HEAD", "OPTIONS")
 RETRY_AFTER_S = 30  # a full disk or a read-only database is not over in a few seconds
+
+
+class ErrorSchema(ma.Schema):
+    class Meta:
+        unknown = ma.RAISE
+
+    code = ma.fields.String(required=True, validate=ma.validate.OneOf(ERROR_CODES),
+                            metadata={"description": "What went wrong, for programs: one of a fixed set (docs/api.md)."})
+    message = ma.fields.String(required=True, metadata={"description": "What went wrong and what to do, for people."})
+    details = ma.fields.Dict(required=True, metadata={
+        "description": "The facts behind it: `field` (the field at fault), `fields` ({field: [messages]}), "
+                       "limits and sizes, `retry_after_s`."})
+
+
+class ErrorEnvelopeSchema(ma.Schema):
+    """Every error answer of the API: ``{"error": {"code", "message", "details"}}``."""
+
+    class Meta:
+        unknown = ma.RAISE
+
+    error = ma.fields.Nested(ErrorSchema, required=True)
 
 
 def envelope(status: int, code: str, message: str, details: dict | None = None):
@@ -41,7 +63,7 @@ def register(app: Flask) -> None:
         status = exc.code or 500
         data = getattr(exc, "data", None) or {}
         messages = data.get("messages")
-        if status == 422 and messages is not None:
+        if status in (400, 422) and messages is not None:
             # schema validation (webargs): name every field at fault
             fields: dict[str, Any] = {}
             for location in messages.values():

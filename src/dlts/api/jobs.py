@@ -9,7 +9,7 @@ from flask.views import MethodView
 
 from dlts.api import pagination
 from dlts.api.auth import authenticate, principal
-from dlts.api.blueprint import Blueprint
+from dlts.api.blueprint import TEXT, Blueprint
 from dlts.api.schemas import (
     AttemptPageSchema,
     BatchResponseSchema,
@@ -46,6 +46,24 @@ def changed_job(job: Job) -> JobOut:
     return JobOut(job, Visibility.FULL, tags, favourite)
 
 
+def _operation(path: str, method: str) -> str:
+    """An OpenAPI operationRef: the operation at ``path`` (as the document spells it) and ``method``."""
+    return "#/paths/" + ("/api/v1" + path).replace("~", "~0").replace("/", "~1") + "/" + method
+
+
+# what a client does next with a job it submitted: the new job's id is each operation's job_id
+JOB_LINKS = {
+    name: {"operationRef": _operation(path, method), "parameters": {"job_id": "$response.body#/id"},
+           "description": description}
+    for name, path, method, description in (
+        ("GetJob", "/jobs/{job_id}", "get", "The job, to follow its status."),
+        ("GetJobLog", "/jobs/{job_id}/log", "get", "Its log, live while it runs."),
+        ("GetJobEvents", "/jobs/{job_id}/events", "get", "What happened to it, and why it waits."),
+        ("KillJob", "/jobs/{job_id}/kill", "post", "End it."),
+    )
+}
+
+
 @blp.route("/jobs")
 class Jobs(MethodView):
     @blp.arguments(JobListArgs, location="query")
@@ -59,7 +77,7 @@ class Jobs(MethodView):
 
     @blp.arguments(JobSubmitSchema)
     @blp.response(201, JobSchema)
-    @blp.doc(security=[{"bearer": []}])
+    @blp.doc(security=[{"bearer": []}], responses={"201": {"links": JOB_LINKS}})
     def post(self, body):
         """Submit a job into a VC you belong to. With an ``Idempotency-Key`` header a retry (same key,
         same body) answers the job the first request made, with ``Idempotent-Replayed: true``."""
@@ -225,7 +243,9 @@ def close_job_endpoint(job_id: int, endpoint_id: int):
 
 @blp.route("/jobs/<int(max=4611686018427387904):job_id>/log")
 @blp.arguments(LogArgs, location="query")
-@blp.response(200, LogSchema)
+@blp.response(200, LogSchema, content_type="application/json")
+@blp.alt_response(200, schema=TEXT, content_type="text/plain", success=True,
+                  description="a slice of the log as JSON; with ?download=true the whole log as text (an attachment)")
 @blp.doc(security=[{"bearer": []}])
 def job_log(args, job_id: int):
     """A slice of an attempt's log (follow with next_offset), or the whole log with download=1

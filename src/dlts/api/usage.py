@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 
 from flask import Response
-from flask_smorest import Blueprint
 from marshmallow import Schema, fields, validate
 
 from dlts.api.auth import authenticate, principal
+from dlts.api.blueprint import CSV, Blueprint
 from dlts.extensions import db
 from dlts.models import utcnow
 from dlts.services import accounting
@@ -96,7 +96,8 @@ class UtilisationSchema(Schema):
 @blp.route("/usage")
 @blp.arguments(UsageArgs, location="query")
 @blp.response(200, UsageSchema, content_type="application/json")
-@blp.alt_response(200, content_type="text/csv", success=True, description="with ?format=csv")
+@blp.alt_response(200, schema=CSV, content_type="text/csv", success=True,
+                  description="JSON; with ?format=csv the same rows as CSV (an attachment)")
 @blp.doc(security=SECURITY)
 def usage(args):
     """GPU hours booked, busy and idle, by user, VC, SKU, preemptible, month, day or job, over the
