@@ -11,6 +11,7 @@ import re
 
 from marshmallow import Schema, ValidationError, fields, post_load, validate, validates
 
+from dlts import image_ref
 from dlts.errors import InvalidInput
 from dlts.models import EndpointKind, JobType
 from dlts.services.endpoints import NAME_PATTERN as ENDPOINT_NAME_PATTERN
@@ -66,7 +67,9 @@ class TagList(fields.List):
 class JobSubmitSchema(Schema):
     name = fields.String(validate=validate.Length(max=128), load_default="")
     vc = fields.String(required=True, validate=validate.Length(min=1, max=64))
-    image = fields.String(required=True, validate=validate.Length(min=1, max=512))
+    image = fields.String(required=True, validate=validate.Length(min=1, max=512), metadata={
+        "description": "image reference: [registry/]name[:tag][@sha256:<64 hex digits>]; a digest pins the exact "
+                       "image and is passed to the cluster unchanged"})
     command = fields.String(required=True, validate=validate.Length(min=1), metadata={
         "description": "shell command line run by /bin/sh -c; at most 16384 bytes (422 field_too_large)"})
     type = fields.String(load_default="batch", validate=validate.OneOf([t.value for t in JobType]))
@@ -96,6 +99,12 @@ class JobSubmitSchema(Schema):
     run_as_root = fields.Boolean(load_default=False, metadata={
         "description": "run as uid 0 instead of your uid; only in VCs whose pod_policy allows run_as_root"})
     tags = TagList(load_default=list)
+
+    @validates("image")
+    def _image_reference(self, value, **kwargs):
+        why = image_ref.problem(value)
+        if why is not None:
+            raise ValidationError(why)
 
     @validates("env")
     def _env_names(self, value, **kwargs):

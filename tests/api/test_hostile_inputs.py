@@ -279,3 +279,31 @@ def test_hostile_identity_changes_are_400_and_nothing_changes(client, world, ses
     assert field in json.dumps(error), error
     with sessions() as s:
         assert s.execute(sa.select(User.uid, User.gid).where(User.name == "alice")).one() == (None, None)
+
+
+DIGEST = "sha256:" + "0a1b2c3d" * 8
+
+
+@pytest.mark.parametrize("image", [f"registry.example.com/team/serve@{DIGEST}", f"pytorch/pytorch:2.3@{DIGEST}",
+                                   f"localhost:5000/serve:1@sha512:{'ef' * 64}"])
+def test_an_image_given_by_digest_is_accepted_and_kept_exactly(client, world, image):
+    response = client.post("/api/v1/jobs", json=JOB | {"image": image}, headers=world.auth("alice"))
+    assert response.status_code == 201, response.get_data(as_text=True)
+    job = client.get(f"/api/v1/jobs/{response.get_json()['id']}", headers=world.auth("alice")).get_json()
+    assert job["image"] == image
+
+
+@pytest.mark.parametrize("image,says", [
+    ("serve@sha256:abc", "64 lowercase hex digits"),
+    (f"serve@{DIGEST.upper()}", "64 lowercase hex digits"),
+    (f"serve@md5:{'a' * 32}", "must be a digest"),
+    ("team/Serve:1", "lowercase"),
+    ("serve:1:2", "not an image reference"),
+    ("serve /bin/sh", "no spaces"),
+    ("registry.example.com//serve", "not an image reference"),
+])
+def test_a_malformed_image_is_400_naming_the_field_and_nothing_is_written(client, world, sessions, image, says):
+    before = job_count(sessions)
+    error = assert_envelope(client.post("/api/v1/jobs", json=JOB | {"image": image}, headers=world.auth("alice")), 400)
+    assert "image" in json.dumps(error["details"]) and says in json.dumps(error), error
+    assert job_count(sessions) == before

@@ -223,6 +223,30 @@ def test_an_inference_endpoint_serves_every_replica_and_is_ready_while_any_runs(
     assert (state.status, state.host, state.host_port) == ("ready", n4, node_ports(svc)["e3"])
 
 
+def test_an_inference_port_is_pending_until_a_replica_passes_its_readiness_probe(api, backend):
+    """The Service sends a replica nothing until the kubelet's probe marks it Ready, so the endpoint
+    is not ``ready`` while every replica runs but none accepts connections (a model still loading)."""
+    spec = replace(make_spec(7, type="inference", command="sleep infinity", nodes=("n3", "n4"), ports=(8080,)), replicas=(0, 1))
+    backend.launch(spec)
+    api.kubelet.tick()
+    assert {p["status"]["phase"] for p in api.objects("pods")} == {"Running"}
+
+    def ready(pod: str, status: str) -> None:  # what a kubelet's probe result does (the fake runs no probes)
+        api.store.update_internal("pods", "default", pod, lambda o: [
+            c.update(status=status) for c in o["status"]["conditions"] if c["type"] == "Ready"])
+
+    ready("dlts-7-1-0", "False")
+    ready("dlts-7-1-1", "False")
+    [state] = backend.expose(7, 1, [EndpointSpec(3, "port", 8080)])
+    assert state.status == "pending"
+    assert "accept connections on port 8080 (its readiness probe)" in state.message
+    # the probe succeeds on replica 1 (on n4) only: the address is the one the Service reaches
+    ready("dlts-7-1-1", "True")
+    [state] = backend.expose(7, 1, [EndpointSpec(3, "port", 8080)])
+    n4 = next(a["address"] for a in api.store.get("nodes", "", "n4")["status"]["addresses"] if a["type"] == "InternalIP")
+    assert (state.status, state.host, state.host_port) == ("ready", n4, node_ports(service(api, 7))["e3"])
+
+
 def test_endpoints_that_cannot_be_exposed_fail_with_the_reason_and_are_left_out(api, running):
     states = by_id(running.expose(1, 1, [SSH, EndpointSpec(12, "jupyter", 8888), TENSORBOARD,
                                          EndpointSpec(15, "port", 6006), EndpointSpec(16, "telnet", 23)], ()))

@@ -176,6 +176,66 @@ def test_cpu_jobs_see_no_gpus():
     assert LABEL_VALUE.match(pod["metadata"]["labels"]["dlts.io/user"])
 
 
+# -- probes and image references ---------------------------------------------------------------------
+
+DIGEST = "sha256:" + "4f3c2b1a" * 8
+
+
+def _probes(pod: dict) -> dict[str, dict]:
+    """Every probe of every container of the pod: "container kind" -> the probe."""
+    return {f"{c['name']} {kind}": c[kind] for group in ("initContainers", "containers")
+            for c in pod["spec"].get(group) or [] for kind in ("readinessProbe", "livenessProbe", "startupProbe")
+            if kind in c}
+
+
+@pytest.mark.parametrize("case,probed_port", [
+    ("batch", None), ("preemptible", None), ("distributed", None),
+    # an interactive job's pod takes its ssh/Jupyter traffic through the same Service: a probe on its
+    # declared port would cut the user off while their own server is down
+    ("interactive", None),
+    ("inference", 8080),
+])
+def test_only_a_serving_inference_replica_has_a_probe_and_it_is_readiness_on_its_port(case, probed_port):
+    for pod in ManifestRenderer(SETTINGS).render(CASES[case]).pods:
+        expected = {} if probed_port is None else {"job readinessProbe": {
+            "tcpSocket": {"port": probed_port}, "periodSeconds": 5, "timeoutSeconds": 2, "successThreshold": 1,
+            "failureThreshold": 3}}
+        assert _probes(pod) == expected
+
+
+def test_an_inference_job_probes_its_first_declared_port_and_none_without_one():
+    [pod] = ManifestRenderer(SETTINGS).render(spec(type="inference", ports=(9000, 8080))).pods
+    assert _probes(pod)["job readinessProbe"]["tcpSocket"] == {"port": 9000}
+    [pod] = ManifestRenderer(SETTINGS).render(spec(type="inference")).pods
+    assert _probes(pod) == {}
+
+
+@pytest.mark.parametrize("image", [
+    f"registry.example.com/team/serve@{DIGEST}",
+    f"registry.example.com:5000/team/serve:2.1@{DIGEST}",
+    f"pytorch/pytorch@sha512:{'ab' * 64}",
+])
+def test_an_image_given_by_digest_reaches_every_container_of_the_job_unchanged(image):
+    rendered = ManifestRenderer(SETTINGS).render(spec(image=image, registry_credentials=(
+        RegistryCredential("registry.example.com", "bob", "s3cret"),)))
+    [pod] = rendered.pods
+    images = {c["name"]: c["image"] for group in ("initContainers", "containers") for c in pod["spec"][group]}
+    assert images == {"dlts-init": SETTINGS.init_image, "dlts-identity": image, "job": image}
+
+
+@pytest.mark.parametrize("image,message", [
+    ("pytorch/PyTorch:2.3", "repository names are lowercase"),
+    ("serve@sha256:abc", "64 lowercase hex digits"),
+    (f"serve@{DIGEST.upper()}", "64 lowercase hex digits"),
+    ("serve@md5:" + "a" * 32, "must be a digest"),
+    ("serve:a:b", "is not an image reference"),
+    ("registry//serve", "is not an image reference"),
+])
+def test_a_malformed_image_reference_is_refused_at_render_saying_what_is_wrong(image, message):
+    with pytest.raises(LaunchRefused, match=re.escape(message)):
+        ManifestRenderer(SETTINGS).render(spec(image=image))
+
+
 def test_objects_come_in_creation_order():
     kinds = [d["kind"] for d in ManifestRenderer(SETTINGS).render(CASES["distributed"]).all()]
     assert kinds == ["ConfigMap", "NetworkPolicy", "Service", "Pod", "Pod"]
@@ -638,7 +698,7 @@ def _write(tmp_path: Path, config: dict) -> Path:
     ({"vc": "v", "image": "i"}, [], "command"),
     ({"vc": "v", "image": "i", "command": "c", "type": "distributed", "nodes": 3}, ["--nodes", "a,b"], "exactly that many"),
     ({"vc": "v", "image": "i", "command": "c"}, ["--nodes", "a,b"], "runs on one node"),
-    ({"vc": "v", "image": "bad image", "command": "c"}, [], "not a valid image"),
+    ({"vc": "v", "image": "bad image", "command": "c"}, [], "image: an image reference has no spaces"),
     ({"vc": "v", "image": "i", "command": "c", "env": {"MASTER_ADDR": "x"}}, [], "set by DLTS"),
 ])
 def test_dlts_render_explains_bad_input_without_a_traceback(tmp_path, body, args, message):

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from dlts import image_ref
 from dlts.backends.base import LaunchSpec, StorageMount
 from dlts.backends.k8s_render.names import LaunchRefused, TemplateError, valid_ssh_key
 from dlts.backends.k8s_render.scripts import RUNTIME_DIR
@@ -29,7 +30,6 @@ RESERVED_ENV = frozenset({
     "DLTS_REPLICA", "CUDA_DEVICE_ORDER",
 })
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_IMAGE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-/:@]*$")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _SERVER = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.:\-]*[A-Za-z0-9])?$|^\[[0-9A-Fa-f:.]+\]$")
 _LOGIN = re.compile(r"^[A-Za-z_][A-Za-z0-9_.@-]{0,63}$")
@@ -135,8 +135,9 @@ def check_spec(spec: LaunchSpec) -> None:
     """Refuse a spec the renderer cannot turn into safe objects; each message says what to change."""
     if not spec.placements:
         raise LaunchRefused(f"job {spec.job_id} attempt {spec.attempt} has no placement; the scheduler must place it first")
-    if not spec.image or len(spec.image) > 1024 or not _IMAGE.match(spec.image):
-        raise LaunchRefused(f"image {spec.image!r} is not a valid image reference (like registry/name:tag)")
+    why = image_ref.problem(spec.image)
+    if why is not None:
+        raise LaunchRefused(f"image {spec.image[:200]!r} is not a valid image reference: {why}")
     if not spec.command.strip():
         raise LaunchRefused("command is empty; give the shell command line the job should run")
     for name in spec.env:

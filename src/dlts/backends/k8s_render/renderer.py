@@ -83,6 +83,13 @@ RUNTIME_VOLUME_LIMIT = "64Mi"
 SAFE_PORT_SYSCTL_SINCE = (1, 22)
 SSH_CONTAINER_PORT_WITHOUT_SYSCTL = 2222  # where sshd listens in the container on older clusters
 DNS_NAMESPACE = "kube-system"
+# An inference replica's readiness probe (docs/kubernetes.md, "Readiness of inference replicas"): a TCP
+# connect to the job's first declared port every 5 s; 3 misses in a row take the replica out of its
+# Service until it answers again. No liveness probe: a replica loading a large model may not listen for
+# many minutes, and a liveness probe would kill it over and over before it ever served.
+READINESS_PERIOD_S = 5
+READINESS_TIMEOUT_S = 2
+READINESS_FAILURES = 3
 TEMPLATES = ("pod.yaml.j2", "headless-service.yaml.j2", "endpoint-service.yaml.j2", "endpoint-configmap.yaml.j2",
              "network-policy.yaml.j2", "secret.yaml.j2", SUPERVISOR_TEMPLATE)
 
@@ -414,6 +421,17 @@ class ManifestRenderer:
             raise TemplateError(f"a template dropped DLTS's labels from {meta.get('name')}; keep "
                                 "{{ labels }} in metadata.labels so DLTS can find its objects")
 
+    @staticmethod
+    def readiness_probe(spec: LaunchSpec) -> dict | None:
+        """The job container's readinessProbe: a TCP connect to an inference job's first declared
+        port (the port it serves on), None for the other types and for an inference job that
+        declares no port. Readiness gates the replica's place in the endpoint Service; it never
+        restarts or fails anything."""
+        if spec.type != "inference" or not spec.ports:
+            return None
+        return {"tcpSocket": {"port": int(spec.ports[0])}, "periodSeconds": READINESS_PERIOD_S,
+                "timeoutSeconds": READINESS_TIMEOUT_S, "successThreshold": 1, "failureThreshold": READINESS_FAILURES}
+
     def render(self, spec: LaunchSpec) -> RenderedAttempt:
         s = self.settings
         allowed = allowed_features(s, spec)
@@ -501,6 +519,7 @@ class ManifestRenderer:
         ephemeral = int(spec.ephemeral_storage_bytes or s.default_ephemeral_storage_bytes)
         priority_class = s.preemptible_priority_class if spec.preemptible else s.priority_class
         identity_init = self._identity_init(who, home)
+        readiness = self.readiness_probe(spec)
         pods: list[dict] = []
         for rank, (index, placement) in enumerate(spec.indexed()):
             gpus = len(placement.gpu_indices)
@@ -555,6 +574,7 @@ class ManifestRenderer:
                 "identity_init": identity_init, "command": [BUSYBOX, "sh", "-c", ENTRYPOINT],
                 "image_pull_secrets": pull_secrets, "volumes": volumes, "volume_mounts": mounts,
                 "ports": list(spec.ports), "unprivileged_port_sysctl": self.unprivileged_port_sysctl,
+                "readiness_probe": readiness,
                 "job": {"id": spec.job_id, "attempt": spec.attempt, "image": spec.image, "type": spec.type,
                         "distributed": distributed, "pull_policy": pull_policy},
             })

@@ -5,10 +5,12 @@ What this module owns: one NodePort Service per attempt whose ports match the en
 (made with the first endpoint; a distributed job's is made at launch), and (with
 ``network_policy: true``) the ingress of the attempt's NetworkPolicy: open from anywhere on exactly
 the job's declared ports and its ready endpoints' container ports. An endpoint is ready once a pod
-it selects runs and its port has a nodePort, at the InternalIP of the pod's node. A few requests per
-call, however large the cluster: the ConfigMap, the Service and the NetworkPolicy by name, the
-attempt's pods (from the watch when there is one, else one list by label), the pod's node when no
-recent node list has it; then only the writes that change something.
+it selects runs (and, where the pod has a readiness probe, as an inference replica serving a port
+has, is Ready: the Service sends nothing to it before) and its port has a nodePort, at the
+InternalIP of the pod's node. A few requests per call, however large the cluster: the ConfigMap,
+the Service and the NetworkPolicy by name, the attempt's pods (from the watch when there is one,
+else one list by label), the pod's node when no recent node list has it; then only the writes that
+change something.
 """
 
 from __future__ import annotations
@@ -66,6 +68,23 @@ def _declared_ports(pods: Sequence[Mapping[str, Any]]) -> set[int]:
     """The job's declared ports: the container ports its pods were launched with."""
     return {int(port["containerPort"]) for pod in pods for c in (pod.get("spec") or {}).get("containers") or []
             for port in c.get("ports") or [] if port.get("containerPort")}
+
+
+def _readiness_probe(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    for c in (pod.get("spec") or {}).get("containers") or []:
+        if c.get("readinessProbe"):
+            return c["readinessProbe"]
+    return None
+
+
+def _takes_traffic(pod: Mapping[str, Any]) -> bool:
+    """Whether a running pod is among its Service's endpoints: a pod with a readiness probe (an
+    inference replica serving a declared port) only while its Ready condition is True; a pod
+    without one as soon as it runs (the kubelet marks it Ready when its containers start)."""
+    if _readiness_probe(pod) is None:
+        return True
+    return any(c.get("type") == "Ready" and c.get("status") == "True"
+               for c in (pod.get("status") or {}).get("conditions") or [])
 
 
 class Endpoints:
@@ -140,11 +159,18 @@ class Endpoints:
         serving = [p for p in pods if (not is_retiring(p) if inference else replica_index(p) == 0)]
         running = [p for p in serving if (p.get("status") or {}).get("phase") == "Running"
                    and not p["metadata"].get("deletionTimestamp")]
+        unready = [p for p in running if not _takes_traffic(p)]
+        running = [p for p in running if _takes_traffic(p)]
         host = self._node_address(running[0]["spec"].get("nodeName") or "") if running else ""
         if serving:
             first = serving[0]
             if first["metadata"].get("deletionTimestamp"):
                 why = f"pod {first['metadata']['name']} is being deleted"
+            elif unready:
+                probe = _readiness_probe(unready[0]) or {}
+                port = (probe.get("tcpSocket") or probe.get("httpGet") or {}).get("port", "?")
+                why = (f"waiting for a replica to accept connections on port {port} (its readiness probe); "
+                       f"pod {unready[0]['metadata']['name']} runs but does not yet")
             else:
                 phase = (first.get("status") or {}).get("phase", "Pending")
                 why = f"waiting for pod {first['metadata']['name']} to run ({waiting(first)[1].partition(': ')[2] or phase})"
