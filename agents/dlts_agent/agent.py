@@ -95,7 +95,9 @@ class Agent:
                 ls.fsname, ls.sections, mount=ls.mount, timeout_s=ls.timeout_s, client_factory=lustre_server_client
             )
         if cc.jobs.enabled:
-            self.collectors["jobs"] = JobsCollector(paths.proc, local_run_dir=cc.jobs.local_run_dir)
+            self.collectors["jobs"] = JobsCollector(
+                paths.proc, local_run_dir=cc.jobs.local_run_dir, containerd_state_dir=cc.jobs.containerd_state_dir,
+                containerd_namespace=cc.jobs.containerd_namespace)
         self._lock = threading.Lock()
         self._latest: AgentSnapshot | None = None
         self._previous: Collection | None = None

@@ -91,9 +91,13 @@ class NfsCollectorConfig:
 @dataclass(frozen=True)
 class JobsCollectorConfig:
     enabled: bool = True
-    # only the job processes of the local backend whose run directory this is (their DLTS_RUN_DIR);
-    # empty: every DLTS job process on the machine (a real node runs only its own cluster's jobs)
+    # the local backend's run directory: its units' DLTS inits and their descendants are the jobs
+    # here; empty: the jobs are the containers of containerd's namespace (Kubernetes)
     local_run_dir: str = ""
+    # where containerd keeps each running container's OCI bundle (its `state` setting) and the
+    # kubelet's namespace there
+    containerd_state_dir: str = "/run/containerd"
+    containerd_namespace: str = "k8s.io"
 
 
 @dataclass(frozen=True)

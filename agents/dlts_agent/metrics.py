@@ -369,6 +369,9 @@ def _lustre_families(s: LustreSample) -> Iterator[Metric]:
 
 def _jobs_families(jobs: JobsSample) -> Iterator[Metric]:
     yield _g("dlts_node_jobs", "DLTS jobs with processes on this node.", len(jobs.job_ids))
+    yield _g("dlts_node_unattributed_job_processes",
+             "Processes whose environment names a DLTS job but that belong to no job's container or init (booked nowhere).",
+             jobs.unattributed)
 
 
 def _g(name: str, doc: str, value: float) -> GaugeMetricFamily:

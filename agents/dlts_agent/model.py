@@ -236,6 +236,8 @@ class JobsSample:
     by_gpu_index: Mapping[int, JobLabels]
     by_pid: Mapping[int, JobLabels]
     usage: Mapping[str, JobUsage] = field(default_factory=dict)  # by job id
+    # processes whose environment claims a DLTS job but that no trusted source attributes (they book nothing)
+    unattributed: int = 0
 
     def for_gpu(self, gpu: GpuSample) -> JobLabels | None:
         for pid in gpu.pids:  # NVML's host pids are the most reliable link

@@ -6,9 +6,8 @@ and the agent's per-job CPU/memory sums on a fake /proc."""
 from __future__ import annotations
 
 import datetime as dt
-import os
+import json
 import time
-from pathlib import Path
 
 import requests
 import sqlalchemy as sa
@@ -37,23 +36,6 @@ def _wait(live, world, job_id, statuses, timeout_s=20.0):
         time.sleep(0.1)
 
 
-def _proc_view(tmp_path: Path, run_dir: Path) -> Path:
-    """A /proc holding only this test's job processes (other test runs on the machine have DLTS
-    jobs with the same ids): links to the real /proc/PID of processes working under ``run_dir``."""
-    view = tmp_path / "proc-view"
-    view.mkdir(exist_ok=True)
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            cwd = os.readlink(f"/proc/{entry}/cwd")
-        except OSError:
-            continue
-        if cwd.startswith(str(run_dir)) and not (view / entry).exists():
-            (view / entry).symlink_to(f"/proc/{entry}")
-    return view
-
-
 def _snapshot(collection_results, node="testnode"):
     from dlts_agent.model import AgentSnapshot, Collection
 
@@ -74,7 +56,7 @@ def test_the_agent_reports_a_jobs_gpus_and_host_use_into_minute_points_that_acco
                                        f"while time.time()-t<60 and not os.path.exists(\"{stop}\"): pass'", gpus=2)
     running = _wait(live, world, job["id"], {"running"})
     mine = set(running["placements"][0]["gpu_indices"])
-    collector = JobsCollector(str(_proc_view(tmp_path, settings.effective_run_dir)))
+    collector = JobsCollector(local_run_dir=str(settings.effective_run_dir))  # this test run's backend only
     collector.collect()
     time.sleep(0.3)
     ratios = iter([0.5, 1.0])
@@ -157,39 +139,50 @@ def test_old_utilisation_points_are_purged_after_the_retention(sessions, world):
 def test_the_jobs_collector_sums_cpu_and_resident_memory_per_job(tmp_path):
     from dlts_agent.collectors.jobs import JobsCollector
 
-    def proc(pid: int, job: str, utime: int, stime: int, start: int, rss_pages: int):
+    def proc(pid: int, ppid: int, utime: int, stime: int, start: int, rss_pages: int, job: str = "") -> None:
         d = tmp_path / str(pid)
         d.mkdir(exist_ok=True)
         (d / "environ").write_bytes(f"DLTS_JOB_ID={job}\0DLTS_USER=alice\0DLTS_VC=vision\0".encode())
         # the command name holds a space and a parenthesis: fields are counted after the last ')'
-        fields = ["S", "1", "1", "1", "0", "-1", "0", "0", "0", "0", "0", str(utime), str(stime), "0", "0", "20", "0",
-                  "1", "0", str(start), "0"]
+        fields = ["S", str(ppid), "1", "1", "0", "-1", "0", "0", "0", "0", "0", str(utime), str(stime), "0", "0", "20",
+                  "0", "1", "0", str(start), "0"]
         (d / "stat").write_text(f"{pid} (py thon) x) " + " ".join(fields) + "\n")
         (d / "statm").write_text(f"1000 {rss_pages} 10 1 0 100 0\n")
 
+    def unit(job: str, init: int, start: int) -> None:
+        """A local backend unit whose DLTS init (no CPU, no memory) is ``init``: its pid record and labels."""
+        proc(init, 1, 0, 0, start, 0, job)
+        d = tmp_path / "run" / f"{job}-1"
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "pid").write_text(f"{init} 1700000000.0 {start}\n")
+        (d / "spec.json").write_text(json.dumps({"job_env": {"DLTS_JOB_ID": job, "DLTS_USER": "alice", "DLTS_VC": "vision"}}))
+
     clock = iter([100.0, 102.0, 104.0])
-    collector = JobsCollector(str(tmp_path), clock=lambda: next(clock), clock_ticks=100, page_bytes=4096)
-    proc(10, "7", 100, 50, 5000, 256)
-    proc(11, "7", 10, 0, 5001, 128)
-    proc(12, "8", 0, 0, 6000, 1)
+    collector = JobsCollector(str(tmp_path), clock=lambda: next(clock), clock_ticks=100, page_bytes=4096,
+                              local_run_dir=str(tmp_path / "run"))
+    unit("7", 20, 4000)
+    unit("8", 21, 4001)
+    proc(10, 20, 100, 50, 5000, 256)
+    proc(11, 20, 10, 0, 5001, 128)
+    proc(12, 21, 0, 0, 6000, 1)
     first, errors = collector.collect()
     assert errors == []
-    assert first.usage["7"].cpu_cores is None and first.usage["7"].memory_bytes == 384 * 4096 and first.usage["7"].pids == 2
-    proc(10, "7", 300, 150, 5000, 256)  # +300 ticks in 2 s: 1.5 cores
-    proc(11, "7", 110, 0, 5001, 128)  # +100 ticks: 0.5 cores
-    proc(12, "8", 0, 0, 6001, 1)  # a new process under the old pid: counts from the next collection
+    assert first.usage["7"].cpu_cores is None and first.usage["7"].memory_bytes == 384 * 4096 and first.usage["7"].pids == 3
+    proc(10, 20, 300, 150, 5000, 256)  # +300 ticks in 2 s: 1.5 cores
+    proc(11, 20, 110, 0, 5001, 128)  # +100 ticks: 0.5 cores
+    proc(12, 21, 500, 0, 6001, 1)  # a new process under the old pid: counts from the next collection
     second, _ = collector.collect()
     assert second.usage["7"].cpu_cores == 2.0
-    assert second.usage["8"].cpu_cores is None
-    (tmp_path / "11" / "stat").unlink()  # vanished mid-read: memory still counted, CPU from the others
+    assert second.usage["8"].cpu_cores == 0.0  # its init's; none of the new process's 500 ticks
+    (tmp_path / "11" / "stat").unlink()  # vanished: CPU and memory from the others
     third, errors = collector.collect()
     assert errors == [] and third.usage["7"].cpu_cores == 0.0
     from dlts_agent.metrics import metrics_summary
     from dlts_agent.model import CollectorResult, CollectorStatus
 
     summary = metrics_summary(_snapshot({"jobs": CollectorResult("jobs", CollectorStatus.OK, 0.0, second)}))
-    assert summary["jobs"] == [{"job_id": "7", "pids": 2, "cpu_cores": 2.0, "memory_bytes": 384 * 4096},
-                               {"job_id": "8", "pids": 1, "cpu_cores": None, "memory_bytes": 4096}]
+    assert summary["jobs"] == [{"job_id": "7", "pids": 3, "cpu_cores": 2.0, "memory_bytes": 384 * 4096},
+                               {"job_id": "8", "pids": 2, "cpu_cores": 0.0, "memory_bytes": 4096}]
 
 
 def test_junk_gpu_samples_are_refused_and_junk_job_samples_skipped(client, world, sessions, settings):

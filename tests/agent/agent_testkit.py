@@ -5,9 +5,12 @@ NVML is faked at its seam with ``dlts_testing.fake_nvml`` scenarios. A uniquely 
 
 from __future__ import annotations
 
+import hashlib
+import json
 import stat
 import textwrap
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -86,9 +89,46 @@ class FakeNode:
     def set_boot_id(self, boot_id: str) -> None:
         self.write("proc/sys/kernel/random/boot_id", boot_id + "\n")
 
-    def add_process(self, pid: int, env: dict[str, str]) -> None:
+    @property
+    def run_dir(self) -> Path:
+        """The local backend's run directory (collectors.jobs.local_run_dir)."""
+        return self.root / "run"
+
+    @property
+    def containerd_state(self) -> Path:
+        """containerd's state directory (collectors.jobs.containerd_state_dir)."""
+        return self.root / "containerd"
+
+    def add_process(self, pid: int, env: dict[str, str], *, job_env: dict[str, str] | None = None) -> None:
+        """A process with ``env`` in its environ and, where it belongs to a job, what its job's runtime
+        wrote, the way the jobs collector reads it (docs/agent.md, "Job attribution"):
+        * with ``NVIDIA_VISIBLE_DEVICES`` in ``job_env``: a Kubernetes container, its cgroup below its
+          pod's and its OCI bundle in containerd's state directory (``process.env`` = ``job_env``);
+        * else with a ``DLTS_JOB_ID`` in ``job_env``: the DLTS init of a local backend unit (its ``pid``
+          record with the process's start ticks, and ``spec.json`` with ``job_env``).
+        ``job_env`` defaults to ``env`` (the process runs with what its job was given); pass ``{}``
+        for a process outside every job whatever its environment says."""
+        job_env = env if job_env is None else job_env
         data = b"".join(f"{k}={v}".encode() + b"\0" for k, v in env.items())
         self.write(f"proc/{pid}/environ", data)
+        ticks = 100000 + pid
+        # pid (comm) state ppid ... field 22 starttime; utime/stime 0
+        self.write(f"proc/{pid}/stat", f"{pid} (job) S 1 {pid} {pid} 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 {ticks} 0 0\n")
+        if "NVIDIA_VISIBLE_DEVICES" in job_env:
+            container = hashlib.sha256(str(pid).encode()).hexdigest()
+            pod = str(uuid.uuid5(uuid.NAMESPACE_OID, f"pod-{pid}"))
+            self.write(f"proc/{pid}/cgroup", f"0::/kubepods/besteffort/pod{pod}/{container}\n")
+            bundle = {"ociVersion": "1.0.2-dev", "process": {"env": [f"{k}={v}" for k, v in job_env.items()]},
+                      "annotations": {"io.kubernetes.cri.container-type": "container",
+                                      "io.kubernetes.cri.sandbox-uid": pod}}
+            self.write(f"containerd/io.containerd.runtime.v2.task/k8s.io/{container}/config.json", json.dumps(bundle))
+            return
+        self.write(f"proc/{pid}/cgroup", "0::/user.slice\n")
+        job = job_env.get("DLTS_JOB_ID", "")
+        if job:
+            unit = f"run/{job}-{pid}"
+            self.write(f"{unit}/pid", f"{pid} {time.time():.3f} {ticks}\n")
+            self.write(f"{unit}/spec.json", json.dumps({"job_env": job_env}))
 
     def add_ib_port(
         self,
@@ -163,6 +203,7 @@ def agent_config(node: FakeNode, **overrides: Any) -> AgentConfig:
         "collectors": {
             "host": {"mounts": [str(node.root)]},
             "xid": {"kmsg_path": str(node.kmsg)},
+            "jobs": {"local_run_dir": str(node.run_dir), "containerd_state_dir": str(node.containerd_state)},
         },
         "paths": {"proc": str(node.proc), "sys": str(node.sys)},
         "actions": {"nvidia_smi": str(FAKEBIN / "nvidia-smi"), "systemctl": str(FAKEBIN / "systemctl"),

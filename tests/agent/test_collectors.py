@@ -93,7 +93,11 @@ def test_nfs_stale_handle_is_not_responsive(node: FakeNode):
     assert m.mounted and not m.responsive
 
 
-def test_jobs_are_found_from_environ_and_linked_to_gpus(node: FakeNode):
+def _jobs(node: FakeNode) -> JobsCollector:
+    return JobsCollector(str(node.proc), local_run_dir=str(node.run_dir), containerd_state_dir=str(node.containerd_state))
+
+
+def test_jobs_are_found_from_their_runtime_and_linked_to_gpus(node: FakeNode):
     node.add_process(
         4242,
         {
@@ -115,12 +119,34 @@ def test_jobs_are_found_from_environ_and_linked_to_gpus(node: FakeNode):
         },
     )  # container-relative index: ignored
     node.add_process(4244, {"PATH": "/usr/bin"})
-    sample, errors = JobsCollector(str(node.proc)).collect()
+    sample, errors = _jobs(node).collect()
     assert errors == []
     alice = JobLabels("1234", "alice", "vision", True)
     assert sample.by_gpu_index == {0: alice, 1: alice}
     assert sample.by_gpu_uuid == {"GPU-a1000003-5c1e-4b3a-9f00-000000000003": JobLabels("1235", "bob", "nlp", False)}
     assert sample.job_ids == {"1234", "1235"}
+    assert sample.unattributed == 0
+
+
+def test_a_process_claiming_a_job_its_runtime_does_not_give_it_books_nothing(node: FakeNode, caplog):
+    """The environment is a hint: a process outside every unit and container that names job 1234 (and a
+    container whose bundle says job 1235 while the process says 1234) books nothing on job 1234."""
+    node.add_process(4242, {"DLTS_JOB_ID": "1234", "DLTS_USER": "alice", "DLTS_VC": "vision", "CUDA_VISIBLE_DEVICES": "0"})
+    node.add_process(4250, {"DLTS_JOB_ID": "1234", "CUDA_VISIBLE_DEVICES": "1"}, job_env={})
+    node.add_process(4260, {"DLTS_JOB_ID": "1234", "NVIDIA_VISIBLE_DEVICES": "GPU-a1000003-5c1e-4b3a-9f00-000000000009"},
+                     job_env={"DLTS_JOB_ID": "1235", "DLTS_USER": "bob", "DLTS_VC": "nlp",
+                              "NVIDIA_VISIBLE_DEVICES": "GPU-a1000003-5c1e-4b3a-9f00-000000000003"})
+    collector = _jobs(node)
+    with caplog.at_level("WARNING", logger="dlts_agent.collectors.jobs"):
+        sample, _ = collector.collect()
+        collector.collect()
+    bob = JobLabels("1235", "bob", "nlp", False)
+    assert sample.by_pid == {4242: JobLabels("1234", "alice", "vision", False), 4260: bob}
+    assert sample.usage["1234"].pids == 1
+    assert sample.by_gpu_index == {0: sample.by_pid[4242]}
+    assert sample.by_gpu_uuid == {"GPU-a1000003-5c1e-4b3a-9f00-000000000003": bob}
+    assert sample.unattributed == 1
+    assert len([r for r in caplog.records if "pid 4250 claims job '1234'" in r.getMessage()]) == 1
 
 
 @pytest.mark.parametrize("junk", ["\u00b2", "0,\u00b2", "\u0663", "9" * 40, "-1", "GPU", "\x7f"])
@@ -129,7 +155,7 @@ def test_junk_in_one_processs_cuda_visible_devices_skips_that_entry_only_and_log
     # it every GPU reset and reboot on the node ("cannot tell which jobs use the GPU")
     node.add_process(4242, {"DLTS_JOB_ID": "1234", "DLTS_USER": "alice", "DLTS_VC": "vision", "CUDA_VISIBLE_DEVICES": "0"})
     node.add_process(4250, {"DLTS_JOB_ID": "99", "DLTS_USER": "mallory", "DLTS_VC": "vision", "CUDA_VISIBLE_DEVICES": junk})
-    collector = JobsCollector(str(node.proc))
+    collector = _jobs(node)
     with caplog.at_level("WARNING", logger="dlts_agent.collectors.jobs"):
         result = run_collector(collector)
         again = run_collector(collector)
@@ -137,14 +163,14 @@ def test_junk_in_one_processs_cuda_visible_devices_skips_that_entry_only_and_log
     assert result.sample.by_gpu_index[0] == JobLabels("1234", "alice", "vision", False)
     assert set(result.sample.by_gpu_index) <= {0}  # the junk GPU entry went; the valid one stayed
     assert result.sample.job_ids == {"1234", "99"}  # the job stays known: a reboot still waits for it
-    assert result.errors and all("pid 4250" in e for e in result.errors)
-    assert len([r for r in caplog.records if "pid 4250" in r.getMessage()]) == 1  # logged once, not every round
+    assert result.errors and all("job 99" in e for e in result.errors)
+    assert len([r for r in caplog.records if "job 99" in r.getMessage()]) == 1  # logged once, not every round
 
 
 def test_a_process_directory_named_with_a_non_ascii_digit_is_not_a_pid(node: FakeNode):
     node.add_process(4242, {"DLTS_JOB_ID": "1234", "CUDA_VISIBLE_DEVICES": "0"})
     node.write("proc/\u00b2/environ", b"DLTS_JOB_ID=5\0")
-    result = run_collector(JobsCollector(str(node.proc)))
+    result = run_collector(_jobs(node))
     assert result.status is CollectorStatus.OK and result.sample.job_ids == {"1234"}
 
 

@@ -130,19 +130,36 @@ def test_the_agent_serves_the_server_metrics_on_lustre_servers_only(groups, sect
     env = jinja2.Environment(undefined=jinja2.StrictUndefined)
     env.filters.update(ansible_filters())
     env.tests.update(ansible_tests.TestModule().tests())
-    context = {"group_names": groups, "dlts_deploy_lustre": True}
-    for key in ("dlts_agent_lustre_server_groups", "dlts_agent_lustre_server", "dlts_agent_lustre_server_sections"):
+    context = {"group_names": groups, "dlts_deploy_lustre": True, "dlts_backend": "kubernetes", "inventory_hostname": "h1",
+               "groups": {"lustre_clients": ["h1"]}}
+    for key in ("dlts_agent_lustre_server_groups", "dlts_agent_lustre_server", "dlts_agent_lustre_server_sections",
+                "dlts_agent_local_run_dir", "dlts_agent_containerd_state_dir", "dlts_agent_containerd_namespace"):
         value = defaults[key]
-        context[key] = yaml.safe_load(env.from_string(value).render(context)) if isinstance(value, str) else value
-    text = render("dlts_agent", "agent.yaml.j2", inventory_hostname="h1", dlts_agent_interval_s=15,
+        rendered = env.from_string(value).render(context) if isinstance(value, str) else value
+        context[key] = yaml.safe_load(rendered) if rendered and isinstance(rendered, str) else rendered  # "" stays ""
+    text = render("dlts_agent", "agent.yaml.j2", dlts_agent_interval_s=15,
                   dlts_agent_expected_gpu_count=0, dlts_agent_state_dir=str(tmp_path), dlts_agent_listen_address="0.0.0.0",
-                  dlts_agent_metrics_port=9445, dlts_agent_disk_mounts=["/"], groups={"lustre_clients": ["h1"]},
+                  dlts_agent_metrics_port=9445, dlts_agent_disk_mounts=["/"],
                   dlts_agent_nfs_mounts=[], dlts_agent_report_to_api=False, dlts_api_url="https://x",
                   dlts_agent_token_file="/etc/dlts/node-token", dlts_agent_report_interval_s=30, dlts_agent_ca_file="",
                   dlts_agent_firewall_enabled=False, lustre_fsname="dltsfs", **context)
     path = tmp_path / "agent.yaml"
     path.write_text(text)
+    jobs = load_config(str(path), env={}).collectors.jobs  # a Kubernetes node: containerd's bundles, no local backend
+    assert (jobs.local_run_dir, jobs.containerd_state_dir, jobs.containerd_namespace) == ("", "/run/containerd", "k8s.io")
     cfg = load_config(str(path), env={}).collectors.lustre_server
     assert cfg.enabled is (sections is not None)
     if sections is not None:
         assert list(cfg.sections) == sections and cfg.fsname == "dltsfs"
+
+
+def test_the_agent_on_the_managers_host_of_a_local_backend_attributes_its_run_directorys_jobs():
+    """docs/agent.md#job-attribution: with dlts_backend local the managers host runs the jobs, under
+    dlts_control's home (/var/lib/dlts) + /run, and its agent attributes their processes from there."""
+    env = jinja2.Environment(undefined=jinja2.StrictUndefined)
+    env.filters.update(ansible_filters())
+    template = yaml.safe_load((ROLES / "dlts_agent" / "defaults" / "main.yml").read_text())["dlts_agent_local_run_dir"]
+    groups = {"dlts_managers": ["m1"]}
+    assert env.from_string(template).render(dlts_backend="local", inventory_hostname="m1", groups=groups) == "/var/lib/dlts/run"
+    assert env.from_string(template).render(dlts_backend="local", inventory_hostname="w1", groups=groups) == ""
+    assert env.from_string(template).render(dlts_backend="kubernetes", inventory_hostname="m1", groups=groups) == ""

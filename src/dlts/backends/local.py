@@ -403,7 +403,11 @@ class LocalBackend:
             os.chown(work, identity["uid"], identity["gid"])
             env.update({"HOME": str(work), "USER": spec.user, "LOGNAME": spec.user})
         log_path = Path(spec.log_path)
-        run_spec = {"command": spec.command, "cwd": str(work), "note": note, **identity,
+        # the unit's labels and GPUs as the backend set them, for the node agent: it attributes a process
+        # to the job by descent from the unit's init, never by the process's own (writable) environment
+        job_env = {k: env[k] for k in ("DLTS_JOB_ID", "DLTS_USER", "DLTS_VC", "DLTS_ATTEMPT", "DLTS_PREEMPTIBLE",
+                                       "CUDA_VISIBLE_DEVICES")}
+        run_spec = {"command": spec.command, "cwd": str(work), "note": note, **identity, "job_env": job_env,
                     "log": {"dir": str(log_path.parent.parent), "job_id": spec.job_id, "attempt": spec.attempt,
                             "key": spec.log_key, "max_bytes": self.log_max_bytes, "shared": shared_log,
                             "state": str(unit / LOG_STATE_FILE)}}
