@@ -77,7 +77,7 @@ class Jobs(MethodView):
 
     @blp.arguments(JobSubmitSchema)
     @blp.response(201, JobSchema)
-    @blp.doc(security=[{"bearer": []}], responses={"201": {"links": JOB_LINKS}})
+    @blp.doc(security=[{"bearer": []}], responses={201: {"links": JOB_LINKS}})
     def post(self, body):
         """Submit a job into a VC you belong to. With an ``Idempotency-Key`` header a retry (same key,
         same body) answers the job the first request made, with ``Idempotent-Replayed: true``."""

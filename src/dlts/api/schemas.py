@@ -527,6 +527,18 @@ def _scheduling_source() -> fields.String:
                        "cluster's value)"})
 
 
+class VcStorageSchema(Schema):
+    """The whole storage document; ``services.vc_storage`` checks each entry and names the field at fault."""
+
+    nfs = fields.List(fields.Dict(), validate=validate.Length(max=32), metadata={
+        "description": "[{name?, server, path, mount_path, read_only?}]: NFS exports mounted into the VC's jobs"})
+    host = fields.List(fields.Dict(), validate=validate.Length(max=32), metadata={
+        "description": "[{name?, path, mount_path, read_only?}]: directories present on every node"})
+    home = fields.Dict(allow_none=True, metadata={
+        "description": "{kind: nfs|host, server?, path, mount_path}: a job of user U gets <path>/U at <mount_path>/U"})
+    lustre = fields.Dict(allow_none=True, metadata={"description": "the VC's Lustre pool, MDT and project (docs/lustre.md)"})
+
+
 class VcSchema(Schema):
     name = fields.String()
     policy = fields.String()
@@ -560,7 +572,7 @@ class VcSchema(Schema):
     max_preemptions_source = _scheduling_source()
     idle_policy = fields.Dict(allow_none=True, metadata={
         "description": "{idle_warn_min, idle_action_min, idle_action, exempt_types}; null: off"})
-    storage = fields.Dict(metadata={"description": "nfs, host, home and lustre (PUT /vcs/{name}/storage)"})
+    storage = fields.Nested(VcStorageSchema, metadata={"description": "nfs, host, home and lustre (PUT /vcs/{name}/storage)"})
     users = fields.List(fields.Nested(UserUseSchema))
     admins = fields.List(fields.String())
     members = fields.List(fields.String())
@@ -571,18 +583,6 @@ class VcSchema(Schema):
 class VcPageSchema(Schema):
     items = fields.List(fields.Nested(VcSchema))
     next_cursor = fields.String(allow_none=True)
-
-
-class VcStorageSchema(Schema):
-    """The whole storage document; ``services.vc_storage`` checks each entry and names the field at fault."""
-
-    nfs = fields.List(fields.Dict(), validate=validate.Length(max=32), metadata={
-        "description": "[{name?, server, path, mount_path, read_only?}]: NFS exports mounted into the VC's jobs"})
-    host = fields.List(fields.Dict(), validate=validate.Length(max=32), metadata={
-        "description": "[{name?, path, mount_path, read_only?}]: directories present on every node"})
-    home = fields.Dict(allow_none=True, metadata={
-        "description": "{kind: nfs|host, server?, path, mount_path}: a job of user U gets <path>/U at <mount_path>/U"})
-    lustre = fields.Dict(allow_none=True, metadata={"description": "the VC's Lustre pool, MDT and project (docs/lustre.md)"})
 
 
 class VcEventSchema(Schema):

@@ -4,7 +4,8 @@ An attempt lives in ``<run_dir>/<job>-<attempt>/``. Most attempts run one proces
 inference attempt runs one process per replica, and a distributed attempt one per placement (as
 one pod per node), each in ``replicas/<index>/`` (the replica index of its placement) with its own
 ``CUDA_VISIBLE_DEVICES``. Each process directory (a *unit*) holds ``spec.json`` (the init's run
-spec: log, working directory, identity), ``pid`` (pid, start time and start ticks since boot, written by the DLTS init
+spec: log, working directory, identity, and ``job_env``: the labels and GPUs the node agent attributes
+the unit's processes by), ``pid`` (pid, start time and start ticks since boot, written by the DLTS init
 itself before it starts the job, so a reused pid is never mistaken for the job and no job runs
 without a record), ``exit`` (written by the init when the command ends and its output is in the
 log: the code, and how much output a full log volume cost; on a full run volume the record is
@@ -390,7 +391,8 @@ class LocalBackend:
             "DLTS_JOB_ID": str(spec.job_id), "DLTS_USER": spec.user, "DLTS_VC": spec.vc,
             "DLTS_NUM_GPUS": str(len(gpu_indices)), "DLTS_ATTEMPT": str(spec.attempt),
             "DLTS_PREEMPTIBLE": "1" if spec.preemptible else "0",
-            # which local backend runs it: the demo's agent counts only its own backend's jobs
+            # which local backend runs it: the demo's agent does not count another backend's job processes
+            # as unattributed claims (it attributes by the run directory's units, never by this)
             "DLTS_RUN_DIR": str(self.run_dir.resolve()),
             "CUDA_VISIBLE_DEVICES": ",".join(map(str, gpu_indices)),
             # CUDA's default order is fastest-first; NVML's (what the agent reports) is PCI bus order
