@@ -136,6 +136,21 @@ def test_started_and_finished_times_come_from_the_job_container():
     assert seen.finished_at - seen.started_at == 60
 
 
+def test_the_image_id_is_the_job_containers_as_the_runtime_resolved_it():
+    resolved = "docker.io/pytorch/pytorch@sha256:" + "5e" * 32
+    running = pod(0, "Running", job="running")
+    running["status"]["initContainerStatuses"] = [{"name": "dlts-init", "imageID": "docker.io/library/busybox@sha256:"
+                                                   + "0" * 64, "state": {"terminated": {"exitCode": 0}}}]
+    running["status"]["containerStatuses"][0]["imageID"] = resolved
+    for type in ("batch", "inference"):
+        running["metadata"]["labels"]["dlts.io/type"] = type
+        seen = observe_attempt((1, 1), [running], lost_nodes={}, now=NOW, missing_after_s=30)
+        assert (seen.phase, seen.image_id) == (RunPhase.RUNNING, resolved)
+    # before the job container exists there is nothing to say
+    assert observe_attempt((1, 1), [pod(0, job="ContainerCreating")], lost_nodes={}, now=NOW,
+                           missing_after_s=30).image_id == ""
+
+
 def m(index: int, phase: RunPhase, **kw) -> MemberState:
     return MemberState(index, phase, **kw)
 

@@ -151,6 +151,10 @@ class Observed:
     # space left on device"); running: that it is losing output now ("its output is being dropped:
     # ..."); "" when everything is stored
     log_cut: str = ""
+    # the image the job container runs as the node's container runtime resolved it (Kubernetes: the
+    # job container's ``status.imageID``, ``repo@sha256:...`` for a pulled image): what a tag meant
+    # when the attempt started; "" where the backend does not know
+    image_id: str = ""
 
 
 @dataclass(frozen=True)

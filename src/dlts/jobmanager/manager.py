@@ -298,6 +298,9 @@ class JobManager:
                     if job_repo.set_status(session, job.id, S.SCHEDULING, S.RUNNING, actor=ACTOR, values=values) \
                             and attempt is not None:
                         attempt.started_at = started
+                        if seen.image_id:  # what the image reference meant on the node, for the record
+                            job_repo.add_event(session, job.id, EventKind.IMAGE, actor=ACTOR, reason="resolved",
+                                               message=f"attempt {job.attempt}: {job.image} is {seen.image_id}")
             elif seen.phase is RunPhase.PENDING and job.status is S.SCHEDULING and attempt is not None:
                 if self._start_timed_out(attempt):
                     self._ended(session, job, attempt, seen, timed_out=True)

@@ -64,6 +64,7 @@ class EventKind(enum.StrEnum):
     INSIGHT = "insight"  # an insight finding (idle GPUs, ...) raised, cleared or acted on
     REPAIR = "repair"  # the repair loop stopped the job to take its node out of service
     CLUSTER = "cluster"  # the cluster refused a step for the job (its log copy, a deletion, a stop), in words
+    IMAGE = "image"  # the image an attempt started with, as the node's runtime resolved it (a tag's digest)
 
 
 class EndReason(enum.StrEnum):

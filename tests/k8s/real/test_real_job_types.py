@@ -3,8 +3,9 @@
 batch, distributed (a gang of two pods, one per node), inference (two replicas, one log with the
 second replica's lines prefixed ``[1] ``, serving a port: the kubelet's readiness probe keeps each
 replica out of the endpoint until it listens) and interactive (a port endpoint, exposed as a real
-NodePort Service). The portal is the app over the same database and log store, signed in as the
-job's owner through its login form. The backend keeps the pods by a watch here.
+NodePort Service). Each job's history records the image as the kubelet's runtime resolved it.
+The portal is the app over the same database and log store, signed in as the job's owner through
+its login form. The backend keeps the pods by a watch here.
 """
 
 from __future__ import annotations
@@ -34,6 +35,12 @@ JOBS = {
 }
 
 
+def job_lines(log: str) -> list[str]:
+    """The job's own lines, sorted: without the endpoint supervisor's (``dlts-endpoints: ...``, in a job
+    with a port endpoint once the kubelet has filled the endpoint ConfigMap in, which may take a minute)."""
+    return sorted(line for line in log.splitlines() if not re.match(r"(\[\d+\] )?dlts-endpoints: ", line))
+
+
 @pytest.fixture
 def kubernetes_section():
     """These run with the pod watch (``kubernetes.watch``); the other modules list pods every tick."""
@@ -61,9 +68,13 @@ def test_every_job_type_runs_as_real_pods_to_its_end_with_its_log_in_the_portal(
     pods_wanted = 2 if kind in ("inference", "distributed") else 1
     deployed.tick_until(f"the {kind} job runs with every line of its start in the log", lambda: (
         deployed.status(job_id) == "running"
-        and sorted(deployed.log(job_id).splitlines()) == sorted(expected)))
+        and job_lines(deployed.log(job_id)) == sorted(expected)))
     pods = deployed.pods(job_id)
     assert len(pods) == pods_wanted and {p["status"]["phase"] for p in pods} == {"Running"}
+    # the job's history says what its image reference meant on the node: the runtime's imageID
+    [ran] = {cs["imageID"] for p in pods for cs in p["status"]["containerStatuses"] if cs["name"] == "job"}
+    assert ran and [e.message for e in deployed.events(job_id, "image")] == [
+        f"attempt 1: {deployed.shell_image} is {ran}"]
     if kind == "interactive":
         service = deployed.tick_until("the endpoint Service is made", lambda: deployed.cluster.request(
             "GET", f"/api/v1/namespaces/{NAMESPACE}/services/dlts-{job_id}-1-ep"))
@@ -78,7 +89,7 @@ def test_every_job_type_runs_as_real_pods_to_its_end_with_its_log_in_the_portal(
     deployed.tick_until(f"the {kind} job ends", lambda: deployed.ended(job_id))
     assert deployed.status(job_id) == "finished", deployed.summary()
     assert deployed.pods(job_id) == []
-    assert sorted(portal_log(client, job_id).splitlines()) == sorted(expected)
+    assert job_lines(portal_log(client, job_id)) == sorted(expected)
 
 
 def _serves_only_once_its_replicas_listen(deployed, job_id: int, pods: list[dict]) -> None:

@@ -89,6 +89,16 @@ def started_at(pod: Mapping[str, Any]) -> float | None:
     return None
 
 
+def image_id(pods: Sequence[Mapping[str, Any]]) -> str:
+    """The job container's ``imageID`` (the image as the runtime resolved it) of the first pod that
+    has one; "" before any job container was created."""
+    for pod in pods:
+        found = (_job_status(pod) or {}).get("imageID")
+        if isinstance(found, str) and found:
+            return found[:512]
+    return ""
+
+
 def job_terminated(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
     return ((_job_status(pod) or {}).get("state") or {}).get("terminated")
 
@@ -181,7 +191,7 @@ def observe_attempt(key: tuple[int, int], pods: Sequence[Mapping[str, Any]], *, 
         # A launch interrupted half-way (crash, API error): report nothing, so that the job
         # manager re-issues the launch, which creates only the missing pods.
         return None
-    return _observed(key, verdict, now, message="terminating" if terminating else "")
+    return _observed(key, verdict, now, message="terminating" if terminating else "", image_id=image_id(pods))
 
 
 def _observe_replicas(key: tuple[int, int], pods: Sequence[Mapping[str, Any]],
@@ -190,7 +200,8 @@ def _observe_replicas(key: tuple[int, int], pods: Sequence[Mapping[str, Any]],
     not judged here: the job manager knows which replicas it asked for and creates it again."""
     job_id, attempt = key
     common: dict[str, Any] = {"replicas": frozenset(replica_index(p) for p in pods),
-                              "retiring": frozenset(replica_index(p) for p in pods if is_retiring(p))}
+                              "retiring": frozenset(replica_index(p) for p in pods if is_retiring(p)),
+                              "image_id": image_id(pods)}
     live = [p for p in pods if not is_retiring(p)]
     if not live:  # only replicas on their way out (never the case while the job runs normally)
         return Observed(job_id, attempt, RunPhase.RUNNING, message="replicas exiting", **common)
