@@ -20,7 +20,7 @@ from pathlib import Path
 
 import click
 import sqlalchemy as sa
-from werkzeug.serving import make_server
+from werkzeug.serving import WSGIRequestHandler, make_server
 
 from dlts import db_faults, db_migrate
 from dlts.app import create_app
@@ -101,6 +101,17 @@ def agent_mode(node, settings: Settings, scenario_name: str | None) -> str:
     if node.gpus and node.sku != settings.demo_sku:
         return "nvml"
     return "host"
+
+
+class QuietReportsHandler(WSGIRequestHandler):
+    """The demo's access log without the node agent's answered report of every second (logged at
+    debug level: ``dlts -v demo`` shows them); a report the API refused is still logged."""
+
+    def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
+        if self.command == "POST" and self.path.endswith("/report") and str(code).startswith("2"):
+            logging.getLogger("werkzeug").debug("%s %s %s", self.command, self.path, code)
+            return
+        super().log_request(code, size)
 
 
 def start_agent(settings: Settings, sessions, node, url: str, scenario_name: str | None = None):
@@ -269,7 +280,8 @@ def run_demo(settings: Settings, fake_nvml: str | None = None) -> None:
     forecasts = ForecastManager(sessions, settings)
     forecaster = TickThread(None, min(settings.forecast.interval_s, 30.0), name="forecast",
                             tick=instrumented("forecast.run", forecasts.run_once))
-    server = make_server(settings.listen_host, settings.listen_port, app, threaded=True)
+    server = make_server(settings.listen_host, settings.listen_port, app, threaded=True,
+                         request_handler=QuietReportsHandler)
     url = f"http://{settings.listen_host}:{server.server_port}"
     node = backend.nodes()[0]
     _agent, agent_stop, agent_thread, agent_reads = start_agent(settings, sessions, node, url, fake_nvml)

@@ -403,17 +403,26 @@ def register(main: click.Group, vc_group: click.Group) -> None:
     @click.option("--port", type=click.IntRange(1024, 65535), help="open port: the port the job listens on.")
     @click.option("--name", help="open: the endpoint's name (default: the kind, port-N for a port).")
     @click.option("--json", "as_json", is_flag=True, help="Print the API's answer as JSON.")
-    def endpoints(client: Client, job_id: int, action: str, target: str | None, port, name, as_json) -> None:
+    @click.option("--wait", "wait_s", type=click.FloatRange(0, 86400), is_flag=False, flag_value=300.0, default=None,
+                  metavar="[SECONDS]", help="list: first wait until every endpoint is ready (at most SECONDS, "
+                                            "default 300); exit 1 if one failed or time ran out.")
+    def endpoints(client: Client, job_id: int, action: str, target: str | None, port, name, as_json, wait_s) -> None:
         """List a job's endpoints, open one (ssh, jupyter, vscode, port) or close one."""
+        if wait_s is not None and action != "list":
+            raise click.UsageError("--wait goes with list: dlts endpoints ID --wait")
         if action == "list":
             if target is not None:
                 raise click.UsageError("list takes no argument")
             items = client.get(f"/jobs/{job_id}/endpoints")["items"]
+            if wait_s is not None:
+                items = _wait_ready(client, job_id, items, wait_s)
             if as_json:
                 output.echo_json(items)
             else:
                 click.echo(_endpoints_table(items, output.colour_on()) if items else
                            f"job {job_id} has no endpoints (open one: dlts endpoints {job_id} open ssh|jupyter|vscode|port)")
+            if wait_s is not None and any(e["status"] != "ready" for e in items):
+                sys.exit(EXIT_FAILED)
             return
         if action == "open":
             kinds = ("ssh", "jupyter", "vscode", "port")
@@ -486,18 +495,17 @@ def register(main: click.Group, vc_group: click.Group) -> None:
         if ctx.invoked_subcommand is not None:
             return
         try:
-            items = connect(profile_name).get("/me/ssh-keys")["items"]
+            _list_keys(connect(profile_name), as_json)
         except ApiError as exc:
             raise _from_api(exc) from None
-        if as_json:
-            output.echo_json(items)
-            return
-        click.echo(output.table(["ID", "NAME", "TYPE", "FINGERPRINT", "ADDED"],
-                                [[k["id"], k.get("name"), f"{k['key_type']}" + (f" {k['bits']}" if k.get("bits") else ""),
-                                  k["fingerprint"], output.relative(k.get("created_at"))] for k in items], right={0})
-                   if items else "no SSH keys (add one: dlts keys add ~/.ssh/id_ed25519.pub)")
 
     mark_user(keys)
+
+    @user_command(keys, "list")
+    @click.option("--json", "as_json", is_flag=True, help="Print the keys as JSON.")
+    def keys_list(client: Client, as_json) -> None:
+        """List your SSH public keys (the same as plain `dlts keys`)."""
+        _list_keys(client, as_json)
 
     @user_command(keys, "add")
     @click.argument("key_file", type=click.File("r"), metavar="FILE")
@@ -814,6 +822,26 @@ def _state_line(job: dict) -> str:
     if job["status"] in ENDED_STATUSES:
         parts.append(f"exit code {job.get('exit_code') if job.get('exit_code') is not None else '-'}")
     return " ".join(parts)
+
+
+def _list_keys(client: Client, as_json: bool) -> None:
+    items = client.get("/me/ssh-keys")["items"]
+    if as_json:
+        output.echo_json(items)
+        return
+    click.echo(output.table(["ID", "NAME", "TYPE", "FINGERPRINT", "ADDED"],
+                            [[k["id"], k.get("name"), f"{k['key_type']}" + (f" {k['bits']}" if k.get("bits") else ""),
+                              k["fingerprint"], output.relative(k.get("created_at"))] for k in items], right={0})
+               if items else "no SSH keys (add one: dlts keys add ~/.ssh/id_ed25519.pub)")
+
+
+def _wait_ready(client: Client, job_id: int, items: list[dict], wait_s: float) -> list[dict]:
+    """The job's endpoints once every one is ready, one failed, or ``wait_s`` went by (the last read)."""
+    deadline = time.monotonic() + wait_s
+    while items and any(e["status"] == "pending" for e in items) and time.monotonic() < deadline:
+        time.sleep(poll_s())
+        items = client.get(f"/jobs/{job_id}/endpoints")["items"]
+    return items
 
 
 def wait_for(client: Client, job_id: int) -> int:
