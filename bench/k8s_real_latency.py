@@ -48,7 +48,7 @@ from kubernetes import watch as k8s_watch
 
 from dlts import db_migrate
 from dlts.app import create_app
-from dlts.backends import make_backend
+from dlts.backend_factory import make_backend
 from dlts.config import load_settings
 from dlts.db import session_factory
 from dlts.jobmanager import JobManager

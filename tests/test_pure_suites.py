@@ -1,5 +1,6 @@
 """The pure suites run without the web stack: the scheduler core's tests, the node agent's and the
-Lustre package's need neither Flask nor the database layer, and neither do the conftests above them.
+Lustre package's need neither Flask nor the database layer, and neither do the conftests above them;
+the scheduler core's do not need the configuration (``dlts.config``, pydantic) either.
 
 Each suite runs in a child pytest whose import system refuses those packages as if they were not
 installed (a finder first on ``sys.meta_path``, loaded with ``-p`` before any conftest); the child
@@ -25,6 +26,9 @@ ROOT = Path(__file__).resolve().parent.parent
 FORBIDDEN = ("flask", "flask_sqlalchemy", "flask_smorest", "flask_wtf", "werkzeug", "sqlalchemy", "alembic",
              "marshmallow", "kubernetes", "dlts.app", "dlts.api", "dlts.portal", "dlts.db", "dlts.models",
              "dlts.repositories", "dlts.services")
+# the scheduler's suite needs the pure core only: not the configuration (pydantic) either; a test of a
+# setting that names a scheduler profile sits with the configuration's tests (tests/core/test_config.py)
+SCHEDULER_FORBIDDEN = (*FORBIDDEN, "pydantic", "dlts.config")
 
 GUARD = textwrap.dedent('''
     import json, os, sys
@@ -53,10 +57,11 @@ LUSTRE_PACKAGE_TESTS = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests" 
                               if p.name not in ("test_storage_manager.py", "test_lustre_usage_snapshots.py"))
 
 
-def run_guarded(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+def run_guarded(tmp_path: Path, *args: str, forbidden: tuple[str, ...] = FORBIDDEN,
+                ) -> tuple[subprocess.CompletedProcess[str], list[str]]:
     (tmp_path / "pure_guard.py").write_text(GUARD)
     report = tmp_path / "loaded.json"
-    env = dict(os.environ, PURE_GUARD_FORBIDDEN=json.dumps(FORBIDDEN), PURE_GUARD_REPORT=str(report),
+    env = dict(os.environ, PURE_GUARD_FORBIDDEN=json.dumps(forbidden), PURE_GUARD_REPORT=str(report),
                PYTHONPATH=os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "pure_guard",
                            "-p", "no:schemathesis", "-p", "no:anyio", *args],
@@ -66,8 +71,8 @@ def run_guarded(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess
 
 
 @pytest.mark.slow
-def test_the_scheduler_suite_runs_without_flask_or_the_database_layer(tmp_path):
-    proc, loaded = run_guarded(tmp_path, "tests/scheduler")
+def test_the_scheduler_suite_runs_without_flask_the_database_layer_or_the_configuration(tmp_path):
+    proc, loaded = run_guarded(tmp_path, "tests/scheduler", forbidden=SCHEDULER_FORBIDDEN)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert " passed" in proc.stdout and loaded == [], (loaded, proc.stdout[-2000:])
 

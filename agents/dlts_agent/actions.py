@@ -30,6 +30,8 @@ from dlts_agent.model import (
     GpuReadout,
     GpuSample,
     JobsSample,
+    OrderResult,
+    OrderStatus,
 )
 from dlts_agent.state import AgentState
 
@@ -46,15 +48,6 @@ class ActionKind(str, enum.Enum):
     GPU_DIAG = "gpu_diag"  # target LEVEL[:GPU,GPU...]: dcgmi diag -r LEVEL [-i GPUS]
 
 
-class OrderStatus(str, enum.Enum):
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"  # tried, and it did not work
-    REJECTED = "rejected"  # not tried: invalid, not allowed, or a precondition does not hold
-    DRY_RUN = "dry_run"  # not tried on purpose; message says what would have run
-    IN_PROGRESS = "in_progress"  # only a reboot, until the agent comes back on a new boot
-    SKIPPED = "skipped"  # not tried: the tool it needs is not installed here (gpu_diag without dcgmi)
-
-
 @dataclass(frozen=True)
 class Order:
     id: str
@@ -63,39 +56,6 @@ class Order:
     dry_run: bool
     force: bool = False
     reason: str = ""
-
-
-@dataclass(frozen=True)
-class OrderResult:
-    id: str
-    action: str
-    target: str
-    status: OrderStatus
-    message: str
-    dry_run: bool
-    started_at: float
-    finished_at: float | None
-    boot_id: str = ""
-
-    def to_json(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["status"] = self.status.value
-        d.pop("boot_id")
-        return d
-
-    @staticmethod
-    def from_json(d: Mapping[str, Any]) -> OrderResult:
-        return OrderResult(
-            str(d["id"]),
-            str(d["action"]),
-            str(d.get("target", "")),
-            OrderStatus(d["status"]),
-            str(d.get("message", "")),
-            bool(d.get("dry_run", False)),
-            float(d.get("started_at", 0)),
-            d.get("finished_at"),
-            str(d.get("boot_id", "")),
-        )
 
 
 class CommandRunner(Protocol):

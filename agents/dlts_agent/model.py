@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 
@@ -317,3 +317,47 @@ class AgentSnapshot:
     collector_last_success_s: Mapping[str, float]
     report: ReportStatus | None = None
     firewall: FirewallStatus | None = None
+
+
+# -- a repair order's result: what actions.ActionExecutor records (state.py persists it) and reports
+
+class OrderStatus(str, enum.Enum):
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"  # tried, and it did not work
+    REJECTED = "rejected"  # not tried: invalid, not allowed, or a precondition does not hold
+    DRY_RUN = "dry_run"  # not tried on purpose; message says what would have run
+    IN_PROGRESS = "in_progress"  # only a reboot, until the agent comes back on a new boot
+    SKIPPED = "skipped"  # not tried: the tool it needs is not installed here (gpu_diag without dcgmi)
+
+
+@dataclass(frozen=True)
+class OrderResult:
+    id: str
+    action: str
+    target: str
+    status: OrderStatus
+    message: str
+    dry_run: bool
+    started_at: float
+    finished_at: float | None
+    boot_id: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["status"] = self.status.value
+        d.pop("boot_id")
+        return d
+
+    @staticmethod
+    def from_json(d: Mapping[str, Any]) -> OrderResult:
+        return OrderResult(
+            str(d["id"]),
+            str(d["action"]),
+            str(d.get("target", "")),
+            OrderStatus(d["status"]),
+            str(d.get("message", "")),
+            bool(d.get("dry_run", False)),
+            float(d.get("started_at", 0)),
+            d.get("finished_at"),
+            str(d.get("boot_id", "")),
+        )

@@ -24,10 +24,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from dlts_agent.actions import ActionExecutor, OrderResult
+from dlts_agent.actions import ActionExecutor
 from dlts_agent.config import ReportConfig
 from dlts_agent.metrics import metrics_summary
-from dlts_agent.model import AgentSnapshot, ReportStatus
+from dlts_agent.model import AgentSnapshot, OrderResult, ReportStatus
 
 log = logging.getLogger(__name__)
 

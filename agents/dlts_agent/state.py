@@ -15,6 +15,8 @@ import tempfile
 import threading
 from typing import Any
 
+from dlts_agent.model import OrderResult
+
 log = logging.getLogger(__name__)
 
 STATE_VERSION = 1
@@ -32,7 +34,7 @@ class AgentState:
         self.fell_off_bus_counts: dict[str, int] = {}
         self.recent_xids: list[dict[str, Any]] = []
         self.gpu_reset_at: dict[str, float] = {}  # bus id -> wall time of the last successful reset
-        self.orders: dict[str, dict[str, Any]] = {}  # order id -> result (see actions.OrderResult)
+        self.orders: dict[str, dict[str, Any]] = {}  # order id -> result (model.OrderResult)
         self.load_error: str | None = None
         self._saved: bytes | None = None  # what the file holds: skip identical rewrites (and fsyncs)
         # The collection loop and the order executor both save; one at a time, so an older
@@ -80,8 +82,6 @@ class AgentState:
             event["time_s"] = float(event["time_s"])
         self.recent_xids = recent
         self.gpu_reset_at = {str(k): float(v) for k, v in _mapping(data.get("gpu_reset_at", {}), "gpu_reset_at").items()}
-        from dlts_agent.actions import OrderResult  # the executor's record format (actions imports this module)
-
         orders = {str(k): dict(_mapping(v, "orders[]")) for k, v in _mapping(data.get("orders", {}), "orders").items()}
         for order in orders.values():
             OrderResult.from_json(order)  # every record must read back as a result

@@ -265,7 +265,7 @@ def managers(ctx: Context) -> None:
     """Run the job manager and the other periodic managers. Run it on several control nodes:
     exactly one acts (the holder of the lease in the database), the others stand by."""
     from dlts.app import create_app
-    from dlts.backends import make_backend
+    from dlts.backend_factory import make_backend
     from dlts.db import engine_of, session_factory
     from dlts.jobmanager import JobManager
     from dlts.managers import Periodic, run_forever
@@ -902,7 +902,8 @@ def storage_scan(ctx: Context, paths: tuple[str, ...], as_json: bool, record: bo
     import json
     import os
 
-    from dlts.storage.scan import COMPLETE, scan_path
+    from dlts.storage.scan import scan_path
+    from dlts.storage.scan_result import COMPLETE
 
     _cheap_exit()
     # the storage: section alone; the whole configuration (the database's) only for a configured root
@@ -964,7 +965,7 @@ def storage_expire(ctx: Context, root: str, older_than_days: float | None, dry_r
     import os
 
     from dlts.managers.storage import StorageManager, human_bytes
-    from dlts.storage.scan import shown
+    from dlts.storage.scan_result import shown
 
     configured = ctx.settings.storage.root(os.path.abspath(root))
     if configured is None:

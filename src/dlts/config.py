@@ -19,8 +19,6 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-# the rule about backend: local is the backends'; re-exported for cli.py and the tests
-from dlts.backends import require_trusted_local_backend
 from dlts.backends.k8s_settings import KubernetesSettings, cidr_list
 from dlts.config_layers import (
     ENV_PREFIX,
@@ -39,6 +37,12 @@ from dlts.notify_settings import NotifySettings
 from dlts.repair.settings import RepairSettings
 from dlts.storage.settings import StorageSettings
 from dlts.strict import is_whole_number
+
+LOCAL_BACKEND_REFUSED = (
+    "backend: local runs every user's job command on this machine as the DLTS service user, which can read "
+    "the database, secret_key and the admin's API tokens, so it is refused outside `dlts demo`. Use "
+    "backend: kubernetes for a shared cluster, or, only if every user of this service may act as that "
+    "account, set local_backend_trusted_users: true in dlts.yaml (docs/security-host.md)")
 
 DEFAULT_HOME = Path(".dlts")
 __all__ = ["ENV_PREFIX", "MOVED_KEYS", "SYSTEM_CONFIG", "ConfigError", "Settings", "config_path", "describe",
@@ -464,6 +468,13 @@ def _shown(value: Any) -> str:
     if isinstance(value, (list, dict)):
         return json.dumps(value, sort_keys=True)
     return str(value)
+
+
+def require_trusted_local_backend(settings: Settings) -> None:
+    """Refuse ``backend: local`` outside the demo unless ``local_backend_trusted_users`` is set: the
+    local backend isolates no job from the service (``dlts managers``, ``dlts api``)."""
+    if settings.backend == "local" and not settings.local_backend_trusted_users:
+        raise ConfigError(LOCAL_BACKEND_REFUSED)
 
 
 def require_production_secrets(settings: Settings) -> None:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from agent_testkit import FakeNode, agent_config, logged_commands
 
-from dlts_agent.actions import OrderStatus
 from dlts_agent.agent import Agent
+from dlts_agent.model import OrderStatus
 from dlts_testing.fake_nvml import fallen_off_bus, healthy_8xa100
 
 UUID3 = "GPU-a1000003-5c1e-4b3a-9f00-000000000003"

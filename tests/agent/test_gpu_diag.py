@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from agent_testkit import FakeNode, agent_config, logged_commands
 
-from dlts_agent.actions import OrderStatus
 from dlts_agent.agent import Agent
 from dlts_agent.dcgm import DiagOutputError, parse_diag
+from dlts_agent.model import OrderStatus
 from dlts_testing.fake_nvml import FakeDriver, healthy_8xa100, remap_failure
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 from click.testing import CliRunner
+from pydantic import ValidationError
 
 from dlts.backends.k8s_settings import KubernetesSettings, PrivilegedFeature
 from dlts.cli import main
-from dlts.config import ConfigError, load_settings, require_production_secrets
+from dlts.config import ConfigError, Settings, load_settings, require_production_secrets
 
 
 def test_the_environment_beats_the_file_which_beats_the_defaults(tmp_path):
@@ -163,3 +164,10 @@ def test_docs_list_every_kubernetes_key_and_show_its_real_defaults():
     start = shown.index("```yaml\n") + len("```yaml\n")
     block = shown[start:shown.index("\n```", start)]
     assert yaml.safe_load(block)["kubernetes"] == KubernetesSettings().model_dump(mode="json")
+
+
+def test_the_config_chooses_a_scheduler_profile_by_name() -> None:
+    assert Settings(scheduler_profile="no_reclaim").scheduler_profile == "no_reclaim"
+    assert Settings().scheduler_profile == "default"
+    with pytest.raises(ValidationError, match="unknown scheduler profile 'fastest'"):
+        Settings(scheduler_profile="fastest")

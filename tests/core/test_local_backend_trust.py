@@ -11,7 +11,7 @@ import sys
 import pytest
 from click.testing import CliRunner
 
-from dlts.backends import make_backend
+from dlts.backend_factory import make_backend
 from dlts.backends.local import LocalBackend
 from dlts.cli import main
 from dlts.config import ConfigError, load_settings

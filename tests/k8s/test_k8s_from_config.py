@@ -18,7 +18,7 @@ import yaml
 from conftest import caught_up, env_of
 from kubernetes.utils import parse_quantity
 
-from dlts.backends import make_backend
+from dlts.backend_factory import make_backend
 from dlts.backends.base import BackendUnavailable
 from dlts.backends.k8s_settings import KubernetesSettings
 from dlts.config import load_settings

@@ -128,17 +128,6 @@ def test_the_core_imports_no_database_web_or_cluster_library() -> None:
     assert out.strip() == "[]"
 
 
-def test_the_config_chooses_a_profile_by_name() -> None:
-    from pydantic import ValidationError
-
-    from dlts.config import Settings
-
-    assert Settings(scheduler_profile="no_reclaim").scheduler_profile == "no_reclaim"
-    assert Settings().scheduler_profile == "default"
-    with pytest.raises(ValidationError, match="unknown scheduler profile 'fastest'"):
-        Settings(scheduler_profile="fastest")
-
-
 def test_a_pass_leaves_the_garbage_collector_as_it_found_it() -> None:
     import gc
 

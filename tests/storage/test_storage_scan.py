@@ -16,7 +16,8 @@ import walk_hooks
 from click.testing import CliRunner
 
 from dlts.storage import scan as scan_module
-from dlts.storage.scan import COMPLETE, HUNG, TIMEOUT, scan_path, scan_root
+from dlts.storage.scan import scan_path, scan_root
+from dlts.storage.scan_result import COMPLETE, HUNG, TIMEOUT, still_hung
 from dlts.storage.settings import StorageRoot, StorageSettings
 
 
@@ -165,7 +166,7 @@ def test_a_hung_directory_times_out_reports_the_mount_and_blocks_nobody(tree):
     assert again.status == HUNG and "still stuck" in again.message and threading.active_count() == before
     release.set()
     deadline = time.monotonic() + 5
-    while scan_module.still_hung(str(tree)) and time.monotonic() < deadline:
+    while still_hung(str(tree)) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert scan_root(StorageRoot(path=tree), settings, list_dir=list_dir).status == COMPLETE
 

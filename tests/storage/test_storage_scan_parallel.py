@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import walk_hooks
 
-from dlts.storage import scan as scan_module
-from dlts.storage.scan import COMPLETE, HUNG, scan_root
+from dlts.storage.scan import scan_root
+from dlts.storage.scan_result import COMPLETE, HUNG, still_hung
 from dlts.storage.settings import StorageRoot, StorageSettings
 
 
@@ -148,9 +148,9 @@ def test_a_hung_directory_in_a_worker_process_is_reported_and_the_worker_killed(
     assert f"{root / 't3' / 'hang'}: no answer within dir_timeout_s" in result.message
     assert f"mount {root} hung" in result.message
     deadline = time.monotonic() + 5  # a sleeping worker can be killed: nothing is left behind
-    while scan_module.still_hung(str(root)) and time.monotonic() < deadline:
+    while still_hung(str(root)) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not scan_module.still_hung(str(root))
+    assert not still_hung(str(root))
     assert scan_root(StorageRoot(path=root), StorageSettings(processes_per_root=2)).status == COMPLETE
 
 

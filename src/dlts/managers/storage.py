@@ -30,7 +30,8 @@ from sqlalchemy.orm import Session
 from dlts.models import StorageExpiryLog, User, VirtualCluster
 from dlts.services import transaction
 from dlts.storage.expire import ExpireReport, expire_root
-from dlts.storage.scan import COMPLETE, ScanResult, scan_root
+from dlts.storage.scan import scan_root
+from dlts.storage.scan_result import COMPLETE, ScanResult
 from dlts.storage.settings import StorageRoot, StorageSettings
 
 if TYPE_CHECKING:

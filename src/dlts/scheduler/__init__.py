@@ -5,7 +5,6 @@ call ``decide`` and carry out the returned decisions. See docs/scheduling.md.
 """
 
 from dlts.scheduler.core import decide
-from dlts.scheduler.framework import Rejection
 from dlts.scheduler.model import (
     CPU_SKU,
     Decisions,
@@ -14,6 +13,7 @@ from dlts.scheduler.model import (
     Node,
     Placement,
     Policy,
+    Rejection,
     SkuShape,
     Snapshot,
     Start,

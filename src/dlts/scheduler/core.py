@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 
-from dlts.scheduler.framework import OrderingSortPlugin, PlacePlugin, PolicyPlugin, ReclaimPlan, Rejection, VcQueue
+from dlts.scheduler.framework import OrderingSortPlugin, PlacePlugin, PolicyPlugin, ReclaimPlan, VcQueue
 from dlts.scheduler.model import (
     CPU_SKU,
     Decisions,
@@ -29,6 +29,7 @@ from dlts.scheduler.model import (
     JobType,
     Placement,
     Policy,
+    Rejection,
     Snapshot,
     Start,
     Stop,

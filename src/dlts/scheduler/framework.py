@@ -25,22 +25,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from dlts.scheduler.model import Job, Placement, Stop, Vc, Wait, WaitReason
+from dlts.scheduler.model import Job, Placement, Rejection, Stop, Vc, Wait
 from dlts.scheduler.state import Holding, PassState, Request
 
 # what a sort plugin orders by: priority, queue time, id, and the like (smaller first)
 SortKey = tuple[float, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class Rejection:
-    """Why a job cannot start now. ``permanent`` rejections (nothing in the cluster could ever
-    hold the job as asked) never block a FIFO queue, or the VC would stall forever."""
-
-    reason: WaitReason
-    detail: str
-    permanent: bool = False
-    blocked_by: int | None = None
 
 
 @dataclass

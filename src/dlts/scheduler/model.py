@@ -247,6 +247,18 @@ class Stop:
     placements: tuple[Placement, ...] = ()
 
 
+@dataclass(frozen=True, slots=True)
+class Rejection:
+    """Why a job cannot start now: a plugin's answer (the pass says it as the job's ``Wait``).
+    ``permanent`` rejections (nothing in the cluster could ever hold the job as asked) never block a
+    FIFO queue, or the VC would stall forever."""
+
+    reason: WaitReason
+    detail: str
+    permanent: bool = False
+    blocked_by: int | None = None
+
+
 @dataclass(slots=True)  # not frozen: a pass makes one per waiting job, and a frozen one costs 4x to make
 class Wait:
     job_id: int
@@ -295,3 +307,4 @@ def resource_pool(job: Job) -> str:
     if job.gpus <= 0 or job.sku in (None, CPU_SKU):
         return job.sku if job.type is JobType.DISTRIBUTED and job.sku else CPU_SKU
     return job.sku
+

@@ -23,13 +23,10 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache
-from typing import TYPE_CHECKING, TypeVar, cast
+from typing import TypeVar, cast
 
-from dlts.scheduler.model import CPU_SKU, Job, JobType, Node, Placement, Snapshot, Vc
+from dlts.scheduler.model import CPU_SKU, Job, JobType, Node, Placement, Rejection, Snapshot, Vc
 from dlts.scheduler.quota import effective_cpu_memory_quota, gpu_reserve
-
-if TYPE_CHECKING:
-    from dlts.scheduler.framework import Rejection
 
 T = TypeVar("T")
 

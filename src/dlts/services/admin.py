@@ -25,6 +25,7 @@ MIN_ID = 1000
 MAX_ID = 2**31 - 1
 MIN_EPHEMERAL_BYTES = 2**20
 MAX_EPHEMERAL_BYTES = 2**50
+MAX_ABUSE_LIMIT = 10_000_000
 
 
 def check_id(field: str, value: Any) -> int | None:
@@ -48,6 +49,14 @@ def check_ephemeral(field: str, value: Any) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int) or not MIN_EPHEMERAL_BYTES <= value <= MAX_EPHEMERAL_BYTES:
         raise InvalidInput(f"{field} must be bytes between {MIN_EPHEMERAL_BYTES} (1 MiB) and {MAX_EPHEMERAL_BYTES} "
                            "(1 PiB), or null for the cluster default.", details={"field": field})
+    return value
+
+
+def check_abuse_limit(key: str, value: Any) -> int | None:
+    """A per-user abuse limit: a whole number (0: no limit), or None for the cluster's default."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_ABUSE_LIMIT):
+        raise InvalidInput(f"{key} must be a whole number between 0 (no limit) and {MAX_ABUSE_LIMIT}, or null for the "
+                           "cluster's default.", details={"field": key})
     return value
 
 
@@ -197,8 +206,6 @@ def set_vc(session: Session, name: str, quota: dict[str, int], *, policy: str | 
         extra["gid"] = check_id("gid", gid)
     if ephemeral_storage_bytes is not UNSET:
         extra["ephemeral_storage_bytes"] = check_ephemeral("ephemeral_storage_bytes", ephemeral_storage_bytes)
-    from dlts.services.vcs import check_abuse_limit
-
     for key, value in (("max_queued_jobs_per_user", max_queued_jobs_per_user),
                        ("max_submissions_per_minute", max_submissions_per_minute)):
         if value is not UNSET:

@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session
 from dlts.models import StorageSnapshot, StorageUsage, iso
 from dlts.services import policy
 from dlts.services.auth import Principal
-from dlts.storage.scan import COMPLETE, ScanResult, iter_rows
+from dlts.storage.scan_result import COMPLETE, ScanResult, iter_rows
 from dlts.storage.settings import StorageRoot, StorageSettings
 
 CSV_COLUMNS = ("mount", "vc", "user", "directory", "bytes_used", "files", "apparent_bytes", "oldest_at",

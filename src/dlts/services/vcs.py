@@ -53,7 +53,6 @@ SCHEDULING_LIMITS = {"fair_share_max_wait_s": MAX_SCHEDULING_DELAY_S, "min_runti
 VC_ADMIN_FIELDS = ("policy", "max_job_time_s", "max_interactive_gpus", "user_gpu_quota", "notice",
                    "max_queued_jobs_per_user", "max_submissions_per_minute", "default_runtime_estimate_s",
                    "idle_policy", *SCHEDULING_FIELDS)
-MAX_ABUSE_LIMIT = 10_000_000
 CLUSTER_ADMIN_FIELDS = ("quota", "cpu_quota", "memory_quota_bytes", "gid", "ephemeral_storage_bytes", "pod_policy")
 MAX_QUOTA_GPUS = 1_000_000
 
@@ -337,7 +336,7 @@ def _check_settings(changes: Mapping[str, Any]) -> None:
             raise InvalidInput(f"{key} must be a whole number between 0 and {high}, or null for the default (dlts.yaml).",
                                details={"field": key})
     for key in ("max_queued_jobs_per_user", "max_submissions_per_minute"):
-        check_abuse_limit(key, changes.get(key))
+        admin.check_abuse_limit(key, changes.get(key))
     if changes.get("notice") is not None and (not isinstance(changes["notice"], str) or len(changes["notice"]) > 2000):
         raise InvalidInput("notice must be text of at most 2000 characters.", details={"field": "notice"})
     if "gid" in changes:
@@ -384,14 +383,6 @@ def check_idle_policy(value: Any, current: Mapping[str, Any] | None) -> dict[str
                            details={"field": "idle_policy.exempt_types"})
     return {"idle_warn_min": merged["idle_warn_min"], "idle_action_min": merged["idle_action_min"],
             "idle_action": merged["idle_action"], "exempt_types": sorted(set(types))}
-
-
-def check_abuse_limit(key: str, value: Any) -> int | None:
-    """A per-user abuse limit: a whole number (0: no limit), or None for the cluster's default."""
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_ABUSE_LIMIT):
-        raise InvalidInput(f"{key} must be a whole number between 0 (no limit) and {MAX_ABUSE_LIMIT}, or null for the "
-                           "cluster's default.", details={"field": key})
-    return value
 
 
 def check_pod_policy(value: Any) -> dict[str, bool]:

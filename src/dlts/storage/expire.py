@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from dlts.storage.scan import Owners, shown
+from dlts.storage.scan_result import Owners, shown
 from dlts.storage.settings import StorageRoot
 
 KEEP_FILE = ".dlts-keep"

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from dlts.storage.scan import COMPLETE, FAILED, ScanResult, Totals
+from dlts.storage.scan_result import COMPLETE, FAILED, ScanResult, Totals
 
 KIND = "lustre"
 

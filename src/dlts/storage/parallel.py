@@ -29,16 +29,18 @@ from collections.abc import Callable, Iterator
 from multiprocessing.process import BaseProcess
 from typing import TYPE_CHECKING, Any, TypeAlias
 
-from dlts.storage import scan as scan_module
 from dlts.storage import walk
-from dlts.storage.scan import (
+from dlts.storage.scan_result import (
     COMPLETE,
     FAILED,
     HUNG,
+    MAX_LISTED_ERRORS,
     TIMEOUT,
     Owners,
     ScanResult,
     Totals,
+    finish,
+    leave_behind,
 )
 from dlts.storage.settings import StorageRoot, StorageSettings
 
@@ -98,8 +100,7 @@ def scan(root: StorageRoot, settings: StorageSettings, owners: Owners, result: S
     finally:
         stuck = _stop(procs, conns, result.status == COMPLETE)
         if stuck:
-            with scan_module._stuck_lock:
-                scan_module._stuck.setdefault(base, []).extend(stuck)
+            leave_behind(base, stuck)
         result.duration_s = clock() - started
     return result
 
@@ -153,8 +154,7 @@ def _root(base: str, settings: StorageSettings, result: ScanResult, statvfs: Cal
     thread.start()
     thread.join(min(settings.dir_timeout_s, max(0.0, started + settings.scan_timeout_s - clock())))
     if thread.is_alive():
-        with scan_module._stuck_lock:
-            scan_module._stuck.setdefault(base, []).append(thread)
+        leave_behind(base, [thread])
         result.status = HUNG
         result.message = f"{base}: no answer within dir_timeout_s ({settings.dir_timeout_s:g} s); mount {base} hung"
         return None
@@ -245,7 +245,7 @@ class _Merge:
         for problems, paths, count in ((result.unreadable, payload["unreadable"], payload["unreadable_count"]),
                                        (result.other_fs, payload["other_fs"], payload["other_fs_count"])):
             problems.count += count
-            problems.paths.extend(paths[: max(0, scan_module.MAX_LISTED_ERRORS - len(problems.paths))])
+            problems.paths.extend(paths[: max(0, MAX_LISTED_ERRORS - len(problems.paths))])
 
     def into(self, result: ScanResult, owners: Owners, settings: StorageSettings) -> None:
         result.hardlinks_seen_again = self.seen_again
@@ -266,7 +266,7 @@ class _Merge:
                 sizes[0] += allocated
                 sizes[1] += apparent
                 sizes[2] += files
-        scan_module.finish(result, owners, settings, dir_sizes, dir_owner, self.oldest)
+        finish(result, owners, settings, dir_sizes, dir_owner, self.oldest)
 
 
 def _run(base: str, settings: StorageSettings, owners: Owners, result: ScanResult, procs: list[BaseProcess],

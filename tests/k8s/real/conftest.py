@@ -30,7 +30,7 @@ import pytest
 import sqlalchemy as sa
 import yaml
 
-from dlts.backends import make_backend
+from dlts.backend_factory import make_backend
 from dlts.config import Settings, load_settings
 from dlts.jobmanager import JobManager
 from dlts.logstore import iter_log

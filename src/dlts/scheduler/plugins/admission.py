@@ -7,8 +7,8 @@ an inference job's non-preemptible part is its ``min_replicas``.
 
 from __future__ import annotations
 
-from dlts.scheduler.framework import PluginHandle, Rejection
-from dlts.scheduler.model import CPU_SKU, Job, JobType, Vc, WaitReason
+from dlts.scheduler.framework import PluginHandle
+from dlts.scheduler.model import CPU_SKU, Job, JobType, Rejection, Vc, WaitReason
 from dlts.scheduler.state import PassState, Request
 
 GIB = 1024**3

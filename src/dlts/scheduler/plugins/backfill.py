@@ -27,8 +27,8 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol, TypeVar
 
-from dlts.scheduler.framework import ReclaimPlan, Rejection, VcQueue
-from dlts.scheduler.model import Job, Placement, Policy, Reservation, Vc, WaitReason
+from dlts.scheduler.framework import ReclaimPlan, VcQueue
+from dlts.scheduler.model import Job, Placement, Policy, Rejection, Reservation, Vc, WaitReason
 from dlts.scheduler.plugins.placement import _fits_cpu_mem, cpu_pools
 from dlts.scheduler.plugins.walltime import effective_limit_s
 from dlts.scheduler.reservations import INF, Item, Timeline, first_run, mask_of

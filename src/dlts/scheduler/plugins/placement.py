@@ -10,8 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from functools import partial
 
-from dlts.scheduler.framework import Rejection
-from dlts.scheduler.model import CPU_SKU, Job, Placement, Vc, WaitReason
+from dlts.scheduler.model import CPU_SKU, Job, Placement, Rejection, Vc, WaitReason
 from dlts.scheduler.state import NodeState, PassState, Pool, Request, best_run, cpu_job_fits
 
 GIB = 1024**3

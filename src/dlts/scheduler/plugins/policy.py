@@ -7,8 +7,8 @@ in the same resource pool.
 
 from __future__ import annotations
 
-from dlts.scheduler.framework import Rejection, VcQueue
-from dlts.scheduler.model import Job, Policy, resource_pool
+from dlts.scheduler.framework import VcQueue
+from dlts.scheduler.model import Job, Policy, Rejection, resource_pool
 
 
 class RunnableFirst:
