@@ -21,8 +21,6 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = {"dlts": ROOT / "src", "dlts_agent": ROOT / "agents", "dlts_lustre": ROOT / "lustre"}
 SKIPPED_DIRS = {"migrations"}  # Alembic's revisions: loaded by Alembic from files, not imported
@@ -241,8 +239,3 @@ def test_a_forbidden_arrow_is_named_with_its_reason():
     assert any(f.startswith("dlts_lustre -> dlts.config") for f in found)
     assert not any(f.startswith(("dlts.models -> dlts.scheduler", "dlts.config -> ")) for f in found)
 
-
-@pytest.mark.parametrize("module", ["dlts.services.jobs", "dlts_agent.reporter", "dlts_lustre.plan"])
-def test_the_graph_reads_relative_and_absolute_imports_alike(module):
-    graph = _the_graph()
-    assert graph[module], f"{module} imports nothing of ours?"
