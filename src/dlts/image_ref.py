@@ -16,6 +16,8 @@ from __future__ import annotations
 import re
 
 MAX_NAME_CHARS = 255
+# a name, ':' and a tag of 128, '@sha512:' and 128 hex digits
+MAX_REFERENCE_CHARS = MAX_NAME_CHARS + 1 + 128 + 8 + 128
 _ALNUM = r"[a-z0-9]+"
 _SEPARATOR = r"(?:[._]|__|-+)"
 _PATH_COMPONENT = rf"{_ALNUM}(?:{_SEPARATOR}{_ALNUM})*"
@@ -28,6 +30,9 @@ _DIGEST = r"[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,}
 REFERENCE = re.compile(rf"(?P<name>{_NAME})(?::(?P<tag>{_TAG}))?(?:@(?P<digest>{_DIGEST}))?", re.ASCII)
 # The algorithms the OCI image spec registers, with their encoded length; lowercase hex only.
 DIGESTS = {"sha256": re.compile(r"[a-f0-9]{64}", re.ASCII), "sha512": re.compile(r"[a-f0-9]{128}", re.ASCII)}
+# the same grammar with the digests checked above, for the OpenAPI document (ECMA 262: \\w spelled out)
+PATTERN = ("^" + rf"{_NAME}(?::[A-Za-z0-9_][A-Za-z0-9_.-]{{0,127}})?(?:@(?:sha256:[a-f0-9]{{64}}|sha512:[a-f0-9]{{128}}))?"
+           + "$")
 EXAMPLES = "like registry.example.com/team/train:1.2, pytorch/pytorch:2.3 or name@sha256:<64 hex digits>"
 
 
@@ -35,6 +40,8 @@ def problem(image: str) -> str | None:
     """What makes ``image`` no image reference (a sentence for the user), or None when it is one."""
     if not isinstance(image, str) or not image:
         return f"give an image reference ({EXAMPLES})"
+    if len(image) > MAX_REFERENCE_CHARS:
+        return f"an image reference has at most {MAX_REFERENCE_CHARS} characters ({EXAMPLES})"
     if any(c.isspace() for c in image) or not image.isascii() or not image.isprintable():
         return f"an image reference has no spaces, control or non-ASCII characters ({EXAMPLES})"
     name, at, digest = image.partition("@")

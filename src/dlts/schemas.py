@@ -18,15 +18,28 @@ from dlts.services.endpoints import NAME_PATTERN as ENDPOINT_NAME_PATTERN
 from dlts.services.jobs import MAX_TAG_CHARS, MAX_TAGS, TAG_RULE, JobRequest, clean_tags
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
-MEMORY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE | re.ASCII)  # "١Gi" is no size
+# bytes and a unit, ASCII only ("١Gi" is no size); the OpenAPI document carries the same pattern
+MEMORY_PATTERN = r"^[ \t\n\r\f\v]*([0-9]+(?:\.[0-9]+)?)[ \t\n\r\f\v]*([KMGTkmgt][Ii]?[Bb]?|[Bb])?[ \t\n\r\f\v]*$"
+MEMORY = re.compile(MEMORY_PATTERN)
 UNITS = {"": 1, "b": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
          "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
+
+class Pattern(validate.Regexp):
+    """A regular expression the whole value matches, as the OpenAPI document's ``pattern`` (ECMA 262)
+    means it: ``re.fullmatch``, since Python's ``$`` would also take a trailing newline."""
+
+    def __call__(self, value):  # str in, str out (Regexp's overloads take bytes too)
+        if self.regex.fullmatch(value) is None:
+            raise ValidationError(self._format_error(value))
+        return value
+
 
 class Memory(fields.Field):
     """Bytes as an integer, or a string with a unit: "16Gi", "512MB", "2G"."""
 
-    def __init__(self, *args, max_bytes: int = 64 * 2**40, **kwargs):
+    def __init__(self, *args, min_bytes: int = 1, max_bytes: int = 64 * 2**40, **kwargs):
         super().__init__(*args, **kwargs)
+        self.min_bytes = min_bytes
         self.max_bytes = max_bytes
 
     def _deserialize(self, value, attr, data, **kwargs):
@@ -34,28 +47,34 @@ class Memory(fields.Field):
             raise ValidationError("must be bytes (an integer) or a size like '16Gi'.")
         if isinstance(value, int):
             number = value
-        elif isinstance(value, str) and len(value) <= 32 and (m := MEMORY.match(value)):
+        elif isinstance(value, str) and len(value) <= 32 and (m := MEMORY.fullmatch(value)):
             unit = (m.group(2) or "").lower().rstrip("b")
             number = int(float(m.group(1)) * UNITS[unit])
         else:
             raise ValidationError("must be bytes (an integer) or a size like '16Gi'.")
-        if not 1 <= number <= self.max_bytes:
-            raise ValidationError(f"must be between 1 byte and {self.max_bytes // 2**40} TiB.")
+        if not self.min_bytes <= number <= self.max_bytes:
+            low = "1 byte" if self.min_bytes == 1 else f"{self.min_bytes} bytes"
+            raise ValidationError(f"must be between {low} and {self.max_bytes} bytes ({self.max_bytes / 2**40:g} TiB).")
         return number
 
     def _serialize(self, value, attr, obj, **kwargs):
         return value
 
 
+# a tag as sent: TAG_PATTERN's tag in any case, spaces around it allowed (stored stripped and lowercased)
+TAG_INPUT_PATTERN = rf"^ *[A-Za-z0-9][A-Za-z0-9._-]{{0,{MAX_TAG_CHARS - 1}}} *$"
+
+
 class TagList(fields.List):
     """Job tags: lowercased, each once (``services.jobs.clean_tags``)."""
 
     def __init__(self, **kwargs):
-        super().__init__(fields.String(validate=validate.Length(max=MAX_TAG_CHARS * 4)),
+        super().__init__(fields.String(validate=Pattern(TAG_INPUT_PATTERN, error=f"tag {{input!r}} is not allowed: {TAG_RULE}.")),
+                         validate=validate.Length(max=MAX_TAGS, error=f"at most {MAX_TAGS} tags."),
                          metadata={"description": TAG_RULE + "; stored lowercased, each once"}, **kwargs)
 
     def _deserialize(self, value, attr, data, **kwargs):
-        if isinstance(value, (list, tuple)) and len(value) > MAX_TAGS * 4:  # before thousands of items are read
+        if isinstance(value, (list, tuple)) and len(value) > MAX_TAGS:  # before thousands of items are read
             raise ValidationError(f"at most {MAX_TAGS} tags.")
         items = super()._deserialize(value, attr, data, **kwargs)
         try:
@@ -67,9 +86,13 @@ class TagList(fields.List):
 class JobSubmitSchema(Schema):
     name = fields.String(validate=validate.Length(max=128), load_default="")
     vc = fields.String(required=True, validate=validate.Length(min=1, max=64))
-    image = fields.String(required=True, validate=validate.Length(min=1, max=512), metadata={
+    # no Length validator: the pattern bounds it (at most MAX_REFERENCE_CHARS), and schemathesis cannot
+    # generate from this pattern combined with minLength/maxLength
+    image = fields.String(required=True, metadata={
+        "pattern": image_ref.PATTERN,
         "description": "image reference: [registry/]name[:tag][@sha256:<64 hex digits>]; a digest pins the exact "
-                       "image and is passed to the cluster unchanged"})
+                       "image and is passed to the cluster unchanged; the name before the tag is at most "
+                       f"{image_ref.MAX_NAME_CHARS} characters (else 400 naming image)"})
     command = fields.String(required=True, validate=validate.Length(min=1), metadata={
         "description": "shell command line run by /bin/sh -c; at most 16384 bytes (422 field_too_large)"})
     type = fields.String(load_default="batch", validate=validate.OneOf([t.value for t in JobType]))
@@ -131,6 +154,6 @@ class EndpointCreateSchema(Schema):
                          metadata={"description": "ssh (port 22), jupyter (8888), vscode (8080), or port: one the job listens on"})
     port = fields.Integer(strict=True, validate=validate.Range(1024, 65535, error="must be a port between {min} and {max}."),
                           metadata={"description": "kind port only: the port the job listens on"})
-    name = fields.String(validate=[validate.Length(1, 32), validate.Regexp(
+    name = fields.String(validate=[validate.Length(1, 32), Pattern(
         ENDPOINT_NAME_PATTERN, error="must be a lowercase letter, then lowercase letters, digits or '-' (at most 32).")],
         metadata={"description": "default: the kind, or port-N"})

@@ -9,7 +9,7 @@ from __future__ import annotations
 from flask import Flask
 from flask_smorest import Api
 
-from dlts.api import access, cluster, errors, groups, health, jobs, me, nodes, usage, users, vcs
+from dlts.api import access, cluster, errors, groups, health, jobs, me, nodes, openapi, usage, users, vcs
 
 
 class DltsApi(Api):
@@ -25,7 +25,9 @@ def init_api(app: Flask) -> Api:
         OPENAPI_URL_PREFIX="/api/v1",
         OPENAPI_JSON_PATH="openapi.json",
     )
-    api = DltsApi(app, spec_kwargs={"info": {"description": "Deep Learning Training Service REST API"}})
+    api = DltsApi(app, spec_kwargs={"info": {"description": "Deep Learning Training Service REST API"},
+                                    "extra_plugins": [openapi.SchemaExtras()]})
+    openapi.install(api.ma_plugin)
     api.spec.components.security_scheme("bearer", {"type": "http", "scheme": "bearer"})
     for blueprint in (jobs.blp, me.blp, access.blp, vcs.blp, nodes.blp, nodes.agent_blp, cluster.blp, users.blp, groups.blp, usage.blp):
         api.register_blueprint(blueprint, url_prefix="/api/v1")

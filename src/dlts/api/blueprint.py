@@ -16,7 +16,8 @@ And JSON types are what the document says: marshmallow turns ``"true"``, ``"yes"
 boolean and ``"5"`` or ``5.0`` into an integer. In a JSON body a boolean field takes ``true`` or
 ``false``, an integer field an integer, a number field a number (never a string, never a
 boolean), in nested objects and lists too; anything else is a 400 naming the field. Query
-strings, which are all text, are converted as before.
+strings, which are all text, are converted as before; a query parameter the operation does not
+declare is a 400 naming it.
 """
 
 from __future__ import annotations
@@ -39,6 +40,10 @@ TEXT = {"type": "string"}
 
 
 class StrictJsonParser(FlaskParser):
+    # a query parameter the operation does not declare is a 400 naming it, as an unknown body field is
+    DEFAULT_UNKNOWN_BY_LOCATION: dict[str, str | None] = {  # noqa: RUF012 - webargs' own attribute
+        **FlaskParser.DEFAULT_UNKNOWN_BY_LOCATION, "query": ma.RAISE, "querystring": ma.RAISE}
+
     def _raw_load_json(self, req: flask.Request) -> typing.Any:
         if not is_json_request(req):
             return core.missing

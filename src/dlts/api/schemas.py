@@ -9,15 +9,18 @@ import datetime as dt
 import enum
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
-from marshmallow import INCLUDE, Schema, ValidationError, fields, missing, post_dump, post_load, validate, validates
+from marshmallow import INCLUDE, Schema, ValidationError, fields, missing, post_dump, post_load, validate
 
+from dlts.backends.k8s_settings import PrivilegedFeature
 from dlts.models import Job, JobAttempt, JobInsight, JobStatus, JobType, iso
 from dlts.repair.machine import CycleKind, CycleOutcome
 from dlts.repair.rules import Remediation
 from dlts.scheduler.model import MAX_LIMIT_WEIGHT, Policy
-from dlts.schemas import Memory, TagList
+from dlts.schemas import Memory, Pattern, TagList
+from dlts.services.admin import MAX_EPHEMERAL_BYTES, MIN_EPHEMERAL_BYTES
 from dlts.services.endpoints import EndpointView
 from dlts.services.jobs import (
     BATCH_ACTIONS,
@@ -30,28 +33,44 @@ from dlts.services.jobs import (
 )
 from dlts.services.nodes import REPAIR_ACTIONS, RESULT_STATUS
 from dlts.services.policy import Visibility
+from dlts.services.portal_auth import MAX_PASSWORD_CHARS, MIN_PASSWORD_CHARS
+from dlts.services.registry_credentials import MAX_PASSWORD_CHARS as REGISTRY_PASSWORD_CHARS
+from dlts.services.registry_credentials import SERVER_PATTERN as REGISTRY_SERVER_PATTERN
 from dlts.strict import MAX_ID, MAX_JSON_INT, is_whole_number
 
 JOB_STATUSES = tuple(s.value for s in JobStatus)
+# a cursor as the lists hand them out (api.pagination, repositories.jobs): base64url without padding
+CURSOR = fields.String(validate=Pattern(r"^[A-Za-z0-9_-]{1,64}$", error="cursor is not one this API returned; start "
+                                                                         "again from the first page, without it."),
+                       metadata={"description": "the next_cursor of the page before, as it came (base64url); any "
+                                                "other, or one of another list, is a 400 invalid_cursor"})
+
+
+# a PATCH body's Meta.openapi (dlts.api.openapi.SchemaExtras): the server refuses one that changes nothing
+AT_LEAST_ONE_FIELD = MappingProxyType({"minProperties": 1})
+
+
+def comma_list(words: tuple[str, ...] | list[str]) -> str:
+    """A pattern of a comma-separated list of ``words`` (spaces around each allowed)."""
+    one = " *(" + "|".join(words) + ") *"
+    return f"^{one}(,{one})*$"
+
+
 
 
 class JobListArgs(Schema):
     vc = fields.String(validate=validate.Length(max=64))
     user = fields.String(validate=validate.Length(max=64))
-    status = fields.String(validate=validate.Length(max=200), metadata={"description": "one status or a comma-separated list"})
+    status = fields.String(validate=[validate.Length(max=200), Pattern(comma_list(JOB_STATUSES), error=(
+        f"status takes one status or a comma-separated list of {', '.join(JOB_STATUSES)}."))],
+        metadata={"description": "one status or a comma-separated list"})
     type = fields.String(validate=validate.OneOf([t.value for t in JobType]))
     limit = fields.Integer(load_default=50, validate=validate.Range(1, 500))
-    cursor = fields.String(validate=validate.Length(max=64))
+    cursor = CURSOR
     tag = fields.String(validate=validate.Length(1, MAX_TAG_CHARS), metadata={"description": "jobs with this tag"})
     favourite = fields.Boolean(metadata={"description": "true: only the jobs you starred"})
     archived = fields.String(load_default="false", validate=validate.OneOf(["false", "true", "all"]), metadata={
         "description": "false (default): archived jobs hidden; true: archived jobs only; all: both"})
-
-    @validates("status")
-    def _statuses(self, value, **kwargs):
-        bad = [s for s in value.split(",") if s.strip() not in JOB_STATUSES]
-        if bad:
-            raise ValidationError(f"unknown status {bad[0][:20]!r}; use {', '.join(JOB_STATUSES)}.")
 
     @post_load
     def _filter(self, data, **kwargs) -> JobFilter:
@@ -338,7 +357,7 @@ def _nonneg(max_value: int) -> validate.Range:
 
 class PageArgs(Schema):
     limit = fields.Integer(load_default=50, validate=validate.Range(1, 500))
-    cursor = fields.String(validate=validate.Length(max=64))
+    cursor = CURSOR
 
 
 # -- jobs: patch, batch, events, attempts -------------------------------------------------------------
@@ -417,10 +436,14 @@ class AttemptPageSchema(Schema):
 
 # -- VCs -----------------------------------------------------------------------------------------------
 
+# the names of users, groups and VCs (services.admin.NAME_RE)
+NAME_PATTERN = r"^[a-z][a-z0-9_.-]{0,63}$"
+NAME_ERROR = "must start with a lowercase letter and use a-z, 0-9, '.', '_' or '-' (at most 64 characters)"
 SKU_NAME = fields.String(validate=validate.Length(1, 64))
 POSIX_ID = validate.Range(1000, 2**31 - 1, error="must be between {min} and {max}: ids below 1000 (root is 0) belong to the system.")
 QUOTA = fields.Dict(keys=SKU_NAME, values=fields.Integer(strict=True, validate=_nonneg(1_000_000)),
-                    validate=validate.Length(max=64), metadata={"description": "GPUs per SKU, e.g. {\"a100\": 64}"})
+                    validate=validate.Length(max=64), metadata={"description": "GPUs per SKU, e.g. {\"a100\": 64}; "
+                                                                              "each SKU name 1-64 characters"})
 
 
 class JsonBoolean(fields.Boolean):
@@ -443,6 +466,11 @@ class IdlePolicySchema(Schema):
                                validate=validate.Length(max=4))
 
 
+# pod_policy: one boolean per privileged feature the Kubernetes backend knows (services.vcs.check_pod_policy)
+POD_POLICY = Schema.from_dict({f.value: fields.Boolean(truthy={True}, falsy={False}) for f in PrivilegedFeature},
+                              name="PodPolicy")
+
+
 class VcSettingsFields(Schema):
     policy = fields.String(validate=validate.OneOf([p.value for p in Policy]))
     max_job_time_s = fields.Integer(strict=True, allow_none=True, validate=validate.Range(60, 366 * 86400))
@@ -463,12 +491,10 @@ class VcSettingsFields(Schema):
     memory_quota_bytes = Memory(allow_none=True, max_bytes=2**62, metadata={"description": "bytes or '16Gi'; null: in proportion"})
     gid = fields.Integer(strict=True, allow_none=True, validate=POSIX_ID,
                          metadata={"description": "cluster admin: the VC's group, a supplementary group of its jobs"})
-    ephemeral_storage_bytes = Memory(allow_none=True, max_bytes=2**50, metadata={
+    ephemeral_storage_bytes = Memory(allow_none=True, min_bytes=MIN_EPHEMERAL_BYTES, max_bytes=MAX_EPHEMERAL_BYTES, metadata={
         "description": "cluster admin: scratch space per job pod, the most a job may ask; null: the cluster default"})
-    pod_policy = fields.Dict(keys=fields.String(validate=validate.Length(1, 32)), values=fields.Boolean(truthy={True}, falsy={False}),
-                             validate=validate.Length(max=16), metadata={
-                                 "description": "cluster admin: privileged features the VC's jobs may use, e.g. "
-                                                "{\"run_as_root\": true}"})
+    pod_policy = fields.Nested(POD_POLICY, metadata={
+        "description": "cluster admin: privileged features the VC's jobs may use, e.g. {\"run_as_root\": true}"})
     idle_policy = fields.Nested(IdlePolicySchema, allow_none=True, metadata={
         "description": "VC admin: the idle-job policy (docs/monitoring.md#idle-job-policy); the keys sent merge into "
                        "the current policy; null turns it off"})
@@ -494,11 +520,12 @@ class VcSettingsFields(Schema):
 
 
 class VcCreateSchema(VcSettingsFields):
-    name = fields.String(required=True, validate=validate.Length(1, 64))
+    name = fields.String(required=True, validate=Pattern(NAME_PATTERN, error=NAME_ERROR))
 
 
 class VcPatchSchema(VcSettingsFields):
-    pass
+    class Meta:
+        openapi = AT_LEAST_ONE_FIELD  # services.vcs refuses a PATCH that changes nothing
 
 
 class SkuQuotaSchema(Schema):
@@ -602,10 +629,22 @@ class VcEventPageSchema(Schema):
 
 # -- SSH keys, allowed IPs ----------------------------------------------------------------------------
 
+SSH_KEY_TYPES = "ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp256|ecdsa-sha2-nistp384|ecdsa-sha2-nistp521"
+
+
+def printable(min_chars: int, max_chars: int, also_not: str = "") -> Pattern:
+    """Text without control characters (the server also refuses what ``str.isprintable`` refuses:
+    format characters, separators other than the space, unassigned code points)."""
+    return Pattern(rf"^[^\x00-\x1f\x7f-\x9f{also_not}]{{{min_chars},{max_chars}}}$",
+                   error=f"must be printable text of {min_chars}-{max_chars} characters.")
+
+
 class SshKeyCreateSchema(Schema):
-    public_key = fields.String(required=True, validate=validate.Length(1, 16384),
-                               metadata={"description": "one OpenSSH public key line: 'ssh-ed25519 AAAA... comment'"})
-    name = fields.String(validate=validate.Length(1, 128))
+    public_key = fields.String(required=True, validate=validate.Length(1, 16384), metadata={
+        "pattern": rf"^[ \t]*({SSH_KEY_TYPES})[ \t]+[A-Za-z0-9+/]+={{0,2}}([ \t][^\x00-\x1f\x7f-\x9f]*)?$",
+        "description": "one OpenSSH public key line: 'ssh-ed25519 AAAA... comment'; the base64 part must decode to a "
+                       "key of that type (else 400 invalid_ssh_key), RSA of at least 2048 bits (else 422 weak_ssh_key)"})
+    name = fields.String(validate=printable(1, 128))
 
 
 class SshKeySchema(Schema):
@@ -624,7 +663,11 @@ class SshKeyListSchema(Schema):
 
 
 class AllowedIpCreateSchema(Schema):
-    ip = fields.String(required=True, validate=validate.Length(1, 64), metadata={"description": "IPv4/IPv6 address or CIDR"})
+    ip = fields.String(required=True, validate=validate.Length(1, 64), metadata={
+        "pattern": r"^[0-9A-Fa-f:.]+(/[0-9]{1,3})?$",
+        "description": "IPv4/IPv6 address or CIDR; it must parse as one (else 400 invalid_input naming ip), host bits "
+                       "clear (400), no wider than /8 or /32 (422 network_too_wide), a public or private unicast "
+                       "address (422 address_not_allowed)"})
     user = fields.String(validate=validate.Length(1, 64), metadata={"description": "cluster admins: another user's list"})
 
 
@@ -788,6 +831,10 @@ class ReportJobId(fields.Field):
     A job's own process can set that variable for its children: a value that is no id of ours becomes
     null instead of failing the whole report (which would look like a lost node). A wrong JSON type is
     a broken agent and is refused."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(metadata={"anyOf": [{"type": "integer"}, {"type": "string"}],
+                                   "description": "a job id as read from DLTS_JOB_ID: digits, or null"}, **kwargs)
 
     def _deserialize(self, value, attr, data, **kwargs):
         if value is None:
@@ -981,7 +1028,7 @@ class StorageUsageSchema(Schema):
 
 
 class TokenCreateSchema(Schema):
-    name = fields.String(required=True, validate=validate.Length(1, 64))
+    name = fields.String(required=True, validate=printable(1, 64))
     expires_days = fields.Integer(strict=True, allow_none=True, load_default=None, validate=validate.Range(1, 3650))
 
 
@@ -1011,14 +1058,21 @@ class StrictBoolean(fields.Boolean):
         return value
 
 
-NAME = validate.Regexp(r"^[a-z][a-z0-9_.-]{0,63}$", error="must start with a lowercase letter and use a-z, 0-9, '.', "
-                                                        "'_' or '-' (at most 64 characters)")
-EMAIL = fields.String(allow_none=True, validate=validate.Length(max=254), metadata={"description": "null: none"})
-PASSWORD = fields.String(load_only=True, validate=validate.Length(max=256),
-                         metadata={"description": "at least 12 characters; stored only as a scrypt hash"})
+NAME = Pattern(NAME_PATTERN, error=NAME_ERROR)
+_NOT_IN_EMAIL = r"@\s\x00-\x1f\x7f-\x9f"
+EMAIL = fields.String(allow_none=True, validate=[validate.Length(max=254), Pattern(
+    rf"^[^{_NOT_IN_EMAIL}]{{1,64}}@[^.{_NOT_IN_EMAIL}]+(\.[^.{_NOT_IN_EMAIL}]+)+$",
+    error="email must be an address like name@example.org (at most 254 characters), or null.")],
+    metadata={"description": "null: none"})
+PASSWORD = fields.String(load_only=True, validate=validate.Length(max=MAX_PASSWORD_CHARS), metadata={
+    "minLength": MIN_PASSWORD_CHARS,  # services.portal_auth checks it for the portal too: 400 password_too_short
+    "description": f"at least {MIN_PASSWORD_CHARS} characters; stored only as a scrypt hash"})
 
 
 class UserPatchSchema(Schema):
+    class Meta:
+        openapi = AT_LEAST_ONE_FIELD  # services.users refuses a PATCH that changes nothing
+
     uid = fields.Integer(strict=True, allow_none=True, validate=POSIX_ID, metadata={"description": "null with gid: unset"})
     gid = fields.Integer(strict=True, allow_none=True, validate=POSIX_ID)
     email = EMAIL
@@ -1067,7 +1121,7 @@ class UserPageSchema(Schema):
 
 
 class UserDisableSchema(Schema):
-    reason = fields.String(allow_none=True, validate=validate.Length(max=255))
+    reason = fields.String(allow_none=True, validate=printable(0, 255))
 
 
 class UserDisabledSchema(Schema):
@@ -1159,9 +1213,12 @@ class GroupPageSchema(Schema):
 
 
 class RegistryCredentialCreateSchema(Schema):
-    server = fields.String(required=True, validate=validate.Length(1, 255), metadata={"description": "e.g. ghcr.io"})
-    username = fields.String(required=True, validate=validate.Length(1, 255))
-    password = fields.String(required=True, load_only=True, validate=validate.Length(1, 4096),
+    server = fields.String(required=True, validate=validate.Length(1, 255), metadata={
+        "pattern": REGISTRY_SERVER_PATTERN,
+        "description": "a registry host, e.g. ghcr.io or registry.example.com:5000 (optionally https:// and a path "
+                       "without '.' or '..' segments)"})
+    username = fields.String(required=True, validate=printable(1, 255, also_not=":"))
+    password = fields.String(required=True, load_only=True, validate=printable(1, REGISTRY_PASSWORD_CHARS),
                              metadata={"description": "stored encrypted; never returned"})
 
 

@@ -10,9 +10,14 @@ from marshmallow import Schema, fields, validate
 
 from dlts.api.auth import authenticate, principal
 from dlts.api.blueprint import CSV, Blueprint
+from dlts.api.schemas import comma_list
 from dlts.extensions import db
 from dlts.models import utcnow
+from dlts.schemas import Pattern
 from dlts.services import accounting
+
+DAY_OR_MONTH = r"^[1-9][0-9]{3}-(0[1-9]|1[0-2])(-(0[1-9]|[12][0-9]|3[01]))?$"
+DAY_OR_MONTH_ERROR = "must be a date like 2026-11-30 or a month like 2026-11."
 
 blp = Blueprint("usage", __name__, description="GPU accounting and utilisation history")
 blp.before_request(authenticate)
@@ -20,13 +25,16 @@ SECURITY: list[dict[str, list[str]]] = [{"bearer": []}]
 
 
 class UsageArgs(Schema):
-    group_by = fields.String(load_default="user", validate=validate.Length(1, 100),
-                             metadata={"description": "comma-separated: " + ", ".join(accounting.GROUPS)})
+    group_by = fields.String(load_default="user", validate=[validate.Length(1, 100), Pattern(
+        comma_list(accounting.GROUPS), error=f"group_by takes a comma-separated list of {', '.join(accounting.GROUPS)}.")],
+        metadata={"description": "comma-separated: " + ", ".join(accounting.GROUPS)})
     # "from" is a Python keyword: the attribute is from_, the query parameter from
-    from_ = fields.String(data_key="from", validate=validate.Length(7, 10),
-                          metadata={"description": "first day (YYYY-MM-DD) or month (YYYY-MM); default: this month"})
-    to = fields.String(validate=validate.Length(7, 10),
-                       metadata={"description": "last day, inclusive (YYYY-MM-DD), or month (YYYY-MM); default: today"})
+    from_ = fields.String(data_key="from", validate=Pattern(DAY_OR_MONTH, error=DAY_OR_MONTH_ERROR), metadata={
+        "description": "first day (YYYY-MM-DD) or month (YYYY-MM); default: this month. A day that does not exist "
+                       "(2026-02-30) is a 400 naming from"})
+    to = fields.String(validate=Pattern(DAY_OR_MONTH, error=DAY_OR_MONTH_ERROR), metadata={
+        "description": "last day, inclusive (YYYY-MM-DD), or month (YYYY-MM); default: today. Before from, or more "
+                       "than ten years after it, is a 400 naming to"})
     vc = fields.String(validate=validate.Length(1, 64))
     user = fields.String(validate=validate.Length(1, 64))
     limit = fields.Integer(load_default=1000, validate=validate.Range(1, accounting.MAX_JOB_ROWS),

@@ -39,6 +39,9 @@ HKDF_INFO = b"dlts registry credentials v1"
 # a registry host (name or IPv4, optional port), optionally with a path (e.g. index.docker.io/v1/)
 SERVER = re.compile(r"^(https://)?[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?(\.[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)*"
                     r"(:[0-9]{1,5})?(/[A-Za-z0-9._-]+)*/?$")
+# the same, before lowercasing, for the OpenAPI document
+SERVER_PATTERN = (SERVER.pattern.replace("[a-z0-9]", "[A-Za-z0-9]").replace("[-a-z0-9]", "[-A-Za-z0-9]")
+                  .replace("(https://)", "([Hh][Tt][Tt][Pp][Ss]://)"))
 
 
 @dataclass(frozen=True)
