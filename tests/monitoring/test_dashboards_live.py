@@ -81,7 +81,9 @@ def lustre_state(mount: Path) -> dict:
     }
 
 
-def agent_config(path: Path, node: str, port: int, state_dir: Path) -> Path:
+def agent_config(path: Path, node: str, port: int, state_dir: Path, run_dir: Path) -> Path:
+    """An agent on the demo's machine: its jobs are the demo's local units under ``run_dir`` (the
+    agent attributes processes from the units' DLTS inits, never from their environment)."""
     state_dir.mkdir(parents=True)
     (state_dir / "kmsg").touch()
     path.write_text(yaml.safe_dump({
@@ -89,6 +91,7 @@ def agent_config(path: Path, node: str, port: int, state_dir: Path) -> Path:
         "exporter": {"enabled": True, "listen_address": "127.0.0.1", "port": port},
         "firewall": {"enabled": False}, "actions": {"enabled": False}, "report": {"enabled": False},
         "collectors": {"host": {"mounts": [str(state_dir)]}, "nfs": {"mounts": ["/"]},
+                       "jobs": {"local_run_dir": str(run_dir)},
                        "xid": {"source": "kmsg", "kmsg_path": str(state_dir / "kmsg")}},
     }))
     return path
@@ -202,7 +205,8 @@ def test_every_dashboard_query_returns_series_from_prometheus_scraping_the_demo_
         node_name = requests.get(f"{demo_url}/api/v1/nodes", headers=admin, timeout=5).json()["items"][0]["name"]
         nodes = {"healthy-8xa100": node_name, "dbe-gpu3": "gpu-node-2"}
         for scenario, port in agents.items():
-            config = agent_config(tmp_path / f"agent-{scenario}.yaml", nodes[scenario], port, tmp_path / f"agent-{scenario}")
+            config = agent_config(tmp_path / f"agent-{scenario}.yaml", nodes[scenario], port, tmp_path / f"agent-{scenario}",
+                                  (home / "run").resolve())
             start([sys.executable, "-m", "dlts_agent.cli", "--config", str(config), "--fake-nvml", scenario], env)
         lustre = start([sys.executable, "-m", "dlts_lustre.cli", "serve-metrics", str(mount),
                         "--listen", f"127.0.0.1:{lustre_port}"], env)
