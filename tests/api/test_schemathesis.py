@@ -6,8 +6,14 @@ content_type_conformance, response_headers_conformance, response_schema_conforma
 negative_data_rejection, positive_data_acceptance, missing_required_header, unsupported_method,
 allow_header_conformance, use_after_free, ensure_resource_availability, ignored_auth,
 object_level_authorization), on requests valid by the document (positive) and invalid by it
-(negative), as a cluster admin and as a plain member (bob), derandomised, a bounded number of
-examples per operation and mode. The test passes with 0 failures.
+(negative), as a cluster admin and as a plain member (bob): hypothesis' examples (derandomised,
+MAX_EXAMPLES per operation and mode) and schemathesis' coverage phase (each operation's boundaries
+and the methods its path does not declare). Both pass with 0 failures.
+
+The checks that follow a resource across requests (use_after_free, ensure_resource_availability,
+object_level_authorization) need schemathesis' stateful runner, which records what one request
+created for the next; driven one case at a time, as here, they run and find nothing to compare.
+tests/api/test_authz_matrix.py holds object-level authorisation for every route.
 
 Two things are set on positive_data_acceptance, each written down in docs/api.md ("What the fuzz
 test accepts"):
@@ -25,18 +31,22 @@ test accepts"):
 Left out, and only these: the requests that would take the run's own identity away (they would
 turn every later request into a 401 or 403): ``PATCH /users/{name}`` with ``cluster_admin: false``
 for the run's admin, ``POST /users/{name}/disable`` of a run's user (revokes its tokens), and
-``DELETE /me/tokens/{id}`` of a token the run uses.
+``DELETE /me/tokens/{id}`` of a token the run uses. Not sent either: a negative case with a query
+parameter whose value is an empty array or object, which serialises to no parameter at all (the
+request would not be the one generated).
 
 (schemathesis' pytest plugin does not run under pytest 9 yet, so the operations are driven through
-its Python API: one hypothesis run per operation and mode.)
+its Python API: one hypothesis run per operation and mode, then the coverage cases of each operation.)
 """
 
 from __future__ import annotations
 
 import itertools
 import os
-from dataclasses import dataclass
+import typing
+from dataclasses import dataclass, field
 
+import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 from schemathesis import GenerationMode
@@ -178,7 +188,49 @@ def takes_away_the_runs_identity(case, run_token_ids: set[int]) -> bool:
     return False
 
 
-def test_every_check_passes_on_every_operation(app, world, sessions):
+@dataclass
+class Contract:
+    """The served document, every check (positive_data_acceptance with the documented refusals), the
+    run's tokens, and the failures found so far."""
+
+    schema: typing.Any
+    checks: list
+    tokens: dict[str, str]
+    node_token: str
+    run_token_ids: set[int]
+    failures: list[str] = field(default_factory=list)
+
+    def operations(self) -> list:
+        return [result.ok() for result in self.schema.get_all_operations()]
+
+    def send(self, case) -> None:
+        """``case`` as each run user (the node report as its agent), every check on every answer."""
+        if takes_away_the_runs_identity(case, self.run_token_ids):
+            return
+        mode = case.meta.generation.mode
+        if mode is GenerationMode.NEGATIVE and any(value in ([], {}) for value in (case.query or {}).values()):
+            return  # an empty array or object in a query string is no parameter at all: not sent as generated
+        if case.operation.path.endswith("/report"):  # the agent's endpoint: its node token, its node
+            case.path_parameters = {"name": "testnode"}
+            if mode is GenerationMode.POSITIVE and isinstance(case.body, dict):  # it reports for its own node
+                case.body["node"] = "testnode"
+            tokens = {"agent": self.node_token}
+        else:
+            tokens = {user: self.tokens[user] for user in RUN_USERS}
+        for user, token in tokens.items():
+            headers = {"Authorization": f"Bearer {token}"}
+            response = case.call(headers=headers)
+            try:
+                case.validate_response(response, checks=self.checks, headers=headers)
+            except FailureGroup as group:
+                self.failures.extend(
+                    f"{case.operation.label} [{mode.value}, as {user}] {failure.title}: {case.method} {case.formatted_path} "
+                    f"query={case.query} body={str(case.body)[:200]} -> {response.status_code} {response.text[:300]}"
+                    for failure in group.exceptions)
+
+
+@pytest.fixture
+def contract(app, world, sessions) -> Contract:
     import sqlalchemy as sa
 
     from dlts.models import ApiToken, User
@@ -197,36 +249,37 @@ def test_every_check_passes_on_every_operation(app, world, sessions):
     checks = [positive_data_acceptance_with_documented_refusals if check is positive_data_acceptance else check
               for check in CHECKS.get_all()]
     assert len(checks) >= 14, checks
-    operations = [result.ok() for result in schema.get_all_operations()]
-    assert len(operations) >= 30, [op.label for op in operations]
-    failures: list[str] = []
+    contract = Contract(schema, checks, world.tokens, node_token, run_token_ids)
+    assert len(contract.operations()) >= 30, [op.label for op in contract.operations()]
+    return contract
 
+
+def test_generated_requests_pass_every_check(contract):
+    """Hypothesis' examples, positive and negative, MAX_EXAMPLES of each per operation."""
     def fuzz(operation, mode: GenerationMode) -> None:
         @given(case=operation.as_strategy(generation_mode=mode))
         @settings(max_examples=MAX_EXAMPLES, derandomize=True, deadline=None, database=None,
                   suppress_health_check=list(HealthCheck))
         def run(case):
-            if takes_away_the_runs_identity(case, run_token_ids):
-                return
-            if case.path.endswith("/report"):  # the agent's endpoint: its node token, its node
-                case.path_parameters = {"name": "testnode"}
-                if mode is GenerationMode.POSITIVE and isinstance(case.body, dict):  # it reports for its own node
-                    case.body["node"] = "testnode"
-                tokens = {"agent": node_token}
-            else:
-                tokens = {user: world.tokens[user] for user in RUN_USERS}
-            for user, token in tokens.items():
-                headers = {"Authorization": f"Bearer {token}"}
-                response = case.call(headers=headers)
-                try:
-                    case.validate_response(response, checks=checks, headers=headers)
-                except FailureGroup as group:
-                    failures.extend(f"{operation.label} [{mode.value}, as {user}] {failure.title}: query={case.query} "
-                                    f"body={str(case.body)[:200]} -> {response.status_code} {response.text[:300]}"
-                                    for failure in group.exceptions)
+            contract.send(case)
 
         run()
 
-    for operation, mode in itertools.product(operations, (GenerationMode.POSITIVE, GenerationMode.NEGATIVE)):
+    for operation, mode in itertools.product(contract.operations(), (GenerationMode.POSITIVE, GenerationMode.NEGATIVE)):
         fuzz(operation, mode)
-    assert not failures, f"{len(failures)} failures:\n" + "\n".join(failures[:40])
+    assert not contract.failures, f"{len(contract.failures)} failures:\n" + "\n".join(contract.failures[:40])
+
+
+def test_coverage_requests_pass_every_check(contract):
+    """schemathesis' coverage phase: every operation's boundaries (each field at its minimum and
+    maximum and just past them, each type it refuses, missing and unexpected properties, patterns
+    broken, content types it does not take) and the methods each path does not declare (where
+    unsupported_method and allow_header_conformance see a 405 and its Allow header)."""
+    schema, sent = contract.schema, 0
+    for operation in contract.operations():
+        for case in schema.iter_coverage_cases(operation, generation_modes=[GenerationMode.POSITIVE, GenerationMode.NEGATIVE],
+                                               generation_config=schema.config.generation_for(operation=operation)):
+            contract.send(case)
+            sent += 1
+    assert sent > 1000, sent
+    assert not contract.failures, f"{len(contract.failures)} failures:\n" + "\n".join(contract.failures[:40])
