@@ -15,8 +15,8 @@ object_level_authorization) need schemathesis' stateful runner, which records wh
 created for the next; driven one case at a time, as here, they run and find nothing to compare.
 tests/api/test_authz_matrix.py holds object-level authorisation for every route.
 
-Two things are set on positive_data_acceptance, each written down in docs/api.md ("What the fuzz
-test accepts"):
+Two things are set on positive_data_acceptance, each written down in docs/api.md ("Errors": the
+table of documented refusals; "Tests"):
 
 - A 422 is accepted: in this API a 422 is a valid request refused by policy or state (quota, caps,
   a weak SSH key, a network too wide), a documented answer of every operation. So is a 413, here
@@ -56,7 +56,7 @@ from schemathesis.config._checks import NegativeDataRejectionConfig
 from schemathesis.core.failures import FailureGroup
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
-# per operation and mode; DLTS_SCHEMATHESIS_EXAMPLES=50 explores further (not derandomised away: same examples each run)
+# per operation and mode; DLTS_SCHEMATHESIS_EXAMPLES=50 explores further (still derandomised)
 MAX_EXAMPLES = int(os.environ.get("DLTS_SCHEMATHESIS_EXAMPLES", "8"))
 RUN_USERS = ("admin", "bob")
 
