@@ -57,8 +57,14 @@ def test_the_agent_reports_a_jobs_gpus_and_host_use_into_minute_points_that_acco
     running = _wait(live, world, job["id"], {"running"})
     mine = set(running["placements"][0]["gpu_indices"])
     collector = JobsCollector(local_run_dir=str(settings.effective_run_dir))  # this test run's backend only
-    collector.collect()
-    time.sleep(0.3)
+    deadline = time.monotonic() + 60
+    while True:  # until the busy loop runs (not its shell, nor python still starting): then it has CPU to book
+        busy = collector.collect()[0].usage.get(str(job["id"]))
+        if busy is not None and busy.cpu_cores:
+            break
+        assert time.monotonic() < deadline, f"job {job['id']}'s busy loop showed no CPU use in 60 s: {busy}"
+        time.sleep(0.3)
+    time.sleep(1.0)  # a loaded machine still gives a busy loop ticks within a second
     ratios = iter([0.5, 1.0])
     snap = {}
 
