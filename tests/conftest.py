@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import shutil
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -170,6 +171,18 @@ class LiveServer:
     def tick(self, times: int = 1):
         for _ in range(times):
             self.manager.tick()
+
+    def until(self, condition, what: str, timeout_s: float = 180.0):
+        """Tick the job manager until ``condition()`` is truthy (its value is returned); the timeout
+        is a bound, never a pause."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self.tick()
+            value = condition()
+            if value:
+                return value
+            assert time.monotonic() < deadline, f"not within {timeout_s:g} s: {what}"
+            time.sleep(0.05)  # between polls
 
 
 @pytest.fixture

@@ -10,12 +10,10 @@ import importlib
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-TIMEOUT_S = 180.0  # a bound on each wait, never a pause
 PACKAGE = "dlts_generated_client"
 
 
@@ -42,17 +40,6 @@ def generated(client, tmp_path):
             del sys.modules[name]
 
 
-def until(live, condition, what: str):
-    deadline = time.monotonic() + TIMEOUT_S
-    while True:
-        live.tick()
-        value = condition()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"not within {TIMEOUT_S} s: {what}"
-        time.sleep(0.05)  # between polls
-
-
 def test_a_generated_client_submits_follows_reads_the_log_of_and_kills_jobs(generated, live, world):
     class Jobs:  # the generated operations of the jobs tag, one module each
         def __getattr__(self, name):
@@ -72,17 +59,17 @@ def test_a_generated_client_submits_follows_reads_the_log_of_and_kills_jobs(gene
         job = jobs.get_api_v1_jobs_job_id.sync(done.id, client=api)
         return job if job.status == "finished" else None
 
-    job = until(live, finished, f"job {done.id} finished")
+    job = live.until(finished, f"job {done.id} finished")
     assert job.exit_code == 0
     log = jobs.get_api_v1_jobs_job_id_log.sync(done.id, client=api)
     assert isinstance(log, models.Log) and "generated client says hello" in log.data and log.complete
 
     running = submit.sync(client=api, body=models.JobSubmit(vc="vision", image="debian:12", command="sleep 600"))
-    until(live, lambda: jobs.get_api_v1_jobs_job_id.sync(running.id, client=api).status == "running",
+    live.until(lambda: jobs.get_api_v1_jobs_job_id.sync(running.id, client=api).status == "running",
           f"job {running.id} running")
     killed = jobs.post_api_v1_jobs_job_id_kill.sync(running.id, client=api)
     assert killed.status in ("killing", "killed")
-    until(live, lambda: jobs.get_api_v1_jobs_job_id.sync(running.id, client=api).status == "killed",
+    live.until(lambda: jobs.get_api_v1_jobs_job_id.sync(running.id, client=api).status == "killed",
           f"job {running.id} killed")
 
     # an error answer is the envelope, typed: the code a program branches on, the message for people

@@ -77,6 +77,13 @@ CURSOR = Refusal("invalid_cursor", "cursor", "a cursor must be one this list han
 SIZE = "a size string (\"16Gi\") that comes to less or more than the integer range the document gives"
 UNTYPED_NUMBER = Refusal("invalid_json", "", "an untyped value (an object the service reads) holding an integer beyond 64 bits")
 
+# a user's and a VC's registry credentials take the same fields, checked alike
+REGISTRY_CREDENTIAL = (
+    Refusal("invalid_input", "server", "a path with '.' or '..' segments"),
+    Refusal("invalid_input", "username", PRINTABLE),
+    Refusal("invalid_input", "password", PRINTABLE),
+)
+
 DOCUMENTED_REFUSALS: dict[str, tuple[Refusal, ...]] = {
     "GET /api/v1/jobs": (CURSOR,),
     "GET /api/v1/users": (CURSOR,),
@@ -108,16 +115,8 @@ DOCUMENTED_REFUSALS: dict[str, tuple[Refusal, ...]] = {
         Refusal("invalid_input", "ip", "the text must parse as an IPv4/IPv6 address or network, host bits clear"),
     ),
     "POST /api/v1/me/tokens": (Refusal("invalid_input", "name", PRINTABLE),),
-    "POST /api/v1/me/registry-credentials": (
-        Refusal("invalid_input", "server", "a path with '.' or '..' segments"),
-        Refusal("invalid_input", "username", PRINTABLE),
-        Refusal("invalid_input", "password", PRINTABLE),
-    ),
-    "POST /api/v1/vcs/{name}/registry-credentials": (
-        Refusal("invalid_input", "server", "a path with '.' or '..' segments"),
-        Refusal("invalid_input", "username", PRINTABLE),
-        Refusal("invalid_input", "password", PRINTABLE),
-    ),
+    "POST /api/v1/me/registry-credentials": REGISTRY_CREDENTIAL,
+    "POST /api/v1/vcs/{name}/registry-credentials": REGISTRY_CREDENTIAL,
     "POST /api/v1/nodes/{name}/repair": (
         Refusal("invalid_input", "target", "the actions that act on a GPU or a service need target"),
     ),
